@@ -1,0 +1,90 @@
+"""Parquet tables and run manifests: atomic writes and content hashes.
+
+Every file is written to a temporary name in the same folder and renamed into place,
+so a crash never leaves a half-written table and never clobbers a good one.
+Tables named in `PRIVATE_TABLES` may only be written under the private store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dpcore.home import is_private_path
+
+# Tables holding private record text (or the ids of the real demos of the random-real baseline).
+PRIVATE_TABLES = frozenset({"records", "partitions", "real_demos"})
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> Path:
+    return _atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: Path, obj) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_table(frame: pd.DataFrame, path: Path) -> Path:
+    """Write a DataFrame as Parquet atomically. A private table outside the private store is refused."""
+    path = Path(path)
+    if path.stem in PRIVATE_TABLES and not is_private_path(path):
+        raise PermissionError(f"table {path.stem!r} holds private records and must be written under $DPICL_HOME/private")
+    table = pa.Table.from_pandas(frame.reset_index(drop=True), preserve_index=False)
+    return _atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(path)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path, extra: dict | None = None) -> Path:
+    """`manifest.json`: the sha256 of every file under `folder` (except the manifest itself)."""
+    folder = Path(folder)
+    files = {
+        str(path.relative_to(folder)): file_sha256(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != "manifest.json" and not path.name.startswith(".")
+    }
+    return write_json_atomic(folder / "manifest.json", {"files": files, **(extra or {})})
+
+
+def verify_manifest(folder: Path) -> list[str]:
+    """Files whose content no longer matches the manifest (empty when all match)."""
+    manifest = json.loads((Path(folder) / "manifest.json").read_text())
+    return [name for name, digest in manifest["files"].items()
+            if not (Path(folder) / name).exists() or file_sha256(Path(folder) / name) != digest]

@@ -1,0 +1,176 @@
+"""One run's whole configuration.
+
+`RunConfig` is the single source: the CLI builds its flags from its fields
+(`--num-subsets` for `num_subsets`), the Prefect flow takes it as its parameter,
+`prefect.yaml` sets its fields, and MLflow logs `RunConfig.flat()` as params.
+The smaller configs (`GenerationConfig`, `EvalConfig`, `AuditConfig`) are typed
+views of it that dpcore functions take, so each function sees only what it uses.
+
+Symbols of Tang et al. (Algorithm 1): M = num_subsets, N = subset_size,
+K = top_k, RVP = rvp, T_max = max_tokens, sigma = noise multiplier.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Mechanism = Literal["gaussian", "rnm"]
+Sampler = Literal["poisson", "fixed"]
+Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]
+
+ALL_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only", "sigma-zero", "random-real")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GenerationConfig(_Frozen):
+    """Parameters of Algorithm 1 for one generation call."""
+
+    num_subsets: int = Field(10, ge=1, description="M: disjoint groups of private records per token step")
+    subset_size: int = Field(2, ge=1, description="N: expected records per group (MN/|D_y| is the sampling rate)")
+    top_k: int = Field(100, ge=1, description="K: public top-K vocabulary kept when RVP is on")
+    rvp: bool = Field(True, description="Reduce vocabulary publicly (Algorithm 1 lines 7-10)")
+    max_tokens: int = Field(40, ge=1, description="T_max: token steps per demonstration")
+    mechanism: Mechanism = "gaussian"
+    sampler: Sampler = Field(
+        "poisson",
+        description="poisson: the sampler the accountant assumes. fixed: the paper's code "
+        "(MN records without replacement); its accounting is NOT claimed by the Poisson accountant.",
+    )
+    demos_per_label: int = Field(1, ge=1, description="synthetic demonstrations generated per label")
+
+
+class EvalConfig(_Frozen):
+    shots: int = Field(4, ge=0, description="demonstrations in each ICL prompt")
+    seeds: int = Field(5, ge=1, description="evaluation seeds (demo choice and order)")
+    test_size: int | None = Field(None, ge=1, description="test items; default: the whole test split")
+    calibrate: bool = True
+
+
+class AuditConfig(_Frozen):
+    enabled: bool = True
+    trials: int = Field(20, ge=1, description="trials per demo set (DP audit) or in total (non-private audit)")
+    demo_sets: int = Field(3, ge=1, description="independently generated DP demo sets")
+    members: int = Field(50, ge=1)
+    non_members: int = Field(50, ge=1)
+    auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="gate: |AUC - 0.5| must stay within this")
+    overlap_threshold: int = Field(8, ge=1, description="gate: verbatim token overlap that counts as a leak")
+    confidence: float = Field(0.95, gt=0, lt=1)
+
+
+class RunConfig(_Frozen):
+    """Everything one pipeline run needs. Field names are the CLI flag names."""
+
+    dataset: str = "agnews"
+    data_path: str | None = Field(None, description="a user's CSV/JSONL/Parquet file (with --task-spec)")
+    task_spec: str | None = Field(None, description="path of a task YAML for a user dataset")
+    dataset_id: str | None = Field(None, description="ledger identity; default: the dataset name")
+    model: str = "smollm2-135m"
+    device: str = "auto"
+    dtype: str = "auto"
+
+    epsilons: list[float] = Field(default_factory=lambda: [1.0, 4.0])
+    delta: float | None = Field(None, gt=0, lt=1, description="default: 1/|D_priv|")
+    mechanism: Mechanism = "gaussian"
+    sampler: Sampler = "poisson"
+    num_subsets: int = Field(10, ge=1)
+    subset_size: int = Field(2, ge=1)
+    top_k: int = Field(100, ge=1)
+    rvp: bool = True
+    max_tokens: int = Field(40, ge=1)
+    seed: int | None = Field(None, description="noise seed for experiments; None: cryptographically seeded")
+
+    shots: int = Field(4, ge=0)
+    seeds: int = Field(5, ge=1)
+    test_size: int | None = Field(None, ge=1)
+    calibrate: bool = True
+    baselines: list[Baseline] = Field(default_factory=lambda: list(ALL_BASELINES))
+
+    audit: bool = True
+    audit_trials: int = Field(20, ge=1)
+    audit_demo_sets: int = Field(3, ge=1)
+    audit_members: int = Field(50, ge=1)
+    auc_tolerance: float = Field(0.05, gt=0, lt=0.5)
+    overlap_threshold: int = Field(8, ge=1)
+
+    task_runner: str = Field("threads", description="threads, dask (a local cluster) or a Dask scheduler address")
+
+    @field_validator("epsilons", mode="before")
+    @classmethod
+    def _parse_epsilons(cls, value):
+        if isinstance(value, str):
+            value = [part for part in value.split(",") if part.strip()]
+        return [float(v) for v in value]
+
+    @field_validator("epsilons")
+    @classmethod
+    def _check_epsilons(cls, value: list[float]) -> list[float]:
+        for eps in value:
+            if math.isnan(eps) or eps < 0:
+                raise ValueError(f"epsilons: {eps} is not a valid epsilon (use a number >= 0, or inf)")
+        return value
+
+    @field_validator("baselines", mode="before")
+    @classmethod
+    def _parse_baselines(cls, value):
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> RunConfig:
+        if self.data_path and not self.task_spec and self.dataset not in _EMBEDDED_SPEC_NAMES():
+            raise ValueError("data_path needs task_spec (a task YAML) unless dataset names a shipped spec")
+        return self
+
+    @property
+    def ledger_id(self) -> str:
+        return self.dataset_id or self.dataset
+
+    def generation_config(self) -> GenerationConfig:
+        return GenerationConfig(
+            num_subsets=self.num_subsets,
+            subset_size=self.subset_size,
+            top_k=self.top_k,
+            rvp=self.rvp,
+            max_tokens=self.max_tokens,
+            mechanism=self.mechanism,
+            sampler=self.sampler,
+        )
+
+    def eval_config(self) -> EvalConfig:
+        return EvalConfig(shots=self.shots, seeds=self.seeds, test_size=self.test_size, calibrate=self.calibrate)
+
+    def audit_config(self) -> AuditConfig:
+        return AuditConfig(
+            enabled=self.audit,
+            trials=self.audit_trials,
+            demo_sets=self.audit_demo_sets,
+            members=self.audit_members,
+            non_members=self.audit_members,
+            auc_tolerance=self.auc_tolerance,
+            overlap_threshold=self.overlap_threshold,
+        )
+
+    def flat(self) -> dict[str, str]:
+        """Strings for MLflow params and manifests (public configuration only)."""
+        out = {}
+        for key, value in self.model_dump().items():
+            out[key] = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+        return out
+
+
+def demos_per_label(shots: int, num_labels: int) -> int:
+    """Synthetic demos needed per label so an ICL prompt of `shots` demos can take one per chosen label."""
+    return max(1, math.ceil(shots / max(1, num_labels)))
+
+
+def _EMBEDDED_SPEC_NAMES() -> set[str]:
+    from dpcore.taskspec import shipped_task_names
+
+    return set(shipped_task_names())

