@@ -1,0 +1,313 @@
+"""Loaders, the restricted unpickler, seeded splits and every validation error (issue 2)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import pickletools
+
+import pandas as pd
+import pytest
+
+from dpcore.datasets import (
+    content_hash,
+    load_dataset,
+    read_table,
+    restricted_load,
+    seeded_split,
+    staicc_file,
+)
+from dpcore.errors import ConfigError, DataValidationError
+from dpcore.taskspec import load_task_spec, shipped_task_names
+
+SPEC_YAML = """
+name: tickets
+kind: classification
+source: {type: file, path: unused.csv, text_column: body, label_column: topic, id_column: ticket_id}
+split: {test_size: 2, seed: 3}
+labels: {billing: Billing, outage: Outage}
+generation: {instruction: Write a ticket., label_prefix: "Topic: ", text_prefix: "Ticket:"}
+icl: {instruction: Classify tickets., input_prefix: "Ticket:", output_prefix: "Topic:"}
+"""
+
+GOOD_ROWS = [
+    {"ticket_id": "t1", "body": "invoice charged twice", "topic": "billing"},
+    {"ticket_id": "t2", "body": "site is down again", "topic": "outage"},
+    {"ticket_id": "t3", "body": "refund please", "topic": "billing"},
+    {"ticket_id": "t4", "body": "cannot log in, servers dead", "topic": "outage"},
+    {"ticket_id": "t5", "body": "wrong amount on bill", "topic": "billing"},
+    {"ticket_id": "t6", "body": "api returns 503", "topic": "outage"},
+]
+
+
+@pytest.fixture()
+def user_spec(tmp_path):
+    path = tmp_path / "tickets.yaml"
+    path.write_text(SPEC_YAML)
+    return load_task_spec(path)
+
+
+def write_csv(path, rows):
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# ---------------------------------------------------------------- shipped tasks and StaICC
+
+
+def test_shipped_specs_all_parse():
+    names = shipped_task_names()
+    for expected in ("agnews", "trec", "sst2", "dbpedia", "mit-g", "mit-d", "movies-sample-genre"):
+        assert expected in names
+    for name in names:
+        spec = load_task_spec(name)
+        prompt = spec.generation.build("X", ["record one"], "")
+        assert prompt.startswith(spec.generation.instruction)
+        assert prompt.endswith(spec.generation.text_prefix)
+
+
+def test_unknown_task_names_the_choices():
+    with pytest.raises(ConfigError, match="unknown task 'nope'.*agnews"):
+        load_task_spec("nope")
+
+
+@pytest.mark.parametrize(
+    "name, train, test, labels",
+    [("agnews", 120000, 7600, 4), ("trec", 5452, 500, 6), ("sst2", 66477, 872, 2)],
+)
+def test_staicc_loaders_and_split_sizes(name, train, test, labels):
+    data = load_dataset(load_task_spec(name))
+    assert (len(data.train), len(data.test), len(data.labels)) == (train, test, labels)
+    assert set(data.train.columns) == {"id", "text", "label"}
+    assert set(data.train["label"]) == set(data.spec.label_names)
+    assert not set(data.train["id"]) & set(data.test["id"])
+    assert data.train["text"].str.len().min() > 0
+
+
+def test_split_is_deterministic_and_seed_dependent(agnews):
+    again = load_dataset(load_task_spec("agnews"))
+    assert again.content_hash == agnews.content_hash
+    assert list(again.test["id"][:50]) == list(agnews.test["id"][:50])
+    frame = agnews.train.head(1000)
+    a_train, a_test = seeded_split(frame, 100, seed=1)
+    b_train, b_test = seeded_split(frame.sample(frac=1.0, random_state=5), 100, seed=1)  # row order irrelevant
+    c_train, c_test = seeded_split(frame, 100, seed=2)
+    assert list(a_test["id"]) == list(b_test["id"])
+    assert list(a_test["id"]) != list(c_test["id"])
+    assert len(a_train) == 900
+
+
+def test_content_hash_changes_with_any_record(agnews):
+    frame = agnews.train.head(50).copy()
+    base = content_hash(frame)
+    frame.loc[frame.index[3], "text"] = frame["text"].iloc[3] + "!"
+    assert content_hash(frame) != base
+
+
+def test_movies_sample_extraction_labels(movies_genre):
+    assert movies_genre.spec.kind == "extraction"
+    assert movies_genre.spec.made_up
+    assert set(movies_genre.labels) == {"comedy", "horror", "drama", "action", "animated", "romance"}
+    assert sum(movies_genre.label_counts().values()) == len(movies_genre.train) == 42
+
+
+# ---------------------------------------------------------------- restricted unpickler
+
+
+def test_restricted_unpickler_accepts_plain_rows(tmp_path):
+    path = tmp_path / "ok.dataset"
+    path.write_bytes(pickle.dumps([(["a text"], 0), (["b", "c"], 1)]))
+    assert restricted_load(path) == [(["a text"], 0), (["b", "c"], 1)]
+
+
+class _Evil:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo pwned",))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4])
+def test_restricted_unpickler_refuses_code_running_opcodes(tmp_path, protocol):
+    payload = pickle.dumps([(["x"], 0), _Evil()], protocol=protocol)
+    ops = {op.name for op, _, _ in pickletools.genops(payload)}
+    assert ops & {"GLOBAL", "STACK_GLOBAL"} and "REDUCE" in ops
+    path = tmp_path / "evil.dataset"
+    path.write_bytes(payload)
+    with pytest.raises(DataValidationError, match="refused global"):
+        restricted_load(path)
+
+
+def test_restricted_unpickler_refuses_other_types(tmp_path):
+    path = tmp_path / "dict.dataset"
+    path.write_bytes(pickle.dumps([{"text": "x"}]))
+    with pytest.raises(DataValidationError, match="refused value of type dict"):
+        restricted_load(path)
+    path.write_bytes(pickle.dumps([(["x"], 1.5)]))
+    with pytest.raises(DataValidationError, match="float"):
+        restricted_load(path)
+
+
+def test_staicc_files_located_through_metadata():
+    assert staicc_file("agnews.dataset").name == "agnews.dataset"
+    with pytest.raises(DataValidationError, match="not found"):
+        staicc_file("missing.dataset")
+
+
+# ---------------------------------------------------------------- user files: CSV, JSONL, Parquet
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_user_file_loaders(tmp_path, user_spec, fmt):
+    path = tmp_path / f"tickets.{fmt}"
+    if fmt == "csv":
+        write_csv(path, GOOD_ROWS)
+    elif fmt == "jsonl":
+        write_jsonl(path, GOOD_ROWS)
+    else:
+        pd.DataFrame(GOOD_ROWS).to_parquet(path)
+    data = load_dataset(user_spec, data_path=path)
+    assert len(data.train) == 4 and len(data.test) == 2
+    assert set(data.train["label"]) | set(data.test["label"]) == {"billing", "outage"}
+    assert set(data.train["id"]) | set(data.test["id"]) == {r["ticket_id"] for r in GOOD_ROWS}
+
+
+def _bad(tmp_path, user_spec, rows, fmt="csv"):
+    path = tmp_path / f"bad.{fmt}"
+    (write_csv if fmt == "csv" else write_jsonl)(path, rows)
+    with pytest.raises(DataValidationError) as info:
+        load_dataset(user_spec, data_path=path)
+    return str(info.value), path
+
+
+def test_empty_text_names_file_row_column(tmp_path, user_spec):
+    rows = [dict(r) for r in GOOD_ROWS]
+    rows[2]["body"] = "   "
+    message, path = _bad(tmp_path, user_spec, rows)
+    assert str(path) in message and "line 4" in message and "'body'" in message and "empty text" in message
+
+
+def test_missing_label(tmp_path, user_spec):
+    rows = [dict(r) for r in GOOD_ROWS]
+    rows[1]["topic"] = ""
+    message, _ = _bad(tmp_path, user_spec, rows)
+    assert "line 3" in message and "'topic'" in message and "missing label" in message
+
+
+def test_unknown_label_and_no_private_text_in_message(tmp_path, user_spec):
+    rows = [dict(r) for r in GOOD_ROWS]
+    rows[4]["topic"] = "sales"
+    message, _ = _bad(tmp_path, user_spec, rows, fmt="jsonl")
+    assert "line 5" in message and "unknown label 'sales'" in message
+    assert all(r["body"] not in message for r in GOOD_ROWS)
+
+
+def test_label_with_no_records(tmp_path, user_spec):
+    rows = [dict(r, topic="billing") for r in GOOD_ROWS]
+    message, _ = _bad(tmp_path, user_spec, rows)
+    assert "outage" in message and "no records" in message
+
+
+def test_duplicate_ids(tmp_path, user_spec):
+    rows = [dict(r) for r in GOOD_ROWS]
+    rows[5]["ticket_id"] = "t2"
+    message, _ = _bad(tmp_path, user_spec, rows)
+    assert "duplicate id 't2'" in message and "line 7" in message and "line 3" in message
+
+
+def test_missing_column(tmp_path, user_spec):
+    rows = [{k: v for k, v in r.items() if k != "topic"} for r in GOOD_ROWS]
+    message, _ = _bad(tmp_path, user_spec, rows)
+    assert "missing column 'topic'" in message and "found: ticket_id, body" in message
+
+
+def test_non_utf8_csv_and_jsonl(tmp_path, user_spec):
+    csv_path = tmp_path / "latin.csv"
+    csv_path.write_bytes("ticket_id,body,topic\nt1,caf\xe9 bill,billing\n".encode("latin-1"))
+    with pytest.raises(DataValidationError, match="not valid UTF-8"):
+        load_dataset(user_spec, data_path=csv_path)
+    jsonl_path = tmp_path / "latin.jsonl"
+    jsonl_path.write_bytes(b'{"ticket_id": "t1", "body": "ok", "topic": "billing"}\n{"body": "caf\xe9"}\n')
+    with pytest.raises(DataValidationError, match="line 2: not valid UTF-8"):
+        load_dataset(user_spec, data_path=jsonl_path)
+
+
+def test_unreadable_files(tmp_path, user_spec):
+    with pytest.raises(DataValidationError, match="file not found"):
+        load_dataset(user_spec, data_path=tmp_path / "nope.csv")
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"not a parquet file")
+    with pytest.raises(DataValidationError, match="unreadable"):
+        load_dataset(user_spec, data_path=broken)
+    bad_json = tmp_path / "broken.jsonl"
+    bad_json.write_text('{"ticket_id": "t1"\n')
+    with pytest.raises(DataValidationError, match="line 1: not valid JSON"):
+        read_table(bad_json)
+    spreadsheet = tmp_path / "x.xlsx"
+    spreadsheet.write_text("")
+    with pytest.raises(DataValidationError, match="unsupported file type"):
+        read_table(spreadsheet)
+
+
+def test_bad_task_spec_names_the_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(SPEC_YAML.replace("kind: classification", "kind: regression"))
+    with pytest.raises(ConfigError, match="bad.yaml: kind"):
+        load_task_spec(path)
+
+
+def test_validation_writes_nothing(tmp_path, user_spec, dpicl_home):
+    before = sorted(p for p in dpicl_home.rglob("*") if p.is_file())
+    rows = [dict(r) for r in GOOD_ROWS]
+    rows[0]["body"] = ""
+    _bad(tmp_path, user_spec, rows)
+    assert sorted(p for p in dpicl_home.rglob("*") if p.is_file()) == before
+
+
+# ---------------------------------------------------------------- hub loader (offline: a fake hub)
+
+
+def test_hub_loader_with_class_labels(monkeypatch):
+    import datasets as hf
+
+    parts = {
+        "train": hf.Dataset.from_dict(
+            {"content": [f"doc {i}" for i in range(30)], "label": [i % 14 for i in range(30)]}
+        ),
+        "test": hf.Dataset.from_dict({"content": ["t1", "t2"], "label": [0, 1]}),
+    }
+    monkeypatch.setattr(hf, "load_dataset", lambda path, name=None, split=None: parts[split])
+    spec = load_task_spec("dbpedia")
+    spec = spec.model_copy(update={"split": spec.split.model_copy(update={"test_size": 4})})
+    data = load_dataset(spec)
+    assert len(data.train) + len(data.test) == 32
+    assert set(data.train["label"]) <= set(spec.label_names)
+
+
+def test_hub_loader_bio_slots(monkeypatch):
+    import datasets as hf
+
+    features = hf.Features(
+        {"tokens": hf.Sequence(hf.Value("string")),
+         "tags": hf.Sequence(hf.ClassLabel(names=["O", "B-Genre", "I-Genre", "B-Director"]))}
+    )
+    rows = {"tokens": [["a", "science", "fiction", "film"], ["by", "nolan"], ["a", "comedy"]] * 4,
+            "tags": [[0, 1, 2, 0], [0, 3], [0, 1]] * 4}
+    part = hf.Dataset.from_dict(rows, features=features)
+    monkeypatch.setattr(hf, "load_dataset", lambda path, name=None, split=None: part)
+    spec = load_task_spec("mit-g")
+    spec = spec.model_copy(update={"split": spec.split.model_copy(update={"test_size": 2})})
+    data = load_dataset(spec)
+    answers = set(data.train["label"]) | set(data.test["label"])
+    assert answers == {"science fiction", "comedy"}  # the director-only rows are dropped
+    assert len(data.train) + len(data.test) == 16
+
+
+def test_hub_unreachable_gives_clear_error():
+    with pytest.raises(DataValidationError, match="hub:fancyzhx/dbpedia_14.*--data-path"):
+        load_dataset(load_task_spec("dbpedia"))
