@@ -1,5 +1,191 @@
-"""CLI: placeholder until its issue lands."""
+"""CLI: `dpicl generate` — calibrate sigma and run DP few-shot generation alone (issue 4).
+
+    dpicl generate --dataset NAME --epsilon E [--model NAME] [--shots S] [--num-subsets M]
+                   [--subset-size N] [--top-k K] [--no-rvp] [--max-tokens T]
+                   [--mechanism gaussian|rnm] [--seed S] [--out DIR] [--json]
+                   [--data-path FILE --task-spec YAML] [--delta D] [--sampler poisson|fixed]
+                   [--device DEV] [--dtype DTYPE] [--dataset-id ID]
+
+`--shots S` is the number of demonstrations in an ICL prompt: each label gets
+`demos_per_label(S, labels)` synthetic demos and the privacy steps are
+T = max_tokens * demos_per_label. `--epsilon inf` runs with sigma = 0 (no noise);
+`--epsilon 0` generates from the instruction alone (no private record is read, nothing is
+charged). The demos Parquet goes to `--out DIR` or
+`$DPICL_HOME/runs/<dataset>/<content_hash[:12]>/generate-<timestamp>/demos.parquet`,
+written atomically next to `generation.json` (privacy report and timings) and a manifest.
+Only DP outputs, counts and public configuration are printed or written.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from dpcore.config import RunConfig, demos_per_label
+from dpcore.errors import ConfigError
+from flows.cli.common import add_config_flags, config_from_args, jsonable, parse_epsilon, print_json
+
+log = logging.getLogger("dpicl.generate")
+
+CONFIG_FLAGS = ["dataset", "data_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta", "mechanism",
+                "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "seed", "shots"]
 
 
 def register(subparsers) -> None:
-    return None
+    parser = subparsers.add_parser(
+        "generate", help="calibrate sigma and generate DP synthetic demonstrations (Algorithm 1)",
+        description="Generate differentially private synthetic demonstrations (Tang et al. Algorithm 1) and "
+        "write the demos Parquet. Prints only synthetic (DP) text and public configuration.")
+    parser.add_argument("--epsilon", type=parse_epsilon, required=True,
+                        help="target epsilon; 'inf' = sigma 0 (no noise); 0 = instruction-only (no private data)")
+    add_config_flags(parser, CONFIG_FLAGS)
+    parser.add_argument("--out", default=None, help="output folder (default: under $DPICL_HOME/runs/)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run_generate)
+
+
+def _config(args) -> RunConfig:
+    try:
+        return config_from_args(args, epsilons=[args.epsilon])
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+                             for err in exc.errors())
+        raise ConfigError(problems) from None
+    except ValueError as exc:  # an int flag that is not an int
+        raise ConfigError(str(exc)) from None
+
+
+def _privacy(epsilon: float, label_counts: dict[str, int], config: RunConfig, steps: int, delta: float) -> dict:
+    """sigma for the run: one sigma calibrated at the largest sampling rate (labels compose in parallel)."""
+    from dpcore import accounting
+
+    rates = {label: accounting.sampling_rate(config.num_subsets, config.subset_size, count)
+             for label, count in label_counts.items()}
+    q = max(rates.values())
+    if math.isinf(epsilon):
+        return {"epsilon": math.inf, "delta": delta, "noise_multiplier": 0.0, "sampling_rate": q, "steps": steps,
+                "mechanism": config.mechanism, "warnings": []}
+    result = accounting.calibrate_for_labels(epsilon, label_counts, config.num_subsets, config.subset_size, steps,
+                                             delta, mechanism=config.mechanism)
+    report = _run_report(result)
+    return {
+        "epsilon": float(report.epsilon), "target_epsilon": float(epsilon), "delta": float(report.delta),
+        "noise_multiplier": float(report.noise_multiplier), "sampling_rate": float(report.sampling_rate),
+        "steps": int(report.steps), "mechanism": report.mechanism,
+        "epsilon_lower": float(report.epsilon_lower), "epsilon_crosscheck": float(report.epsilon_crosscheck),
+        "crosscheck_agreed": bool(report.crosscheck_agreed), "warnings": list(report.warnings),
+    }
+
+
+def _run_report(result):
+    """The run-level PrivacyReport out of `calibrate_for_labels`' result."""
+    if hasattr(result, "noise_multiplier"):
+        return result
+    for key in ("run", "report", "run_report"):
+        value = result.get(key) if isinstance(result, dict) else None
+        if value is not None and hasattr(value, "noise_multiplier"):
+            return value
+    raise ConfigError("accounting.calibrate_for_labels returned no run-level privacy report")
+
+
+def _default_out(dataset, home) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return home / "runs" / dataset.spec.name / dataset.content_hash[:12] / f"generate-{stamp}-{secrets.token_hex(2)}"
+
+
+def _charge_ledger(config: RunConfig, dataset, run_id: str, privacy: dict):
+    """PRIVACY LEDGER HOOK: charge the spend before any private record is read (dpcore/ledger.py)."""
+    try:
+        from dpcore.ledger import Ledger
+    except ImportError:  # the ledger is not part of this build
+        log.warning("privacy ledger unavailable: this generation is not recorded")
+        return None
+    entry = Ledger().charge(
+        dataset_id=config.ledger_id, content_hash=dataset.content_hash, run_id=run_id,
+        mechanism=config.mechanism, noise_multiplier=privacy["noise_multiplier"],
+        sampling_rate=privacy["sampling_rate"], steps=privacy["steps"], delta=privacy["delta"], purpose="generate",
+    )
+    return entry.to_dict() if hasattr(entry, "to_dict") else entry
+
+
+def run_generate(args) -> int:
+    from dpcore.artifacts import write_json_atomic, write_manifest, write_table
+    from dpcore.datasets import load_dataset
+    from dpcore.generation import demos_frame, generate_demos, instruction_only_demos
+    from dpcore.home import dpicl_home
+    from dpcore.lm import LanguageModel
+    from dpcore.taskspec import load_task_spec
+
+    began = time.perf_counter()
+    config = _config(args)
+    epsilon = float(args.epsilon)
+    spec = load_task_spec(config.task_spec or config.dataset)
+    dataset = load_dataset(spec, config.data_path)
+    labels = dataset.labels
+    label_counts = dataset.label_counts()
+    per_label = demos_per_label(config.shots, len(labels))
+    gen_config = config.generation_config().model_copy(update={"demos_per_label": per_label})
+    steps = config.max_tokens * per_label
+    from dpcore import accounting
+    from dpcore.generation import validate_generation
+
+    # Parameter errors before anything expensive (the vocabulary check follows the model load).
+    validate_generation(gen_config, 0.0, sys.maxsize, label_counts if epsilon > 0 else None)
+    delta = config.delta if config.delta is not None else accounting.default_delta(len(dataset.train))
+    if epsilon == 0:
+        privacy = {"epsilon": 0.0, "delta": 0.0, "noise_multiplier": math.inf, "sampling_rate": 0.0,
+                   "steps": steps, "mechanism": config.mechanism, "warnings": []}
+    else:
+        privacy = _privacy(epsilon, label_counts, config, steps, delta)
+    out = Path(args.out) if args.out else _default_out(dataset, dpicl_home())
+    run_id = out.name
+    lm = LanguageModel.load(config.model, config.device, config.dtype)
+    validate_generation(gen_config, 0.0, lm.vocab_size)
+
+    def progress(info: dict) -> None:
+        if not args.json:
+            print(f"\rstep {info['step']}/{info['max_steps']}  {info['finished']}/{info['total']} demos done  "
+                  f"{info['tokens_per_s']:.0f} tokens/s", end="", file=sys.stderr, flush=True)
+
+    ledger_entry = None
+    if epsilon == 0:  # instruction-only: reads no private record, charges nothing
+        result = instruction_only_demos(lm, spec, labels, gen_config, seed=config.seed, progress=progress)
+    else:
+        ledger_entry = _charge_ledger(config, dataset, run_id, privacy)  # before any private record is read
+        records = {label: dataset.records_for(label) for label in labels}  # private: stays in memory
+        result = generate_demos(lm, spec, records, gen_config, privacy["noise_multiplier"], seed=config.seed,
+                                labels=labels, progress=progress)
+    if not args.json:
+        print(file=sys.stderr)
+    frame = demos_frame(result.demos)
+    write_table(frame, out / "demos.parquet")
+    summary = {
+        "run_id": run_id, "dataset": spec.name, "content_hash": dataset.content_hash, "model": config.model,
+        **privacy, "seeded_noise": result.seeded_noise, "demos_per_label": per_label, "labels": labels,
+        "config": gen_config.model_dump(), "stats": result.stats, "ledger_entry": ledger_entry,
+        "wall_seconds": time.perf_counter() - began,
+    }
+    write_json_atomic(out / "generation.json", jsonable(summary))
+    write_manifest(out, {"run_id": run_id, "kind": "generate"})
+    if args.json:
+        print_json({**summary, "out": str(out),
+                    "demos": [{"label": d.label, "shot": d.shot, "text": d.text, "tokens": d.tokens,
+                               "stop_reason": d.stop_reason, "method": d.method} for d in result.demos]})
+        return 0
+    eps_text = "inf" if math.isinf(privacy["epsilon"]) else f"{privacy['epsilon']:.3f}"
+    print(f"epsilon {eps_text} (delta {privacy['delta']:.3g}), sigma {privacy['noise_multiplier']:.4f}, "
+          f"q {privacy['sampling_rate']:.3g}, T {steps}, {config.mechanism}"
+          + ("  [seeded noise: experiment only, not releasable]" if result.seeded_noise else ""))
+    for demo in result.demos:
+        print(f"[{demo.label} #{demo.shot}] ({demo.tokens} tokens, {demo.stop_reason}) {demo.text}")
+    stats = result.stats
+    print(f"{stats.get('wall_seconds', 0):.1f} s generation, {stats.get('forward_tokens_per_s', 0):.0f} "
+          f"prompt tokens/s; wrote {out / 'demos.parquet'}")
+    return 0

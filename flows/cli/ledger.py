@@ -1,5 +1,137 @@
-"""CLI: placeholder until its issue lands."""
+"""CLI: `dpicl ledger show | set-budget | charge` (the privacy budget ledger, issue 8).
+
+    dpicl ledger show [--dataset ID] [--delta D] [--json]
+    dpicl ledger set-budget --dataset ID --epsilon E --delta D [--json]
+    dpicl ledger charge --dataset ID --run-id R --content-hash H --noise-multiplier S
+                        --sampling-rate Q --steps T --delta D [--mechanism gaussian|rnm] [--purpose P]
+
+`charge` records a spend made outside dpicl (a notebook run of the same mechanism) so the
+ledger stays complete; it is refused, exit code 3, when it would exceed the budget.
+Every subcommand takes `--ledger PATH` (default `$DPICL_HOME/ledger.db`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from dpcore.ledger import MECHANISMS, PURPOSES, Ledger, Spend
+from flows.cli.common import print_json
 
 
 def register(subparsers) -> None:
-    return None
+    parser = subparsers.add_parser(
+        "ledger", help="privacy budget ledger: composed spend and budget per dataset id",
+        description="The privacy budget ledger: every generation that touched private data, composed per "
+        "dataset id with the PRV accountant (cross-checked by dp-accounting PLD).")
+    actions = parser.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
+
+    show = actions.add_parser("show", help="entries and the composed epsilon, delta and budget")
+    show.add_argument("--dataset", dest="dataset_id", help="one dataset id (default: every dataset id)")
+    show.add_argument("--delta", type=float, default=None,
+                      help="compose at this delta (default: the budget's delta, else the smallest entry delta)")
+    _common(show)
+    show.set_defaults(handler=_show)
+
+    budget = actions.add_parser("set-budget", help="set or replace a dataset's (epsilon, delta) budget")
+    budget.add_argument("--dataset", dest="dataset_id", required=True, help="dataset id (default id: the dataset name)")
+    budget.add_argument("--epsilon", type=float, required=True, help="total epsilon the dataset may spend")
+    budget.add_argument("--delta", type=float, required=True, help="the delta the total is measured at")
+    _common(budget)
+    budget.set_defaults(handler=_set_budget)
+
+    charge = actions.add_parser("charge", help="record a spend made outside dpicl (refused beyond the budget)")
+    charge.add_argument("--dataset", dest="dataset_id", required=True)
+    charge.add_argument("--run-id", required=True)
+    charge.add_argument("--content-hash", required=True, help="content hash of the private records used")
+    charge.add_argument("--mechanism", choices=list(MECHANISMS), default="gaussian")
+    charge.add_argument("--noise-multiplier", type=float, required=True, help="sigma (0: no noise)")
+    charge.add_argument("--sampling-rate", type=float, required=True, help="q = MN/|D_y|, largest over labels")
+    charge.add_argument("--steps", type=int, required=True, help="T = max_tokens * demos_per_label")
+    charge.add_argument("--delta", type=float, required=True)
+    charge.add_argument("--purpose", choices=list(PURPOSES), default="generate")
+    _common(charge)
+    charge.set_defaults(handler=_charge)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ledger", dest="ledger_path", default=None,
+                        help="ledger file (default: $DPICL_HOME/ledger.db)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:.4g}"
+    return str(value)
+
+
+def _summary(spend: Spend) -> str:
+    line = f"dataset {spend.dataset_id}: epsilon {_fmt(spend.epsilon)} at delta {_fmt(spend.delta)}"
+    if spend.budget is None:
+        line += " (no budget set: charges are recorded, never refused)"
+    else:
+        line += (f" (budget epsilon {_fmt(spend.budget.epsilon)}, delta {_fmt(spend.budget.delta)};"
+                 f" remaining {_fmt(spend.remaining)})")
+    return line + f", {len(spend.entries)} entries"
+
+
+def _print_spend(spend: Spend) -> None:
+    print(_summary(spend))
+    if spend.entries:
+        header = ("id", "created_at", "run_id", "purpose", "mechanism", "sigma", "q", "T", "delta",
+                  "epsilon_alone", "content_hash")
+        rows = [header] + [
+            (str(e.id), e.created_at, e.run_id, e.purpose, e.mechanism, _fmt(e.noise_multiplier),
+             _fmt(e.sampling_rate), str(e.steps), _fmt(e.delta), _fmt(e.epsilon_upper), e.content_hash[:12])
+            for e in spend.entries
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        for row in rows:
+            print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for note in spend.warnings:
+        print(f"  note: {note}")
+
+
+def _show(args) -> int:
+    ledger = Ledger(args.ledger_path)
+    ids = [args.dataset_id] if args.dataset_id else ledger.dataset_ids()
+    spends = [ledger.spend(dataset_id, delta=args.delta) for dataset_id in ids]
+    if args.json:
+        print_json(spends[0].to_dict() if args.dataset_id else {"datasets": [s.to_dict() for s in spends]})
+        return 0
+    if not spends:
+        print(f"the ledger {ledger.path} has no entries and no budgets")
+    for spend in spends:
+        _print_spend(spend)
+    return 0
+
+
+def _set_budget(args) -> int:
+    ledger = Ledger(args.ledger_path)
+    budget = ledger.set_budget(args.dataset_id, args.epsilon, args.delta)
+    spend = ledger.spend(args.dataset_id)
+    if args.json:
+        print_json(spend.to_dict())
+        return 0
+    print(f"budget of dataset {budget.dataset_id} set: epsilon {_fmt(budget.epsilon)} at delta {_fmt(budget.delta)}")
+    print(_summary(spend))
+    if spend.epsilon > budget.epsilon:
+        print("  note: the current spend already exceeds this budget: every further charge is refused")
+    return 0
+
+
+def _charge(args) -> int:
+    ledger = Ledger(args.ledger_path)
+    entry = ledger.charge(args.dataset_id, args.content_hash, args.run_id, args.mechanism, args.noise_multiplier,
+                          args.sampling_rate, args.steps, args.delta, args.purpose)
+    spend = ledger.spend(args.dataset_id)
+    if args.json:
+        print_json({"entry": entry.to_dict(), **{k: v for k, v in spend.to_dict().items() if k != "entries"}})
+        return 0
+    print(f"charged entry {entry.id} (run {entry.run_id}): epsilon {_fmt(entry.epsilon_upper)} alone "
+          f"at delta {_fmt(entry.delta)}")
+    print(_summary(spend))
+    return 0

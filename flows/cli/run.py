@@ -1,29 +1,197 @@
-"""CLI: `dpicl demo` (and later `dpicl run`, `dpicl ui`)."""
+"""CLI: `dpicl run` (the whole pipeline), `dpicl demo` (the same, sized for a CPU), `dpicl ui` (local UIs).
+
+`dpicl run` takes every RunConfig field as a flag (`--num-subsets`, `--max-tokens`, `--shots`,
+`--test-size`, ...: the generation flags of `dpicl generate` and the evaluation flags of
+`dpicl evaluate`, same names) and runs the Prefect flow in this process. Without
+PREFECT_API_URL, Prefect starts a temporary local server on the SQLite database under
+$DPICL_HOME/prefect (the same database `dpicl ui` serves, so past runs show up there).
+"""
 
 from __future__ import annotations
 
+import argparse
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
 
+from dpcore.config import RunConfig
 
-def _demo(args) -> int:
-    """Until the pipeline lands: load the embedded model and data and print a summary."""
-    from dpcore.datasets import load_dataset
-    from dpcore.home import dpicl_home
-    from dpcore.lm import LanguageModel
-    from dpcore.taskspec import load_task_spec
+# `dpicl demo`: AG News on the embedded SmolLM2-135M, sized to finish in about 10 minutes on 2 CPU cores.
+DEMO_DEFAULTS = {
+    "dataset": "agnews",
+    "epsilons": "1,8",
+    "num_subsets": 4,      # M
+    "subset_size": 1,      # N (q = MN/|D_y| = 4/30000)
+    "top_k": 100,          # K (RVP on)
+    "max_tokens": 24,      # T_max
+    "shots": 4,            # one demo per label
+    "seeds": 2,
+    "test_size": 100,
+    "audit": True,
+    "audit_trials": 4,
+    "audit_demo_sets": 1,
+    "audit_members": 10,
+    "seed": None,          # cryptographically seeded noise (a real run)
+}
 
+
+def _config_fields() -> list[str]:
+    return list(RunConfig.model_fields)
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    from flows.cli.common import add_config_flags
+
+    add_config_flags(parser, _config_fields())
+    parser.add_argument("--epsilon", dest="epsilon_single", action="append", default=None, metavar="E",
+                        help="one epsilon (repeatable; same as --epsilons E1,E2; `inf` = sigma 0, 0 = instruction-only)")
+    parser.add_argument("--run-id", default=None, help="name of the run folder (default: <UTC start>-<flow run id>)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def _config(args, defaults: dict | None = None) -> RunConfig:
+    """RunConfig from the flags; `defaults` (the demo's) apply to the fields not given on the command line."""
+    from flows.cli.common import config_from_args, parse_epsilon
+
+    explicit = {name for name in _config_fields() if getattr(args, name, None) is not None}
+    overrides = {k: v for k, v in (defaults or {}).items() if k not in explicit}
+    if args.epsilon_single:
+        overrides["epsilons"] = [parse_epsilon(e) for e in args.epsilon_single]
+    return config_from_args(args, **overrides)
+
+
+def _fmt(value, spec=".3f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return format(value, spec)
+
+
+def format_results(summary: dict) -> str:
+    """The results table: one line per (method, epsilon)."""
+    header = f"{'method':<17} {'epsilon':>7} {'sigma':>7} {'accuracy':>15} {'calibrated':>15} {'MIA AUC':>8}"
+    lines = [header, "-" * len(header)]
+    for row in summary["results"]:
+        eps = row["epsilon"]
+        lines.append(
+            f"{row['method']:<17} {_fmt(eps, 'g'):>7} {_fmt(row.get('noise_multiplier'), '.3f'):>7} "
+            f"{_fmt(row['accuracy_mean']) + ' +/- ' + _fmt(row['accuracy_std']):>15} "
+            f"{_fmt(row['calibrated_accuracy_mean']) + ' +/- ' + _fmt(row['calibrated_accuracy_std']):>15} "
+            f"{_fmt(row.get('mia_auc')):>8}"
+        )
+    verdict = summary["audit"]
+    if not verdict.get("ran"):
+        audit_line = "audit: not run"
+    else:
+        audit_line = "audit: " + ("PASSED" if verdict.get("passed") else "FAILED")
+        audit_line += "".join(f"\n  - {reason}" for reason in verdict.get("reasons", []))
+    n = summary["results"][0]["n"] if summary["results"] else 0
+    seeds = summary["results"][0]["seeds"] if summary["results"] else 0
+    lines += [
+        f"(accuracy: mean +/- std over {seeds} seed(s), {n} test items; delta = {summary['delta']:.3g})",
+        audit_line,
+        f"noise: {'FIXED SEED (experiment, never releasable)' if summary['seeded_noise'] else 'cryptographically seeded'}",
+        f"run id:          {summary['run_id']}",
+        f"MLflow run id:   {summary['mlflow_run_id']}  ({summary['tracking_uri']})",
+        f"artifact folder: {summary['run_dir']}",
+    ]
+    return "\n".join(lines)
+
+
+def _run(args, defaults: dict | None = None) -> int:
+    from flows.cli.common import print_json
+    from flows.pipeline import run_pipeline
+
+    config = _config(args, defaults)
     began = time.perf_counter()
-    lm = LanguageModel.load("smollm2-135m")
-    print(f"model smollm2-135m: {lm.num_parameters(include_embeddings=True) / 1e6:.1f}M parameters, "
-          f"vocabulary {lm.vocab_size}, loaded in {time.perf_counter() - began:.1f} s on {lm.device}")
-    for name in ("agnews", "trec", "sst2", "movies-sample-genre"):
-        data = load_dataset(load_task_spec(name))
-        counts = ", ".join(f"{k}={v}" for k, v in data.label_counts().items())
-        print(f"{name}: train {len(data.train)} / test {len(data.test)} ({counts})")
-    print(f"results under {dpicl_home()}")
+    summary = run_pipeline(config, run_id=args.run_id)
+    summary["wall_seconds"] = round(time.perf_counter() - began, 1)
+    if args.json:
+        print_json(summary)
+    else:
+        print(format_results(summary))
+        print(f"wall time:       {summary['wall_seconds']:.0f} s")
     return 0
 
 
+def _demo(args) -> int:
+    return _run(args, DEMO_DEFAULTS)
+
+
+# --------------------------------------------------------------------------- dpicl ui
+
+
+def _ui(args) -> int:
+    """Start the Prefect server and the MLflow UI on 127.0.0.1 until Ctrl-C."""
+    from dpcore.home import dpicl_home, subdir
+
+    home = dpicl_home()
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    bin_dir = os.path.dirname(sys.executable)
+    procs: list[tuple[str, subprocess.Popen]] = []
+    if not args.no_prefect:
+        prefect = shutil.which("prefect", path=bin_dir) or "prefect"
+        procs.append(("prefect", subprocess.Popen(
+            [prefect, "server", "start", "--host", args.host, "--port", str(args.prefect_port)], env=env)))
+    if not args.no_mlflow:
+        mlflow = shutil.which("mlflow", path=bin_dir) or "mlflow"
+        db = subdir("mlflow") / "mlflow.db"
+        procs.append(("mlflow", subprocess.Popen(
+            [mlflow, "server", "--host", args.host, "--port", str(args.mlflow_port),
+             "--backend-store-uri", f"sqlite:///{db}", "--default-artifact-root",
+             (subdir("mlflow") / "artifacts").as_uri(), "--workers", "1"], env=env)))
+    print(f"DPICL_HOME {home}")
+    if not args.no_prefect:
+        print(f"Prefect UI  http://{args.host}:{args.prefect_port}/   "
+              f"(export PREFECT_API_URL=http://{args.host}:{args.prefect_port}/api to send runs there)")
+    if not args.no_mlflow:
+        print(f"MLflow UI   http://{args.host}:{args.mlflow_port}/")
+    print("Ctrl-C stops both.", flush=True)
+    try:
+        while all(p.poll() is None for _, p in procs):
+            time.sleep(0.5)
+        for name, p in procs:
+            if p.poll() is not None:
+                print(f"{name} exited with code {p.returncode}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for _, p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
 def register(subparsers) -> None:
-    demo = subparsers.add_parser("demo", help="run the main pipeline on the embedded model and data")
+    run = subparsers.add_parser("run", help="run the whole pipeline (generate, evaluate, audit, record) as a Prefect flow",
+                                description="Run the DP few-shot pipeline as a Prefect flow. Every RunConfig field is a "
+                                            "flag (--epsilons 1,4 --num-subsets 10 --shots 4 --test-size 300 ...).")
+    _add_run_flags(run)
+    run.set_defaults(handler=_run)
+
+    demo = subparsers.add_parser(
+        "demo", help="the pipeline on the embedded model and AG News, sized for ~10 minutes on 2 CPU cores",
+        description="dpicl run with demo defaults: " + ", ".join(f"{k}={v}" for k, v in DEMO_DEFAULTS.items())
+        + ". Any flag of dpicl run overrides them.")
+    _add_run_flags(demo)
     demo.set_defaults(handler=_demo)
+
+    ui = subparsers.add_parser("ui", help="start the Prefect server and the MLflow UI on 127.0.0.1")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--prefect-port", type=int, default=4200)
+    ui.add_argument("--mlflow-port", type=int, default=5000)
+    ui.add_argument("--no-prefect", action="store_true", help="only the MLflow UI")
+    ui.add_argument("--no-mlflow", action="store_true", help="only the Prefect server")
+    ui.set_defaults(handler=_ui)

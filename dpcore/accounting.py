@@ -1,0 +1,629 @@
+"""Privacy accounting for Algorithm 1 (Tang et al., Theorem 1 and Appendix A): epsilon of a
+run, sigma calibration, and an independent cross-check.
+
+Neighbouring datasets: add/remove one private record (one (text, label) row of the train
+split). Each token step draws the groups of the step by Poisson sampling of the label's
+records with rate q = M*N/|D_y| (`sampling_rate`), so one record takes part in a step with
+probability q; the accountant assumes exactly this sampler (the paper's fixed-size sampler
+without replacement is not covered).
+
+Gaussian mechanism (Algorithm 1 line 12; Appendix A, proof of Theorem 1): each group's
+next-token distribution is a probability vector, so adding or removing one record changes the
+sum over groups by at most sqrt(2) in L2 norm. Adding N(0, 2 sigma^2 I) noise to that sum is a
+Gaussian mechanism with noise multiplier sigma (std / sensitivity = sqrt(2) sigma / sqrt(2)).
+One step is a Poisson-subsampled Gaussian mechanism; T = max_tokens x demos_per_label steps are
+composed numerically with the PRV accountant (Gopi et al. 2021; Theorem A.3) and cross-checked
+with Google's dp-accounting PLD accountant (pessimistic "connect the dots" discretisation).
+
+Report-noisy-max ("rnm", Algorithm 1 lines 15-19; Theorems A.4, A.5): `noise_multiplier`
+sigma means exponential noise of scale (mean) 2*sigma on each coordinate of the group sum,
+whose L_inf sensitivity is 1, so one step is pure epsilon_0 = 1/sigma DP for the sampled set.
+Subsampling amplifies it to epsilon' = log(1 + q (e^epsilon_0 - 1)) (Theorem A.5). T steps
+compose to the pure bound T*epsilon' (`epsilon_pure`, delta = 0) and, numerically, to an
+(epsilon, delta) bound: prv-accountant's PureDPMechanism(epsilon') composed T times, checked
+against dp-accounting's PLD of an (epsilon', 0)-DP mechanism. Randomised response with
+epsilon' dominates any epsilon'-DP step, and its T-fold composition is also computed exactly
+(`epsilon_exact`, binomial closed form). prv-accountant 0.2.0 is unreliable on pure-DP random
+variables (grid truncation; "Discrete mean differs" errors): when it fails or disagrees, the
+cross-check passes only if the PLD agrees with the exact composition, and a warning says so.
+The reported epsilon is never above the pure bound (an (epsilon', 0)-DP composition is
+(T epsilon', delta)-DP for any delta).
+
+Labels: the private set is partitioned by label and each label's generation reads only its
+own records, so the labels compose in parallel: the epsilon of a run is the maximum over
+labels, not the sum. One sigma serves the whole run, calibrated at the largest per-label
+sampling rate (`calibrate_for_labels`). The per-label counts |D_y| (hence q) are treated as
+public, as in the paper.
+
+Reported numbers: `epsilon` is an upper bound: the larger of prv-accountant's upper bound and
+the PLD value (both upper bounds). prv-accountant 0.2.0 has a known numerical bug at large
+epsilon; when the two accountants' point values differ by more than 2% (or prv-accountant
+raises), the larger is reported, `crosscheck_agreed` is False and a warning says why.
+sigma = 0 means no noise: epsilon is math.inf everywhere, never a number.
+
+Calibration results (and single evaluations) are cached as JSON under
+$DPICL_HOME/cache/accounting/, keyed by every input and the accountant versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from dpcore.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+MECHANISMS = ("gaussian", "rnm")
+SIGMA_TOLERANCE = 1e-3           # calibration: bisection until the sigma bracket is this narrow
+CROSSCHECK_TOLERANCE = 0.02      # relative disagreement of the two accountants that raises a flag
+CROSSCHECK_ABS_FLOOR = 1e-3      # ... or this absolute difference, whichever is larger
+PRV_EPS_ERROR_MAX = 0.01         # prv-accountant eps_error (absolute); 1% of epsilon below epsilon = 1
+PRV_EPS_ERROR_MIN = 1e-3
+PRV_MAX_DOMAIN_POINTS = 4_000_000  # larger prv grids (only at vacuous epsilons) are skipped
+PRV_GRID_CHECK_ABOVE = 20.0      # check the grid size first when PLD epsilon is above this
+PLD_INTERVAL = 1e-3              # dp-accounting value discretisation interval (Gaussian)
+PLD_INTERVAL_FINE = 1e-4         # ... refined before a disagreement is declared
+PLD_INTERVAL_COARSE = 5e-3       # ... coarse, for the calibration's first pass only
+MAX_TARGET_EPSILON = 100.0       # larger targets are vacuous; epsilon = inf (sigma = 0) is the baseline
+SIGMA_MIN, SIGMA_MAX = 0.01, 1e4  # calibration search range (sigma is never searched below SIGMA_MIN)
+CACHE_FORMAT = 1                 # bump when the computation changes (invalidates the cache)
+
+CacheDir = Path | str | None | Literal[False]
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    """The privacy guarantee of one label's generation (and, at the largest q, of the run)."""
+
+    mechanism: str            # "gaussian" | "rnm"
+    noise_multiplier: float   # sigma; 0.0 means no noise (epsilon = inf)
+    sampling_rate: float      # q = M*N/|D_y|
+    steps: int                # T = max_tokens * demos_per_label
+    delta: float
+    epsilon: float            # upper bound (math.inf when sigma == 0); the larger of prv upper and PLD
+    epsilon_lower: float      # prv-accountant lower bound (nan when prv-accountant was unavailable)
+    epsilon_estimate: float   # prv-accountant estimate (nan when prv-accountant was unavailable)
+    epsilon_crosscheck: float  # dp-accounting PLD
+    crosscheck_agreed: bool
+    warnings: tuple[str, ...]
+    epsilon_pure: float = math.inf   # rnm: pure-DP bound T*epsilon' (delta = 0); gaussian: inf (none)
+    step_epsilon: float = math.inf   # rnm: amplified per-step pure epsilon'; gaussian: inf (none)
+    prv_eps_error: float = math.nan  # the eps_error prv-accountant ran with
+    epsilon_exact: float = math.nan  # rnm: exact T-fold randomised-response composition; gaussian: nan
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["warnings"] = list(self.warnings)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PrivacyReport:
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["warnings"] = tuple(values.get("warnings") or ())
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    value = int(value)
+    if value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def _check_float(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if math.isnan(number):
+        raise ConfigError(f"{name} must be a number, got nan")
+    return number
+
+
+def _check_mechanism(mechanism: str) -> str:
+    if mechanism not in MECHANISMS:
+        raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+    return mechanism
+
+
+def _check_common(sampling_rate: Any, steps: Any, delta: Any, mechanism: str) -> tuple[float, int, float, str]:
+    q = _check_float("sampling_rate", sampling_rate)
+    if not 0.0 < q <= 1.0:
+        raise ConfigError(f"sampling_rate must be in (0, 1], got {q}")
+    t = _check_int("steps", steps, 1)
+    d = _check_float("delta", delta)
+    if not 0.0 < d < 1.0:
+        raise ConfigError(f"delta must be in (0, 1), got {d}")
+    return q, t, d, _check_mechanism(mechanism)
+
+
+def _check_noise_multiplier(noise_multiplier: Any) -> float:
+    sigma = _check_float("noise_multiplier", noise_multiplier)
+    if sigma < 0 or math.isinf(sigma):
+        raise ConfigError(f"noise_multiplier must be a finite number >= 0, got {sigma}")
+    return sigma
+
+
+def sampling_rate(num_subsets: int, subset_size: int, label_count: int) -> float:
+    """q = M*N/|D_y|: the Poisson rate at which one record of label y joins a token step."""
+    m = _check_int("num_subsets", num_subsets, 1)
+    n = _check_int("subset_size", subset_size, 1)
+    count = _check_int("label_count", label_count, 1)
+    if m * n > count:
+        raise ConfigError(
+            f"num_subsets x subset_size = {m} x {n} = {m * n} exceeds the label's {count} private records "
+            "(sampling_rate > 1); lower num_subsets or subset_size"
+        )
+    return m * n / count
+
+
+def total_steps(max_tokens: int, demos_per_label: int) -> int:
+    """T: token steps composed per label (each demonstration of the label is max_tokens steps)."""
+    return _check_int("max_tokens", max_tokens, 1) * _check_int("demos_per_label", demos_per_label, 1)
+
+
+def default_delta(num_private_records: int) -> float:
+    """delta = 1/|D_priv| (the paper's choice, over the whole private set)."""
+    n = _check_int("num_private_records", num_private_records, 2)
+    return 1.0 / n
+
+
+def rnm_step_epsilon(noise_multiplier: float, sampling_rate: float) -> float:
+    """epsilon' = log(1 + q (e^{1/sigma} - 1)): one RNM step, amplified by Poisson sampling (Theorem A.5).
+
+    Per-step pure epsilon_0 = 1/sigma (exponential noise of scale 2 sigma, L_inf sensitivity 1,
+    Theorem A.4). Computed stably for large epsilon_0."""
+    sigma = _check_noise_multiplier(noise_multiplier)
+    q = _check_float("sampling_rate", sampling_rate)
+    if sigma == 0:
+        return math.inf
+    eps0 = 1.0 / sigma
+    if eps0 > 30:  # 1 + q(e^a - 1) = e^a (q + (1 - q) e^-a)
+        return eps0 + math.log(q + (1.0 - q) * math.exp(-eps0))
+    return math.log1p(q * math.expm1(eps0))
+
+
+# ---------------------------------------------------------------------------------------------
+# The two accountants
+
+
+def _prv_epsilon(mechanism: str, sigma: float, q: float, steps: int, delta: float, step_epsilon: float,
+                 eps_error: float, check_grid: bool = True) -> tuple[float, float, float]:
+    """prv-accountant (lower, estimate, upper); raises on failure or an oversized grid."""
+    import numpy as np
+    from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant, PureDPMechanism
+    from prv_accountant.accountant import compute_safe_domain_size
+
+    if mechanism == "gaussian":
+        prv = PoissonSubsampledGaussianMechanism(noise_multiplier=sigma, sampling_probability=q)
+    else:
+        prv = PureDPMechanism(step_epsilon)
+    delta_error = delta / 1000
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
+            if check_grid:  # the grid prv-accountant would build (its Theorem 5.5 mesh, RDP-safe domain)
+                half_width = compute_safe_domain_size([prv], [steps], eps_error=eps_error, delta_error=delta_error)
+                mesh = eps_error / math.sqrt(steps / 2 * math.log(12 / delta_error))
+                points = 2 * float(half_width) / mesh
+                if points > PRV_MAX_DOMAIN_POINTS:
+                    raise RuntimeError(f"grid of {points:.3g} points (epsilon far beyond any meaningful guarantee)")
+            accountant = PRVAccountant(prvs=[prv], max_self_compositions=[steps], eps_error=eps_error,
+                                       delta_error=delta_error)
+            lower, estimate, upper = accountant.compute_epsilon(delta=delta, num_self_compositions=[steps])
+    lower, estimate, upper = float(lower), float(estimate), float(upper)
+    if not all(math.isfinite(v) for v in (lower, estimate, upper)):
+        raise RuntimeError(f"non-finite result ({lower}, {estimate}, {upper})")
+    return max(lower, 0.0), max(estimate, 0.0), max(upper, 0.0)
+
+
+def _pld_epsilon(mechanism: str, sigma: float, q: float, steps: int, delta: float, step_epsilon: float,
+                 interval: float = PLD_INTERVAL) -> float:
+    """dp-accounting PLD epsilon (pessimistic: an upper bound), add/remove neighbours.
+
+    rnm: the PLD of an (epsilon', 0)-DP mechanism with the discretisation interval equal to
+    epsilon' itself, so the loss values +-epsilon' lie on the grid and the composition is exact."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    if mechanism == "gaussian":
+        pld = pld_lib.from_gaussian_mechanism(standard_deviation=sigma, sensitivity=1.0, sampling_prob=q,
+                                              use_connect_dots=True, pessimistic_estimate=True,
+                                              value_discretization_interval=interval)
+    else:
+        from dp_accounting.pld.common import DifferentialPrivacyParameters
+
+        pld = pld_lib.from_privacy_parameters(DifferentialPrivacyParameters(step_epsilon, 0.0),
+                                              value_discretization_interval=step_epsilon)
+    epsilon = float(pld.self_compose(steps).get_epsilon_for_delta(delta))
+    if math.isnan(epsilon):
+        raise RuntimeError("dp-accounting PLD returned nan")
+    return max(epsilon, 0.0)
+
+
+def _disagreement(a: float, b: float) -> float:
+    """Relative difference of two epsilons, 0 when within the absolute floor."""
+    diff = abs(a - b)
+    if diff <= CROSSCHECK_ABS_FLOOR:
+        return 0.0
+    return diff / max(a, b)
+
+
+def _no_noise_report(q: float, steps: int, delta: float, mechanism: str) -> PrivacyReport:
+    inf = math.inf
+    return PrivacyReport(mechanism=mechanism, noise_multiplier=0.0, sampling_rate=q, steps=steps, delta=delta,
+                         epsilon=inf, epsilon_lower=inf, epsilon_estimate=inf, epsilon_crosscheck=inf,
+                         crosscheck_agreed=True,
+                         warnings=("noise_multiplier = 0: no noise, epsilon = inf (not private)",),
+                         epsilon_pure=inf, step_epsilon=inf)
+
+
+def _evaluate(sigma: float, q: float, steps: int, delta: float, mechanism: str) -> PrivacyReport:
+    """Uncached epsilon of validated inputs (sigma > 0)."""
+    notes: list[str] = []
+    step_eps = rnm_step_epsilon(sigma, q) if mechanism == "rnm" else math.inf
+    pure = steps * step_eps if mechanism == "rnm" else math.inf
+
+    pld: float | None
+    try:
+        pld = _pld_epsilon(mechanism, sigma, q, steps, delta, step_eps)
+    except Exception as exc:  # noqa: BLE001 - any accountant failure is reported, never hidden
+        pld = None
+        notes.append(f"dp-accounting PLD failed ({type(exc).__name__}: {exc})")
+
+    eps_error = _prv_eps_error(pld if pld is not None else 1.0)
+    prv: tuple[float, float, float] | None
+    try:
+        # The grid check costs an RDP computation; grids only explode at large epsilon.
+        prv = _prv_epsilon(mechanism, sigma, q, steps, delta, step_eps, eps_error,
+                           check_grid=pld is None or pld > PRV_GRID_CHECK_ABOVE)
+    except Exception as exc:  # noqa: BLE001
+        prv = None
+        notes.append(f"prv-accountant failed ({type(exc).__name__}: {exc}); epsilon from dp-accounting PLD only")
+
+    exact = math.nan
+    if mechanism == "rnm":  # the dominating pair (randomised response) composes exactly
+        try:
+            exact = _randomized_response_epsilon(step_eps, steps, delta)
+        except Exception as exc:  # noqa: BLE001
+            notes.append(f"exact randomised-response composition failed ({type(exc).__name__}: {exc})")
+
+    if prv is None and pld is None:
+        raise ConfigError(
+            f"neither accountant could compute epsilon for noise_multiplier={sigma}, sampling_rate={q}, "
+            f"steps={steps}, delta={delta}: {'; '.join(notes)}"
+        )
+
+    if prv is not None and pld is not None and mechanism == "gaussian" \
+            and _disagreement(prv[1], pld) > CROSSCHECK_TOLERANCE / 2:
+        try:  # rule out the PLD's own discretisation error before declaring a disagreement
+            pld = _pld_epsilon(mechanism, sigma, q, steps, delta, step_eps, interval=PLD_INTERVAL_FINE)
+        except Exception as exc:  # noqa: BLE001
+            notes.append(f"dp-accounting PLD refinement failed ({type(exc).__name__}: {exc})")
+    prv_agrees = prv is not None and pld is not None and _disagreement(prv[1], pld) <= CROSSCHECK_TOLERANCE
+    if prv is not None and pld is not None and not prv_agrees:
+        notes.append(
+            f"accountants disagree by {_disagreement(prv[1], pld):.1%}: prv-accountant estimate {prv[1]:.4f} "
+            f"(upper {prv[2]:.4f}) vs dp-accounting PLD {pld:.4f}; reporting the larger"
+        )
+    agreed = prv_agrees
+    if mechanism == "rnm" and not prv_agrees and pld is not None and math.isfinite(exact):
+        # prv-accountant is unreliable on pure-DP privacy random variables (its grid truncation and its
+        # numerical mean of a step CDF); the exact composition is the independent second opinion.
+        agreed = _disagreement(exact, pld) <= CROSSCHECK_TOLERANCE
+        notes.append(f"dp-accounting PLD {pld:.4f} {'agrees' if agreed else 'DISAGREES'} with the exact "
+                     f"randomised-response composition {exact:.4f}")
+
+    candidates = [v for v in ((prv[2] if prv else None), pld, exact) if v is not None and not math.isnan(v)]
+    epsilon = max(candidates)
+    if epsilon > pure:  # rnm: T*epsilon' is a valid (epsilon, delta) bound too
+        epsilon = pure
+    nan = math.nan
+    return PrivacyReport(
+        mechanism=mechanism, noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=delta,
+        epsilon=float(epsilon),
+        epsilon_lower=prv[0] if prv else nan, epsilon_estimate=prv[1] if prv else nan,
+        epsilon_crosscheck=pld if pld is not None else nan,
+        crosscheck_agreed=bool(agreed), warnings=tuple(notes),
+        epsilon_pure=pure, step_epsilon=step_eps, prv_eps_error=eps_error, epsilon_exact=exact,
+    )
+
+
+def _randomized_response_epsilon(step_epsilon: float, steps: int, delta: float) -> float:
+    """Exact epsilon(delta) of T-fold randomised response with epsilon' (rnm only).
+
+    Randomised response dominates every epsilon'-DP mechanism (Kairouz et al. 2015), and its
+    T-fold privacy loss is epsilon' (2K - T) with K ~ Binomial(T, e^eps'/(1 + e^eps')), so
+    delta(epsilon) = E[(1 - e^(epsilon - L))_+] is computed in closed form and inverted."""
+    import numpy as np
+    from scipy.optimize import brentq
+    from scipy.stats import binom
+
+    k = np.arange(steps + 1)
+    loss = step_epsilon * (2.0 * k - steps)
+    pmf = np.exp(binom.logpmf(k, steps, 1.0 / (1.0 + math.exp(-step_epsilon))))
+
+    def delta_at(epsilon: float) -> float:
+        above = loss > epsilon
+        return float(np.sum(pmf[above] * -np.expm1(epsilon - loss[above])))
+
+    if delta_at(0.0) <= delta:
+        return 0.0
+    return float(brentq(lambda e: delta_at(e) - delta, 0.0, steps * step_epsilon, xtol=1e-12))
+
+
+# ---------------------------------------------------------------------------------------------
+# Disk cache
+
+
+def accountant_versions() -> dict[str, str]:
+    """Versions of the two accountants (for release manifests and cache keys)."""
+    versions = {}
+    for name in ("prv-accountant", "dp-accounting"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "unknown"
+    return versions
+
+
+def _cache_folder(cache_dir: CacheDir) -> Path | None:
+    if cache_dir is False:
+        return None
+    if cache_dir is None:
+        from dpcore.home import subdir
+
+        return subdir("cache/accounting")
+    folder = Path(cache_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _cache_key(kind: str, **inputs: Any) -> dict[str, Any]:
+    key = {"kind": kind, "format": CACHE_FORMAT, "versions": accountant_versions()}
+    key.update({name: repr(value) if isinstance(value, float) else value for name, value in inputs.items()})
+    return key
+
+
+def _cache_path(folder: Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return folder / f"{key['kind']}-{key['mechanism']}-{digest}.json"
+
+
+def _cache_get(folder: Path | None, key: dict[str, Any]) -> PrivacyReport | None:
+    if folder is None:
+        return None
+    path = _cache_path(folder, key)
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") != key:
+            return None
+        return PrivacyReport.from_dict(data["report"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("ignoring unreadable accounting cache file %s (%s)", path, type(exc).__name__)
+        return None
+
+
+def _cache_put(folder: Path | None, key: dict[str, Any], report: PrivacyReport) -> None:
+    if folder is None:
+        return
+    from dpcore.artifacts import write_json_atomic
+
+    try:
+        write_json_atomic(_cache_path(folder, key), {"key": key, "report": report.to_dict()})
+    except OSError as exc:
+        logger.warning("could not write the accounting cache in %s (%s)", folder, exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+def epsilon_for(noise_multiplier: float, sampling_rate: float, steps: int, delta: float,
+                mechanism: str = "gaussian", cache_dir: CacheDir = None) -> PrivacyReport:
+    """Epsilon of one label's generation: T Poisson-subsampled steps of the mechanism at sigma.
+
+    `cache_dir`: None = $DPICL_HOME/cache/accounting, a path, or False (no cache)."""
+    sigma = _check_noise_multiplier(noise_multiplier)
+    q, t, d, mech = _check_common(sampling_rate, steps, delta, mechanism)
+    if sigma == 0:
+        return _no_noise_report(q, t, d, mech)
+    folder = _cache_folder(cache_dir)
+    key = _cache_key("epsilon", noise_multiplier=sigma, sampling_rate=q, steps=t, delta=d, mechanism=mech)
+    cached = _cache_get(folder, key)
+    if cached is not None:
+        return cached
+    report = _evaluate(sigma, q, t, d, mech)
+    _cache_put(folder, key, report)
+    return report
+
+
+def _prv_eps_error(epsilon_guess: float) -> float:
+    """prv-accountant's eps_error: 0.01, or 1% of epsilon below epsilon = 1 (at least 1e-3)."""
+    return min(PRV_EPS_ERROR_MAX, max(PRV_EPS_ERROR_MIN, 0.01 * epsilon_guess))
+
+
+def _solve_fast(target: float, q: float, steps: int, delta: float, mechanism: str) -> float:
+    """sigma with dp-accounting PLD epsilon(sigma) ~= target (to 1e-4): a fast first pass.
+
+    Brackets by doubling/halving from sigma = 1, then Brent's method on log epsilon."""
+    from scipy.optimize import brentq
+
+    def eps(sigma: float) -> float:
+        step_eps = rnm_step_epsilon(sigma, q) if mechanism == "rnm" else math.inf
+        value = _pld_epsilon(mechanism, sigma, q, steps, delta, step_eps, interval=PLD_INTERVAL_COARSE)
+        return min(value, steps * step_eps)
+
+    lo, hi = 0.5, 1.0
+    eps_lo, eps_hi = eps(lo), eps(hi)
+    while eps_hi > target:
+        lo, hi, eps_lo = hi, 2 * hi, eps_hi
+        if hi > SIGMA_MAX:
+            raise ConfigError(f"target_epsilon {target} is unreachable: even noise_multiplier {SIGMA_MAX:g} "
+                              "does not reach it")
+        eps_hi = eps(hi)
+    while eps_lo <= target:
+        if lo <= SIGMA_MIN:  # the target holds even at the smallest sigma searched
+            return lo
+        lo, hi, eps_hi = max(lo / 2, SIGMA_MIN), lo, eps_lo
+        eps_lo = eps(lo)
+    if eps_hi <= 0:
+        return hi
+    log_target = math.log(target)
+    return float(brentq(lambda sigma: math.log(max(eps(sigma), 1e-300)) - log_target, lo, hi, xtol=1e-4))
+
+
+def calibrate(target_epsilon: float, sampling_rate: float, steps: int, delta: float,
+              mechanism: str = "gaussian", cache_dir: CacheDir = None) -> PrivacyReport:
+    """The smallest sigma (to SIGMA_TOLERANCE) whose reported epsilon is at most the target.
+
+    Bisection on the reported (upper-bound) epsilon of both accountants; the upper end of the
+    final bracket is returned, so the guarantee holds. A first pass on dp-accounting alone
+    (Brent's method, aiming just below the target by prv-accountant's eps_error) places the
+    bracket, so usually two full evaluations suffice. target_epsilon = inf gives sigma = 0
+    (no noise). sigma is not searched below SIGMA_MIN. Raises ConfigError for a bad input
+    or an unreachable target."""
+    target = _check_float("target_epsilon", target_epsilon)
+    if target <= 0:
+        raise ConfigError(f"target_epsilon must be > 0 (epsilon 0 means instruction-only generation, which needs "
+                          f"no noise calibration), got {target}")
+    q, t, d, mech = _check_common(sampling_rate, steps, delta, mechanism)
+    if math.isinf(target):
+        return _no_noise_report(q, t, d, mech)
+    if target > MAX_TARGET_EPSILON:
+        raise ConfigError(f"target_epsilon {target} is above {MAX_TARGET_EPSILON:g}, a vacuous guarantee; "
+                          "use epsilon = inf for the non-private (sigma = 0) baseline")
+    folder = _cache_folder(cache_dir)
+    key = _cache_key("calibrate", target_epsilon=target, sampling_rate=q, steps=t, delta=d, mechanism=mech,
+                     tolerance=SIGMA_TOLERANCE)
+    cached = _cache_get(folder, key)
+    if cached is not None:
+        return cached
+
+    started = time.perf_counter()
+    margin = 1.2 * _prv_eps_error(target)  # prv's upper bound sits about eps_error above the estimate
+    if target - margin <= 0:
+        raise ConfigError(f"target_epsilon {target} is unreachable: below the accountants' resolution "
+                          f"(about {margin:.2g})")
+    guess = max(_solve_fast(target - margin, q, t, d, mech), SIGMA_MIN)
+    evaluations = 0
+
+    def full(sigma: float) -> PrivacyReport:
+        nonlocal evaluations
+        evaluations += 1
+        return _evaluate(sigma, q, t, d, mech)
+
+    best = full(guess)
+    hi = lo = guess
+    step = SIGMA_TOLERANCE
+    if best.epsilon <= target:  # walk down until the lower end fails
+        while True:
+            lo = max(hi - step, SIGMA_MIN)
+            if lo >= hi:
+                break
+            report = full(lo)
+            if report.epsilon > target:
+                break
+            hi, best, step = lo, report, step * 2
+    else:  # walk up until the upper end holds
+        while best.epsilon > target:
+            lo, hi, step = hi, hi + step, step * 2
+            if hi > SIGMA_MAX:
+                raise ConfigError(f"target_epsilon {target} is unreachable: even noise_multiplier {SIGMA_MAX:g} "
+                                  "does not reach it")
+            best = full(hi)
+    while hi - lo > SIGMA_TOLERANCE:
+        mid = (lo + hi) / 2
+        report = full(mid)
+        if report.epsilon <= target:
+            hi, best = mid, report
+        else:
+            lo = mid
+    if best.epsilon > target:  # defensive: the loops above keep epsilon(hi) <= target
+        raise ConfigError(f"target_epsilon {target} is unreachable (accountant resolution)")
+    logger.debug("calibrated sigma %.4f for epsilon %s: %d full evaluations, %.1f s", best.noise_multiplier,
+                 target, evaluations, time.perf_counter() - started)
+    _cache_put(folder, key, best)
+    return best
+
+
+def parallel_composition(reports: Mapping[str, PrivacyReport]) -> PrivacyReport:
+    """The run's guarantee over disjoint labels: the report with the largest epsilon (not the sum)."""
+    if not reports:
+        raise ConfigError("no per-label privacy reports to compose")
+    return max(reports.values(), key=lambda report: report.epsilon)
+
+
+def calibrate_for_labels(target_epsilon: float, label_counts: Mapping[str, int], num_subsets: int, subset_size: int,
+                         steps: int, delta: float, mechanism: str = "gaussian",
+                         cache_dir: CacheDir = None) -> dict[str, Any]:
+    """One sigma for the run, calibrated at the largest per-label sampling rate q = MN/|D_y|.
+
+    Labels are disjoint partitions of the private set, so the run's epsilon is the maximum of
+    the per-label epsilons (parallel composition). Labels with no private record have no
+    privacy cost and are listed under `empty_labels`.
+
+    Returns a dict: noise_multiplier, epsilon (run, = max over labels), delta, steps, mechanism,
+    sampling_rate (the largest q), limiting_label, crosscheck_agreed (all labels), warnings,
+    report (the run-level PrivacyReport), per_label {label: PrivacyReport}, empty_labels."""
+    if not label_counts:
+        raise ConfigError("label_counts is empty: no labelled private records")
+    counts = {}
+    for label, count in label_counts.items():
+        counts[str(label)] = _check_int(f"label_counts[{label!r}]", count, 0)
+    empty = sorted(label for label, count in counts.items() if count == 0)
+    rates = {label: sampling_rate(num_subsets, subset_size, count) for label, count in counts.items() if count > 0}
+    if not rates:
+        raise ConfigError("label_counts holds no label with private records")
+    limiting = max(rates, key=lambda label: rates[label])
+    report = calibrate(target_epsilon, rates[limiting], steps, delta, mechanism=mechanism, cache_dir=cache_dir)
+    per_rate: dict[float, PrivacyReport] = {rates[limiting]: report}
+    per_label = {}
+    for label, q in rates.items():
+        if q not in per_rate:
+            per_rate[q] = epsilon_for(report.noise_multiplier, q, steps, delta, mechanism=mechanism,
+                                      cache_dir=cache_dir)
+        per_label[label] = per_rate[q]
+    run = parallel_composition(per_label)
+    if run.epsilon > report.epsilon:  # cannot happen for a monotone accountant; report the worst honestly
+        report = run
+    notes = list(report.warnings)
+    for label, item in per_label.items():
+        if item is not report:
+            notes.extend(f"label {label!r}: {w}" for w in item.warnings if w not in report.warnings)
+    return {
+        "noise_multiplier": report.noise_multiplier,
+        "epsilon": report.epsilon,
+        "target_epsilon": float(target_epsilon),
+        "delta": report.delta,
+        "steps": report.steps,
+        "mechanism": report.mechanism,
+        "sampling_rate": report.sampling_rate,
+        "limiting_label": limiting,
+        "crosscheck_agreed": all(item.crosscheck_agreed for item in per_label.values()),
+        "warnings": tuple(dict.fromkeys(notes)),
+        "report": report,
+        "per_label": per_label,
+        "empty_labels": empty,
+    }

@@ -1,0 +1,844 @@
+"""Membership-inference audit and verbatim-leakage checks.
+
+The attack is Duan et al. (2023), Section 3, as used by Tang et al. (2024), Appendix F:
+the score of a candidate record (x, y) is the model's probability of its true label y
+for input x, normalised over the task's labels, given an ICL prompt whose
+demonstrations are under audit. Records that were in the prompt (members) score higher.
+
+- `non_private_audit`: Duan et al.'s setting. Each trial prompts with ONE real record
+  (1-shot, the member) and scores it against `non_members` random records of the same
+  split; the paper reports AUC 0.84 (dbpedia) / 0.82 (Tang et al. Table 15) on GPT-3.
+- `dp_audit`: Tang et al. Appendix F. The private records are split into members and
+  non-members; DP demonstrations are generated from the members only (Algorithm 1);
+  `members` members and `non_members` non-members are scored against the DP prompt in
+  `trials` trials for each of `demo_sets` independently generated demo sets.
+
+Statistics (pure functions, tested against hand-computed cases): `roc_auc` (Mann-Whitney),
+`roc_curve`, `tpr_at_fpr`, `empirical_epsilon_lower_bound` (Clopper-Pearson),
+`bootstrap_mean_ci`; `verbatim_overlap` (longest shared token run between a demo and the
+private records); `gate` (pass/fail with one reason per line).
+
+Privacy: every output here (AuditResult, the `mia_scores` and `audit` tables, the ROC
+plot) holds record ids, labels of the audit setting, scores and counts, never a
+record's text. Overlap is reported as token counts only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from dpcore.config import AuditConfig, GenerationConfig
+from dpcore.errors import ConfigError, DataValidationError
+from dpcore.taskspec import TaskSpec
+
+log = logging.getLogger(__name__)
+
+MIA_SCORE_COLUMNS = ["setting", "epsilon", "demo_set", "trial", "role", "member", "record_id", "score"]
+AUC_CI_METHOD = "percentile bootstrap over trials (resampled within each demo set)"
+EPSILON_LB_METHOD = "holdout"  # threshold chosen on even trials, bounded on odd trials (see below)
+
+
+# =========================================================================== ROC statistics
+
+
+def _scores(values, name: str) -> np.ndarray:
+    array = np.asarray(values, dtype=float).ravel()
+    if array.size == 0:
+        raise ConfigError(f"{name}: needs at least one score")
+    if not np.all(np.isfinite(array)):
+        raise ConfigError(f"{name}: scores must be finite numbers")
+    return array
+
+
+def roc_auc(member_scores, non_member_scores) -> float:
+    """ROC AUC of the rule "higher score = member": the Mann-Whitney U statistic / (n_1 n_0).
+
+    AUC = P(S_member > S_non_member) + 1/2 P(S_member = S_non_member) over all
+    member/non-member pairs (ties count one half), computed from average ranks.
+    """
+    members = _scores(member_scores, "member_scores")
+    non_members = _scores(non_member_scores, "non_member_scores")
+    ranks = stats.rankdata(np.concatenate([members, non_members]))  # ties get their average rank
+    n1, n0 = len(members), len(non_members)
+    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
+    return float(u / (n1 * n0))
+
+
+@dataclass(frozen=True)
+class RocCurve:
+    """Operating points of the rule "member iff score >= threshold", thresholds descending.
+
+    The first threshold is +inf (nothing flagged: TPR = FPR = 0); then every distinct
+    observed score, so the last point flags everything (TPR = FPR = 1). Tied scores move
+    together (no randomised thresholds), so the curve's points are all achievable tests.
+    """
+
+    thresholds: np.ndarray
+    true_positives: np.ndarray
+    false_positives: np.ndarray
+    members: int
+    non_members: int
+
+    @property
+    def tpr(self) -> np.ndarray:
+        return self.true_positives / self.members
+
+    @property
+    def fpr(self) -> np.ndarray:
+        return self.false_positives / self.non_members
+
+    def auc(self) -> float:
+        """Trapezoid area under these points: equals `roc_auc` (ties give the diagonal segment)."""
+        return float(np.trapezoid(self.tpr, self.fpr))
+
+
+def roc_curve(member_scores, non_member_scores) -> RocCurve:
+    members = np.sort(_scores(member_scores, "member_scores"))
+    non_members = np.sort(_scores(non_member_scores, "non_member_scores"))
+    distinct = np.unique(np.concatenate([members, non_members]))[::-1]
+    tp = len(members) - np.searchsorted(members, distinct, side="left")  # count of members >= threshold
+    fp = len(non_members) - np.searchsorted(non_members, distinct, side="left")
+    return RocCurve(
+        thresholds=np.concatenate([[np.inf], distinct]),
+        true_positives=np.concatenate([[0], tp]).astype(np.int64),
+        false_positives=np.concatenate([[0], fp]).astype(np.int64),
+        members=len(members),
+        non_members=len(non_members),
+    )
+
+
+def tpr_at_fpr(member_scores, non_member_scores, fpr: float) -> float:
+    """The largest TPR among the thresholds whose FPR <= `fpr` (no interpolation between points).
+
+    With n_0 non-members the smallest non-zero FPR is 1/n_0: below it only the thresholds
+    flagging no non-member count (so TPR@0.1% needs n_0 >= 1000 to mean more than TPR@0).
+    """
+    if not 0 <= fpr <= 1:
+        raise ConfigError(f"fpr: must lie in [0, 1], got {fpr}")
+    curve = roc_curve(member_scores, non_member_scores)
+    allowed = curve.false_positives <= fpr * curve.non_members + 1e-9
+    return float(curve.tpr[allowed].max())  # the +inf threshold (FPR 0) is always allowed
+
+
+# =========================================================================== empirical epsilon
+
+
+def clopper_pearson_lower(successes, trials, alpha: float) -> np.ndarray:
+    """One-sided (1 - alpha) Clopper-Pearson lower bound of a binomial proportion."""
+    k = np.asarray(successes, dtype=float)
+    n = np.asarray(trials, dtype=float)
+    with np.errstate(invalid="ignore"):
+        bound = stats.beta.ppf(alpha, k, n - k + 1)
+    return np.where(k <= 0, 0.0, bound)
+
+
+def clopper_pearson_upper(successes, trials, alpha: float) -> np.ndarray:
+    """One-sided (1 - alpha) Clopper-Pearson upper bound of a binomial proportion."""
+    k = np.asarray(successes, dtype=float)
+    n = np.asarray(trials, dtype=float)
+    with np.errstate(invalid="ignore"):
+        bound = stats.beta.ppf(1 - alpha, k + 1, n - k)
+    return np.where(k >= n, 1.0, bound)
+
+
+def epsilon_bounds_at(true_positives, members: int, false_positives, non_members: int, delta: float,
+                      alpha: float) -> np.ndarray:
+    """Per-threshold epsilon lower bound from the (epsilon, delta)-DP hypothesis-test inequalities.
+
+    (epsilon, delta)-DP forces, for every test: TPR <= e^eps FPR + delta and
+    1 - FPR <= e^eps (1 - TPR) + delta (Kairouz et al. 2015). With TPR_lo and FPR_hi
+    one-sided Clopper-Pearson bounds at level `alpha` each (so both hold with
+    probability >= 1 - 2 alpha):
+
+        eps >= max( log((TPR_lo - delta) / FPR_hi),  log((1 - FPR_hi - delta) / (1 - TPR_lo)) ).
+
+    Both terms use TPR_lo and FPR_hi: a lower bound of (1 - FPR - delta)/(1 - TPR) needs
+    the largest plausible FPR and the smallest plausible TPR. Terms whose numerator is
+    <= 0 give no bound (-inf). Not clipped at 0 here.
+    """
+    tpr_lo = clopper_pearson_lower(true_positives, members, alpha)
+    fpr_hi = clopper_pearson_upper(false_positives, non_members, alpha)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first = np.where(tpr_lo - delta > 0, np.log(np.maximum(tpr_lo - delta, 1e-300) / fpr_hi), -np.inf)
+        numerator = 1.0 - fpr_hi - delta
+        second = np.where(numerator > 0, np.log(np.maximum(numerator, 1e-300) / (1.0 - tpr_lo)), -np.inf)
+    return np.maximum(first, second)
+
+
+@dataclass(frozen=True)
+class EpsilonLowerBound:
+    epsilon: float  # >= 0; 0 means no evidence of leakage beyond the inequalities
+    confidence: float
+    delta: float
+    method: str  # "holdout" | "bonferroni"
+    threshold: float  # the chosen threshold (nan when none gives a positive bound)
+    thresholds_tried: int
+
+
+def _counts_at(threshold: float, members: np.ndarray, non_members: np.ndarray) -> tuple[int, int]:
+    return int((members >= threshold).sum()), int((non_members >= threshold).sum())
+
+
+def empirical_epsilon_lower_bound(member_scores, non_member_scores, delta: float = 0.0,
+                                  confidence: float = 0.95, method: str = "holdout",
+                                  member_groups=None, non_member_groups=None) -> EpsilonLowerBound:
+    """An empirical lower bound on epsilon from the pooled ROC (the auditing view of Jagielski et al. 2020).
+
+    The claim: with probability >= `confidence`, the scores' mechanism is not
+    (eps, delta)-DP for any eps below the returned value. Maximising over thresholds is a
+    multiple comparison, accounted for by one of:
+
+    - "holdout" (default, used by the audits): the scores are split by group parity
+      (`*_groups`, e.g. the trial number; by position when not given). The threshold is
+      the one maximising the bound on the even half; the bound is then computed on the
+      odd half at that single threshold, with each of its two Clopper-Pearson bounds at
+      level alpha/2 (alpha = 1 - confidence; union bound). The threshold never sees the
+      half it is evaluated on, so no further correction is needed.
+    - "bonferroni": every distinct observed score is a threshold (T of them); each of
+      the 2T one-sided bounds at level alpha/(2T). Uses all the data but the thresholds
+      are data-dependent, so this is the customary approximation, not a strict bound.
+
+    The Clopper-Pearson intervals assume independent outcomes. Scores of one trial share
+    a prompt (and the trials of a DP demo set share its demos), so read the bound as an
+    estimate at the stated confidence, not as a certificate. Returned epsilon is >= 0.
+    """
+    if not 0 < confidence < 1:
+        raise ConfigError(f"confidence: must lie in (0, 1), got {confidence}")
+    if not 0 <= delta < 1:
+        raise ConfigError(f"delta: must lie in [0, 1), got {delta}")
+    members = _scores(member_scores, "member_scores")
+    non_members = _scores(non_member_scores, "non_member_scores")
+    alpha = 1.0 - confidence
+    if method == "holdout":
+        m_groups = np.arange(len(members)) if member_groups is None else np.asarray(member_groups)
+        n_groups = np.arange(len(non_members)) if non_member_groups is None else np.asarray(non_member_groups)
+        if len(m_groups) != len(members) or len(n_groups) != len(non_members):
+            raise ConfigError("member_groups/non_member_groups: one group per score")
+        m_even, n_even = (m_groups % 2) == 0, (n_groups % 2) == 0
+        halves_ok = m_even.any() and (~m_even).any() and n_even.any() and (~n_even).any()
+        if halves_ok:
+            curve = roc_curve(members[m_even], non_members[n_even])
+            bounds = epsilon_bounds_at(curve.true_positives[1:], curve.members, curve.false_positives[1:],
+                                       curve.non_members, delta, alpha / 2)
+            if not np.any(bounds > 0):
+                return EpsilonLowerBound(0.0, confidence, delta, "holdout", math.nan, len(bounds))
+            threshold = float(curve.thresholds[1:][int(np.argmax(bounds))])
+            tp, fp = _counts_at(threshold, members[~m_even], non_members[~n_even])
+            value = float(epsilon_bounds_at(tp, int((~m_even).sum()), fp, int((~n_even).sum()), delta,
+                                            alpha / 2))
+            return EpsilonLowerBound(max(0.0, value), confidence, delta, "holdout", threshold, len(bounds))
+        method = "bonferroni"  # too few groups to split: fall back, and say so in `method`
+    if method != "bonferroni":
+        raise ConfigError(f"method: {method!r} is not 'holdout' or 'bonferroni'")
+    curve = roc_curve(members, non_members)
+    tried = len(curve.thresholds) - 1
+    bounds = epsilon_bounds_at(curve.true_positives[1:], curve.members, curve.false_positives[1:],
+                               curve.non_members, delta, alpha / (2 * tried))
+    best = int(np.argmax(bounds))
+    value = float(bounds[best])
+    threshold = float(curve.thresholds[1:][best]) if value > 0 else math.nan
+    return EpsilonLowerBound(max(0.0, value), confidence, delta, "bonferroni", threshold, tried)
+
+
+# =========================================================================== AUC confidence interval
+
+
+def bootstrap_mean_ci(values, confidence: float = 0.95, strata=None, rng: np.random.Generator | None = None,
+                      resamples: int = 2000) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of `values` (e.g. per-trial AUCs).
+
+    Values are resampled with replacement within each stratum (the DP audit's demo set),
+    keeping the strata's sizes, so the interval is for this configuration's demo sets.
+    Fewer than two values give (nan, nan): no interval.
+    """
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return (math.nan, math.nan)
+    rng = rng if rng is not None else np.random.default_rng(0)
+    strata = np.zeros(len(values), dtype=int) if strata is None else np.asarray(strata)
+    sums = np.zeros(resamples)
+    for stratum in np.unique(strata):
+        group = values[strata == stratum]
+        picks = rng.integers(0, len(group), size=(resamples, len(group)))
+        sums += group[picks].sum(axis=1)
+    means = sums / len(values)
+    alpha = 1.0 - confidence
+    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return (float(low), float(high))
+
+
+# =========================================================================== verbatim overlap
+
+
+@dataclass(frozen=True)
+class OverlapReport:
+    """Longest token run each demo shares with any private record; counts only, never text."""
+
+    max_overlap_tokens: tuple[int, ...]  # per demo
+    records_over_threshold: tuple[int, ...]  # per demo: records sharing >= threshold consecutive tokens
+    overlapping_records: int  # distinct records sharing >= threshold tokens with any demo
+    threshold: int
+    tokenizer: str
+
+    @property
+    def max_overlap(self) -> int:
+        return max(self.max_overlap_tokens, default=0)
+
+
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+_BASE = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(tokens: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: token ids -> well-spread 64-bit values before polynomial hashing."""
+    z = tokens.astype(np.uint64) + _BASE
+    z = (z ^ (z >> np.uint64(30))) * _MIX_1
+    z = (z ^ (z >> np.uint64(27))) * _MIX_2
+    return z ^ (z >> np.uint64(31))
+
+
+def _flatten(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Concatenated tokens, the owning sequence of each position, and each position's sequence end."""
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    tokens = (np.fromiter((t for s in sequences for t in s), dtype=np.int64, count=int(lengths.sum()))
+              if lengths.sum() else np.zeros(0, dtype=np.int64))
+    owner = np.repeat(np.arange(len(sequences)), lengths)
+    ends = np.cumsum(lengths)
+    return tokens, owner, ends[owner] if len(owner) else np.zeros(0, dtype=np.int64)
+
+
+def verbatim_overlap_tokens(demo_tokens: Sequence[Sequence[int]], record_tokens: Sequence[Sequence[int]],
+                            threshold: int = 8, tokenizer: str = "token ids") -> OverlapReport:
+    """For each demo, the longest run of consecutive tokens it shares with any record.
+
+    Level-wise n-gram hashing, vectorised (numpy): at length L, the 64-bit polynomial hash
+    of every L-token window of the records is matched against the demos' L-windows; only
+    windows whose L-gram matched are extended to L + 1 (a window can match at L + 1 only
+    if its first L tokens matched), so the work shrinks fast once L passes the length of
+    common phrases. At L = `threshold` the matching (demo, record) pairs are checked token
+    by token (no hash collision can count a record) and counted. Cost: O(total record
+    tokens x a few levels) memory and time; 100k records of ~50 tokens take seconds.
+    """
+    if threshold < 1:
+        raise ConfigError(f"overlap_threshold: must be >= 1, got {threshold}")
+    n_demos = len(demo_tokens)
+    best = np.zeros(n_demos, dtype=np.int64)
+    counts = np.zeros(n_demos, dtype=np.int64)
+    matched_records: set[int] = set()
+    if n_demos == 0 or not record_tokens:
+        return OverlapReport(tuple(best.tolist()), tuple(counts.tolist()), 0, threshold, tokenizer)
+    c_tok, c_owner, c_end = _flatten(record_tokens)
+    d_tok, d_owner, d_end = _flatten(demo_tokens)
+    c_mixed, d_mixed = _mix(c_tok), _mix(d_tok)
+    # Windows of length L are identified by their start position; L = 1 first.
+    c_pos = np.arange(len(c_tok))
+    d_pos = np.arange(len(d_tok))
+    c_hash, d_hash = c_mixed.copy(), d_mixed.copy()
+    length = 1
+    while len(d_pos) and len(c_pos):
+        c_hit = np.isin(c_hash, d_hash)
+        d_hit = np.isin(d_hash, c_hash[c_hit])
+        if not d_hit.any():
+            break
+        best[np.unique(d_owner[d_pos[d_hit]])] = length
+        if length == threshold:
+            # Count (demo, record) pairs, one representative window per (hash, demo) and (hash, record),
+            # each checked token by token, so a hash collision can never count a record.
+            left = pd.DataFrame({"h": d_hash[d_hit], "demo": d_owner[d_pos[d_hit]], "dpos": d_pos[d_hit]})
+            right = pd.DataFrame({"h": c_hash[c_hit], "record": c_owner[c_pos[c_hit]], "cpos": c_pos[c_hit]})
+            pairs = (left.drop_duplicates(["h", "demo"])
+                     .merge(right.drop_duplicates(["h", "record"]), on="h"))
+            offsets = np.arange(length)
+            same = (c_tok[pairs["cpos"].to_numpy()[:, None] + offsets]
+                    == d_tok[pairs["dpos"].to_numpy()[:, None] + offsets]).all(axis=1)
+            genuine = set(pairs.loc[same, "h"].tolist())
+            pairs = pairs.loc[same]
+            per_demo = pairs.groupby("demo")["record"].nunique()
+            counts[per_demo.index.to_numpy()] = per_demo.to_numpy()
+            matched_records.update(int(r) for r in pairs["record"].unique())
+            unverified = np.setdiff1d(np.flatnonzero(best == threshold), per_demo.index.to_numpy())
+            best[unverified] = threshold - 1
+            genuine_hashes = np.fromiter(genuine, dtype=np.uint64, count=len(genuine))
+            d_hit &= np.isin(d_hash, genuine_hashes)
+            c_hit &= np.isin(c_hash, genuine_hashes)
+        # Extend the matching windows by one token where the sequence has one.
+        c_pos, c_hash = c_pos[c_hit], c_hash[c_hit]
+        d_pos, d_hash = d_pos[d_hit], d_hash[d_hit]
+        c_ok = c_pos + length < c_end[c_pos]
+        d_ok = d_pos + length < d_end[d_pos]
+        c_pos, c_hash = c_pos[c_ok], c_hash[c_ok]
+        d_pos, d_hash = d_pos[d_ok], d_hash[d_ok]
+        c_hash = c_hash * _BASE + c_mixed[c_pos + length]
+        d_hash = d_hash * _BASE + d_mixed[d_pos + length]
+        length += 1
+    return OverlapReport(tuple(int(b) for b in best), tuple(int(c) for c in counts), len(matched_records),
+                         threshold, tokenizer)
+
+
+def whitespace_tokenize(texts: Sequence[str]) -> list[list[int]]:
+    """Tokenizer-agnostic fallback: whitespace-separated words, ids from one shared vocabulary."""
+    vocabulary: dict[str, int] = {}
+    return [[vocabulary.setdefault(word, len(vocabulary)) for word in str(text).split()] for text in texts]
+
+
+def model_tokenize(lm) -> Callable[[Sequence[str]], list[list[int]]]:
+    """The language model's own tokens (no special tokens), batched through the fast tokenizer."""
+
+    def tokenize(texts: Sequence[str]) -> list[list[int]]:
+        out: list[list[int]] = []
+        texts = [str(t) for t in texts]
+        for start in range(0, len(texts), 4096):
+            out.extend(lm.tokenizer(texts[start:start + 4096], add_special_tokens=False)["input_ids"])
+        return out
+
+    return tokenize
+
+
+def verbatim_overlap(demos: Sequence[str], records: Sequence[str], threshold: int = 8,
+                     tokenize: Callable[[Sequence[str]], list[list[int]]] | None = None,
+                     tokenizer_name: str | None = None) -> OverlapReport:
+    """`verbatim_overlap_tokens` on texts. `tokenize` maps a list of texts to token-id lists
+    (prefer `model_tokenize(lm)`: the model's tokens); default: whitespace words.
+
+    Texts are tokenized one by one, so a run may differ by a token at its ends from the
+    same words inside a longer text (subword merges at the boundary).
+    """
+    name = tokenizer_name or ("whitespace" if tokenize is None else "model")
+    tokenize = tokenize or whitespace_tokenize
+    ids = tokenize(list(demos) + list(records))  # one call: one shared vocabulary for the whitespace tokenizer
+    return verbatim_overlap_tokens(ids[: len(demos)], ids[len(demos):], threshold, tokenizer=name)
+
+
+# =========================================================================== the gate
+
+
+@dataclass(frozen=True)
+class GateThresholds:
+    """Release-gate thresholds (defaults: issue 6)."""
+
+    auc_tolerance: float = 0.05  # |AUC - 0.5| must stay within this
+    overlap_threshold: int = 8  # a shared run of this many tokens is a verbatim leak
+    require_crosscheck: bool = True  # the accountant cross-check must have agreed
+
+    @classmethod
+    def from_config(cls, config: AuditConfig) -> GateThresholds:
+        return cls(auc_tolerance=config.auc_tolerance, overlap_threshold=config.overlap_threshold)
+
+
+def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[str, ...]]:
+    """Pass/fail of an audit and every failing reason (one line each; empty when it passes).
+
+    `result` needs: auc, auc_ci, confidence, max_overlap_tokens, overlapping_records and
+    crosscheck_agreed (True/False, or None when no accountant applies: a non-private prompt).
+    Conditions:
+    1. the averaged AUC lies within 0.5 +/- auc_tolerance (two-sided: a score that ranks
+       members LOWER is a distinguisher too); its bootstrap CI is shown in the reason;
+    2. the CI is no wider than the band (hi - lo <= 2 tolerance); otherwise the audit is
+       too small to tell (inconclusive). Under no leakage the AUC estimate then leaves the
+       band with probability <= 1 - confidence (about), which bounds false alarms;
+    3. no demo shares `overlap_threshold` or more consecutive tokens with a private record;
+    4. the accountant cross-check agreed.
+    """
+    thresholds = thresholds or GateThresholds()
+    reasons = []
+    tol = thresholds.auc_tolerance
+    low, high = result.auc_ci
+    level = f"{100 * result.confidence:g}%"
+    ci_text = "undefined" if math.isnan(low) else f"[{low:.3f}, {high:.3f}]"
+    if not abs(result.auc - 0.5) <= tol:
+        reasons.append(f"membership-inference AUC {result.auc:.3f} ({level} CI {ci_text}) is outside "
+                       f"0.5 +/- {tol:g}")
+    if math.isnan(low) or high - low > 2 * tol:
+        reasons.append(f"audit inconclusive: the {level} CI of the AUC {ci_text} is wider than the band "
+                       f"0.5 +/- {tol:g}; run more trials or demo sets")
+    if result.max_overlap_tokens >= thresholds.overlap_threshold:
+        reasons.append(f"verbatim overlap: a demonstration shares {result.max_overlap_tokens} consecutive tokens "
+                       f"with a private record ({result.overlapping_records} record(s) at >= "
+                       f"{thresholds.overlap_threshold} tokens)")
+    if thresholds.require_crosscheck:
+        if result.crosscheck_agreed is None:
+            reasons.append("no privacy accountant: the prompt is not differentially private (real records)")
+        elif not result.crosscheck_agreed:
+            reasons.append("the accountant cross-check disagreed (prv-accountant vs dp-accounting PLD)")
+    return (not reasons, tuple(reasons))
+
+
+# =========================================================================== result
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """One audit: metrics, verdict and the per-record scores (`mia_scores`: ids and scores, no text)."""
+
+    setting: str  # "non-private" | "dp" | "instruction-only"
+    epsilon: float  # target epsilon of the audited demos (inf: non-private / sigma = 0)
+    noise_multiplier: float | None
+    delta: float
+    auc: float  # mean of the per-trial AUCs (Duan et al.; Tang et al. Table 15)
+    auc_ci: tuple[float, float]
+    trial_aucs: tuple[float, ...]
+    trials: int  # total trials (over all demo sets)
+    demo_sets: int
+    members_per_trial: int
+    non_members_per_trial: int
+    tpr_at_1pct_fpr: float  # pooled over trials
+    tpr_at_01pct_fpr: float
+    pooled_auc: float
+    epsilon_lower_bound: float
+    confidence: float
+    max_overlap_tokens: int
+    overlapping_records: int
+    overlap_threshold: int
+    crosscheck_agreed: bool | None
+    model: str
+    dataset: str
+    seconds: float
+    passed: bool = False
+    reasons: tuple[str, ...] = ()
+    auc_ci_method: str = AUC_CI_METHOD
+    epsilon_lower_bound_method: str = EPSILON_LB_METHOD
+    overlap_tokenizer: str = "model"
+    mia_scores: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MIA_SCORE_COLUMNS),
+                                     repr=False, compare=False)
+
+    def summary(self) -> dict:
+        """Scalars for JSON, logs and MLflow metrics (public: no record text, no per-record data)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("mia_scores", "trial_aucs")}
+        out["auc_ci"] = list(self.auc_ci)
+        out["reasons"] = list(self.reasons)
+        return out
+
+    def audit_frame(self) -> pd.DataFrame:
+        """The one-row `audit` table; `reasons` one per line (what dpcore.release reads)."""
+        row = self.summary()
+        low, high = row.pop("auc_ci")
+        row.update(auc_ci_low=low, auc_ci_high=high, reasons="\n".join(self.reasons),
+                   trial_aucs=list(self.trial_aucs),
+                   noise_multiplier=math.nan if self.noise_multiplier is None else self.noise_multiplier,
+                   crosscheck_agreed=self.crosscheck_agreed)
+        frame = pd.DataFrame([row])
+        frame["crosscheck_agreed"] = frame["crosscheck_agreed"].astype("boolean")
+        return frame
+
+
+def _finish(thresholds: GateThresholds, **fields) -> AuditResult:
+    result = AuditResult(**fields)
+    passed, reasons = gate(result, thresholds)
+    return dataclasses.replace(result, passed=passed, reasons=reasons)
+
+
+def _pooled_metrics(scores: pd.DataFrame, confidence: float, delta: float) -> dict:
+    member = scores["member"].to_numpy(dtype=bool)
+    values = scores["score"].to_numpy(dtype=float)
+    groups = scores["global_trial"].to_numpy()
+    bound = empirical_epsilon_lower_bound(values[member], values[~member], delta=delta, confidence=confidence,
+                                          method="holdout", member_groups=groups[member],
+                                          non_member_groups=groups[~member])
+    return {
+        "tpr_at_1pct_fpr": tpr_at_fpr(values[member], values[~member], 0.01),
+        "tpr_at_01pct_fpr": tpr_at_fpr(values[member], values[~member], 0.001),
+        "pooled_auc": roc_auc(values[member], values[~member]),
+        "epsilon_lower_bound": bound.epsilon,
+        "epsilon_lower_bound_method": f"{bound.method} (trial parity)",
+    }
+
+
+# =========================================================================== the attack
+
+
+def membership_scores(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], texts: Sequence[str],
+                      labels: Sequence[str], batch_size: int = 16) -> np.ndarray:
+    """Duan et al. Section 3: p(true label | prompt(demos), x), normalised over the task's labels."""
+    label_names = spec.label_names
+    index = {name: i for i, name in enumerate(label_names)}
+    unknown = sorted(set(labels) - set(index))
+    if unknown:
+        raise DataValidationError(f"audit: label(s) {', '.join(map(str, unknown))} are not labels of task "
+                                  f"{spec.name!r}")
+    from dpcore.icl import label_logprobs, normalise_probs
+
+    probs = normalise_probs(label_logprobs(lm, spec, list(demos), list(texts), label_names, batch_size=batch_size))
+    return probs[np.arange(len(texts)), [index[label] for label in labels]]
+
+
+def _check_split(frame: pd.DataFrame, name: str) -> None:
+    for column in ("id", "text", "label"):
+        if column not in frame.columns:
+            raise DataValidationError(f"{name}: missing column {column!r}")
+
+
+def trial_samples(rng: np.random.Generator, pool_size: int, per_trial: int, trials: int) -> list[np.ndarray]:
+    """Row indices for each trial: disjoint across trials when the pool allows (one permutation, sliced),
+    so trials are independent samples given the prompt and the bootstrap over trials is honest;
+    otherwise independent draws per trial (records then recur across trials: the interval is optimistic,
+    a warning is logged)."""
+    if per_trial > pool_size:
+        raise ConfigError(f"audit_members: {per_trial} records per trial but only {pool_size} in the pool")
+    if per_trial * trials <= pool_size:
+        order = rng.permutation(pool_size)
+        return [order[t * per_trial:(t + 1) * per_trial] for t in range(trials)]
+    log.warning("audit: %d trials x %d records exceed the pool of %d: records recur across trials, the AUC "
+                "interval is optimistic (fewer trials or more records)", trials, per_trial, pool_size)
+    return [rng.choice(pool_size, size=per_trial, replace=False) for _ in range(trials)]
+
+
+def _rng(seed) -> np.random.Generator:
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditConfig, seed=None, *,
+                      delta: float | None = None, overlap_records: pd.DataFrame | None = None,
+                      thresholds: GateThresholds | None = None, batch_size: int = 16) -> AuditResult:
+    """Duan et al. Section 3 / Tang et al. Appendix F (eps = inf): real records as 1-shot demos.
+
+    Each of `config.trials` trials draws one member record (the 1-shot demonstration) and
+    `config.non_members` other records of `records` (the same private split), scores all
+    of them against the 1-shot prompt, and computes that trial's AUC (1 member vs the
+    non-members: a step function, Duan et al. Figure 2b). Trials use disjoint records
+    when the split is large enough (`trial_samples`). `seed` (int or Generator) drives
+    all sampling. The verbatim check runs on the member demos against `overlap_records`
+    (default `records`; the member records are always added), so it reports the demos'
+    own lengths: real records ARE verbatim copies. This configuration is leaky by
+    design: its gate fails.
+    """
+    began = time.perf_counter()
+    _check_split(records, "records")
+    if not classification_kind(spec):
+        raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
+    n = len(records)
+    if n < config.non_members + 1:
+        raise ConfigError(f"audit_members: {config.non_members} non-members + 1 member need more than the "
+                          f"{n} private records")
+    rng = _rng(seed)
+    texts = records["text"].astype(str).tolist()
+    labels = records["label"].astype(str).tolist()
+    ids = records["id"].astype(str).tolist()
+    delta = 1.0 / n if delta is None else delta
+    frames, aucs, member_rows = [], [], []
+    for trial, chosen in enumerate(trial_samples(rng, n, config.non_members + 1, config.trials)):
+        member, non_members = int(chosen[0]), chosen[1:]
+        member_rows.append(member)
+        rows = [member, *non_members.tolist()]
+        scores = membership_scores(lm, spec, [(texts[member], labels[member])], [texts[i] for i in rows],
+                                   [labels[i] for i in rows], batch_size=batch_size)
+        aucs.append(roc_auc(scores[:1], scores[1:]))
+        frames.append(pd.DataFrame({
+            "setting": "non-private", "epsilon": math.inf, "demo_set": -1, "trial": trial,
+            "role": ["member"] + ["non_member"] * len(non_members), "member": [True] + [False] * len(non_members),
+            "record_id": [ids[i] for i in rows], "score": scores, "global_trial": trial,
+        }))
+        log.debug("non-private audit trial %d/%d: AUC %.3f", trial + 1, config.trials, aucs[-1])
+    scores = pd.concat(frames, ignore_index=True)
+    pool = records if overlap_records is None else overlap_records
+    # The demos themselves are always in the pool: a sample that missed them would hide the copy.
+    pool = pd.concat([pool, records.iloc[member_rows]], ignore_index=True).drop_duplicates("id")
+    overlap = verbatim_overlap([texts[i] for i in member_rows], pool["text"].astype(str).tolist(),
+                               threshold=config.overlap_threshold, tokenize=model_tokenize(lm))
+    return _finish(
+        thresholds or GateThresholds.from_config(config),
+        setting="non-private", epsilon=math.inf, noise_multiplier=None, delta=delta,
+        auc=float(np.mean(aucs)), auc_ci=bootstrap_mean_ci(aucs, config.confidence, rng=rng),
+        trial_aucs=tuple(float(a) for a in aucs), trials=config.trials, demo_sets=0,
+        members_per_trial=1, non_members_per_trial=config.non_members,
+        confidence=config.confidence, **_pooled_metrics(scores, config.confidence, delta),
+        max_overlap_tokens=overlap.max_overlap, overlapping_records=overlap.overlapping_records,
+        overlap_threshold=config.overlap_threshold, crosscheck_agreed=None, model=lm.name, dataset=spec.name,
+        seconds=time.perf_counter() - began, overlap_tokenizer=overlap.tokenizer,
+        mia_scores=scores[MIA_SCORE_COLUMNS],
+    )
+
+
+def classification_kind(spec: TaskSpec) -> bool:
+    return spec.kind == "classification"
+
+
+def split_members(records: pd.DataFrame, seed=None, member_fraction: float = 0.5
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Tang et al. Appendix F: a seeded random split of the private records into members and non-members.
+
+    Split within each label (stratified), so both halves have the same label mix.
+    """
+    _check_split(records, "records")
+    if not 0 < member_fraction < 1:
+        raise ConfigError(f"member_fraction: must lie in (0, 1), got {member_fraction}")
+    rng = _rng(seed)
+    is_member = np.zeros(len(records), dtype=bool)
+    labels = records["label"].astype(str).to_numpy()
+    for label in sorted(set(labels)):
+        rows = np.flatnonzero(labels == label)
+        take = int(round(member_fraction * len(rows)))
+        is_member[rng.permutation(rows)[:take]] = True
+    return records.loc[is_member].reset_index(drop=True), records.loc[~is_member].reset_index(drop=True)
+
+
+def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFrame, config: AuditConfig,
+             generation_config: GenerationConfig, noise_multiplier: float, seed=None, *,
+             epsilon: float, delta: float, crosscheck_agreed: bool | None,
+             noise_seed: int | None = None, charge: Callable[[int], None] | None = None,
+             thresholds: GateThresholds | None = None, batch_size: int = 16) -> AuditResult:
+    """Tang et al. Appendix F: MIA against 1-shot ICL with DP demonstrations generated from `members` only.
+
+    For each of `config.demo_sets` demo sets: one label y is taken (labels in a seeded
+    order, cycling), one DP demonstration of y is generated with Algorithm 1
+    (`generation.generate_demos`, sigma = `noise_multiplier`, from the members of label y
+    only; sigma = 0 is the non-DP eps = inf demo; `epsilon == 0` uses instruction-only
+    demos, which never read the records). Then `config.trials` trials each draw
+    `config.members` members and `config.non_members` non-members OF LABEL y (the only
+    records that can have influenced the demo; the same label on both sides keeps the
+    score's label dependence out of the comparison: stricter than drawing from all
+    labels; disjoint across the trials of a demo set when the pools allow) and score them
+    against the 1-shot DP prompt; AUC per trial, averaged. Each distinct record is scored
+    once per demo set (its prompt is fixed).
+
+    `noise_multiplier` comes from the caller's calibration (dpcore.accounting) for the
+    members' label counts; `epsilon`, `delta` and `crosscheck_agreed` describe it for the
+    report and the gate. `noise_seed`: None draws cryptographically seeded noise per demo
+    set; an int makes the audit reproducible (seed + demo set index). `charge(demo_set)`
+    is called BEFORE each generation touches the members (the privacy-ledger hook).
+    """
+    from dpcore import generation
+
+    began = time.perf_counter()
+    _check_split(members, "members")
+    _check_split(non_members, "non_members")
+    if not classification_kind(spec):
+        raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
+    rng = _rng(seed)
+    m_label = members["label"].astype(str).to_numpy()
+    n_label = non_members["label"].astype(str).to_numpy()
+    labels = [y for y in spec.label_names if (m_label == y).sum() >= config.members
+              and (n_label == y).sum() >= config.non_members]
+    if not labels:
+        raise ConfigError(f"audit_members: no label has {config.members} members and {config.non_members} "
+                          f"non-members to query")
+    order = [labels[i] for i in rng.permutation(len(labels))]
+    gen_config = generation_config.model_copy(update={"demos_per_label": 1})
+    frames, aucs, strata, demo_texts, demo_labels = [], [], [], [], []
+    setting = "instruction-only" if epsilon == 0 else "dp"
+    for demo_set in range(config.demo_sets):
+        label = order[demo_set % len(order)]
+        label_members = members.loc[m_label == label]
+        member_texts = label_members["text"].astype(str).tolist()
+        set_seed = None if noise_seed is None else int(noise_seed) + demo_set
+        if epsilon == 0:
+            produced = generation.instruction_only_demos(lm, spec, [label], gen_config, seed=set_seed)
+        else:
+            # ---- PRIVACY LEDGER HOOK: this generation reads the members' records. The caller's
+            # `charge` records its spend (sigma, q, T) BEFORE the records are touched (issue 8).
+            if charge is not None:
+                charge(demo_set)
+            produced = generation.generate_demos(lm, spec, {label: member_texts}, gen_config, noise_multiplier,
+                                                 seed=set_seed, labels=[label])
+        demo = produced.demos[0]
+        demo_texts.append(demo.text)
+        demo_labels.append(label)
+        prompt = [(demo.text, demo.label)]
+        label_non_members = non_members.loc[n_label == label]
+        picks = list(zip(trial_samples(rng, len(label_members), config.members, config.trials),
+                         trial_samples(rng, len(label_non_members), config.non_members, config.trials),
+                         strict=True))
+        # Score each distinct record once per demo set (the prompt is the same for all its trials).
+        m_unique = np.unique(np.concatenate([p[0] for p in picks]))
+        n_unique = np.unique(np.concatenate([p[1] for p in picks]))
+        queries = (label_members["text"].astype(str).to_numpy()[m_unique].tolist()
+                   + label_non_members["text"].astype(str).to_numpy()[n_unique].tolist())
+        scored = membership_scores(lm, spec, prompt, queries, [label] * len(queries), batch_size=batch_size)
+        m_score = dict(zip(m_unique.tolist(), scored[: len(m_unique)], strict=True))
+        n_score = dict(zip(n_unique.tolist(), scored[len(m_unique):], strict=True))
+        m_ids = label_members["id"].astype(str).to_numpy()
+        n_ids = label_non_members["id"].astype(str).to_numpy()
+        for trial, (m_rows, n_rows) in enumerate(picks):
+            ms = np.array([m_score[int(i)] for i in m_rows])
+            ns = np.array([n_score[int(i)] for i in n_rows])
+            aucs.append(roc_auc(ms, ns))
+            strata.append(demo_set)
+            frames.append(pd.DataFrame({
+                "setting": setting, "epsilon": float(epsilon), "demo_set": demo_set, "trial": trial,
+                "role": ["member"] * len(ms) + ["non_member"] * len(ns),
+                "member": [True] * len(ms) + [False] * len(ns),
+                "record_id": np.concatenate([m_ids[m_rows], n_ids[n_rows]]).tolist(),
+                "score": np.concatenate([ms, ns]), "global_trial": demo_set * config.trials + trial,
+            }))
+        log.info("DP audit demo set %d/%d (label %s): mean AUC %.3f", demo_set + 1, config.demo_sets, label,
+                 float(np.mean(aucs[-config.trials:])))
+    scores = pd.concat(frames, ignore_index=True)
+    # Verbatim check: each demo against the members of its label (the records it was generated from);
+    # one tokenization of a label's members however many demo sets share the label.
+    tokenize = model_tokenize(lm)
+    max_overlap, overlapping = 0, 0
+    for label in dict.fromkeys(demo_labels):
+        texts = [text for text, y in zip(demo_texts, demo_labels, strict=True) if y == label]
+        pool = members.loc[m_label == label, "text"].astype(str).tolist()
+        report = verbatim_overlap(texts, pool, threshold=config.overlap_threshold, tokenize=tokenize)
+        max_overlap = max(max_overlap, report.max_overlap)
+        overlapping += report.overlapping_records
+    return _finish(
+        thresholds or GateThresholds.from_config(config),
+        setting=setting, epsilon=float(epsilon), noise_multiplier=float(noise_multiplier), delta=delta,
+        auc=float(np.mean(aucs)), auc_ci=bootstrap_mean_ci(aucs, config.confidence, strata=strata, rng=rng),
+        trial_aucs=tuple(float(a) for a in aucs), trials=len(aucs), demo_sets=config.demo_sets,
+        members_per_trial=config.members, non_members_per_trial=config.non_members,
+        confidence=config.confidence, **_pooled_metrics(scores, config.confidence, delta),
+        max_overlap_tokens=max_overlap, overlapping_records=overlapping,
+        overlap_threshold=config.overlap_threshold, crosscheck_agreed=crosscheck_agreed, model=lm.name,
+        dataset=spec.name, seconds=time.perf_counter() - began, overlap_tokenizer="model",
+        mia_scores=scores[MIA_SCORE_COLUMNS],
+    )
+
+
+# =========================================================================== ROC plot
+
+
+def roc_plot(results: Sequence[AuditResult], path: Path, title: str = "") -> Path:
+    """Pooled ROC curves (members vs non-members), one per audit (e.g. DP vs non-private), as a PNG.
+
+    Left: linear axes with the chance diagonal; right: log-log axes for the low-FPR region.
+    Matplotlib's object API on the Agg canvas (no pyplot state); written atomically.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from dpcore.artifacts import write_bytes_atomic
+
+    figure = Figure(figsize=(9.6, 4.4))
+    FigureCanvasAgg(figure)
+    linear, logarithmic = figure.subplots(1, 2)
+    floor = 1.0
+    for result in results:
+        scores = result.mia_scores
+        member = scores["member"].to_numpy(dtype=bool)
+        if member.all() or not member.any():
+            continue
+        values = scores["score"].to_numpy(dtype=float)
+        curve = roc_curve(values[member], values[~member])
+        name = result.setting if result.setting == "non-private" else f"{result.setting} eps={result.epsilon:g}"
+        label = f"{name}: AUC {result.auc:.3f}"
+        for axis in (linear, logarithmic):
+            axis.plot(curve.fpr, curve.tpr, drawstyle="steps-post", label=label)
+        floor = min(floor, 1.0 / curve.non_members, 1.0 / curve.members)
+    grid = np.linspace(0, 1, 101)
+    linear.plot(grid, grid, color="gray", linestyle=":", label="chance")
+    logarithmic.plot(np.maximum(grid, floor / 2), np.maximum(grid, floor / 2), color="gray", linestyle=":")
+    linear.set(xlim=(0, 1), ylim=(0, 1), xlabel="false positive rate (non-members)",
+               ylabel="true positive rate (members)", title=title or "Membership inference ROC (pooled)")
+    logarithmic.set(xscale="log", yscale="log", xlim=(floor / 2, 1), ylim=(floor / 2, 1.05),
+                    xlabel="false positive rate (log)", ylabel="true positive rate (log)", title="low-FPR region")
+    for axis in (linear, logarithmic):
+        axis.grid(True, alpha=0.3)
+    linear.legend(fontsize=8, loc="lower right")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    return write_bytes_atomic(Path(path), buffer.getvalue())

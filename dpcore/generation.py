@@ -1,0 +1,424 @@
+"""DP few-shot generation: Tang et al. Algorithm 1, batched across labels, shots and groups.
+
+For every requested (label y, shot) a synthetic demonstration is generated token by token.
+At each token step t (line 2), for every (label, shot) still generating:
+
+  lines 3-5   a fresh sample of D_y split into M groups (`dpcore.sampling`: Poisson at
+              q = MN/|D_y| by default; empty groups contribute nothing);
+  line 6      each non-empty group's prompt PB(instruction, group records, y) + text so far;
+  lines 7-10  RVP: the public prompt PB(instruction, no records, y) + text so far gives the
+              top-K set S; every group distribution is restricted to S and renormalised;
+  lines 11-19 Gaussian (sum + N(0, 2 sigma^2), arg max) or report-noisy-max (sum of
+              max-normalised distributions + exponential noise, arg max)
+              (`dpcore.mechanisms`);
+  lines 20-22 stop at an end token (not kept), at the task's stop string (kept out of the
+              text), or after T_max tokens.
+
+Engine: ONE batched forward pass per step over every active prompt (all groups of all
+labels and shots plus their public prompts), left-padded, last-position logits only,
+shared instruction prefix computed once (`dpcore.batching.BatchedForward`). Finished
+demonstrations drop out. Each group prompt's prefix PB(instruction, records, y) is
+tokenised once per step (records change every step: no reuse across steps is possible),
+and the generated token ids are appended as ids (generated text is never re-tokenised).
+
+Randomness: one root `SeedSequence` per call (cryptographically seeded unless `seed` is
+given), from which each (label, shot) derives its own sampling stream and noise stream by
+a key of (label name, shot). So a (label, shot) draws the same samples and noise whether it
+is generated alone or together with others, and the tokens agree up to float rounding of
+the batched forward pass.
+
+Privacy boundary: record text only enters prompt strings; logs and progress callbacks carry
+counts and timings; errors name parameters and labels, never text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dpcore.batching import BatchedForward
+from dpcore.config import GenerationConfig
+from dpcore.errors import ConfigError
+from dpcore.mechanisms import (
+    MECHANISMS,
+    aggregate,
+    check_noise_multiplier,
+    noise_seed_sequence,
+    noisy_argmax,
+    public_top_k,
+    restricted_softmax,
+)
+from dpcore.sampling import SAMPLERS, check_group_sizes, draw_groups
+
+log = logging.getLogger(__name__)
+
+STOP_EOS = "eos"
+STOP_STRING = "stop_string"
+STOP_MAX_TOKENS = "max_tokens"
+METHODS = ("dp", "sigma-zero", "instruction-only", "random-real")
+
+Forward = Callable[[list[list[int]]], torch.Tensor]
+Progress = Callable[[dict], None]
+
+
+@dataclass(frozen=True)
+class Demo:
+    """One synthetic demonstration (a DP output: safe to show, log and release).
+
+    `tokens` counts the generated token ids kept (an end token is not kept; a token that
+    completed the stop string is counted although the text stops before the stop string).
+    `noise_multiplier` is inf for instruction-only demos (no private data: epsilon = 0).
+    """
+
+    label: str
+    shot: int
+    text: str
+    tokens: int
+    stop_reason: str  # "eos" | "stop_string" | "max_tokens"
+    noise_multiplier: float
+    num_subsets: int
+    subset_size: int
+    top_k: int
+    rvp: bool
+    max_tokens: int
+    mechanism: str
+    model: str
+    seeded_noise: bool
+    method: str  # "dp" | "sigma-zero" | "instruction-only" | "random-real"
+    sampler: str = "poisson"
+
+
+DEMO_COLUMNS = tuple(f.name for f in fields(Demo))
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    demos: list[Demo]
+    seeded_noise: bool
+    stats: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- random streams
+
+
+def _label_key(label: str) -> int:
+    return int.from_bytes(hashlib.sha256(label.encode("utf-8")).digest()[:8], "little")
+
+
+def stream_generators(root: np.random.SeedSequence, label: str, shot: int) -> tuple[np.random.Generator, ...]:
+    """(sampling rng, noise rng) of one (label, shot): a function of the root seed, label and shot only."""
+    child = np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, _label_key(label), int(shot)))
+    sampling, noise = child.spawn(2)
+    return np.random.Generator(np.random.PCG64DXSM(sampling)), np.random.Generator(np.random.PCG64DXSM(noise))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_generation(config: GenerationConfig, noise_multiplier: float, vocab_size: int,
+                        label_counts: dict[str, int] | None = None) -> None:
+    """ConfigError naming the parameter for anything Algorithm 1 cannot run with."""
+    check_group_sizes(config.num_subsets, config.subset_size)
+    if int(config.max_tokens) != config.max_tokens or config.max_tokens < 1:
+        raise ConfigError(f"max_tokens (T_max) must be an integer >= 1, got {config.max_tokens!r}")
+    if int(config.demos_per_label) != config.demos_per_label or config.demos_per_label < 1:
+        raise ConfigError(f"demos_per_label must be an integer >= 1, got {config.demos_per_label!r}")
+    if config.rvp and (int(config.top_k) != config.top_k or not 1 <= config.top_k <= vocab_size):
+        raise ConfigError(f"top_k (K) must be an integer in [1, {vocab_size}] (the model's vocabulary), "
+                          f"got {config.top_k!r}")
+    if config.mechanism not in MECHANISMS:
+        raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {config.mechanism!r}")
+    if config.sampler not in SAMPLERS:
+        raise ConfigError(f"sampler must be one of {', '.join(SAMPLERS)}, got {config.sampler!r}")
+    check_noise_multiplier(noise_multiplier)
+    needed = config.num_subsets * config.subset_size
+    for label, count in (label_counts or {}).items():
+        if count < config.subset_size:
+            raise ConfigError(f"label {label!r} has {count} private records, fewer than subset_size (N) = "
+                              f"{config.subset_size}")
+        if needed > count:
+            raise ConfigError(
+                f"label {label!r}: sampling rate q = num_subsets*subset_size/records = {needed}/{count} > 1; "
+                "lower --num-subsets or --subset-size"
+            )
+
+
+def _check_labels(labels: Sequence[str] | None, available: Sequence[str]) -> list[str]:
+    chosen = list(available) if labels is None else list(labels)
+    if not chosen:
+        raise ConfigError("labels: no label to generate for")
+    missing = [label for label in chosen if label not in available]
+    if missing:
+        raise ConfigError(f"labels: {', '.join(map(repr, missing))} not among the dataset's labels "
+                          f"({', '.join(map(repr, available))})")
+    if len(set(chosen)) != len(chosen):
+        raise ConfigError("labels: a label is listed twice")
+    return chosen
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+@dataclass
+class _Stream:
+    """One (label, shot) being generated. `records` are private texts: never logged."""
+
+    label: str
+    shot: int
+    public_prefix: list[int]
+    sample_rng: np.random.Generator
+    noise_rng: np.random.Generator
+    records: list[str] = field(default_factory=list, repr=False)
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+    stop_reason: str = ""
+
+    @property
+    def done(self) -> bool:
+        return bool(self.stop_reason)
+
+
+class _Engine:
+    """The token loop shared by DP generation and instruction-only generation."""
+
+    def __init__(self, lm, spec, config: GenerationConfig, forward: Forward | None, progress: Progress | None):
+        self.lm = lm
+        self.spec = spec
+        self.config = config
+        self.forward = forward if forward is not None else BatchedForward(lm)
+        self.progress = progress
+        self.stop = spec.generation.stop or ""
+        model_config = getattr(getattr(lm, "model", None), "config", None)
+        self.max_positions = int(getattr(model_config, "max_position_embeddings", 0) or 0)
+        self.stats = {"steps": 0, "prompts": 0, "prompt_tokens": 0, "forward_seconds": 0.0,
+                      "tokenize_seconds": 0.0, "mechanism_seconds": 0.0, "synthetic_tokens": 0}
+
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return [list(ids) for ids in self.lm.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def _finish_token(self, stream: _Stream, token: int) -> None:
+        """Lines 20-22 plus the stop string and T_max."""
+        if token in self.lm.eos_token_ids:
+            stream.stop_reason = STOP_EOS
+            return
+        stream.generated.append(int(token))
+        self.stats["synthetic_tokens"] += 1
+        text = self.lm.decode(stream.generated)
+        if self.stop and self.stop in text:
+            stream.text = text.split(self.stop, 1)[0].strip()
+            stream.stop_reason = STOP_STRING
+            return
+        stream.text = text.strip()
+        if len(stream.generated) >= self.config.max_tokens:
+            stream.stop_reason = STOP_MAX_TOKENS
+
+    def run(self, streams: list[_Stream], choose: Callable[[_Stream, torch.Tensor | None, torch.Tensor], int],
+            private: bool) -> None:
+        """Token steps until every stream stops. `choose(stream, public_logits, group_logits) -> token`."""
+        config = self.config
+        use_public = config.rvp or not private
+        began = time.perf_counter()
+        for step in range(1, config.max_tokens + 1):
+            active = [s for s in streams if not s.done]
+            if not active:
+                break
+            step_began = time.perf_counter()
+            # Lines 3-6: a fresh sample per (label, shot), one prompt per non-empty group.
+            texts, owners = [], []
+            if private:
+                for index, stream in enumerate(active):
+                    groups = draw_groups(config.sampler, len(stream.records), config.num_subsets,
+                                         config.subset_size, stream.sample_rng)
+                    for group in groups:
+                        if group.size:
+                            texts.append(self.spec.generation.build(stream.label,
+                                                                    [stream.records[i] for i in group]))
+                            owners.append(index)
+            tokenize_began = time.perf_counter()
+            prompts = [ids + active[owner].generated for ids, owner in zip(self._encode_many(texts), owners,
+                                                                            strict=True)]
+            self.stats["tokenize_seconds"] += time.perf_counter() - tokenize_began
+            group_count = len(prompts)
+            if use_public:  # line 8: the public prompt, no private record
+                prompts.extend(stream.public_prefix + stream.generated for stream in active)
+            longest = max(len(p) for p in prompts)
+            if self.max_positions and longest > self.max_positions:
+                raise ConfigError(f"a prompt of {longest} tokens exceeds the model's context of "
+                                  f"{self.max_positions} positions: lower subset_size (N) or max_tokens")
+            forward_began = time.perf_counter()
+            logits = self.forward(prompts)  # ONE batched pass for every active sequence
+            forward_seconds = time.perf_counter() - forward_began
+            mechanism_began = time.perf_counter()
+            owner_index = np.asarray(owners, dtype=np.int64)
+            for index, stream in enumerate(active):
+                rows = np.flatnonzero(owner_index == index)
+                group_logits = logits[torch.as_tensor(rows, dtype=torch.long)] if rows.size \
+                    else logits.new_zeros((0, logits.shape[1]))
+                public_logits = logits[group_count + index] if use_public else None
+                self._finish_token(stream, choose(stream, public_logits, group_logits))
+            self.stats["mechanism_seconds"] += time.perf_counter() - mechanism_began
+            tokens = sum(len(p) for p in prompts)
+            self.stats["steps"] = step
+            self.stats["prompts"] += len(prompts)
+            self.stats["prompt_tokens"] += tokens
+            self.stats["forward_seconds"] += forward_seconds
+            info = {
+                "step": step, "max_steps": config.max_tokens, "active": len(active), "prompts": len(prompts),
+                "prompt_tokens": tokens, "step_seconds": time.perf_counter() - step_began,
+                "tokens_per_s": tokens / forward_seconds if forward_seconds else 0.0,
+                "elapsed_seconds": time.perf_counter() - began,
+                "finished": sum(s.done for s in streams), "total": len(streams),
+            }
+            log.info("generation step %d/%d: %d sequences, %d prompts, %d prompt tokens, %.0f tokens/s",
+                     step, config.max_tokens, len(active), len(prompts), tokens, info["tokens_per_s"])
+            if self.progress is not None:
+                self.progress(info)
+        for stream in streams:  # unreachable in practice: the T_max check stops every stream
+            if not stream.done:
+                stream.stop_reason = STOP_MAX_TOKENS
+        wall = time.perf_counter() - began
+        self.stats["wall_seconds"] = wall
+        # Prompt tokens served per second of forward time (cached prefix tokens count as served).
+        self.stats["forward_tokens_per_s"] = (self.stats["prompt_tokens"] / self.stats["forward_seconds"]
+                                              if self.stats["forward_seconds"] else 0.0)
+        self.stats["synthetic_tokens_per_s"] = self.stats["synthetic_tokens"] / wall if wall else 0.0
+        batch_stats = getattr(self.forward, "stats", None)
+        if batch_stats is not None and hasattr(batch_stats, "as_dict"):
+            self.stats["batching"] = batch_stats.as_dict()
+
+
+def _model_name(lm) -> str:
+    return str(getattr(lm, "name", type(lm).__name__))
+
+
+def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: GenerationConfig,
+                   noise_multiplier: float, seed: int | None = None, labels: list[str] | None = None,
+                   progress: Progress | None = None, *, forward: Forward | None = None) -> GenerationResult:
+    """Algorithm 1 for every label in `labels` (default: all of `records_by_label`) and
+    `config.demos_per_label` shots each, all at once.
+
+    `records_by_label` maps a label to its private texts D_y (never logged). `noise_multiplier`
+    is sigma (0: no noise, epsilon = inf, same code path). `seed=None` draws a cryptographic
+    seed; an int makes the run reproducible and marks its demos `seeded_noise=True`.
+    `forward` overrides the batched forward pass (benchmarks compare a naive one).
+    """
+    sigma = check_noise_multiplier(noise_multiplier)
+    chosen = _check_labels(labels, list(records_by_label))
+    validate_generation(config, sigma, int(lm.vocab_size), {y: len(records_by_label[y]) for y in chosen})
+    root, seeded = noise_seed_sequence(seed)
+    engine = _Engine(lm, spec, config, forward, progress)
+    public = {y: lm.encode(spec.generation.build(y, [])) for y in chosen}
+    streams = []
+    for label in chosen:
+        for shot in range(config.demos_per_label):
+            sample_rng, noise_rng = stream_generators(root, label, shot)
+            streams.append(_Stream(label, shot, public[label], sample_rng, noise_rng,
+                                   records=list(records_by_label[label])))
+    keep_k = int(config.top_k)
+
+    def choose(stream: _Stream, public_logits, group_logits) -> int:
+        keep = public_top_k(public_logits, keep_k) if config.rvp else None  # line 9
+        probs = restricted_softmax(group_logits, keep)  # lines 6 and 10
+        scores = aggregate(config.mechanism, probs, sigma, stream.noise_rng)  # line 12 or 14-15
+        return noisy_argmax(scores, keep)  # lines 16-19
+
+    engine.run(streams, choose, private=True)
+    method = "sigma-zero" if sigma == 0 else "dp"
+    demos = [_demo(stream, lm, config, sigma, seeded, method) for stream in streams]
+    return GenerationResult(demos=demos, seeded_noise=seeded, stats=engine.stats)
+
+
+def instruction_only_demos(lm, spec, labels: list[str], config: GenerationConfig, seed: int | None = None,
+                           progress: Progress | None = None, *, forward: Forward | None = None
+                           ) -> GenerationResult:
+    """epsilon = 0: demonstrations from the public prompt alone (no private record is read).
+
+    Each (label, shot) samples every token from the public prompt's next-token distribution,
+    restricted to its top-K when RVP is on (full vocabulary otherwise), with its own random
+    stream: shots of one label differ, and a fixed seed reproduces them. (Arg max would make
+    every shot of a label identical.) Same stopping rules as `generate_demos`.
+    """
+    chosen = _check_labels(labels, list(labels))
+    validate_generation(config, 0.0, int(lm.vocab_size))
+    root, seeded = noise_seed_sequence(seed)
+    engine = _Engine(lm, spec, config, forward, progress)
+    streams = []
+    for label in chosen:
+        public = lm.encode(spec.generation.build(label, []))
+        for shot in range(config.demos_per_label):
+            sample_rng, noise_rng = stream_generators(root, label, shot)
+            streams.append(_Stream(label, shot, public, sample_rng, noise_rng))
+
+    def choose(stream: _Stream, public_logits, group_logits) -> int:
+        keep = public_top_k(public_logits, int(config.top_k)) if config.rvp else None
+        probs = restricted_softmax(public_logits.unsqueeze(0), keep)[0].numpy()
+        cumulative = np.cumsum(probs)
+        index = int(np.searchsorted(cumulative, stream.noise_rng.random() * cumulative[-1], side="right"))
+        index = min(index, len(probs) - 1)
+        return int(keep[index]) if keep is not None else index
+
+    engine.run(streams, choose, private=False)
+    demos = []
+    for stream in streams:
+        demo = _demo(stream, lm, config, math.inf, seeded, "instruction-only")
+        demos.append(Demo(**{**asdict(demo), "num_subsets": 0, "subset_size": 0}))
+    return GenerationResult(demos=demos, seeded_noise=seeded, stats=engine.stats)
+
+
+def _demo(stream: _Stream, lm, config: GenerationConfig, sigma: float, seeded: bool, method: str) -> Demo:
+    return Demo(
+        label=stream.label, shot=stream.shot, text=stream.text, tokens=len(stream.generated),
+        stop_reason=stream.stop_reason, noise_multiplier=float(sigma), num_subsets=int(config.num_subsets),
+        subset_size=int(config.subset_size), top_k=int(config.top_k), rvp=bool(config.rvp),
+        max_tokens=int(config.max_tokens), mechanism=str(config.mechanism), model=_model_name(lm),
+        seeded_noise=bool(seeded), method=method, sampler=str(config.sampler),
+    )
+
+
+# --------------------------------------------------------------------------- baselines and tables
+
+
+def real_demos(records_by_label: dict[str, list[str]], ids_by_label: dict[str, list[str]], labels: list[str],
+               per_label: int, rng: np.random.Generator) -> pd.DataFrame:
+    """The non-private baseline: `per_label` real records per label, drawn without replacement.
+
+    Returns the PRIVATE table `real_demos` (columns label, shot, id, text, method): the caller
+    keeps it under $DPICL_HOME/private (`dpcore.artifacts.write_table` enforces this).
+    """
+    chosen = _check_labels(labels, list(records_by_label))
+    if int(per_label) != per_label or per_label < 1:
+        raise ConfigError(f"per_label must be an integer >= 1, got {per_label!r}")
+    rows = []
+    for label in chosen:
+        texts, ids = records_by_label[label], ids_by_label.get(label)
+        if ids is None or len(ids) != len(texts):
+            raise ConfigError(f"ids_by_label[{label!r}] must list one id per record of the label")
+        if len(texts) < per_label:
+            raise ConfigError(f"label {label!r} has {len(texts)} records, fewer than the {per_label} "
+                              "real demonstrations asked for")
+        for shot, index in enumerate(rng.choice(len(texts), size=int(per_label), replace=False)):
+            rows.append({"label": label, "shot": shot, "id": str(ids[int(index)]), "text": texts[int(index)],
+                         "method": "random-real"})
+    return pd.DataFrame(rows, columns=["label", "shot", "id", "text", "method"])
+
+
+def demos_frame(demos: Sequence[Demo]) -> pd.DataFrame:
+    """The `demos` table: one row per synthetic demonstration, columns = `Demo` fields."""
+    return pd.DataFrame([asdict(d) for d in demos], columns=list(DEMO_COLUMNS))
+
+
+def demos_from_frame(frame: pd.DataFrame) -> list[Demo]:
+    """Inverse of `demos_frame` (columns it lacks take `Demo` defaults)."""
+    known = [c for c in DEMO_COLUMNS if c in frame.columns]
+    return [Demo(**{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
+            for row in frame[known].to_dict(orient="records")]

@@ -1,0 +1,576 @@
+"""In-context learning evaluation: label scoring, contextual calibration, extraction.
+
+The ICL prompt follows Tang et al. Appendix D, Tables 7/8 (the formats of Zhao et al.
+2021, Tables 5/6): `spec.icl.header()`, then one `spec.icl.demo(text, verbalizer)` per
+demonstration, then `spec.icl.query(x)`.
+
+Classification (Table 7): every label is scored by the log-probability of its FULL
+verbalizer continuation `" " + verbalizer` (a sum of token log-probabilities when the
+verbalizer is several tokens); the raw prediction is the argmax. Contextual calibration
+(Zhao et al. 2021, Section 5): the label distribution (normalised over the labels) of
+the content-free inputs "N/A", "" and "[MASK]" in the same prompt is averaged into
+p_cf, and the calibrated prediction is argmax p / p_cf (their W = diag(p_cf)^-1, b = 0).
+
+Extraction (Table 8): greedy decoding of a few tokens, stopped at a newline; exact
+match after lower-casing and stripping punctuation and whitespace.
+
+Speed: the prompt's shared prefix (instruction + demonstrations) is run through the
+model once; its KV cache is expanded over a batch of test items (right-padded
+suffixes with explicit position ids), and the cache after each item's query is reused
+for every label continuation. `label_logprobs_naive` is the straightforward reference
+(one full forward per item and label) used by the tests and the benchmark.
+
+Privacy: `evaluate` writes nothing and returns frames holding only test items (the
+public split), labels, predictions and demo ids; demonstration text never enters them.
+For the random-real baseline the caller passes real records with their ids and keeps
+them in the private store.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+import time
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dpcore.config import EvalConfig
+from dpcore.errors import ConfigError, DataValidationError
+from dpcore.taskspec import TaskSpec
+
+CONTENT_FREE_INPUTS: tuple[str, ...] = ("N/A", "", "[MASK]")
+METHODS: tuple[str, ...] = ("zero-shot", "instruction-only", "sigma-zero", "random-real", "dp")
+PREDICTION_COLUMNS = [
+    "test_id", "method", "epsilon", "seed", "gold", "pred_raw", "pred_calibrated", "label_probs",
+    "calibrated_probs", "correct_raw", "correct_calibrated", "demo_ids",
+]
+METRIC_COLUMNS = ["method", "epsilon", "seed", "n", "accuracy", "calibrated_accuracy", "calibrated", "shots",
+                  "seconds", "reused"]
+
+# A demonstration: (text, label) or (text, label, id). Ids (never text) reach the outputs.
+DemoItem = tuple
+
+
+# --------------------------------------------------------------------------- prompt
+
+
+def prefix_text(spec: TaskSpec, demos: Sequence[DemoItem]) -> str:
+    """Instruction + demonstrations (Table 7/8): the part shared by every test item."""
+    body = "".join(spec.icl.demo(demo[0], _answer(spec, demo[1])) for demo in demos)
+    return spec.icl.header() + body
+
+
+def prompt_text(spec: TaskSpec, demos: Sequence[DemoItem], query: str) -> str:
+    return prefix_text(spec, demos) + spec.icl.query(query)
+
+
+def _answer(spec: TaskSpec, label: str) -> str:
+    return spec.verbalizer(label) if spec.kind == "classification" else label
+
+
+# --------------------------------------------------------------------------- demos
+
+
+def choose_demos(pool: Sequence[DemoItem], labels: Sequence[str], shots: int, seed: int) -> list[DemoItem]:
+    """The demonstrations of one ICL prompt, as the paper orders them (Section 5.1).
+
+    Labels are drawn without replacement from those with demos in the pool (every label
+    `shots // L` times, the remainder drawn at random), one demo per chosen label, the
+    prompt order shuffled; all randomness from `np.random.default_rng(seed)`. Deterministic
+    in (pool, labels, shots, seed). Items are returned as given (2- or 3-tuples).
+    """
+    if shots < 0:
+        raise ConfigError(f"shots: must be >= 0, got {shots}")
+    if shots == 0:
+        return []
+    by_label: dict[str, list[int]] = {}
+    for index, item in enumerate(pool):
+        by_label.setdefault(str(item[1]), []).append(index)
+    available = [label for label in labels if by_label.get(label)]
+    if not available:
+        raise ConfigError("demos: no demonstration in the pool has one of the task's labels")
+    rng = np.random.default_rng(seed)
+    orders = {label: rng.permutation(len(by_label[label])) for label in available}
+    rounds, remainder = divmod(shots, len(available))
+    chosen = list(available) * rounds
+    if remainder:
+        chosen += [available[i] for i in sorted(rng.choice(len(available), size=remainder, replace=False))]
+    taken: dict[str, int] = {}
+    picked = []
+    for label in chosen:
+        count = taken.get(label, 0)
+        taken[label] = count + 1
+        order = orders[label]
+        picked.append(pool[by_label[label][int(order[count % len(order)])]])
+    return [picked[i] for i in rng.permutation(len(picked))]
+
+
+def demo_ids(demos: Sequence[DemoItem]) -> list[str]:
+    """Ids of the demos (third tuple element) or their position in the prompt; never their text."""
+    return [str(demo[2]) if len(demo) > 2 else f"demo-{i}" for i, demo in enumerate(demos)]
+
+
+def select_test(test: pd.DataFrame, test_size: int | None, seed: int = 0) -> pd.DataFrame:
+    """The first `test_size` items of a seeded shuffle of the test split (all when None); deterministic."""
+    order = np.random.default_rng(seed).permutation(len(test))
+    if test_size is not None:
+        order = order[:test_size]
+    return test.iloc[order].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- model plumbing
+
+
+def _count(lm, mask: torch.Tensor, began: float) -> None:
+    lm.stats.forward_calls += 1
+    lm.stats.tokens += int(mask.sum())
+    lm.stats.padded_tokens += int(mask.numel())
+    lm.stats.seconds += time.perf_counter() - began
+
+
+def _common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    first = sequences[0]
+    length = min(len(seq) for seq in sequences) - 1  # every item keeps at least one token of its own
+    for seq in sequences[1:]:
+        i = 0
+        while i < length and seq[i] == first[i]:
+            i += 1
+        length = i
+    return max(0, length)
+
+
+def _right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
+            mask[i, : len(row)] = 1
+    return ids, mask
+
+
+@dataclass
+class _Batch:
+    """A batch of rows sharing the prefix cache: cache, 2-D key mask and each row's next position."""
+
+    cache: object | None
+    key_mask: torch.Tensor  # [B, cache_len] 1 where the cached key is real
+    next_position: torch.Tensor  # [B] position id of the row's next token
+
+
+class PrefixCache:
+    """The shared prompt prefix run once; its KV cache is expanded over batches of suffixes.
+
+    Suffixes are right-padded; position ids continue each row from its own length and the
+    2-D attention mask hides pad slots, so rows of different lengths share one forward.
+    """
+
+    def __init__(self, lm, prefix_ids: Sequence[int]):
+        self.lm = lm
+        self.prefix_ids = list(prefix_ids)
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if self.prefix_ids:
+            with torch.inference_mode():
+                began = time.perf_counter()
+                ids = torch.as_tensor([self.prefix_ids], dtype=torch.long, device=lm.device)
+                mask = torch.ones_like(ids)
+                out = lm.model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+                _count(lm, mask, began)
+            self.layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+
+    def __len__(self) -> int:
+        return len(self.prefix_ids)
+
+    def _expanded(self, rows: int):
+        if not self.layers:
+            return None
+        from transformers import DynamicCache
+
+        data = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.layers]
+        return DynamicCache(ddp_cache_data=data, config=self.lm.model.config)
+
+    def start(self, rows: int) -> _Batch:
+        device = self.lm.device
+        return _Batch(
+            cache=self._expanded(rows),
+            key_mask=torch.ones((rows, len(self.prefix_ids)), dtype=torch.long, device=device),
+            next_position=torch.full((rows,), len(self.prefix_ids), dtype=torch.long, device=device),
+        )
+
+    @torch.inference_mode()
+    def extend(self, batch: _Batch, rows: Sequence[Sequence[int]], keep: str = "last") -> tuple[_Batch, torch.Tensor]:
+        """Feed each row's tokens after its cached context.
+
+        keep="last": log-softmax at each row's last real token, [B, V].
+        keep="all":  log-softmax at every position, [B, W, V].
+        The returned batch holds the grown cache (pad slots masked out).
+        """
+        lm = self.lm
+        ids, mask = _right_pad(rows, lm.pad_id)
+        ids, mask = ids.to(lm.device), mask.to(lm.device)
+        width = ids.shape[1]
+        positions = batch.next_position[:, None] + torch.arange(width, device=lm.device)[None, :]
+        attention = torch.cat([batch.key_mask, mask], dim=1)
+        lengths = mask.sum(dim=1)
+        last = (lengths - 1).clamp(min=0)
+        keep_arg = last[:, None] if keep == "last" else 0  # per-row position: logits for one token per row
+        began = time.perf_counter()
+        out = lm.model(input_ids=ids, attention_mask=attention, position_ids=positions,
+                       past_key_values=batch.cache, use_cache=True, logits_to_keep=keep_arg)
+        _count(lm, mask, began)
+        logits = out.logits.float()
+        if keep == "last":
+            logits = logits[:, 0, :]
+        grown = _Batch(cache=out.past_key_values, key_mask=attention, next_position=batch.next_position + lengths)
+        return grown, torch.log_softmax(logits, dim=-1)
+
+    @staticmethod
+    def select(batch: _Batch, index: torch.Tensor, config) -> _Batch:
+        """Rows `index` of a batch (repeats allowed): the cache after each item's query, per label."""
+        from transformers import DynamicCache
+
+        data = [(layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in batch.cache.layers]
+        return _Batch(cache=DynamicCache(ddp_cache_data=data, config=config),
+                      key_mask=batch.key_mask.index_select(0, index),
+                      next_position=batch.next_position.index_select(0, index))
+
+
+# --------------------------------------------------------------------------- classification scoring
+
+
+def _labels(spec: TaskSpec, labels: Sequence[str] | None) -> list[str]:
+    labels = list(labels) if labels is not None else spec.label_names
+    if not labels:
+        raise ConfigError("labels: a classification task needs at least one label to score")
+    return labels
+
+
+def _label_token_ids(lm, spec: TaskSpec, labels: Sequence[str]) -> list[list[int]]:
+    ids = [lm.encode(" " + spec.verbalizer(label)) for label in labels]
+    for label, tokens in zip(labels, ids, strict=True):
+        if not tokens:
+            raise ConfigError(f"labels: the verbalizer of label {label!r} encodes to no tokens")
+    return ids
+
+
+def label_logprobs(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequence[str],
+                   labels: Sequence[str] | None = None, batch_size: int = 16,
+                   progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """[n, L] log p(" " + verbalizer(label) | prompt(demos, query)), a sum over the label's tokens.
+
+    The longest token prefix shared by all prompts (instruction + demos, usually) is run once
+    (`PrefixCache`); per batch of items the query tokens run once on the expanded cache, the
+    first label token is read from the last query position, and labels of several tokens
+    continue from the cache after the query (rows repeated per label).
+    """
+    labels = _labels(spec, labels)
+    if not queries:
+        return np.zeros((0, len(labels)))
+    label_ids = _label_token_ids(lm, spec, labels)
+    contexts = [lm.encode(prompt_text(spec, demos, q)) for q in queries]
+    shared = _common_prefix_length(contexts)
+    prefix = PrefixCache(lm, contexts[0][:shared])
+    suffixes = [ctx[shared:] for ctx in contexts]
+    out = np.zeros((len(queries), len(labels)))
+    first = torch.as_tensor([ids[0] for ids in label_ids], dtype=torch.long, device=lm.device)
+    multi = [j for j, ids in enumerate(label_ids) if len(ids) > 1]
+    order = sorted(range(len(queries)), key=lambda i: len(suffixes[i]))  # similar lengths batch together
+    done = 0
+    for start in range(0, len(order), batch_size):
+        items = order[start:start + batch_size]
+        batch, logp = prefix.extend(prefix.start(len(items)), [suffixes[i] for i in items], keep="last")
+        scores = logp[:, first].double()  # [B, L]
+        if multi:
+            rows = torch.as_tensor([b for b in range(len(items)) for _ in multi], dtype=torch.long, device=lm.device)
+            cont = [label_ids[j][:-1] for _ in items for j in multi]
+            tails = [label_ids[j][1:] for _ in items for j in multi]
+            cont_batch = PrefixCache.select(batch, rows, lm.model.config)
+            del batch
+            _, cont_logp = prefix.extend(cont_batch, cont, keep="all")  # [R, W, V]
+            for r, tail in enumerate(tails):
+                b, j = divmod(r, len(multi))
+                steps = torch.arange(len(tail), device=lm.device)
+                target = torch.as_tensor(tail, dtype=torch.long, device=lm.device)
+                scores[b, multi[j]] += cont_logp[r, steps, target].double().sum()
+        out[items] = scores.cpu().numpy()
+        done += len(items)
+        if progress is not None:
+            progress(done)
+    return out
+
+
+@torch.inference_mode()
+def label_logprobs_naive(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequence[str],
+                         labels: Sequence[str] | None = None) -> np.ndarray:
+    """The reference: one full forward (batch 1, no cache) per item and label; same tokens as `label_logprobs`."""
+    labels = _labels(spec, labels)
+    label_ids = _label_token_ids(lm, spec, labels)
+    out = np.zeros((len(queries), len(labels)))
+    for i, query in enumerate(queries):
+        context = lm.encode(prompt_text(spec, demos, query))
+        for j, tail in enumerate(label_ids):
+            ids = torch.as_tensor([context + tail], dtype=torch.long, device=lm.device)
+            mask = torch.ones_like(ids)
+            began = time.perf_counter()
+            # logits only where the label's tokens are predicted (the last len(tail) + 1 positions)
+            logits = lm.model(input_ids=ids, attention_mask=mask, use_cache=False,
+                              logits_to_keep=len(tail) + 1).logits[0].float()
+            _count(lm, mask, began)
+            logp = torch.log_softmax(logits[:-1], dim=-1)
+            target = torch.as_tensor(tail, dtype=torch.long, device=lm.device)
+            out[i, j] = float(logp[torch.arange(len(tail), device=lm.device), target].double().sum())
+    return out
+
+
+def normalise_probs(logprobs: np.ndarray) -> np.ndarray:
+    """Label probabilities normalised over the labels (softmax of the label log-probabilities)."""
+    logprobs = np.asarray(logprobs, dtype=float)
+    shifted = logprobs - logprobs.max(axis=-1, keepdims=True)
+    weights = np.exp(shifted)
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def calibrate_probs(probs: np.ndarray, content_free_probs: np.ndarray) -> np.ndarray:
+    """Contextual calibration (Zhao et al. 2021): q proportional to p / p_cf, renormalised over the labels.
+
+    `content_free_probs` is p_cf [L] or one row per content-free input [k, L] (averaged).
+    The argmax of the result is the calibrated prediction.
+    """
+    probs = np.asarray(probs, dtype=float)
+    p_cf = np.asarray(content_free_probs, dtype=float)
+    if p_cf.ndim == 2:
+        p_cf = p_cf.mean(axis=0)
+    if p_cf.shape[-1] != probs.shape[-1]:
+        raise ConfigError(f"calibrate_probs: {probs.shape[-1]} labels but {p_cf.shape[-1]} content-free probabilities")
+    scaled = probs / np.maximum(p_cf, np.finfo(float).tiny)
+    return scaled / scaled.sum(axis=-1, keepdims=True)
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+_PUNCTUATION = set(string.punctuation)
+
+
+def normalise_answer(text: str) -> str:
+    """Lower-case, drop punctuation (ASCII and Unicode P*), collapse and strip whitespace."""
+    kept = "".join(
+        " " if ch.isspace() else ch
+        for ch in str(text).lower()
+        if ch not in _PUNCTUATION and not unicodedata.category(ch).startswith("P")
+    )
+    return " ".join(kept.split())
+
+
+def exact_match(prediction: str, gold: str) -> bool:
+    return normalise_answer(prediction) == normalise_answer(gold)
+
+
+def _cut_answer(lm, tokens: Sequence[int]) -> tuple[str, bool]:
+    text = lm.decode(tokens)
+    if "\n" in text:
+        return text.split("\n", 1)[0].strip(), True
+    return text.strip(), False
+
+
+def extract_answers(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequence[str],
+                    max_new_tokens: int = 12, batch_size: int = 16,
+                    progress: Callable[[int], None] | None = None) -> list[str]:
+    """Greedy answers (Table 8 format), stopped at a newline or an end token; the prefix cache is shared."""
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
+    if not queries:
+        return []
+    contexts = [lm.encode(prompt_text(spec, demos, q)) for q in queries]
+    shared = _common_prefix_length(contexts)
+    prefix = PrefixCache(lm, contexts[0][:shared])
+    answers = [""] * len(queries)
+    order = sorted(range(len(queries)), key=lambda i: len(contexts[i]))
+    for start in range(0, len(order), batch_size):
+        items = order[start:start + batch_size]
+        batch, logp = prefix.extend(prefix.start(len(items)), [contexts[i][shared:] for i in items], keep="last")
+        generated: list[list[int]] = [[] for _ in items]
+        finished = [False] * len(items)
+        for step in range(max_new_tokens):
+            tokens = logp.argmax(dim=-1).tolist()
+            for b, token in enumerate(tokens):
+                if finished[b]:
+                    continue
+                if token in lm.eos_token_ids:
+                    finished[b] = True
+                    continue
+                generated[b].append(token)
+                finished[b] = _cut_answer(lm, generated[b])[1]
+            if all(finished) or step == max_new_tokens - 1:
+                break
+            batch, logp = prefix.extend(batch, [[t] for t in tokens], keep="last")
+        for b, i in enumerate(items):
+            answers[i] = _cut_answer(lm, generated[b])[0]
+        if progress is not None:
+            progress(min(len(order), start + batch_size))
+    return answers
+
+
+@torch.inference_mode()
+def extract_answers_naive(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequence[str],
+                          max_new_tokens: int = 12) -> list[str]:
+    """Reference greedy decoding: a full forward per item and token (tests)."""
+    answers = []
+    for query in queries:
+        ids = lm.encode(prompt_text(spec, demos, query))
+        generated: list[int] = []
+        for _ in range(max_new_tokens):
+            token = int(lm.next_token_logits([ids + generated])[0].argmax())
+            if token in lm.eos_token_ids:
+                break
+            generated.append(token)
+            if _cut_answer(lm, generated)[1]:
+                break
+        answers.append(_cut_answer(lm, generated)[0])
+    return answers
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _pool(demo_pool) -> list[DemoItem]:
+    if demo_pool is None:
+        return []
+    if isinstance(demo_pool, pd.DataFrame):
+        for column in ("text", "label"):
+            if column not in demo_pool.columns:
+                raise DataValidationError(f"demos: missing column {column!r}")
+        ids = demo_pool["id"].astype(str).tolist() if "id" in demo_pool.columns else [None] * len(demo_pool)
+        return [(str(t), str(lab)) if i is None else (str(t), str(lab), i)
+                for t, lab, i in zip(demo_pool["text"], demo_pool["label"], ids, strict=True)]
+    return [tuple(item) for item in demo_pool]
+
+
+def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, epsilon: float,
+             config: EvalConfig, labels: Sequence[str] | None = None, *, test_seed: int = 0,
+             batch_size: int = 16, max_new_tokens: int = 12,
+             progress: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """ICL accuracy of one method over `config.seeds` seeds; returns (predictions, metrics), writes nothing.
+
+    `test`: the public test split (columns id, text, label); the first `config.test_size` items of a
+    shuffle seeded by `test_seed` are used, the same for every seed and method. `demo_pool`: the
+    demos to choose from, (text, label[, id]) tuples or a frame with text/label[/id] columns
+    (synthetic demos, or real records for random-real: only their ids reach the outputs).
+    Seed s chooses and orders the demos with `choose_demos(pool, labels, shots, s)`; zero-shot
+    uses no demos. Classification: raw and calibrated predictions (calibration only when
+    `config.calibrate`). Extraction: exact match of greedy answers; no calibration applies, so
+    `pred_calibrated` = `pred_raw` and `calibrated_accuracy` = `accuracy` (metrics column
+    `calibrated` is False).
+    """
+    if method not in METHODS:
+        raise ConfigError(f"method: {method!r} is not one of {', '.join(METHODS)}")
+    for column in ("id", "text", "label"):
+        if column not in test.columns:
+            raise DataValidationError(f"test split: missing column {column!r}")
+    pool = [] if method == "zero-shot" else _pool(demo_pool)
+    shots = 0 if method == "zero-shot" else config.shots
+    if shots > 0 and not pool:
+        raise ConfigError(f"demos: method {method!r} with shots={shots} needs demonstrations, none were given")
+    classification = spec.kind == "classification"
+    if classification:
+        labels = _labels(spec, labels)
+        unknown = sorted({str(item[1]) for item in pool} - set(labels))
+        if unknown:
+            raise DataValidationError(f"demos: label(s) {', '.join(unknown)} are not labels of task {spec.name!r}")
+        demo_labels = labels
+    else:
+        labels = []
+        demo_labels = list(dict.fromkeys(str(item[1]) for item in pool))
+    items = select_test(test, config.test_size, seed=test_seed)
+    queries = items["text"].astype(str).tolist()
+    gold = items["label"].astype(str).tolist()
+    test_ids = items["id"].astype(str).tolist()
+    calibrate = classification and config.calibrate
+    epsilon = float(epsilon)
+
+    prediction_frames, metric_rows = [], []
+    memo: dict[tuple, tuple] = {}
+    for seed in range(config.seeds):
+        began = time.perf_counter()
+        demos = choose_demos(pool, demo_labels, shots, seed) if shots else []
+        key = tuple((d[0], str(d[1])) for d in demos)
+        reused = key in memo
+        if not reused:  # zero-shot (and repeated demo sets) are scored once
+            if classification:
+                extra = list(CONTENT_FREE_INPUTS) if calibrate else []
+                logprobs = label_logprobs(lm, spec, demos, queries + extra, labels, batch_size=batch_size)
+                probs = normalise_probs(logprobs[: len(queries)])
+                calibrated = calibrate_probs(probs, normalise_probs(logprobs[len(queries):])) if calibrate else probs
+                raw = [labels[k] for k in probs.argmax(axis=1)]
+                cal = [labels[k] for k in calibrated.argmax(axis=1)]
+                memo[key] = (raw, cal, probs.tolist(), calibrated.tolist())
+            else:
+                answers = extract_answers(lm, spec, demos, queries, max_new_tokens=max_new_tokens,
+                                          batch_size=batch_size)
+                memo[key] = (answers, answers, [[] for _ in queries], [[] for _ in queries])
+        raw, cal, probs, calibrated = memo[key]
+        if classification:
+            correct_raw = [p == g for p, g in zip(raw, gold, strict=True)]
+            correct_cal = [p == g for p, g in zip(cal, gold, strict=True)]
+        else:
+            correct_raw = [exact_match(p, g) for p, g in zip(raw, gold, strict=True)]
+            correct_cal = correct_raw
+        ids = demo_ids(demos)
+        prediction_frames.append(pd.DataFrame({
+            "test_id": test_ids, "method": method, "epsilon": epsilon, "seed": seed, "gold": gold,
+            "pred_raw": raw, "pred_calibrated": cal, "label_probs": probs, "calibrated_probs": calibrated,
+            "correct_raw": correct_raw, "correct_calibrated": correct_cal, "demo_ids": [ids] * len(gold),
+        }))
+        n = len(gold)
+        metric_rows.append({
+            "method": method, "epsilon": epsilon, "seed": seed, "n": n,
+            "accuracy": float(np.mean(correct_raw)) if n else math.nan,
+            "calibrated_accuracy": float(np.mean(correct_cal)) if n else math.nan,
+            "calibrated": calibrate, "shots": len(demos), "seconds": time.perf_counter() - began,
+            "reused": reused,
+        })
+        if progress is not None:
+            row = metric_rows[-1]
+            progress(f"{method} eps={epsilon:g} seed {seed}: accuracy {row['accuracy']:.3f}, "
+                     f"calibrated {row['calibrated_accuracy']:.3f} ({row['seconds']:.1f} s)")
+    predictions = pd.concat(prediction_frames, ignore_index=True)[PREDICTION_COLUMNS]
+    metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS)
+    return predictions, metrics
+
+
+def split_private_demo_ids(predictions: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(public predictions with `demo_ids` blanked, private table of the demo ids per seed).
+
+    For the random-real baseline the demo ids name real training records: which records
+    were used is membership information, so the ids belong in the private store.
+    """
+    private = (predictions.groupby(["method", "epsilon", "seed"], sort=True, dropna=False)["demo_ids"]
+               .first().reset_index())
+    public = predictions.assign(demo_ids=[[] for _ in range(len(predictions))])
+    return public, private
+
+
+def seconds_per_100_items(metrics: pd.DataFrame) -> float:
+    """Wall seconds per 100 test items for one demo set (seeds whose scores were reused are left out)."""
+    scored = metrics[~metrics["reused"]] if "reused" in metrics.columns else metrics
+    items = float((scored["n"]).sum())
+    return 100.0 * float(scored["seconds"].sum()) / items if items else math.nan
+
+
+def summarise_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Mean and standard deviation (over seeds, ddof=0 as numpy) per (method, epsilon)."""
+    grouped = metrics.groupby(["method", "epsilon"], sort=False, dropna=False)
+    summary = grouped.agg(
+        seeds=("seed", "nunique"), n=("n", "max"),
+        accuracy_mean=("accuracy", "mean"), accuracy_std=("accuracy", lambda s: float(np.std(s))),
+        calibrated_accuracy_mean=("calibrated_accuracy", "mean"),
+        calibrated_accuracy_std=("calibrated_accuracy", lambda s: float(np.std(s))),
+        seconds=("seconds", "sum"),
+    )
+    return summary.reset_index()

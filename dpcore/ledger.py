@@ -1,0 +1,713 @@
+"""The privacy budget ledger: every spend of a dataset's privacy, composed (issue 8).
+
+One SQLite file (`$DPICL_HOME/ledger.db` unless a path is given) with two tables:
+
+    budgets(dataset_id, epsilon, delta, set_at)       one budget per dataset id
+    entries(id, dataset_id, content_hash, run_id, mechanism, noise_multiplier,
+            sampling_rate, steps, delta, epsilon_upper, purpose, status, created_at)
+
+Identity. `dataset_id` is a stable name the user chooses (default: the dataset name,
+`RunConfig.ledger_id`). It names a population of people, not a file: a data refresh that
+keeps the same people keeps the same id, so composition continues across refreshes. The
+content hash of the private records is recorded per entry for the audit trail only.
+
+Entries. One entry per generation that touched private data (Tang et al. Algorithm 1,
+run for T = `steps` token steps with noise multiplier sigma at Poisson sampling rate
+q = MN/|D_y|). A run over several labels is ONE entry with the largest q over its labels:
+each record belongs to exactly one label, so the labels compose in parallel and the run's
+privacy loss is the worst label's (Theorem 4.2 applied per label). A run that generates
+for several epsilons, or an audit that generates several demo sets, charges one entry per
+generation. Instruction-only generation reads no private record and is never charged.
+
+Total spend. All entries of a dataset id are composed numerically (Theorem A.3; Gopi et
+al. 2021), never by adding epsilons: one privacy random variable per distinct
+(mechanism, sigma, q) with the sum of its steps, composed heterogeneously by
+prv-accountant, and cross-checked by dp-accounting's pessimistic PLD composition; the
+spend is the larger of the two upper bounds. Gaussian entries are the Poisson-subsampled
+Gaussian mechanism with noise multiplier sigma (noise N(0, 2 sigma^2) on a sum of L2
+sensitivity sqrt(2)); report-noisy-max entries are pure DP per step with
+epsilon_0 = 1/sigma, amplified by subsampling to log(1 + q (e^epsilon_0 - 1))
+(Theorem A.5). sigma = 0 is no noise: an infinite spend. The spend is evaluated at the
+budget's delta (or a delta the caller gives; with neither, the smallest entry delta).
+Speed guards, all of which only ever make the bound larger (never smaller): beyond
+MAX_GROUPS distinct (mechanism, sigma, q) the groups are merged with sigma rounded down and
+q rounded up on a fine geometric grid; prv-accountant's eps_error is doubled (up to 0.16)
+while its grid would exceed PRV_MAX_GRID_POINTS, and skipped beyond (PLD alone answers);
+the PLD interval grows with the privacy-loss range. Each guard adds a note to the result.
+
+Budget. `charge` runs in one `BEGIN IMMEDIATE` transaction: it composes the dataset's
+entries together with the new charge and either refuses (`BudgetExceededError`, CLI exit
+3, nothing recorded) or inserts the entry and commits, before the caller touches any
+private record. So a crash after the charge keeps it, and two concurrent runs serialise on
+the write lock: the second one sees the first one's entry and cannot squeeze under the
+budget too. The composition (seconds) is computed before the lock and only recomputed
+inside it when the dataset's entries or budget changed meanwhile. A dataset with no
+budget records every charge and refuses none (including sigma = 0, which shows as an
+infinite spend); once a budget is set, a charge that makes the spend exceed it (any
+sigma = 0 charge, in particular) is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import sqlite3
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dpcore.errors import BudgetExceededError, ConfigError
+
+MECHANISMS: tuple[str, ...] = ("gaussian", "rnm")
+PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit")
+STATUS_CHARGED = "charged"
+
+LEDGER_FILENAME = "ledger.db"
+SCHEMA_VERSION = 1
+# A writer may hold the lock while it composes (seconds, rarely tens of seconds): wait for it.
+LOCK_TIMEOUT_S = 600.0
+
+# prv-accountant: epsilon error of the numerical composition, doubled (the upper bound stays
+# valid, only looser) while the discretised domain would exceed PRV_MAX_GRID_POINTS.
+PRV_EPS_ERROR = 0.01
+PRV_EPS_ERROR_MAX = 0.16
+PRV_MAX_GRID_POINTS = 1_000_000
+# dp-accounting PLD cross-check: pessimistic discretisation (an upper bound at any interval);
+# the interval grows with the privacy-loss range so an absurd configuration cannot hang.
+PLD_INTERVAL = 1e-3
+PLD_MAX_RANGE_POINTS = 40_000
+# Each distinct (mechanism, sigma, q) costs prv-accountant about a second or two: beyond this many,
+# groups are merged conservatively (sigma rounded down, q rounded up on a geometric grid).
+MAX_GROUPS = 6
+_COARSEN_RATIOS = (1.001, 1.002, 1.005, 1.01, 1.02, 1.05, 1.1, 1.25, 1.5, 2.0)
+# The two accountants agree when their upper bounds differ by at most this (absolute, or relative).
+CROSSCHECK_TOLERANCE = 0.05
+
+_DATASET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS budgets (
+    dataset_id TEXT PRIMARY KEY,
+    epsilon    REAL NOT NULL,
+    delta      REAL NOT NULL,
+    set_at     TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS entries (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    dataset_id       TEXT    NOT NULL,
+    content_hash     TEXT    NOT NULL,
+    run_id           TEXT    NOT NULL,
+    mechanism        TEXT    NOT NULL,
+    noise_multiplier REAL    NOT NULL CHECK (noise_multiplier >= 0),
+    sampling_rate    REAL    NOT NULL CHECK (sampling_rate > 0 AND sampling_rate <= 1),
+    steps            INTEGER NOT NULL CHECK (steps >= 1),
+    delta            REAL    NOT NULL,
+    epsilon_upper    REAL    NOT NULL,
+    purpose          TEXT    NOT NULL,
+    status           TEXT    NOT NULL DEFAULT 'charged',
+    created_at       TEXT    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_by_dataset ON entries (dataset_id);
+CREATE INDEX IF NOT EXISTS entries_by_run ON entries (run_id);
+"""
+
+_ENTRY_COLUMNS = ("id", "dataset_id", "content_hash", "run_id", "mechanism", "noise_multiplier",
+                  "sampling_rate", "steps", "delta", "epsilon_upper", "purpose", "status", "created_at")
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Budget:
+    dataset_id: str
+    epsilon: float
+    delta: float
+    set_at: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ChargeRequest:
+    """One generation's privacy parameters, to be charged to `dataset_id` (not yet recorded)."""
+
+    dataset_id: str
+    content_hash: str
+    run_id: str
+    mechanism: str            # "gaussian" | "rnm"
+    noise_multiplier: float   # sigma; 0.0 = no noise (an infinite spend)
+    sampling_rate: float      # q = MN/|D_y|, the largest over the run's labels
+    steps: int                # T = max_tokens * demos_per_label
+    delta: float              # the delta the run was calibrated for
+    purpose: str              # "pipeline" | "generate" | "audit"
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    id: int
+    dataset_id: str
+    content_hash: str
+    run_id: str
+    mechanism: str
+    noise_multiplier: float
+    sampling_rate: float
+    steps: int
+    delta: float
+    epsilon_upper: float      # this entry alone at its own delta (informational; totals compose)
+    purpose: str
+    status: str
+    created_at: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Composition:
+    """The composed privacy loss of a set of mechanism runs at one delta."""
+
+    epsilon: float                 # max(prv upper bound, PLD upper bound); inf if sigma = 0 anywhere
+    delta: float
+    epsilon_prv: float | None      # None when skipped or failed (see warnings)
+    epsilon_pld: float | None
+    crosscheck_agreed: bool
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Spend:
+    """A dataset's total composed spend (`epsilon` at `delta`) and the entries it composes."""
+
+    epsilon: float
+    delta: float
+    entries: tuple[LedgerEntry, ...]
+    budget: Budget | None
+    dataset_id: str = ""
+    epsilon_prv: float | None = None
+    epsilon_pld: float | None = None
+    crosscheck_agreed: bool = True
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def remaining(self) -> float | None:
+        """Budget epsilon left (at the budget's delta); None without a budget."""
+        if self.budget is None:
+            return None
+        return max(0.0, self.budget.epsilon - self.epsilon)
+
+    def to_dict(self) -> dict:
+        return {
+            "dataset_id": self.dataset_id,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "budget": self.budget.to_dict() if self.budget else None,
+            "remaining": self.remaining,
+            "epsilon_prv": self.epsilon_prv,
+            "epsilon_pld": self.epsilon_pld,
+            "crosscheck_agreed": self.crosscheck_agreed,
+            "warnings": list(self.warnings),
+            "entries": [entry.to_dict() for entry in self.entries],
+        }
+
+
+# --------------------------------------------------------------------------- composition
+
+
+def rnm_step_epsilon(noise_multiplier: float, sampling_rate: float) -> float:
+    """Per-step epsilon of subsampled report-noisy-max: log(1 + q (e^(1/sigma) - 1)).
+
+    Exponential noise of mean 2 sigma on a sum of L_inf sensitivity 1 is (1/sigma, 0)-DP
+    (Theorem A.4); Poisson subsampling at rate q amplifies it (Theorem A.5).
+    """
+    if noise_multiplier <= 0:
+        return math.inf
+    return math.log1p(sampling_rate * math.expm1(1.0 / noise_multiplier))
+
+
+def _groups(charges: Iterable) -> tuple[tuple[str, float, float, int], ...]:
+    """(mechanism, sigma, q, total steps) per distinct (mechanism, sigma, q), in a stable order."""
+    totals: dict[tuple[str, float, float], int] = {}
+    for charge in charges:
+        key = (str(charge.mechanism), float(charge.noise_multiplier), float(charge.sampling_rate))
+        totals[key] = totals.get(key, 0) + int(charge.steps)
+    return tuple((m, s, q, n) for (m, s, q), n in sorted(totals.items()))
+
+
+def compose_epsilon(charges: Iterable, delta: float) -> Composition:
+    """Composed epsilon at `delta` of mechanism runs (objects with mechanism, noise_multiplier,
+    sampling_rate, steps): heterogeneous PRV composition, cross-checked by PLD, larger bound."""
+    if not 0 < delta < 1:
+        raise ConfigError(f"delta: must be in (0, 1), got {delta}")
+    return _compose_groups(_groups(charges), float(delta))
+
+
+@functools.lru_cache(maxsize=256)
+def _compose_groups(groups: tuple[tuple[str, float, float, int], ...], delta: float) -> Composition:
+    if not groups:
+        return Composition(0.0, delta, 0.0, 0.0, True)
+    if any(sigma <= 0 for _, sigma, _, _ in groups):
+        return Composition(math.inf, delta, math.inf, math.inf, True,
+                           ("noise_multiplier = 0 (no noise): the spend is infinite",))
+    notes: list[str] = []
+    groups = _coarsen(groups, MAX_GROUPS, notes)
+    epsilon_prv, domain = _prv_epsilon(groups, delta, notes)
+    epsilon_pld = _pld_epsilon(groups, delta, domain, notes)
+    bounds = [e for e in (epsilon_prv, epsilon_pld) if e is not None]
+    if not bounds:
+        notes.append("no accountant could compose these entries: the spend is treated as infinite")
+        return Composition(math.inf, delta, None, None, False, tuple(notes))
+    agreed = (epsilon_prv is not None and epsilon_pld is not None
+              and abs(epsilon_prv - epsilon_pld) <= CROSSCHECK_TOLERANCE * max(1.0, epsilon_prv, epsilon_pld))
+    if epsilon_prv is not None and epsilon_pld is not None and not agreed:
+        notes.append(f"accountants disagree: prv-accountant {epsilon_prv:.4g}, dp-accounting PLD "
+                     f"{epsilon_pld:.4g}; the larger is used")
+    return Composition(max(bounds), delta, epsilon_prv, epsilon_pld, agreed, tuple(notes))
+
+
+def _grid_down(value: float, ratio: float) -> float:
+    return min(value, ratio ** math.floor(math.log(value) / math.log(ratio)))
+
+
+def _grid_up(value: float, ratio: float) -> float:
+    return min(1.0, max(value, ratio ** math.ceil(math.log(value) / math.log(ratio))))
+
+
+def _merge(groups, sigma_of, q_of) -> tuple[tuple[str, float, float, int], ...]:
+    totals: dict[tuple[str, float, float], int] = {}
+    for mechanism, sigma, q, steps in groups:
+        key = (mechanism, sigma_of(mechanism, sigma), q_of(mechanism, q))
+        totals[key] = totals.get(key, 0) + steps
+    return tuple((m, s, q, n) for (m, s, q), n in sorted(totals.items()))
+
+
+def _coarsen(groups, max_groups: int, notes: list[str]) -> tuple[tuple[str, float, float, int], ...]:
+    """At most `max_groups` groups whose composition dominates the given one.
+
+    Less noise and a larger sampling rate never make a mechanism more private (extra noise is
+    post-processing; subsampling at a lower rate is pre-processing), so rounding sigma down
+    and q up to a geometric grid (the finest grid that leaves at most `max_groups` groups)
+    gives a valid, slightly larger upper bound. Last resort: one group per mechanism with the
+    smallest sigma and the largest q.
+    """
+    if len(groups) <= max_groups:
+        return groups
+    for ratio in _COARSEN_RATIOS:
+        merged = _merge(groups, lambda m, s, r=ratio: _grid_down(s, r), lambda m, q, r=ratio: _grid_up(q, r))
+        if len(merged) <= max_groups:
+            notes.append(f"{len(groups)} distinct (mechanism, sigma, q) merged into {len(merged)} for speed: "
+                         f"sigma rounded down and q up by at most {100 * (ratio - 1):.3g}% (a larger, valid bound)")
+            return merged
+    smallest = {m: min(s for mm, s, _, _ in groups if mm == m) for m, _, _, _ in groups}
+    largest = {m: max(q for mm, _, q, _ in groups if mm == m) for m, _, _, _ in groups}
+    notes.append(f"{len(groups)} distinct (mechanism, sigma, q) composed as the worst sigma and q per mechanism "
+                 "(a larger, valid bound)")
+    return _merge(groups, lambda m, s: smallest[m], lambda m, q: largest[m])
+
+
+def _prv_mechanisms(groups):
+    from prv_accountant.privacy_random_variables import (
+        GaussianMechanism,
+        PoissonSubsampledGaussianMechanism,
+        PureDPMechanism,
+    )
+
+    prvs, counts = [], []
+    for mechanism, sigma, q, steps in groups:
+        if mechanism == "rnm":
+            prvs.append(PureDPMechanism(eps=rnm_step_epsilon(sigma, q)))
+        elif q >= 1.0:
+            prvs.append(GaussianMechanism(noise_multiplier=sigma))
+        else:
+            prvs.append(PoissonSubsampledGaussianMechanism(sampling_probability=q, noise_multiplier=sigma))
+        counts.append(int(steps))
+    return prvs, counts
+
+
+def _prv_epsilon(groups, delta: float, notes: list[str]) -> tuple[float | None, float | None]:
+    """prv-accountant upper bound (and the privacy-loss domain half-width L it used)."""
+    try:
+        from prv_accountant import PRVAccountant
+        from prv_accountant.accountant import compute_safe_domain_size
+
+        prvs, counts = _prv_mechanisms(groups)
+        delta_error = delta / 1000
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            base = compute_safe_domain_size(prvs, counts, eps_error=PRV_EPS_ERROR, delta_error=delta_error)
+        total = sum(counts)
+        eps_error = PRV_EPS_ERROR
+
+        def grid_points(error: float) -> float:
+            half_width = max(base, error + 3)  # compute_safe_domain_size: max(L, eps_error) + 3
+            mesh = error / math.sqrt(total / 2 * math.log(12 / delta_error))
+            return 2 * half_width / mesh
+
+        while grid_points(eps_error) > PRV_MAX_GRID_POINTS and eps_error < PRV_EPS_ERROR_MAX:
+            eps_error *= 2
+        half_width = max(base, eps_error + 3)
+        if grid_points(eps_error) > PRV_MAX_GRID_POINTS:
+            notes.append(f"prv-accountant skipped: privacy-loss domain too large (L={half_width:.4g})")
+            return None, half_width
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the eps_max notice: L is exactly the safe domain size
+            accountant = PRVAccountant(prvs=prvs, max_self_compositions=counts, eps_error=eps_error,
+                                       delta_error=delta_error, eps_max=half_width)
+            _, _, upper = accountant.compute_epsilon(delta=delta, num_self_compositions=counts)
+        upper = float(upper)
+        if not math.isfinite(upper):
+            notes.append(f"prv-accountant returned {upper}")
+            return None, half_width
+        return max(0.0, upper), half_width
+    except Exception as exc:  # e.g. upstream issue 36 at large epsilon; PLD still answers
+        notes.append(f"prv-accountant failed ({type(exc).__name__}: {exc})")
+        return None, None
+
+
+def _pld_epsilon(groups, delta: float, domain: float | None, notes: list[str]) -> float | None:
+    """dp-accounting pessimistic PLD composition (add/remove neighbours): an upper bound."""
+    try:
+        from dp_accounting.pld import common
+        from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+        interval = PLD_INTERVAL if domain is None else max(PLD_INTERVAL, domain / PLD_MAX_RANGE_POINTS)
+        composed = None
+        for mechanism, sigma, q, steps in groups:
+            if mechanism == "rnm":
+                one = pld_lib.from_privacy_parameters(
+                    common.DifferentialPrivacyParameters(rnm_step_epsilon(sigma, q), 0.0),
+                    value_discretization_interval=interval)
+            else:
+                one = pld_lib.from_gaussian_mechanism(
+                    standard_deviation=sigma, sensitivity=1.0, sampling_prob=q,
+                    value_discretization_interval=interval, pessimistic_estimate=True)
+            one = one.self_compose(int(steps))
+            composed = one if composed is None else composed.compose(one)
+        epsilon = float(composed.get_epsilon_for_delta(delta))
+        if math.isnan(epsilon):
+            notes.append("dp-accounting PLD returned nan")
+            return None
+        return max(0.0, epsilon)
+    except Exception as exc:
+        notes.append(f"dp-accounting PLD failed ({type(exc).__name__}: {exc})")
+        return None
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_dataset_id(dataset_id) -> str:
+    if not isinstance(dataset_id, str) or not _DATASET_ID.match(dataset_id):
+        raise ConfigError(f"dataset_id: {dataset_id!r} is not a valid dataset id (1-200 characters: letters, "
+                          "digits and _.:/@+-, starting with a letter or digit)")
+    return dataset_id
+
+
+def _check_budget(epsilon, delta) -> tuple[float, float]:
+    try:
+        epsilon, delta = float(epsilon), float(delta)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"budget: epsilon and delta must be numbers, got {epsilon!r}, {delta!r}") from exc
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ConfigError(f"epsilon: a budget must be a finite epsilon > 0, got {epsilon}")
+    if not 0 < delta < 1:
+        raise ConfigError(f"delta: a budget's delta must be in (0, 1), got {delta}")
+    return epsilon, delta
+
+
+def _check_request(request: ChargeRequest) -> ChargeRequest:
+    _check_dataset_id(request.dataset_id)
+    for name in ("content_hash", "run_id"):
+        value = getattr(request, name)
+        if not isinstance(value, str) or not value.strip() or len(value) > 200:
+            raise ConfigError(f"{name}: must be a non-empty string of at most 200 characters, got {value!r}")
+    if request.mechanism not in MECHANISMS:
+        raise ConfigError(f"mechanism: must be one of {', '.join(MECHANISMS)}, got {request.mechanism!r}")
+    if request.purpose not in PURPOSES:
+        raise ConfigError(f"purpose: must be one of {', '.join(PURPOSES)}, got {request.purpose!r}")
+    sigma, q, delta = float(request.noise_multiplier), float(request.sampling_rate), float(request.delta)
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ConfigError(f"noise_multiplier: must be >= 0 (0 = no noise), got {request.noise_multiplier}")
+    if not 0 < q <= 1:
+        raise ConfigError(f"sampling_rate: must be in (0, 1], got {request.sampling_rate}")
+    if isinstance(request.steps, bool) or int(request.steps) != request.steps or int(request.steps) < 1:
+        raise ConfigError(f"steps: must be an integer >= 1, got {request.steps}")
+    if not 0 < delta < 1:
+        raise ConfigError(f"delta: must be in (0, 1), got {request.delta}")
+    return ChargeRequest(request.dataset_id, request.content_hash, request.run_id, request.mechanism,
+                         sigma, q, int(request.steps), delta, request.purpose)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "inf" if math.isinf(value) else f"{value:.4g}"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------- the ledger
+
+
+class Ledger:
+    """The privacy budget ledger in one SQLite file (default `$DPICL_HOME/ledger.db`).
+
+    Safe across processes: every write is one transaction; `charge` serialises on the
+    database write lock. A `Ledger` holds only its path (no open connection), so it can be
+    passed to subprocesses.
+    """
+
+    def __init__(self, path: str | Path | None = None):
+        if path is None:
+            from dpcore.home import dpicl_home
+
+            path = dpicl_home() / LEDGER_FILENAME
+        self.path = Path(path).expanduser().resolve()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as conn:
+            if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in _SCHEMA.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+
+    def __repr__(self) -> str:
+        return f"Ledger({str(self.path)!r})"
+
+    # -- connections
+
+    def _connect(self) -> _Connection:
+        return _Connection(self.path)
+
+    # -- budgets
+
+    def set_budget(self, dataset_id: str, epsilon: float, delta: float) -> Budget:
+        """Set (or replace) a dataset's budget. A budget below the current spend refuses every later charge."""
+        _check_dataset_id(dataset_id)
+        epsilon, delta = _check_budget(epsilon, delta)
+        budget = Budget(dataset_id, epsilon, delta, _now())
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO budgets (dataset_id, epsilon, delta, set_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(dataset_id) DO UPDATE SET epsilon=excluded.epsilon, delta=excluded.delta, "
+                "set_at=excluded.set_at",
+                (budget.dataset_id, budget.epsilon, budget.delta, budget.set_at),
+            )
+            conn.execute("COMMIT")
+        return budget
+
+    def get_budget(self, dataset_id: str) -> Budget | None:
+        with self._connect() as conn:
+            return _read_budget(conn, dataset_id)
+
+    # -- reads
+
+    def entries(self, dataset_id: str | None = None) -> list[LedgerEntry]:
+        """All entries (of one dataset id, if given), oldest first."""
+        with self._connect() as conn:
+            return _read_entries(conn, dataset_id)
+
+    def entries_for_run(self, run_id: str) -> list[LedgerEntry]:
+        with self._connect() as conn:
+            rows = conn.execute(f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries WHERE run_id = ? ORDER BY id",
+                                (run_id,)).fetchall()
+        return [_entry(row) for row in rows]
+
+    def has_entry(self, run_id: str) -> bool:
+        """Whether any spend is recorded under this run id (the release gate's ledger condition)."""
+        with self._connect() as conn:
+            return conn.execute("SELECT 1 FROM entries WHERE run_id = ? LIMIT 1", (run_id,)).fetchone() is not None
+
+    def dataset_ids(self) -> list[str]:
+        """Every dataset id with a budget or an entry."""
+        with self._connect() as conn:
+            rows = conn.execute("SELECT dataset_id FROM entries UNION SELECT dataset_id FROM budgets "
+                                "ORDER BY dataset_id").fetchall()
+        return [row[0] for row in rows]
+
+    def spend(self, dataset_id: str, delta: float | None = None) -> Spend:
+        """The composed spend of all entries of `dataset_id` at `delta` (default: the budget's delta,
+        else the smallest entry delta)."""
+        with self._connect() as conn:
+            entries = _read_entries(conn, dataset_id)
+            budget = _read_budget(conn, dataset_id)
+        return _spend(dataset_id, entries, budget, delta)
+
+    def projected_spend(self, requests: Sequence[ChargeRequest], delta: float | None = None) -> Spend:
+        """The spend the dataset would have after these charges (nothing is recorded; no check)."""
+        requests = [_check_request(r) for r in requests]
+        dataset_id = _single_dataset(requests)
+        with self._connect() as conn:
+            entries = _read_entries(conn, dataset_id)
+            budget = _read_budget(conn, dataset_id)
+        return _spend(dataset_id, entries, budget, delta, extra=requests)
+
+    # -- charging
+
+    def charge(self, dataset_id: str, content_hash: str, run_id: str, mechanism: str, noise_multiplier: float,
+               sampling_rate: float, steps: int, delta: float, purpose: str) -> LedgerEntry:
+        """Record one generation's spend, or refuse it; call BEFORE touching any private record.
+
+        `sampling_rate` is the largest q over the run's labels (labels compose in parallel).
+        Raises `BudgetExceededError` (nothing recorded) when the composed spend including this
+        charge would exceed the dataset's budget; with no budget set, always records.
+        """
+        request = ChargeRequest(dataset_id, content_hash, run_id, mechanism, noise_multiplier, sampling_rate,
+                                steps, delta, purpose)
+        return self.charge_many([request])[0]
+
+    def charge_many(self, requests: Sequence[ChargeRequest]) -> list[LedgerEntry]:
+        """Charge several generations of one dataset all-or-nothing (e.g. a run's epsilons and its
+        audit's demo sets): refused as a whole when their composition with the dataset's entries
+        would exceed its budget."""
+        requests = [_check_request(r) for r in requests]
+        if not requests:
+            return []
+        dataset_id = _single_dataset(requests)
+        alone = [compose_epsilon([r], r.delta).epsilon for r in requests]
+
+        # Compose outside the write lock first (seconds); inside it, recompute only if the
+        # entries or the budget changed meanwhile.
+        with self._connect() as conn:
+            snapshot_entries = _read_entries(conn, dataset_id)
+            snapshot_budget = _read_budget(conn, dataset_id)
+        precomputed = None
+        if snapshot_budget is not None:
+            precomputed = compose_epsilon([*snapshot_entries, *requests], snapshot_budget.delta)
+
+        created_at = _now()
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                entries = _read_entries(conn, dataset_id)
+                budget = _read_budget(conn, dataset_id)
+                if budget is not None:
+                    if precomputed is not None and entries == snapshot_entries and budget == snapshot_budget:
+                        after = precomputed
+                    else:
+                        after = compose_epsilon([*entries, *requests], budget.delta)
+                    if after.epsilon > budget.epsilon:
+                        conn.execute("ROLLBACK")
+                        raise BudgetExceededError(_refusal(dataset_id, entries, requests, budget, after))
+                inserted = []
+                for request, epsilon_upper in zip(requests, alone, strict=True):
+                    cursor = conn.execute(
+                        "INSERT INTO entries (dataset_id, content_hash, run_id, mechanism, noise_multiplier, "
+                        "sampling_rate, steps, delta, epsilon_upper, purpose, status, created_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (request.dataset_id, request.content_hash, request.run_id, request.mechanism,
+                         request.noise_multiplier, request.sampling_rate, request.steps, request.delta,
+                         epsilon_upper, request.purpose, STATUS_CHARGED, created_at),
+                    )
+                    inserted.append(cursor.lastrowid)
+                conn.execute("COMMIT")
+            except BudgetExceededError:
+                raise
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        return [
+            LedgerEntry(entry_id, r.dataset_id, r.content_hash, r.run_id, r.mechanism, r.noise_multiplier,
+                        r.sampling_rate, r.steps, r.delta, eps, r.purpose, STATUS_CHARGED, created_at)
+            for entry_id, r, eps in zip(inserted, requests, alone, strict=True)
+        ]
+
+
+class _Connection:
+    """A short-lived autocommit connection (transactions are explicit: BEGIN IMMEDIATE ... COMMIT)."""
+
+    def __init__(self, path: Path):
+        self.conn = sqlite3.connect(str(path), timeout=LOCK_TIMEOUT_S, isolation_level=None)
+        self.conn.execute("PRAGMA synchronous = FULL")
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.conn
+
+    def __exit__(self, *exc) -> None:
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+        self.conn.close()
+
+
+def _entry(row) -> LedgerEntry:
+    values = dict(zip(_ENTRY_COLUMNS, row, strict=True))
+    for key in ("noise_multiplier", "sampling_rate", "delta", "epsilon_upper"):
+        values[key] = float(values[key])
+    values["steps"] = int(values["steps"])
+    return LedgerEntry(**values)
+
+
+def _read_entries(conn: sqlite3.Connection, dataset_id: str | None) -> list[LedgerEntry]:
+    query = f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries"
+    if dataset_id is None:
+        rows = conn.execute(query + " ORDER BY id").fetchall()
+    else:
+        rows = conn.execute(query + " WHERE dataset_id = ? ORDER BY id", (dataset_id,)).fetchall()
+    return [_entry(row) for row in rows]
+
+
+def _read_budget(conn: sqlite3.Connection, dataset_id: str) -> Budget | None:
+    row = conn.execute("SELECT dataset_id, epsilon, delta, set_at FROM budgets WHERE dataset_id = ?",
+                       (dataset_id,)).fetchone()
+    return None if row is None else Budget(row[0], float(row[1]), float(row[2]), row[3])
+
+
+def _single_dataset(requests: Sequence[ChargeRequest]) -> str:
+    ids = {r.dataset_id for r in requests}
+    if len(ids) != 1:
+        raise ConfigError(f"dataset_id: one charge batch must name one dataset id, got {sorted(ids)}")
+    return ids.pop()
+
+
+def _spend(dataset_id: str, entries: list[LedgerEntry], budget: Budget | None, delta: float | None,
+           extra: Sequence[ChargeRequest] = ()) -> Spend:
+    parts = [*entries, *extra]
+    if delta is None:
+        if budget is not None:
+            delta = budget.delta
+        elif parts:
+            delta = min(p.delta for p in parts)
+    if delta is None:  # nothing recorded and no budget: nothing spent
+        return Spend(0.0, 0.0, tuple(entries), budget, dataset_id)
+    composition = compose_epsilon(parts, delta)
+    return Spend(composition.epsilon, composition.delta, tuple(entries), budget, dataset_id,
+                 composition.epsilon_prv, composition.epsilon_pld, composition.crosscheck_agreed,
+                 composition.warnings)
+
+
+def _refusal(dataset_id: str, entries: list[LedgerEntry], requests: Sequence[ChargeRequest], budget: Budget,
+             after: Composition) -> str:
+    # Computed after the transaction is rolled back (the lock is free again).
+    current = compose_epsilon(entries, budget.delta).epsilon if entries else 0.0
+    cost = compose_epsilon(requests, budget.delta).epsilon
+    runs = ", ".join(sorted({r.run_id for r in requests}))
+    params = "; ".join(f"{r.mechanism} sigma={_fmt(r.noise_multiplier)} q={_fmt(r.sampling_rate)} T={r.steps}"
+                       for r in requests)
+    why = " (noise_multiplier = 0 means no privacy: an infinite spend)" if math.isinf(cost) else ""
+    return (
+        f"privacy budget of dataset '{dataset_id}' would be exceeded; run {runs} refused and nothing charged. "
+        f"Current spend epsilon={_fmt(current)} ({len(entries)} entries), this run's cost "
+        f"epsilon={_fmt(cost)} ({params}){why}, total after this run epsilon={_fmt(after.epsilon)} > "
+        f"budget epsilon={_fmt(budget.epsilon)} at delta={_fmt(budget.delta)} (set {budget.set_at}; "
+        f"see `dpicl ledger show --dataset {dataset_id}`)."
+    )
+
+
+__all__ = [
+    "Budget", "ChargeRequest", "Composition", "Ledger", "LedgerEntry", "Spend", "MECHANISMS", "PURPOSES",
+    "compose_epsilon", "rnm_step_epsilon",
+]

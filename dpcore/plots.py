@@ -1,0 +1,91 @@
+"""Plots of a run's public results (matplotlib's object API on the Agg canvas: no display, no pyplot state).
+
+`privacy_utility_curve`: ICL accuracy of the DP demonstrations against epsilon, with the
+baselines of Tang et al. Table 1 as horizontal lines (0-shot, epsilon = 0 instruction-only
+demos, epsilon = infinity (a) sigma = 0 demos and (b) random real demos).
+(The membership-inference ROC plot lives with the audit: `dpcore.audit.roc_plot`.)
+
+Input: the public `metrics` table (method, epsilon, seed, accuracy, calibrated_accuracy);
+nothing private is drawn.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dpcore.artifacts import write_bytes_atomic
+
+BASELINE_STYLES = {
+    "zero-shot": ("0-shot", "tab:gray", ":"),
+    "instruction-only": ("eps=0 (instruction-only demos)", "tab:green", "--"),
+    "sigma-zero": ("eps=inf (a) sigma=0", "tab:red", "--"),
+    "random-real": ("eps=inf (b) random real demos", "tab:purple", "-."),
+}
+
+
+def accuracy_summary(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Mean and standard deviation (ddof=0, as `dpcore.icl.summarise_metrics`) over seeds per (method, epsilon)."""
+    rows = []
+    for (method, epsilon), group in metrics.groupby(["method", "epsilon"], dropna=False, sort=True):
+        row = {"method": method, "epsilon": float(epsilon), "seeds": len(group)}
+        for column in ("accuracy", "calibrated_accuracy"):
+            if column in group.columns:
+                values = group[column].to_numpy(dtype=float)
+                row[f"{column}_mean"] = float(np.mean(values))
+                row[f"{column}_std"] = float(np.std(values))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height))
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure, path: Path) -> Path:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    return write_bytes_atomic(Path(path), buffer.getvalue())
+
+
+def privacy_utility_curve(metrics: pd.DataFrame, path: Path, title: str = "", calibrated: bool = True) -> Path:
+    """Accuracy (mean +/- std over seeds) of DP demos against epsilon (log axis), baselines as horizontal lines."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    summary = accuracy_summary(metrics)
+    column = "calibrated_accuracy" if calibrated and "calibrated_accuracy_mean" in summary else "accuracy"
+    figure = _figure(6.4, 4.2)
+    axis = figure.subplots()
+    if len(summary):
+        dp = summary[(summary["method"] == "dp") & summary["epsilon"].map(lambda e: 0 < e < math.inf)]
+        dp = dp.sort_values("epsilon")
+    else:
+        dp = summary
+    if len(dp):
+        axis.errorbar(dp["epsilon"], dp[f"{column}_mean"], yerr=dp[f"{column}_std"], marker="o", capsize=3,
+                      color="tab:blue", label="DP demos (Algorithm 1)")
+        axis.set_xscale("log", base=2)
+        axis.xaxis.set_major_locator(FixedLocator(list(dp["epsilon"])))
+        axis.xaxis.set_minor_locator(NullLocator())
+        axis.set_xticklabels([f"{e:g}" for e in dp["epsilon"]])
+    for method, (label, color, style) in BASELINE_STYLES.items():
+        rows = summary[summary["method"] == method] if len(summary) else summary
+        if len(rows):
+            value = float(rows[f"{column}_mean"].iloc[0])
+            axis.axhline(value, color=color, linestyle=style, label=f"{label}: {value:.3f}")
+    axis.set_xlabel("epsilon (log scale)")
+    axis.set_ylabel("calibrated accuracy" if column == "calibrated_accuracy" else "accuracy")
+    axis.set_ylim(0.0, 1.0)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8, loc="lower right")
+    axis.set_title(title or "Privacy-utility trade-off")
+    return _save(figure, path)

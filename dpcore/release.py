@@ -1,0 +1,125 @@
+"""The audited-release gate and the release manifest.
+
+A run's synthetic demonstrations may be released to production only when every
+condition holds (issue 8):
+  1. its membership-inference audit ran and passed,
+  2. its noise was cryptographically seeded (a fixed-seed experiment is never released),
+  3. its privacy spend is recorded in the ledger,
+  4. the accountant cross-check agreed for every epsilon it released.
+A refusal lists every failed condition, not only the first. Demos released here are
+DP outputs: answering queries with them later is post-processing (no privacy cost).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class ReleaseEvidence:
+    """What the gate looks at, read from a finished run's public tables and the ledger."""
+
+    run_id: str
+    audit_ran: bool
+    audit_passed: bool
+    audit_reasons: tuple[str, ...]
+    seeded_noise: bool
+    ledger_entry_present: bool
+    crosscheck_agreed: bool
+    dp_demos: int
+    epsilons: tuple[float, ...] = field(default_factory=tuple)
+
+
+def release_failures(evidence: ReleaseEvidence) -> list[str]:
+    """Every failed release condition, one human-readable line each (empty: releasable)."""
+    failures = []
+    if evidence.dp_demos == 0:
+        failures.append("the run produced no DP demonstrations (only baselines)")
+    if any(math.isinf(eps) for eps in evidence.epsilons):
+        failures.append("the run includes epsilon = inf (sigma = 0) demonstrations, which are not private")
+    if not evidence.audit_ran:
+        failures.append("the run has no membership-inference audit (run with --audit)")
+    elif not evidence.audit_passed:
+        reasons = "; ".join(evidence.audit_reasons) or "no reason recorded"
+        failures.append(f"the membership-inference audit failed: {reasons}")
+    if evidence.seeded_noise:
+        failures.append("the noise was drawn from a fixed seed (an experiment); rerun without --seed")
+    if not evidence.ledger_entry_present:
+        failures.append(f"no privacy-ledger entry records the spend of run {evidence.run_id}")
+    if not evidence.crosscheck_agreed:
+        failures.append("the accountant cross-check (prv-accountant vs dp-accounting PLD) did not agree")
+    return failures
+
+
+def evidence_from_tables(
+    run_id: str,
+    demos: pd.DataFrame,
+    calibration: pd.DataFrame,
+    audit: pd.DataFrame | None,
+    ledger_entry_present: bool,
+    epsilon: float | None = None,
+) -> ReleaseEvidence:
+    """Collect the gate's evidence for the DP demos of a run (optionally one epsilon of it)."""
+    dp = demos[demos["method"] == "dp"]
+    if epsilon is not None and "epsilon" in dp.columns:
+        dp = dp[dp["epsilon"] == epsilon]
+    calib = calibration
+    if epsilon is not None and "epsilon" in calib.columns:
+        calib = calib[calib["epsilon"] == epsilon]
+    audit_ran = audit is not None and len(audit) > 0
+    audit_passed = bool(audit_ran and audit["passed"].all())
+    reasons: tuple[str, ...] = ()
+    if audit_ran and "reasons" in audit.columns:
+        reasons = tuple(
+            line for value in audit.loc[~audit["passed"].astype(bool), "reasons"] for line in str(value).splitlines() if line
+        )
+    agreed = bool(len(calib) == 0 or calib["crosscheck_agreed"].astype(bool).all())
+    return ReleaseEvidence(
+        run_id=run_id,
+        audit_ran=audit_ran,
+        audit_passed=audit_passed,
+        audit_reasons=reasons,
+        seeded_noise=bool(dp["seeded_noise"].astype(bool).any()) if len(dp) else False,
+        ledger_entry_present=ledger_entry_present,
+        crosscheck_agreed=agreed,
+        dp_demos=len(dp),
+        epsilons=tuple(sorted(set(float(e) for e in dp["epsilon"]))) if "epsilon" in dp.columns else (),
+    )
+
+
+def release_manifest(
+    *,
+    run_id: str,
+    dataset: str,
+    dataset_id: str,
+    demos_sha256: str,
+    demos: pd.DataFrame,
+    calibration_row: dict,
+    audit_summary: dict,
+    model: str,
+    code_version: str,
+    accountant_versions: dict,
+    version: int,
+) -> dict:
+    """The release record: what was released, its guarantee, and the evidence behind it."""
+    return {
+        "release_version": version,
+        "run_id": run_id,
+        "dataset": dataset,
+        "dataset_id": dataset_id,
+        "demos_sha256": demos_sha256,
+        "demos": [{"label": str(r.label), "text": str(r.text)} for r in demos.itertuples(index=False)],
+        "epsilon": calibration_row.get("epsilon"),
+        "delta": calibration_row.get("delta"),
+        "noise_multiplier": calibration_row.get("noise_multiplier"),
+        "sampling_rate": calibration_row.get("sampling_rate"),
+        "steps": calibration_row.get("steps"),
+        "mechanism": calibration_row.get("mechanism"),
+        "accountant_versions": accountant_versions,
+        "model": model,
+        "code_version": code_version,
+        "audit": audit_summary,
+    }

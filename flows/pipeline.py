@@ -1,0 +1,241 @@
+"""The DP few-shot pipeline as one Prefect flow.
+
+    ingest -> partition by label -> calibrate sigma per epsilon -> ledger charge
+      -> generate (one task per (method, label, epsilon), mapped, tag `gpu`)
+      -> evaluate (every baseline and the DP demos) -> audit (membership inference)
+      -> record (MLflow, Prefect artifacts, manifests)
+
+The flow composes `tasks/` (thin wrappers over `dpcore`) and holds no algorithm logic.
+Its parameter is one `RunConfig`; `config.task_runner` picks where the mapped stages run:
+`threads` (default, a ThreadPoolTaskRunner), `dask` (a local `distributed` cluster through
+prefect-dask; `dask:N` for N worker processes) or a Dask scheduler address
+(`tcp://host:8786`).
+
+A run writes `$DPICL_HOME/runs/<dataset>/<data-hash12>/<run-id>/` (public tables, plots,
+`manifest.json`) and `$DPICL_HOME/private/runs/<same>/` (records, partitions, sigma = 0
+demos, the random-real baseline's demo ids). The run id defaults to
+`<UTC start>-<flow run id prefix>`, so a retry of the same flow run reuses its folder and
+its cached noise draws.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+from prefect import flow, get_run_logger
+from prefect.context import FlowRunContext
+from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.callables import get_call_parameters
+
+from dpcore.artifacts import read_table, write_table
+from dpcore.config import RunConfig, demos_per_label
+from tasks import audit as audit_stage
+from tasks import calibrate as calibrate_stage
+from tasks import evaluate as evaluate_stage
+from tasks import generate as generate_stage
+from tasks import ingest as ingest_stage
+from tasks import record as record_stage
+from tasks.charge import charge_run
+from tasks.common import RunPaths, noise_scope, publish
+
+FLOW_NAME = "dp-fewshot"
+
+
+# --------------------------------------------------------------------------- task runners
+
+
+def make_task_runner(spec: str = "threads"):
+    """`threads` | `threads:N` | `dask` | `dask:N` (a LocalCluster of N worker processes) | a scheduler address."""
+    spec = (spec or "threads").strip()
+    if spec == "threads" or spec.startswith("threads:"):
+        workers = int(spec.split(":", 1)[1]) if ":" in spec else None
+        if workers is None and not os.environ.get("PREFECT_TASK_RUNNER_THREAD_POOL_MAX_WORKERS"):
+            workers = max(2, min(4, os.cpu_count() or 2))
+        return ThreadPoolTaskRunner(max_workers=workers)
+    from prefect_dask import DaskTaskRunner
+
+    if spec == "dask" or spec.startswith("dask:"):
+        workers = int(spec.split(":", 1)[1]) if ":" in spec else 2
+        return DaskTaskRunner(
+            cluster_class="distributed.LocalCluster",
+            cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
+                            "dashboard_address": None},
+        )
+    if "://" in spec or ":" in spec:
+        return DaskTaskRunner(address=spec)
+    from dpcore.errors import ConfigError
+
+    raise ConfigError(f"task_runner: {spec!r} is not threads, dask, dask:N or a Dask scheduler address")
+
+
+def _submit(runner, task, **kwargs):
+    return runner.submit(task, get_call_parameters(task.fn, (), kwargs))
+
+
+def _submit_all(runner, task, calls: list[dict]) -> list:
+    return [_submit(runner, task, **call) for call in calls]
+
+
+def _collect(runner, task, calls: list[dict], futures: list, exists) -> list[dict]:
+    """Wait for submitted calls; re-run (cache refreshed) any cached result whose files are gone."""
+    results = [future.result() for future in futures]
+    stale = [i for i, result in enumerate(results) if not exists(result)]
+    if stale:
+        refreshed = task.with_options(refresh_cache=True)
+        again = [_submit(runner, refreshed, **calls[i]) for i in stale]
+        for i, future in zip(stale, again, strict=True):
+            results[i] = future.result()
+    return results
+
+
+def _run_all(runner, task, calls: list[dict], exists) -> list[dict]:
+    return _collect(runner, task, calls, _submit_all(runner, task, calls), exists)
+
+
+def _concat(paths: list[str]) -> pd.DataFrame:
+    frames = [read_table(Path(p)) for p in paths]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def default_run_id() -> str:
+    """`<UTC start>-<flow run id prefix>`: stable across retries of the same flow run."""
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        import uuid
+
+        return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    run = ctx.flow_run
+    start = run.expected_start_time or run.start_time or datetime.now(UTC)
+    return f"{start.astimezone(UTC):%Y%m%dT%H%M%SZ}-{run.id.hex[:8]}"
+
+
+# --------------------------------------------------------------------------- the flow
+
+
+@flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
+      description="DP few-shot demonstrations (Tang et al. Algorithm 1): generate, evaluate, audit, record.")
+def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = None) -> dict:  # noqa: B008
+    """Run the whole pipeline for one configuration; returns a small public summary."""
+    logger = get_run_logger()
+    run_id = run_id or default_run_id()
+    ctx = FlowRunContext.get()
+    flow_run_id = str(ctx.flow_run.id) if ctx and ctx.flow_run else ""
+    logger.info("run %s: dataset %s, model %s, epsilons %s, task runner %s", run_id, config.dataset, config.model,
+                config.epsilons, config.task_runner)
+    record_stage.warm_up()  # MLflow's import and SQLite store set-up (~10 s) overlap the run
+
+    # 1-2. ingest and partition (private records stay in the private store)
+    ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec)
+    paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
+    label_counts = ingest_stage.partition(ingested)["label_counts"]
+    labels = list(ingested["labels"])
+
+    # 3. calibration: one sigma per epsilon (largest q over labels)
+    from dpcore import accounting
+
+    dpl = demos_per_label(config.shots, len(labels))
+    generation_config = config.generation_config().model_copy(update={"demos_per_label": dpl})
+    steps = accounting.total_steps(config.max_tokens, dpl)
+    delta = config.delta if config.delta is not None else accounting.default_delta(ingested["num_private_records"])
+    calibration = calibrate_stage.calibrate(
+        epsilons=list(config.epsilons), label_counts=label_counts, num_subsets=config.num_subsets,
+        subset_size=config.subset_size, steps=steps, delta=delta, mechanism=config.mechanism,
+    )
+    write_table(pd.DataFrame(calibration, columns=calibrate_stage.CALIBRATION_COLUMNS),
+                paths.public / "calibration.parquet")
+
+    scope = noise_scope(config.seed, run_id)
+    plan = generate_stage.generation_plan(labels, calibration, list(config.baselines), config.seed)
+    # ledger: every private-data generation charged at once (all or nothing) before any of them runs
+    ledger_entry = charge_run(config, ingested["data_hash"], run_id, plan, calibration)
+    if ledger_entry is None:
+        logger.warning("dpcore.ledger is not available: this run's privacy spend is NOT recorded")
+    with make_task_runner(config.task_runner) as runner:
+        # 4. generation, one task per (method, label, epsilon)
+        shards = _run_all(runner, generate_stage.generate, [
+            dict(records_path=None if item["method"] == generate_stage.INSTRUCTION_ONLY else ingested["records_path"],
+                 data_hash=ingested["data_hash"], task_spec=ingested["task_spec"], method=item["method"],
+                 label=item["label"], epsilon=item["epsilon"], noise_multiplier=item["noise_multiplier"],
+                 generation=generation_config, model=config.model, device=config.device, dtype=config.dtype,
+                 seed=item["seed"], noise_scope=scope)
+            for item in plan
+        ], exists=generate_stage.shard_exists)
+        public_shards = [s["path"] for s in shards if not s["private"]]
+        private_shards = [s["path"] for s in shards if s["private"]]
+        demos = _concat(public_shards)
+        write_table(demos, paths.public / "demos.parquet")
+        if private_shards:
+            write_table(_concat(private_shards), paths.private / "sigma_zero_demos.parquet")
+        seeded_noise = any(s["seeded_noise"] for s in shards if s["method"] != generate_stage.INSTRUCTION_ONLY)
+
+        # 5-6. evaluation of every method, and the audit, submitted together (they only need the demos)
+        eval_config = config.eval_config()
+        eval_calls = [
+            dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+                 task_spec=ingested["task_spec"], method=item["method"], epsilon=item["epsilon"],
+                 demo_paths=item["demo_paths"], demo_keys=item["demo_keys"], eval_config=eval_config,
+                 labels=labels, model=config.model, device=config.device, dtype=config.dtype)
+            for item in evaluate_stage.evaluation_plan(list(config.baselines), shards)
+        ]
+        eval_futures = _submit_all(runner, evaluate_stage.evaluate, eval_calls)
+        audit_calls, audit_futures = [], []
+        if config.audit:
+            audit_calls = [audit_stage.audit_call(config, ingested, calibration, shards, generation_config, scope)]
+            audit_futures = _submit_all(runner, audit_stage.audit, audit_calls)
+
+        evaluations = _collect(runner, evaluate_stage.evaluate, eval_calls, eval_futures,
+                               exists=lambda r: Path(r["predictions_path"]).exists()
+                               and Path(r["metrics_path"]).exists())
+        write_table(_concat([e["predictions_path"] for e in evaluations]), paths.public / "predictions.parquet")
+        write_table(_concat([e["metrics_path"] for e in evaluations]), paths.public / "metrics.parquet")
+        real = [e["real_demos_path"] for e in evaluations if e.get("real_demos_path")]
+        if real:
+            write_table(_concat(real), paths.private / "real_demos.parquet")
+
+        audit_summary = None
+        if audit_calls:
+            audit_result = _collect(runner, audit_stage.audit, audit_calls, audit_futures,
+                                    exists=audit_stage.outputs_exist)[0]
+            for name in ("mia_scores", "audit"):
+                publish(audit_result[f"{name}_path"], paths.public, f"{name}.parquet")
+            if audit_result.get("roc_path"):
+                publish(audit_result["roc_path"], paths.public, "roc.png")
+            if audit_result.get("reference_path"):
+                publish(audit_result["reference_path"], paths.public, "audit_reference.parquet")
+            audit_summary = audit_result.get("summary")
+
+    # 7. record: MLflow, Prefect artifacts, manifests
+    recorded = record_stage.record(flat_config=config.flat(), info={
+        "run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"],
+        "model": config.model, "num_private_records": ingested["num_private_records"],
+        "seeded_noise": seeded_noise, "run_dir": str(paths.public), "private_run_dir": str(paths.private),
+        "flow_run_id": flow_run_id,
+    })
+    return {
+        "run_id": run_id,
+        "flow_run_id": flow_run_id,
+        "dataset": config.dataset,
+        "data_hash": ingested["data_hash"],
+        "run_dir": str(paths.public),
+        "private_run_dir": str(paths.private),
+        "manifest": str(paths.public / "manifest.json"),
+        "mlflow_run_id": recorded["mlflow_run_id"],
+        "mlflow_experiment_id": recorded["mlflow_experiment_id"],
+        "tracking_uri": recorded["tracking_uri"],
+        "results": recorded["results"],
+        "audit": recorded["audit"] if audit_summary is None else {**recorded["audit"], "summary": audit_summary},
+        "seeded_noise": seeded_noise,
+        "generation_workers": sorted({s["worker"] for s in shards}),
+        "ledger": ledger_entry,
+        "epsilons": ["inf" if math.isinf(e) else e for e in config.epsilons],
+        "delta": delta,
+    }
+
+
+def run_pipeline(config: RunConfig, run_id: str | None = None) -> dict:
+    """Run the flow in this process (a temporary local Prefect server when PREFECT_API_URL is unset)."""
+    return dp_fewshot_pipeline(config=config, run_id=run_id)

@@ -1,0 +1,234 @@
+"""Plumbing shared by the pipeline's Prefect tasks: run folders, cache keys, seeds, the model cache.
+
+Rules every task follows (the privacy boundary):
+- a task RESULT (what Prefect persists under $PREFECT_HOME/storage) holds only paths,
+  ids, public configuration, DP outputs and aggregates, never a private record;
+- private tables are written only under `$DPICL_HOME/private/`;
+- log lines carry counts, hashes and parameters, never a record's text.
+
+Cached tasks write their outputs once into a content-addressed stage folder
+(`$DPICL_HOME/cache/stages/<stage>/<key>/`, or `$DPICL_HOME/private/cache/stages/...`
+for private outputs) whose name is the task's cache key; the flow then copies them
+into the run folder with `publish`. So a cache hit (a retried flow, an unchanged
+re-run with the same seed) costs a file copy, and never draws new noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from dpcore.artifacts import write_bytes_atomic
+from dpcore.errors import DpiclError
+from dpcore.home import dpicl_home, private_dir
+
+# Bump to invalidate every cached stage result (a change of the stage-folder layout).
+CACHE_LAYOUT_VERSION = "1"
+# Model names resolved here (not in dpcore.lm): a tiny randomly initialised Llama for tests and smoke runs.
+TINY_MODEL_NAMES = frozenset({"tiny-random", "tiny-random-llama"})
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- run folders
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(text)) or "_"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where one run's files live: public tables and the private store's counterpart."""
+
+    dataset: str
+    data_hash: str
+    run_id: str
+    public: Path
+    private: Path
+
+    def as_dict(self) -> dict[str, str]:
+        return {"dataset": self.dataset, "data_hash": self.data_hash, "run_id": self.run_id,
+                "public": str(self.public), "private": str(self.private)}
+
+
+def run_paths(dataset: str, data_hash: str, run_id: str) -> RunPaths:
+    """`$DPICL_HOME/runs/<dataset>/<hash12>/<run-id>/` and `$DPICL_HOME/private/runs/<same>/`."""
+    relative = Path(safe_name(dataset)) / data_hash[:12] / safe_name(run_id)
+    public = dpicl_home() / "runs" / relative
+    private = private_dir() / "runs" / relative
+    public.mkdir(parents=True, exist_ok=True)
+    private.mkdir(parents=True, exist_ok=True)
+    return RunPaths(dataset, data_hash, run_id, public, private)
+
+
+def stage_dir(stage: str, key: str, private: bool = False) -> Path:
+    """The content-addressed folder of one cached stage result."""
+    root = (private_dir() / "cache" / "stages") if private else (dpicl_home() / "cache" / "stages")
+    path = root / safe_name(stage) / key
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def publish(source: str | Path, folder: Path, name: str | None = None) -> Path:
+    """Copy a stage output into a run folder (atomically). A private file only goes to a private folder."""
+    from dpcore.home import is_private_path
+
+    source = Path(source)
+    if is_private_path(source) and not is_private_path(folder):
+        raise PermissionError(f"{source.name}: a private stage output may only be published into the private store")
+    return write_bytes_atomic(Path(folder) / (name or source.name), source.read_bytes())
+
+
+# --------------------------------------------------------------------------- hashing, keys, seeds
+
+
+def canonical(value: Any) -> Any:
+    """JSON-ready canonical form (pydantic models dumped, floats made exact, inf spelled out)."""
+    if hasattr(value, "model_dump"):
+        return canonical(value.model_dump(mode="python"))
+    if isinstance(value, dict):
+        return {str(k): canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [canonical(v) for v in value]
+        return sorted(items, key=repr) if isinstance(value, set | frozenset) else items
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if math.isnan(value):
+            return "nan"
+        return value.hex()
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item):
+        return canonical(value.item())
+    return value
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(canonical(value), sort_keys=True).encode("utf-8")).hexdigest()
+
+
+@cache
+def module_fingerprint(*module_names: str) -> str:
+    """sha256 over the source of the dpcore modules a stage runs: a code change invalidates its cache."""
+    hasher = hashlib.sha256(CACHE_LAYOUT_VERSION.encode())
+    for name in module_names:
+        path = REPO_ROOT / (name.replace(".", "/") + ".py")
+        hasher.update(name.encode())
+        hasher.update(path.read_bytes() if path.exists() else b"<missing>")
+    return hasher.hexdigest()[:16]
+
+
+def stage_key(stage: str, fields: dict[str, Any], modules: tuple[str, ...] = ()) -> str:
+    """The cache key of a stage: its name, the code it runs and its public inputs (data hash, stage config)."""
+    return f"{safe_name(stage)}-{digest({'stage': stage, 'code': module_fingerprint(*modules), 'fields': fields})[:32]}"
+
+
+def cache_key_on(stage: str, names: tuple[str, ...], modules: tuple[str, ...] = ()):
+    """A Prefect `cache_key_fn` hashing the named task parameters (nothing else) with the stage code.
+
+    The parameters named here must be public: paths, hashes, configuration, seeds, run ids.
+    """
+
+    def key_fn(context, parameters: dict[str, Any]) -> str:
+        return stage_key(stage, {name: parameters.get(name) for name in names}, modules)
+
+    key_fn.__name__ = f"cache_key_{safe_name(stage)}"
+    return key_fn
+
+
+def derive_seed(run_seed: int | None, *parts: Any) -> int | None:
+    """A per-task seed from the run seed: the same (label, epsilon) gets the same stream on any runner.
+
+    None stays None: the noise is then drawn from a cryptographically seeded generator.
+    """
+    if run_seed is None:
+        return None
+    raw = hashlib.sha256(json.dumps(canonical([int(run_seed), *parts])).encode()).digest()
+    return int.from_bytes(raw[:8], "little") >> 1  # 63 bits: fits numpy, torch and SQLite integers
+
+
+def noise_scope(run_seed: int | None, run_id: str) -> str:
+    """What a noise-drawing stage's cache is scoped to.
+
+    With a fixed seed the noise is a function of the inputs, so any run may reuse it
+    (an unchanged re-run is cheap). With cryptographic noise only the same run (a retry
+    of the same flow run) may reuse what it already drew; a new run draws fresh noise.
+    """
+    return f"seed:{run_seed}" if run_seed is not None else f"run:{run_id}"
+
+
+# --------------------------------------------------------------------------- retries
+
+
+def transient_only(task, task_run, state) -> bool:
+    """Prefect `retry_condition_fn`: retry unexpected failures, not user errors (bad config/data/budget)."""
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:  # the result itself could not be read: treat as transient
+        return True
+    return not isinstance(exc, DpiclError | PermissionError)
+
+
+RETRIES = 2
+RETRY_DELAY_SECONDS = 1
+
+
+# --------------------------------------------------------------------------- versions
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """`git describe --always --dirty` of the checkout, else the installed dpicl version."""
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--tags"], cwd=REPO_ROOT, capture_output=True, text=True,
+            timeout=10, check=True,
+        )
+        if out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        return f"dpicl-{metadata.version('dpicl')}"
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# --------------------------------------------------------------------------- the model cache
+
+
+_MODELS: dict[tuple[str, str, str], Any] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def language_model(name: str, device: str = "auto", dtype: str = "auto"):
+    """One `LanguageModel` per (name, device, dtype) per process (threads share it; Dask workers load their own).
+
+    `tiny-random` selects `LanguageModel.tiny_random(seed=0)`: a randomly initialised tiny Llama
+    with the embedded tokenizer, for tests and smoke runs.
+    """
+    from dpcore.lm import LanguageModel
+
+    key = (name, device, dtype)
+    with _MODELS_LOCK:
+        if key not in _MODELS:
+            if name in TINY_MODEL_NAMES:
+                _MODELS[key] = LanguageModel.tiny_random(seed=0, device="cpu" if device == "auto" else device)
+            else:
+                _MODELS[key] = LanguageModel.load(name, device=device, dtype=dtype)
+        return _MODELS[key]
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

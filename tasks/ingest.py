@@ -1,0 +1,90 @@
+"""Stages 1-2: ingest (load and validate the dataset) and partition it by label.
+
+Ingest writes the private `records` table (train = D_priv and the public test split)
+into the run's private folder and returns only paths, the content hash and counts.
+Partition writes the private `partitions` table (which record ids form D_y, in the
+order the sampler indexes them) and the public `label_counts` table: per-label record
+counts |D_y| are treated as public, as in Tang et al. (they set the sampling rate).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from dpcore.artifacts import read_table, write_table
+from dpcore.datasets import load_dataset
+from dpcore.taskspec import load_task_spec
+from tasks.common import RETRIES, RETRY_DELAY_SECONDS, run_paths, transient_only
+
+
+@task(name="ingest", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
+      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: str | None = None) -> dict:
+    """Load + validate the dataset; write the private `records` table. Returns paths and aggregates only."""
+    spec = load_task_spec(task_spec or dataset)
+    data = load_dataset(spec, data_path)
+    paths = run_paths(dataset, data.content_hash, run_id)
+    records = pd.concat(
+        [data.train.assign(split="train"), data.test.assign(split="test")], ignore_index=True
+    )[["split", "id", "text", "label"]]
+    records["id"] = records["id"].astype(str)
+    records_path = write_table(records, paths.private / "records.parquet")
+    summary = data.summary()
+    get_run_logger().info(
+        "ingested %s: %d private records, %d test items, %d labels, content hash %s",
+        dataset, summary["train_size"], summary["test_size"], summary["labels"], data.content_hash[:12],
+    )
+    return {
+        "dataset": dataset,
+        "task_spec": task_spec or dataset,
+        "kind": spec.kind,
+        "data_hash": data.content_hash,
+        "source": data.source,
+        "labels": list(data.labels),
+        "num_private_records": int(summary["train_size"]),
+        "num_test": int(summary["test_size"]),
+        "records_path": str(records_path),
+        "paths": paths.as_dict(),
+    }
+
+
+@task(name="partition", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
+      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+def partition(ingested: dict) -> dict:
+    """Split D_priv by label: private `partitions` (label, position, id) and public `label_counts`."""
+    from pathlib import Path
+
+    records = read_table(Path(ingested["records_path"]))
+    train = records[records["split"] == "train"]
+    rows, counts = [], []
+    for label in ingested["labels"]:
+        ids = train.loc[train["label"] == label, "id"].tolist()
+        rows.append(pd.DataFrame({"label": label, "position": range(len(ids)), "id": ids}))
+        counts.append({"label": label, "records": len(ids)})
+    private = Path(ingested["paths"]["private"])
+    public = Path(ingested["paths"]["public"])
+    write_table(pd.concat(rows, ignore_index=True), private / "partitions.parquet")
+    write_table(pd.DataFrame(counts, columns=["label", "records"]), public / "label_counts.parquet")
+    label_counts = {row["label"]: int(row["records"]) for row in counts}
+    get_run_logger().info("partitioned by label: %s", label_counts)
+    return {"label_counts": label_counts}
+
+
+def records_by_label(records_path: str, labels: list[str] | None = None) -> dict[str, list[str]]:
+    """D_y for each label from the private `records` table (read inside a task, never returned from one)."""
+    from pathlib import Path
+
+    records = read_table(Path(records_path))
+    train = records[records["split"] == "train"]
+    wanted = labels if labels is not None else sorted(train["label"].unique())
+    return {label: train.loc[train["label"] == label, "text"].tolist() for label in wanted}
+
+
+def public_test_split(records_path: str) -> pd.DataFrame:
+    """The public test split (id, text, label) from the `records` table."""
+    from pathlib import Path
+
+    records = read_table(Path(records_path))
+    return records[records["split"] == "test"][["id", "text", "label"]].reset_index(drop=True)

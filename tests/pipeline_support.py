@@ -1,0 +1,123 @@
+"""Shared set-up of the pipeline tests (test_pipeline, test_dask_runner, test_privacy_boundary).
+
+- one `prefect_test_harness` per test process (started on first use, stopped at exit), so
+  the pipeline test files share one temporary Prefect server;
+- `mini_agnews`: a small user-format AG News dataset (CSV + task YAML), so runs exercise
+  the user-data path and stay fast (400 private records, 40 test items);
+- `tiny_config`: a RunConfig on the tiny random model sized for seconds per run;
+- `standard_run`: one seeded pipeline run with audit, shared by the test files that only read it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from dpcore.config import RunConfig
+from dpcore.taskspec import TASKS_DIR
+
+# tests/conftest.py sets PREFECT_FLOWS_HEARTBEAT_FREQUENCY="" (meant as "off"), which Prefect 3.8.8 cannot
+# parse (an int >= 30 or unset): drop it before Prefect builds its settings; heartbeats are switched off below.
+if os.environ.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") == "":
+    del os.environ["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]
+
+_HARNESS = {}
+_LOCK = threading.Lock()
+
+PER_LABEL_TRAIN = 100
+TEST_ITEMS = 40
+
+
+def ensure_harness() -> bool:
+    """Start `prefect_test_harness` once for this process (about 10 s), heartbeats off; True if started now."""
+    with _LOCK:
+        if "cm" in _HARNESS:
+            return False
+        from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+        from prefect.testing.utilities import prefect_test_harness
+
+        harness = prefect_test_harness(server_startup_timeout=120)
+        harness.__enter__()
+        no_heartbeats = temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+        no_heartbeats.__enter__()
+        _HARNESS["cm"] = (harness, no_heartbeats)
+        return True
+
+
+def stop_harness() -> None:
+    with _LOCK:
+        harness, no_heartbeats = _HARNESS.pop("cm", (None, None))
+    if harness is not None:
+        no_heartbeats.__exit__(None, None, None)
+        harness.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(request):
+    """The shared harness; stopped at the end of the session (while pytest's output capture still works)."""
+    if ensure_harness():
+        request.addfinalizer(stop_harness)
+
+
+def share_tiny_model(tiny_lm) -> None:
+    """Let the pipeline's model cache reuse the session's tiny model (same weights: seed 0)."""
+    from tasks import common
+
+    with common._MODELS_LOCK:
+        for device in ("auto", "cpu"):
+            common._MODELS[("tiny-random", device, "auto")] = tiny_lm
+
+
+@functools.cache
+def mini_agnews() -> tuple[str, str, frozenset[str], frozenset[str]]:
+    """(data_path, task_spec path, private train texts, public test texts) of a 440-record AG News sample."""
+    from dpcore.datasets import load_dataset
+    from dpcore.taskspec import load_task_spec
+
+    data = load_dataset(load_task_spec("agnews"))
+    parts = [data.train[data.train["label"] == label].head(PER_LABEL_TRAIN) for label in data.labels]
+    parts.append(data.test.head(TEST_ITEMS))
+    frame = pd.concat(parts, ignore_index=True)[["id", "text", "label"]]
+    folder = Path(tempfile.mkdtemp(prefix="dpicl-mini-agnews-"))  # outside $DPICL_HOME
+    csv_path = folder / "agnews_mini.csv"
+    frame.to_csv(csv_path, index=False)
+    spec = yaml.safe_load((TASKS_DIR / "agnews.yaml").read_text())
+    spec.update(name="agnews-mini", description="400 AG News records for tests",
+                source={"type": "file", "path": str(csv_path), "text_column": "text", "label_column": "label",
+                        "id_column": "id"},
+                split={"test_size": TEST_ITEMS, "seed": 0})
+    spec_path = folder / "agnews-mini.yaml"
+    spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    # The split of the CSV is re-drawn by the loader: read it back to know which texts are private.
+    loaded = load_dataset(load_task_spec(str(spec_path)), str(csv_path))
+    return (str(csv_path), str(spec_path), frozenset(loaded.train["text"]), frozenset(loaded.test["text"]))
+
+
+def tiny_config(**overrides) -> RunConfig:
+    data_path, spec_path, _, _ = mini_agnews()
+    values = dict(
+        dataset="agnews-mini", data_path=data_path, task_spec=spec_path, model="tiny-random",
+        epsilons=[2.0], num_subsets=2, subset_size=1, top_k=20, max_tokens=4, shots=4, seeds=2, test_size=12,
+        audit=True, audit_trials=2, audit_demo_sets=1, audit_members=5, seed=123,
+    )
+    values.update(overrides)
+    return RunConfig(**values)
+
+
+@functools.cache
+def standard_run() -> dict:
+    """One seeded run with the audit on (shared by the test files that only inspect its outputs)."""
+    from flows.pipeline import run_pipeline
+
+    return run_pipeline(tiny_config())
+
+
+def home() -> Path:
+    return Path(os.environ["DPICL_HOME"])

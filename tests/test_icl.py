@@ -1,0 +1,340 @@
+"""ICL evaluation: calibration math, multi-token label scoring, prefix-cache equivalence,
+extraction rules, demo choice, output schemas, privacy of outputs, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from dpcore import icl
+from dpcore.config import EvalConfig
+from dpcore.errors import ConfigError, DataValidationError
+from dpcore.lm import LanguageModel
+from dpcore.taskspec import load_task_spec
+
+TREC_DEMOS = [
+    ("What is the capital of France?", "Location"),
+    ("Who wrote Hamlet?", "Person"),
+    ("What does NASA stand for?", "Abbreviation"),
+]
+QUERIES = ["How many legs does a spider have?", "Why is the sky blue?", "x",
+           "A much longer question about many things that go on and on and on, doesn't it?", "N/A", "", "[MASK]"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: tiny models gain nothing from two, and on a CPU shared with other test
+    processes two spinning threads per process made these tests 5-10x slower (measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trec_spec():
+    return load_task_spec("trec")
+
+
+@pytest.fixture(scope="module")
+def peaky_lm():
+    """A tiny random Llama with scaled weights: input-dependent, peaked predictions (greedy text varies)."""
+    lm = LanguageModel.tiny_random(seed=1)
+    with torch.no_grad():
+        for param in lm.model.parameters():
+            if param.dim() == 2:
+                param.mul_(20)
+    return lm
+
+
+def _manual_label_logprob(lm, context: list[int], label_tokens: list[int]) -> float:
+    """log p(label tokens | context) one token at a time with the LM's own next-token API."""
+    total = 0.0
+    for k, token in enumerate(label_tokens):
+        logits = lm.next_token_logits([context + label_tokens[:k]])[0]
+        total += float(torch.log_softmax(logits.double(), dim=-1)[token])
+    return total
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def test_calibrate_probs_matches_hand_computed_example():
+    probs = np.array([[0.6, 0.4], [0.3, 0.7]])
+    content_free = np.array([[0.8, 0.2], [0.6, 0.4]])  # averaged: p_cf = [0.7, 0.3]
+    calibrated = icl.calibrate_probs(probs, content_free)
+    # row 0: [0.6/0.7, 0.4/0.3] = [0.857143, 1.333333] -> / 2.190476
+    np.testing.assert_allclose(calibrated[0], [0.391304, 0.608696], atol=1e-6)
+    # row 1: [0.3/0.7, 0.7/0.3] = [0.428571, 2.333333] -> / 2.761905
+    np.testing.assert_allclose(calibrated[1], [0.155172, 0.844828], atol=1e-6)
+    assert probs[0].argmax() == 0 and calibrated[0].argmax() == 1  # calibration flips the biased row
+    np.testing.assert_allclose(icl.calibrate_probs(probs, content_free.mean(axis=0)), calibrated)
+    with pytest.raises(ConfigError):
+        icl.calibrate_probs(probs, np.array([0.2, 0.3, 0.5]))
+
+
+def test_normalise_probs_is_softmax_over_labels():
+    logprobs = np.array([[math.log(0.2), math.log(0.2)], [-1000.0, -1001.0]])
+    probs = icl.normalise_probs(logprobs)
+    np.testing.assert_allclose(probs[0], [0.5, 0.5])
+    np.testing.assert_allclose(probs[1], [1 / (1 + math.exp(-1)), 1 - 1 / (1 + math.exp(-1))])
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def test_multi_token_label_scored_as_sum_of_token_logprobs(tiny_lm, trec_spec):
+    label_tokens = tiny_lm.encode(" " + trec_spec.verbalizer("Abbreviation"))
+    assert len(label_tokens) > 1  # the point of this test
+    queries = QUERIES[:2]
+    scores = icl.label_logprobs(tiny_lm, trec_spec, TREC_DEMOS, queries)
+    j = trec_spec.label_names.index("Abbreviation")
+    for i, query in enumerate(queries):
+        context = tiny_lm.encode(icl.prompt_text(trec_spec, TREC_DEMOS, query))
+        assert scores[i, j] == pytest.approx(_manual_label_logprob(tiny_lm, context, label_tokens), abs=1e-4)
+        first_only = _manual_label_logprob(tiny_lm, context, label_tokens[:1])
+        assert scores[i, j] < first_only - 1e-3  # later tokens add (negative) log-probability
+
+
+@pytest.mark.parametrize("demos", [TREC_DEMOS, []], ids=["with-demos", "zero-shot"])
+def test_prefix_cache_scoring_equals_full_forward(peaky_lm, trec_spec, demos):
+    spec = trec_spec.model_copy(update={"labels": {  # verbalizers of 1, 2-3 and 3+ tokens
+        "Abbreviation": "Abbreviation", "Location": "Location", "Entity": "Science and Technology news",
+        "Number": "Number", "Person": "Person", "Description": "Description"}})
+    lengths = {len(peaky_lm.encode(" " + v)) for v in spec.labels.values()}
+    assert len(lengths) >= 3
+    cached = icl.label_logprobs(peaky_lm, spec, demos, QUERIES, batch_size=3)
+    naive = icl.label_logprobs_naive(peaky_lm, spec, demos, QUERIES)
+    assert cached.shape == (len(QUERIES), 6)
+    np.testing.assert_allclose(cached, naive, atol=1e-4, rtol=0)
+    assert np.ptp(cached[:, 0]) > 1e-3  # the scores depend on the query
+
+
+def test_prefix_cache_counts_forward_tokens(tiny_lm, trec_spec):
+    before = tiny_lm.stats.tokens
+    icl.label_logprobs(tiny_lm, trec_spec, TREC_DEMOS, QUERIES[:3])
+    cached_tokens = tiny_lm.stats.tokens - before
+    before = tiny_lm.stats.tokens
+    icl.label_logprobs_naive(tiny_lm, trec_spec, TREC_DEMOS, QUERIES[:3])
+    naive_tokens = tiny_lm.stats.tokens - before
+    prefix = len(tiny_lm.encode(icl.prefix_text(trec_spec, TREC_DEMOS)))
+    assert naive_tokens > 3 * 6 * prefix  # every item and label re-reads the prefix
+    assert cached_tokens < prefix + 3 * 40  # prefix once, then short suffixes
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+def test_exact_match_rules():
+    assert icl.normalise_answer("  Christopher Nolan. ") == "christopher nolan"
+    assert icl.exact_match("christopher  nolan", "Christopher Nolan!")
+    assert icl.exact_match("Sci-Fi", "scifi")
+    assert icl.exact_match("“comedy”", "comedy")  # Unicode punctuation is stripped too
+    assert icl.exact_match("\tcomedy\n", "comedy")
+    assert not icl.exact_match("comedies", "comedy")
+    assert not icl.exact_match("romantic comedy", "comedy")
+    assert icl.normalise_answer("") == ""
+
+
+def test_answer_is_cut_at_newline(tiny_lm):
+    tokens = tiny_lm.encode(" animated\nSentence: something else")
+    assert icl._cut_answer(tiny_lm, tokens) == ("animated", True)
+    assert icl._cut_answer(tiny_lm, tiny_lm.encode(" animated")) == ("animated", False)
+
+
+def test_cached_greedy_extraction_equals_naive(peaky_lm, movies_genre):
+    spec = movies_genre.spec
+    demos = [("a funny movie with jim carrey", "comedy"), ("a scary film about ghosts", "horror")]
+    queries = movies_genre.test["text"].tolist()[:5] + [""]
+    cached = icl.extract_answers(peaky_lm, spec, demos, queries, max_new_tokens=6, batch_size=4)
+    naive = icl.extract_answers_naive(peaky_lm, spec, demos, queries, max_new_tokens=6)
+    assert cached == naive
+    assert len(set(cached)) > 1 and all("\n" not in a for a in cached)
+
+
+# --------------------------------------------------------------------------- demo choice
+
+
+POOL = [(f"text {label} {i}", label, f"id-{label}-{i}") for label in ("A", "B", "C", "D") for i in range(3)]
+
+
+def test_choose_demos_one_per_label_and_deterministic():
+    labels = ["A", "B", "C", "D"]
+    first = icl.choose_demos(POOL, labels, 4, seed=3)
+    assert first == icl.choose_demos(POOL, labels, 4, seed=3)
+    assert sorted(d[1] for d in first) == labels  # one per label
+    assert all(len(d) == 3 for d in first)  # ids pass through
+    orders = {tuple(d[2] for d in icl.choose_demos(POOL, labels, 4, seed=s)) for s in range(6)}
+    assert len(orders) > 1  # seeds change the choice/order
+    two = icl.choose_demos(POOL, labels, 2, seed=0)
+    assert len({d[1] for d in two}) == 2  # labels without replacement
+    six = icl.choose_demos(POOL, labels, 6, seed=0)
+    counts = pd.Series([d[1] for d in six]).value_counts()
+    assert sorted(counts.tolist()) == [1, 1, 2, 2] and len({d[2] for d in six}) == 6
+    assert icl.choose_demos(POOL, labels, 0, seed=0) == []
+    only_a = [d for d in POOL if d[1] == "A"]
+    assert {d[1] for d in icl.choose_demos(only_a, labels, 2, seed=0)} == {"A"}  # labels without demos skipped
+    with pytest.raises(ConfigError):
+        icl.choose_demos([("t", "Z")], labels, 2, seed=0)
+
+
+def test_select_test_is_a_deterministic_seeded_prefix(agnews):
+    first = icl.select_test(agnews.test, 10)
+    assert first["id"].tolist() == icl.select_test(agnews.test, 10)["id"].tolist()
+    assert first["id"].tolist() == icl.select_test(agnews.test, 20)["id"].tolist()[:10]
+    assert first["id"].tolist() != agnews.test["id"].tolist()[:10]
+    assert len(icl.select_test(agnews.test, None)) == len(agnews.test)
+
+
+# --------------------------------------------------------------------------- evaluate
+
+
+def _synthetic_pool():
+    return [("Stocks fell as oil prices rose.", "Business"), ("The team won the cup final.", "Sports"),
+            ("New chip doubles battery life.", "Technology"), ("Leaders met for peace talks.", "World")]
+
+
+def test_evaluate_classification_schema(tiny_lm, agnews):
+    config = EvalConfig(shots=4, seeds=2, test_size=6)
+    predictions, metrics = icl.evaluate(tiny_lm, agnews.spec, agnews.test, _synthetic_pool(), "sigma-zero",
+                                        math.inf, config)
+    assert list(predictions.columns) == icl.PREDICTION_COLUMNS
+    assert list(metrics.columns) == icl.METRIC_COLUMNS
+    assert len(predictions) == 12 and len(metrics) == 2
+    assert predictions["epsilon"].dtype == float and np.isinf(predictions["epsilon"]).all()
+    assert np.isinf(metrics["epsilon"]).all() and metrics["n"].tolist() == [6, 6]
+    labels = agnews.spec.label_names
+    for row in predictions.itertuples(index=False):
+        assert len(row.label_probs) == 4 and sum(row.label_probs) == pytest.approx(1.0)
+        assert row.pred_raw == labels[int(np.argmax(row.label_probs))]
+        assert row.pred_calibrated == labels[int(np.argmax(row.calibrated_probs))]
+        assert row.correct_raw == (row.pred_raw == row.gold)
+        assert len(row.demo_ids) == 4
+    for m in metrics.itertuples(index=False):
+        rows = predictions[predictions["seed"] == m.seed]
+        assert m.accuracy == pytest.approx(rows["correct_raw"].mean())
+        assert m.calibrated_accuracy == pytest.approx(rows["correct_calibrated"].mean())
+    assert metrics["calibrated"].all() and (metrics["shots"] == 4).all()
+    summary = icl.summarise_metrics(metrics)
+    assert summary.loc[0, "seeds"] == 2 and summary.loc[0, "accuracy_mean"] == pytest.approx(metrics["accuracy"].mean())
+    assert summary.loc[0, "accuracy_std"] == pytest.approx(np.std(metrics["accuracy"]))
+
+
+def test_evaluate_zero_shot_is_scored_once_and_without_calibration(tiny_lm, agnews):
+    predictions, metrics = icl.evaluate(tiny_lm, agnews.spec, agnews.test, None, "zero-shot", 0.0,
+                                        EvalConfig(shots=4, seeds=3, test_size=4, calibrate=False))
+    assert metrics["reused"].tolist() == [False, True, True] and (metrics["shots"] == 0).all()
+    assert metrics["accuracy"].nunique() == 1 and not metrics["calibrated"].any()
+    assert (predictions["pred_raw"] == predictions["pred_calibrated"]).all()
+    assert icl.seconds_per_100_items(metrics) > 0
+
+
+def test_evaluate_extraction_uses_exact_match(tiny_lm, movies_genre):
+    pool = movies_genre.train[["text", "label"]].head(6).itertuples(index=False, name=None)
+    predictions, metrics = icl.evaluate(tiny_lm, movies_genre.spec, movies_genre.test, list(pool), "dp", 4.0,
+                                        EvalConfig(shots=2, seeds=2, test_size=3), max_new_tokens=3)
+    assert len(predictions) == 6 and (predictions["label_probs"].map(len) == 0).all()
+    assert (metrics["accuracy"] == metrics["calibrated_accuracy"]).all() and not metrics["calibrated"].any()
+    expected = [icl.exact_match(p, g) for p, g in zip(predictions["pred_raw"], predictions["gold"], strict=True)]
+    assert predictions["correct_raw"].tolist() == expected
+
+
+def test_random_real_outputs_hold_no_record_text(tiny_lm, agnews):
+    real = agnews.train.head(40)
+    pool = list(zip(real["text"], real["label"], real["id"], strict=True))
+    predictions, metrics = icl.evaluate(tiny_lm, agnews.spec, agnews.test, pool, "random-real", math.inf,
+                                        EvalConfig(shots=4, seeds=2, test_size=3))
+    texts = set(real["text"])
+    for frame in (predictions, metrics):
+        for column in frame.columns:
+            for value in frame[column]:
+                values = value if isinstance(value, list | np.ndarray) else [value]
+                assert not any(isinstance(v, str) and v in texts for v in values), column
+    assert set(predictions["demo_ids"].iloc[0]) <= set(real["id"])
+    public, private = icl.split_private_demo_ids(predictions)
+    assert (public["demo_ids"].map(len) == 0).all()
+    assert len(private) == 2 and set(private.columns) == {"method", "epsilon", "seed", "demo_ids"}
+
+
+def test_evaluate_rejects_bad_input(tiny_lm, agnews):
+    config = EvalConfig(shots=4, seeds=1, test_size=2)
+    with pytest.raises(ConfigError, match="method"):
+        icl.evaluate(tiny_lm, agnews.spec, agnews.test, _synthetic_pool(), "magic", 1.0, config)
+    with pytest.raises(ConfigError, match="demos"):
+        icl.evaluate(tiny_lm, agnews.spec, agnews.test, [], "dp", 1.0, config)
+    with pytest.raises(DataValidationError, match="Cooking"):
+        icl.evaluate(tiny_lm, agnews.spec, agnews.test, [("t", "Cooking")], "dp", 1.0, config)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tiny_lm, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _cli(argv, capsys):
+    from flows.cli import main
+
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_random_real_json_and_private_ids(tiny_model_dir, tmp_path, capsys, dpicl_home):
+    out = tmp_path / "eval"
+    code, stdout, _ = _cli(["evaluate", "--dataset", "trec", "--baseline", "random-real", "--model",
+                            str(tiny_model_dir), "--test-size", "4", "--seeds", "2", "--shots", "3", "--json",
+                            "--out", str(out)], capsys)
+    assert code == 0
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["n"] == 4 and result["method"] == "random-real" and result["epsilon"] == "inf"
+    for key in ("accuracy", "calibrated_accuracy"):
+        assert set(result[key]) == {"mean", "std", "per_seed"} and len(result[key]["per_seed"]) == 2
+    predictions = pd.read_parquet(out / "predictions.parquet")
+    assert (predictions["demo_ids"].map(len) == 0).all()  # real record ids stay private
+    private = list((dpicl_home / "private").rglob("real_demos.parquet"))
+    assert private and len(pd.read_parquet(private[0]).loc[0, "demo_ids"]) == 3
+    assert (out / "metrics.parquet").exists() and (out / "manifest.json").exists()
+
+
+def test_cli_demos_file_and_errors(tiny_model_dir, tmp_path, capsys):
+    demos = pd.DataFrame({"label": ["Location", "Person", "Number"], "text": ["Where is Rome?", "Who is he?",
+                                                                             "How many?"],
+                          "method": "sigma-zero", "noise_multiplier": 0.0})
+    demos.to_parquet(tmp_path / "demos.parquet")
+    code, stdout, _ = _cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
+                            "--model", str(tiny_model_dir), "--test-size", "3", "--seeds", "1",
+                            "--out", str(tmp_path / "o")], capsys)
+    assert code == 0 and "sigma-zero (epsilon inf)" in stdout and "calibrated" in stdout
+    code, _, err = _cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "missing.parquet"),
+                         "--model", str(tiny_model_dir)], capsys)
+    assert code == 2 and "missing.parquet" in err
+    with pytest.raises(SystemExit):
+        _cli(["evaluate", "--dataset", "trec"], capsys)  # --demos or --baseline is required
+
+
+# --------------------------------------------------------------------------- real model
+
+
+@pytest.mark.slow
+def test_real_model_agnews_20_items(embedded_lm, agnews):
+    test = icl.select_test(agnews.test, 20)
+    zero = icl.label_logprobs(embedded_lm, agnews.spec, [], test["text"].tolist())
+    accuracy = np.mean([agnews.spec.label_names[k] == g for k, g in zip(zero.argmax(1), test["label"], strict=True)])
+    assert accuracy >= 0.35  # 4 labels: chance is 0.25; the model reaches about 0.55 on AG News 0-shot
+    real = agnews.train.groupby("label").head(1)
+    demos = icl.choose_demos(list(zip(real["text"], real["label"], strict=True)), agnews.spec.label_names, 4, 0)
+    queries = test["text"].tolist()[:2]
+    cached = icl.label_logprobs(embedded_lm, agnews.spec, demos, queries)
+    naive = icl.label_logprobs_naive(embedded_lm, agnews.spec, demos, queries)
+    np.testing.assert_allclose(cached, naive, atol=1e-3, rtol=0)

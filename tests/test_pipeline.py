@@ -1,0 +1,278 @@
+"""The Prefect pipeline end to end on the tiny model under one prefect_test_harness.
+
+Checks every Parquet table's schema, the manifest hashes, the MLflow parent and nested
+runs (params, metrics, tags, artifacts), the Prefect artifacts, caching (an identical
+re-run does no generation; a retry of the same run reuses its noise, a new run draws
+fresh noise) and a transient task failure being retried.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pipeline_support import (
+    prefect_harness,  # noqa: F401  (the shared harness fixture)
+    share_tiny_model,
+    standard_run,
+    tiny_config,
+)
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+PUBLIC_TABLES = {"calibration", "demos", "predictions", "metrics", "mia_scores", "audit", "audit_reference",
+                 "results", "label_counts"}
+PRIVATE_TABLES = {"records", "partitions", "sigma_zero_demos", "real_demos"}
+DEMO_COLUMNS = {"label", "shot", "text", "tokens", "stop_reason", "noise_multiplier", "num_subsets", "subset_size",
+                "top_k", "rvp", "max_tokens", "mechanism", "model", "seeded_noise", "method", "epsilon"}
+
+
+@pytest.fixture(scope="module")
+def run(tiny_lm):
+    share_tiny_model(tiny_lm)
+    return standard_run()
+
+
+@pytest.fixture
+def generation_calls(monkeypatch):
+    """Count calls of Algorithm 1 (dpcore.generation.generate_demos) made by the pipeline's tasks."""
+    from dpcore import generation
+
+    calls = []
+    real = generation.generate_demos
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("labels"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "generate_demos", counting)
+    return calls
+
+
+def _tables(folder: Path) -> dict[str, pd.DataFrame]:
+    return {p.stem: pd.read_parquet(p) for p in folder.glob("*.parquet")}
+
+
+def test_run_folders_hold_every_table_with_its_schema(run):
+    from dpcore import audit, icl
+    from tasks.calibrate import CALIBRATION_COLUMNS
+
+    public, private = Path(run["run_dir"]), Path(run["private_run_dir"])
+    assert public.parts[-3:] == ("agnews-mini", run["data_hash"][:12], run["run_id"])
+    assert "private" in private.parts and private.parts[-3:] == public.parts[-3:]
+    tables, secret = _tables(public), _tables(private)
+    assert set(tables) == PUBLIC_TABLES
+    assert set(secret) == PRIVATE_TABLES
+    assert {"privacy_utility.png", "roc.png", "manifest.json"} <= {p.name for p in public.iterdir()}
+
+    assert list(tables["calibration"].columns) == CALIBRATION_COLUMNS
+    calib = tables["calibration"].iloc[0]
+    assert calib["epsilon"] == 2.0 and calib["method"] == "dp" and calib["noise_multiplier"] > 0
+    smallest_label = tables["label_counts"]["records"].min()
+    assert calib["epsilon_upper"] <= 2.0 + 1e-9 and calib["steps"] == 4
+    assert calib["sampling_rate"] == pytest.approx(2 / smallest_label)  # q = MN/|D_y| at the largest q
+
+    demos = tables["demos"]
+    assert DEMO_COLUMNS <= set(demos.columns)
+    assert set(demos["method"]) == {"dp", "instruction-only"}  # sigma = 0 demos stay private
+    assert sorted(demos[demos["method"] == "dp"]["label"]) == ["Business", "Sports", "Technology", "World"]
+    assert demos["seeded_noise"][demos["method"] == "dp"].all()
+    assert set(secret["sigma_zero_demos"]["method"]) == {"sigma-zero"}
+    assert (secret["sigma_zero_demos"]["noise_multiplier"] == 0).all()
+
+    assert list(tables["predictions"].columns) == icl.PREDICTION_COLUMNS
+    assert list(tables["metrics"].columns) == icl.METRIC_COLUMNS
+    methods = {"zero-shot", "instruction-only", "sigma-zero", "random-real", "dp"}
+    assert set(tables["metrics"]["method"]) == methods
+    assert len(tables["metrics"]) == len(methods) * 2  # two seeds each
+    assert (tables["metrics"]["n"] == 12).all()
+    real_rows = tables["predictions"][tables["predictions"]["method"] == "random-real"]
+    assert all(len(ids) == 0 for ids in real_rows["demo_ids"])  # the real demos' ids stay private
+    assert list(secret["real_demos"]["seed"]) == [0, 1]
+    assert all(len(ids) == 4 for ids in secret["real_demos"]["demo_ids"])
+
+    assert list(tables["mia_scores"].columns) == audit.MIA_SCORE_COLUMNS
+    assert set(tables["mia_scores"]["setting"]) == {"dp", "non-private"}
+    assert {"setting", "epsilon", "auc", "auc_ci_low", "auc_ci_high", "tpr_at_1pct_fpr", "epsilon_lower_bound",
+            "max_overlap_tokens", "passed", "reasons"} <= set(tables["audit"].columns)
+    assert list(tables["audit"]["setting"]) == ["dp"] and list(tables["audit"]["epsilon"]) == [2.0]
+    assert list(tables["audit_reference"]["setting"]) == ["non-private"]
+
+    assert list(tables["label_counts"].columns) == ["label", "records"]
+    assert tables["label_counts"]["records"].sum() == (secret["records"]["split"] == "train").sum()
+    assert list(secret["records"].columns) == ["split", "id", "text", "label"]
+    assert list(secret["partitions"].columns) == ["label", "position", "id"]
+
+    results = tables["results"]
+    assert {"method", "epsilon", "accuracy_mean", "accuracy_std", "calibrated_accuracy_mean",
+            "calibrated_accuracy_std", "mia_auc"} <= set(results.columns)
+    assert len(results) == len(methods)
+    assert results.loc[results["method"] == "dp", "mia_auc"].notna().all()
+
+
+def test_manifest_hashes_every_public_file(run):
+    from dpcore.artifacts import file_sha256, verify_manifest
+
+    public = Path(run["run_dir"])
+    manifest = json.loads((public / "manifest.json").read_text())
+    files = {p.name for p in public.iterdir() if p.is_file() and p.name != "manifest.json"}
+    assert set(manifest["files"]) == files
+    assert manifest["files"]["demos.parquet"] == file_sha256(public / "demos.parquet")
+    assert verify_manifest(public) == []
+    assert manifest["run_id"] == run["run_id"] and manifest["data_hash"] == run["data_hash"]
+    assert manifest["config"]["epsilons"] == "2.0" and manifest["seeded_noise"] is True
+    assert verify_manifest(Path(run["private_run_dir"])) == []
+    (public / "demos.parquet").write_bytes((public / "demos.parquet").read_bytes() + b"x")
+    try:
+        assert verify_manifest(public) == ["demos.parquet"]
+    finally:
+        (public / "demos.parquet").write_bytes((public / "demos.parquet").read_bytes()[:-1])
+
+
+def test_mlflow_parent_and_nested_runs(run):
+    from tasks.record import mlflow_client
+
+    client = mlflow_client()
+    parent = client.get_run(run["mlflow_run_id"])
+    config = tiny_config()
+    for key, value in config.flat().items():
+        assert parent.data.params[key] == value
+    tags = parent.data.tags
+    assert tags["data_hash"] == run["data_hash"] and tags["model"] == "tiny-random"
+    assert tags["seeded_noise"] == "true" and tags["code_version"] and tags["dpicl_run_id"] == run["run_id"]
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"demos.parquet", "metrics.parquet", "roc.png", "privacy_utility.png", "manifest.json"} <= artifacts
+    assert not artifacts & {f"{name}.parquet" for name in PRIVATE_TABLES}
+    location = Path(client.get_experiment(parent.info.experiment_id).artifact_location.removeprefix("file://"))
+    assert location.is_relative_to(Path(run["tracking_uri"].removeprefix("sqlite:///")).parent / "artifacts")
+
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    by_name = {child.info.run_name: child for child in children}
+    assert set(by_name) == {"zero-shot-eps0", "instruction-only-eps0", "dp-eps2", "sigma-zero-epsinf",
+                            "random-real-epsinf"}
+    dp = by_name["dp-eps2"]
+    for key in ("epsilon", "epsilon_upper", "delta", "noise_multiplier", "accuracy_mean", "accuracy_std",
+                "calibrated_accuracy_mean", "calibrated_accuracy_std", "mia_auc", "tpr_at_1pct_fpr"):
+        assert key in dp.data.metrics, key
+    assert dp.data.metrics["epsilon"] == 2.0 and dp.data.metrics["delta"] == pytest.approx(1 / 400)
+    calibration = pd.read_parquet(Path(run["run_dir"]) / "calibration.parquet").iloc[0]
+    assert float(dp.data.params["sampling_rate"]) == pytest.approx(calibration["sampling_rate"])
+    assert dp.data.params["steps"] == "4"
+    assert dp.data.params["epsilons"] == "2.0" and dp.data.tags["method"] == "dp"
+    expected = [r for r in run["results"] if r["method"] == "dp"][0]
+    assert dp.data.metrics["calibrated_accuracy_mean"] == pytest.approx(expected["calibrated_accuracy_mean"])
+    assert "epsilon" not in by_name["random-real-epsinf"].data.metrics  # infinite: a tag, not a metric
+    assert by_name["random-real-epsinf"].data.tags["epsilon"] == "inf"
+
+
+def test_prefect_artifacts_summarise_the_run(run):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from tasks.record import SUMMARY_ARTIFACT_KEY, TABLE_ARTIFACT_KEY
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run["flow_run_id"]])))
+    by_key = {a.key: a for a in artifacts}
+    assert {SUMMARY_ARTIFACT_KEY, TABLE_ARTIFACT_KEY} <= set(by_key)
+    markdown = by_key[SUMMARY_ARTIFACT_KEY].data
+    assert run["run_id"] in markdown and "## Accuracy" in markdown and "## Audit" in markdown
+    assert "| dp | 2 |" in markdown and run["mlflow_run_id"] in markdown
+    table = by_key[TABLE_ARTIFACT_KEY].data
+    rows = json.loads(table) if isinstance(table, str) else table
+    assert {row["method"] for row in rows} == {"zero-shot", "instruction-only", "dp", "sigma-zero", "random-real"}
+
+
+def test_identical_rerun_is_cached_and_does_no_generation(run, generation_calls):
+    from flows.pipeline import run_pipeline
+
+    again = run_pipeline(tiny_config())
+    assert generation_calls == []
+    assert again["run_id"] != run["run_id"]
+    first = pd.read_parquet(Path(run["run_dir"]) / "demos.parquet")
+    second = pd.read_parquet(Path(again["run_dir"]) / "demos.parquet")
+    pd.testing.assert_frame_equal(first, second)
+    assert again["results"] == run["results"]
+
+
+def test_retry_of_a_run_reuses_its_noise_and_a_new_run_draws_fresh_noise(run, generation_calls):
+    """Cryptographic noise (seed None): the generation cache is scoped to the run id."""
+    from flows.pipeline import run_pipeline
+
+    config = tiny_config(seed=None, audit=False, baselines=["zero-shot"], seeds=1)
+    first = run_pipeline(config, run_id="retry-me")
+    drawn = len(generation_calls)
+    assert drawn == 4  # one task per label
+    retried = run_pipeline(config, run_id="retry-me")
+    assert len(generation_calls) == drawn  # nothing regenerated
+    fresh = run_pipeline(config, run_id="another-run")
+    assert len(generation_calls) == 2 * drawn
+    demos = [pd.read_parquet(Path(r["run_dir"]) / "demos.parquet") for r in (first, retried, fresh)]
+    assert not demos[0]["seeded_noise"].any()
+    assert list(demos[0]["text"]) == list(demos[1]["text"])
+    assert list(demos[0]["text"]) != list(demos[2]["text"])
+
+
+def test_a_transient_failure_is_retried(run, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from dpcore import generation
+    from flows.pipeline import run_pipeline
+
+    real = generation.generate_demos
+    failures = []
+
+    def flaky(*args, **kwargs):
+        if not failures:
+            failures.append(kwargs.get("labels"))
+            raise ConnectionError("injected transient failure (a lost GPU worker)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "generate_demos", flaky)
+    result = run_pipeline(tiny_config(seed=321, audit=False, baselines=["zero-shot"], seeds=1))
+    assert len(failures) == 1
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[result["flow_run_id"]])))
+    generations = [t for t in task_runs if t.name.startswith("generate-dp")]
+    assert len(generations) == 4 and all(t.state.is_completed() for t in generations)
+    assert sorted(t.run_count for t in generations) == [1, 1, 1, 2]
+
+
+def test_user_errors_are_not_retried(run, monkeypatch):
+    from dpcore import generation
+    from dpcore.errors import ConfigError
+    from flows.pipeline import run_pipeline
+
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise ConfigError("subset_size: a label has fewer records than N")
+
+    monkeypatch.setattr(generation, "generate_demos", broken)
+    with pytest.raises(ConfigError, match="subset_size"):
+        run_pipeline(tiny_config(seed=99, audit=False, baselines=[], seeds=1))
+    # A deterministic error fails at once: each started generation task ran once (the first failure
+    # cancels the rest), never a retry.
+    assert 1 <= len(calls) <= 4
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="generate-dp")))
+    failed = [t for t in task_runs if t.state.is_failed()]
+    assert failed and all(t.run_count == 1 for t in failed)
+
+
+def test_results_mark_infinite_epsilon(run):
+    rows = {(r["method"], r["epsilon"]) for r in run["results"]}
+    assert ("sigma-zero", "inf") in rows and ("random-real", "inf") in rows
+    assert ("dp", 2.0) in rows
+    assert not any(isinstance(r["epsilon"], float) and math.isinf(r["epsilon"]) for r in run["results"])
