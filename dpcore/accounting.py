@@ -38,7 +38,8 @@ public, as in the paper.
 Reported numbers: `epsilon` is an upper bound: the larger of prv-accountant's upper bound and
 the PLD value (both upper bounds). prv-accountant 0.2.0 has a known numerical bug at large
 epsilon; when the two accountants' point values differ by more than 2% (or prv-accountant
-raises), the larger is reported, `crosscheck_agreed` is False and a warning says why.
+raises), the larger is reported, `crosscheck_agreed` is False and a warning says why (rnm:
+unless the PLD agrees with the exact composition, see above).
 sigma = 0 means no noise: epsilon is math.inf everywhere, never a number.
 
 Calibration results (and single evaluations) are cached as JSON under
@@ -76,7 +77,7 @@ PLD_INTERVAL_FINE = 1e-4         # ... refined before a disagreement is declared
 PLD_INTERVAL_COARSE = 5e-3       # ... coarse, for the calibration's first pass only
 MAX_TARGET_EPSILON = 100.0       # larger targets are vacuous; epsilon = inf (sigma = 0) is the baseline
 SIGMA_MIN, SIGMA_MAX = 0.01, 1e4  # calibration search range (sigma is never searched below SIGMA_MIN)
-CACHE_FORMAT = 1                 # bump when the computation changes (invalidates the cache)
+CACHE_FORMAT = 2                 # bump when the computation changes (invalidates the cache)
 
 CacheDir = Path | str | None | Literal[False]
 
@@ -100,6 +101,18 @@ class PrivacyReport:
     step_epsilon: float = math.inf   # rnm: amplified per-step pure epsilon'; gaussian: inf (none)
     prv_eps_error: float = math.nan  # the eps_error prv-accountant ran with
     epsilon_exact: float = math.nan  # rnm: exact T-fold randomised-response composition; gaussian: nan
+
+    def _key(self) -> tuple:
+        return tuple(None if isinstance(v, float) and math.isnan(v) else v
+                     for v in (getattr(self, f.name) for f in fields(self)))
+
+    def __eq__(self, other: object) -> bool:  # nan fields (quantities not computed) compare equal
+        if not isinstance(other, PrivacyReport):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -195,6 +208,8 @@ def rnm_step_epsilon(noise_multiplier: float, sampling_rate: float) -> float:
     Theorem A.4). Computed stably for large epsilon_0."""
     sigma = _check_noise_multiplier(noise_multiplier)
     q = _check_float("sampling_rate", sampling_rate)
+    if not 0.0 < q <= 1.0:
+        raise ConfigError(f"sampling_rate must be in (0, 1], got {q}")
     if sigma == 0:
         return math.inf
     eps0 = 1.0 / sigma
@@ -298,7 +313,8 @@ def _evaluate(sigma: float, q: float, steps: int, delta: float, mechanism: str) 
                            check_grid=pld is None or pld > PRV_GRID_CHECK_ABOVE)
     except Exception as exc:  # noqa: BLE001
         prv = None
-        notes.append(f"prv-accountant failed ({type(exc).__name__}: {exc}); epsilon from dp-accounting PLD only")
+        alone = "dp-accounting PLD alone" if mechanism == "gaussian" else "dp-accounting PLD and the exact composition"
+        notes.append(f"prv-accountant failed ({type(exc).__name__}: {exc}); epsilon from {alone}")
 
     exact = math.nan
     if mechanism == "rnm":  # the dominating pair (randomised response) composes exactly

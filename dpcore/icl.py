@@ -544,15 +544,19 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
     return predictions, metrics
 
 
-def split_private_demo_ids(predictions: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def split_private_demo_ids(predictions: pd.DataFrame, free_text: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(public predictions with `demo_ids` blanked, private table of the demo ids per seed).
 
     For the random-real baseline the demo ids name real training records: which records
-    were used is membership information, so the ids belong in the private store.
+    were used is membership information, so the ids belong in the private store. With
+    `free_text` (extraction tasks) the generated answers are blanked too: a model prompted
+    with real records may copy their words into its answer (correctness flags stay).
     """
     private = (predictions.groupby(["method", "epsilon", "seed"], sort=True, dropna=False)["demo_ids"]
                .first().reset_index())
     public = predictions.assign(demo_ids=[[] for _ in range(len(predictions))])
+    if free_text:
+        public = public.assign(pred_raw="", pred_calibrated="")
     return public, private
 
 

@@ -156,20 +156,31 @@ def test_rnm_matches_exact_composition(sigma, q, steps, delta):
     assert report.step_epsilon == pytest.approx(step_eps, rel=1e-12)
     assert report.epsilon_pure == pytest.approx(steps * step_eps, rel=1e-12)
     assert report.epsilon_crosscheck == pytest.approx(exact, rel=1e-6)  # dp-accounting on the exact grid
+    assert report.epsilon_exact == pytest.approx(exact, rel=1e-9)
     assert report.epsilon_estimate == pytest.approx(exact, rel=0.02)
     assert exact <= report.epsilon <= exact + 0.011
     assert report.epsilon < report.epsilon_pure and report.crosscheck_agreed
 
 
 def test_rnm_prv_failure_is_caught_by_the_crosscheck():
-    """prv-accountant truncates its grid and reports ~23 where the exact epsilon is ~275."""
+    """prv-accountant truncates its grid and reports ~23 where the exact epsilon is ~275: the larger,
+    correct value is reported, and the cross-check holds only because PLD matches the exact composition."""
     sigma, q, steps, delta = 0.1, 1 / 1500, 100, 1 / 30000
     report = accounting.epsilon_for(sigma, q, steps, delta, mechanism="rnm")
     exact = _exact_randomized_response_epsilon(math.log1p(q * math.expm1(1 / sigma)), steps, delta)
-    assert not report.crosscheck_agreed
-    assert any("disagree" in w for w in report.warnings)
-    assert report.epsilon == pytest.approx(exact, rel=1e-6)  # the larger (correct) value is reported
-    assert report.epsilon <= report.epsilon_pure
+    assert report.epsilon_estimate < 0.5 * exact  # prv-accountant's wrong answer is visible ...
+    assert any("disagree" in w for w in report.warnings)  # ... and flagged
+    assert report.epsilon == pytest.approx(exact, rel=1e-6) and report.epsilon <= report.epsilon_pure
+    assert report.epsilon_exact == pytest.approx(exact, rel=1e-9)
+    assert report.crosscheck_agreed and any("agrees with the exact" in w for w in report.warnings)
+
+
+def test_rnm_crosscheck_fails_when_pld_and_exact_disagree(monkeypatch):
+    monkeypatch.setattr(accounting, "_randomized_response_epsilon", lambda *args: 50.0)
+    monkeypatch.setattr(accounting, "_prv_epsilon", lambda *args, **kwargs: (0.1, 0.2, 0.3))
+    report = accounting.epsilon_for(0.5, 0.01, 10, 1e-5, mechanism="rnm", cache_dir=False)
+    assert not report.crosscheck_agreed and any("DISAGREES" in w for w in report.warnings)
+    assert report.epsilon == min(50.0, report.epsilon_pure)  # the largest value, capped by the pure bound
 
 
 def test_prv_exception_falls_back_to_pld_with_warning(monkeypatch):

@@ -409,3 +409,78 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
     assert len(scores) == 2 * 10 * 60
     assert scores.groupby(["demo_set", "trial"])["member"].sum().unique().tolist() == [30]
     assert _no_text(scores, agnews_sample["text"].tolist())
+
+
+# --------------------------------------------------------------------------- CLI (tiny model)
+
+
+@pytest.fixture(scope="module")
+def mini_task(agnews, tmp_path_factory):
+    """A 2,000-record AG News file with its task spec (a small user dataset), and the tiny model's folder."""
+    import yaml
+
+    folder = tmp_path_factory.mktemp("audit-cli")
+    records = agnews.train.groupby("label").head(550)[["id", "text", "label"]]
+    records.to_csv(folder / "mini.csv", index=False)
+    spec = agnews.spec.model_dump(mode="json")
+    spec.update(name="agnews-mini", source={"type": "file", "path": str(folder / "mini.csv")},
+                split={"test_size": 0.1, "seed": 0})
+    (folder / "mini.yaml").write_text(yaml.safe_dump(spec))
+    return folder, records
+
+
+@pytest.fixture(scope="module")
+def tiny_model_folder(tiny_lm, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _cli(argv, capsys):
+    import json
+
+    from flows.cli import main
+
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, (json.loads(captured.out) if "--json" in argv and code in (0, 1) else captured.out), captured.err
+
+
+def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_folder, tmp_path, capsys, one_thread):
+    from dpcore.artifacts import read_table
+    from dpcore.ledger import Ledger
+
+    folder, records = mini_task
+    out = tmp_path / "audit"
+    code, summary, _ = _cli(["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
+                             "--epsilon", "4", "--model", str(tiny_model_folder), "--trials", "3",
+                             "--audit-members", "10", "--audit-demo-sets", "2", "--max-tokens", "4",
+                             "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--seed", "1",
+                             "--dataset-id", "audit-cli-test", "--out", str(out), "--json"], capsys)
+    for key in ("auc", "tpr_at_1pct_fpr", "epsilon_lower_bound", "max_overlap_tokens", "passed", "reasons"):
+        assert key in summary
+    assert code == (0 if summary["passed"] else 1)
+    assert not summary["passed"] and any("inconclusive" in r for r in summary["reasons"])  # 6 trials are too few
+    assert summary["privacy"]["noise_multiplier"] > 0 and summary["privacy"]["epsilon"] <= 4
+    assert {p.name for p in out.iterdir()} >= {"mia_scores.parquet", "audit.parquet", "roc.png", "audit.json",
+                                               "manifest.json"}
+    scores, audit = read_table(out / "mia_scores.parquet"), read_table(out / "audit.parquet")
+    assert len(scores) == 2 * 3 * 20 and len(audit) == 1 and not audit["passed"].iloc[0]
+    texts = records["text"].tolist()
+    assert _no_text(scores, texts) and _no_text(audit, texts)
+    assert not any(text in (out / "audit.json").read_text() for text in texts)
+    entries = [e for e in Ledger().entries("audit-cli-test") if e.run_id == out.name]
+    assert len(entries) == 2 and {e.purpose for e in entries} == {"audit"}  # one charge per demo set
+
+
+def test_cli_non_private_fails_and_bad_input_exits_2(mini_task, tiny_model_folder, tmp_path, capsys, one_thread):
+    folder, _ = mini_task
+    base = ["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
+            "--model", str(tiny_model_folder), "--out", str(tmp_path / "np")]
+    code, text, _ = _cli(base + ["--non-private", "--trials", "3", "--audit-members", "10"], capsys)
+    assert code == 1 and "gate: FAILED" in text and "  - verbatim overlap" in text
+    code, _, err = _cli(base + ["--non-private", "--trials", "0"], capsys)
+    assert code == 2 and "trials" in err
+    with pytest.raises(SystemExit):
+        _cli(base + ["--non-private", "--epsilon", "1"], capsys)

@@ -257,8 +257,10 @@ def test_random_real_outputs_hold_no_record_text(tiny_lm, agnews):
                 assert not any(isinstance(v, str) and v in texts for v in values), column
     assert set(predictions["demo_ids"].iloc[0]) <= set(real["id"])
     public, private = icl.split_private_demo_ids(predictions)
-    assert (public["demo_ids"].map(len) == 0).all()
+    assert (public["demo_ids"].map(len) == 0).all() and (public["pred_raw"] == predictions["pred_raw"]).all()
     assert len(private) == 2 and set(private.columns) == {"method", "epsilon", "seed", "demo_ids"}
+    public, _ = icl.split_private_demo_ids(predictions, free_text=True)  # extraction: answers may quote demos
+    assert (public["pred_raw"] == "").all() and (public["correct_raw"] == predictions["correct_raw"]).all()
 
 
 def test_evaluate_rejects_bad_input(tiny_lm, agnews):
@@ -305,6 +307,18 @@ def test_cli_random_real_json_and_private_ids(tiny_model_dir, tmp_path, capsys, 
     private = list((dpicl_home / "private").rglob("real_demos.parquet"))
     assert private and len(pd.read_parquet(private[0]).loc[0, "demo_ids"]) == 3
     assert (out / "metrics.parquet").exists() and (out / "manifest.json").exists()
+
+
+def test_cli_random_real_extraction_keeps_answers_private(tiny_model_dir, tmp_path, capsys, dpicl_home):
+    out = tmp_path / "eval"
+    code, _, _ = _cli(["evaluate", "--dataset", "movies-sample-genre", "--baseline", "random-real", "--model",
+                       str(tiny_model_dir), "--test-size", "3", "--seeds", "1", "--shots", "2",
+                       "--max-new-tokens", "2", "--out", str(out)], capsys)
+    assert code == 0
+    public = pd.read_parquet(out / "predictions.parquet")
+    assert (public["pred_raw"] == "").all() and (public["demo_ids"].map(len) == 0).all()
+    private = [p for p in (dpicl_home / "private").rglob("predictions.parquet") if p.parent.name == out.name]
+    assert private and len(pd.read_parquet(private[0])) == 3
 
 
 def test_cli_demos_file_and_errors(tiny_model_dir, tmp_path, capsys):

@@ -204,8 +204,11 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     out = _out_dir(args, dataset)
     if method == "random-real":
-        predictions, real_demos = icl.split_private_demo_ids(predictions)
+        extraction = spec.kind != "classification"
         private_out = private_dir() / "runs" / spec.name / dataset.content_hash[:12] / out.name
+        if extraction:  # answers generated from real demos may quote them: the full table stays private
+            write_table(predictions, private_out / "predictions.parquet")
+        predictions, real_demos = icl.split_private_demo_ids(predictions, free_text=extraction)
         write_table(real_demos, private_out / "real_demos.parquet")
     write_table(predictions, out / "predictions.parquet")
     write_table(metrics, out / "metrics.parquet")

@@ -1,0 +1,455 @@
+"""Algorithm 1 end to end: the batched engine, stopping, streams, baselines, bad input and the CLI."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from dpcore.batching import BatchedForward, common_prefix_length, plan_micro_batches
+from dpcore.config import GenerationConfig
+from dpcore.errors import ConfigError
+from dpcore.generation import (
+    DEMO_COLUMNS,
+    Demo,
+    demos_frame,
+    demos_from_frame,
+    generate_demos,
+    instruction_only_demos,
+    real_demos,
+)
+from dpcore.mechanisms import pre_noise_sum, public_top_k, restricted_softmax
+from dpcore.sampling import poisson_groups
+from dpcore.taskspec import load_task_spec
+
+LABELS = ["World", "Sports", "Business", "Technology"]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_task_spec("agnews")
+
+
+@pytest.fixture(scope="module")
+def records():
+    """Short made-up records (public test data standing in for private ones)."""
+    words = ["market", "match", "election", "chip", "storm", "merger", "league", "rocket"]
+    rng = np.random.default_rng(0)
+    return {label: [f"{label} item {i}: " + " ".join(rng.choice(words, size=4)) for i in range(60)]
+            for label in LABELS}
+
+
+def _config(**kw) -> GenerationConfig:
+    base = {"num_subsets": 4, "subset_size": 2, "top_k": 20, "max_tokens": 4}
+    return GenerationConfig(**{**base, **kw})
+
+
+class PlannedForward:
+    """A stand-in forward pass whose every row puts its largest logit on plan[call] (then plan[-1])."""
+
+    def __init__(self, vocab: int, plan: list[int]):
+        self.vocab, self.plan, self.calls, self.batches = vocab, plan, 0, []
+
+    def __call__(self, prompts):
+        self.batches.append([list(p) for p in prompts])
+        logits = torch.zeros((len(prompts), self.vocab))
+        logits[:, self.plan[min(self.calls, len(self.plan) - 1)]] = 50.0
+        self.calls += 1
+        return logits
+
+
+# --------------------------------------------------------------------------- the batched forward pass
+
+
+def test_micro_batch_plan_covers_every_prompt_once_and_limits_padding():
+    lengths = [5, 300, 7, 290, 6, 310, 8]
+    plan = plan_micro_batches(lengths, max_batch_tokens=10_000, overhead_tokens=10)
+    assert sorted(np.concatenate(plan).tolist()) == list(range(7))
+    padded = sum(len(rows) * max(lengths[i] for i in rows) for rows in plan)
+    assert padded < 1.1 * sum(lengths)
+    assert all(len(rows) * max(lengths[i] for i in rows) <= 600 for rows in plan_micro_batches(lengths, 600, 0))
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_length([[9, 2], [1, 2]]) == 0
+
+
+def test_padded_batch_equals_one_prompt_at_a_time(tiny_lm, spec, records):
+    prompts = [tiny_lm.encode(spec.generation.build(label, records[label][:k]))
+               for label in LABELS for k in (0, 1, 3)]
+    prompts.append(prompts[-1] + tiny_lm.encode(" and more generated text"))
+    single = torch.cat([tiny_lm.next_token_logits([p]) for p in prompts])
+    for prefix_cache in (True, False):
+        forward = BatchedForward(tiny_lm, max_batch_tokens=256, prefix_cache=prefix_cache)
+        batched = forward(prompts)
+        assert torch.allclose(torch.softmax(batched, -1), torch.softmax(single, -1), atol=1e-5)
+        assert forward.stats.micro_batches > 1
+    assert forward.stats.prefix_tokens_reused == 0
+    cached = BatchedForward(tiny_lm)
+    cached(prompts)
+    assert cached.stats.prefix_tokens_reused > 0  # the instruction line is computed once
+
+
+# --------------------------------------------------------------------------- Algorithm 1
+
+
+def test_generates_one_demo_per_label_and_shot_with_every_field(tiny_lm, spec, records):
+    result = generate_demos(tiny_lm, spec, records, _config(demos_per_label=2), 0.5, seed=3)
+    assert [(d.label, d.shot) for d in result.demos] == [(y, s) for y in LABELS for s in (0, 1)]
+    demo = result.demos[0]
+    assert (demo.noise_multiplier, demo.num_subsets, demo.subset_size, demo.top_k, demo.rvp, demo.max_tokens,
+            demo.mechanism, demo.method, demo.sampler, demo.seeded_noise) == (
+        0.5, 4, 2, 20, True, 4, "gaussian", "dp", "poisson", True)
+    assert demo.model == tiny_lm.name
+    assert all(1 <= d.tokens <= 4 or d.stop_reason == "eos" for d in result.demos)
+    assert result.seeded_noise is True
+    assert result.stats["steps"] >= 1 and result.stats["prompt_tokens"] > 0
+    assert result.stats["forward_tokens_per_s"] > 0
+
+
+def test_fixed_seed_reproduces_and_secure_seeding_differs(tiny_lm, spec, records):
+    config = _config(max_tokens=5)
+    first = generate_demos(tiny_lm, spec, records, config, 1.0, seed=9, labels=["World"])
+    again = generate_demos(tiny_lm, spec, records, config, 1.0, seed=9, labels=["World"])
+    assert first.demos == again.demos
+    fresh = [generate_demos(tiny_lm, spec, records, config, 1.0, labels=["World"]) for _ in range(2)]
+    assert all(not r.seeded_noise and not r.demos[0].seeded_noise for r in fresh)
+    assert fresh[0].demos[0].text != fresh[1].demos[0].text
+
+
+@pytest.mark.parametrize("sigma, mechanism", [(0.001, "gaussian"), (0.5, "gaussian"), (0.05, "rnm")])
+def test_four_labels_at_once_equal_one_at_a_time(tiny_lm, spec, records, sigma, mechanism):
+    config = _config(max_tokens=5, mechanism=mechanism)
+    together = generate_demos(tiny_lm, spec, records, config, sigma, seed=21)
+    alone = [generate_demos(tiny_lm, spec, records, config, sigma, seed=21, labels=[y]).demos[0] for y in LABELS]
+    assert together.demos == alone
+
+
+def test_one_forward_pass_per_step_for_every_active_sequence(tiny_lm, spec, records):
+    forward = BatchedForward(tiny_lm)
+    calls = []
+
+    def counting(prompts):
+        calls.append(len(prompts))
+        return forward(prompts)
+
+    result = generate_demos(tiny_lm, spec, records, _config(max_tokens=3, demos_per_label=2), 0.5, seed=1,
+                            forward=counting)
+    assert len(calls) == result.stats["steps"] == 3
+    # Every (label, shot) contributes its public prompt plus at most M group prompts each step.
+    assert all(8 < n <= 8 * (4 + 1) for n in calls)
+
+
+def test_rvp_token_is_always_in_the_public_top_k(tiny_lm, spec, records, monkeypatch):
+    import dpcore.generation as generation
+
+    seen = []
+    original = generation.noisy_argmax
+
+    def spy(scores, keep):
+        token = original(scores, keep)
+        seen.append((token, set(keep.tolist())))
+        return token
+
+    captured = []
+    forward = BatchedForward(tiny_lm)
+
+    def capturing(prompts):
+        logits = forward(prompts)
+        captured.append(logits[-1].clone())  # one stream: its public prompt is the last row
+        return logits
+
+    monkeypatch.setattr(generation, "noisy_argmax", spy)
+    generate_demos(tiny_lm, spec, records, _config(max_tokens=6, top_k=5), 3.0, seed=2, labels=["Sports"],
+                   forward=capturing)
+    assert len(seen) == len(captured) >= 1
+    for (token, keep), public in zip(seen, captured, strict=True):
+        assert keep == set(public_top_k(public, 5).tolist())
+        assert token in keep
+
+
+def test_no_rvp_uses_no_public_prompt(tiny_lm, spec, records):
+    hello = tiny_lm.encode(" hello")[0]
+    forward = PlannedForward(tiny_lm.vocab_size, [hello])
+    generate_demos(tiny_lm, spec, records, _config(rvp=False, max_tokens=2, top_k=10**9), 0.0, seed=0,
+                   labels=["World"], forward=forward)
+    public = tiny_lm.encode(spec.generation.build("World", []))
+    for step, batch in enumerate(forward.batches):
+        assert 1 <= len(batch) <= 4  # at most M group prompts, no public prompt
+        assert all(prompt != public + [hello] * step for prompt in batch)
+
+
+def test_group_prompts_are_the_tokenised_prefix_plus_generated_ids(tiny_lm, spec, records):
+    hello = tiny_lm.encode(" hello")[0]
+    forward = PlannedForward(tiny_lm.vocab_size, [hello])
+    generate_demos(tiny_lm, spec, records, _config(max_tokens=3), 0.0, seed=0, labels=["World"], forward=forward)
+    public = tiny_lm.encode(spec.generation.build("World", []))
+    for step, batch in enumerate(forward.batches):
+        assert batch[-1] == public + [hello] * step
+        for prompt in batch[:-1]:
+            assert prompt[len(prompt) - step:] == [hello] * step
+            assert prompt[:16] == public[:16]  # the instruction line
+
+
+# --------------------------------------------------------------------------- stopping
+
+
+def test_stops_at_end_token_without_keeping_it(tiny_lm, spec, records):
+    eos = min(tiny_lm.eos_token_ids)
+    hello = tiny_lm.encode(" hello")[0]
+    forward = PlannedForward(tiny_lm.vocab_size, [hello, hello, eos])
+    demo = generate_demos(tiny_lm, spec, records, _config(max_tokens=10), 0.0, seed=0, labels=["World"],
+                          forward=forward).demos[0]
+    assert (demo.stop_reason, demo.tokens, demo.text, forward.calls) == ("eos", 2, "hello hello", 3)
+
+
+def test_stops_at_stop_string_and_strips_what_follows(tiny_lm, spec, records):
+    hello, world = tiny_lm.encode(" hello")[0], tiny_lm.encode(" world")[0]
+    newline = tiny_lm.encode("\n")[0]
+    demo = generate_demos(tiny_lm, spec, records, _config(max_tokens=10), 0.0, seed=0, labels=["World"],
+                          forward=PlannedForward(tiny_lm.vocab_size, [hello, world, newline, hello])).demos[0]
+    assert (demo.stop_reason, demo.tokens, demo.text) == ("stop_string", 3, "hello world")
+    custom = spec.model_copy(update={"generation": spec.generation.model_copy(update={"stop": "lo w"})})
+    demo = generate_demos(tiny_lm, custom, records, _config(max_tokens=10), 0.0, seed=0, labels=["World"],
+                          forward=PlannedForward(tiny_lm.vocab_size, [hello, world, hello])).demos[0]
+    assert (demo.stop_reason, demo.tokens, demo.text) == ("stop_string", 2, "hel")
+
+
+def test_stops_at_max_tokens(tiny_lm, spec, records):
+    hello = tiny_lm.encode(" hello")[0]
+    forward = PlannedForward(tiny_lm.vocab_size, [hello])
+    result = generate_demos(tiny_lm, spec, records, _config(max_tokens=4, demos_per_label=2), 0.0, seed=0,
+                            labels=["World", "Sports"], forward=forward)
+    assert [(d.stop_reason, d.tokens, d.text) for d in result.demos] == [("max_tokens", 4, "hello hello hello hello")] * 4
+    assert forward.calls == 4
+
+
+def test_finished_sequences_drop_out_of_the_batch(tiny_lm, spec, records):
+    eos, hello = min(tiny_lm.eos_token_ids), tiny_lm.encode(" hello")[0]
+    batches = []
+
+    def forward(prompts):  # from the second step on, every World prompt prefers the end token
+        texts = [tiny_lm.decode(p) for p in prompts]
+        batches.append(["News Type: World" in t for t in texts])
+        logits = torch.zeros((len(prompts), tiny_lm.vocab_size))
+        logits[:, hello] = 50.0
+        for row, text in enumerate(texts):
+            if len(batches) >= 2 and "News Type: World" in text:
+                logits[row, eos] = 100.0
+        return logits
+
+    result = generate_demos(tiny_lm, spec, records, _config(max_tokens=4), 0.0, seed=0,
+                            labels=["World", "Sports"], forward=forward)
+    world, sports = result.demos
+    assert (world.stop_reason, world.tokens, sports.stop_reason, sports.tokens) == ("eos", 1, "max_tokens", 4)
+    assert len(batches) == 4 and all(any(b) for b in batches[:2])
+    assert not any(any(b) for b in batches[2:])  # World left the batch
+
+
+# --------------------------------------------------------------------------- sensitivity through the LM
+
+
+@pytest.mark.parametrize("rvp", [True, False])
+def test_neighbouring_datasets_move_the_lm_sum_by_at_most_sqrt2(tiny_lm, spec, records, rvp):
+    """D' = D + one record; same randomness (D's groups are D' 's groups without the new record)."""
+    rng = np.random.default_rng(5)
+    forward = BatchedForward(tiny_lm)
+    worst = 0.0
+    label = "World"
+    base = records[label][:12]
+    public = tiny_lm.encode(spec.generation.build(label, []))
+    keep = public_top_k(forward([public])[0], 20) if rvp else None
+    for trial in range(25):
+        extra = f"Added record {trial} " + " ".join(rng.choice(["x", "y", "zz", "news"], size=3))
+        with_record = base + [extra]
+        groups = poisson_groups(len(with_record), 0.5, 3, rng)
+        sums = []
+        for drop in (False, True):
+            kept_groups = [g[g != len(base)] if drop else g for g in groups]
+            prompts = [tiny_lm.encode(spec.generation.build(label, [with_record[i] for i in g]))
+                       for g in kept_groups if len(g)]
+            logits = forward(prompts) if prompts else torch.zeros((0, tiny_lm.vocab_size))
+            sums.append(pre_noise_sum(restricted_softmax(logits, keep)))
+        worst = max(worst, float(np.linalg.norm(sums[0] - sums[1])))
+    assert 0 < worst <= math.sqrt(2) + 1e-9
+
+
+# --------------------------------------------------------------------------- modes and baselines
+
+
+def test_sigma_zero_is_the_same_path_marked_sigma_zero(tiny_lm, spec, records):
+    result = generate_demos(tiny_lm, spec, records, _config(max_tokens=3), 0.0, seed=4, labels=["World"])
+    assert result.demos[0].method == "sigma-zero" and result.demos[0].noise_multiplier == 0.0
+
+
+def test_instruction_only_reads_no_record_and_shots_differ(tiny_lm, spec):
+    config = _config(max_tokens=6, demos_per_label=3, top_k=50)
+    result = instruction_only_demos(tiny_lm, spec, ["World", "Sports"], config, seed=8)
+    again = instruction_only_demos(tiny_lm, spec, ["World", "Sports"], config, seed=8)
+    assert result.demos == again.demos
+    assert len({d.text for d in result.demos if d.label == "World"}) > 1
+    demo = result.demos[0]
+    assert (demo.method, demo.num_subsets, demo.subset_size, math.isinf(demo.noise_multiplier)) == (
+        "instruction-only", 0, 0, True)
+    # One public prompt per (label, shot) per step and nothing else.
+    assert result.stats["prompts"] <= 6 * 6
+
+
+def test_real_demos_draw_distinct_records_with_ids(records):
+    ids = {label: [f"{label}-{i}" for i in range(len(texts))] for label, texts in records.items()}
+    frame = real_demos(records, ids, ["World", "Sports"], 3, np.random.default_rng(0))
+    assert list(frame.columns) == ["label", "shot", "id", "text", "method"]
+    assert len(frame) == 6 and frame.groupby("label")["id"].nunique().tolist() == [3, 3]
+    for row in frame.itertuples():
+        assert records[row.label][int(row.id.split("-")[-1])] == row.text
+    with pytest.raises(ConfigError, match="fewer"):
+        real_demos(records, ids, ["World"], 61, np.random.default_rng(0))
+    with pytest.raises(ConfigError, match="ids_by_label"):
+        real_demos(records, {"World": ["a"]}, ["World"], 1, np.random.default_rng(0))
+
+
+def test_demos_frame_round_trip(tiny_lm, spec, records, tmp_path):
+    demos = generate_demos(tiny_lm, spec, records, _config(max_tokens=2), 0.5, seed=0).demos
+    frame = demos_frame(demos)
+    assert tuple(frame.columns) == DEMO_COLUMNS
+    frame.to_parquet(tmp_path / "demos.parquet")
+    assert demos_from_frame(pd.read_parquet(tmp_path / "demos.parquet")) == demos
+    assert list(demos_frame([]).columns) == list(DEMO_COLUMNS)
+    assert isinstance(demos[0], Demo)
+
+
+def test_progress_and_logs_carry_no_record_text(tiny_lm, spec, records, caplog):
+    infos = []
+    with caplog.at_level(logging.DEBUG):
+        generate_demos(tiny_lm, spec, records, _config(max_tokens=2), 0.5, seed=0, progress=infos.append)
+    assert [i["step"] for i in infos] == [1, 2]
+    assert all(isinstance(v, int | float) for info in infos for v in info.values())
+    assert all(i["tokens_per_s"] > 0 for i in infos)
+    logged = caplog.text
+    assert "tokens/s" in logged
+    assert not any(text in logged for texts in records.values() for text in texts)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("overrides, sigma, match", [
+    ({"num_subsets": 0}, 0.5, "num_subsets"),
+    ({"subset_size": 0}, 0.5, "subset_size"),
+    ({"max_tokens": 0}, 0.5, "max_tokens"),
+    ({"top_k": 49153}, 0.5, "top_k"),
+    ({"top_k": 0}, 0.5, "top_k"),
+    ({"demos_per_label": 0}, 0.5, "demos_per_label"),
+    ({"mechanism": "laplace"}, 0.5, "mechanism"),
+    ({"sampler": "shuffle"}, 0.5, "sampler"),
+    ({}, -1.0, "noise_multiplier"),
+    ({}, float("nan"), "noise_multiplier"),
+    ({"num_subsets": 40}, 0.5, "sampling rate"),  # q = 80/60 > 1
+])
+def test_bad_parameters_raise_config_error(tiny_lm, spec, records, overrides, sigma, match):
+    config = GenerationConfig.model_construct(**{**_config().model_dump(), **overrides})
+    with pytest.raises(ConfigError, match=match):
+        generate_demos(tiny_lm, spec, records, config, sigma, seed=0)
+
+
+def test_label_with_fewer_than_n_records_is_refused(tiny_lm, spec, records):
+    small = {**records, "Sports": ["only one"]}
+    with pytest.raises(ConfigError, match="'Sports' has 1 private records, fewer than subset_size"):
+        generate_demos(tiny_lm, spec, small, _config(), 0.5, seed=0)
+
+
+@pytest.mark.parametrize("labels, match", [(["Weather"], "not among"), ([], "no label"),
+                                           (["World", "World"], "twice")])
+def test_bad_labels_are_refused(tiny_lm, spec, records, labels, match):
+    with pytest.raises(ConfigError, match=match):
+        generate_demos(tiny_lm, spec, records, _config(), 0.5, seed=0, labels=labels)
+
+
+def test_errors_never_carry_record_text(tiny_lm, spec, records):
+    secret = {"World": ["TOP SECRET patient record"], "Sports": records["Sports"]}
+    with pytest.raises(ConfigError) as info:
+        generate_demos(tiny_lm, spec, secret, _config(), 0.5, seed=0)
+    assert "SECRET" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tiny_lm, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _cli(argv, capsys):
+    from flows.cli import main
+
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("epsilon, method", [("inf", "sigma-zero"), ("0", "instruction-only")])
+def test_cli_generate_writes_demos_and_json(tiny_model_dir, tmp_path, capsys, epsilon, method):
+    out = tmp_path / "run"
+    code, stdout, _ = _cli(["generate", "--dataset", "agnews", "--epsilon", epsilon, "--model", str(tiny_model_dir),
+                            "--max-tokens", "2", "--num-subsets", "2", "--seed", "1", "--out", str(out), "--json"],
+                           capsys)
+    assert code == 0
+    report = json.loads(stdout.strip().splitlines()[-1])
+    for key in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps", "demos"):
+        assert key in report
+    assert report["steps"] == 2 and report["epsilon"] == ("inf" if epsilon == "inf" else 0.0)
+    assert [d["label"] for d in report["demos"]] == LABELS
+    assert {"label", "text", "tokens", "stop_reason"} <= set(report["demos"][0])
+    frame = pd.read_parquet(out / "demos.parquet")
+    assert set(frame["method"]) == {method} and len(frame) == 4
+    assert (out / "generation.json").exists() and (out / "manifest.json").exists()
+
+
+def test_cli_generate_calibrates_and_charges(tiny_model_dir, tmp_path, capsys):
+    pytest.importorskip("dpcore.accounting")
+    out = tmp_path / "run"
+    code, stdout, _ = _cli(["generate", "--dataset", "agnews", "--epsilon", "4", "--model", str(tiny_model_dir),
+                            "--max-tokens", "2", "--shots", "8", "--seed", "1", "--out", str(out), "--json"], capsys)
+    assert code == 0
+    report = json.loads(stdout.strip().splitlines()[-1])
+    assert report["steps"] == 4  # 8 shots over 4 labels: 2 demos per label, T = 2 * 2
+    assert 0 < report["noise_multiplier"] < 10 and report["epsilon"] <= 4.0 + 1e-6
+    assert report["sampling_rate"] == pytest.approx(20 / 30056, rel=0.01)
+    assert len(report["demos"]) == 8
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--num-subsets", "0"], "num_subsets"),
+    (["--top-k", "0"], "top_k"),
+    (["--num-subsets", "20000"], "sampling rate"),
+])
+def test_cli_generate_bad_input_exits_2(tiny_model_dir, tmp_path, capsys, flags, match):
+    code, _, stderr = _cli(["generate", "--dataset", "agnews", "--epsilon", "inf", "--model", str(tiny_model_dir),
+                            "--out", str(tmp_path / "x"), *flags], capsys)
+    assert code == 2 and match in stderr
+
+
+# --------------------------------------------------------------------------- the real model
+
+
+@pytest.mark.slow
+def test_real_model_generates_agnews_demo(embedded_lm, agnews):
+    spec = agnews.spec
+    label_records = {"Sports": agnews.records_for("Sports")}
+    prompts = [embedded_lm.encode(spec.generation.build("Sports", label_records["Sports"][i:i + k]))
+               for i, k in ((0, 0), (3, 1), (7, 2))]
+    single = torch.cat([embedded_lm.next_token_logits([p]) for p in prompts])
+    batched = BatchedForward(embedded_lm)(prompts)
+    assert torch.allclose(torch.softmax(batched, -1), torch.softmax(single, -1), atol=1e-5)
+    config = GenerationConfig(num_subsets=4, subset_size=1, top_k=100, max_tokens=6)
+    result = generate_demos(embedded_lm, spec, label_records, config, 0.0, seed=0)
+    demo = result.demos[0]
+    assert demo.tokens >= 1 and demo.text.strip()
+    assert result.stats["forward_tokens_per_s"] > 0
