@@ -15,12 +15,13 @@ demonstrations are under audit. Records that were in the prompt (members) score 
 
 Statistics (pure functions, tested against hand-computed cases): `roc_auc` (Mann-Whitney),
 `roc_curve`, `tpr_at_fpr`, `empirical_epsilon_lower_bound` (Clopper-Pearson),
-`bootstrap_mean_ci`; `verbatim_overlap` (longest shared token run between a demo and the
-private records); `gate` (pass/fail with one reason per line).
+`auc_mean_ci` (Student t, Hanley-McNeil floor); `verbatim_overlap` (longest shared token
+run between a demo and the private records); `gate` (pass/fail, one reason per line).
 
 Privacy: every output here (AuditResult, the `mia_scores` and `audit` tables, the ROC
-plot) holds record ids, labels of the audit setting, scores and counts, never a
-record's text. Overlap is reported as token counts only.
+plot) holds record ids, scores, counts and public configuration, never a record's text.
+Overlap is reported as token counts only; the audited demo texts are not kept either (a
+sigma = 0 demo may copy a record).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from dpcore.taskspec import TaskSpec
 log = logging.getLogger(__name__)
 
 MIA_SCORE_COLUMNS = ["setting", "epsilon", "demo_set", "trial", "role", "member", "record_id", "score"]
-AUC_CI_METHOD = "percentile bootstrap over trials (resampled within each demo set)"
+AUC_CI_METHOD = "Student t over trials, per-trial variance >= Hanley-McNeil null variance"
 EPSILON_LB_METHOD = "holdout"  # threshold chosen on even trials, bounded on odd trials (see below)
 
 
@@ -254,28 +255,29 @@ def empirical_epsilon_lower_bound(member_scores, non_member_scores, delta: float
 # =========================================================================== AUC confidence interval
 
 
-def bootstrap_mean_ci(values, confidence: float = 0.95, strata=None, rng: np.random.Generator | None = None,
-                      resamples: int = 2000) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of `values` (e.g. per-trial AUCs).
+def null_auc_variance(members: int, non_members: int) -> float:
+    """Variance of the AUC of `members` vs `non_members` scores from one distribution (no ties):
+    (n_1 + n_0 + 1) / (12 n_1 n_0), Hanley & McNeil (1982) at AUC = 0.5 (Mann-Whitney null)."""
+    return (members + non_members + 1) / (12.0 * members * non_members)
 
-    Values are resampled with replacement within each stratum (the DP audit's demo set),
-    keeping the strata's sizes, so the interval is for this configuration's demo sets.
-    Fewer than two values give (nan, nan): no interval.
+
+def auc_mean_ci(trial_aucs, members: int, non_members: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided Student-t interval for the mean of per-trial AUCs (n - 1 degrees of freedom).
+
+    The per-trial variance is the sample variance, floored at the Hanley-McNeil variance of
+    an AUC under no leakage for the trial's sizes (`null_auc_variance`): a handful of
+    trials that happen to agree cannot make the interval falsely narrow. Trials are
+    independent given the prompt when they use disjoint records (the audits draw them so);
+    under leakage, demo sets differ, and that shows in the sample variance. Fewer than two
+    trials: (nan, nan).
     """
-    values = np.asarray(values, dtype=float)
+    values = np.asarray(trial_aucs, dtype=float)
     if len(values) < 2:
         return (math.nan, math.nan)
-    rng = rng if rng is not None else np.random.default_rng(0)
-    strata = np.zeros(len(values), dtype=int) if strata is None else np.asarray(strata)
-    sums = np.zeros(resamples)
-    for stratum in np.unique(strata):
-        group = values[strata == stratum]
-        picks = rng.integers(0, len(group), size=(resamples, len(group)))
-        sums += group[picks].sum(axis=1)
-    means = sums / len(values)
-    alpha = 1.0 - confidence
-    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return (float(low), float(high))
+    variance = max(float(values.var(ddof=1)), null_auc_variance(members, non_members))
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1)) * math.sqrt(variance / len(values))
+    mean = float(values.mean())
+    return (mean - half, mean + half)
 
 
 # =========================================================================== verbatim overlap
@@ -444,7 +446,7 @@ def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[
     crosscheck_agreed (True/False, or None when no accountant applies: a non-private prompt).
     Conditions:
     1. the averaged AUC lies within 0.5 +/- auc_tolerance (two-sided: a score that ranks
-       members LOWER is a distinguisher too); its bootstrap CI is shown in the reason;
+       members LOWER is a distinguisher too); its CI (`auc_mean_ci`) is shown in the reason;
     2. the CI is no wider than the band (hi - lo <= 2 tolerance); otherwise the audit is
        too small to tell (inconclusive). Under no leakage the AUC estimate then leaves the
        band with probability <= 1 - confidence (about), which bounds false alarms;
@@ -582,7 +584,7 @@ def _check_split(frame: pd.DataFrame, name: str) -> None:
 
 def trial_samples(rng: np.random.Generator, pool_size: int, per_trial: int, trials: int) -> list[np.ndarray]:
     """Row indices for each trial: disjoint across trials when the pool allows (one permutation, sliced),
-    so trials are independent samples given the prompt and the bootstrap over trials is honest;
+    so trials are independent samples given the prompt and the interval over trials is honest;
     otherwise independent draws per trial (records then recur across trials: the interval is optimistic,
     a warning is logged)."""
     if per_trial > pool_size:
@@ -616,7 +618,7 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
     """
     began = time.perf_counter()
     _check_split(records, "records")
-    if not classification_kind(spec):
+    if spec.kind != "classification":
         raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
     n = len(records)
     if n < config.non_members + 1:
@@ -650,7 +652,7 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
     return _finish(
         thresholds or GateThresholds.from_config(config),
         setting="non-private", epsilon=math.inf, noise_multiplier=None, delta=delta,
-        auc=float(np.mean(aucs)), auc_ci=bootstrap_mean_ci(aucs, config.confidence, rng=rng),
+        auc=float(np.mean(aucs)), auc_ci=auc_mean_ci(aucs, 1, config.non_members, config.confidence),
         trial_aucs=tuple(float(a) for a in aucs), trials=config.trials, demo_sets=0,
         members_per_trial=1, non_members_per_trial=config.non_members,
         confidence=config.confidence, **_pooled_metrics(scores, config.confidence, delta),
@@ -659,10 +661,6 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
         seconds=time.perf_counter() - began, overlap_tokenizer=overlap.tokenizer,
         mia_scores=scores[MIA_SCORE_COLUMNS],
     )
-
-
-def classification_kind(spec: TaskSpec) -> bool:
-    return spec.kind == "classification"
 
 
 def split_members(records: pd.DataFrame, seed=None, member_fraction: float = 0.5
@@ -714,7 +712,7 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
     began = time.perf_counter()
     _check_split(members, "members")
     _check_split(non_members, "non_members")
-    if not classification_kind(spec):
+    if spec.kind != "classification":
         raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
     rng = _rng(seed)
     m_label = members["label"].astype(str).to_numpy()
@@ -726,7 +724,7 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
                           f"non-members to query")
     order = [labels[i] for i in rng.permutation(len(labels))]
     gen_config = generation_config.model_copy(update={"demos_per_label": 1})
-    frames, aucs, strata, demo_texts, demo_labels = [], [], [], [], []
+    frames, aucs, demo_texts, demo_labels = [], [], [], []
     setting = "instruction-only" if epsilon == 0 else "dp"
     for demo_set in range(config.demo_sets):
         label = order[demo_set % len(order)]
@@ -764,7 +762,6 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
             ms = np.array([m_score[int(i)] for i in m_rows])
             ns = np.array([n_score[int(i)] for i in n_rows])
             aucs.append(roc_auc(ms, ns))
-            strata.append(demo_set)
             frames.append(pd.DataFrame({
                 "setting": setting, "epsilon": float(epsilon), "demo_set": demo_set, "trial": trial,
                 "role": ["member"] * len(ms) + ["non_member"] * len(ns),
@@ -788,7 +785,8 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
     return _finish(
         thresholds or GateThresholds.from_config(config),
         setting=setting, epsilon=float(epsilon), noise_multiplier=float(noise_multiplier), delta=delta,
-        auc=float(np.mean(aucs)), auc_ci=bootstrap_mean_ci(aucs, config.confidence, strata=strata, rng=rng),
+        auc=float(np.mean(aucs)),
+        auc_ci=auc_mean_ci(aucs, config.members, config.non_members, config.confidence),
         trial_aucs=tuple(float(a) for a in aucs), trials=len(aucs), demo_sets=config.demo_sets,
         members_per_trial=config.members, non_members_per_trial=config.non_members,
         confidence=config.confidence, **_pooled_metrics(scores, config.confidence, delta),

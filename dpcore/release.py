@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
@@ -123,3 +124,73 @@ def release_manifest(
         "code_version": code_version,
         "audit": audit_summary,
     }
+
+
+# --------------------------------------------------------------------------- finished runs on disk
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The public tables of a finished pipeline run (`$DPICL_HOME/runs/<dataset>/<hash12>/<run-id>/`)."""
+
+    path: Path
+    manifest: dict
+    demos: pd.DataFrame
+    calibration: pd.DataFrame
+    audit: pd.DataFrame | None
+    changed_files: tuple[str, ...]
+
+    @property
+    def run_id(self) -> str:
+        return str(self.manifest.get("run_id", self.path.name))
+
+
+def find_run_dir(run_id: str, home: Path) -> Path:
+    """The public folder of `run_id`; a clear error when it is missing or ambiguous."""
+    from dpcore.errors import ConfigError
+
+    matches = [p for p in (home / "runs").glob(f"*/*/{run_id}") if p.is_dir()]
+    if not matches:
+        raise ConfigError(f"run {run_id!r}: no run folder under {home / 'runs'} (see `dpicl run` output)")
+    if len(matches) > 1:
+        raise ConfigError(f"run {run_id!r}: several run folders match: {', '.join(str(m) for m in matches)}")
+    return matches[0]
+
+
+def load_run(run_id: str, home: Path) -> RunFolder:
+    """Read the tables the release gate needs; files changed since the manifest are reported, not trusted."""
+    import json
+
+    from dpcore.artifacts import read_table, verify_manifest
+    from dpcore.errors import ConfigError
+
+    path = find_run_dir(run_id, home)
+    if not (path / "manifest.json").exists():
+        raise ConfigError(f"run {run_id!r}: {path} has no manifest.json (the run did not finish)")
+    for name in ("demos", "calibration"):
+        if not (path / f"{name}.parquet").exists():
+            raise ConfigError(f"run {run_id!r}: {path / (name + '.parquet')} is missing")
+    audit_path = path / "audit.parquet"
+    return RunFolder(
+        path=path,
+        manifest=json.loads((path / "manifest.json").read_text()),
+        demos=read_table(path / "demos.parquet"),
+        calibration=read_table(path / "calibration.parquet"),
+        audit=read_table(audit_path) if audit_path.exists() else None,
+        changed_files=tuple(verify_manifest(path)),
+    )
+
+
+def choose_release_epsilon(run: RunFolder, epsilon: float | None) -> float:
+    """The epsilon to release: the one asked for, else the smallest DP epsilon of the run (the strongest guarantee)."""
+    from dpcore.errors import ConfigError
+
+    dp = run.demos[run.demos["method"] == "dp"]
+    available = sorted(set(float(e) for e in dp["epsilon"])) if "epsilon" in dp.columns else []
+    if epsilon is None:
+        if not available:
+            raise ConfigError(f"run {run.run_id}: no DP demonstrations to release")
+        return available[0]
+    if float(epsilon) not in available:
+        raise ConfigError(f"--epsilon {epsilon}: run {run.run_id} has DP demos at {available or 'no epsilon'}")
+    return float(epsilon)

@@ -54,7 +54,8 @@ def make_task_runner(spec: str = "threads"):
     if spec == "threads" or spec.startswith("threads:"):
         workers = int(spec.split(":", 1)[1]) if ":" in spec else None
         if workers is None and not os.environ.get("PREFECT_TASK_RUNNER_THREAD_POOL_MAX_WORKERS"):
-            workers = max(2, min(4, os.cpu_count() or 2))
+            # Model forwards already use every core: more threads than cores only contend.
+            workers = max(2, min(8, os.cpu_count() or 2))
         return ThreadPoolTaskRunner(max_workers=workers)
     from prefect_dask import DaskTaskRunner
 

@@ -9,17 +9,19 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from dpcore.audit import (
     MIA_SCORE_COLUMNS,
     AuditResult,
     GateThresholds,
-    bootstrap_mean_ci,
+    auc_mean_ci,
     clopper_pearson_lower,
     clopper_pearson_upper,
     empirical_epsilon_lower_bound,
     epsilon_bounds_at,
     gate,
+    null_auc_variance,
     roc_auc,
     roc_curve,
     roc_plot,
@@ -152,14 +154,26 @@ def test_epsilon_bound_groups_and_fallback():
 # --------------------------------------------------------------------------- AUC interval
 
 
-def test_bootstrap_ci():
+def test_auc_interval():
+    assert null_auc_variance(50, 50) == pytest.approx(101 / 30000)
+    # agreeing trials cannot shrink the interval below the no-leakage spread (Hanley-McNeil floor)
+    low, high = auc_mean_ci([0.5] * 20, 30, 30, 0.95)
+    half = stats.t.ppf(0.975, 19) * math.sqrt(61 / (12 * 900) / 20)
+    assert (low, high) == (pytest.approx(0.5 - half), pytest.approx(0.5 + half))
+    # spread-out trials: the sample variance, Student t with n - 1 degrees of freedom
+    values = np.array([0.2, 0.9, 0.4, 0.8, 0.6])
+    low, high = auc_mean_ci(values, 50, 50, 0.9)
+    half = stats.t.ppf(0.95, 4) * values.std(ddof=1) / math.sqrt(5)
+    assert (low, high) == (pytest.approx(0.58 - half), pytest.approx(0.58 + half))
+    assert all(math.isnan(v) for v in auc_mean_ci([0.5], 50, 50))
+    # coverage under no leakage: simulated trials of 30 vs 30 from one distribution
     rng = np.random.default_rng(0)
-    values = rng.normal(0.5, 0.05, size=60)
-    low, high = bootstrap_mean_ci(values, 0.95, strata=np.repeat([0, 1, 2], 20), rng=rng)
-    assert low < values.mean() < high
-    assert high - low == pytest.approx(2 * 1.96 * values.std() / math.sqrt(60), rel=0.25)
-    assert all(math.isnan(v) for v in bootstrap_mean_ci([0.5], 0.95))
-    assert bootstrap_mean_ci([0.5, 0.5, 0.5], 0.95) == (0.5, 0.5)
+    covered = 0
+    for _ in range(200):
+        aucs = [roc_auc(rng.normal(size=30), rng.normal(size=30)) for _ in range(10)]
+        low, high = auc_mean_ci(aucs, 30, 30, 0.95)
+        covered += low <= 0.5 <= high
+    assert covered >= 0.92 * 200
 
 
 # --------------------------------------------------------------------------- verbatim overlap
@@ -474,13 +488,60 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_fol
     assert len(entries) == 2 and {e.purpose for e in entries} == {"audit"}  # one charge per demo set
 
 
-def test_cli_non_private_fails_and_bad_input_exits_2(mini_task, tiny_model_folder, tmp_path, capsys, one_thread):
+def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tiny_model_folder, tmp_path, capsys,
+                                                                  one_thread):
+    from dpcore.artifacts import read_table
+
     folder, _ = mini_task
     base = ["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
-            "--model", str(tiny_model_folder), "--out", str(tmp_path / "np")]
-    code, text, _ = _cli(base + ["--non-private", "--trials", "3", "--audit-members", "10"], capsys)
+            "--model", str(tiny_model_folder)]
+    code, text, _ = _cli(base + ["--non-private", "--trials", "3", "--audit-members", "10",
+                                 "--out", str(tmp_path / "np")], capsys)
     assert code == 1 and "gate: FAILED" in text and "  - verbatim overlap" in text
+    # epsilon 0: instruction-only demos (nothing charged), with the non-private reference alongside
+    code, summary, _ = _cli(base + ["--epsilon", "0", "--trials", "2", "--audit-members", "10", "--audit-demo-sets",
+                                    "1", "--max-tokens", "4", "--top-k", "10", "--reference", "--seed", "3",
+                                    "--out", str(tmp_path / "eps0"), "--json"], capsys)
+    assert summary["setting"] == "instruction-only" and summary["ledger_entries"] == 0
+    assert summary["reference"]["setting"] == "non-private" and not summary["reference"]["passed"]
+    scores = read_table(tmp_path / "eps0" / "mia_scores.parquet")
+    assert set(scores["setting"]) == {"instruction-only", "non-private"}
+    assert (tmp_path / "eps0" / "audit_reference.parquet").exists()
     code, _, err = _cli(base + ["--non-private", "--trials", "0"], capsys)
     assert code == 2 and "trials" in err
     with pytest.raises(SystemExit):
         _cli(base + ["--non-private", "--epsilon", "1"], capsys)
+
+
+# --------------------------------------------------------------------------- the leak
+
+
+def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sample, monkeypatch):
+    """A model that recognises its own demonstration (Duan et al.'s leak, exaggerated) is caught on every count."""
+    import zlib
+
+    from dpcore import icl
+    from dpcore.audit import non_private_audit
+    from dpcore.config import AuditConfig
+
+    labels = agnews.spec.label_names
+
+    def copying_label_logprobs(lm, spec, demos, queries, labels_=None, batch_size=16):
+        out = []
+        for query in queries:
+            if any(query == demo[0] for demo in demos):  # a member: the demo's label, confidently
+                probs = np.full(len(labels), 0.02)
+                probs[labels.index(demos[0][1])] = 0.94
+            else:  # anyone else: an arbitrary but fixed guess
+                probs = np.random.default_rng(zlib.crc32(query.encode())).dirichlet(np.ones(len(labels)))
+            out.append(np.log(probs))
+        return np.array(out)
+
+    monkeypatch.setattr(icl, "label_logprobs", copying_label_logprobs)
+    result = non_private_audit(tiny_lm, agnews.spec, agnews_sample, AuditConfig(trials=100, non_members=50),
+                               seed=0, overlap_records=agnews_sample.head(100))
+    assert result.auc > 0.9 and result.auc_ci[0] > 0.55
+    assert result.tpr_at_1pct_fpr > 0.5 and result.epsilon_lower_bound > 1.0
+    assert not result.passed
+    assert result.reasons[0].startswith("membership-inference AUC") and "outside 0.5 +/- 0.05" in result.reasons[0]
+    assert any(r.startswith("verbatim overlap") for r in result.reasons)

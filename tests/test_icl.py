@@ -352,3 +352,32 @@ def test_real_model_agnews_20_items(embedded_lm, agnews):
     cached = icl.label_logprobs(embedded_lm, agnews.spec, demos, queries)
     naive = icl.label_logprobs_naive(embedded_lm, agnews.spec, demos, queries)
     np.testing.assert_allclose(cached, naive, atol=1e-3, rtol=0)
+
+
+def test_cli_dp_demos_from_generation_frame_get_an_accounted_epsilon(tiny_model_dir, tmp_path, capsys):
+    from dpcore.generation import Demo, demos_frame
+
+    demos = [Demo(label=label, shot=0, text=text, tokens=5, stop_reason="eos", noise_multiplier=0.5, num_subsets=4,
+                  subset_size=1, top_k=100, rvp=True, max_tokens=10, mechanism="gaussian", model="tiny",
+                  seeded_noise=True, method="dp")
+             for label, text in [("Location", "Where is Rome?"), ("Person", "Who is he?"), ("Number", "How many?")]]
+    demos_frame(demos).to_parquet(tmp_path / "demos.parquet")
+    code, stdout, err = _cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
+                              "--model", str(tiny_model_dir), "--test-size", "2", "--seeds", "1", "--json",
+                              "--out", str(tmp_path / "o")], capsys)
+    assert code == 0 and "accounted from the demos' noise multiplier" in err
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["method"] == "dp" and 0 < result["epsilon"] < 100
+    code, stdout, _ = _cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
+                            "--epsilon", "2", "--model", str(tiny_model_dir), "--test-size", "2", "--seeds", "1",
+                            "--json", "--out", str(tmp_path / "o2")], capsys)
+    assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["epsilon"] == 2.0
+
+
+def test_cli_instruction_only_baseline(tiny_model_dir, tmp_path, capsys):
+    code, stdout, _ = _cli(["evaluate", "--dataset", "trec", "--baseline", "instruction-only", "--model",
+                            str(tiny_model_dir), "--test-size", "2", "--seeds", "2", "--shots", "2", "--max-tokens",
+                            "3", "--seed", "1", "--json", "--out", str(tmp_path / "o")], capsys)
+    assert code == 0
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["method"] == "instruction-only" and result["epsilon"] == 0.0 and result["shots"] == 2

@@ -276,3 +276,39 @@ def test_results_mark_infinite_epsilon(run):
     assert ("sigma-zero", "inf") in rows and ("random-real", "inf") in rows
     assert ("dp", 2.0) in rows
     assert not any(isinstance(r["epsilon"], float) and math.isinf(r["epsilon"]) for r in run["results"])
+
+
+def test_run_and_demo_flags_cover_the_run_config(run):
+    from flows.cli import build_parser
+    from flows.cli.run import DEMO_DEFAULTS, _config, format_results
+    from flows.pipeline import make_task_runner
+
+    parser = build_parser()
+    args = parser.parse_args(["run", "--dataset", "sst2", "--epsilons", "1,4", "--num-subsets", "3",
+                              "--subset-size", "1", "--top-k", "50", "--no-rvp", "--max-tokens", "12", "--shots", "2",
+                              "--seeds", "3", "--test-size", "30", "--no-audit", "--seed", "7", "--mechanism", "rnm",
+                              "--baselines", "zero-shot,random-real", "--task-runner", "dask:3", "--json"])
+    config = _config(args)
+    assert (config.dataset, config.epsilons, config.num_subsets, config.subset_size, config.top_k) == (
+        "sst2", [1.0, 4.0], 3, 1, 50)
+    assert (config.rvp, config.max_tokens, config.shots, config.seeds, config.test_size, config.audit) == (
+        False, 12, 2, 3, 30, False)
+    assert (config.seed, config.mechanism, config.baselines, config.task_runner) == (
+        7, "rnm", ["zero-shot", "random-real"], "dask:3")
+    assert args.json
+    demo = _config(parser.parse_args(["demo", "--test-size", "50", "--epsilon", "2", "--epsilon", "inf"]),
+                   DEMO_DEFAULTS)
+    assert demo.test_size == 50 and demo.epsilons == [2.0, math.inf]
+    assert demo.num_subsets == DEMO_DEFAULTS["num_subsets"] and demo.max_tokens == DEMO_DEFAULTS["max_tokens"]
+    assert demo.seed is None and demo.model == "smollm2-135m"
+
+    table = format_results(run)
+    assert "MLflow run id:   " + run["mlflow_run_id"] in table and run["run_dir"] in table
+    assert table.splitlines()[0].split()[:2] == ["method", "epsilon"]
+
+    assert make_task_runner("threads:3")._max_workers == 3
+    assert make_task_runner("dask:3").cluster_kwargs["n_workers"] == 3
+    from dpcore.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="task_runner"):
+        make_task_runner("ray")

@@ -4,6 +4,9 @@
                    [--model NAME] [--shots S] [--test-size N] [--seeds K] [--no-calibrate]
                    [--data-path FILE --task-spec YAML] [--device D] [--out DIR] [--json]
 
+`--baseline instruction-only` first generates demos from the instruction alone (epsilon = 0,
+`dpcore.generation.instruction_only_demos`; `--max-tokens`, `--top-k`, `--no-rvp`, `--seed` apply).
+
 Writes `predictions.parquet`, `metrics.parquet`, `summary.json` and `manifest.json` to
 `$DPICL_HOME/runs/<dataset>/<data hash[:12]>/evaluate-<UTC time>/` (or `--out DIR`).
 For `--baseline random-real` the ids of the real records used as demos are private
@@ -21,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 EVAL_FLAGS = ["dataset", "data_path", "task_spec", "model", "device", "dtype", "shots", "seeds", "test_size",
-              "calibrate", "seed"]
+              "calibrate", "seed", "delta", "max_tokens", "top_k", "rvp"]
 BASELINES = ("zero-shot", "instruction-only", "random-real")
 
 
@@ -40,7 +43,8 @@ def register(subparsers) -> None:
                         help="with --demos: keep only rows of this method (when the file holds several)")
     parser.add_argument("--epsilon", type=parse_epsilon, default=None,
                         help="with --demos: the epsilon the demos were generated at (default: the file's "
-                        "epsilon column, inf for sigma-zero, 0 for instruction-only)")
+                        "epsilon column, inf for sigma-zero, 0 for instruction-only, else accounted from the "
+                        "demos' noise multiplier and generation settings at --delta, default 1/|D_priv|)")
     parser.add_argument("--batch-size", type=int, default=16, help="test items per forward pass")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="extraction tasks: greedy answer length")
     parser.add_argument("--out", default=None, help="output folder (default: under $DPICL_HOME/runs/)")
@@ -51,7 +55,33 @@ def register(subparsers) -> None:
 # --------------------------------------------------------------------------- demo sources
 
 
-def _demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | None, spec):
+def _epsilon_from_noise(frame, dataset, delta: float | None) -> float:
+    """Run epsilon of DP demos from their generation settings (Poisson accountant; max over labels,
+    parallel composition), or NaN when the file lacks a setting or used the unaccounted fixed sampler."""
+    from dpcore import accounting
+
+    needed = ("noise_multiplier", "num_subsets", "subset_size", "max_tokens", "shot")
+    if any(column not in frame.columns for column in needed):
+        return math.nan
+    if "sampler" in frame.columns and set(frame["sampler"].astype(str)) != {"poisson"}:
+        return math.nan
+    mechanism = str(frame["mechanism"].iloc[0]) if "mechanism" in frame.columns else "gaussian"
+    delta = delta if delta is not None else accounting.default_delta(len(dataset.train))
+    counts = dataset.label_counts()
+    epsilons = []
+    for label, rows in frame.groupby("label"):
+        if counts.get(str(label), 0) < 1:
+            return math.nan
+        first = rows.iloc[0]
+        q = accounting.sampling_rate(int(first["num_subsets"]), int(first["subset_size"]), counts[str(label)])
+        steps = accounting.total_steps(int(first["max_tokens"]), int(rows["shot"].max()) + 1)
+        report = accounting.epsilon_for(float(first["noise_multiplier"]), q, steps, delta, mechanism)
+        epsilons.append(float(report.epsilon))
+    return max(epsilons) if epsilons else math.nan
+
+
+def _demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | None, spec, dataset,
+                     delta: float | None):
     """(pool, method, epsilon) from a demos Parquet written by `dpcore.generation.demos_frame`."""
     import pandas as pd
 
@@ -94,9 +124,14 @@ def _demos_from_file(path: str, method_filter: str | None, epsilon_flag: float |
     elif method == "instruction-only":
         epsilon = 0.0
     else:
-        epsilon = math.nan
-        print(f"dpicl evaluate: warning: {file} records no epsilon; pass --epsilon E to label the results",
-              file=sys.stderr)
+        epsilon = _epsilon_from_noise(frame, dataset, delta)
+        if math.isnan(epsilon):
+            print(f"dpicl evaluate: warning: {file} records no epsilon and not enough generation settings to "
+                  "account for it; pass --epsilon E to label the results", file=sys.stderr)
+        else:
+            print(f"dpicl evaluate: epsilon {epsilon:.3f} accounted from the demos' noise multiplier "
+                  f"(delta {delta if delta is not None else 1 / len(dataset.train):.3g}; --epsilon overrides)",
+                  file=sys.stderr)
     pool = [(str(t), str(lab), f"{lab}/{i}") for i, (t, lab) in enumerate(zip(frame["text"], frame["label"],
                                                                             strict=True))]
     return pool, method, epsilon
@@ -184,7 +219,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     pool = None
     if args.demos:
-        pool, method, epsilon = _demos_from_file(args.demos, args.method, args.epsilon, spec)
+        pool, method, epsilon = _demos_from_file(args.demos, args.method, args.epsilon, spec, dataset, config.delta)
     lm = LanguageModel.load(config.model, config.device, config.dtype)
     if args.baseline == "zero-shot":
         method, epsilon = "zero-shot", 0.0

@@ -66,33 +66,24 @@ def _privacy(epsilon: float, label_counts: dict[str, int], config: RunConfig, st
     """sigma for the run: one sigma calibrated at the largest sampling rate (labels compose in parallel)."""
     from dpcore import accounting
 
-    rates = {label: accounting.sampling_rate(config.num_subsets, config.subset_size, count)
-             for label, count in label_counts.items()}
-    q = max(rates.values())
-    if math.isinf(epsilon):
-        return {"epsilon": math.inf, "delta": delta, "noise_multiplier": 0.0, "sampling_rate": q, "steps": steps,
-                "mechanism": config.mechanism, "warnings": []}
+    if math.isinf(epsilon):  # sigma = 0: no noise, no calibration
+        rates = {label: accounting.sampling_rate(config.num_subsets, config.subset_size, count)
+                 for label, count in label_counts.items() if count > 0}
+        return {"epsilon": math.inf, "target_epsilon": math.inf, "delta": delta, "noise_multiplier": 0.0,
+                "sampling_rate": max(rates.values()), "steps": steps, "mechanism": config.mechanism,
+                "limiting_label": max(rates, key=rates.get), "per_label_epsilon": dict.fromkeys(rates, math.inf),
+                "crosscheck_agreed": True, "warnings": []}
     result = accounting.calibrate_for_labels(epsilon, label_counts, config.num_subsets, config.subset_size, steps,
                                              delta, mechanism=config.mechanism)
-    report = _run_report(result)
+    report = result["report"]
     return {
-        "epsilon": float(report.epsilon), "target_epsilon": float(epsilon), "delta": float(report.delta),
-        "noise_multiplier": float(report.noise_multiplier), "sampling_rate": float(report.sampling_rate),
-        "steps": int(report.steps), "mechanism": report.mechanism,
+        "epsilon": float(result["epsilon"]), "target_epsilon": float(epsilon), "delta": float(result["delta"]),
+        "noise_multiplier": float(result["noise_multiplier"]), "sampling_rate": float(result["sampling_rate"]),
+        "steps": int(result["steps"]), "mechanism": result["mechanism"], "limiting_label": result["limiting_label"],
+        "per_label_epsilon": {label: float(r.epsilon) for label, r in result["per_label"].items()},
         "epsilon_lower": float(report.epsilon_lower), "epsilon_crosscheck": float(report.epsilon_crosscheck),
-        "crosscheck_agreed": bool(report.crosscheck_agreed), "warnings": list(report.warnings),
+        "crosscheck_agreed": bool(result["crosscheck_agreed"]), "warnings": list(result["warnings"]),
     }
-
-
-def _run_report(result):
-    """The run-level PrivacyReport out of `calibrate_for_labels`' result."""
-    if hasattr(result, "noise_multiplier"):
-        return result
-    for key in ("run", "report", "run_report"):
-        value = result.get(key) if isinstance(result, dict) else None
-        if value is not None and hasattr(value, "noise_multiplier"):
-            return value
-    raise ConfigError("accounting.calibrate_for_labels returned no run-level privacy report")
 
 
 def _default_out(dataset, home) -> Path:

@@ -109,6 +109,11 @@ def _run(args, defaults: dict | None = None) -> int:
     from flows.cli.common import print_json
     from flows.pipeline import run_pipeline
 
+    import logging
+
+    if not getattr(args, "verbose", False):  # one line per HTTP call to the local Prefect API is noise
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     config = _config(args, defaults)
     began = time.perf_counter()
     summary = run_pipeline(config, run_id=args.run_id)

@@ -1,0 +1,46 @@
+"""benchmarks/bench_generation.py runs end to end at a tiny size (so it cannot rot)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_generation.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_generation", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_generation_tiny(bench, capsys, tmp_path):
+    out = tmp_path / "bench.json"
+    code = bench.main(["--model", "tiny-random", "--labels", "2", "--num-subsets", "2", "--subset-size", "1",
+                       "--top-k", "10", "--max-tokens", "3", "--naive-max-tokens", "2", "--threads", "1",
+                       "--json", "--out", str(out)])
+    assert code == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    result = json.loads(last)
+    for key in ("ratio", "engine_tokens_per_s", "naive_tokens_per_s", "roofline_fraction", "peak_memory_mb"):
+        assert isinstance(result[key], float) and result[key] > 0, key
+    assert result["naive_steps"] == 2 and result["max_tokens"] == 3
+    assert result["token_agreement"] == 1.0  # same seeds, same algorithm: same tokens
+    assert 0 < result["roofline_fraction"] < 1.5
+    assert json.loads(out.read_text())["ratio"] == result["ratio"]
+
+
+def test_flop_counter_counts_prefix_reuse(bench, tiny_lm):
+    counter = bench.FlopCounter(tiny_lm.model)
+    counter.add([10, 20])
+    full = counter.flops
+    counter.flops = 0.0
+    counter.add([10, 20], prefix=5)
+    assert 0 < counter.flops < full
+    body = counter.body_params
+    assert body == tiny_lm.num_parameters()  # tied embeddings: the head is counted per last position

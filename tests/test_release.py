@@ -1,0 +1,188 @@
+"""Audited release, `dpicl predict` and scheduled regeneration (issue 8)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dpcore import release as gate
+from dpcore.artifacts import read_table, write_manifest, write_table
+from dpcore.errors import ReleaseRefusedError
+from pipeline_support import (  # noqa: F401  (the shared harness fixture)
+    home,
+    mini_agnews,
+    prefect_harness,
+    share_tiny_model,
+    standard_run,
+    tiny_config,
+)
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+GOOD = gate.ReleaseEvidence(run_id="r1", audit_ran=True, audit_passed=True, audit_reasons=(), seeded_noise=False,
+                            ledger_entry_present=True, crosscheck_agreed=True, dp_demos=4, epsilons=(2.0,))
+
+
+# --------------------------------------------------------------------------- the gate, condition by condition
+
+
+def test_good_evidence_passes():
+    assert gate.release_failures(GOOD) == []
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"audit_ran": False}, "no membership-inference audit"),
+    ({"audit_passed": False, "audit_reasons": ("AUC 0.71 outside 0.5 +/- 0.05",)}, "audit failed: AUC 0.71"),
+    ({"seeded_noise": True}, "fixed seed"),
+    ({"ledger_entry_present": False}, "no privacy-ledger entry"),
+    ({"crosscheck_agreed": False}, "cross-check"),
+    ({"dp_demos": 0}, "no DP demonstrations"),
+    ({"epsilons": (float("inf"),)}, "epsilon = inf"),
+])
+def test_each_failing_condition_is_refused(change, expected):
+    failures = gate.release_failures(gate.ReleaseEvidence(**{**GOOD.__dict__, **change}))
+    assert len(failures) == 1 and expected in failures[0]
+
+
+def test_every_failed_condition_is_listed():
+    bad = gate.ReleaseEvidence(**{**GOOD.__dict__, "seeded_noise": True, "ledger_entry_present": False,
+                                  "crosscheck_agreed": False, "audit_passed": False})
+    assert len(gate.release_failures(bad)) == 4
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_lm):
+    share_tiny_model(tiny_lm)
+    return standard_run()
+
+
+def _releasable_copy(run: dict, new_id: str) -> str:
+    """A copy of a finished run made releasable: fresh-noise flag, passing audit, a ledger entry."""
+    from dpcore.ledger import Ledger
+
+    source = Path(run["run_dir"])
+    target = source.parent / new_id
+    shutil.copytree(source, target)
+    demos = read_table(target / "demos.parquet")
+    demos["seeded_noise"] = False
+    write_table(demos, target / "demos.parquet")
+    audit = read_table(target / "audit.parquet")
+    audit["passed"] = True
+    audit["reasons"] = ""
+    write_table(audit, target / "audit.parquet")
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest.update(run_id=new_id, seeded_noise=False)
+    (target / "manifest.json").unlink()
+    write_manifest(target, extra={k: v for k, v in manifest.items() if k != "files"})
+    calibration = read_table(target / "calibration.parquet").iloc[0]
+    Ledger().charge(run["dataset"], run["data_hash"], new_id, "gaussian", float(calibration["noise_multiplier"]),
+                    float(calibration["sampling_rate"]), int(calibration["steps"]), float(calibration["delta"]),
+                    "pipeline")
+    return new_id
+
+
+def test_seeded_run_is_refused_with_every_reason(finished_run):
+    from flows.release import release
+
+    with pytest.raises(ReleaseRefusedError) as info:
+        release(run_id=finished_run["run_id"])
+    message = str(info.value)
+    assert "fixed seed" in message
+    # the standard run is charged by the pipeline: no ledger complaint
+    assert "no privacy-ledger entry" not in message
+
+
+def test_tampered_run_is_refused(finished_run):
+    from flows.release import release
+
+    run_id = _releasable_copy(finished_run, "tampered-run")
+    folder = Path(finished_run["run_dir"]).parent / run_id
+    demos = read_table(folder / "demos.parquet")
+    demos.loc[0, "text"] = "an edited demonstration"
+    write_table(demos, folder / "demos.parquet")
+    with pytest.raises(ReleaseRefusedError, match="changed since the run finished: demos.parquet"):
+        release(run_id=run_id)
+
+
+def test_release_registers_and_moves_the_production_alias(finished_run, capsys, tmp_path):
+    from flows.cli import main
+    from flows.release import release
+    from tasks.record import mlflow_client
+    from tasks.release import registered_model_name
+
+    first = release(run_id=_releasable_copy(finished_run, "release-one"))
+    second = release(run_id=_releasable_copy(finished_run, "release-two"))
+    assert second["version"] == first["version"] + 1
+    client = mlflow_client()
+    name = registered_model_name(finished_run["dataset"])
+    assert int(client.get_model_version_by_alias(name, "production").version) == second["version"]
+    assert client.get_model_version(name, str(first["version"])).tags["dpicl_run_id"] == "release-one"
+    manifest = json.loads((Path(second["release_dir"]) / "release.json").read_text())
+    for key in ("demos_sha256", "epsilon", "delta", "noise_multiplier", "sampling_rate", "steps",
+                "accountant_versions", "model", "code_version", "audit"):
+        assert manifest[key] is not None, key
+    assert manifest["accountant_versions"]["prv-accountant"] == "0.2.0"
+
+    # predict with the released demos only, through the CLI
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text('{"id": "q1", "text": "Stocks rallied after the bank raised its outlook."}\n'
+                       '{"id": "q2", "text": "The striker scored twice in the final."}\n')
+    out = tmp_path / "answers.jsonl"
+    assert main(["predict", "--release", "production", "--input", str(queries), "--out", str(out),
+                 "--dataset-id", finished_run["dataset"]]) == 0
+    answers = [json.loads(line) for line in out.read_text().splitlines()]
+    labels = {"World", "Sports", "Business", "Technology"}
+    assert [a["id"] for a in answers] == ["q1", "q2"]
+    assert all(a["prediction"] in labels and abs(sum(a["probabilities"].values()) - 1) < 1e-6 for a in answers)
+    assert "no further privacy cost" in capsys.readouterr().err
+
+
+def test_predict_bad_input_names_the_line(finished_run, tmp_path):
+    from flows.cli import main
+
+    queries = tmp_path / "bad.jsonl"
+    queries.write_text('{"text": "fine"}\n{"txt": "typo"}\n')
+    assert main(["predict", "--input", str(queries)]) == 2
+
+
+# --------------------------------------------------------------------------- scheduled regeneration
+
+
+def test_regeneration_skips_unchanged_and_runs_on_changed(tmp_path, tiny_lm):
+    from dpcore.ledger import Ledger
+    from flows.regenerate import regenerate
+
+    share_tiny_model(tiny_lm)
+    data_path, spec_path, _, _ = mini_agnews()
+    csv = tmp_path / "refreshing.csv"
+    shutil.copy(data_path, csv)
+    config = tiny_config(data_path=str(csv), dataset_id="regeneration-test", audit=False,
+                         baselines=["zero-shot"], seeds=1, test_size=4)
+    ledger = Ledger()
+
+    first = regenerate(config=config)
+    assert first["changed"] is True and first["run_id"]
+    spent = len(ledger.entries("regeneration-test"))
+    assert spent >= 1
+
+    state = regenerate(config=config, return_state=True)
+    assert state.message == "no change"
+    assert len(ledger.entries("regeneration-test")) == spent  # no new spend
+
+    frame = pd.read_csv(csv, dtype=str, keep_default_na=False)
+    frame.loc[0, "text"] = frame.loc[0, "text"] + " (updated)"
+    frame.to_csv(csv, index=False)
+    third = regenerate(config=config)
+    assert third["changed"] is True and third["content_hash"] != first["content_hash"]
+    assert len(ledger.entries("regeneration-test")) > spent  # composition continues under the same id
+
+
+def test_home_is_the_test_home():
+    assert str(home()).startswith("/tmp") or "dpicl-test-home" in str(home())
