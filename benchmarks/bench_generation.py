@@ -81,6 +81,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -180,6 +185,7 @@ def run_phase(name, lm, spec, records, labels, config, sigma, seed, forward, seq
     if lm.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(lm.device)
     step_seconds = {}
+    cpu_began = _cpu_seconds()
     began = time.perf_counter()
     demos = []
     label_groups = [[label] for label in labels] if sequential else [labels]
@@ -191,7 +197,7 @@ def run_phase(name, lm, spec, records, labels, config, sigma, seed, forward, seq
                                 forward=forward)
         demos.extend(result.demos)
     wall = time.perf_counter() - began
-    return demos, step_seconds, wall, peak_memory_mb(lm.device)
+    return demos, step_seconds, wall, peak_memory_mb(lm.device), _cpu_seconds() - cpu_began
 
 
 def main(argv=None) -> int:
@@ -238,7 +244,7 @@ def main(argv=None) -> int:
 
     engine_counter = FlopCounter(lm.model)
     engine_forward = CountingEngineForward(lm, engine_counter)
-    engine_demos, engine_steps, engine_wall, engine_peak = run_phase(
+    engine_demos, engine_steps, engine_wall, engine_peak, engine_cpu = run_phase(
         "engine", lm, spec, records, labels, config, args.noise_multiplier, args.seed, engine_forward, False)
     engine_stats = engine_forward.stats
     engine_prompt_tokens = engine_stats.tokens + engine_stats.prefix_tokens_reused
@@ -247,7 +253,7 @@ def main(argv=None) -> int:
     if not args.skip_naive:
         naive_counter = FlopCounter(lm.model)
         naive_forward = NaiveForward(lm, naive_counter)
-        naive_demos, naive_steps_s, naive_wall, naive_peak = run_phase(
+        naive_demos, naive_steps_s, naive_wall, naive_peak, naive_cpu = run_phase(
             "naive", lm, spec, records, labels, naive_config, args.noise_multiplier, args.seed, naive_forward, True)
         engine_same_steps = sum(s for step, s in engine_steps.items() if step <= naive_steps)
         engine_total_steps = sum(engine_steps.values())
@@ -258,7 +264,9 @@ def main(argv=None) -> int:
             "wall_seconds": naive_wall, "steps": naive_steps, "prompt_tokens": naive_forward.tokens,
             "prompts": naive_forward.prompts, "tokens_per_s": naive_forward.tokens / naive_wall,
             "model_flops": naive_counter.flops, "flops_per_s": naive_counter.flops / naive_wall,
-            "peak_memory_mb": naive_peak, "engine_seconds_same_steps": engine_same_steps * engine_wall
+            "peak_memory_mb": naive_peak, "cpu_seconds": naive_cpu,
+            "engine_cpu_seconds_same_steps": engine_cpu * engine_same_steps / max(engine_total_steps, 1e-9),
+            "engine_seconds_same_steps": engine_same_steps * engine_wall
             / max(engine_total_steps, 1e-9), "token_agreement": agree / max(1, len(engine_demos)),
         }
     roofline = max(roofline_before, matmul_roofline(lm.device, lm.dtype))
@@ -271,7 +279,7 @@ def main(argv=None) -> int:
         "shots_per_label": args.shots_per_label, "num_subsets": args.num_subsets, "subset_size": args.subset_size,
         "top_k": args.top_k, "rvp": args.rvp, "max_tokens": args.max_tokens, "noise_multiplier": args.noise_multiplier,
         "mechanism": args.mechanism, "load_average": os.getloadavg()[0],
-        "engine_wall_seconds": engine_wall, "engine_prompt_tokens": engine_prompt_tokens,
+        "engine_wall_seconds": engine_wall, "engine_cpu_seconds": engine_cpu, "engine_prompt_tokens": engine_prompt_tokens,
         "engine_computed_tokens": engine_stats.tokens, "engine_padded_tokens": engine_stats.padded_tokens,
         "engine_tokens_per_s": engine_prompt_tokens / engine_wall,
         "engine_synthetic_tokens_per_s": synthetic / engine_wall, "engine_model_flops": engine_counter.flops,
@@ -290,6 +298,8 @@ def main(argv=None) -> int:
             "engine_seconds_same_steps": naive["engine_seconds_same_steps"],
             "ratio": naive["wall_seconds"] / naive["engine_seconds_same_steps"],
             "ratio_tokens_per_s": (engine_prompt_tokens / engine_wall) / naive["tokens_per_s"],
+            "naive_cpu_seconds": naive["cpu_seconds"],
+            "ratio_cpu": naive["cpu_seconds"] / max(naive["engine_cpu_seconds_same_steps"], 1e-9),
         })
     _print_table(result)
     if args.out:
@@ -313,7 +323,8 @@ def _print_table(r: dict) -> None:
               f"{'':>13}{r['naive_flops_per_s'] / 1e9:>10.1f}{r['naive_roofline_fraction']:>10.1%}"
               f"{r['naive_peak_memory_mb']:>10.0f}")
         print(f"ratio (naive wall / engine wall over the same {r['naive_steps']} steps): {r['ratio']:.2f}x; "
-              f"tokens/s ratio {r['ratio_tokens_per_s']:.2f}x; demos agreeing: {r['token_agreement']:.0%}")
+              f"tokens/s ratio {r['ratio_tokens_per_s']:.2f}x; CPU-time ratio {r['ratio_cpu']:.2f}x; "
+              f"demos agreeing: {r['token_agreement']:.0%}")
     print(f"matmul roofline {r['roofline_flops_per_s'] / 1e9:.1f} GFLOP/s; engine "
           f"{r['engine_prompt_tokens']} prompt tokens ({r['engine_computed_tokens']} computed, "
           f"{r['engine_padded_tokens']} with padding)")

@@ -176,11 +176,12 @@ def audit_verdict(audit: pd.DataFrame | None) -> dict:
     passed = bool(audit["passed"].astype(bool).all()) if "passed" in audit.columns else None
     reasons: list[str] = []
     if "reasons" in audit.columns:
-        for value in audit["reasons"]:
-            if isinstance(value, list | tuple):
-                reasons.extend(str(v) for v in value if v)
-            elif value is not None and str(value):
-                reasons.extend(line for line in str(value).splitlines() if line)
+        for row in audit.to_dict(orient="records"):
+            value = row["reasons"]
+            lines = ([str(v) for v in value if v] if isinstance(value, list | tuple)
+                     else [line for line in str(value or "").splitlines() if line])
+            where = f"epsilon {_eps_text(row['epsilon'])}: " if "epsilon" in row else ""
+            reasons.extend(where + line for line in lines)
     return {"ran": True, "passed": passed, "reasons": reasons}
 
 

@@ -24,10 +24,10 @@ from dpcore.config import RunConfig
 DEMO_DEFAULTS = {
     "dataset": "agnews",
     "epsilons": "1,8",
-    "num_subsets": 4,      # M
-    "subset_size": 1,      # N (q = MN/|D_y| = 4/30000)
+    "num_subsets": 3,      # M
+    "subset_size": 1,      # N (q = MN/|D_y| = 3/30000)
     "top_k": 100,          # K (RVP on)
-    "max_tokens": 24,      # T_max
+    "max_tokens": 20,      # T_max
     "shots": 4,            # one demo per label
     "seeds": 2,
     "test_size": 100,
