@@ -823,7 +823,7 @@ def roc_plot(results: Sequence[AuditResult], path: Path, title: str = "") -> Pat
         values = scores["score"].to_numpy(dtype=float)
         curve = roc_curve(values[member], values[~member])
         name = result.setting if result.setting == "non-private" else f"{result.setting} eps={result.epsilon:g}"
-        label = f"{name}: AUC {result.auc:.3f}"
+        label = f"{name}: mean trial AUC {result.auc:.3f} (pooled {result.pooled_auc:.3f})"
         for axis in (linear, logarithmic):
             axis.plot(curve.fpr, curve.tpr, drawstyle="steps-post", label=label)
         floor = min(floor, 1.0 / curve.non_members, 1.0 / curve.members)

@@ -33,6 +33,7 @@ from prefect.utilities.callables import get_call_parameters
 
 from dpcore.artifacts import read_table, write_table
 from dpcore.config import RunConfig, demos_per_label
+from dpcore.home import configure_environment
 from tasks import audit as audit_stage
 from tasks import calibrate as calibrate_stage
 from tasks import evaluate as evaluate_stage
@@ -121,6 +122,7 @@ def default_run_id() -> str:
       description="DP few-shot demonstrations (Tang et al. Algorithm 1): generate, evaluate, audit, record.")
 def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = None) -> dict:  # noqa: B008
     """Run the whole pipeline for one configuration; returns a small public summary."""
+    configure_environment()  # a worker-started run: HF, MLflow and XDG state under $DPICL_HOME, telemetry off
     logger = get_run_logger()
     run_id = run_id or default_run_id()
     ctx = FlowRunContext.get()

@@ -312,3 +312,27 @@ def test_run_and_demo_flags_cover_the_run_config(run):
 
     with pytest.raises(ConfigError, match="task_runner"):
         make_task_runner("ray")
+
+
+def test_seeds_keys_and_the_publish_guard(tmp_path):
+    from dpcore.config import GenerationConfig
+    from dpcore.home import private_dir
+    from tasks.common import derive_seed, noise_scope, publish, stage_key
+
+    assert derive_seed(None, "dp", "World", 1.0) is None  # no seed: cryptographic noise
+    seed = derive_seed(7, "dp", "World", 1.0)
+    assert seed == derive_seed(7, "dp", "World", 1.0) and 0 <= seed < 2**63
+    assert len({seed, derive_seed(7, "dp", "Sports", 1.0), derive_seed(7, "dp", "World", 8.0),
+                derive_seed(8, "dp", "World", 1.0)}) == 4
+    assert noise_scope(7, "run-a") == noise_scope(7, "run-b") != noise_scope(None, "run-a")
+    fields = {"data_hash": "abc", "generation": GenerationConfig(), "epsilon": math.inf}
+    assert stage_key("generate", fields) == stage_key("generate", dict(fields))
+    assert stage_key("generate", fields) != stage_key("generate", {**fields, "generation": GenerationConfig(top_k=5)})
+    assert stage_key("generate", fields) != stage_key("generate", {**fields, "data_hash": "abd"})
+
+    secret = private_dir() / "test-publish" / "sigma_zero_demos.parquet"
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_bytes(b"private")
+    with pytest.raises(PermissionError):
+        publish(secret, tmp_path)
+    assert publish(secret, private_dir() / "test-publish-copy").read_bytes() == b"private"

@@ -1,4 +1,4 @@
-"""A real Prefect server on 127.0.0.1: create a process work pool, deploy `dp-fewshot` from prefect.yaml,
+"""A real Prefect server on 127.0.0.1: create the process work pools, deploy everything in prefect.yaml,
 run the deployment with tiny parameters through `prefect worker start --run-once`, then find the
 completed flow run through the API and its MLflow record.
 
@@ -88,10 +88,16 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(server, dpicl_ho
     from tasks.record import mlflow_client
 
     env, url = server["env"], server["url"]
-    _cli(["work-pool", "create", "cpu", "--type", "process"], env)
-    pool = httpx.get(f"{url}/work_pools/cpu", timeout=10).json()
-    assert pool["type"] == "process"
-    _cli(["--no-prompt", "deploy", "--name", "dp-fewshot"], env)
+    for name in ("cpu", "gpu"):
+        _cli(["work-pool", "create", name, "--type", "process"], env)
+        assert httpx.get(f"{url}/work_pools/{name}", timeout=10).json()["type"] == "process"
+    _cli(["--no-prompt", "deploy", "--all"], env)
+    deployments = httpx.post(f"{url}/deployments/filter", json={}, timeout=10).json()
+    assert {d["name"] for d in deployments} == {"dp-fewshot", "dp-fewshot-gpu", "scheduled-regeneration",
+                                                 "audited-release"}
+    regeneration = next(d for d in deployments if d["name"] == "scheduled-regeneration")
+    assert [s["schedule"]["cron"] for s in regeneration["schedules"]] == ["0 3 * * 1"]
+    assert next(d for d in deployments if d["name"] == "dp-fewshot-gpu")["work_pool_name"] == "gpu"
     deployment = httpx.get(f"{url}/deployments/name/dp-fewshot/dp-fewshot", timeout=10).json()
     assert deployment["entrypoint"] == "flows/pipeline.py:dp_fewshot_pipeline"
     assert deployment["work_pool_name"] == "cpu"

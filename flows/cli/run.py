@@ -106,10 +106,10 @@ def format_results(summary: dict) -> str:
 
 
 def _run(args, defaults: dict | None = None) -> int:
+    import logging
+
     from flows.cli.common import print_json
     from flows.pipeline import run_pipeline
-
-    import logging
 
     if not getattr(args, "verbose", False):  # one line per HTTP call to the local Prefect API is noise
         for name in ("httpx", "httpcore"):
