@@ -263,11 +263,18 @@ def test_user_errors_are_not_retried(run, monkeypatch):
     # cancels the rest), never a retry.
     assert 1 <= len(calls) <= 4
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.client.schemas.filters import (
+        TaskRunFilter,
+        TaskRunFilterName,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
 
     with get_client(sync_client=True) as client:
-        task_runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="generate-dp")))
-    failed = [t for t in task_runs if t.state.is_failed()]
+        failed = client.read_task_runs(task_run_filter=TaskRunFilter(
+            name=TaskRunFilterName(like_="generate-dp"),
+            state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.FAILED]))))
     assert failed and all(t.run_count == 1 for t in failed)
 
 

@@ -18,7 +18,10 @@ import subprocess
 import sys
 import time
 
+from pydantic import ValidationError
+
 from dpcore.config import RunConfig
+from dpcore.errors import ConfigError
 
 # `dpicl demo`: AG News on the embedded SmolLM2-135M, sized to finish in about 10 minutes on 2 CPU cores.
 DEMO_DEFAULTS = {
@@ -44,10 +47,11 @@ def _config_fields() -> list[str]:
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    from flows.cli.common import add_config_flags
+    from flows.cli.common import add_config_flags, parse_epsilon
 
     add_config_flags(parser, _config_fields())
     parser.add_argument("--epsilon", dest="epsilon_single", action="append", default=None, metavar="E",
+                        type=parse_epsilon,
                         help="one epsilon (repeatable; same as --epsilons E1,E2; `inf` = sigma 0, 0 = instruction-only)")
     parser.add_argument("--run-id", default=None, help="name of the run folder (default: <UTC start>-<flow run id>)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -55,13 +59,20 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def _config(args, defaults: dict | None = None) -> RunConfig:
     """RunConfig from the flags; `defaults` (the demo's) apply to the fields not given on the command line."""
-    from flows.cli.common import config_from_args, parse_epsilon
+    from flows.cli.common import config_from_args
 
     explicit = {name for name in _config_fields() if getattr(args, name, None) is not None}
     overrides = {k: v for k, v in (defaults or {}).items() if k not in explicit}
     if args.epsilon_single:
-        overrides["epsilons"] = [parse_epsilon(e) for e in args.epsilon_single]
-    return config_from_args(args, **overrides)
+        overrides["epsilons"] = list(args.epsilon_single)
+    try:
+        return config_from_args(args, **overrides)
+    except ValidationError as exc:
+        problems = "; ".join(f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
+                             for err in exc.errors())
+        raise ConfigError(problems or str(exc)) from None
+    except ValueError as exc:  # an integer flag that is not an integer
+        raise ConfigError(f"an integer flag has a non-integer value ({exc})") from None
 
 
 def _fmt(value, spec=".3f") -> str:
