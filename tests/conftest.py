@@ -18,7 +18,6 @@ os.environ["HF_HOME"] = os.path.join(_HOME, "hf")
 os.environ["XDG_CONFIG_HOME"] = os.path.join(_HOME, "config")
 os.environ["XDG_CACHE_HOME"] = os.path.join(_HOME, "cache", "xdg")
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach a hub
-os.environ.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "")
 os.environ["PREFECT_LOGGING_TO_API_ENABLED"] = "false"
 
 from pathlib import Path  # noqa: E402
