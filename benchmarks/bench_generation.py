@@ -193,6 +193,9 @@ def run_phase(name, lm, spec, records, labels, config, sigma, seed, forward, seq
         def progress(info, group=tuple(group)):
             step_seconds.setdefault(info["step"], 0.0)
             step_seconds[info["step"]] += info["step_seconds"]
+            print(f"{name} {','.join(group) if len(group) < 2 else 'all labels'} step {info['step']}/"
+                  f"{info['max_steps']}: {info['prompt_tokens']} prompt tokens, {info['step_seconds']:.2f} s",
+                  file=sys.stderr, flush=True)
         result = generate_demos(lm, spec, records, config, sigma, seed=seed, labels=list(group), progress=progress,
                                 forward=forward)
         demos.extend(result.demos)

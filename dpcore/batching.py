@@ -5,9 +5,13 @@ their public prompts) and returns their next-token logits, computing only what i
 
 - Last position only: the language-model head runs on one position per prompt
   (`logits_to_keep=1`), never on the whole prompt.
-- Little padding: prompts are sorted by length and cut into contiguous micro-batches by an
-  exact dynamic programme that minimises padded tokens plus a per-call overhead (in token
-  equivalents), under a cap on padded tokens per micro-batch (memory, cache locality).
+- No padding on CPU ("packed" layout, Llama-family models): the prompts of a micro-batch are
+  concatenated into ONE row, positions restart at every prompt, and attention runs prompt by
+  prompt (causal, plus the cached prefix) through a registered attention function, so every
+  matrix product sees thousands of rows and no padding token is ever computed. Elsewhere
+  (CUDA, other architectures) prompts are left-padded: sorted by length and cut into
+  contiguous micro-batches by an exact dynamic programme that minimises padded tokens plus a
+  per-call overhead (in token equivalents), under a cap on padded tokens per micro-batch.
 - Shared prefix computed once: the longest common token prefix of all prompts (with the
   task prompts of Tang et al., the instruction line every group prompt starts with) is run
   through the model once, its key/value cache kept, and every micro-batch continues from it
@@ -27,6 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+
+PACKED_ATTENTION = "dpicl_packed_sdpa"
+_PACKED_KWARG = "dpicl_packed"
+_ORIGINAL_ATTENTION: dict[int, str] = {}  # id(model config) -> its own attention implementation
+PACKED_MODEL_TYPES = frozenset({"llama"})  # verified by tests/test_generation.py (tiny and embedded Llama)
 
 
 @dataclass
@@ -104,6 +114,50 @@ def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     return int(mismatch[0]) if mismatch.size else limit
 
 
+def _packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Attention over prompts packed into one row: each prompt attends to the cached prefix and,
+    causally, to itself only (exactly what it would see alone).
+
+    query [1, heads, T, d]; key/value [1, kv_heads, prefix + T, d]. A call without the packing
+    description (another caller of the same model while ours runs) is served by the model's
+    own attention implementation, with its mask.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    packed = kwargs.pop(_PACKED_KWARG, None)
+    if packed is None:
+        original = _ORIGINAL_ATTENTION.get(id(module.config), "sdpa")
+        function = ALL_ATTENTION_FUNCTIONS.get(original) or ALL_ATTENTION_FUNCTIONS["sdpa"]
+        return function(module, query, key, value, attention_mask, dropout=dropout,
+                                                 scaling=scaling, **kwargs)
+    bounds, masks, prefix = packed
+    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    key_prefix, value_prefix = key[:, :, :prefix], value[:, :, :prefix]
+    outputs = []
+    for (start, end), mask in zip(bounds, masks, strict=True):
+        k = key[:, :, prefix + start:prefix + end]
+        v = value[:, :, prefix + start:prefix + end]
+        if prefix:
+            k, v = torch.cat([key_prefix, k], dim=2), torch.cat([value_prefix, v], dim=2)
+        outputs.append(F.scaled_dot_product_attention(query[:, :, start:end], k, v, attn_mask=mask,
+                                                      is_causal=mask is None, scale=scaling, enable_gqa=gqa))
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _register_packed_attention() -> None:
+    from transformers.modeling_utils import AttentionInterface
+
+    if PACKED_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
+
+
+def supports_packing(model) -> bool:
+    """Packed prompts need rotary positions from position_ids and full causal attention (no sliding window)."""
+    config = getattr(model, "config", None)
+    return (getattr(config, "model_type", None) in PACKED_MODEL_TYPES
+            and getattr(config, "sliding_window", None) is None)
+
+
 class BatchedForward:
     """Callable: prompts (token-id lists) -> last-position logits [B, V] float32 on CPU.
 
@@ -113,12 +167,16 @@ class BatchedForward:
     """
 
     def __init__(self, lm, max_batch_tokens: int | None = None, overhead_tokens: int | None = None,
-                 prefix_cache: bool = True, min_prefix: int = 4):
+                 prefix_cache: bool = True, min_prefix: int = 4, packed: bool | None = None):
         self.lm = lm
         cuda = lm.device.type == "cuda"
-        # CPU defaults measured on the embedded model (2 cores): 2048-token micro-batches keep the
-        # activations in cache, and a 32-token overhead keeps padding to a few percent.
-        self.max_batch_tokens = int(max_batch_tokens or (65536 if cuda else 2048))
+        # Packed (no padding) on CPU for Llama-family models; left padding elsewhere.
+        self.packed = (not cuda and supports_packing(lm.model)) if packed is None else bool(packed)
+        if self.packed:
+            _register_packed_attention()
+        # CPU defaults measured on the embedded model (2 cores): packed micro-batches of 4096 tokens;
+        # padded ones of 2048 (activations stay in cache) with a 32-token overhead (a few % padding).
+        self.max_batch_tokens = int(max_batch_tokens or (65536 if cuda else 4096 if self.packed else 2048))
         self.overhead_tokens = int(overhead_tokens if overhead_tokens is not None else (8192 if cuda else 32))
         self.prefix_cache = prefix_cache
         self.min_prefix = min_prefix
@@ -144,6 +202,67 @@ class BatchedForward:
         while len(self._prefixes) > 8:
             self._prefixes.popitem(last=False)
         return kv
+
+    def _plan(self, lengths: list[int]) -> list[np.ndarray]:
+        if not self.packed:
+            return plan_micro_batches(lengths, self.max_batch_tokens, self.overhead_tokens)
+        runs, current, size = [], [], 0  # packed: no padding, fill micro-batches up to the token cap
+        for index, length in enumerate(lengths):
+            if current and size + length > self.max_batch_tokens:
+                runs.append(np.asarray(current))
+                current, size = [], 0
+            current.append(index)
+            size += length
+        runs.append(np.asarray(current))
+        return runs
+
+    def _run_padded(self, chunk, kv, prefix_len):
+        lm = self.lm
+        input_ids, mask, positions = lm.left_pad(chunk)
+        if kv is not None:
+            ones = torch.ones((len(chunk), prefix_len), dtype=mask.dtype, device=mask.device)
+            mask = torch.cat([ones, mask], dim=1)
+            positions = positions + prefix_len
+            kwargs = {"past_key_values": self._cache_for(kv, len(chunk)), "use_cache": True}
+        else:
+            kwargs = {"use_cache": False}
+        logits = lm.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=1,
+                          **kwargs).logits[:, -1, :]
+        return logits, int(input_ids.numel())
+
+    def _run_packed(self, chunk, kv, prefix_len):
+        lm = self.lm
+        device = lm.device
+        lengths = [len(p) for p in chunk]
+        ends = np.cumsum(lengths)
+        bounds = [(int(e - n), int(e)) for e, n in zip(ends, lengths, strict=True)]
+        ids = torch.as_tensor([int(t) for p in chunk for t in p], dtype=torch.long, device=device).unsqueeze(0)
+        positions = torch.as_tensor(np.concatenate([np.arange(n) for n in lengths]) + prefix_len,
+                                    dtype=torch.long, device=device).unsqueeze(0)
+        masks_by_length: dict[int, torch.Tensor | None] = {}
+        for n in set(lengths):
+            if prefix_len:  # the prefix is visible to every position, the prompt itself causally
+                causal = torch.ones((n, n), dtype=torch.bool, device=device).tril()
+                masks_by_length[n] = torch.cat([torch.ones((n, prefix_len), dtype=torch.bool, device=device),
+                                                causal], dim=1)
+            else:
+                masks_by_length[n] = None
+        packed = (bounds, [masks_by_length[n] for n in lengths], prefix_len)
+        kwargs = {"past_key_values": self._cache_for(kv, 1), "use_cache": True} if kv is not None \
+            else {"use_cache": False}
+        config = lm.model.config
+        original = config._attn_implementation
+        _ORIGINAL_ATTENTION[id(config)] = original or "sdpa"
+        config._attn_implementation = PACKED_ATTENTION
+        try:
+            # A 4D placeholder mask: the model passes it through untouched (no [T, T] mask is built).
+            placeholder = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
+            logits = lm.model(input_ids=ids, attention_mask=placeholder, position_ids=positions,
+                              logits_to_keep=torch.as_tensor(ends - 1, device=device),
+                              **{_PACKED_KWARG: packed}, **kwargs).logits[0]
+        finally:
+            config._attn_implementation = original
+        return logits, int(ids.numel())
 
     def _cache_for(self, kv, rows: int):
         from transformers import DynamicCache
@@ -176,24 +295,13 @@ class BatchedForward:
         kv = self._prefix_kv(tuple(int(t) for t in prompts[0][:prefix_len])) if prefix_len else None
         rest = [p[prefix_len:] for p in prompts]
         out = torch.empty((len(prompts), lm.vocab_size), dtype=torch.float32)
-        for rows in plan_micro_batches([len(r) for r in rest], self.max_batch_tokens, self.overhead_tokens):
-            chunk = [rest[i] for i in rows]
-            input_ids, mask, positions = lm.left_pad(chunk)
-            kwargs = {}
-            if kv is not None:
-                ones = torch.ones((len(chunk), prefix_len), dtype=mask.dtype, device=mask.device)
-                mask = torch.cat([ones, mask], dim=1)
-                positions = positions + prefix_len
-                kwargs = {"past_key_values": self._cache_for(kv, len(chunk)), "use_cache": True}
-            else:
-                kwargs = {"use_cache": False}
-            logits = lm.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                              logits_to_keep=1, **kwargs).logits[:, -1, :]
+        run = self._run_packed if self.packed else self._run_padded
+        for rows in self._plan([len(r) for r in rest]):
+            logits, computed = run([rest[i] for i in rows], kv, prefix_len)
             out[torch.as_tensor(rows)] = logits.float().cpu()
-            real = sum(len(r) for r in chunk)
             self.stats.micro_batches += 1
-            self.stats.tokens += real
-            self.stats.padded_tokens += int(input_ids.numel())
-            self.stats.prefix_tokens_reused += prefix_len * len(chunk)
+            self.stats.tokens += sum(len(rest[i]) for i in rows)
+            self.stats.padded_tokens += computed
+            self.stats.prefix_tokens_reused += prefix_len * len(rows)
         self.stats.seconds += time.perf_counter() - began
         return out
