@@ -145,10 +145,15 @@ def _packed_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 
 
 def _register_packed_attention() -> None:
+    """Register the packed attention, and sdpa's mask builder under the same name, so that any other
+    call into the model while our name is set still gets its usual mask and attention."""
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import AttentionInterface
 
     if PACKED_ATTENTION not in AttentionInterface._global_mapping:
         AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
+    if PACKED_ATTENTION not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)
 
 
 def supports_packing(model) -> bool:

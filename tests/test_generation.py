@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dpcore.batching import BatchedForward, common_prefix_length, plan_micro_batches
+from dpcore.batching import PACKED_ATTENTION, BatchedForward, common_prefix_length, plan_micro_batches
 from dpcore.config import GenerationConfig
 from dpcore.errors import ConfigError
 from dpcore.generation import (
@@ -86,20 +86,35 @@ def test_micro_batch_plan_covers_every_prompt_once_and_limits_padding():
     assert common_prefix_length([[9, 2], [1, 2]]) == 0
 
 
-def test_padded_batch_equals_one_prompt_at_a_time(tiny_lm, spec, records):
+@pytest.mark.parametrize("packed", [False, True])
+def test_batch_equals_one_prompt_at_a_time(tiny_lm, spec, records, packed):
     prompts = [tiny_lm.encode(spec.generation.build(label, records[label][:k]))
                for label in LABELS for k in (0, 1, 3)]
     prompts.append(prompts[-1] + tiny_lm.encode(" and more generated text"))
     single = torch.cat([tiny_lm.next_token_logits([p]) for p in prompts])
     for prefix_cache in (True, False):
-        forward = BatchedForward(tiny_lm, max_batch_tokens=256, prefix_cache=prefix_cache)
+        forward = BatchedForward(tiny_lm, max_batch_tokens=256, prefix_cache=prefix_cache, packed=packed)
         batched = forward(prompts)
         assert torch.allclose(torch.softmax(batched, -1), torch.softmax(single, -1), atol=1e-5)
         assert forward.stats.micro_batches > 1
-    assert forward.stats.prefix_tokens_reused == 0
-    cached = BatchedForward(tiny_lm)
-    cached(prompts)
-    assert cached.stats.prefix_tokens_reused > 0  # the instruction line is computed once
+        assert (forward.stats.prefix_tokens_reused > 0) == prefix_cache  # the instruction line, once
+        if packed:
+            assert forward.stats.padded_tokens == forward.stats.tokens  # no padding at all
+    assert tiny_lm.model.config._attn_implementation != PACKED_ATTENTION  # restored after the call
+
+
+def test_packed_attention_serves_other_callers_unchanged(tiny_lm, spec, records):
+    """While the packed attention is the model's implementation, ordinary padded calls still work."""
+    prompts = [tiny_lm.encode(spec.generation.build("World", records["World"][:k])) for k in (0, 2)]
+    expected = tiny_lm.next_token_logits(prompts)
+    BatchedForward(tiny_lm, packed=True)(prompts)  # registers the packed attention
+    config = tiny_lm.model.config
+    original = config._attn_implementation
+    config._attn_implementation = PACKED_ATTENTION
+    try:
+        assert torch.allclose(tiny_lm.next_token_logits(prompts), expected, atol=1e-5)
+    finally:
+        config._attn_implementation = original
 
 
 # --------------------------------------------------------------------------- Algorithm 1

@@ -8,10 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from dpcore import release as gate
-from dpcore.artifacts import read_table, write_manifest, write_table
-from dpcore.errors import ReleaseRefusedError
 from pipeline_support import (  # noqa: F401  (the shared harness fixture)
     home,
     mini_agnews,
@@ -20,6 +16,10 @@ from pipeline_support import (  # noqa: F401  (the shared harness fixture)
     standard_run,
     tiny_config,
 )
+
+from dpcore import release as gate
+from dpcore.artifacts import read_table, write_manifest, write_table
+from dpcore.errors import ReleaseRefusedError
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
