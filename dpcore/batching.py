@@ -24,6 +24,7 @@ Only token ids pass through here; nothing is logged.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 
 PACKED_ATTENTION = "dpicl_packed_sdpa"
 _PACKED_KWARG = "dpicl_packed"
-_ORIGINAL_ATTENTION: dict[int, str] = {}  # id(model config) -> its own attention implementation
+_SWITCH_LOCK = threading.Lock()
 PACKED_MODEL_TYPES = frozenset({"llama"})  # verified by tests/test_generation.py (tiny and embedded Llama)
 
 
@@ -125,11 +126,9 @@ def _packed_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     packed = kwargs.pop(_PACKED_KWARG, None)
-    if packed is None:
-        original = _ORIGINAL_ATTENTION.get(id(module.config), "sdpa")
-        function = ALL_ATTENTION_FUNCTIONS.get(original) or ALL_ATTENTION_FUNCTIONS["sdpa"]
-        return function(module, query, key, value, attention_mask, dropout=dropout,
-                                                 scaling=scaling, **kwargs)
+    if packed is None:  # packing is only switched on over sdpa (supports_packing), so sdpa is the original
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
+                                               scaling=scaling, **kwargs)
     bounds, masks, prefix = packed
     gqa = getattr(module, "num_key_value_groups", 1) > 1
     key_prefix, value_prefix = key[:, :, :prefix], value[:, :, :prefix]
@@ -157,10 +156,28 @@ def _register_packed_attention() -> None:
 
 
 def supports_packing(model) -> bool:
-    """Packed prompts need rotary positions from position_ids and full causal attention (no sliding window)."""
+    """Packed prompts need rotary positions from position_ids, full causal attention (no sliding
+    window) and a model on sdpa attention (the packed function serves every other call as sdpa)."""
     config = getattr(model, "config", None)
     return (getattr(config, "model_type", None) in PACKED_MODEL_TYPES
-            and getattr(config, "sliding_window", None) is None)
+            and getattr(config, "sliding_window", None) is None
+            and getattr(config, "_attn_implementation", None) in (None, "sdpa", PACKED_ATTENTION))
+
+
+def use_packed_attention(model) -> None:
+    """Switch the model to the packed attention, once and for good.
+
+    Switching per call and back is not safe: generation tasks for several labels share one
+    model from threads, and a restore racing a switch leaves the model on the wrong function
+    mid-forward. The packed function dispatches per call instead (packed when the call carries
+    the packing description, plain sdpa with the model's own mask otherwise), so the switch is
+    invisible to every other caller.
+    """
+    _register_packed_attention()
+    config = model.config
+    with _SWITCH_LOCK:
+        if config._attn_implementation != PACKED_ATTENTION:
+            config._attn_implementation = PACKED_ATTENTION
 
 
 class BatchedForward:
@@ -178,7 +195,7 @@ class BatchedForward:
         # Packed (no padding) on CPU for Llama-family models; left padding elsewhere.
         self.packed = (not cuda and supports_packing(lm.model)) if packed is None else bool(packed)
         if self.packed:
-            _register_packed_attention()
+            use_packed_attention(lm.model)
         # CPU defaults measured on the embedded model (2 cores): packed micro-batches of 4096 tokens;
         # padded ones of 2048 (activations stay in cache) with a 32-token overhead (a few % padding).
         self.max_batch_tokens = int(max_batch_tokens or (65536 if cuda else 4096 if self.packed else 2048))
@@ -255,18 +272,11 @@ class BatchedForward:
         packed = (bounds, [masks_by_length[n] for n in lengths], prefix_len)
         kwargs = {"past_key_values": self._cache_for(kv, 1), "use_cache": True} if kv is not None \
             else {"use_cache": False}
-        config = lm.model.config
-        original = config._attn_implementation
-        _ORIGINAL_ATTENTION[id(config)] = original or "sdpa"
-        config._attn_implementation = PACKED_ATTENTION
-        try:
-            # A 4D placeholder mask: the model passes it through untouched (no [T, T] mask is built).
-            placeholder = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
-            logits = lm.model(input_ids=ids, attention_mask=placeholder, position_ids=positions,
-                              logits_to_keep=torch.as_tensor(ends - 1, device=device),
-                              **{_PACKED_KWARG: packed}, **kwargs).logits[0]
-        finally:
-            config._attn_implementation = original
+        # A 4D placeholder mask: the model passes it through untouched (no [T, T] mask is built).
+        placeholder = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
+        logits = lm.model(input_ids=ids, attention_mask=placeholder, position_ids=positions,
+                          logits_to_keep=torch.as_tensor(ends - 1, device=device),
+                          **{_PACKED_KWARG: packed}, **kwargs).logits[0]
         return logits, int(ids.numel())
 
     def _cache_for(self, kv, rows: int):

@@ -100,21 +100,34 @@ def test_batch_equals_one_prompt_at_a_time(tiny_lm, spec, records, packed):
         assert (forward.stats.prefix_tokens_reused > 0) == prefix_cache  # the instruction line, once
         if packed:
             assert forward.stats.padded_tokens == forward.stats.tokens  # no padding at all
-    assert tiny_lm.model.config._attn_implementation != PACKED_ATTENTION  # restored after the call
-
 
 def test_packed_attention_serves_other_callers_unchanged(tiny_lm, spec, records):
-    """While the packed attention is the model's implementation, ordinary padded calls still work."""
+    """Once the packed attention is the model's implementation, ordinary padded calls give what they gave before."""
     prompts = [tiny_lm.encode(spec.generation.build("World", records["World"][:k])) for k in (0, 2)]
     expected = tiny_lm.next_token_logits(prompts)
-    BatchedForward(tiny_lm, packed=True)(prompts)  # registers the packed attention
-    config = tiny_lm.model.config
-    original = config._attn_implementation
-    config._attn_implementation = PACKED_ATTENTION
-    try:
-        assert torch.allclose(tiny_lm.next_token_logits(prompts), expected, atol=1e-5)
-    finally:
-        config._attn_implementation = original
+    BatchedForward(tiny_lm, packed=True)(prompts)
+    assert tiny_lm.model.config._attn_implementation == PACKED_ATTENTION  # switched for good, not per call
+    assert torch.allclose(tiny_lm.next_token_logits(prompts), expected, atol=1e-5)
+
+
+def test_packed_and_plain_calls_from_threads_do_not_interfere(tiny_lm, spec, records):
+    """Generation tasks of several labels share one model from threads (the pipeline's task runner);
+    packed and plain calls interleaving must each get exactly their single-threaded result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [tiny_lm.encode(spec.generation.build(label, records[label][:k])) for label in LABELS for k in (1, 3)]
+    expected = torch.cat([tiny_lm.next_token_logits([p]) for p in prompts])
+
+    def packed_call(_):
+        return BatchedForward(tiny_lm, max_batch_tokens=128, packed=True)(prompts)
+
+    def plain_call(_):
+        return tiny_lm.next_token_logits(prompts)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda i: (packed_call if i % 2 else plain_call)(i), range(12)))
+    for logits in results:
+        assert torch.allclose(torch.softmax(logits, -1), torch.softmax(expected, -1), atol=1e-5)
 
 
 # --------------------------------------------------------------------------- Algorithm 1

@@ -149,7 +149,8 @@ def run_generate(args) -> int:
     if epsilon == 0:  # instruction-only: reads no private record, charges nothing
         result = instruction_only_demos(lm, spec, labels, gen_config, seed=config.seed, progress=progress)
     else:
-        ledger_entry = _charge_ledger(config, dataset, run_id, privacy)  # before any private record is read
+        # ---- PRIVACY LEDGER HOOK: the spend is charged (or refused, exit 3) BEFORE any private record is read.
+        ledger_entry = _charge_ledger(config, dataset, run_id, privacy)
         records = {label: dataset.records_for(label) for label in labels}  # private: stays in memory
         result = generate_demos(lm, spec, records, gen_config, privacy["noise_multiplier"], seed=config.seed,
                                 labels=labels, progress=progress)
