@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -271,10 +272,16 @@ def test_user_errors_are_not_retried(run, monkeypatch):
     )
     from prefect.client.schemas.objects import StateType
 
+    # Task-run states reach the server as events, after the flow returns: wait for them.
+    deadline = time.monotonic() + 60
     with get_client(sync_client=True) as client:
-        failed = client.read_task_runs(task_run_filter=TaskRunFilter(
-            name=TaskRunFilterName(like_="generate-dp"),
-            state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.FAILED]))))
+        while True:
+            failed = client.read_task_runs(task_run_filter=TaskRunFilter(
+                name=TaskRunFilterName(like_="generate-dp"),
+                state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.FAILED]))))
+            if failed or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     assert failed and all(t.run_count == 1 for t in failed)
 
 
