@@ -3,8 +3,8 @@
     python benchmarks/bench_generation.py [--dataset agnews] [--labels 4] [--shots-per-label 1]
         [--num-subsets 10] [--subset-size 2] [--top-k 100] [--no-rvp] [--max-tokens 40]
         [--naive-max-tokens T] [--noise-multiplier 0.39] [--mechanism gaussian|rnm]
-        [--model smollm2-135m | --tiny] [--device auto] [--dtype auto] [--threads N] [--seed 0]
-        [--skip-naive] [--out FILE.json] [--json]
+        [--model smollm2-135m | random-smollm2-135m | random-llama-1b | --tiny] [--device auto] [--dtype auto] [--threads N] [--seed 0]
+        [--skip-naive] [--profile STEPS] [--out FILE.json] [--json]
 
 Workload (default): Tang et al. Algorithm 1 on AG News, 4 labels x 1 shot, M=10, N=2, RVP
 K=100, T_max=40, Poisson sampling, sigma 0.39 (about epsilon 4 at the paper's q and T).
@@ -28,6 +28,8 @@ prompt (the last position; naive's full-prompt logits are counted as waste, not 
 work), and causal attention scores and values (4 * layers * heads * head_dim per query-key
 pair). The roofline is the best of a few large square matrix products (n = 2048 on CPU,
 8192 on GPU) on the same device and dtype, measured in the same run before and after.
+`--profile STEPS` also runs the engine for STEPS steps under the torch profiler and prints
+where its time goes (operator self time, grouped: matrix products, attention, the rest).
 Peak memory: torch.cuda.max_memory_allocated per phase on GPU; on CPU the process's peak
 resident set (ru_maxrss, monotone: each phase's value includes the phases before it).
 Nothing private is printed: counts, timings and the synthetic demos only.
@@ -158,6 +160,45 @@ class CountingEngineForward:
         return out
 
 
+def _op_group(name: str) -> str:
+    if name in {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm"}:
+        return "matrix products"
+    if "scaled_dot_product" in name or "flash" in name or "attention" in name:
+        return "attention"
+    if name in {"aten::copy_", "aten::cat", "aten::index", "aten::index_put_", "aten::contiguous", "aten::clone",
+                "aten::to", "aten::_to_copy", "aten::empty", "aten::expand", "aten::view", "aten::transpose"}:
+        return "copies and indexing"
+    return "elementwise, norms, activations"
+
+
+def profile_engine(lm, spec, records, labels, config, sigma, seed, steps: int) -> dict:
+    """Engine time by operator (torch profiler, self time) over the first `steps` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if lm.device.type == "cuda" else [])
+    forward = BatchedForward(lm)
+    began = time.perf_counter()
+    with profile(activities=activities) as prof:
+        generate_demos(lm, spec, records, config.model_copy(update={"max_tokens": steps}), sigma, seed=seed,
+                       labels=labels, forward=forward)
+    wall = time.perf_counter() - began
+    device_time = lm.device.type == "cuda"
+    groups: dict[str, float] = {}
+    ops = []
+    for event in prof.key_averages():
+        seconds = (event.self_device_time_total if device_time else event.self_cpu_time_total) / 1e6
+        if seconds <= 0:
+            continue
+        groups[_op_group(event.key)] = groups.get(_op_group(event.key), 0.0) + seconds
+        ops.append((seconds, event.key, event.count))
+    ops.sort(reverse=True)
+    total = sum(groups.values())
+    return {"steps": steps, "wall_seconds": wall, "profiled_seconds": total,
+            "groups": {k: v / total for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+            "top_ops": [{"op": name, "seconds": sec, "calls": calls, "share": sec / total}
+                        for sec, name, calls in ops[:12]]}
+
+
 # --------------------------------------------------------------------------- workload
 
 
@@ -177,6 +218,8 @@ def load_model(args):
 
     if args.tiny:
         return LanguageModel.tiny_random(seed=0, device="cuda" if args.device == "cuda" else "cpu")
+    if args.model.startswith("random-"):  # random weights of a real shape: speed only (GPU, 1B)
+        return LanguageModel.random(args.model.removeprefix("random-"), device=args.device, dtype=args.dtype)
     return LanguageModel.load(args.model, args.device, args.dtype)
 
 
@@ -218,13 +261,16 @@ def main(argv=None) -> int:
                         help="run naive for only this many steps (compared with the engine's first steps)")
     parser.add_argument("--noise-multiplier", type=float, default=0.39, help="sigma (0.39: about epsilon 4)")
     parser.add_argument("--mechanism", choices=["gaussian", "rnm"], default="gaussian")
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="a model name, or random-smollm2-135m / random-llama-1b (random weights, speed only)")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model (tests): --model tiny-random too")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="also profile the engine over this many steps and print where the time goes")
     parser.add_argument("--out", default=None, help="also write the JSON result to this file")
     parser.add_argument("--json", action="store_true", help="print the JSON result as the last line")
     args = parser.parse_args(argv)
@@ -304,6 +350,9 @@ def main(argv=None) -> int:
             "naive_cpu_seconds": naive["cpu_seconds"],
             "ratio_cpu": naive["cpu_seconds"] / max(naive["engine_cpu_seconds_same_steps"], 1e-9),
         })
+    if args.profile:
+        result["profile"] = profile_engine(lm, spec, records, labels, config, args.noise_multiplier, args.seed,
+                                           min(args.profile, args.max_tokens))
     _print_table(result)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
@@ -335,6 +384,12 @@ def _print_table(r: dict) -> None:
         print(f"  [{demo['label']}] ({demo['tokens']} tokens, {demo['stop_reason']}) {demo['text']}")
     if math.isnan(r["roofline_fraction"]):
         print("warning: roofline not measured")
+    if "profile" in r:
+        p = r["profile"]
+        print(f"engine profile ({p['steps']} steps, {p['profiled_seconds']:.2f} s of operator self time): "
+              + ", ".join(f"{name} {share:.0%}" for name, share in p["groups"].items()))
+        for op in p["top_ops"][:8]:
+            print(f"  {op['op']:<40}{op['seconds']:>8.2f} s{op['share']:>7.1%}{op['calls']:>8} calls")
 
 
 if __name__ == "__main__":

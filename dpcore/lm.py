@@ -16,6 +16,17 @@ import torch
 
 from dpcore.models import resolve_model
 
+# Llama shapes for random-weight speed benchmarks: the embedded model's own, and a 1B one
+# (the Llama 3.2 1B body: 16 layers of width 2048, grouped-query attention 32/8).
+RANDOM_SHAPES: dict[str, dict] = {
+    "smollm2-135m": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                     "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192,
+                     "rope_theta": 100000.0, "rms_norm_eps": 1e-5},
+    "llama-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 8192,
+                 "rope_theta": 500000.0, "rms_norm_eps": 1e-5},
+}
+
 
 def pick_device(device: str = "auto") -> torch.device:
     if device == "auto":
@@ -83,18 +94,31 @@ class LanguageModel:
     def tiny_random(cls, seed: int = 0, hidden_size: int = 64, layers: int = 2, tokenizer_from: str = "smollm2-135m",
                     device: str = "cpu") -> LanguageModel:
         """A randomly initialised Llama of the embedded model's vocabulary (unit tests, speed tests)."""
+        shape = {"hidden_size": hidden_size, "intermediate_size": hidden_size * 2, "num_hidden_layers": layers,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048}
+        return cls._random(shape, f"tiny-random-llama-{hidden_size}x{layers}", seed, tokenizer_from, device,
+                           "float32")
+
+    @classmethod
+    def random(cls, shape: str, seed: int = 0, device: str = "auto", dtype: str = "auto") -> LanguageModel:
+        """A randomly initialised Llama of a named shape (`RANDOM_SHAPES`) with the embedded model's
+        tokenizer: speed benchmarks at real sizes (1B on a GPU) without downloading weights."""
+        if shape not in RANDOM_SHAPES:
+            raise ValueError(f"model: unknown random shape {shape!r}; choose from {sorted(RANDOM_SHAPES)}")
+        return cls._random(RANDOM_SHAPES[shape], f"random-{shape}", seed, "smollm2-135m", device, dtype)
+
+    @classmethod
+    def _random(cls, shape: dict, name: str, seed: int, tokenizer_from: str, device: str, dtype: str) -> LanguageModel:
         from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer_from).path)
-        config = LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=2048, tie_word_embeddings=True,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        )
+        config = LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id, **shape)
+        torch_device = pick_device(device)
+        torch_dtype = pick_dtype(dtype, torch_device)
         torch.manual_seed(seed)  # model init only; dpcore noise never uses the global generator
-        model = LlamaForCausalLM(config).to(torch.device(device))
-        return cls(model, tokenizer, f"tiny-random-llama-{hidden_size}x{layers}", torch.device(device), torch.float32)
+        model = LlamaForCausalLM(config).to(device=torch_device, dtype=torch_dtype)
+        return cls(model, tokenizer, name, torch_device, torch_dtype)
 
     # ------------------------------------------------------------------ tokens
 

@@ -23,7 +23,7 @@ def test_bench_generation_tiny(bench, capsys, tmp_path):
     out = tmp_path / "bench.json"
     code = bench.main(["--model", "tiny-random", "--labels", "2", "--num-subsets", "2", "--subset-size", "1",
                        "--top-k", "10", "--max-tokens", "3", "--naive-max-tokens", "2", "--threads", "1",
-                       "--json", "--out", str(out)])
+                       "--profile", "2", "--json", "--out", str(out)])
     assert code == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(last)
@@ -33,6 +33,9 @@ def test_bench_generation_tiny(bench, capsys, tmp_path):
     assert result["token_agreement"] == 1.0  # same seeds, same algorithm: same tokens
     assert 0 < result["roofline_fraction"] < 1.5
     assert json.loads(out.read_text())["ratio"] == result["ratio"]
+    profile = result["profile"]
+    assert profile["steps"] == 2 and abs(sum(profile["groups"].values()) - 1) < 1e-6
+    assert profile["top_ops"] and "matrix products" in profile["groups"]
 
 
 def test_flop_counter_counts_prefix_reuse(bench, tiny_lm):

@@ -66,3 +66,22 @@ def test_left_padded_batch_equals_one_at_a_time(tiny_lm):
 def test_empty_prompt_is_refused(tiny_lm):
     with pytest.raises(ValueError, match="empty prompt"):
         tiny_lm.next_token_logits([[]])
+
+
+def test_random_shapes_match_the_embedded_model_and_a_1b_llama(embedded_lm):
+    """Speed benchmarks on random weights are only meaningful if the shape is the real one."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dpcore.lm import RANDOM_SHAPES, LanguageModel
+
+    random_135m = LanguageModel.random("smollm2-135m", device="cpu", dtype="float32")
+    assert random_135m.num_parameters(include_embeddings=True) == embedded_lm.num_parameters(include_embeddings=True)
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
+        assert getattr(random_135m.model.config, key) == getattr(embedded_lm.model.config, key), key
+    with torch.device("meta"):
+        body = LlamaForCausalLM(LlamaConfig(vocab_size=embedded_lm.vocab_size, tie_word_embeddings=True,
+                                            **RANDOM_SHAPES["llama-1b"]))
+    total = sum(p.numel() for p in body.parameters())
+    assert 0.9e9 < total < 1.3e9
+    with pytest.raises(ValueError, match="unknown random shape"):
+        LanguageModel.random("gpt-5")
