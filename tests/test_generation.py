@@ -491,3 +491,55 @@ def test_real_model_generates_agnews_demo(embedded_lm, agnews):
     demo = result.demos[0]
     assert demo.tokens >= 1 and demo.text.strip()
     assert result.stats["forward_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_real_model_neighbouring_datasets_move_the_sum_by_at_most_sqrt2(embedded_lm, agnews):
+    """The sensitivity bound on the embedded model and real AG News text, with RVP (K=100)."""
+    torch.set_num_threads(2)
+    spec, label = agnews.spec, "Business"
+    pool = agnews.records_for(label)[:40]
+    base, extras = pool[:30], pool[30:]
+    rng = np.random.default_rng(11)
+    forward = BatchedForward(embedded_lm)
+    keep = public_top_k(forward([embedded_lm.encode(spec.generation.build(label, []))])[0], 100)
+    worst = 0.0
+    for extra in extras:
+        with_record = base + [extra]
+        groups = poisson_groups(len(with_record), 0.2, 3, rng)
+        sums = []
+        for drop in (False, True):
+            kept = [g[g != len(base)] if drop else g for g in groups]
+            prompts = [embedded_lm.encode(spec.generation.build(label, [with_record[i] for i in g]))
+                       for g in kept if len(g)]
+            logits = forward(prompts) if prompts else torch.zeros((0, embedded_lm.vocab_size))
+            sums.append(pre_noise_sum(restricted_softmax(logits, keep)))
+        worst = max(worst, float(np.linalg.norm(sums[0] - sums[1])))
+    assert worst <= math.sqrt(2) + 1e-6
+
+
+@pytest.mark.slow
+def test_real_model_rvp_and_labels_at_once_equal_one_at_a_time(embedded_lm, agnews, monkeypatch):
+    """On the embedded model: every chosen token is in the public top-K, and generating two labels
+    together gives the tokens each gets alone with the same seed."""
+    import dpcore.generation as generation
+
+    torch.set_num_threads(2)
+    spec = agnews.spec
+    labels = ["World", "Sports"]
+    label_records = {y: agnews.records_for(y)[:400] for y in labels}
+    config = GenerationConfig(num_subsets=3, subset_size=2, top_k=10, max_tokens=5)
+    chosen = []
+    original = generation.noisy_argmax
+
+    def spy(scores, keep):
+        token = original(scores, keep)
+        chosen.append(token in set(keep.tolist()) and len(keep) == 10)
+        return token
+
+    monkeypatch.setattr(generation, "noisy_argmax", spy)
+    together = generate_demos(embedded_lm, spec, label_records, config, 0.3, seed=5, labels=labels)
+    alone = [generate_demos(embedded_lm, spec, label_records, config, 0.3, seed=5, labels=[y]).demos[0]
+             for y in labels]
+    assert chosen and all(chosen)
+    assert [(d.label, d.text, d.tokens) for d in together.demos] == [(d.label, d.text, d.tokens) for d in alone]
