@@ -171,29 +171,49 @@ def _op_group(name: str) -> str:
     return "elementwise, norms, activations"
 
 
+def _kernel_group(name: str) -> str:
+    """A CUDA kernel's group, by name (cuBLAS/cuBLASLt GEMMs, flash attention, copies)."""
+    lower = name.lower()
+    if any(k in lower for k in ("gemm", "nvjet", "cutlass", "xmma", "gemv")):
+        return "matrix products"
+    if any(k in lower for k in ("flash", "fmha", "sdpa", "attention")):
+        return "attention"
+    if any(k in lower for k in ("copy", "cat", "index", "gather", "scatter", "memcpy", "memset")):
+        return "copies and indexing"
+    return "elementwise, norms, activations"
+
+
 def profile_engine(lm, spec, records, labels, config, sigma, seed, steps: int) -> dict:
-    """Engine time by operator (torch profiler, self time) over the first `steps` steps."""
+    """Engine time by operator over the first `steps` steps (torch profiler): on CPU the operators'
+    self time; on CUDA the kernels' device time (and `device_busy` = kernel time / wall time)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if lm.device.type == "cuda" else [])
+    cuda = lm.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     forward = BatchedForward(lm)
     began = time.perf_counter()
     with profile(activities=activities) as prof:
         generate_demos(lm, spec, records, config.model_copy(update={"max_tokens": steps}), sigma, seed=seed,
                        labels=labels, forward=forward)
     wall = time.perf_counter() - began
-    device_time = lm.device.type == "cuda"
     groups: dict[str, float] = {}
     ops = []
     for event in prof.key_averages():
-        seconds = (event.self_device_time_total if device_time else event.self_cpu_time_total) / 1e6
+        if cuda:  # kernels only: CPU-side operators would count their kernels a second time
+            if event.device_type != DeviceType.CUDA:
+                continue
+            seconds, group = event.self_device_time_total / 1e6, _kernel_group(event.key)
+        else:
+            seconds, group = event.self_cpu_time_total / 1e6, _op_group(event.key)
         if seconds <= 0:
             continue
-        groups[_op_group(event.key)] = groups.get(_op_group(event.key), 0.0) + seconds
+        groups[group] = groups.get(group, 0.0) + seconds
         ops.append((seconds, event.key, event.count))
     ops.sort(reverse=True)
     total = sum(groups.values())
     return {"steps": steps, "wall_seconds": wall, "profiled_seconds": total,
+            "device_busy": total / wall if cuda else None,
             "groups": {k: v / total for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
             "top_ops": [{"op": name, "seconds": sec, "calls": calls, "share": sec / total}
                         for sec, name, calls in ops[:12]]}
@@ -224,10 +244,11 @@ def load_model(args):
 
 
 def run_phase(name, lm, spec, records, labels, config, sigma, seed, forward, sequential):
-    """Generate; returns (demos, per-step seconds, wall seconds, peak memory)."""
+    """Generate; returns (demos, per-step seconds, wall seconds, peak memory, CPU seconds, wall by phase)."""
     if lm.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(lm.device)
     step_seconds = {}
+    phases: dict[str, float] = {}
     cpu_began = _cpu_seconds()
     began = time.perf_counter()
     demos = []
@@ -242,8 +263,13 @@ def run_phase(name, lm, spec, records, labels, config, sigma, seed, forward, seq
         result = generate_demos(lm, spec, records, config, sigma, seed=seed, labels=list(group), progress=progress,
                                 forward=forward)
         demos.extend(result.demos)
+        for key in ("tokenize_seconds", "forward_seconds", "mechanism_seconds"):
+            phases[key.removesuffix("_seconds")] = phases.get(key.removesuffix("_seconds"), 0.0) + result.stats[key]
     wall = time.perf_counter() - began
-    return demos, step_seconds, wall, peak_memory_mb(lm.device), _cpu_seconds() - cpu_began
+    if lm.device.type == "cuda":  # the engine prepares prompts a step ahead, in a background thread (overlapped)
+        phases["tokenize (background)"] = phases.pop("tokenize")
+    phases["other"] = wall - sum(v for k, v in phases.items() if k != "tokenize (background)")
+    return demos, step_seconds, wall, peak_memory_mb(lm.device), _cpu_seconds() - cpu_began, phases
 
 
 def main(argv=None) -> int:
@@ -293,7 +319,7 @@ def main(argv=None) -> int:
 
     engine_counter = FlopCounter(lm.model)
     engine_forward = CountingEngineForward(lm, engine_counter)
-    engine_demos, engine_steps, engine_wall, engine_peak, engine_cpu = run_phase(
+    engine_demos, engine_steps, engine_wall, engine_peak, engine_cpu, engine_phases = run_phase(
         "engine", lm, spec, records, labels, config, args.noise_multiplier, args.seed, engine_forward, False)
     engine_stats = engine_forward.stats
     engine_prompt_tokens = engine_stats.tokens + engine_stats.prefix_tokens_reused
@@ -302,7 +328,7 @@ def main(argv=None) -> int:
     if not args.skip_naive:
         naive_counter = FlopCounter(lm.model)
         naive_forward = NaiveForward(lm, naive_counter)
-        naive_demos, naive_steps_s, naive_wall, naive_peak, naive_cpu = run_phase(
+        naive_demos, naive_steps_s, naive_wall, naive_peak, naive_cpu, _ = run_phase(
             "naive", lm, spec, records, labels, naive_config, args.noise_multiplier, args.seed, naive_forward, True)
         engine_same_steps = sum(s for step, s in engine_steps.items() if step <= naive_steps)
         engine_total_steps = sum(engine_steps.values())
@@ -334,7 +360,10 @@ def main(argv=None) -> int:
         "engine_synthetic_tokens_per_s": synthetic / engine_wall, "engine_model_flops": engine_counter.flops,
         "engine_flops_per_s": engine_flops_per_s, "roofline_flops_per_s": roofline,
         "roofline_fraction": engine_flops_per_s / roofline, "peak_memory_mb": engine_peak,
-        "engine_peak_memory_mb": engine_peak,
+        "engine_peak_memory_mb": engine_peak, "engine_phase_seconds": engine_phases,
+        "engine_layout": "packed" if engine_forward.inner.packed else "padded",
+        "engine_attention": "varlen flash" if engine_forward.inner.packed and engine_forward.inner.varlen
+        else "per-prompt sdpa" if engine_forward.inner.packed else "padded sdpa",
         "demos": [{"label": d.label, "text": d.text, "tokens": d.tokens, "stop_reason": d.stop_reason}
                   for d in engine_demos],
     }
@@ -364,7 +393,8 @@ def main(argv=None) -> int:
 def _print_table(r: dict) -> None:
     print(f"DP generation: {r['model']} on {r['device']} ({r['dtype']}, {r['threads']} threads, "
           f"load avg {r['load_average']:.1f}); {r['dataset']} {r['labels']} labels x {r['shots_per_label']} shot, "
-          f"M={r['num_subsets']} N={r['subset_size']} K={r['top_k']} RVP={r['rvp']} T_max={r['max_tokens']}")
+          f"M={r['num_subsets']} N={r['subset_size']} K={r['top_k']} RVP={r['rvp']} T_max={r['max_tokens']}; "
+          f"engine layout {r['engine_layout']}, attention {r['engine_attention']}")
     print(f"{'impl':<8}{'steps':>6}{'wall s':>10}{'prompt tok/s':>14}{'synth tok/s':>13}{'GFLOP/s':>10}"
           f"{'roofline':>10}{'peak MB':>10}")
     print(f"{'engine':<8}{r['max_tokens']:>6}{r['engine_wall_seconds']:>10.2f}{r['engine_tokens_per_s']:>14.0f}"
@@ -386,10 +416,15 @@ def _print_table(r: dict) -> None:
         print("warning: roofline not measured")
     if "profile" in r:
         p = r["profile"]
-        print(f"engine profile ({p['steps']} steps, {p['profiled_seconds']:.2f} s of operator self time): "
+        busy = f", device busy {p['device_busy']:.0%} of {p['wall_seconds']:.2f} s wall" if p.get("device_busy") else ""
+        print(f"engine profile ({p['steps']} steps, {p['profiled_seconds']:.2f} s of "
+              f"{'kernel' if p.get('device_busy') else 'operator self'} time{busy}): "
               + ", ".join(f"{name} {share:.0%}" for name, share in p["groups"].items()))
         for op in p["top_ops"][:8]:
-            print(f"  {op['op']:<40}{op['seconds']:>8.2f} s{op['share']:>7.1%}{op['calls']:>8} calls")
+            print(f"  {op['op'][:60]:<60}{op['seconds']:>8.2f} s{op['share']:>7.1%}{op['calls']:>8} calls")
+    phases = r.get("engine_phase_seconds")
+    if phases:
+        print("engine wall by phase: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ their public prompts) and returns their next-token logits, computing only what i
 
 - Last position only: the language-model head runs on one position per prompt
   (`logits_to_keep=1`), never on the whole prompt.
-- No padding on CPU ("packed" layout, Llama-family models): the prompts of a micro-batch are
-  concatenated into ONE row, positions restart at every prompt, and attention runs prompt by
-  prompt (causal, plus the cached prefix) through a registered attention function, so every
-  matrix product sees thousands of rows and no padding token is ever computed. Elsewhere
-  (CUDA, other architectures) prompts are left-padded: sorted by length and cut into
+- No padding ("packed" layout, Llama-family models): the prompts of a micro-batch are
+  concatenated into ONE row, positions restart at every prompt, and attention sees each
+  prompt's own tokens (causal) plus the cached prefix only, through a registered attention
+  function, so every matrix product sees thousands of rows and no padding token is ever
+  computed. On CUDA in fp16/bf16 the attention is one variable-length flash-attention call
+  for the whole micro-batch (`torch.nn.attention.varlen`); on CPU (or fp32 CUDA) it runs
+  prompt by prompt. Other architectures are left-padded: sorted by length and cut into
   contiguous micro-batches by an exact dynamic programme that minimises padded tokens plus a
   per-call overhead (in token equivalents), under a cap on padded tokens per micro-batch.
 - Shared prefix computed once: the longest common token prefix of all prompts (with the
@@ -115,6 +117,71 @@ def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     return int(mismatch[0]) if mismatch.size else limit
 
 
+def _varlen_function():
+    """torch's variable-length flash attention and the keyword that makes it causal, or None.
+
+    The API moved between torch releases (`is_causal=True` earlier, `window_size=(-1, 0)` later);
+    both align the causal mask bottom-right, so a prompt's queries see the whole cached prefix.
+    """
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    import inspect
+
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        causal = {"window_size": (-1, 0)}
+    elif "is_causal" in params:
+        causal = {"is_causal": True}
+    else:
+        return None
+    return varlen_attn, causal, "enable_gqa" in params
+
+
+_VARLEN = _varlen_function()
+
+
+def varlen_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Flash-attention varlen serves CUDA in half precision only."""
+    return _VARLEN is not None and device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """How prompts are packed into one row: per-prompt [start, end) bounds in the packed row,
+    the shared cached prefix length, and (CPU path) one boolean mask per prompt length; (varlen
+    path) cumulative query/key offsets and the gather index laying out [prefix, prompt] keys."""
+
+    bounds: list[tuple[int, int]]
+    prefix: int
+    masks: list[torch.Tensor | None] | None = None
+    varlen: bool = False
+    cu_seq_q: torch.Tensor | None = None
+    cu_seq_k: torch.Tensor | None = None
+    key_index: torch.Tensor | None = None
+    max_q: int = 0
+    max_k: int = 0
+
+
+def _varlen_layout(lengths: Sequence[int], prefix: int, device: torch.device) -> PackedLayout:
+    lengths_np = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths_np)
+    starts = ends - lengths_np
+    key_index = None
+    if prefix:  # keys of prompt i: the cached prefix (row positions 0..prefix-1), then its own tokens
+        pieces = []
+        for start, end in zip(starts, ends, strict=True):
+            pieces += [np.arange(prefix), np.arange(start, end) + prefix]
+        key_index = torch.as_tensor(np.concatenate(pieces), dtype=torch.long, device=device)
+    return PackedLayout(
+        bounds=[(int(s), int(e)) for s, e in zip(starts, ends, strict=True)], prefix=prefix, varlen=True,
+        cu_seq_q=torch.as_tensor(np.concatenate([[0], ends]), dtype=torch.int32, device=device),
+        cu_seq_k=torch.as_tensor(np.concatenate([[0], np.cumsum(lengths_np + prefix)]), dtype=torch.int32,
+                                 device=device),
+        key_index=key_index, max_q=int(lengths_np.max()), max_k=int(lengths_np.max()) + prefix)
+
+
 def _packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Attention over prompts packed into one row: each prompt attends to the cached prefix and,
     causally, to itself only (exactly what it would see alone).
@@ -125,15 +192,30 @@ def _packed_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    packed = kwargs.pop(_PACKED_KWARG, None)
-    if packed is None:  # packing is only switched on over sdpa (supports_packing), so sdpa is the original
+    layout: PackedLayout | None = kwargs.pop(_PACKED_KWARG, None)
+    if layout is None:  # packing is only switched on over sdpa (supports_packing), so sdpa is the original
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
                                                scaling=scaling, **kwargs)
-    bounds, masks, prefix = packed
     gqa = getattr(module, "num_key_value_groups", 1) > 1
+    if layout.varlen:  # one flash-attention call for the whole micro-batch
+        varlen_attn, causal, has_gqa = _VARLEN
+        q = query[0].transpose(0, 1)  # [T, heads, d]
+        k, v = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [prefix + T, kv_heads, d]
+        if layout.key_index is not None:  # [sum(prefix + L_i), kv_heads, d]
+            k, v = k.index_select(0, layout.key_index), v.index_select(0, layout.key_index)
+        extra = {}
+        if gqa and has_gqa:
+            extra["enable_gqa"] = True
+        elif gqa:
+            groups = module.num_key_value_groups
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = varlen_attn(q, k, v, layout.cu_seq_q, layout.cu_seq_k, layout.max_q, layout.max_k,
+                          scale=scaling, **causal, **extra)
+        return out.unsqueeze(0), None  # [1, T, heads, d]
+    prefix = layout.prefix
     key_prefix, value_prefix = key[:, :, :prefix], value[:, :, :prefix]
     outputs = []
-    for (start, end), mask in zip(bounds, masks, strict=True):
+    for (start, end), mask in zip(layout.bounds, layout.masks, strict=True):
         k = key[:, :, prefix + start:prefix + end]
         v = value[:, :, prefix + start:prefix + end]
         if prefix:
@@ -185,15 +267,21 @@ class BatchedForward:
 
     `lm` is a `dpcore.lm.LanguageModel`. Defaults suit the device: on CPU small micro-batches
     (cache-friendly, little padding), on CUDA large ones (kernel-launch overhead dominates).
-    `prefix_cache=False` disables the shared-prefix reuse (for comparisons).
+    `prefix_cache=False` disables the shared-prefix reuse (for comparisons); `packed` and `varlen`
+    force the layout and the attention path (tests).
     """
 
     def __init__(self, lm, max_batch_tokens: int | None = None, overhead_tokens: int | None = None,
-                 prefix_cache: bool = True, min_prefix: int = 4, packed: bool | None = None):
+                 prefix_cache: bool = True, min_prefix: int = 4, packed: bool | None = None,
+                 varlen: bool | None = None):
         self.lm = lm
         cuda = lm.device.type == "cuda"
-        # Packed (no padding) on CPU for Llama-family models; left padding elsewhere.
-        self.packed = (not cuda and supports_packing(lm.model)) if packed is None else bool(packed)
+        # Packed (no padding) for Llama-family models on CPU, and on CUDA where varlen flash attention
+        # serves the dtype; left padding elsewhere.
+        self.varlen = varlen_available(lm.device, lm.dtype) if varlen is None else bool(varlen)
+        if packed is None:
+            packed = supports_packing(lm.model) and (not cuda or self.varlen)
+        self.packed = bool(packed)
         if self.packed:
             use_packed_attention(lm.model)
         # CPU defaults measured on the embedded model (2 cores): packed micro-batches of 4096 tokens;
@@ -256,27 +344,30 @@ class BatchedForward:
         lm = self.lm
         device = lm.device
         lengths = [len(p) for p in chunk]
-        ends = np.cumsum(lengths)
-        bounds = [(int(e - n), int(e)) for e, n in zip(ends, lengths, strict=True)]
-        ids = torch.as_tensor([int(t) for p in chunk for t in p], dtype=torch.long, device=device).unsqueeze(0)
+        if self.varlen:
+            layout = _varlen_layout(lengths, prefix_len, device)
+        else:
+            masks_by_length: dict[int, torch.Tensor | None] = {}
+            for n in set(lengths):
+                if prefix_len:  # the prefix is visible to every position, the prompt itself causally
+                    causal = torch.ones((n, n), dtype=torch.bool, device=device).tril()
+                    masks_by_length[n] = torch.cat([torch.ones((n, prefix_len), dtype=torch.bool, device=device),
+                                                    causal], dim=1)
+                else:
+                    masks_by_length[n] = None
+            ends = np.cumsum(lengths)
+            layout = PackedLayout(bounds=[(int(e - n), int(e)) for e, n in zip(ends, lengths, strict=True)],
+                                  prefix=prefix_len, masks=[masks_by_length[n] for n in lengths])
+        last = torch.as_tensor([end - 1 for _, end in layout.bounds], device=device)
+        ids = torch.as_tensor(np.concatenate(chunk), dtype=torch.long, device=device).unsqueeze(0)
         positions = torch.as_tensor(np.concatenate([np.arange(n) for n in lengths]) + prefix_len,
                                     dtype=torch.long, device=device).unsqueeze(0)
-        masks_by_length: dict[int, torch.Tensor | None] = {}
-        for n in set(lengths):
-            if prefix_len:  # the prefix is visible to every position, the prompt itself causally
-                causal = torch.ones((n, n), dtype=torch.bool, device=device).tril()
-                masks_by_length[n] = torch.cat([torch.ones((n, prefix_len), dtype=torch.bool, device=device),
-                                                causal], dim=1)
-            else:
-                masks_by_length[n] = None
-        packed = (bounds, [masks_by_length[n] for n in lengths], prefix_len)
         kwargs = {"past_key_values": self._cache_for(kv, 1), "use_cache": True} if kv is not None \
             else {"use_cache": False}
         # A 4D placeholder mask: the model passes it through untouched (no [T, T] mask is built).
         placeholder = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
         logits = lm.model(input_ids=ids, attention_mask=placeholder, position_ids=positions,
-                          logits_to_keep=torch.as_tensor(ends - 1, device=device),
-                          **{_PACKED_KWARG: packed}, **kwargs).logits[0]
+                          logits_to_keep=last, **{_PACKED_KWARG: layout}, **kwargs).logits[0]
         return logits, int(ids.numel())
 
     def _cache_for(self, kv, rows: int):
@@ -309,14 +400,21 @@ class BatchedForward:
                 prefix_len = 0
         kv = self._prefix_kv(tuple(int(t) for t in prompts[0][:prefix_len])) if prefix_len else None
         rest = [p[prefix_len:] for p in prompts]
-        out = torch.empty((len(prompts), lm.vocab_size), dtype=torch.float32)
+        # Logits are gathered on the device and cross to the host once, into pinned memory on CUDA
+        # (a pageable copy of [B, V] float32 costs several ms per step).
+        out = torch.empty((len(prompts), lm.vocab_size), dtype=torch.float32, device=lm.device)
         run = self._run_packed if self.packed else self._run_padded
         for rows in self._plan([len(r) for r in rest]):
             logits, computed = run([rest[i] for i in rows], kv, prefix_len)
-            out[torch.as_tensor(rows)] = logits.float().cpu()
+            out[torch.as_tensor(rows, device=lm.device)] = logits.float()
             self.stats.micro_batches += 1
             self.stats.tokens += sum(len(rest[i]) for i in rows)
             self.stats.padded_tokens += computed
             self.stats.prefix_tokens_reused += prefix_len * len(rows)
+        if lm.device.type == "cuda":
+            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            out = host.copy_(out)
+        elif lm.device.type != "cpu":
+            out = out.cpu()
         self.stats.seconds += time.perf_counter() - began
         return out

@@ -38,6 +38,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
@@ -189,8 +190,11 @@ class _Stream:
 class _Engine:
     """The token loop shared by DP generation and instruction-only generation."""
 
-    def __init__(self, lm, spec, config: GenerationConfig, forward: Forward | None, progress: Progress | None):
+    def __init__(self, lm, spec, config: GenerationConfig, forward: Forward | None, progress: Progress | None,
+                 prefetch: bool | None = None):
         self.lm = lm
+        device = getattr(lm, "device", None)
+        self.prefetch = (getattr(device, "type", "cpu") == "cuda") if prefetch is None else bool(prefetch)
         self.spec = spec
         self.config = config
         self.forward = forward if forward is not None else BatchedForward(lm)
@@ -201,10 +205,26 @@ class _Engine:
         self.stats = {"steps": 0, "prompts": 0, "prompt_tokens": 0, "forward_seconds": 0.0,
                       "tokenize_seconds": 0.0, "mechanism_seconds": 0.0, "synthetic_tokens": 0}
 
-    def _encode_many(self, texts: list[str]) -> list[list[int]]:
-        if not texts:
-            return []
-        return [list(ids) for ids in self.lm.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    def _group_prompts(self, active: list[_Stream]) -> tuple[list[list[int]], list[int]]:
+        """Lines 3-6 for one step: a fresh sample per (label, shot), split into M groups, and each
+        non-empty group's prompt PB(instruction, its records, y) tokenised (without the text
+        generated so far, which the caller appends). Returns (prompt ids, owning index in `active`).
+
+        Touches only each stream's own sampling generator, so it may run one step ahead in a
+        background thread (see `run`) and draw exactly what it would have drawn in line."""
+        config = self.config
+        texts, owners = [], []
+        for index, stream in enumerate(active):
+            groups = draw_groups(config.sampler, len(stream.records), config.num_subsets, config.subset_size,
+                                 stream.sample_rng)
+            for group in groups:
+                if group.size:
+                    texts.append(self.spec.generation.build(stream.label, [stream.records[i] for i in group]))
+                    owners.append(index)
+        began = time.perf_counter()
+        ids = self.lm.encode_batch(texts)
+        self.stats["tokenize_seconds"] += time.perf_counter() - began
+        return ids, owners
 
     def _finish_token(self, stream: _Stream, token: int) -> None:
         """Lines 20-22 plus the stop string and T_max."""
@@ -224,65 +244,56 @@ class _Engine:
 
     def run(self, streams: list[_Stream], choose: Callable[[_Stream, torch.Tensor | None, torch.Tensor], int],
             private: bool) -> None:
-        """Token steps until every stream stops. `choose(stream, public_logits, group_logits) -> token`."""
+        """Token steps until every stream stops. `choose(stream, public_logits, group_logits) -> token`.
+
+        With `prefetch` (default on CUDA), the next step's group prompts (sampling and
+        tokenisation, which do not depend on the token being chosen) are prepared in a
+        background thread while this step's forward pass runs on the GPU.
+        """
         config = self.config
         use_public = config.rvp or not private
         began = time.perf_counter()
-        for step in range(1, config.max_tokens + 1):
-            active = [s for s in streams if not s.done]
-            if not active:
-                break
-            step_began = time.perf_counter()
-            # Lines 3-6: a fresh sample per (label, shot), one prompt per non-empty group.
-            texts, owners = [], []
-            if private:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpicl-prompts") \
+            if private and self.prefetch else None
+        ahead: tuple[list[_Stream], Future] | None = None
+        try:
+            for step in range(1, config.max_tokens + 1):
+                active = [s for s in streams if not s.done]
+                if not active:
+                    break
+                step_began = time.perf_counter()
+                if not private:
+                    group_ids, owners = [], []
+                elif ahead is not None:
+                    group_ids, owners = _keep_active(*ahead, active)
+                else:
+                    group_ids, owners = self._group_prompts(active)
+                prompts = [ids + active[owner].generated for ids, owner in zip(group_ids, owners, strict=True)]
+                ahead = (active, pool.submit(self._group_prompts, active)) \
+                    if pool is not None and step < config.max_tokens else None
+                group_count = len(prompts)
+                if use_public:  # line 8: the public prompt, no private record
+                    prompts.extend(stream.public_prefix + stream.generated for stream in active)
+                longest = max(len(p) for p in prompts)
+                if self.max_positions and longest > self.max_positions:
+                    raise ConfigError(f"a prompt of {longest} tokens exceeds the model's context of "
+                                      f"{self.max_positions} positions: lower subset_size (N) or max_tokens")
+                forward_began = time.perf_counter()
+                logits = self.forward(prompts)  # ONE batched pass for every active sequence
+                forward_seconds = time.perf_counter() - forward_began
+                mechanism_began = time.perf_counter()
+                owner_index = np.asarray(owners, dtype=np.int64)
                 for index, stream in enumerate(active):
-                    groups = draw_groups(config.sampler, len(stream.records), config.num_subsets,
-                                         config.subset_size, stream.sample_rng)
-                    for group in groups:
-                        if group.size:
-                            texts.append(self.spec.generation.build(stream.label,
-                                                                    [stream.records[i] for i in group]))
-                            owners.append(index)
-            tokenize_began = time.perf_counter()
-            prompts = [ids + active[owner].generated for ids, owner in zip(self._encode_many(texts), owners,
-                                                                            strict=True)]
-            self.stats["tokenize_seconds"] += time.perf_counter() - tokenize_began
-            group_count = len(prompts)
-            if use_public:  # line 8: the public prompt, no private record
-                prompts.extend(stream.public_prefix + stream.generated for stream in active)
-            longest = max(len(p) for p in prompts)
-            if self.max_positions and longest > self.max_positions:
-                raise ConfigError(f"a prompt of {longest} tokens exceeds the model's context of "
-                                  f"{self.max_positions} positions: lower subset_size (N) or max_tokens")
-            forward_began = time.perf_counter()
-            logits = self.forward(prompts)  # ONE batched pass for every active sequence
-            forward_seconds = time.perf_counter() - forward_began
-            mechanism_began = time.perf_counter()
-            owner_index = np.asarray(owners, dtype=np.int64)
-            for index, stream in enumerate(active):
-                rows = np.flatnonzero(owner_index == index)
-                group_logits = logits[torch.as_tensor(rows, dtype=torch.long)] if rows.size \
-                    else logits.new_zeros((0, logits.shape[1]))
-                public_logits = logits[group_count + index] if use_public else None
-                self._finish_token(stream, choose(stream, public_logits, group_logits))
-            self.stats["mechanism_seconds"] += time.perf_counter() - mechanism_began
-            tokens = sum(len(p) for p in prompts)
-            self.stats["steps"] = step
-            self.stats["prompts"] += len(prompts)
-            self.stats["prompt_tokens"] += tokens
-            self.stats["forward_seconds"] += forward_seconds
-            info = {
-                "step": step, "max_steps": config.max_tokens, "active": len(active), "prompts": len(prompts),
-                "prompt_tokens": tokens, "step_seconds": time.perf_counter() - step_began,
-                "tokens_per_s": tokens / forward_seconds if forward_seconds else 0.0,
-                "elapsed_seconds": time.perf_counter() - began,
-                "finished": sum(s.done for s in streams), "total": len(streams),
-            }
-            log.info("generation step %d/%d: %d sequences, %d prompts, %d prompt tokens, %.0f tokens/s",
-                     step, config.max_tokens, len(active), len(prompts), tokens, info["tokens_per_s"])
-            if self.progress is not None:
-                self.progress(info)
+                    rows = np.flatnonzero(owner_index == index)
+                    group_logits = logits[torch.as_tensor(rows, dtype=torch.long)] if rows.size \
+                        else logits.new_zeros((0, logits.shape[1]))
+                    public_logits = logits[group_count + index] if use_public else None
+                    self._finish_token(stream, choose(stream, public_logits, group_logits))
+                self.stats["mechanism_seconds"] += time.perf_counter() - mechanism_began
+                self._record_step(step, streams, active, prompts, forward_seconds, step_began, began)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
         for stream in streams:  # unreachable in practice: the T_max check stops every stream
             if not stream.done:
                 stream.stop_reason = STOP_MAX_TOKENS
@@ -296,6 +307,41 @@ class _Engine:
         if batch_stats is not None and hasattr(batch_stats, "as_dict"):
             self.stats["batching"] = batch_stats.as_dict()
 
+    def _record_step(self, step, streams, active, prompts, forward_seconds, step_began, began) -> None:
+        """Counters, the log line and the progress callback of one step (counts and timings only)."""
+        config = self.config
+        tokens = sum(len(p) for p in prompts)
+        self.stats["steps"] = step
+        self.stats["prompts"] += len(prompts)
+        self.stats["prompt_tokens"] += tokens
+        self.stats["forward_seconds"] += forward_seconds
+        info = {
+            "step": step, "max_steps": config.max_tokens, "active": len(active), "prompts": len(prompts),
+            "prompt_tokens": tokens, "step_seconds": time.perf_counter() - step_began,
+            "tokens_per_s": tokens / forward_seconds if forward_seconds else 0.0,
+            "elapsed_seconds": time.perf_counter() - began,
+            "finished": sum(s.done for s in streams), "total": len(streams),
+        }
+        log.info("generation step %d/%d: %d sequences, %d prompts, %d prompt tokens, %.0f tokens/s",
+                 step, config.max_tokens, len(active), len(prompts), tokens, info["tokens_per_s"])
+        if self.progress is not None:
+            self.progress(info)
+
+
+def _keep_active(prepared_for: list[_Stream], future: Future, active: list[_Stream]
+                 ) -> tuple[list[list[int]], list[int]]:
+    """Group prompts prepared one step ahead, less those of streams that stopped since; owners
+    re-indexed into `active`."""
+    ids_ahead, owners_ahead = future.result()
+    position = {id(stream): index for index, stream in enumerate(active)}
+    group_ids, owners = [], []
+    for ids, owner in zip(ids_ahead, owners_ahead, strict=True):
+        index = position.get(id(prepared_for[owner]))
+        if index is not None:
+            group_ids.append(ids)
+            owners.append(index)
+    return group_ids, owners
+
 
 def _model_name(lm) -> str:
     return str(getattr(lm, "name", type(lm).__name__))
@@ -303,20 +349,23 @@ def _model_name(lm) -> str:
 
 def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: GenerationConfig,
                    noise_multiplier: float, seed: int | None = None, labels: list[str] | None = None,
-                   progress: Progress | None = None, *, forward: Forward | None = None) -> GenerationResult:
+                   progress: Progress | None = None, *, forward: Forward | None = None,
+                   prefetch: bool | None = None) -> GenerationResult:
     """Algorithm 1 for every label in `labels` (default: all of `records_by_label`) and
     `config.demos_per_label` shots each, all at once.
 
     `records_by_label` maps a label to its private texts D_y (never logged). `noise_multiplier`
     is sigma (0: no noise, epsilon = inf, same code path). `seed=None` draws a cryptographic
     seed; an int makes the run reproducible and marks its demos `seeded_noise=True`.
-    `forward` overrides the batched forward pass (benchmarks compare a naive one).
+    `forward` overrides the batched forward pass (benchmarks compare a naive one). `prefetch`
+    prepares each next step's group prompts in a background thread (default: on CUDA); the
+    demos are the same either way.
     """
     sigma = check_noise_multiplier(noise_multiplier)
     chosen = _check_labels(labels, list(records_by_label))
     validate_generation(config, sigma, int(lm.vocab_size), {y: len(records_by_label[y]) for y in chosen})
     root, seeded = noise_seed_sequence(seed)
-    engine = _Engine(lm, spec, config, forward, progress)
+    engine = _Engine(lm, spec, config, forward, progress, prefetch)
     public = {y: lm.encode(spec.generation.build(y, [])) for y in chosen}
     streams = []
     for label in chosen:

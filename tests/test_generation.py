@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 
 from dpcore.batching import PACKED_ATTENTION, BatchedForward, common_prefix_length, plan_micro_batches
 from dpcore.config import GenerationConfig
@@ -101,6 +102,39 @@ def test_batch_equals_one_prompt_at_a_time(tiny_lm, spec, records, packed):
         if packed:
             assert forward.stats.padded_tokens == forward.stats.tokens  # no padding at all
 
+def _reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                      enable_gqa=False):
+    """What flash-attention varlen computes (bottom-right causal per sequence), in plain sdpa on CPU."""
+    outputs = []
+    for i in range(len(cu_seq_q) - 1):
+        q = query[cu_seq_q[i]:cu_seq_q[i + 1]].transpose(0, 1)
+        k = key[cu_seq_k[i]:cu_seq_k[i + 1]].transpose(0, 1)
+        v = value[cu_seq_k[i]:cu_seq_k[i + 1]].transpose(0, 1)
+        assert q.shape[1] <= max_q and k.shape[1] <= max_k and window_size == (-1, 0)
+        mask = torch.ones((q.shape[1], k.shape[1]), dtype=torch.bool).tril(diagonal=k.shape[1] - q.shape[1])
+        outputs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                      enable_gqa=enable_gqa).transpose(0, 1))
+    return torch.cat(outputs)
+
+
+@pytest.mark.parametrize("native_gqa", [True, False])
+def test_varlen_layout_equals_one_prompt_at_a_time(tiny_lm, spec, records, monkeypatch, native_gqa):
+    """The CUDA path's packing (cumulative offsets, [prefix, prompt] key gather, grouped-query heads),
+    checked on CPU with a reference of the flash-attention varlen kernel; the kernel itself is
+    checked on a GPU by benchmarks/check_gpu_packing.py."""
+    from dpcore import batching
+
+    monkeypatch.setattr(batching, "_VARLEN", (_reference_varlen, {"window_size": (-1, 0)}, native_gqa))
+    prompts = [tiny_lm.encode(spec.generation.build(label, records[label][:k])) for label in LABELS for k in (0, 2)]
+    single = torch.cat([tiny_lm.next_token_logits([p]) for p in prompts])
+    for prefix_cache in (True, False):
+        forward = BatchedForward(tiny_lm, max_batch_tokens=256, prefix_cache=prefix_cache, packed=True, varlen=True)
+        batched = forward(prompts)
+        assert torch.allclose(torch.softmax(batched, -1), torch.softmax(single, -1), atol=1e-5)
+        assert forward.stats.padded_tokens == forward.stats.tokens
+        assert (forward.stats.prefix_tokens_reused > 0) == prefix_cache
+
+
 def test_packed_attention_serves_other_callers_unchanged(tiny_lm, spec, records):
     """Once the packed attention is the model's implementation, ordinary padded calls give what they gave before."""
     prompts = [tiny_lm.encode(spec.generation.build("World", records["World"][:k])) for k in (0, 2)]
@@ -163,6 +197,40 @@ def test_four_labels_at_once_equal_one_at_a_time(tiny_lm, spec, records, sigma, 
     together = generate_demos(tiny_lm, spec, records, config, sigma, seed=21)
     alone = [generate_demos(tiny_lm, spec, records, config, sigma, seed=21, labels=[y]).demos[0] for y in LABELS]
     assert together.demos == alone
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.3])
+def test_prompts_prepared_a_step_ahead_give_the_same_demos(tiny_lm, spec, records, sigma):
+    """The CUDA default prepares step t+1's group prompts during step t's forward pass; the demos must be
+    exactly those of in-line preparation, also when some streams stop early (here: World's, at step 3)."""
+    eos = min(tiny_lm.eos_token_ids)
+
+    def stopping_world():
+        inner, calls = BatchedForward(tiny_lm), [0]
+
+        def forward(prompts):
+            logits = inner(prompts).clone()
+            calls[0] += 1
+            if calls[0] >= 3:
+                for row, prompt in enumerate(prompts):
+                    if "News Type: World\nText:" in tiny_lm.decode(prompt).rsplit("\n\n", 1)[-1]:
+                        logits[row, eos] = 1e4
+            return logits
+        return forward
+
+    config = _config(max_tokens=6, demos_per_label=2)
+    inline = generate_demos(tiny_lm, spec, records, config, sigma, seed=5, forward=stopping_world(), prefetch=False)
+    ahead = generate_demos(tiny_lm, spec, records, config, sigma, seed=5, forward=stopping_world(), prefetch=True)
+    assert ahead.demos == inline.demos
+    assert {d.stop_reason for d in inline.demos if d.label == "World"} == {"eos"}
+    assert {d.tokens for d in inline.demos if d.label == "World"} == {2}
+    assert {d.stop_reason for d in inline.demos if d.label != "World"} == {"max_tokens"}
+
+
+def test_encode_batch_equals_encode(tiny_lm, spec, records):
+    texts = [spec.generation.build(label, records[label][:k]) for label in LABELS for k in (0, 2)]
+    texts += ["café naïve – 東京\n\n  spaces  ", "", "\n"]
+    assert tiny_lm.encode_batch(texts) == [tiny_lm.encode(t) for t in texts]
 
 
 def test_one_forward_pass_per_step_for_every_active_sequence(tiny_lm, spec, records):
