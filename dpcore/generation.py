@@ -282,11 +282,10 @@ class _Engine:
                 logits = self.forward(prompts)  # ONE batched pass for every active sequence
                 forward_seconds = time.perf_counter() - forward_began
                 mechanism_began = time.perf_counter()
-                owner_index = np.asarray(owners, dtype=np.int64)
+                # A stream's group prompts are contiguous (built stream by stream): a view, not a copy.
+                bounds = np.searchsorted(np.asarray(owners, dtype=np.int64), np.arange(len(active) + 1))
                 for index, stream in enumerate(active):
-                    rows = np.flatnonzero(owner_index == index)
-                    group_logits = logits[torch.as_tensor(rows, dtype=torch.long)] if rows.size \
-                        else logits.new_zeros((0, logits.shape[1]))
+                    group_logits = logits[int(bounds[index]):int(bounds[index + 1])]
                     public_logits = logits[group_count + index] if use_public else None
                     self._finish_token(stream, choose(stream, public_logits, group_logits))
                 self.stats["mechanism_seconds"] += time.perf_counter() - mechanism_began

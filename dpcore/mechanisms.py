@@ -111,10 +111,9 @@ def restricted_softmax(group_logits: torch.Tensor, keep: torch.Tensor | None) ->
     coordinates, in `keep` order) without underflow. `keep=None` (RVP off): the full softmax.
     Returns float64 [G, K] (or [G, V]).
     """
-    logits = group_logits.double()
-    if keep is not None:
-        logits = logits[..., keep]
-    return torch.softmax(logits, dim=-1)
+    if keep is not None:  # restrict first: only K coordinates are converted and exponentiated
+        group_logits = group_logits[..., keep]
+    return torch.softmax(group_logits.double(), dim=-1)
 
 
 # --------------------------------------------------------------------------- aggregation
