@@ -156,12 +156,31 @@ class PackedLayout:
     bounds: list[tuple[int, int]]
     prefix: int
     masks: list[torch.Tensor | None] | None = None
-    varlen: bool = False
     cu_seq_q: torch.Tensor | None = None
     cu_seq_k: torch.Tensor | None = None
     key_index: torch.Tensor | None = None
     max_q: int = 0
     max_k: int = 0
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seq_q is not None
+
+
+def _per_prompt_layout(lengths: Sequence[int], prefix: int, device: torch.device) -> PackedLayout:
+    """CPU path: one boolean mask per distinct prompt length (the prefix visible to every position,
+    the prompt itself causally); no mask at all without a prefix (plain causal attention)."""
+    masks_by_length: dict[int, torch.Tensor | None] = {}
+    for n in set(lengths):
+        if prefix:
+            causal = torch.ones((n, n), dtype=torch.bool, device=device).tril()
+            masks_by_length[n] = torch.cat([torch.ones((n, prefix), dtype=torch.bool, device=device), causal],
+                                           dim=1)
+        else:
+            masks_by_length[n] = None
+    ends = np.cumsum(lengths)
+    return PackedLayout(bounds=[(int(e - n), int(e)) for e, n in zip(ends, lengths, strict=True)], prefix=prefix,
+                        masks=[masks_by_length[n] for n in lengths])
 
 
 def _varlen_layout(lengths: Sequence[int], prefix: int, device: torch.device) -> PackedLayout:
@@ -175,7 +194,7 @@ def _varlen_layout(lengths: Sequence[int], prefix: int, device: torch.device) ->
             pieces += [np.arange(prefix), np.arange(start, end) + prefix]
         key_index = torch.as_tensor(np.concatenate(pieces), dtype=torch.long, device=device)
     return PackedLayout(
-        bounds=[(int(s), int(e)) for s, e in zip(starts, ends, strict=True)], prefix=prefix, varlen=True,
+        bounds=[(int(s), int(e)) for s, e in zip(starts, ends, strict=True)], prefix=prefix,
         cu_seq_q=torch.as_tensor(np.concatenate([[0], ends]), dtype=torch.int32, device=device),
         cu_seq_k=torch.as_tensor(np.concatenate([[0], np.cumsum(lengths_np + prefix)]), dtype=torch.int32,
                                  device=device),
@@ -344,20 +363,7 @@ class BatchedForward:
         lm = self.lm
         device = lm.device
         lengths = [len(p) for p in chunk]
-        if self.varlen:
-            layout = _varlen_layout(lengths, prefix_len, device)
-        else:
-            masks_by_length: dict[int, torch.Tensor | None] = {}
-            for n in set(lengths):
-                if prefix_len:  # the prefix is visible to every position, the prompt itself causally
-                    causal = torch.ones((n, n), dtype=torch.bool, device=device).tril()
-                    masks_by_length[n] = torch.cat([torch.ones((n, prefix_len), dtype=torch.bool, device=device),
-                                                    causal], dim=1)
-                else:
-                    masks_by_length[n] = None
-            ends = np.cumsum(lengths)
-            layout = PackedLayout(bounds=[(int(e - n), int(e)) for e, n in zip(ends, lengths, strict=True)],
-                                  prefix=prefix_len, masks=[masks_by_length[n] for n in lengths])
+        layout = (_varlen_layout if self.varlen else _per_prompt_layout)(lengths, prefix_len, device)
         last = torch.as_tensor([end - 1 for _, end in layout.bounds], device=device)
         ids = torch.as_tensor(np.concatenate(chunk), dtype=torch.long, device=device).unsqueeze(0)
         positions = torch.as_tensor(np.concatenate([np.arange(n) for n in lengths]) + prefix_len,
