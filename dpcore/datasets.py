@@ -186,10 +186,11 @@ def read_table(path: str | Path) -> pd.DataFrame:
     suffix = path.suffix.lower()
     try:
         if suffix == ".csv":
+            _check_utf8(path)
             try:
                 frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataValidationError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+            except pd.errors.EmptyDataError:
+                raise DataValidationError(f"{path}: the file is empty (no header and no rows)") from None
             frame["__line__"] = np.arange(len(frame)) + 2  # header is line 1
         elif suffix in (".jsonl", ".json"):
             frame = _read_jsonl(path)
@@ -202,7 +203,19 @@ def read_table(path: str | Path) -> pd.DataFrame:
         raise
     except (pd.errors.ParserError, OSError, ValueError) as exc:
         raise DataValidationError(f"{path}: unreadable ({type(exc).__name__})") from None
+    if frame.empty:
+        raise DataValidationError(f"{path}: the file has no records (a header only, or no rows)")
     return frame
+
+
+def _check_utf8(path: Path) -> None:
+    """Name the first invalid byte by its offset in the whole file and its line (pandas reports chunk offsets)."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DataValidationError(f"{path}: line {line}: not valid UTF-8 (byte offset {exc.start} of the file)") from None
 
 
 def _row_name(frame: pd.DataFrame, index: int, path: str) -> str:
@@ -352,7 +365,13 @@ def load_dataset(spec: TaskSpec, data_path: str | Path | None = None) -> LoadedD
         frame, where = _load_hub(spec)
     else:
         path = Path(spec.source.path or "")
-        frame, where = _load_file(spec, path if path.is_absolute() else DATA_DIR / path)
+        path = path if path.is_absolute() else DATA_DIR / path
+        if not path.exists():
+            raise DataValidationError(
+                f"{path}: file not found (source.path of task {spec.name!r}; a user task YAML's relative paths "
+                "resolve against the YAML's own folder, the shipped tasks' against the package's data/ folder; "
+                "or pass --data-path)")
+        frame, where = _load_file(spec, path)
     train, test = seeded_split(frame, spec.split.test_size, spec.split.seed)
     _check_labels_present(train, spec, where)
     return LoadedDataset(spec=spec, train=train, test=test, source=where, content_hash=content_hash(train))

