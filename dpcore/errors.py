@@ -6,6 +6,7 @@ class DpiclError(Exception):
     """Base class for errors reported to users with a clear message (CLI exit code 2)."""
 
     exit_code = 2
+    kind = "error"  # how the CLI names it: "error" for bad input, "refused" for a refusal
 
 
 class ConfigError(DpiclError, ValueError):
@@ -24,7 +25,11 @@ class BudgetExceededError(DpiclError):
     """A run would spend more privacy than the dataset's budget (CLI exit code 3)."""
 
     exit_code = 3
+    kind = "refused"
 
 
 class ReleaseRefusedError(DpiclError):
-    """A release gate condition failed; the message lists every failed condition."""
+    """A release gate condition failed; the message lists every failed condition (CLI exit code 4)."""
+
+    exit_code = 4
+    kind = "refused"

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
 
-COMMAND_MODULES = ["accounting", "generate", "evaluate", "audit", "ledger", "run", "release"]
+COMMAND_MODULES = ["accounting", "generate", "evaluate", "audit", "ledger", "run", "release", "ui"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,16 +24,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `dpicl` program. With `argv=None` (the real command line) it also takes over logging:
+    library logs go to `$DPICL_HOME/logs/dpicl.log` (see `flows.cli.logs`); an in-process caller
+    passing `argv` keeps its own logging set-up."""
     configure_environment()  # before Prefect/MLflow read their settings
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if argv is None:
+        from flows.cli.logs import configure_cli_logging
+
+        configure_cli_logging(args.verbose)
     try:
         code = args.handler(args)
     except DpiclError as exc:
-        print(f"dpicl {args.command}: error: {exc}", file=sys.stderr)
+        print(f"dpicl {args.command}: {exc.kind}: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
+        print(f"dpicl {args.command}: interrupted", file=sys.stderr)
         return 130
     return int(code or 0)
 

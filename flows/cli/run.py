@@ -11,11 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import time
 
 from pydantic import ValidationError
@@ -141,55 +136,6 @@ def _demo(args) -> int:
     return _run(args, DEMO_DEFAULTS)
 
 
-# --------------------------------------------------------------------------- dpicl ui
-
-
-def _ui(args) -> int:
-    """Start the Prefect server and the MLflow UI on 127.0.0.1 until Ctrl-C."""
-    from dpcore.home import dpicl_home, subdir
-
-    home = dpicl_home()
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    bin_dir = os.path.dirname(sys.executable)
-    procs: list[tuple[str, subprocess.Popen]] = []
-    if not args.no_prefect:
-        prefect = shutil.which("prefect", path=bin_dir) or "prefect"
-        procs.append(("prefect", subprocess.Popen(
-            [prefect, "server", "start", "--host", args.host, "--port", str(args.prefect_port)], env=env)))
-    if not args.no_mlflow:
-        mlflow = shutil.which("mlflow", path=bin_dir) or "mlflow"
-        db = subdir("mlflow") / "mlflow.db"
-        procs.append(("mlflow", subprocess.Popen(
-            [mlflow, "server", "--host", args.host, "--port", str(args.mlflow_port),
-             "--backend-store-uri", f"sqlite:///{db}", "--default-artifact-root",
-             (subdir("mlflow") / "artifacts").as_uri(), "--workers", "1"], env=env)))
-    print(f"DPICL_HOME {home}")
-    if not args.no_prefect:
-        print(f"Prefect UI  http://{args.host}:{args.prefect_port}/   "
-              f"(export PREFECT_API_URL=http://{args.host}:{args.prefect_port}/api to send runs there)")
-    if not args.no_mlflow:
-        print(f"MLflow UI   http://{args.host}:{args.mlflow_port}/")
-    print("Ctrl-C stops both.", flush=True)
-    try:
-        while all(p.poll() is None for _, p in procs):
-            time.sleep(0.5)
-        for name, p in procs:
-            if p.poll() is not None:
-                print(f"{name} exited with code {p.returncode}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        for _, p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for _, p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
 def register(subparsers) -> None:
     run = subparsers.add_parser("run", help="run the whole pipeline (generate, evaluate, audit, record) as a Prefect flow",
                                 description="Run the DP few-shot pipeline as a Prefect flow. Every RunConfig field is a "
@@ -204,10 +150,3 @@ def register(subparsers) -> None:
     _add_run_flags(demo)
     demo.set_defaults(handler=_demo)
 
-    ui = subparsers.add_parser("ui", help="start the Prefect server and the MLflow UI on 127.0.0.1")
-    ui.add_argument("--host", default="127.0.0.1")
-    ui.add_argument("--prefect-port", type=int, default=4200)
-    ui.add_argument("--mlflow-port", type=int, default=5000)
-    ui.add_argument("--no-prefect", action="store_true", help="only the MLflow UI")
-    ui.add_argument("--no-mlflow", action="store_true", help="only the Prefect server")
-    ui.set_defaults(handler=_ui)
