@@ -66,37 +66,38 @@ class AuditConfig(_Frozen):
 class RunConfig(_Frozen):
     """Everything one pipeline run needs. Field names are the CLI flag names."""
 
-    dataset: str = "agnews"
+    dataset: str = Field("agnews", description="a shipped task (agnews, trec, sst2, ...) or your task's name")
     data_path: str | None = Field(None, description="a user's CSV/JSONL/Parquet file (with --task-spec)")
     task_spec: str | None = Field(None, description="path of a task YAML for a user dataset")
     dataset_id: str | None = Field(None, description="ledger identity; default: the dataset name")
-    model: str = "smollm2-135m"
-    device: str = "auto"
-    dtype: str = "auto"
+    model: str = Field("smollm2-135m", description="the embedded model, a local model folder or a hub id")
+    device: str = Field("auto", description="cpu, cuda or auto (CUDA when available)")
+    dtype: str = Field("auto", description="float32, bfloat16, float16 or auto (bf16 on GPU, fp32 on CPU)")
 
-    epsilons: list[float] = Field(default_factory=lambda: [1.0, 4.0])
+    epsilons: list[float] = Field(default_factory=lambda: [1.0, 4.0],
+                                  description="comma-separated target epsilons; 0 = instruction-only demos")
     delta: float | None = Field(None, gt=0, lt=1, description="default: 1/|D_priv|")
-    mechanism: Mechanism = "gaussian"
-    sampler: Sampler = "poisson"
-    num_subsets: int = Field(10, ge=1)
-    subset_size: int = Field(2, ge=1)
-    top_k: int = Field(100, ge=1)
+    mechanism: Mechanism = Field("gaussian", description="per-token aggregation: Gaussian noise, or report-noisy-max")
+    sampler: Sampler = Field("poisson", description="record sampler: poisson (what the accountant assumes) or fixed")
+    num_subsets: int = Field(10, ge=1, description="M: disjoint groups of private records per token step")
+    subset_size: int = Field(2, ge=1, description="N: expected records per group (q = MN/|D_y|)")
+    top_k: int = Field(100, ge=1, description="K: public top-K vocabulary kept by RVP")
     rvp: bool = True
-    max_tokens: int = Field(40, ge=1)
+    max_tokens: int = Field(40, ge=1, description="T_max: token steps per demonstration")
     seed: int | None = Field(None, description="noise seed for experiments; None: cryptographically seeded")
 
-    shots: int = Field(4, ge=0)
-    seeds: int = Field(5, ge=1)
-    test_size: int | None = Field(None, ge=1)
-    calibrate: bool = True
+    shots: int = Field(4, ge=0, description="demonstrations in each ICL prompt (generation makes ceil(shots/labels) per label)")
+    seeds: int = Field(5, ge=1, description="evaluation seeds (choice and order of demos); accuracy is mean +/- std")
+    test_size: int | None = Field(None, ge=1, description="test items evaluated; None: the whole test split")
+    calibrate: bool = Field(True, description="contextual calibration of label probabilities (Zhao et al. 2021)")
     baselines: list[Baseline] = Field(default_factory=lambda: list(ALL_BASELINES))
 
-    audit: bool = True
-    audit_trials: int = Field(20, ge=1)
-    audit_demo_sets: int = Field(3, ge=1)
-    audit_members: int = Field(50, ge=1)
-    auc_tolerance: float = Field(0.05, gt=0, lt=0.5)
-    overlap_threshold: int = Field(8, ge=1)
+    audit: bool = Field(True, description="run the membership-inference audit (Duan et al.) on the DP demos")
+    audit_trials: int = Field(20, ge=1, description="audit trials per demo set")
+    audit_demo_sets: int = Field(3, ge=1, description="DP demo sets the audit generates from its members")
+    audit_members: int = Field(50, ge=1, description="member (and as many non-member) records per audit trial")
+    auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="audit gate: |AUC - 0.5| must stay within this")
+    overlap_threshold: int = Field(8, ge=1, description="audit gate: verbatim token overlap that counts as a leak")
 
     task_runner: str = Field("threads", description="threads, dask (a local cluster) or a Dask scheduler address")
 

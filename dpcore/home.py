@@ -68,6 +68,9 @@ def configure_environment() -> Path:
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_DISABLE_TELEMETRY": "1",
+        # Child Python processes (the temporary Prefect server runs `python -m uvicorn`) must not put
+        # the working directory first on sys.path: a user's `inspect.py` there would shadow the stdlib.
+        "PYTHONSAFEPATH": "1",
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)

@@ -31,6 +31,9 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_a_refused_release_prints_one_line_and_logs_go_to_a_file(tmp_path):
+    # A user's own `inspect.py` in the working directory must not shadow the stdlib in the temporary
+    # Prefect server that the release flow starts.
+    (tmp_path / "inspect.py").write_text("raise SystemExit('a user file named inspect.py was imported')\n")
     done = subprocess.run(DPICL + ["release", "--run", "no-such-run"], cwd=tmp_path, env=_env(tmp_path / "home"),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
@@ -83,3 +86,35 @@ def test_sigterm_stops_ui_and_its_servers(tmp_path):
     while port_in_use("127.0.0.1", port) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not port_in_use("127.0.0.1", port), "a server outlived dpicl ui"
+
+
+def test_every_flag_has_help():
+    import argparse
+
+    from flows.cli import build_parser
+
+    missing = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif action.option_strings and action.help != argparse.SUPPRESS and not (action.help or "").strip():
+                missing.append(f"{path} {action.option_strings[0]}")
+
+    walk(build_parser(), "dpicl")
+    assert missing == []
+
+
+def test_bad_numbers_name_their_flag(capsys):
+    from flows.cli import main
+
+    for argv, flag in ((["generate", "--epsilon", "abc"], "--epsilon"),
+                       (["generate", "--epsilon", "1", "--max-tokens", "abc"], "--max-tokens"),
+                       (["run", "--delta", "tiny"], "--delta")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}: expected" in err, err

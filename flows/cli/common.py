@@ -23,12 +23,46 @@ def _is_bool(annotation) -> bool:
     return annotation is bool
 
 
+def _flag_type(name: str, annotation) -> Any:
+    """argparse `type=` for a RunConfig field: a bad value is reported with the flag's own name
+    ("argument --max-tokens: expected an integer, got 'abc'")."""
+    base = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is list:  # comma-separated lists (epsilons, baselines): RunConfig validates the items
+        return None
+    optional = type(None) in typing.get_args(annotation)
+    if int in base and float not in base:
+        kind, convert = "an integer", int
+    elif float in base or int in base:
+        kind, convert = "a number", float
+    else:
+        return None
+
+    def parse(text: str):
+        if optional and text.strip().lower() == "none":
+            return None
+        try:
+            return convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind}{' or none' if optional else ''}, got {text!r}") from None
+
+    parse.__name__ = name
+    return parse
+
+
 def add_config_flags(parser: argparse.ArgumentParser, fields: list[str]) -> None:
-    """Add `--field-name` flags for the given RunConfig fields; unset flags keep RunConfig defaults."""
+    """Add `--field-name` flags for the given RunConfig fields; unset flags keep RunConfig defaults.
+
+    Each flag's help is the field's description (paper symbol included) and its default.
+    """
     for name in fields:
         info = RunConfig.model_fields[name]
         annotation = info.annotation
-        help_text = (info.description or "").replace("%", "%%")
+        default = info.get_default(call_default_factory=True)
+        shown = ",".join(str(v) for v in default) if isinstance(default, list) else default
+        description = info.description or ""
+        help_text = description if "default" in description else f"{description} (default: {shown})".strip()
+        help_text = help_text.replace("%", "%%")
         if _is_bool(annotation):
             if name == "rvp":
                 parser.add_argument("--no-rvp", dest="rvp", action="store_false", default=None,
@@ -45,16 +79,13 @@ def add_config_flags(parser: argparse.ArgumentParser, fields: list[str]) -> None
         if typing.get_origin(annotation) is typing.Literal:
             choices = list(args)
         parser.add_argument(flag, dest=name, default=None, choices=choices, help=help_text,
+                            type=_flag_type(name, annotation),
                             metavar=name.upper() if choices is None else None)
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     values = {name: getattr(args, name) for name in RunConfig.model_fields if getattr(args, name, None) is not None}
     values.update({k: v for k, v in overrides.items() if v is not None})
-    for key in ("seed", "test_size", "num_subsets", "subset_size", "top_k", "max_tokens", "shots", "seeds",
-                "audit_trials", "audit_demo_sets", "audit_members", "overlap_threshold"):
-        if isinstance(values.get(key), str):
-            values[key] = None if values[key].lower() == "none" else int(values[key])
     return RunConfig.model_validate(values)
 
 
@@ -84,7 +115,10 @@ def print_json(obj: Any) -> None:
 
 def parse_epsilon(text: str) -> float:
     """`inf` means sigma = 0 (epsilon = infinity); `0` means instruction-only generation."""
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or inf, got {text!r}") from None
     if math.isnan(value) or value < 0:
         raise argparse.ArgumentTypeError(f"epsilon must be >= 0 or inf, got {text!r}")
     return value
