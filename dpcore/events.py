@@ -51,8 +51,6 @@ from dp_accounting.dp_event import (
 
 from dpcore.errors import ConfigError
 
-MECHANISMS: tuple[str, ...] = ("gaussian", "rnm")
-
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
 class ReportNoisyMaxDpEvent(DpEvent):
@@ -75,17 +73,23 @@ def gaussian_event(standard_deviation: float, sensitivity: float) -> DpEvent:
     return NonPrivateDpEvent() if std == 0 else GaussianDpEvent(std / sens)
 
 
+def _step_events() -> dict[str, type[DpEvent]]:
+    """Algorithm 1's aggregation mechanisms (the names of `dpcore.accounting.MECHANISMS`) -> step event."""
+    return {"gaussian": GaussianDpEvent, "rnm": ReportNoisyMaxDpEvent}
+
+
 def dp_fewshot_step(mechanism: str, noise_multiplier: float) -> DpEvent:
     """One token step of Algorithm 1 on the sampled set (before sampling): `GaussianDpEvent(sigma)`
     or `ReportNoisyMaxDpEvent(sigma)`; sigma = 0 is `NonPrivateDpEvent`."""
-    if mechanism not in MECHANISMS:
-        raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+    steps = _step_events()
+    if mechanism not in steps:
+        raise ConfigError(f"mechanism must be one of {', '.join(steps)}, got {mechanism!r}")
     sigma = float(noise_multiplier)
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ConfigError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier}")
     if sigma == 0:
         return NonPrivateDpEvent()
-    return GaussianDpEvent(sigma) if mechanism == "gaussian" else ReportNoisyMaxDpEvent(sigma)
+    return steps[mechanism](sigma)
 
 
 def dp_fewshot_event(mechanism: str, noise_multiplier: float, sampling_rate: float, steps: int) -> DpEvent:
@@ -106,7 +110,7 @@ def dp_fewshot_event(mechanism: str, noise_multiplier: float, sampling_rate: flo
 
 
 __all__ = [
-    "MECHANISMS", "ComposedDpEvent", "DpEvent", "GaussianDpEvent", "NoOpDpEvent", "NonPrivateDpEvent",
+    "ComposedDpEvent", "DpEvent", "GaussianDpEvent", "NoOpDpEvent", "NonPrivateDpEvent",
     "PoissonSampledDpEvent", "ReportNoisyMaxDpEvent", "SelfComposedDpEvent", "dp_fewshot_event",
     "dp_fewshot_step", "gaussian_event",
 ]
