@@ -31,10 +31,11 @@ Three computations, one answer:
 bound sum(T * epsilon') when every step is pure DP (that is a valid (epsilon, delta) bound for
 any delta). One cross-check tolerance (`CROSSCHECK_TOLERANCE`, 2%, or 1e-3 absolute):
 prv-accountant's estimate and the PLD agree within it; before a disagreement is declared the
-PLD is refined ten times finer. prv-accountant is unreliable on pure-DP random variables (grid
-truncation, "Discrete mean differs" errors; and has a known numerical bug at large epsilon):
-when it fails or disagrees and the exact form exists, the cross-check passes only if the PLD
-agrees with the exact composition. Every failure or disagreement is a warning; nothing is hidden.
+PLD is refined ten times finer. prv-accountant 0.2.0 is unreliable on pure-DP random variables
+(grid truncation) and at large epsilon ("Discrete mean differs from continuous mean",
+microsoft/prv_accountant#36, fixed by #38 after the 0.2.0 release): when it fails or
+disagrees and the exact form exists, the cross-check passes only if the PLD agrees with the
+exact composition. Every failure or disagreement is a warning; nothing is hidden.
 
 Speed guards, each of which only makes the bound larger (never smaller) and adds a warning:
 beyond MAX_GROUPS distinct (kind, sigma, q) the groups are merged with sigma rounded down and q
