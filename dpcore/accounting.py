@@ -1,6 +1,12 @@
 """Privacy accounting for Algorithm 1 (Tang et al., Theorem 1 and Appendix A): epsilon of a
 run, sigma calibration, and an independent cross-check.
 
+This module is the paper-specific front: it validates the run's parameters, describes one
+label's generation as an event (`dpcore.events.dp_fewshot_event`), has it composed or
+calibrated by `dpcore.composition` (where every accountant call lives), and caches the
+resulting `PrivacyReport`s on disk. The ledger (`dpcore.ledger`) composes its entries'
+events through the same module.
+
 Neighbouring datasets: add/remove one private record (one (text, label) row of the train
 split). Each token step draws the groups of the step by Poisson sampling of the label's
 records with rate q = M*N/|D_y| (`sampling_rate`), so one record takes part in a step with
@@ -11,14 +17,14 @@ Gaussian mechanism (Algorithm 1 line 12; Appendix A, proof of Theorem 1): each g
 next-token distribution is a probability vector, so adding or removing one record changes the
 sum over groups by at most sqrt(2) in L2 norm. Adding N(0, 2 sigma^2 I) noise to that sum is a
 Gaussian mechanism with noise multiplier sigma (std / sensitivity = sqrt(2) sigma / sqrt(2)).
-One step is a Poisson-subsampled Gaussian mechanism; T = max_tokens x demos_per_label steps are
-composed numerically with the PRV accountant (Gopi et al. 2021; Theorem A.3) and cross-checked
+One step is a Poisson-subsampled Gaussian mechanism; T = max_tokens x demos_per_label steps
+(`SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), T)`) are composed numerically with the PRV accountant (Gopi et al. 2021; Theorem A.3) and cross-checked
 with Google's dp-accounting PLD accountant (pessimistic "connect the dots" discretisation).
 
 Report-noisy-max ("rnm", Algorithm 1 lines 15-19; Theorems A.4, A.5): `noise_multiplier`
 sigma means exponential noise of scale (mean) 2*sigma on each coordinate of the group sum,
-whose L_inf sensitivity is 1, so one step is pure epsilon_0 = 1/sigma DP for the sampled set.
-Subsampling amplifies it to epsilon' = log(1 + q (e^epsilon_0 - 1)) (Theorem A.5). T steps
+whose L_inf sensitivity is 1, so one step is pure epsilon_0 = 1/sigma DP for the sampled set
+(`ReportNoisyMaxDpEvent(sigma)`). Subsampling amplifies it to epsilon' = log(1 + q (e^epsilon_0 - 1)) (Theorem A.5). T steps
 compose to the pure bound T*epsilon' (`epsilon_pure`, delta = 0) and, numerically, to an
 (epsilon, delta) bound: prv-accountant's PureDPMechanism(epsilon') composed T times, checked
 against dp-accounting's PLD of an (epsilon', 0)-DP mechanism. Randomised response with
@@ -39,7 +45,8 @@ Reported numbers: `epsilon` is an upper bound: the larger of prv-accountant's up
 the PLD value (both upper bounds). prv-accountant 0.2.0 has a known numerical bug at large
 epsilon; when the two accountants' point values differ by more than 2% (or prv-accountant
 raises), the larger is reported, `crosscheck_agreed` is False and a warning says why (rnm:
-unless the PLD agrees with the exact composition, see above).
+unless the PLD agrees with the exact composition, see above). The 2% tolerance, the
+accountants' resolutions and their speed guards are `dpcore.composition`'s, shared with the ledger.
 sigma = 0 means no noise: epsilon is math.inf everywhere, never a number.
 
 Calibration results (and single evaluations) are cached as JSON under
@@ -52,32 +59,21 @@ import hashlib
 import json
 import logging
 import math
-import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
+from dpcore import composition
+from dpcore.composition import SIGMA_MAX, SIGMA_MIN, SIGMA_TOLERANCE, rnm_step_epsilon
 from dpcore.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 MECHANISMS = ("gaussian", "rnm")
-SIGMA_TOLERANCE = 1e-3           # calibration: bisection until the sigma bracket is this narrow
-CROSSCHECK_TOLERANCE = 0.02      # relative disagreement of the two accountants that raises a flag
-CROSSCHECK_ABS_FLOOR = 1e-3      # ... or this absolute difference, whichever is larger
-PRV_EPS_ERROR_MAX = 0.01         # prv-accountant eps_error (absolute); 1% of epsilon below epsilon = 1
-PRV_EPS_ERROR_MIN = 1e-3
-PRV_MAX_DOMAIN_POINTS = 4_000_000  # larger prv grids (only at vacuous epsilons) are skipped
-PRV_GRID_CHECK_ABOVE = 20.0      # check the grid size first when PLD epsilon is above this
-PLD_INTERVAL = 1e-3              # dp-accounting value discretisation interval (Gaussian)
-PLD_INTERVAL_FINE = 1e-4         # ... refined before a disagreement is declared
-PLD_INTERVAL_COARSE = 5e-3       # ... coarse, for the calibration's first pass only
 MAX_TARGET_EPSILON = 100.0       # larger targets are vacuous; epsilon = inf (sigma = 0) is the baseline
-SIGMA_MIN, SIGMA_MAX = 0.01, 1e4  # calibration search range (sigma is never searched below SIGMA_MIN)
-CACHE_FORMAT = 2                 # bump when the computation changes (invalidates the cache)
+CACHE_FORMAT = 3                 # bump when the computation changes (invalidates the cache)
 
 CacheDir = Path | str | None | Literal[False]
 
@@ -201,88 +197,6 @@ def default_delta(num_private_records: int) -> float:
     return 1.0 / n
 
 
-def rnm_step_epsilon(noise_multiplier: float, sampling_rate: float) -> float:
-    """epsilon' = log(1 + q (e^{1/sigma} - 1)): one RNM step, amplified by Poisson sampling (Theorem A.5).
-
-    Per-step pure epsilon_0 = 1/sigma (exponential noise of scale 2 sigma, L_inf sensitivity 1,
-    Theorem A.4). Computed stably for large epsilon_0."""
-    sigma = _check_noise_multiplier(noise_multiplier)
-    q = _check_float("sampling_rate", sampling_rate)
-    if not 0.0 < q <= 1.0:
-        raise ConfigError(f"sampling_rate must be in (0, 1], got {q}")
-    if sigma == 0:
-        return math.inf
-    eps0 = 1.0 / sigma
-    if eps0 > 30:  # 1 + q(e^a - 1) = e^a (q + (1 - q) e^-a)
-        return eps0 + math.log(q + (1.0 - q) * math.exp(-eps0))
-    return math.log1p(q * math.expm1(eps0))
-
-
-# ---------------------------------------------------------------------------------------------
-# The two accountants
-
-
-def _prv_epsilon(mechanism: str, sigma: float, q: float, steps: int, delta: float, step_epsilon: float,
-                 eps_error: float, check_grid: bool = True) -> tuple[float, float, float]:
-    """prv-accountant (lower, estimate, upper); raises on failure or an oversized grid."""
-    import numpy as np
-    from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant, PureDPMechanism
-    from prv_accountant.accountant import compute_safe_domain_size
-
-    if mechanism == "gaussian":
-        prv = PoissonSubsampledGaussianMechanism(noise_multiplier=sigma, sampling_probability=q)
-    else:
-        prv = PureDPMechanism(step_epsilon)
-    delta_error = delta / 1000
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with np.errstate(all="ignore"):
-            if check_grid:  # the grid prv-accountant would build (its Theorem 5.5 mesh, RDP-safe domain)
-                half_width = compute_safe_domain_size([prv], [steps], eps_error=eps_error, delta_error=delta_error)
-                mesh = eps_error / math.sqrt(steps / 2 * math.log(12 / delta_error))
-                points = 2 * float(half_width) / mesh
-                if points > PRV_MAX_DOMAIN_POINTS:
-                    raise RuntimeError(f"grid of {points:.3g} points (epsilon far beyond any meaningful guarantee)")
-            accountant = PRVAccountant(prvs=[prv], max_self_compositions=[steps], eps_error=eps_error,
-                                       delta_error=delta_error)
-            lower, estimate, upper = accountant.compute_epsilon(delta=delta, num_self_compositions=[steps])
-    lower, estimate, upper = float(lower), float(estimate), float(upper)
-    if not all(math.isfinite(v) for v in (lower, estimate, upper)):
-        raise RuntimeError(f"non-finite result ({lower}, {estimate}, {upper})")
-    return max(lower, 0.0), max(estimate, 0.0), max(upper, 0.0)
-
-
-def _pld_epsilon(mechanism: str, sigma: float, q: float, steps: int, delta: float, step_epsilon: float,
-                 interval: float = PLD_INTERVAL) -> float:
-    """dp-accounting PLD epsilon (pessimistic: an upper bound), add/remove neighbours.
-
-    rnm: the PLD of an (epsilon', 0)-DP mechanism with the discretisation interval equal to
-    epsilon' itself, so the loss values +-epsilon' lie on the grid and the composition is exact."""
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
-    if mechanism == "gaussian":
-        pld = pld_lib.from_gaussian_mechanism(standard_deviation=sigma, sensitivity=1.0, sampling_prob=q,
-                                              use_connect_dots=True, pessimistic_estimate=True,
-                                              value_discretization_interval=interval)
-    else:
-        from dp_accounting.pld.common import DifferentialPrivacyParameters
-
-        pld = pld_lib.from_privacy_parameters(DifferentialPrivacyParameters(step_epsilon, 0.0),
-                                              value_discretization_interval=step_epsilon)
-    epsilon = float(pld.self_compose(steps).get_epsilon_for_delta(delta))
-    if math.isnan(epsilon):
-        raise RuntimeError("dp-accounting PLD returned nan")
-    return max(epsilon, 0.0)
-
-
-def _disagreement(a: float, b: float) -> float:
-    """Relative difference of two epsilons, 0 when within the absolute floor."""
-    diff = abs(a - b)
-    if diff <= CROSSCHECK_ABS_FLOOR:
-        return 0.0
-    return diff / max(a, b)
-
-
 def _no_noise_report(q: float, steps: int, delta: float, mechanism: str) -> PrivacyReport:
     inf = math.inf
     return PrivacyReport(mechanism=mechanism, noise_multiplier=0.0, sampling_rate=q, steps=steps, delta=delta,
@@ -292,99 +206,41 @@ def _no_noise_report(q: float, steps: int, delta: float, mechanism: str) -> Priv
                          epsilon_pure=inf, step_epsilon=inf)
 
 
-def _evaluate(sigma: float, q: float, steps: int, delta: float, mechanism: str) -> PrivacyReport:
-    """Uncached epsilon of validated inputs (sigma > 0)."""
-    notes: list[str] = []
-    step_eps = rnm_step_epsilon(sigma, q) if mechanism == "rnm" else math.inf
-    pure = steps * step_eps if mechanism == "rnm" else math.inf
+def _family(q: float, steps: int, mechanism: str):
+    """sigma -> the event of one label's generation (`dpcore.events.dp_fewshot_event`)."""
+    from dpcore.events import dp_fewshot_event
 
-    pld: float | None
-    try:
-        pld = _pld_epsilon(mechanism, sigma, q, steps, delta, step_eps)
-    except Exception as exc:  # noqa: BLE001 - any accountant failure is reported, never hidden
-        pld = None
-        notes.append(f"dp-accounting PLD failed ({type(exc).__name__}: {exc})")
+    return lambda sigma: dp_fewshot_event(mechanism, sigma, q, steps)
 
-    eps_error = _prv_eps_error(pld if pld is not None else 1.0)
-    prv: tuple[float, float, float] | None
-    try:
-        # The grid check costs an RDP computation; grids only explode at large epsilon.
-        prv = _prv_epsilon(mechanism, sigma, q, steps, delta, step_eps, eps_error,
-                           check_grid=pld is None or pld > PRV_GRID_CHECK_ABOVE)
-    except Exception as exc:  # noqa: BLE001
-        prv = None
-        alone = "dp-accounting PLD alone" if mechanism == "gaussian" else "dp-accounting PLD and the exact composition"
-        notes.append(f"prv-accountant failed ({type(exc).__name__}: {exc}); epsilon from {alone}")
 
-    exact = math.nan
-    if mechanism == "rnm":  # the dominating pair (randomised response) composes exactly
-        try:
-            exact = _randomized_response_epsilon(step_eps, steps, delta)
-        except Exception as exc:  # noqa: BLE001
-            notes.append(f"exact randomised-response composition failed ({type(exc).__name__}: {exc})")
-
-    if prv is None and pld is None:
+def _report(sigma: float, q: float, steps: int, delta: float, mechanism: str,
+            result: composition.Composition) -> PrivacyReport:
+    """A label's PrivacyReport from the composition of its event (sigma > 0)."""
+    if result.epsilon_prv is None and result.epsilon_pld is None:
         raise ConfigError(
             f"neither accountant could compute epsilon for noise_multiplier={sigma}, sampling_rate={q}, "
-            f"steps={steps}, delta={delta}: {'; '.join(notes)}"
+            f"steps={steps}, delta={delta}: {'; '.join(result.warnings)}"
         )
-
-    if prv is not None and pld is not None and mechanism == "gaussian" \
-            and _disagreement(prv[1], pld) > CROSSCHECK_TOLERANCE / 2:
-        try:  # rule out the PLD's own discretisation error before declaring a disagreement
-            pld = _pld_epsilon(mechanism, sigma, q, steps, delta, step_eps, interval=PLD_INTERVAL_FINE)
-        except Exception as exc:  # noqa: BLE001
-            notes.append(f"dp-accounting PLD refinement failed ({type(exc).__name__}: {exc})")
-    prv_agrees = prv is not None and pld is not None and _disagreement(prv[1], pld) <= CROSSCHECK_TOLERANCE
-    if prv is not None and pld is not None and not prv_agrees:
-        notes.append(
-            f"accountants disagree by {_disagreement(prv[1], pld):.1%}: prv-accountant estimate {prv[1]:.4f} "
-            f"(upper {prv[2]:.4f}) vs dp-accounting PLD {pld:.4f}; reporting the larger"
-        )
-    agreed = prv_agrees
-    if mechanism == "rnm" and not prv_agrees and pld is not None and math.isfinite(exact):
-        # prv-accountant is unreliable on pure-DP privacy random variables (its grid truncation and its
-        # numerical mean of a step CDF); the exact composition is the independent second opinion.
-        agreed = _disagreement(exact, pld) <= CROSSCHECK_TOLERANCE
-        notes.append(f"dp-accounting PLD {pld:.4f} {'agrees' if agreed else 'DISAGREES'} with the exact "
-                     f"randomised-response composition {exact:.4f}")
-
-    candidates = [v for v in ((prv[2] if prv else None), pld, exact) if v is not None and not math.isnan(v)]
-    epsilon = max(candidates)
-    if epsilon > pure:  # rnm: T*epsilon' is a valid (epsilon, delta) bound too
-        epsilon = pure
     nan = math.nan
+    step_eps = rnm_step_epsilon(sigma, q) if mechanism == "rnm" else math.inf
     return PrivacyReport(
         mechanism=mechanism, noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=delta,
-        epsilon=float(epsilon),
-        epsilon_lower=prv[0] if prv else nan, epsilon_estimate=prv[1] if prv else nan,
-        epsilon_crosscheck=pld if pld is not None else nan,
-        crosscheck_agreed=bool(agreed), warnings=tuple(notes),
-        epsilon_pure=pure, step_epsilon=step_eps, prv_eps_error=eps_error, epsilon_exact=exact,
+        epsilon=result.epsilon,
+        epsilon_lower=nan if result.epsilon_lower is None else result.epsilon_lower,
+        epsilon_estimate=nan if result.epsilon_estimate is None else result.epsilon_estimate,
+        epsilon_crosscheck=nan if result.epsilon_pld is None else result.epsilon_pld,
+        crosscheck_agreed=result.crosscheck_agreed, warnings=result.warnings,
+        epsilon_pure=result.epsilon_pure, step_epsilon=step_eps,
+        prv_eps_error=nan if result.prv_eps_error is None else result.prv_eps_error,
+        epsilon_exact=nan if result.epsilon_exact is None else result.epsilon_exact,
     )
 
 
-def _randomized_response_epsilon(step_epsilon: float, steps: int, delta: float) -> float:
-    """Exact epsilon(delta) of T-fold randomised response with epsilon' (rnm only).
-
-    Randomised response dominates every epsilon'-DP mechanism (Kairouz et al. 2015), and its
-    T-fold privacy loss is epsilon' (2K - T) with K ~ Binomial(T, e^eps'/(1 + e^eps')), so
-    delta(epsilon) = E[(1 - e^(epsilon - L))_+] is computed in closed form and inverted."""
-    import numpy as np
-    from scipy.optimize import brentq
-    from scipy.stats import binom
-
-    k = np.arange(steps + 1)
-    loss = step_epsilon * (2.0 * k - steps)
-    pmf = np.exp(binom.logpmf(k, steps, 1.0 / (1.0 + math.exp(-step_epsilon))))
-
-    def delta_at(epsilon: float) -> float:
-        above = loss > epsilon
-        return float(np.sum(pmf[above] * -np.expm1(epsilon - loss[above])))
-
-    if delta_at(0.0) <= delta:
-        return 0.0
-    return float(brentq(lambda e: delta_at(e) - delta, 0.0, steps * step_epsilon, xtol=1e-12))
+def _evaluate(sigma: float, q: float, steps: int, delta: float, mechanism: str,
+              cache: bool = True) -> PrivacyReport:
+    """Epsilon of validated inputs (sigma > 0), through `dpcore.composition.compose`."""
+    result = composition.compose([_family(q, steps, mechanism)(sigma)], delta, cache=cache)
+    return _report(sigma, q, steps, delta, mechanism, result)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,56 +326,21 @@ def epsilon_for(noise_multiplier: float, sampling_rate: float, steps: int, delta
     cached = _cache_get(folder, key)
     if cached is not None:
         return cached
-    report = _evaluate(sigma, q, t, d, mech)
+    report = _evaluate(sigma, q, t, d, mech, cache=folder is not None)
     _cache_put(folder, key, report)
     return report
-
-
-def _prv_eps_error(epsilon_guess: float) -> float:
-    """prv-accountant's eps_error: 0.01, or 1% of epsilon below epsilon = 1 (at least 1e-3)."""
-    return min(PRV_EPS_ERROR_MAX, max(PRV_EPS_ERROR_MIN, 0.01 * epsilon_guess))
-
-
-def _solve_fast(target: float, q: float, steps: int, delta: float, mechanism: str) -> float:
-    """sigma with dp-accounting PLD epsilon(sigma) ~= target (to 1e-4): a fast first pass.
-
-    Brackets by doubling/halving from sigma = 1, then Brent's method on log epsilon."""
-    from scipy.optimize import brentq
-
-    def eps(sigma: float) -> float:
-        step_eps = rnm_step_epsilon(sigma, q) if mechanism == "rnm" else math.inf
-        value = _pld_epsilon(mechanism, sigma, q, steps, delta, step_eps, interval=PLD_INTERVAL_COARSE)
-        return min(value, steps * step_eps)
-
-    lo, hi = 0.5, 1.0
-    eps_lo, eps_hi = eps(lo), eps(hi)
-    while eps_hi > target:
-        lo, hi, eps_lo = hi, 2 * hi, eps_hi
-        if hi > SIGMA_MAX:
-            raise ConfigError(f"target_epsilon {target} is unreachable: even noise_multiplier {SIGMA_MAX:g} "
-                              "does not reach it")
-        eps_hi = eps(hi)
-    while eps_lo <= target:
-        if lo <= SIGMA_MIN:  # the target holds even at the smallest sigma searched
-            return lo
-        lo, hi, eps_hi = max(lo / 2, SIGMA_MIN), lo, eps_lo
-        eps_lo = eps(lo)
-    if eps_hi <= 0:
-        return hi
-    log_target = math.log(target)
-    return float(brentq(lambda sigma: math.log(max(eps(sigma), 1e-300)) - log_target, lo, hi, xtol=1e-4))
 
 
 def calibrate(target_epsilon: float, sampling_rate: float, steps: int, delta: float,
               mechanism: str = "gaussian", cache_dir: CacheDir = None) -> PrivacyReport:
     """The smallest sigma (to SIGMA_TOLERANCE) whose reported epsilon is at most the target.
 
-    Bisection on the reported (upper-bound) epsilon of both accountants; the upper end of the
-    final bracket is returned, so the guarantee holds. A first pass on dp-accounting alone
-    (Brent's method, aiming just below the target by prv-accountant's eps_error) places the
-    bracket, so usually two full evaluations suffice. target_epsilon = inf gives sigma = 0
-    (no noise). sigma is not searched below SIGMA_MIN. Raises ConfigError for a bad input
-    or an unreachable target."""
+    `dpcore.composition.calibrate` over the family sigma -> dp_fewshot_event(mechanism, sigma, q, T):
+    bisection on the reported (upper-bound) epsilon; the upper end of the final bracket is
+    returned, so the guarantee holds. A first pass on dp-accounting alone (Brent's method,
+    aiming just below the target by prv-accountant's eps_error) places the bracket, so usually
+    two full evaluations suffice. target_epsilon = inf gives sigma = 0 (no noise). sigma is not
+    searched below SIGMA_MIN. Raises ConfigError for a bad input or an unreachable target."""
     target = _check_float("target_epsilon", target_epsilon)
     if target <= 0:
         raise ConfigError(f"target_epsilon must be > 0 (epsilon 0 means instruction-only generation, which needs "
@@ -537,49 +358,11 @@ def calibrate(target_epsilon: float, sampling_rate: float, steps: int, delta: fl
     if cached is not None:
         return cached
 
-    started = time.perf_counter()
-    margin = 1.2 * _prv_eps_error(target)  # prv's upper bound sits about eps_error above the estimate
-    if target - margin <= 0:
-        raise ConfigError(f"target_epsilon {target} is unreachable: below the accountants' resolution "
-                          f"(about {margin:.2g})")
-    guess = max(_solve_fast(target - margin, q, t, d, mech), SIGMA_MIN)
-    evaluations = 0
-
-    def full(sigma: float) -> PrivacyReport:
-        nonlocal evaluations
-        evaluations += 1
-        return _evaluate(sigma, q, t, d, mech)
-
-    best = full(guess)
-    hi = lo = guess
-    step = SIGMA_TOLERANCE
-    if best.epsilon <= target:  # walk down until the lower end fails
-        while True:
-            lo = max(hi - step, SIGMA_MIN)
-            if lo >= hi:
-                break
-            report = full(lo)
-            if report.epsilon > target:
-                break
-            hi, best, step = lo, report, step * 2
-    else:  # walk up until the upper end holds
-        while best.epsilon > target:
-            lo, hi, step = hi, hi + step, step * 2
-            if hi > SIGMA_MAX:
-                raise ConfigError(f"target_epsilon {target} is unreachable: even noise_multiplier {SIGMA_MAX:g} "
-                                  "does not reach it")
-            best = full(hi)
-    while hi - lo > SIGMA_TOLERANCE:
-        mid = (lo + hi) / 2
-        report = full(mid)
-        if report.epsilon <= target:
-            hi, best = mid, report
-        else:
-            lo = mid
-    if best.epsilon > target:  # defensive: the loops above keep epsilon(hi) <= target
-        raise ConfigError(f"target_epsilon {target} is unreachable (accountant resolution)")
-    logger.debug("calibrated sigma %.4f for epsilon %s: %d full evaluations, %.1f s", best.noise_multiplier,
-                 target, evaluations, time.perf_counter() - started)
+    result = composition.calibrate(_family(q, t, mech), target, d, tolerance=SIGMA_TOLERANCE,
+                                   sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX, cache=folder is not None)
+    logger.debug("calibrated sigma %.4f for epsilon %s: %d full evaluations, %.1f s", result.noise_multiplier,
+                 target, result.evaluations, result.seconds)
+    best = _report(result.noise_multiplier, q, t, d, mech, result.composition)
     _cache_put(folder, key, best)
     return best
 

@@ -19,21 +19,15 @@ privacy loss is the worst label's (Theorem 4.2 applied per label). A run that ge
 for several epsilons, or an audit that generates several demo sets, charges one entry per
 generation. Instruction-only generation reads no private record and is never charged.
 
-Total spend. All entries of a dataset id are composed numerically (Theorem A.3; Gopi et
-al. 2021), never by adding epsilons: one privacy random variable per distinct
-(mechanism, sigma, q) with the sum of its steps, composed heterogeneously by
-prv-accountant, and cross-checked by dp-accounting's pessimistic PLD composition; the
-spend is the larger of the two upper bounds. Gaussian entries are the Poisson-subsampled
-Gaussian mechanism with noise multiplier sigma (noise N(0, 2 sigma^2) on a sum of L2
-sensitivity sqrt(2)); report-noisy-max entries are pure DP per step with
-epsilon_0 = 1/sigma, amplified by subsampling to log(1 + q (e^epsilon_0 - 1))
-(Theorem A.5). sigma = 0 is no noise: an infinite spend. The spend is evaluated at the
-budget's delta (or a delta the caller gives; with neither, the smallest entry delta).
-Speed guards, all of which only ever make the bound larger (never smaller): beyond
-MAX_GROUPS distinct (mechanism, sigma, q) the groups are merged with sigma rounded down and
-q rounded up on a fine geometric grid; prv-accountant's eps_error is doubled (up to 0.16)
-while its grid would exceed PRV_MAX_GRID_POINTS, and skipped beyond (PLD alone answers);
-the PLD interval grows with the privacy-loss range. Each guard adds a note to the result.
+Total spend. Each entry is a privacy event (`LedgerEntry.event()`,
+`dpcore.events.dp_fewshot_event`: T Poisson-sampled steps of the Gaussian or report-noisy-max
+mechanism at sigma, q; sigma = 0 is non-private, an infinite spend), and all entries of a
+dataset id are composed by `dpcore.composition.compose` (Theorem A.3; Gopi et al. 2021), never
+by adding epsilons: prv-accountant's heterogeneous upper bound cross-checked by dp-accounting's
+pessimistic PLD, the larger reported, with that module's one tolerance and its speed guards
+(each only makes the bound larger and adds a note). This module is the store and the budget
+rule; it holds no numerics. The spend is evaluated at the budget's delta (or a delta the
+caller gives; with neither, the smallest entry delta).
 
 Budget. `charge` runs in one `BEGIN IMMEDIATE` transaction: it composes the dataset's
 entries together with the new charge and either refuses (`BudgetExceededError`, CLI exit
@@ -49,17 +43,21 @@ sigma = 0 charge, in particular) is refused.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import sqlite3
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from dpcore import composition
+from dpcore.composition import Composition, rnm_step_epsilon
 from dpcore.errors import BudgetExceededError, ConfigError
+
+if TYPE_CHECKING:
+    from dp_accounting.dp_event import DpEvent
 
 MECHANISMS: tuple[str, ...] = ("gaussian", "rnm")
 PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit")
@@ -69,22 +67,6 @@ LEDGER_FILENAME = "ledger.db"
 SCHEMA_VERSION = 1
 # A writer may hold the lock while it composes (seconds, rarely tens of seconds): wait for it.
 LOCK_TIMEOUT_S = 600.0
-
-# prv-accountant: epsilon error of the numerical composition, doubled (the upper bound stays
-# valid, only looser) while the discretised domain would exceed PRV_MAX_GRID_POINTS.
-PRV_EPS_ERROR = 0.01
-PRV_EPS_ERROR_MAX = 0.16
-PRV_MAX_GRID_POINTS = 1_000_000
-# dp-accounting PLD cross-check: pessimistic discretisation (an upper bound at any interval);
-# the interval grows with the privacy-loss range so an absurd configuration cannot hang.
-PLD_INTERVAL = 1e-3
-PLD_MAX_RANGE_POINTS = 40_000
-# Each distinct (mechanism, sigma, q) costs prv-accountant about a second or two: beyond this many,
-# groups are merged conservatively (sigma rounded down, q rounded up on a geometric grid).
-MAX_GROUPS = 6
-_COARSEN_RATIOS = (1.001, 1.002, 1.005, 1.01, 1.02, 1.05, 1.1, 1.25, 1.5, 2.0)
-# The two accountants agree when their upper bounds differ by at most this (absolute, or relative).
-CROSSCHECK_TOLERANCE = 0.05
 
 _DATASET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
 
@@ -146,6 +128,10 @@ class ChargeRequest:
     delta: float              # the delta the run was calibrated for
     purpose: str              # "pipeline" | "generate" | "audit"
 
+    def event(self) -> DpEvent:
+        """What this charge costs, as a privacy event (`dpcore.events.dp_fewshot_event`)."""
+        return _charge_event(self)
+
 
 @dataclass(frozen=True)
 class LedgerEntry:
@@ -163,20 +149,12 @@ class LedgerEntry:
     status: str
     created_at: str
 
+    def event(self) -> DpEvent:
+        """What this entry cost, as a privacy event (`dpcore.events.dp_fewshot_event`)."""
+        return _charge_event(self)
+
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class Composition:
-    """The composed privacy loss of a set of mechanism runs at one delta."""
-
-    epsilon: float                 # max(prv upper bound, PLD upper bound); inf if sigma = 0 anywhere
-    delta: float
-    epsilon_prv: float | None      # None when skipped or failed (see warnings)
-    epsilon_pld: float | None
-    crosscheck_agreed: bool
-    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -218,183 +196,21 @@ class Spend:
 # --------------------------------------------------------------------------- composition
 
 
-def rnm_step_epsilon(noise_multiplier: float, sampling_rate: float) -> float:
-    """Per-step epsilon of subsampled report-noisy-max: log(1 + q (e^(1/sigma) - 1)).
+def _charge_event(charge) -> DpEvent:
+    """The event of one charged generation (anything with mechanism, noise_multiplier,
+    sampling_rate and steps): T Poisson-sampled steps of the mechanism at sigma."""
+    from dpcore.events import dp_fewshot_event
 
-    Exponential noise of mean 2 sigma on a sum of L_inf sensitivity 1 is (1/sigma, 0)-DP
-    (Theorem A.4); Poisson subsampling at rate q amplifies it (Theorem A.5).
-    """
-    if noise_multiplier <= 0:
-        return math.inf
-    return math.log1p(sampling_rate * math.expm1(1.0 / noise_multiplier))
-
-
-def _groups(charges: Iterable) -> tuple[tuple[str, float, float, int], ...]:
-    """(mechanism, sigma, q, total steps) per distinct (mechanism, sigma, q), in a stable order."""
-    totals: dict[tuple[str, float, float], int] = {}
-    for charge in charges:
-        key = (str(charge.mechanism), float(charge.noise_multiplier), float(charge.sampling_rate))
-        totals[key] = totals.get(key, 0) + int(charge.steps)
-    return tuple((m, s, q, n) for (m, s, q), n in sorted(totals.items()))
+    return dp_fewshot_event(charge.mechanism, charge.noise_multiplier, charge.sampling_rate, charge.steps)
 
 
 def compose_epsilon(charges: Iterable, delta: float) -> Composition:
-    """Composed epsilon at `delta` of mechanism runs (objects with mechanism, noise_multiplier,
-    sampling_rate, steps): heterogeneous PRV composition, cross-checked by PLD, larger bound."""
+    """Composed epsilon at `delta` of charged generations (entries, requests, or anything with
+    mechanism, noise_multiplier, sampling_rate and steps): `dpcore.composition.compose` of their
+    events."""
     if not 0 < delta < 1:
         raise ConfigError(f"delta: must be in (0, 1), got {delta}")
-    return _compose_groups(_groups(charges), float(delta))
-
-
-@functools.lru_cache(maxsize=256)
-def _compose_groups(groups: tuple[tuple[str, float, float, int], ...], delta: float) -> Composition:
-    if not groups:
-        return Composition(0.0, delta, 0.0, 0.0, True)
-    if any(sigma <= 0 for _, sigma, _, _ in groups):
-        return Composition(math.inf, delta, math.inf, math.inf, True,
-                           ("noise_multiplier = 0 (no noise): the spend is infinite",))
-    notes: list[str] = []
-    groups = _coarsen(groups, MAX_GROUPS, notes)
-    epsilon_prv, domain = _prv_epsilon(groups, delta, notes)
-    epsilon_pld = _pld_epsilon(groups, delta, domain, notes)
-    bounds = [e for e in (epsilon_prv, epsilon_pld) if e is not None]
-    if not bounds:
-        notes.append("no accountant could compose these entries: the spend is treated as infinite")
-        return Composition(math.inf, delta, None, None, False, tuple(notes))
-    agreed = (epsilon_prv is not None and epsilon_pld is not None
-              and abs(epsilon_prv - epsilon_pld) <= CROSSCHECK_TOLERANCE * max(1.0, epsilon_prv, epsilon_pld))
-    if epsilon_prv is not None and epsilon_pld is not None and not agreed:
-        notes.append(f"accountants disagree: prv-accountant {epsilon_prv:.4g}, dp-accounting PLD "
-                     f"{epsilon_pld:.4g}; the larger is used")
-    return Composition(max(bounds), delta, epsilon_prv, epsilon_pld, agreed, tuple(notes))
-
-
-def _grid_down(value: float, ratio: float) -> float:
-    return min(value, ratio ** math.floor(math.log(value) / math.log(ratio)))
-
-
-def _grid_up(value: float, ratio: float) -> float:
-    return min(1.0, max(value, ratio ** math.ceil(math.log(value) / math.log(ratio))))
-
-
-def _merge(groups, sigma_of, q_of) -> tuple[tuple[str, float, float, int], ...]:
-    totals: dict[tuple[str, float, float], int] = {}
-    for mechanism, sigma, q, steps in groups:
-        key = (mechanism, sigma_of(mechanism, sigma), q_of(mechanism, q))
-        totals[key] = totals.get(key, 0) + steps
-    return tuple((m, s, q, n) for (m, s, q), n in sorted(totals.items()))
-
-
-def _coarsen(groups, max_groups: int, notes: list[str]) -> tuple[tuple[str, float, float, int], ...]:
-    """At most `max_groups` groups whose composition dominates the given one.
-
-    Less noise and a larger sampling rate never make a mechanism more private (extra noise is
-    post-processing; subsampling at a lower rate is pre-processing), so rounding sigma down
-    and q up to a geometric grid (the finest grid that leaves at most `max_groups` groups)
-    gives a valid, slightly larger upper bound. Last resort: one group per mechanism with the
-    smallest sigma and the largest q.
-    """
-    if len(groups) <= max_groups:
-        return groups
-    for ratio in _COARSEN_RATIOS:
-        merged = _merge(groups, lambda m, s, r=ratio: _grid_down(s, r), lambda m, q, r=ratio: _grid_up(q, r))
-        if len(merged) <= max_groups:
-            notes.append(f"{len(groups)} distinct (mechanism, sigma, q) merged into {len(merged)} for speed: "
-                         f"sigma rounded down and q up by at most {100 * (ratio - 1):.3g}% (a larger, valid bound)")
-            return merged
-    smallest = {m: min(s for mm, s, _, _ in groups if mm == m) for m, _, _, _ in groups}
-    largest = {m: max(q for mm, _, q, _ in groups if mm == m) for m, _, _, _ in groups}
-    notes.append(f"{len(groups)} distinct (mechanism, sigma, q) composed as the worst sigma and q per mechanism "
-                 "(a larger, valid bound)")
-    return _merge(groups, lambda m, s: smallest[m], lambda m, q: largest[m])
-
-
-def _prv_mechanisms(groups):
-    from prv_accountant.privacy_random_variables import (
-        GaussianMechanism,
-        PoissonSubsampledGaussianMechanism,
-        PureDPMechanism,
-    )
-
-    prvs, counts = [], []
-    for mechanism, sigma, q, steps in groups:
-        if mechanism == "rnm":
-            prvs.append(PureDPMechanism(eps=rnm_step_epsilon(sigma, q)))
-        elif q >= 1.0:
-            prvs.append(GaussianMechanism(noise_multiplier=sigma))
-        else:
-            prvs.append(PoissonSubsampledGaussianMechanism(sampling_probability=q, noise_multiplier=sigma))
-        counts.append(int(steps))
-    return prvs, counts
-
-
-def _prv_epsilon(groups, delta: float, notes: list[str]) -> tuple[float | None, float | None]:
-    """prv-accountant upper bound (and the privacy-loss domain half-width L it used)."""
-    try:
-        from prv_accountant import PRVAccountant
-        from prv_accountant.accountant import compute_safe_domain_size
-
-        prvs, counts = _prv_mechanisms(groups)
-        delta_error = delta / 1000
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            base = compute_safe_domain_size(prvs, counts, eps_error=PRV_EPS_ERROR, delta_error=delta_error)
-        total = sum(counts)
-        eps_error = PRV_EPS_ERROR
-
-        def grid_points(error: float) -> float:
-            half_width = max(base, error + 3)  # compute_safe_domain_size: max(L, eps_error) + 3
-            mesh = error / math.sqrt(total / 2 * math.log(12 / delta_error))
-            return 2 * half_width / mesh
-
-        while grid_points(eps_error) > PRV_MAX_GRID_POINTS and eps_error < PRV_EPS_ERROR_MAX:
-            eps_error *= 2
-        half_width = max(base, eps_error + 3)
-        if grid_points(eps_error) > PRV_MAX_GRID_POINTS:
-            notes.append(f"prv-accountant skipped: privacy-loss domain too large (L={half_width:.4g})")
-            return None, half_width
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the eps_max notice: L is exactly the safe domain size
-            accountant = PRVAccountant(prvs=prvs, max_self_compositions=counts, eps_error=eps_error,
-                                       delta_error=delta_error, eps_max=half_width)
-            _, _, upper = accountant.compute_epsilon(delta=delta, num_self_compositions=counts)
-        upper = float(upper)
-        if not math.isfinite(upper):
-            notes.append(f"prv-accountant returned {upper}")
-            return None, half_width
-        return max(0.0, upper), half_width
-    except Exception as exc:  # e.g. upstream issue 36 at large epsilon; PLD still answers
-        notes.append(f"prv-accountant failed ({type(exc).__name__}: {exc})")
-        return None, None
-
-
-def _pld_epsilon(groups, delta: float, domain: float | None, notes: list[str]) -> float | None:
-    """dp-accounting pessimistic PLD composition (add/remove neighbours): an upper bound."""
-    try:
-        from dp_accounting.pld import common
-        from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
-        interval = PLD_INTERVAL if domain is None else max(PLD_INTERVAL, domain / PLD_MAX_RANGE_POINTS)
-        composed = None
-        for mechanism, sigma, q, steps in groups:
-            if mechanism == "rnm":
-                one = pld_lib.from_privacy_parameters(
-                    common.DifferentialPrivacyParameters(rnm_step_epsilon(sigma, q), 0.0),
-                    value_discretization_interval=interval)
-            else:
-                one = pld_lib.from_gaussian_mechanism(
-                    standard_deviation=sigma, sensitivity=1.0, sampling_prob=q,
-                    value_discretization_interval=interval, pessimistic_estimate=True)
-            one = one.self_compose(int(steps))
-            composed = one if composed is None else composed.compose(one)
-        epsilon = float(composed.get_epsilon_for_delta(delta))
-        if math.isnan(epsilon):
-            notes.append("dp-accounting PLD returned nan")
-            return None
-        return max(0.0, epsilon)
-    except Exception as exc:
-        notes.append(f"dp-accounting PLD failed ({type(exc).__name__}: {exc})")
-        return None
+    return composition.compose([_charge_event(charge) for charge in charges], float(delta))
 
 
 # --------------------------------------------------------------------------- validation

@@ -21,7 +21,7 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import binom
 
-from dpcore import accounting
+from dpcore import accounting, composition
 from dpcore.accounting import PrivacyReport
 from dpcore.errors import ConfigError
 
@@ -176,8 +176,8 @@ def test_rnm_prv_failure_is_caught_by_the_crosscheck():
 
 
 def test_rnm_crosscheck_fails_when_pld_and_exact_disagree(monkeypatch):
-    monkeypatch.setattr(accounting, "_randomized_response_epsilon", lambda *args: 50.0)
-    monkeypatch.setattr(accounting, "_prv_epsilon", lambda *args, **kwargs: (0.1, 0.2, 0.3))
+    monkeypatch.setattr(composition, "_randomized_response_epsilon", lambda *args: 50.0)
+    monkeypatch.setattr(composition, "_prv_epsilon", lambda *args, **kwargs: (0.1, 0.2, 0.3))
     report = accounting.epsilon_for(0.5, 0.01, 10, 1e-5, mechanism="rnm", cache_dir=False)
     assert not report.crosscheck_agreed and any("DISAGREES" in w for w in report.warnings)
     assert report.epsilon == min(50.0, report.epsilon_pure)  # the largest value, capped by the pure bound
@@ -187,7 +187,7 @@ def test_prv_exception_falls_back_to_pld_with_warning(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("Discrete mean differs from continuous mean significantly.")
 
-    monkeypatch.setattr(accounting, "_prv_epsilon", broken)
+    monkeypatch.setattr(composition, "_prv_epsilon", broken)
     report = accounting.epsilon_for(0.45, AGNEWS_Q, STEPS, AGNEWS_DELTA, cache_dir=False)
     assert not report.crosscheck_agreed
     assert any("prv-accountant failed" in w for w in report.warnings)

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from dpcore import composition
 from dpcore import ledger as ledger_module
 from dpcore.errors import BudgetExceededError, ConfigError
 from dpcore.ledger import ChargeRequest, Ledger, compose_epsilon, rnm_step_epsilon
@@ -197,16 +198,16 @@ def test_invalid_charges_and_budgets_are_config_errors(ledger):
 def test_conservative_merge_of_many_groups_bounds_the_exact_composition(monkeypatch):
     groups = tuple(("gaussian", 0.7 + 0.003 * i, 0.01 * (1 + 0.002 * i), 10) for i in range(5))
     notes: list[str] = []
-    merged = ledger_module._coarsen(groups, 2, notes)
+    merged = composition._coarsen(groups, 2, notes)
     assert len(merged) <= 2 and notes and sum(g[3] for g in merged) == 50
     for _, sigma, q, _ in groups:  # every group is dominated by a merged one
         assert any(s <= sigma and mq >= q for _, s, mq, _ in merged)
     parts = [SimpleNamespace(mechanism=m, noise_multiplier=s, sampling_rate=q, steps=n) for m, s, q, n in groups[:2]]
     exact = compose_epsilon(parts, DELTA)
-    monkeypatch.setattr(ledger_module, "MAX_GROUPS", 1)
-    ledger_module._compose_groups.cache_clear()
+    monkeypatch.setattr(composition, "MAX_GROUPS", 1)
+    composition._compose_cached.cache_clear()
     bounded = compose_epsilon(parts, DELTA)
-    ledger_module._compose_groups.cache_clear()
+    composition._compose_cached.cache_clear()
     assert bounded.warnings and exact.epsilon <= bounded.epsilon <= exact.epsilon * 1.05
 
 

@@ -1,0 +1,177 @@
+"""dpcore.composition: one composition of events for the accountant and the ledger, checked
+against dp-accounting's own accountants, the exact randomised-response composition, the speed
+guards, and calibration over any event family. Small T throughout (seconds in all)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from dp_accounting.dp_event import (
+    ComposedDpEvent,
+    GaussianDpEvent,
+    NonPrivateDpEvent,
+    NoOpDpEvent,
+    PoissonSampledDpEvent,
+    SelfComposedDpEvent,
+)
+
+from dpcore import accounting, composition
+from dpcore.composition import compose
+from dpcore.errors import ConfigError
+from dpcore.events import ReportNoisyMaxDpEvent, dp_fewshot_event
+from dpcore.ledger import Ledger
+
+DELTA = 1e-5
+
+
+@pytest.fixture()
+def fresh_cache():
+    composition._compose_cached.cache_clear()
+    yield
+    composition._compose_cached.cache_clear()
+
+
+def test_ledger_spend_is_the_composition_of_its_entries_events(tmp_path, monkeypatch, fresh_cache):
+    ledger = Ledger(tmp_path / "ledger.db")
+    ledger.charge("ds", "h", "run-1", "gaussian", 0.7, 0.01, 30, DELTA, "pipeline")
+    ledger.charge("ds", "h", "run-2", "rnm", 1.0, 0.01, 20, DELTA, "generate")
+    calls = []
+    real = composition.compose
+
+    def spy(events, delta, **kwargs):
+        events = list(events)
+        calls.append((events, delta))
+        return real(events, delta, **kwargs)
+
+    monkeypatch.setattr(composition, "compose", spy)
+    spend = ledger.spend("ds", delta=DELTA)
+    entries = ledger.entries("ds")
+    assert calls == [([e.event() for e in entries], DELTA)]  # the ledger's spend is this one call ...
+    direct = real([dp_fewshot_event("gaussian", 0.7, 0.01, 30), dp_fewshot_event("rnm", 1.0, 0.01, 20)], DELTA,
+                  cache=False)
+    assert (spend.epsilon, spend.epsilon_prv, spend.epsilon_pld, spend.crosscheck_agreed, spend.warnings) == (
+        direct.epsilon, direct.epsilon_prv, direct.epsilon_pld, direct.crosscheck_agreed, direct.warnings)
+    # ... and the accountant's report of one label is the same composition of that label's event
+    report = accounting.epsilon_for(0.7, 0.01, 30, DELTA, cache_dir=False)
+    alone = real([entries[0].event()], DELTA)
+    assert (report.epsilon, report.epsilon_crosscheck, report.epsilon_estimate) == (
+        alone.epsilon, alone.epsilon_pld, alone.epsilon_estimate)
+    assert entries[0].epsilon_upper == alone.epsilon
+
+
+@pytest.mark.parametrize("sigma, q, steps", [(0.8, 0.02, 20), (2.0, 1.0, 3)])
+def test_single_gaussian_agrees_with_dp_accountings_accountants(sigma, q, steps):
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    event = SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), steps)
+    ours = compose([event], DELTA)
+    pld = PLDAccountant(value_discretization_interval=1e-4).compose(event).get_epsilon(DELTA)
+    rdp = RdpAccountant().compose(event).get_epsilon(DELTA)
+    assert ours.crosscheck_agreed and ours.warnings == ()
+    assert ours.epsilon_estimate == pytest.approx(pld, rel=0.02)
+    assert ours.epsilon_pld == pytest.approx(pld, rel=0.02)
+    assert pld * (1 - 1e-3) <= ours.epsilon <= pld * 1.03 + 1e-3  # an upper bound, and a tight one
+    assert ours.epsilon_lower <= ours.epsilon_estimate <= ours.epsilon_prv
+    assert rdp >= pld and rdp >= ours.epsilon_estimate  # RDP is the looser bound
+
+
+def test_rnm_exact_closed_form_brackets_the_numerical_bounds():
+    sigma, q, steps = 0.5, 0.01, 40
+    ours = compose([dp_fewshot_event("rnm", sigma, q, steps)], DELTA)
+    step = composition.rnm_step_epsilon(sigma, q)
+    assert step == pytest.approx(math.log1p(q * math.expm1(1 / sigma)), rel=1e-12)
+    assert ours.epsilon_pure == pytest.approx(steps * step, rel=1e-12)
+    assert ours.epsilon_exact >= ours.epsilon_lower - 1e-9  # exact >= prv-accountant's lower bound
+    assert ours.epsilon_pld == pytest.approx(ours.epsilon_exact, rel=1e-6)  # PLD on the epsilon' grid: exact
+    assert ours.epsilon_exact <= ours.epsilon <= ours.epsilon_pure
+    assert ours.crosscheck_agreed
+
+
+def test_heterogeneous_pure_steps_have_a_pure_bound_but_no_closed_form():
+    events = [dp_fewshot_event("rnm", 0.5, 0.01, 10), dp_fewshot_event("rnm", 1.0, 0.02, 10)]
+    ours = compose(events, DELTA)
+    pure = 10 * composition.rnm_step_epsilon(0.5, 0.01) + 10 * composition.rnm_step_epsilon(1.0, 0.02)
+    assert ours.epsilon_pure == pytest.approx(pure) and ours.epsilon_exact is None
+    assert 0 < ours.epsilon <= pure
+
+
+def test_trivial_and_non_private_compositions():
+    assert compose([], DELTA).epsilon == 0.0 and compose([NoOpDpEvent()], DELTA).epsilon == 0.0
+    for event in (NonPrivateDpEvent(), dp_fewshot_event("rnm", 0.0, 0.1, 5), GaussianDpEvent(0.0)):
+        result = compose([GaussianDpEvent(5.0), event], DELTA)
+        assert result.epsilon == math.inf and result.warnings
+    with pytest.raises(ConfigError, match="delta"):
+        compose([GaussianDpEvent(1.0)], 0.0)
+
+
+def test_composition_is_order_free_and_not_additive():
+    a, b = dp_fewshot_event("gaussian", 0.7, 0.01, 30), dp_fewshot_event("gaussian", 0.9, 0.02, 20)
+    both = compose([a, b], DELTA)
+    assert compose([ComposedDpEvent([b, a])], DELTA) == both
+    assert max(compose([a], DELTA).epsilon, compose([b], DELTA).epsilon) < both.epsilon
+    assert both.epsilon < compose([a], DELTA).epsilon + compose([b], DELTA).epsilon
+
+
+def test_one_tolerance_flags_the_accountant_and_the_ledger_alike(tmp_path, monkeypatch, fresh_cache):
+    real = composition._prv_epsilon
+    ledger = Ledger(tmp_path / "ledger.db")
+    ledger.charge("ds", "h", "run", "gaussian", 0.7, 0.01, 30, DELTA, "pipeline")
+    for factor, agreed in ((0.99, True), (0.96, False)):  # within and beyond CROSSCHECK_TOLERANCE = 2%
+        def skewed(*args, factor=factor):
+            return tuple(v * factor for v in real(*args))
+
+        monkeypatch.setattr(composition, "_prv_epsilon", skewed)
+        composition._compose_cached.cache_clear()
+        report = accounting.epsilon_for(0.7, 0.01, 30, DELTA, cache_dir=False)
+        spend = ledger.spend("ds", delta=DELTA)
+        assert report.crosscheck_agreed is agreed and spend.crosscheck_agreed is agreed
+        assert spend.epsilon == report.epsilon >= report.epsilon_crosscheck
+
+
+def test_speed_guards_only_loosen_the_bound(monkeypatch):
+    event = dp_fewshot_event("gaussian", 0.7, 0.01, 30)
+    plain = compose([event], DELTA, cache=False)
+    monkeypatch.setattr(composition, "PRV_MAX_GRID_POINTS", 20_000)  # forces a coarser prv-accountant grid
+    coarse = compose([event], DELTA, cache=False)
+    assert coarse.prv_eps_error > plain.prv_eps_error and any("eps_error raised" in w for w in coarse.warnings)
+    assert coarse.epsilon_prv >= plain.epsilon_prv and coarse.epsilon >= plain.epsilon
+    monkeypatch.setattr(composition, "PRV_MAX_GRID_POINTS", 10)  # no grid fits: PLD alone answers
+    skipped = compose([event], DELTA, cache=False)
+    assert skipped.epsilon_prv is None and not skipped.crosscheck_agreed
+    assert skipped.epsilon == skipped.epsilon_pld and any("skipped" in w for w in skipped.warnings)
+
+
+def _gaussian_family(sigma: float):
+    return GaussianDpEvent(sigma)  # one Gaussian release: sigma ~ 4 for epsilon 1
+
+
+def _mixed_family(sigma: float):
+    """Gaussian steps of sensitivity 2 (noise multiplier sigma / 2) and report-noisy-max steps, sampled."""
+    return ComposedDpEvent([
+        SelfComposedDpEvent(PoissonSampledDpEvent(0.05, GaussianDpEvent(sigma / 2)), 20),
+        SelfComposedDpEvent(PoissonSampledDpEvent(0.05, ReportNoisyMaxDpEvent(sigma)), 5),
+    ])
+
+
+@pytest.mark.parametrize("family, target", [(_gaussian_family, 1.0), (_mixed_family, 2.0)],
+                         ids=["gaussian", "composed"])
+def test_calibration_over_a_family_is_the_smallest_sigma(family, target):
+    result = composition.calibrate(family, target, DELTA)
+    sigma = result.noise_multiplier
+    assert sigma > 1  # so that sigma * 1e-3 exceeds the search tolerance
+    assert result.composition == compose([family(sigma)], DELTA)
+    assert result.composition.epsilon <= target
+    assert compose([family(sigma * (1 - 1e-3))], DELTA).epsilon > target
+    assert compose([family(sigma - composition.SIGMA_TOLERANCE)], DELTA).epsilon > target
+
+
+def test_calibration_rejects_bad_or_unreachable_targets():
+    for target in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ConfigError, match="target_epsilon"):
+            composition.calibrate(_gaussian_family, target, DELTA)
+    with pytest.raises(ConfigError, match="unreachable"):
+        composition.calibrate(_gaussian_family, 1e-4, DELTA)
+    with pytest.raises(ConfigError, match="unreachable"):
+        composition.calibrate(_gaussian_family, 1e-2, DELTA, sigma_max=10.0)
