@@ -68,6 +68,9 @@ class RunConfig(_Frozen):
 
     dataset: str = "agnews"
     data_path: str | None = Field(None, description="a user's CSV/JSONL/Parquet file (with --task-spec)")
+    test_path: str | None = Field(
+        None, description="a separate test file (same columns as the data file): the test split, instead of "
+        "holding test rows out of the private file")
     task_spec: str | None = Field(None, description="path of a task YAML for a user dataset")
     dataset_id: str | None = Field(None, description="ledger identity; default: the dataset name")
     model: str = "smollm2-135m"
