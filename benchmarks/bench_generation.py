@@ -256,15 +256,17 @@ def run_phase(name, lm, spec, records, labels, config, sigma, seed, forward, seq
     for group in label_groups:
         def progress(info, group=tuple(group)):
             step_seconds.setdefault(info["step"], 0.0)
-            step_seconds[info["step"]] += info["step_seconds"]
+            # Record-dependent counters (a benchmark's own output, never a run's public files).
+            private = info["private"]
+            step_seconds[info["step"]] += private["step_seconds"]
             print(f"{name} {','.join(group) if len(group) < 2 else 'all labels'} step {info['step']}/"
-                  f"{info['max_steps']}: {info['prompt_tokens']} prompt tokens, {info['step_seconds']:.2f} s",
+                  f"{info['max_steps']}: {private['prompt_tokens']} prompt tokens, {private['step_seconds']:.2f} s",
                   file=sys.stderr, flush=True)
         result = generate_demos(lm, spec, records, config, sigma, seed=seed, labels=list(group), progress=progress,
                                 forward=forward)
         demos.extend(result.demos)
         for key in ("tokenize_seconds", "forward_seconds", "mechanism_seconds"):
-            phases[key.removesuffix("_seconds")] = phases.get(key.removesuffix("_seconds"), 0.0) + result.stats[key]
+            phases[key.removesuffix("_seconds")] = phases.get(key.removesuffix("_seconds"), 0.0) + result.private_stats[key]
     wall = time.perf_counter() - began
     if lm.device.type == "cuda":  # the engine prepares prompts a step ahead, in a background thread (overlapped)
         phases["tokenize (background)"] = phases.pop("tokenize")

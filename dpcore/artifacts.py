@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 
 from dpcore.home import is_private_path
 
-# Tables holding private record text (or the ids of the real demos of the random-real baseline).
-PRIVATE_TABLES = frozenset({"records", "partitions", "real_demos"})
+# Tables holding private record text, the ids of the real demos of the random-real baseline, or
+# per-record functions of private data (test predictions with ids and probabilities, membership scores).
+PRIVATE_TABLES = frozenset({"records", "partitions", "real_demos", "predictions", "mia_scores"})
 
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> Path:

@@ -68,6 +68,9 @@ class RunConfig(_Frozen):
 
     dataset: str = Field("agnews", description="a shipped task (agnews, trec, sst2, ...) or your task's name")
     data_path: str | None = Field(None, description="a user's CSV/JSONL/Parquet file (with --task-spec)")
+    test_path: str | None = Field(
+        None, description="a separate test file (same columns as the data file): the test split, instead of "
+        "holding test rows out of the private file")
     task_spec: str | None = Field(None, description="path of a task YAML for a user dataset")
     dataset_id: str | None = Field(None, description="ledger identity; default: the dataset name")
     model: str = Field("smollm2-135m", description="the embedded model, a local model folder or a hub id")

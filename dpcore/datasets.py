@@ -355,8 +355,29 @@ def _load_file(spec: TaskSpec, path: Path) -> tuple[pd.DataFrame, str]:
     return records, where
 
 
-def load_dataset(spec: TaskSpec, data_path: str | Path | None = None) -> LoadedDataset:
-    """Load, validate and split a task's records. `data_path` overrides the spec's source."""
+def load_test_file(spec: TaskSpec, test_path: str | Path) -> pd.DataFrame:
+    """A separate test file: read and validated like the data file (same columns, same errors).
+
+    Without an id column its rows are named `<task>-test-<i>` (distinct from the data file's ids).
+    """
+    path = Path(test_path).resolve()
+    source = spec.source
+    records = normalise_records(read_table(path), spec, str(path), source.text_column, source.label_column,
+                                source.id_column)
+    if not source.id_column:
+        records["id"] = [f"{spec.name}-test-{i}" for i in range(len(records))]
+    if not len(records):
+        raise DataValidationError(f"{path}: no test rows")
+    return records
+
+
+def load_dataset(spec: TaskSpec, data_path: str | Path | None = None,
+                 test_path: str | Path | None = None) -> LoadedDataset:
+    """Load, validate and split a task's records. `data_path` overrides the spec's source.
+
+    `test_path`: a separate test file; every record of the source is then private (train) and no
+    test rows are held out of it. Without it, the spec's seeded split holds test rows out.
+    """
     if data_path is not None:
         frame, where = _load_file(spec, Path(data_path).resolve())
     elif spec.source.type == "staicc":
@@ -372,6 +393,10 @@ def load_dataset(spec: TaskSpec, data_path: str | Path | None = None) -> LoadedD
                 "resolve against the YAML's own folder, the shipped tasks' against the package's data/ folder; "
                 "or pass --data-path)")
         frame, where = _load_file(spec, path)
-    train, test = seeded_split(frame, spec.split.test_size, spec.split.seed)
+    if test_path is not None:
+        test = load_test_file(spec, test_path)
+        train = frame.sort_values("id", kind="stable").reset_index(drop=True)
+    else:
+        train, test = seeded_split(frame, spec.split.test_size, spec.split.seed)
     _check_labels_present(train, spec, where)
     return LoadedDataset(spec=spec, train=train, test=test, source=where, content_hash=content_hash(train))

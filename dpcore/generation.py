@@ -27,8 +27,14 @@ a key of (label name, shot). So a (label, shot) draws the same samples and noise
 is generated alone or together with others, and the tokens agree up to float rounding of
 the batched forward pass.
 
-Privacy boundary: record text only enters prompt strings; logs and progress callbacks carry
-counts and timings; errors name parameters and labels, never text.
+Privacy boundary: record text only enters prompt strings; errors name parameters and labels,
+never text. Counters split in two: `GenerationResult.stats` (and the top level of a progress
+callback's dict, and the log lines) hold only what is a function of the DP outputs and the
+configuration (steps, sequences still generating, synthetic tokens, demos); everything that
+depends on the sampled records' lengths or on the sample itself (prompts = non-empty groups,
+prompt tokens, padded/forward tokens, per-phase timings, tokens/s) goes to
+`GenerationResult.private_stats` and to the progress dict's `"private"` entry. Only the
+public part may be published; benchmarks read the private part in process.
 """
 
 from __future__ import annotations
@@ -100,11 +106,20 @@ class Demo:
 DEMO_COLUMNS = tuple(f.name for f in fields(Demo))
 
 
+# Counters that are a function of the DP outputs and the configuration only: safe to publish.
+PUBLIC_STATS = ("steps", "synthetic_tokens", "demos")
+
+
 @dataclass(frozen=True)
 class GenerationResult:
+    """`stats`: public counters (`PUBLIC_STATS`). `private_stats`: counters that depend on the
+    private records (prompt and forward tokens, padding, prompts, timings, throughput); they
+    belong in the private store or in a benchmark's own output, never in a public file or log."""
+
     demos: list[Demo]
     seeded_noise: bool
     stats: dict = field(default_factory=dict)
+    private_stats: dict = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- random streams
@@ -202,8 +217,10 @@ class _Engine:
         self.stop = spec.generation.stop or ""
         model_config = getattr(getattr(lm, "model", None), "config", None)
         self.max_positions = int(getattr(model_config, "max_position_embeddings", 0) or 0)
-        self.stats = {"steps": 0, "prompts": 0, "prompt_tokens": 0, "forward_seconds": 0.0,
-                      "tokenize_seconds": 0.0, "mechanism_seconds": 0.0, "synthetic_tokens": 0}
+        self.stats = {"steps": 0, "synthetic_tokens": 0}  # public (PUBLIC_STATS)
+        # Depend on the sampled records (their number and lengths): private.
+        self.private_stats = {"prompts": 0, "prompt_tokens": 0, "forward_seconds": 0.0, "tokenize_seconds": 0.0,
+                              "mechanism_seconds": 0.0}
 
     def _group_prompts(self, active: list[_Stream]) -> tuple[list[list[int]], list[int]]:
         """Lines 3-6 for one step: a fresh sample per (label, shot), split into M groups, and each
@@ -223,7 +240,7 @@ class _Engine:
                     owners.append(index)
         began = time.perf_counter()
         ids = self.lm.encode_batch(texts)
-        self.stats["tokenize_seconds"] += time.perf_counter() - began
+        self.private_stats["tokenize_seconds"] += time.perf_counter() - began
         return ids, owners
 
     def _finish_token(self, stream: _Stream, token: int) -> None:
@@ -288,7 +305,7 @@ class _Engine:
                     group_logits = logits[int(bounds[index]):int(bounds[index + 1])]
                     public_logits = logits[group_count + index] if use_public else None
                     self._finish_token(stream, choose(stream, public_logits, group_logits))
-                self.stats["mechanism_seconds"] += time.perf_counter() - mechanism_began
+                self.private_stats["mechanism_seconds"] += time.perf_counter() - mechanism_began
                 self._record_step(step, streams, active, prompts, forward_seconds, step_began, began)
         finally:
             if pool is not None:
@@ -297,32 +314,39 @@ class _Engine:
             if not stream.done:
                 stream.stop_reason = STOP_MAX_TOKENS
         wall = time.perf_counter() - began
-        self.stats["wall_seconds"] = wall
+        private = self.private_stats
+        private["wall_seconds"] = wall
         # Prompt tokens served per second of forward time (cached prefix tokens count as served).
-        self.stats["forward_tokens_per_s"] = (self.stats["prompt_tokens"] / self.stats["forward_seconds"]
-                                              if self.stats["forward_seconds"] else 0.0)
-        self.stats["synthetic_tokens_per_s"] = self.stats["synthetic_tokens"] / wall if wall else 0.0
+        private["forward_tokens_per_s"] = (private["prompt_tokens"] / private["forward_seconds"]
+                                           if private["forward_seconds"] else 0.0)
+        private["synthetic_tokens_per_s"] = self.stats["synthetic_tokens"] / wall if wall else 0.0
         batch_stats = getattr(self.forward, "stats", None)
         if batch_stats is not None and hasattr(batch_stats, "as_dict"):
-            self.stats["batching"] = batch_stats.as_dict()
+            private["batching"] = batch_stats.as_dict()
 
     def _record_step(self, step, streams, active, prompts, forward_seconds, step_began, began) -> None:
-        """Counters, the log line and the progress callback of one step (counts and timings only)."""
+        """Counters, the log line and the progress callback of one step.
+
+        The log line and the top level of the progress dict are public (step, sequences, demos
+        finished); prompt counts, prompt tokens and timings depend on the sampled records and go
+        to `private_stats` and the progress dict's `"private"` entry only."""
         config = self.config
         tokens = sum(len(p) for p in prompts)
         self.stats["steps"] = step
-        self.stats["prompts"] += len(prompts)
-        self.stats["prompt_tokens"] += tokens
-        self.stats["forward_seconds"] += forward_seconds
+        self.private_stats["prompts"] += len(prompts)
+        self.private_stats["prompt_tokens"] += tokens
+        self.private_stats["forward_seconds"] += forward_seconds
         info = {
-            "step": step, "max_steps": config.max_tokens, "active": len(active), "prompts": len(prompts),
-            "prompt_tokens": tokens, "step_seconds": time.perf_counter() - step_began,
-            "tokens_per_s": tokens / forward_seconds if forward_seconds else 0.0,
-            "elapsed_seconds": time.perf_counter() - began,
+            "step": step, "max_steps": config.max_tokens, "active": len(active),
             "finished": sum(s.done for s in streams), "total": len(streams),
+            "private": {
+                "prompts": len(prompts), "prompt_tokens": tokens, "step_seconds": time.perf_counter() - step_began,
+                "tokens_per_s": tokens / forward_seconds if forward_seconds else 0.0,
+                "elapsed_seconds": time.perf_counter() - began,
+            },
         }
-        log.info("generation step %d/%d: %d sequences, %d prompts, %d prompt tokens, %.0f tokens/s",
-                 step, config.max_tokens, len(active), len(prompts), tokens, info["tokens_per_s"])
+        log.info("generation step %d/%d: %d sequences generating, %d/%d demos done",
+                 step, config.max_tokens, len(active), info["finished"], info["total"])
         if self.progress is not None:
             self.progress(info)
 
@@ -383,7 +407,8 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
     engine.run(streams, choose, private=True)
     method = "sigma-zero" if sigma == 0 else "dp"
     demos = [_demo(stream, lm, config, sigma, seeded, method) for stream in streams]
-    return GenerationResult(demos=demos, seeded_noise=seeded, stats=engine.stats)
+    return GenerationResult(demos=demos, seeded_noise=seeded, stats={**engine.stats, "demos": len(demos)},
+                            private_stats=engine.private_stats)
 
 
 def instruction_only_demos(lm, spec, labels: list[str], config: GenerationConfig, seed: int | None = None,
@@ -420,7 +445,9 @@ def instruction_only_demos(lm, spec, labels: list[str], config: GenerationConfig
     for stream in streams:
         demo = _demo(stream, lm, config, math.inf, seeded, "instruction-only")
         demos.append(Demo(**{**asdict(demo), "num_subsets": 0, "subset_size": 0}))
-    return GenerationResult(demos=demos, seeded_noise=seeded, stats=engine.stats)
+    # No private record is read here, but the same split keeps every caller on one rule.
+    return GenerationResult(demos=demos, seeded_noise=seeded, stats={**engine.stats, "demos": len(demos)},
+                            private_stats=engine.private_stats)
 
 
 def _demo(stream: _Stream, lm, config: GenerationConfig, sigma: float, seeded: bool, method: str) -> Demo:

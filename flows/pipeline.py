@@ -11,11 +11,13 @@ Its parameter is one `RunConfig`; `config.task_runner` picks where the mapped st
 prefect-dask; `dask:N` for N worker processes) or a Dask scheduler address
 (`tcp://host:8786`).
 
-A run writes `$DPICL_HOME/runs/<dataset>/<data-hash12>/<run-id>/` (public tables, plots,
-`manifest.json`) and `$DPICL_HOME/private/runs/<same>/` (records, partitions, sigma = 0
-demos, the random-real baseline's demo ids). The run id defaults to
-`<UTC start>-<flow run id prefix>`, so a retry of the same flow run reuses its folder and
-its cached noise draws.
+A run writes `$DPICL_HOME/runs/<dataset>/<data-hash12>/<run-id>/` (public: DP demos, aggregate
+tables, plots, configuration, `manifest.json`) and `$DPICL_HOME/private/runs/<same>/` (records,
+partitions, sigma = 0 demos, the random-real baseline's demo ids, and every per-record table
+computed from private data: `predictions`, `mia_scores`, the ROC with the non-private reference,
+and the generation counters that depend on the records in `generation_stats.json`; see the
+README's "Privacy boundary"). The run id defaults to `<UTC start>-<flow run id prefix>`, so a
+retry of the same flow run reuses its folder and its cached noise draws.
 """
 
 from __future__ import annotations
@@ -103,6 +105,21 @@ def _concat(paths: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def _write_generation_stats(shards: list[dict], path: Path) -> None:
+    """The generation counters that depend on the private records (prompt tokens, padding, timings), per
+    shard, into the private run folder (a benchmark's or an operator's figures, never published)."""
+    import json
+
+    from dpcore.artifacts import write_json_atomic
+
+    rows = []
+    for shard in shards:
+        stats_path = shard.get("private_stats_path")
+        if stats_path and Path(stats_path).exists():
+            rows.append(json.loads(Path(stats_path).read_text()))
+    write_json_atomic(path, rows)
+
+
 def default_run_id() -> str:
     """`<UTC start>-<flow run id prefix>`: stable across retries of the same flow run."""
     ctx = FlowRunContext.get()
@@ -132,7 +149,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     record_stage.warm_up()  # MLflow's import and SQLite store set-up (~10 s) overlap the run
 
     # 1-2. ingest and partition (private records stay in the private store)
-    ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec)
+    ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path)
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
     label_counts = ingest_stage.partition(ingested)["label_counts"]
     labels = list(ingested["labels"])
@@ -174,6 +191,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         if private_shards:
             write_table(_concat(private_shards), paths.private / "sigma_zero_demos.parquet")
         seeded_noise = any(s["seeded_noise"] for s in shards if s["method"] != generate_stage.INSTRUCTION_ONLY)
+        _write_generation_stats(shards, paths.private / "generation_stats.json")
 
         # 5-6. evaluation of every method, and the audit, submitted together (they only need the demos)
         eval_config = config.eval_config()
@@ -193,7 +211,8 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         evaluations = _collect(runner, evaluate_stage.evaluate, eval_calls, eval_futures,
                                exists=lambda r: Path(r["predictions_path"]).exists()
                                and Path(r["metrics_path"]).exists())
-        write_table(_concat([e["predictions_path"] for e in evaluations]), paths.public / "predictions.parquet")
+        # Per-item predictions (test ids, gold labels, probabilities) are private; metrics are aggregates.
+        write_table(_concat([e["predictions_path"] for e in evaluations]), paths.private / "predictions.parquet")
         write_table(_concat([e["metrics_path"] for e in evaluations]), paths.public / "metrics.parquet")
         real = [e["real_demos_path"] for e in evaluations if e.get("real_demos_path")]
         if real:
@@ -203,10 +222,14 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         if audit_calls:
             audit_result = _collect(runner, audit_stage.audit, audit_calls, audit_futures,
                                     exists=audit_stage.outputs_exist)[0]
-            for name in ("mia_scores", "audit"):
-                publish(audit_result[f"{name}_path"], paths.public, f"{name}.parquet")
+            # Per-record membership scores stay private; the public side gets the aggregates and the
+            # ROC of the DP audits (the one drawn with the non-private reference stays private).
+            publish(audit_result["mia_scores_path"], paths.private, "mia_scores.parquet")
+            publish(audit_result["audit_path"], paths.public, "audit.parquet")
             if audit_result.get("roc_path"):
                 publish(audit_result["roc_path"], paths.public, "roc.png")
+            if audit_result.get("reference_roc_path"):
+                publish(audit_result["reference_roc_path"], paths.private, "roc_reference.png")
             if audit_result.get("reference_path"):
                 publish(audit_result["reference_path"], paths.public, "audit_reference.parquet")
             audit_summary = audit_result.get("summary")

@@ -20,7 +20,7 @@ def fingerprint(config: RunConfig) -> dict:
     from dpcore.datasets import load_dataset
     from dpcore.taskspec import load_task_spec
 
-    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path)
+    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
     decision = refresh.decide(config.ledger_id, data.content_hash)
     return {"content_hash": decision.content_hash, "last_hash": decision.last_hash,
             "last_run_id": decision.last_run_id, "changed": decision.changed}

@@ -12,7 +12,8 @@ measured against a 2,000-record sample: its demos are real records by constructi
 The run's own DP demonstrations are also checked for verbatim overlap with the private
 records of their label; an overlap at or above the threshold fails that epsilon's gate.
 
-Outputs (public, no record text): `mia_scores`, `audit`, `audit_reference`, `roc.png`.
+Outputs: public aggregates `audit`, `audit_reference` and `roc.png` (DP audits only); private
+(record ids and per-record scores) `mia_scores` and `roc_reference.png` (with the non-private curve).
 The audit's DP generations read private records: they are charged to the privacy ledger
 (when `dpcore.ledger` exists) before each generation, through dp_audit's `charge` hook.
 """
@@ -146,17 +147,23 @@ def audit(
         logger.info("non-private reference audit (real 1-shot demos): AUC %.3f", reference.auc)
 
     out = stage_dir("audit", key)
+    # Per-record scores (record ids, membership bits, scores) are a function of private records: private
+    # store only. The public ROC is an aggregate of the DP audits; one drawn with the non-private
+    # reference goes to the private store too.
+    private_out = stage_dir("audit", key, private=True)
     scores = pd.concat([r.mia_scores for r in results + ([reference] if reference else [])], ignore_index=True)
     table = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["setting", "epsilon", "passed"])
+    title = f"{spec.name}: membership inference ROC"
     result = {
         "key": key,
-        "mia_scores_path": str(write_table(scores, out / "mia_scores.parquet")),
+        "mia_scores_path": str(write_table(scores, private_out / "mia_scores.parquet")),
         "audit_path": str(write_table(table, out / "audit.parquet")),
-        "roc_path": str(mia.roc_plot(results + ([reference] if reference else []), out / "roc.png",
-                                     title=f"{spec.name}: membership inference ROC")),
+        "roc_path": str(mia.roc_plot(results, out / "roc.png", title=title)) if results else None,
         "summary": [_public_summary(r) for r in results],
     }
     if reference is not None:
+        result["reference_roc_path"] = str(mia.roc_plot(results + [reference], private_out / "roc_reference.png",
+                                                        title=title))
         result["reference_path"] = str(write_table(reference.audit_frame(), out / "audit_reference.parquet"))
         result["reference"] = _public_summary(reference)
     return result

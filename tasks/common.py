@@ -33,7 +33,7 @@ from dpcore.errors import DpiclError
 from dpcore.home import dpicl_home, private_dir
 
 # Bump to invalidate every cached stage result (a change of the stage-folder layout).
-CACHE_LAYOUT_VERSION = "1"
+CACHE_LAYOUT_VERSION = "2"  # 2: per-record tables and generation counters moved to the private stage folders
 # Model names resolved here (not in dpcore.lm): a tiny randomly initialised Llama for tests and smoke runs.
 TINY_MODEL_NAMES = frozenset({"tiny-random", "tiny-random-llama"})
 REPO_ROOT = Path(__file__).resolve().parent.parent

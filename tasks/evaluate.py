@@ -2,9 +2,11 @@
 
 One task per (method, epsilon): 0-shot, instruction-only demos (epsilon = 0), sigma = 0
 demos and random real demos (epsilon = infinity (a) and (b)), and the DP demos at each
-epsilon. Outputs: `predictions` and `metrics` (public: test items, labels, predictions,
-accuracies). The random-real baseline's real demonstrations stay private: the ids of the
-chosen records go to the private `real_demos` table and are blanked in `predictions`.
+epsilon. Outputs: `metrics` (public: accuracies aggregated per method, epsilon and seed) and
+`predictions` (PRIVATE: each test item's id, gold label and label probabilities are per-record
+functions of the test split, which comes from the private data; private stage folder). The
+random-real baseline's real demonstrations stay private too: the ids of the chosen records go
+to the private `real_demos` table and are blanked in `predictions`.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def evaluate(
         real_path = write_table(real, stage_dir("evaluate", key, private=True) / "real_demos.parquet")
         predictions = predictions.assign(demo_ids=[[] for _ in range(len(predictions))])
         result["real_demos_path"] = str(real_path)
-    result["predictions_path"] = str(write_table(predictions, out / "predictions.parquet"))
+    private_out = stage_dir("evaluate", key, private=True)
+    result["predictions_path"] = str(write_table(predictions, private_out / "predictions.parquet"))
     result["metrics_path"] = str(write_table(metrics, out / "metrics.parquet"))
     result["metrics"] = metrics[["seed", "n", "accuracy", "calibrated_accuracy"]].to_dict(orient="records")
     logger.info(

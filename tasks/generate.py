@@ -8,7 +8,11 @@ instruction-only (epsilon = 0, the public prompt alone, no private data read).
 
 Outputs: DP and instruction-only demos are DP/public outputs and go to the public stage
 folder; sigma = 0 demos carry no privacy guarantee, so they stay in the private store.
-The task result is a small dict of paths and counters.
+The task result, its log lines and progress lines hold only public counters (steps,
+synthetic tokens, demos: functions of the DP outputs and the configuration) and the
+total time rounded to whole seconds. Counters that depend on the sampled records
+(prompts, prompt/forward/padded tokens, per-phase timings, tokens/s) go to a private
+`generation_stats.json` in the private stage folder (`private_stats_path`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from dpcore.artifacts import write_table
+from dpcore.artifacts import write_json_atomic, write_table
 from dpcore.config import GenerationConfig
 from tasks.common import (
     RETRIES,
@@ -80,10 +84,10 @@ def generate(
     lm = language_model(model, device, dtype)
     began = time.perf_counter()
 
-    def progress(info: dict) -> None:  # a Prefect log line every 10 steps (counts and speed only)
+    def progress(info: dict) -> None:  # a Prefect log line every 10 steps (public counters only)
         if info["step"] % 10 == 0 or info["finished"] == info["total"]:
-            logger.info("%s %s eps=%s: step %d/%d, %d prompts, %.0f tokens/s", method, label, _eps_text(epsilon),
-                        info["step"], info["max_steps"], info["prompts"], info["tokens_per_s"])
+            logger.info("%s %s eps=%s: step %d/%d, %d/%d demos done", method, label, _eps_text(epsilon),
+                        info["step"], info["max_steps"], info["finished"], info["total"])
 
     if method == INSTRUCTION_ONLY:
         result = dp_generation.instruction_only_demos(lm, spec, [label], generation, seed=seed, progress=progress)
@@ -100,9 +104,18 @@ def generate(
     private = demos_are_private(method)
     path = write_table(frame, stage_dir("generate", key, private=private) / "demos.parquet")
     tokens = int(frame["tokens"].sum()) if "tokens" in frame else 0
+    # Record-dependent counters (prompt tokens, padding, timings) stay in the private store.
+    stats_path = write_json_atomic(
+        stage_dir("generate", key, private=True) / "generation_stats.json",
+        {"method": method, "label": label, "epsilon": _eps_text(epsilon), "seconds": seconds,
+         "stats": dict(getattr(result, "stats", {})), "private_stats": dict(getattr(result, "private_stats", {}))},
+    )
+    # Wall-clock time depends on the records' lengths too: a weak timing channel, and one Prefect's own
+    # task-run timestamps expose anyway. Only the total, in whole seconds, is public; exact timings are private.
+    public_seconds = round(seconds)
     logger.info(
-        "generated %d %s demo(s) for label %s at epsilon %s (sigma %.4g) in %.1f s, %d tokens",
-        len(frame), method, label, _eps_text(epsilon), noise_multiplier, seconds, tokens,
+        "generated %d %s demo(s) for label %s at epsilon %s (sigma %.4g) in about %d s, %d tokens",
+        len(frame), method, label, _eps_text(epsilon), noise_multiplier, public_seconds, tokens,
     )
     return {
         "key": key,
@@ -114,10 +127,11 @@ def generate(
         "private": private,
         "demos": len(frame),
         "tokens": tokens,
-        "seconds": seconds,
+        "steps": int(getattr(result, "stats", {}).get("steps", 0)),
+        "seconds": public_seconds,
         "seeded_noise": bool(getattr(result, "seeded_noise", seed is not None)),
         "worker": f"{socket.gethostname()}:{os.getpid()}",
-        "forward_tokens_per_s": float(getattr(result, "stats", {}).get("forward_tokens_per_s", 0.0)),
+        "private_stats_path": str(stats_path),
     }
 
 

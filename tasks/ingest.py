@@ -1,7 +1,7 @@
 """Stages 1-2: ingest (load and validate the dataset) and partition it by label.
 
-Ingest writes the private `records` table (train = D_priv and the public test split)
-into the run's private folder and returns only paths, the content hash and counts.
+Ingest writes the private `records` table (train = D_priv and the test split: a separate
+`test_path` file, or rows held out of the data file) into the run's private folder and returns only paths, the content hash and counts.
 Partition writes the private `partitions` table (which record ids form D_y, in the
 order the sampler indexes them) and the public `label_counts` table: per-label record
 counts |D_y| are treated as public, as in Tang et al. (they set the sampling rate).
@@ -21,10 +21,15 @@ from tasks.common import RETRIES, RETRY_DELAY_SECONDS, run_paths, transient_only
 
 @task(name="ingest", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
       retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
-def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: str | None = None) -> dict:
-    """Load + validate the dataset; write the private `records` table. Returns paths and aggregates only."""
+def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: str | None = None,
+           test_path: str | None = None) -> dict:
+    """Load + validate the dataset; write the private `records` table. Returns paths and aggregates only.
+
+    `test_path`: a separate test file (the test split); without it the test rows are held out of the
+    private file by the task's seeded split. Either way the test rows are private too (records table).
+    """
     spec = load_task_spec(task_spec or dataset)
-    data = load_dataset(spec, data_path)
+    data = load_dataset(spec, data_path, test_path)
     paths = run_paths(dataset, data.content_hash, run_id)
     records = pd.concat(
         [data.train.assign(split="train"), data.test.assign(split="test")], ignore_index=True
@@ -83,7 +88,10 @@ def records_by_label(records_path: str, labels: list[str] | None = None) -> dict
 
 
 def public_test_split(records_path: str) -> pd.DataFrame:
-    """The public test split (id, text, label) from the `records` table."""
+    """The test split (id, text, label) from the private `records` table.
+
+    Its rows are held out of generation (not covered by the DP guarantee): per-item outputs computed
+    from them (predictions) stay private; only aggregates over them (accuracy) are published."""
     from pathlib import Path
 
     records = read_table(Path(records_path))

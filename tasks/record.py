@@ -11,7 +11,8 @@ pipeline run and a nested run per (method, epsilon), with
 Prefect: a markdown summary and a table artifact.
 
 Everything logged is public configuration, DP outputs or aggregates; files are taken only
-from the public run folder (a private path is refused).
+from the public run folder (a private path, or a per-record table such as `predictions` or
+`mia_scores`, is refused: those live in the private run folder and its own manifest).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from dpcore.artifacts import read_table, write_manifest
+from dpcore.artifacts import PRIVATE_TABLES, read_table, write_manifest
 from dpcore.home import dpicl_home, is_private_path, subdir
 from tasks.common import RETRIES, RETRY_DELAY_SECONDS, code_version, transient_only
 
@@ -320,7 +321,7 @@ def record(*, flat_config: dict[str, str], info: dict) -> dict:
             client.set_terminated(child.info.run_id)
         for path in sorted(run_dir.iterdir()):
             if path.is_file() and not path.name.startswith(".") and path.suffix in (".parquet", ".png", ".json"):
-                if is_private_path(path):
+                if is_private_path(path) or path.stem in PRIVATE_TABLES:
                     raise PermissionError(f"record: refusing to log private file {path.name} to MLflow")
                 client.log_artifact(parent_id, str(path))
         client.set_terminated(parent_id)

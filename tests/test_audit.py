@@ -461,6 +461,15 @@ def _cli(argv, capsys):
     return code, (json.loads(captured.out) if "--json" in argv and code in (0, 1) else captured.out), captured.err
 
 
+def _private_folder(out):
+    """The private counterpart of a CLI output folder (same folder name under $DPICL_HOME/private/runs)."""
+    from dpcore.home import private_dir
+
+    found = [p for p in (private_dir() / "runs").rglob(out.name) if p.is_dir()]
+    assert len(found) == 1
+    return found[0]
+
+
 def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_folder, tmp_path, capsys, one_thread):
     from dpcore.artifacts import read_table
     from dpcore.ledger import Ledger
@@ -477,9 +486,10 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_fol
     assert code == (0 if summary["passed"] else 1)
     assert not summary["passed"] and any("inconclusive" in r for r in summary["reasons"])  # 6 trials are too few
     assert summary["privacy"]["noise_multiplier"] > 0 and summary["privacy"]["epsilon"] <= 4
-    assert {p.name for p in out.iterdir()} >= {"mia_scores.parquet", "audit.parquet", "roc.png", "audit.json",
-                                               "manifest.json"}
-    scores, audit = read_table(out / "mia_scores.parquet"), read_table(out / "audit.parquet")
+    assert {p.name for p in out.iterdir()} >= {"audit.parquet", "roc.png", "audit.json", "manifest.json"}
+    assert not (out / "mia_scores.parquet").exists()  # per-record scores: private store only
+    private = _private_folder(out)
+    scores, audit = read_table(private / "mia_scores.parquet"), read_table(out / "audit.parquet")
     assert len(scores) == 2 * 3 * 20 and len(audit) == 1 and not audit["passed"].iloc[0]
     texts = records["text"].tolist()
     assert _no_text(scores, texts) and _no_text(audit, texts)
@@ -504,7 +514,8 @@ def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tin
                                     "--out", str(tmp_path / "eps0"), "--json"], capsys)
     assert summary["setting"] == "instruction-only" and summary["ledger_entries"] == 0
     assert summary["reference"]["setting"] == "non-private" and not summary["reference"]["passed"]
-    scores = read_table(tmp_path / "eps0" / "mia_scores.parquet")
+    scores = read_table(_private_folder(tmp_path / "eps0") / "mia_scores.parquet")
+    assert (_private_folder(tmp_path / "eps0") / "roc.png").exists()  # the ROC with the non-private curve
     assert set(scores["setting"]) == {"instruction-only", "non-private"}
     assert (tmp_path / "eps0" / "audit_reference.parquet").exists()
     code, _, err = _cli(base + ["--non-private", "--trials", "0"], capsys)

@@ -177,8 +177,8 @@ def test_generates_one_demo_per_label_and_shot_with_every_field(tiny_lm, spec, r
     assert demo.model == tiny_lm.name
     assert all(1 <= d.tokens <= 4 or d.stop_reason == "eos" for d in result.demos)
     assert result.seeded_noise is True
-    assert result.stats["steps"] >= 1 and result.stats["prompt_tokens"] > 0
-    assert result.stats["forward_tokens_per_s"] > 0
+    assert result.stats["steps"] >= 1 and result.private_stats["prompt_tokens"] > 0
+    assert result.private_stats["forward_tokens_per_s"] > 0
 
 
 def test_fixed_seed_reproduces_and_secure_seeding_differs(tiny_lm, spec, records):
@@ -400,7 +400,7 @@ def test_instruction_only_reads_no_record_and_shots_differ(tiny_lm, spec):
     assert (demo.method, demo.num_subsets, demo.subset_size, math.isinf(demo.noise_multiplier)) == (
         "instruction-only", 0, 0, True)
     # One public prompt per (label, shot) per step and nothing else.
-    assert result.stats["prompts"] <= 6 * 6
+    assert result.private_stats["prompts"] <= 6 * 6
 
 
 def test_real_demos_draw_distinct_records_with_ids(records):
@@ -431,10 +431,11 @@ def test_progress_and_logs_carry_no_record_text(tiny_lm, spec, records, caplog):
     with caplog.at_level(logging.DEBUG):
         generate_demos(tiny_lm, spec, records, _config(max_tokens=2), 0.5, seed=0, progress=infos.append)
     assert [i["step"] for i in infos] == [1, 2]
-    assert all(isinstance(v, int | float) for info in infos for v in info.values())
-    assert all(i["tokens_per_s"] > 0 for i in infos)
+    assert all(isinstance(v, int | float) for info in infos for k, v in info.items() if k != "private")
+    assert all(i["private"]["tokens_per_s"] > 0 for i in infos)  # record-dependent: only under "private"
+    assert not {"prompts", "prompt_tokens", "tokens_per_s"} & {k for info in infos for k in info}
     logged = caplog.text
-    assert "tokens/s" in logged
+    assert "generation step" in logged and "tokens/s" not in logged and "prompt tokens" not in logged
     assert not any(text in logged for texts in records.values() for text in texts)
 
 
@@ -558,7 +559,7 @@ def test_real_model_generates_agnews_demo(embedded_lm, agnews):
     result = generate_demos(embedded_lm, spec, label_records, config, 0.0, seed=0)
     demo = result.demos[0]
     assert demo.tokens >= 1 and demo.text.strip()
-    assert result.stats["forward_tokens_per_s"] > 0
+    assert result.private_stats["forward_tokens_per_s"] > 0
 
 
 @pytest.mark.slow

@@ -302,10 +302,11 @@ def test_cli_random_real_json_and_private_ids(tiny_model_dir, tmp_path, capsys, 
     assert result["n"] == 4 and result["method"] == "random-real" and result["epsilon"] == "inf"
     for key in ("accuracy", "calibrated_accuracy"):
         assert set(result[key]) == {"mean", "std", "per_seed"} and len(result[key]["per_seed"]) == 2
-    predictions = pd.read_parquet(out / "predictions.parquet")
-    assert (predictions["demo_ids"].map(len) == 0).all()  # real record ids stay private
-    private = list((dpicl_home / "private").rglob("real_demos.parquet"))
+    assert not (out / "predictions.parquet").exists()  # per-item predictions are private
+    assert "predictions.parquet" not in (out / "manifest.json").read_text()
+    private = [p for p in (dpicl_home / "private").rglob("real_demos.parquet") if p.parent.name == out.name]
     assert private and len(pd.read_parquet(private[0]).loc[0, "demo_ids"]) == 3
+    assert (private[0].parent / "predictions.parquet").exists() and result["private_out"] == str(private[0].parent)
     assert (out / "metrics.parquet").exists() and (out / "manifest.json").exists()
 
 
@@ -315,8 +316,7 @@ def test_cli_random_real_extraction_keeps_answers_private(tiny_model_dir, tmp_pa
                        str(tiny_model_dir), "--test-size", "3", "--seeds", "1", "--shots", "2",
                        "--max-new-tokens", "2", "--out", str(out)], capsys)
     assert code == 0
-    public = pd.read_parquet(out / "predictions.parquet")
-    assert (public["pred_raw"] == "").all() and (public["demo_ids"].map(len) == 0).all()
+    assert not (out / "predictions.parquet").exists()  # answers generated from real demos stay private
     private = [p for p in (dpicl_home / "private").rglob("predictions.parquet") if p.parent.name == out.name]
     assert private and len(pd.read_parquet(private[0])) == 3
 

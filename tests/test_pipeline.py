@@ -24,9 +24,8 @@ from pipeline_support import (
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-PUBLIC_TABLES = {"calibration", "demos", "predictions", "metrics", "mia_scores", "audit", "audit_reference",
-                 "results", "label_counts"}
-PRIVATE_TABLES = {"records", "partitions", "sigma_zero_demos", "real_demos"}
+PUBLIC_TABLES = {"calibration", "demos", "metrics", "audit", "audit_reference", "results", "label_counts"}
+PRIVATE_TABLES = {"records", "partitions", "sigma_zero_demos", "real_demos", "predictions", "mia_scores"}
 DEMO_COLUMNS = {"label", "shot", "text", "tokens", "stop_reason", "noise_multiplier", "num_subsets", "subset_size",
                 "top_k", "rvp", "max_tokens", "mechanism", "model", "seeded_noise", "method", "epsilon"}
 
@@ -68,6 +67,9 @@ def test_run_folders_hold_every_table_with_its_schema(run):
     assert set(tables) == PUBLIC_TABLES
     assert set(secret) == PRIVATE_TABLES
     assert {"privacy_utility.png", "roc.png", "manifest.json"} <= {p.name for p in public.iterdir()}
+    private_files = {p.name for p in private.iterdir()}
+    assert {"generation_stats.json", "manifest.json"} <= private_files
+    assert ("roc_reference.png" in private_files) == ("audit_reference" in tables)  # the non-private ROC: private
 
     assert list(tables["calibration"].columns) == CALIBRATION_COLUMNS
     calib = tables["calibration"].iloc[0]
@@ -84,19 +86,19 @@ def test_run_folders_hold_every_table_with_its_schema(run):
     assert set(secret["sigma_zero_demos"]["method"]) == {"sigma-zero"}
     assert (secret["sigma_zero_demos"]["noise_multiplier"] == 0).all()
 
-    assert list(tables["predictions"].columns) == icl.PREDICTION_COLUMNS
+    assert list(secret["predictions"].columns) == icl.PREDICTION_COLUMNS
     assert list(tables["metrics"].columns) == icl.METRIC_COLUMNS
     methods = {"zero-shot", "instruction-only", "sigma-zero", "random-real", "dp"}
     assert set(tables["metrics"]["method"]) == methods
     assert len(tables["metrics"]) == len(methods) * 2  # two seeds each
     assert (tables["metrics"]["n"] == 12).all()
-    real_rows = tables["predictions"][tables["predictions"]["method"] == "random-real"]
+    real_rows = secret["predictions"][secret["predictions"]["method"] == "random-real"]
     assert all(len(ids) == 0 for ids in real_rows["demo_ids"])  # the real demos' ids stay private
     assert list(secret["real_demos"]["seed"]) == [0, 1]
     assert all(len(ids) == 4 for ids in secret["real_demos"]["demo_ids"])
 
-    assert list(tables["mia_scores"].columns) == audit.MIA_SCORE_COLUMNS
-    assert set(tables["mia_scores"]["setting"]) == {"dp", "non-private"}
+    assert list(secret["mia_scores"].columns) == audit.MIA_SCORE_COLUMNS
+    assert set(secret["mia_scores"]["setting"]) == {"dp", "non-private"}
     assert {"setting", "epsilon", "auc", "auc_ci_low", "auc_ci_high", "tpr_at_1pct_fpr", "epsilon_lower_bound",
             "max_overlap_tokens", "passed", "reasons"} <= set(tables["audit"].columns)
     assert list(tables["audit"]["setting"]) == ["dp"] and list(tables["audit"]["epsilon"]) == [2.0]

@@ -2,6 +2,12 @@
 outside the private store (except the Prefect and MLflow databases), nor in the run's logs, Prefect
 artifacts, task-run state messages or MLflow params/tags.
 
+Nor does any per-record function of private data: no id of a private record (training or test split,
+both from the user's private file) appears there as a whole token, no public Parquet table has a
+per-record column (ids, membership bits, scores, label probabilities, gold labels), and no public JSON
+(Prefect results, --json, generation reports) holds a generation counter that depends on the records'
+lengths (prompt/forward/padded tokens, prompt counts, tokens/s).
+
 Files are decoded before the search: Parquet cells (strings and lists of strings), JSON strings
 (recursively, also JSON inside JSON: Prefect's persisted results), other files as UTF-8 bytes. The
 converted model's weight files (public, written before any private record is read) are skipped.
@@ -11,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +34,14 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 MIN_LENGTH = 20
 DATABASE_SUFFIXES = (".db", ".db-wal", ".db-shm", ".db-journal")
+# Columns that hold one value per private record (test item or audited record).
+PER_RECORD_COLUMNS = frozenset({"id", "ids", "record_id", "test_id", "demo_ids", "member", "membership", "score",
+                                "scores", "label_probs", "calibrated_probs", "probability", "probabilities", "gold",
+                                "pred_raw", "pred_calibrated", "correct_raw", "correct_calibrated"})
+# Generation counters that depend on the sampled records' lengths (or on the sample itself).
+RECORD_DEPENDENT_KEYS = frozenset({"prompt_tokens", "forward_tokens", "padded_tokens", "forward_tokens_per_s",
+                                   "prompts", "prefix_tokens_reused", "tokens_per_s", "forward_seconds"})
+TOKEN = re.compile(r"[\w.:/-]+")
 
 
 def _needles() -> list[str]:
@@ -90,6 +105,47 @@ def _leaks(text: str, needles: list[str]) -> list[str]:
     return [n[:12] + "..." for n in needles if n in text]  # report a prefix only
 
 
+def _id_leaks(text: str, ids: set[str]) -> list[str]:
+    """Private record ids found as whole tokens (Parquet cells of any type are decoded to text first)."""
+    found = set()
+    for token in TOKEN.findall(text):
+        for part in {token, *token.split("/")}:
+            if part in ids:
+                found.add(part)
+    return sorted(found)
+
+
+def _keys(value) -> set[str]:
+    """Every key of a JSON value (recursively, also JSON inside JSON strings)."""
+    keys: set[str] = set()
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped[:1] in "[{" and len(stripped) > 1:
+            try:
+                keys |= _keys(json.loads(stripped))
+            except ValueError:
+                pass
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            keys.add(str(key))
+            keys |= _keys(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            keys |= _keys(item)
+    return keys
+
+
+def _per_record_problems(path: Path) -> list[str]:
+    """A public file's per-record columns (Parquet) or record-dependent generation counters (JSON)."""
+    if path.suffix == ".parquet":
+        return sorted(PER_RECORD_COLUMNS & set(pd.read_parquet(path).columns))
+    try:
+        value = json.loads(path.read_bytes())
+    except ValueError:
+        return []
+    return sorted(RECORD_DEPENDENT_KEYS & _keys(value))
+
+
 def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -100,7 +156,9 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     share_tiny_model(tiny_lm)
     caplog.set_level(logging.DEBUG)
     # A fresh (uncached) run with every stage: its logs are part of what is checked.
-    result = run_pipeline(tiny_config(seed=4242))
+    # Every baseline (the non-private ones included): their per-record outputs must stay private too.
+    result = run_pipeline(tiny_config(seed=4242, baselines=["zero-shot", "instruction-only", "sigma-zero",
+                                                            "random-real"]))
     out, err = capfd.readouterr()
     needles = _needles()
     assert len(needles) > 300  # the check has teeth: the mini dataset's private texts
@@ -118,6 +176,20 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     assert _leaks(out + err, needles) == []
     assert _leaks(caplog.text, needles) == []
 
+    # Per-record functions of private data: record ids (training and test rows of the private file) ...
+    ids = set(private_records["id"].astype(str))
+    assert len(ids) == len(private_records) > 400 and (private_records["split"] == "test").any()
+    id_leaks = {str(p.relative_to(root)): found[:3] for p in files if (found := _id_leaks(_file_text(p), ids))}
+    assert id_leaks == {}
+    assert _id_leaks(out + err, ids) == [] and _id_leaks(caplog.text, ids) == []
+    # ... per-record columns and record-dependent generation counters
+    per_record = {str(p.relative_to(root)): found for p in files if p.suffix in (".parquet", ".json")
+                  if (found := _per_record_problems(p))}
+    assert per_record == {}
+    assert {"predictions.parquet", "mia_scores.parquet"} <= {p.name for p in private_dir.iterdir()}
+    manifest = json.loads((Path(result["run_dir"]) / "manifest.json").read_text())
+    assert not {"predictions.parquet", "mia_scores.parquet"} & set(manifest["files"])
+
     with get_client(sync_client=True) as client:
         flow_filter = FlowRunFilter(id=FlowRunFilterId(any_=[result["flow_run_id"]]))
         artifacts = client.read_artifacts(flow_run_filter=flow_filter)
@@ -127,9 +199,28 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     texts = [json.dumps(a.data, default=str) if not isinstance(a.data, str) else a.data for a in artifacts]
     texts += [t.state.message or "" for t in task_runs] + [json.dumps(flow_run.parameters, default=str)]
     assert _leaks("\n".join(texts), needles) == []
+    assert _id_leaks("\n".join(texts), ids) == []
 
-    run = mlflow_client().get_run(result["mlflow_run_id"])
-    assert _leaks(json.dumps([run.data.params, run.data.tags]), needles) == []
+    client = mlflow_client()
+    run = client.get_run(result["mlflow_run_id"])
+    logged = json.dumps([run.data.params, run.data.tags, run.data.metrics])
+    assert _leaks(logged, needles) == [] and _id_leaks(logged, ids) == []
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert artifacts and not artifacts & {"predictions.parquet", "mia_scores.parquet", "generation_stats.json"}
+
+
+def test_the_scan_finds_planted_ids_scores_and_counters(tmp_path):
+    """The id, column and counter checks themselves: planted in public-looking files, they are found."""
+    ids = {"agnews-1234", "77"}
+    path = tmp_path / "planted.parquet"
+    pd.DataFrame({"test_id": [1234, 77], "score": [0.1, 0.2]}).to_parquet(path)
+    assert _id_leaks(_file_text(path), ids) == ["77"]
+    assert _per_record_problems(path) == ["score", "test_id"]
+    assert _id_leaks("evaluated agnews-1234/0 and agnews-12345", ids) == ["agnews-1234"]
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"result": json.dumps({"stats": {"prompt_tokens": 1582}})}))
+    assert _per_record_problems(result) == ["prompt_tokens"]
+    assert _per_record_problems(tmp_path / "planted.parquet") and not _id_leaks("agnews-mini 2.0", ids)
 
 
 def test_the_scan_finds_a_planted_leak(tmp_path):

@@ -16,9 +16,11 @@ members are scored against non-members (`--trials` default: --audit-trials, 20 p
 set). `--epsilon inf` audits sigma = 0 demos; `--epsilon 0` instruction-only demos.
 `--reference` also runs the non-private audit and draws both ROC curves.
 
-Writes `mia_scores.parquet`, `audit.parquet`, `roc.png`, `audit.json` and a manifest under
-`--out DIR` or `$DPICL_HOME/runs/<dataset>/<content_hash[:12]>/audit-<timestamp>/`.
-Nothing written or printed holds a record's text (ids, scores and counts only).
+Writes `audit.parquet` (aggregates), `roc.png` (DP audits only), `audit.json` and a manifest under
+`--out DIR` or `$DPICL_HOME/runs/<dataset>/<content_hash[:12]>/audit-<timestamp>/`; the per-record
+`mia_scores.parquet` (record ids, membership, scores) and a ROC drawn with a non-private audit go to
+`$DPICL_HOME/private/runs/<dataset>/<hash12>/<same folder name>/`. Nothing public holds a record's
+text or a per-record value.
 
 Exit code: 0 when the gate passes, 1 when it fails (CI can gate a release on
 `dpicl audit`), 2 on bad input, 3 when the ledger budget refuses the audit's generations.
@@ -42,7 +44,8 @@ from flows.cli.common import add_config_flags, config_from_args, jsonable, parse
 
 log = logging.getLogger("dpicl.audit")
 
-CONFIG_FLAGS = ["dataset", "data_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta", "mechanism",
+CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta",
+                "mechanism",
                 "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "seed", "audit_demo_sets",
                 "audit_members", "auc_tolerance", "overlap_threshold"]
 NON_PRIVATE_TRIALS = 100  # Duan et al. Section 3 / Tang et al. Appendix F
@@ -137,7 +140,7 @@ def run_audit(args) -> int:
     from dpcore.artifacts import write_json_atomic, write_manifest, write_table
     from dpcore.datasets import load_dataset
     from dpcore.generation import validate_generation
-    from dpcore.home import dpicl_home
+    from dpcore.home import dpicl_home, private_dir
     from dpcore.lm import LanguageModel
     from dpcore.taskspec import load_task_spec
 
@@ -147,7 +150,7 @@ def run_audit(args) -> int:
     spec = load_task_spec(config.task_spec or config.dataset)
     if spec.kind != "classification":
         raise ConfigError(f"dataset: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
-    dataset = load_dataset(spec, config.data_path)
+    dataset = load_dataset(spec, config.data_path, config.test_path)
     train = dataset.train
     delta = config.delta if config.delta is not None else accounting.default_delta(len(train))
     thresholds = mia.GateThresholds.from_config(audit_config)
@@ -195,13 +198,20 @@ def run_audit(args) -> int:
             reference = mia.non_private_audit(lm, spec, train, audit_config, seed=seed + 1, delta=delta,
                                               thresholds=thresholds, overlap_records=overlap_pool)
 
+    # Per-record scores (record ids, membership bits) and any ROC drawn from a non-private audit stay
+    # private; the public folder keeps aggregates and the ROC of DP audits only.
+    private_out = private_dir() / "runs" / spec.name / dataset.content_hash[:12] / out.name
     write_table(result.mia_scores if reference is None else
-                _concat([result.mia_scores, reference.mia_scores]), out / "mia_scores.parquet")
+                _concat([result.mia_scores, reference.mia_scores]), private_out / "mia_scores.parquet")
     write_table(result.audit_frame(), out / "audit.parquet")
     if reference is not None:
         write_table(reference.audit_frame(), out / "audit_reference.parquet")
-    mia.roc_plot([result] + ([reference] if reference else []), out / "roc.png",
-                 title=f"{spec.name}: membership inference ROC")
+    audits = [result] + ([reference] if reference else [])
+    dp_audits = [item for item in audits if item.setting != "non-private" and math.isfinite(item.epsilon)]
+    if dp_audits:
+        mia.roc_plot(dp_audits, out / "roc.png", title=f"{spec.name}: membership inference ROC")
+    if len(dp_audits) < len(audits):
+        mia.roc_plot(audits, private_out / "roc.png", title=f"{spec.name}: membership inference ROC")
     summary = {key: result.summary()[key] for key in JSON_KEYS}
     summary.update(run_id=run_id, out=str(out), content_hash=dataset.content_hash,
                    wall_seconds=time.perf_counter() - began, privacy=privacy, ledger_entries=len(ledger_entries),

@@ -7,11 +7,14 @@
 `--baseline instruction-only` first generates demos from the instruction alone (epsilon = 0,
 `dpcore.generation.instruction_only_demos`; `--max-tokens`, `--top-k`, `--no-rvp`, `--seed` apply).
 
-Writes `predictions.parquet`, `metrics.parquet`, `summary.json` and `manifest.json` to
+Writes `metrics.parquet` (accuracy per seed: aggregates), `summary.json` and `manifest.json` to
 `$DPICL_HOME/runs/<dataset>/<data hash[:12]>/evaluate-<UTC time>/` (or `--out DIR`).
-For `--baseline random-real` the ids of the real records used as demos are private
-(they reveal membership): they go to a `real_demos` table under `$DPICL_HOME/private/`
-and are blanked in the public predictions. No record text is ever printed.
+`predictions.parquet` (each test item's id, gold label and label probabilities: per-record
+functions of the test split, which comes from the private data) goes to the private store,
+`$DPICL_HOME/private/runs/<dataset>/<data hash[:12]>/<same folder name>/`, never to the public
+folder or `--json`. For `--baseline random-real` the ids of the real records used as demos
+(they reveal membership) go to a private `real_demos` table there as well. No record text is
+ever printed.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-EVAL_FLAGS = ["dataset", "data_path", "task_spec", "model", "device", "dtype", "shots", "seeds", "test_size",
+EVAL_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "model", "device", "dtype", "shots", "seeds", "test_size",
               "calibrate", "seed", "delta", "max_tokens", "top_k", "rvp"]
 BASELINES = ("zero-shot", "instruction-only", "random-real")
 
@@ -214,7 +217,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise ConfigError("--method/--epsilon apply to --demos only")
     config = config_from_args(args)
     spec = load_task_spec(config.task_spec or config.dataset)
-    dataset = load_dataset(spec, config.data_path)
+    dataset = load_dataset(spec, config.data_path, config.test_path)
     eval_config = config.eval_config()
 
     pool = None
@@ -238,14 +241,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - began
 
     out = _out_dir(args, dataset)
+    private_out = private_dir() / "runs" / spec.name / dataset.content_hash[:12] / out.name
     if method == "random-real":
-        extraction = spec.kind != "classification"
-        private_out = private_dir() / "runs" / spec.name / dataset.content_hash[:12] / out.name
-        if extraction:  # answers generated from real demos may quote them: the full table stays private
-            write_table(predictions, private_out / "predictions.parquet")
-        predictions, real_demos = icl.split_private_demo_ids(predictions, free_text=extraction)
+        _, real_demos = icl.split_private_demo_ids(predictions, free_text=spec.kind != "classification")
         write_table(real_demos, private_out / "real_demos.parquet")
-    write_table(predictions, out / "predictions.parquet")
+    # Per-item predictions are private (test ids, gold labels, probabilities); the public side keeps metrics.
+    write_table(predictions, private_out / "predictions.parquet")
     write_table(metrics, out / "metrics.parquet")
     n = int(metrics["n"].max())
     summary = {
@@ -255,7 +256,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         "calibrated": bool(metrics["calibrated"].all()), "seconds": seconds,
         "seconds_per_100_items": icl.seconds_per_100_items(metrics),
         "data_hash": dataset.content_hash, "demos": str(args.demos) if args.demos else None,
-        "out": str(out),
+        "out": str(out), "private_out": str(private_out),
     }
     from flows.cli.common import jsonable
 

@@ -12,8 +12,11 @@ T = max_tokens * demos_per_label. `--epsilon inf` runs with sigma = 0 (no noise)
 `--epsilon 0` generates from the instruction alone (no private record is read, nothing is
 charged). The demos Parquet goes to `--out DIR` or
 `$DPICL_HOME/runs/<dataset>/<content_hash[:12]>/generate-<timestamp>/demos.parquet`,
-written atomically next to `generation.json` (privacy report and timings) and a manifest.
-Only DP outputs, counts and public configuration are printed or written.
+written atomically next to `generation.json` (privacy report, public counters) and a manifest.
+Only DP outputs, public counters (steps, synthetic tokens, demos) and public configuration are
+printed or written there; the total time is given in whole seconds only. Counters that depend on
+the private records (prompt/forward/padded tokens, prompts, per-phase timings, tokens/s) go to
+`generation_stats.json` under `$DPICL_HOME/private/runs/<dataset>/<hash12>/<out folder name>/`.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from flows.cli.common import add_config_flags, config_from_args, jsonable, parse
 
 log = logging.getLogger("dpicl.generate")
 
-CONFIG_FLAGS = ["dataset", "data_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta", "mechanism",
+CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id",
+                "model", "device", "dtype", "delta", "mechanism",
                 "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "seed", "shots"]
 
 
@@ -110,7 +114,7 @@ def run_generate(args) -> int:
     from dpcore.artifacts import write_json_atomic, write_manifest, write_table
     from dpcore.datasets import load_dataset
     from dpcore.generation import demos_frame, generate_demos, instruction_only_demos
-    from dpcore.home import dpicl_home
+    from dpcore.home import dpicl_home, private_dir
     from dpcore.lm import LanguageModel
     from dpcore.taskspec import load_task_spec
 
@@ -118,7 +122,7 @@ def run_generate(args) -> int:
     config = _config(args)
     epsilon = float(args.epsilon)
     spec = load_task_spec(config.task_spec or config.dataset)
-    dataset = load_dataset(spec, config.data_path)
+    dataset = load_dataset(spec, config.data_path, config.test_path)
     labels = dataset.labels
     label_counts = dataset.label_counts()
     per_label = demos_per_label(config.shots, len(labels))
@@ -142,8 +146,9 @@ def run_generate(args) -> int:
 
     def progress(info: dict) -> None:
         if not args.json:
-            print(f"\rstep {info['step']}/{info['max_steps']}  {info['finished']}/{info['total']} demos done  "
-                  f"{info['tokens_per_s']:.0f} tokens/s", end="", file=sys.stderr, flush=True)
+            # Public counters only (tokens/s depends on the sampled records' lengths).
+            print(f"\rstep {info['step']}/{info['max_steps']}  {info['finished']}/{info['total']} demos done",
+                  end="", file=sys.stderr, flush=True)
 
     ledger_entry = None
     if epsilon == 0:  # instruction-only: reads no private record, charges nothing
@@ -158,11 +163,17 @@ def run_generate(args) -> int:
         print(file=sys.stderr)
     frame = demos_frame(result.demos)
     write_table(frame, out / "demos.parquet")
+    wall_seconds = time.perf_counter() - began
+    private_out = private_dir() / "runs" / spec.name / dataset.content_hash[:12] / out.name
+    write_json_atomic(private_out / "generation_stats.json",
+                      jsonable({"run_id": run_id, "wall_seconds": wall_seconds, "stats": result.stats,
+                                "private_stats": result.private_stats}))
     summary = {
         "run_id": run_id, "dataset": spec.name, "content_hash": dataset.content_hash, "model": config.model,
         **privacy, "seeded_noise": result.seeded_noise, "demos_per_label": per_label, "labels": labels,
         "config": gen_config.model_dump(), "stats": result.stats, "ledger_entry": ledger_entry,
-        "wall_seconds": time.perf_counter() - began,
+        # Wall time depends on the records' lengths (a weak timing channel): whole seconds only.
+        "wall_seconds": round(wall_seconds),
     }
     write_json_atomic(out / "generation.json", jsonable(summary))
     write_manifest(out, {"run_id": run_id, "kind": "generate"})
@@ -177,7 +188,6 @@ def run_generate(args) -> int:
           + ("  [seeded noise: experiment only, not releasable]" if result.seeded_noise else ""))
     for demo in result.demos:
         print(f"[{demo.label} #{demo.shot}] ({demo.tokens} tokens, {demo.stop_reason}) {demo.text}")
-    stats = result.stats
-    print(f"{stats.get('wall_seconds', 0):.1f} s generation, {stats.get('forward_tokens_per_s', 0):.0f} "
-          f"prompt tokens/s; wrote {out / 'demos.parquet'}")
+    print(f"{summary['wall_seconds']} s, {result.stats['steps']} steps, {result.stats['synthetic_tokens']} "
+          f"synthetic tokens; wrote {out / 'demos.parquet'}")
     return 0
