@@ -662,6 +662,11 @@ class Ledger:
         would be charged without recording anything (a refusal before any model is loaded)."""
         return self._charge(requests, skip_recorded=True, dry_run=dry_run)
 
+    def check_charge(self, requests: Sequence[ChargeRequest], skip_recorded: bool = False) -> ChargeOutcome:
+        """A dry run of `charge_many` (or of `charge_unrecorded` with `skip_recorded`): raises the same
+        `BudgetExceededError` the charge would, records nothing (a refusal before any model loads)."""
+        return self._charge(requests, skip_recorded=skip_recorded, dry_run=True)
+
     def _charge(self, requests: Sequence[ChargeRequest], skip_recorded: bool, dry_run: bool) -> ChargeOutcome:
         requests = [_check_request(r) for r in requests]
         if not requests:

@@ -196,3 +196,35 @@ def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None
                     purpose="audit")
 
     return charge
+
+
+def budget_precheck(config, run_id: str | None = None) -> dict | None:
+    """A dry run of the run's charge against its dataset's budget, from the data and the accountant
+    alone (no model, no Prefect server): a run the budget refuses is refused here, in seconds, with
+    the same `BudgetExceededError` the charge would raise. None when the dataset id has no budget
+    (nothing can be refused). `run_id` (when the user named one) lets a replay of recorded spends pass."""
+    from dpcore import accounting
+    from dpcore.config import demos_per_label
+    from dpcore.datasets import load_dataset
+    from dpcore.taskspec import load_task_spec
+    from tasks.generate import generation_plan
+
+    if ledger.Ledger().get_budget(config.ledger_id) is None:
+        return None
+    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path)
+    label_counts = data.label_counts()
+    steps = accounting.total_steps(config.max_tokens, demos_per_label(config.shots, len(data.labels)))
+    delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))
+    q = max(accounting.sampling_rate(config.num_subsets, config.subset_size, n) for n in label_counts.values() if n)
+    rows = []
+    for eps in sorted({float(e) for e in config.epsilons}):
+        row = {"epsilon": eps, "sampling_rate": q, "steps": steps, "delta": delta, "noise_multiplier": 0.0}
+        if eps == 0:
+            row["sampling_rate"] = 0.0
+        elif math.isfinite(eps):
+            row["noise_multiplier"] = float(accounting.calibrate_for_labels(
+                eps, label_counts, config.num_subsets, config.subset_size, steps, delta,
+                mechanism=config.mechanism)["noise_multiplier"])
+        rows.append(row)
+    plan = generation_plan(list(data.labels), rows, list(config.baselines), config.seed)
+    return charge_run(config, data.content_hash, run_id or "dry-run", plan, rows, dry_run=True)
