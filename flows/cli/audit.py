@@ -112,11 +112,8 @@ def _default_out(dataset, home) -> Path:
 def _charge_ledger(config: RunConfig, dataset, run_id: str, privacy: dict, demo_sets: int):
     """PRIVACY LEDGER HOOK: the audit's DP generations read the members' records. All demo sets are
     charged at once (all-or-nothing, dpcore.ledger.Ledger.charge_many) before any record is read."""
-    try:
-        from dpcore.ledger import ChargeRequest, Ledger
-    except ImportError:  # the ledger is not part of this build
-        log.warning("privacy ledger unavailable: the audit's generations are not recorded")
-        return []
+    from dpcore.ledger import ChargeRequest, Ledger
+
     request = ChargeRequest(
         dataset_id=config.ledger_id, content_hash=dataset.content_hash, run_id=run_id,
         mechanism=config.mechanism, noise_multiplier=privacy["noise_multiplier"],
