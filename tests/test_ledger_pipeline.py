@@ -182,3 +182,21 @@ def test_generate_charges_a_user_dataset_under_its_spec_name(tiny_model_dir, tmp
     report = json.loads(stdout.strip().splitlines()[-1])
     assert report["ledger_entry"]["dataset_id"] == "agnews-mini" and report["dataset"] == "agnews-mini"
     assert len(Ledger().entries("agnews-mini")) == before + 1
+
+
+def test_evaluate_random_real_is_charged_as_an_infinite_spend_before_the_model(capsys, monkeypatch, tmp_path):
+    from dpcore.lm import LanguageModel
+    from flows.cli import main
+
+    data_path, spec_path, _, _ = mini_agnews()
+    ledger = Ledger()
+    ledger.set_budget("agnews-mini-rr", 100.0, 1e-3)
+    loads = []
+    monkeypatch.setattr(LanguageModel, "load", classmethod(lambda cls, *a, **k: loads.append(a) or 1 / 0))
+    spec = tmp_path / "agnews-mini-rr.yaml"
+    spec.write_text(open(spec_path).read().replace("name: agnews-mini", "name: agnews-mini-rr"))
+    code = main(["evaluate", "--task-spec", str(spec), "--data-path", data_path, "--baseline", "random-real",
+                 "--model", "tiny-random", "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert code == 3 and "random-real" in err and "infinite" in err and loads == []
+    assert ledger.entries("agnews-mini-rr") == []
