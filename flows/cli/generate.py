@@ -202,6 +202,10 @@ def run_generate(args) -> int:
     print(f"epsilon {eps_text} (delta {privacy['delta']:.3g}), sigma {privacy['noise_multiplier']:.4f}, "
           f"q {privacy['sampling_rate']:.3g}, T {steps}, {config.mechanism}"
           + ("  [seeded noise: experiment only, not releasable]" if result.seeded_noise else ""))
+    if config.delta is None and epsilon > 0:
+        from flows.cli.run import delta_note
+
+        print(delta_note(config, privacy["delta"]))
     for demo in result.demos:
         print(f"[{demo.label} #{demo.shot}] ({demo.tokens} tokens, {demo.stop_reason}) {demo.text}")
     stats = result.stats
