@@ -18,6 +18,8 @@ each record belongs to exactly one label, so the labels compose in parallel and 
 privacy loss is the worst label's (Theorem 4.2 applied per label). A run that generates
 for several epsilons, or an audit that generates several demo sets, charges one entry per
 generation. Instruction-only generation reads no private record and is never charged.
+Non-private baselines a user opted into (sigma = 0 demos; real records as demos) are
+entries with purpose "baseline" and sigma = 0: infinite spends.
 
 Total spend. All entries of a dataset id are composed numerically (Theorem A.3; Gopi et
 al. 2021), never by adding epsilons: one privacy random variable per distinct
