@@ -98,6 +98,23 @@ def test_an_unseeded_retry_whose_noise_draw_is_gone_is_refused():
     assert len(Ledger().entries("item2-gone")) == 1  # nothing drawn or charged silently
 
 
+def test_an_audit_whose_draw_is_gone_is_charged_again_when_it_redraws():
+    from flows.pipeline import run_pipeline
+
+    stages = home() / "cache" / "stages" / "audit"
+    before = set(stages.iterdir()) if stages.exists() else set()
+    config = _quick(seed=None, dataset_id="item2-audit", audit=True)
+    run_pipeline(config, run_id="item2-audit-run")
+    audits = [e for e in Ledger().entries("item2-audit") if e.purpose == "audit"]
+    assert len(audits) == 1
+    for folder in set(stages.iterdir()) - before:
+        shutil.rmtree(folder)
+    again = run_pipeline(config, run_id="item2-audit-run")
+    assert again["ledger"]["charged"] == 0  # the generation replays its cached draw
+    purposes = [e.purpose for e in Ledger().entries("item2-audit")]
+    assert purposes.count("audit") == 2 and purposes.count("pipeline") == 1  # the audit's fresh draw is charged
+
+
 def test_the_run_summary_shows_the_ledger_after_the_audit(capsys):
     from flows.cli.run import format_results
     from flows.pipeline import run_pipeline
