@@ -217,3 +217,20 @@ def test_evaluate_random_real_is_charged_as_an_infinite_spend_before_the_model(c
     err = capsys.readouterr().err
     assert code == 3 and "random-real" in err and "infinite" in err and loads == []
     assert ledger.entries("agnews-mini-rr") == []
+
+
+def test_audit_cli_budget_refusal_comes_before_the_model(capsys, monkeypatch, tmp_path):
+    from dpcore.lm import LanguageModel
+    from flows.cli import main
+
+    data_path, spec_path, _, _ = mini_agnews()
+    ledger = Ledger()
+    ledger.set_budget("audit-cli-budget", 0.5, 1e-3)
+    loads = []
+    monkeypatch.setattr(LanguageModel, "load", classmethod(lambda cls, *a, **k: loads.append(a) or 1 / 0))
+    code = main(["audit", "--task-spec", spec_path, "--data-path", data_path, "--epsilon", "4", "--model",
+                 "tiny-random", "--audit-members", "10", "--audit-demo-sets", "2", "--max-tokens", "4",
+                 "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--dataset-id", "audit-cli-budget",
+                 "--out", str(tmp_path / "a")])
+    assert code == 3 and "refused" in capsys.readouterr().err and loads == []
+    assert ledger.entries("audit-cli-budget") == []

@@ -109,7 +109,7 @@ def _default_out(dataset, home) -> Path:
     return home / "runs" / dataset.spec.name / dataset.content_hash[:12] / f"audit-{stamp}-{secrets.token_hex(2)}"
 
 
-def _charge_ledger(config: RunConfig, dataset, run_id: str, privacy: dict, demo_sets: int):
+def _charge_ledger(config: RunConfig, dataset, run_id: str, privacy: dict, demo_sets: int, dry_run: bool = False):
     """PRIVACY LEDGER HOOK: the audit's DP generations read the members' records. All demo sets are
     charged at once (all-or-nothing, dpcore.ledger.Ledger.charge_many) before any record is read."""
     from dpcore.ledger import ChargeRequest, Ledger
@@ -119,6 +119,9 @@ def _charge_ledger(config: RunConfig, dataset, run_id: str, privacy: dict, demo_
         mechanism=config.mechanism, noise_multiplier=privacy["noise_multiplier"],
         sampling_rate=privacy["sampling_rate"], steps=privacy["steps"], delta=privacy["delta"], purpose="audit",
     )
+    if dry_run:  # the budget refusal (exit 3) before the model loads; records nothing
+        Ledger().check_charge([request] * demo_sets)
+        return []
     return [entry.to_dict() for entry in Ledger().charge_many([request] * demo_sets)]
 
 
@@ -172,6 +175,7 @@ def run_audit(args) -> int:
             privacy = {key: calibrated[key] for key in ("epsilon", "noise_multiplier", "sampling_rate", "steps",
                                                         "delta", "crosscheck_agreed")}
             privacy["warnings"] = list(calibrated["warnings"])
+            _charge_ledger(config, dataset, run_id, privacy, audit_config.demo_sets, dry_run=True)
     lm = LanguageModel.load(config.model, config.device, config.dtype)
 
     reference = None
