@@ -40,7 +40,7 @@ from tasks import evaluate as evaluate_stage
 from tasks import generate as generate_stage
 from tasks import ingest as ingest_stage
 from tasks import record as record_stage
-from tasks.charge import charge_run, ledger_report, noise_charged, preflight
+from tasks.charge import charge_run, ledger_report, noise_charged, non_private_warning, preflight
 from tasks.common import RunPaths, noise_scope, publish
 
 FLOW_NAME = "dp-fewshot"
@@ -156,6 +156,8 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     plan = generate_stage.generation_plan(labels, calibration, list(config.baselines), config.seed)
     # ledger: every spend of the plan the ledger does not already hold for this run, charged at once
     # (all or nothing) before any generation runs; a replayed spend may only be served from its cached draw
+    if non_private_warning(config):  # a deployment run has no CLI to say it: the flow log does
+        logger.warning(non_private_warning(config))
     ledger_entry = charge_run(config, ingested["data_hash"], run_id, plan, calibration)
     logger.info("ledger %s: %d spend(s) charged, %d replayed from earlier attempts of run %s; dataset total "
                 "epsilon %s at delta %.3g", ledger_entry["dataset_id"], ledger_entry["charged"],
