@@ -17,11 +17,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dpcore.errors import ConfigError
+
 Mechanism = Literal["gaussian", "rnm"]
 Sampler = Literal["poisson", "fixed"]
 Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]
 
 ALL_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only", "sigma-zero", "random-real")
+# Baselines that read no private record: the default. `sigma-zero` (no noise) and `random-real`
+# (real records as demonstrations) are non-private: opt-in only, charged as infinite spends.
+DEFAULT_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only")
+NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
 
 
 class _Frozen(BaseModel):
@@ -72,7 +78,8 @@ class RunConfig(_Frozen):
         None, description="a separate test file (same columns as the data file): the test split, instead of "
         "holding test rows out of the private file")
     task_spec: str | None = Field(None, description="path of a task YAML for a user dataset")
-    dataset_id: str | None = Field(None, description="ledger identity; default: the dataset name")
+    dataset_id: str | None = Field(None, description="ledger identity; default: the dataset name (with "
+                                   "--task-spec and no --dataset: the task spec's name)")
     model: str = Field("smollm2-135m", description="the embedded model, a local model folder or a hub id")
     device: str = Field("auto", description="cpu, cuda or auto (CUDA when available)")
     dtype: str = Field("auto", description="float32, bfloat16, float16 or auto (bf16 on GPU, fp32 on CPU)")
@@ -93,7 +100,10 @@ class RunConfig(_Frozen):
     seeds: int = Field(5, ge=1, description="evaluation seeds (choice and order of demos); accuracy is mean +/- std")
     test_size: int | None = Field(None, ge=1, description="test items evaluated; None: the whole test split")
     calibrate: bool = Field(True, description="contextual calibration of label probabilities (Zhao et al. 2021)")
-    baselines: list[Baseline] = Field(default_factory=lambda: list(ALL_BASELINES))
+    baselines: list[Baseline] = Field(
+        default_factory=lambda: list(DEFAULT_BASELINES),
+        description="comparison rows (default zero-shot,instruction-only); sigma-zero and random-real are "
+        "non-private: opt-in, each charged to the ledger as an infinite spend")
 
     audit: bool = Field(True, description="run the membership-inference audit (Duan et al.) on the DP demos")
     audit_trials: int = Field(20, ge=1, description="audit trials per demo set")
@@ -103,6 +113,22 @@ class RunConfig(_Frozen):
     overlap_threshold: int = Field(8, ge=1, description="audit gate: verbatim token overlap that counts as a leak")
 
     task_runner: str = Field("threads", description="threads, dask (a local cluster) or a Dask scheduler address")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dataset_from_task_spec(cls, values):
+        """A user dataset's identity comes from its task spec, never from the default dataset name:
+        with `task_spec` and no `dataset`, `dataset` is the spec's `name`."""
+        if isinstance(values, dict) and values.get("task_spec") and not values.get("dataset"):
+            from dpcore.taskspec import load_task_spec
+
+            values = {**values, "dataset": load_task_spec(values["task_spec"]).name}
+        return values
+
+    @field_validator("task_runner")
+    @classmethod
+    def _check_task_runner(cls, value: str) -> str:
+        return check_task_runner(value)
 
     @field_validator("epsilons", mode="before")
     @classmethod
@@ -130,6 +156,11 @@ class RunConfig(_Frozen):
     def _check_sources(self) -> RunConfig:
         if self.data_path and not self.task_spec and self.dataset not in _EMBEDDED_SPEC_NAMES():
             raise ValueError("data_path needs task_spec (a task YAML) unless dataset names a shipped spec")
+        if self.shots == 0 and any(eps > 0 for eps in self.epsilons):
+            raise ValueError(
+                "shots 0: ICL prompts hold no demonstrations, so there is nothing to generate and no privacy to "
+                "spend; use --shots >= 1 for DP demonstrations, or --epsilons 0 (instruction-only, no private data) "
+                "to evaluate without them")
         return self
 
     @property
@@ -167,6 +198,25 @@ class RunConfig(_Frozen):
         for key, value in self.model_dump().items():
             out[key] = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         return out
+
+
+def check_task_runner(spec: str | None) -> str:
+    """`threads` | `threads:N` | `dask` | `dask:N` | a Dask scheduler address (`tcp://host:8786`, `host:8786`);
+    anything else is a configuration error, raised before a run charges the ledger."""
+    text = (spec or "threads").strip()
+    head, sep, tail = text.partition(":")
+    if head in ("threads", "dask"):
+        if not sep or (tail.isdigit() and int(tail) >= 1):
+            return text
+        raise ConfigError(f"task_runner: {text!r}: the worker count after {head}: must be an integer >= 1")
+    if "://" in text:
+        scheme, _, rest = text.partition("://")
+        if scheme in ("tcp", "tls", "inproc", "ucx", "ws", "wss") and rest:
+            return text
+    elif sep and head and tail.isdigit():
+        return text
+    raise ConfigError(f"task_runner: {text!r} is not threads, threads:N, dask, dask:N or a Dask scheduler address "
+                     "(tcp://host:port)")
 
 
 def demos_per_label(shots: int, num_labels: int) -> int:

@@ -18,6 +18,8 @@ each record belongs to exactly one label, so the labels compose in parallel and 
 privacy loss is the worst label's (Theorem 4.2 applied per label). A run that generates
 for several epsilons, or an audit that generates several demo sets, charges one entry per
 generation. Instruction-only generation reads no private record and is never charged.
+Non-private baselines a user opted into (sigma = 0 demos; real records as demos) are
+entries with purpose "baseline" and sigma = 0: infinite spends.
 
 Total spend. Each entry is a privacy event (`LedgerEntry.event()`,
 `dpcore.events.dp_fewshot_event`: T Poisson-sampled steps of the Gaussian or report-noisy-max
@@ -28,6 +30,15 @@ pessimistic PLD, the larger reported, with that module's one tolerance and its s
 (each only makes the bound larger and adds a note). This module is the store and the budget
 rule; it holds no numerics. The spend is evaluated at the budget's delta (or a delta the
 caller gives; with neither, the smallest entry delta).
+
+What a run has spent. Entries are matched on what was spent, never on the run id alone:
+`unrecorded(requests, entries)` keeps the requested spends that no entry of the same
+(dataset id, run id, content hash, mechanism, sigma, q, T, delta, purpose) already holds
+(a multiset match: two identical spends need two entries). `Ledger.charge_unrecorded`
+charges exactly those, in one transaction: a retry that replays the recorded noise draws
+is free, anything new under the same run id (another epsilon, another delta, other data)
+is charged and checked against the budget like any other spend. The release gate asks
+for an entry that matches the released demos' calibration row (`matching_entries`).
 
 Budget. `charge` runs in one `BEGIN IMMEDIATE` transaction: it composes the dataset's
 entries together with the new charge and either refuses (`BudgetExceededError`, CLI exit
@@ -60,7 +71,7 @@ if TYPE_CHECKING:
     from dp_accounting.dp_event import DpEvent
 
 MECHANISMS: tuple[str, ...] = ("gaussian", "rnm")
-PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit")
+PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit", "baseline")
 STATUS_CHARGED = "charged"
 
 LEDGER_FILENAME = "ledger.db"
@@ -126,7 +137,7 @@ class ChargeRequest:
     sampling_rate: float      # q = MN/|D_y|, the largest over the run's labels
     steps: int                # T = max_tokens * demos_per_label
     delta: float              # the delta the run was calibrated for
-    purpose: str              # "pipeline" | "generate" | "audit"
+    purpose: str              # "pipeline" | "generate" | "audit" | "baseline" (a non-private baseline)
 
     def event(self) -> DpEvent:
         """What this charge costs, as a privacy event (`dpcore.events.dp_fewshot_event`)."""
@@ -268,6 +279,75 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+# --------------------------------------------------------------------------- what is already recorded
+
+# Floats round-trip exactly through SQLite REAL; the tolerance only absorbs a recomputation
+# of the same calibration (float noise), never a different sigma, q or delta.
+_MATCH_REL_TOL = 1e-9
+
+
+def _close(a: float, b: float) -> bool:
+    a, b = float(a), float(b)
+    return a == b or math.isclose(a, b, rel_tol=_MATCH_REL_TOL, abs_tol=0.0)
+
+
+def same_spend(request, entry) -> bool:
+    """Whether `entry` records exactly the spend `request` describes (same data, run, mechanism,
+    sigma, q, T, delta and purpose)."""
+    return (request.dataset_id == entry.dataset_id and request.run_id == entry.run_id
+            and request.content_hash == entry.content_hash and request.mechanism == entry.mechanism
+            and request.purpose == entry.purpose and int(request.steps) == int(entry.steps)
+            and _close(request.noise_multiplier, entry.noise_multiplier)
+            and _close(request.sampling_rate, entry.sampling_rate) and _close(request.delta, entry.delta))
+
+
+def unrecorded(requests: Sequence[ChargeRequest], entries: Iterable[LedgerEntry]) -> list[ChargeRequest]:
+    """The requested spends that `entries` do not already hold, in request order.
+
+    A multiset match: each entry accounts for at most one request, so asking twice for the
+    same spend under one run id (two independent draws) needs two entries. Matching is on the
+    parameters of the spend (`same_spend`), never on the run id alone: the same run id with
+    another epsilon, delta, mechanism or dataset content is a new spend.
+    """
+    return _split_recorded(requests, entries)[0]
+
+
+def _split_recorded(requests: Sequence[ChargeRequest], entries: Iterable[LedgerEntry]
+                    ) -> tuple[list[ChargeRequest], list[LedgerEntry]]:
+    """(requests no entry holds, the entries that hold the others)."""
+    pool = list(entries)
+    new, recorded = [], []
+    for request in requests:
+        index = next((i for i, entry in enumerate(pool) if same_spend(request, entry)), None)
+        if index is None:
+            new.append(request)
+        else:
+            recorded.append(pool.pop(index))
+    return new, recorded
+
+
+def matching_entries(entries: Iterable[LedgerEntry], *, run_id: str, mechanism: str, noise_multiplier: float,
+                     sampling_rate: float, steps: int, delta: float,
+                     purposes: Sequence[str] = ("pipeline", "generate")) -> list[LedgerEntry]:
+    """Entries of `run_id` that record a spend with these calibration parameters (the release
+    gate: the released demos' (mechanism, sigma, q, T, delta) must be charged to that run)."""
+    return [e for e in entries
+            if e.run_id == run_id and e.purpose in purposes and e.mechanism == mechanism
+            and int(e.steps) == int(steps) and _close(e.noise_multiplier, noise_multiplier)
+            and _close(e.sampling_rate, sampling_rate) and _close(e.delta, delta)]
+
+
+@dataclass(frozen=True)
+class ChargeOutcome:
+    """What `charge_unrecorded` did: the entries it inserted and the entries that already held
+    the rest of the requested spends (a replay), with the dataset's composed spend after."""
+
+    charged: tuple[LedgerEntry, ...]
+    recorded: tuple[LedgerEntry, ...]
+    new_requests: tuple[ChargeRequest, ...]
+    dry_run: bool = False
+
+
 # --------------------------------------------------------------------------- the ledger
 
 
@@ -343,7 +423,8 @@ class Ledger:
         return [_entry(row) for row in rows]
 
     def has_entry(self, run_id: str) -> bool:
-        """Whether any spend is recorded under this run id (the release gate's ledger condition)."""
+        """Whether any spend is recorded under this run id (informational: the release gate matches
+        the released calibration to an entry, `matching_entries`)."""
         with self._connect() as conn:
             return conn.execute("SELECT 1 FROM entries WHERE run_id = ? LIMIT 1", (run_id,)).fetchone() is not None
 
@@ -388,21 +469,43 @@ class Ledger:
     def charge_many(self, requests: Sequence[ChargeRequest]) -> list[LedgerEntry]:
         """Charge several generations of one dataset all-or-nothing (e.g. a run's epsilons and its
         audit's demo sets): refused as a whole when their composition with the dataset's entries
-        would exceed its budget."""
+        would exceed its budget. Every request is charged, recorded or not (see `charge_unrecorded`)."""
+        return list(self._charge(requests, skip_recorded=False, dry_run=False).charged)
+
+    def charge_unrecorded(self, requests: Sequence[ChargeRequest], dry_run: bool = False) -> ChargeOutcome:
+        """Charge, in one transaction, each requested spend the ledger does not already hold
+        (`unrecorded`, matched on the spend's parameters under the same run id): a retry that
+        replays exactly the recorded spends charges nothing; any new spend is charged (or the
+        whole batch refused, `BudgetExceededError`). `dry_run` checks the budget and returns what
+        would be charged without recording anything (a refusal before any model is loaded)."""
+        return self._charge(requests, skip_recorded=True, dry_run=dry_run)
+
+    def check_charge(self, requests: Sequence[ChargeRequest], skip_recorded: bool = False) -> ChargeOutcome:
+        """A dry run of `charge_many` (or of `charge_unrecorded` with `skip_recorded`): raises the same
+        `BudgetExceededError` the charge would, records nothing (a refusal before any model loads)."""
+        return self._charge(requests, skip_recorded=skip_recorded, dry_run=True)
+
+    def _charge(self, requests: Sequence[ChargeRequest], skip_recorded: bool, dry_run: bool) -> ChargeOutcome:
         requests = [_check_request(r) for r in requests]
         if not requests:
-            return []
+            return ChargeOutcome((), (), (), dry_run)
         dataset_id = _single_dataset(requests)
-        alone = [compose_epsilon([r], r.delta).epsilon for r in requests]
+
+        def split(entries: list[LedgerEntry]) -> tuple[list[ChargeRequest], list[LedgerEntry]]:
+            if not skip_recorded:
+                return list(requests), []
+            return _split_recorded(requests, entries)
 
         # Compose outside the write lock first (seconds); inside it, recompute only if the
         # entries or the budget changed meanwhile.
         with self._connect() as conn:
             snapshot_entries = _read_entries(conn, dataset_id)
             snapshot_budget = _read_budget(conn, dataset_id)
+        snapshot_new, _ = split(snapshot_entries)
         precomputed = None
-        if snapshot_budget is not None:
-            precomputed = compose_epsilon([*snapshot_entries, *requests], snapshot_budget.delta)
+        if snapshot_budget is not None and snapshot_new:
+            precomputed = compose_epsilon([*snapshot_entries, *snapshot_new], snapshot_budget.delta)
+        alone = {id(r): compose_epsilon([r], r.delta).epsilon for r in snapshot_new}
 
         created_at = _now()
         with self._connect() as conn:
@@ -410,16 +513,23 @@ class Ledger:
             try:
                 entries = _read_entries(conn, dataset_id)
                 budget = _read_budget(conn, dataset_id)
-                if budget is not None:
+                new, recorded = split(entries)
+                if budget is not None and new:
                     if precomputed is not None and entries == snapshot_entries and budget == snapshot_budget:
                         after = precomputed
                     else:
-                        after = compose_epsilon([*entries, *requests], budget.delta)
+                        after = compose_epsilon([*entries, *new], budget.delta)
                     if after.epsilon > budget.epsilon:
                         conn.execute("ROLLBACK")
-                        raise BudgetExceededError(_refusal(dataset_id, entries, requests, budget, after))
+                        raise BudgetExceededError(_refusal(dataset_id, entries, new, budget, after))
+                if dry_run:
+                    conn.execute("ROLLBACK")
+                    return ChargeOutcome((), tuple(recorded), tuple(new), True)
                 inserted = []
-                for request, epsilon_upper in zip(requests, alone, strict=True):
+                for request in new:
+                    epsilon_upper = alone.get(id(request))
+                    if epsilon_upper is None:
+                        epsilon_upper = compose_epsilon([request], request.delta).epsilon
                     cursor = conn.execute(
                         "INSERT INTO entries (dataset_id, content_hash, run_id, mechanism, noise_multiplier, "
                         "sampling_rate, steps, delta, epsilon_upper, purpose, status, created_at) "
@@ -428,7 +538,10 @@ class Ledger:
                          request.noise_multiplier, request.sampling_rate, request.steps, request.delta,
                          epsilon_upper, request.purpose, STATUS_CHARGED, created_at),
                     )
-                    inserted.append(cursor.lastrowid)
+                    inserted.append(LedgerEntry(cursor.lastrowid, request.dataset_id, request.content_hash,
+                                                request.run_id, request.mechanism, request.noise_multiplier,
+                                                request.sampling_rate, request.steps, request.delta, epsilon_upper,
+                                                request.purpose, STATUS_CHARGED, created_at))
                 conn.execute("COMMIT")
             except BudgetExceededError:
                 raise
@@ -436,11 +549,7 @@ class Ledger:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-        return [
-            LedgerEntry(entry_id, r.dataset_id, r.content_hash, r.run_id, r.mechanism, r.noise_multiplier,
-                        r.sampling_rate, r.steps, r.delta, eps, r.purpose, STATUS_CHARGED, created_at)
-            for entry_id, r, eps in zip(inserted, requests, alone, strict=True)
-        ]
+        return ChargeOutcome(tuple(inserted), tuple(recorded), tuple(new), False)
 
 
 class _Connection:
@@ -524,6 +633,6 @@ def _refusal(dataset_id: str, entries: list[LedgerEntry], requests: Sequence[Cha
 
 
 __all__ = [
-    "Budget", "ChargeRequest", "Composition", "Ledger", "LedgerEntry", "Spend", "MECHANISMS", "PURPOSES",
-    "compose_epsilon", "rnm_step_epsilon",
+    "Budget", "ChargeOutcome", "ChargeRequest", "Composition", "Ledger", "LedgerEntry", "Spend", "MECHANISMS",
+    "PURPOSES", "compose_epsilon", "matching_entries", "rnm_step_epsilon", "same_spend", "unrecorded",
 ]

@@ -105,3 +105,50 @@ def resolve_model(name: str) -> ResolvedModel:
     else:
         tried.append("Hugging Face hub (not an owner/name id)")
     raise ModelNotFoundError(f"model {name!r} not found; tried: " + "; ".join(tried))
+
+
+# The context of each embedded model (its config's max_position_embeddings), known without converting it.
+EMBEDDED_CONTEXT = {"smollm2-135m": 8192}
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def _context_from_config(config: dict, where: str) -> int:
+    for key in _CONTEXT_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ModelNotFoundError(f"model config {where}: no context length ({', '.join(_CONTEXT_KEYS)})")
+
+
+def context_length(name: str) -> int:
+    """The model's context (positions) from its config alone, without loading (or converting) weights.
+
+    Raises `ModelNotFoundError` when the model cannot be resolved: a run checks this before it
+    charges the ledger, so an unusable model never costs privacy.
+    """
+    import json
+
+    if name in EMBEDDED_MODELS:
+        target = subdir("models") / name / "config.json"
+        if target.exists():
+            return _context_from_config(json.loads(target.read_text()), str(target))
+        embedded_gguf(name)  # the package must be installed
+        return EMBEDDED_CONTEXT[name]
+    local = Path(name).expanduser()
+    if local.is_dir():
+        config = local / "config.json"
+        if not config.exists():
+            raise ModelNotFoundError(f"model {name!r}: local folder {local} has no config.json")
+        return _context_from_config(json.loads(config.read_text()), str(config))
+    if "/" in name and not name.startswith((".", "/")):
+        try:
+            from transformers import AutoConfig
+
+            return _context_from_config(AutoConfig.from_pretrained(name).to_dict(), name)
+        except ModelNotFoundError:
+            raise
+        except Exception as exc:  # offline, unknown id, gated model ...
+            raise ModelNotFoundError(f"model {name!r}: its config could not be read from the Hugging Face hub "
+                                     f"({type(exc).__name__})") from None
+    raise ModelNotFoundError(f"model {name!r} not found; tried: embedded models ({', '.join(EMBEDDED_MODELS)}); "
+                             f"local folder {local} (does not exist); Hugging Face hub (not an owner/name id)")

@@ -4,10 +4,17 @@ A run's synthetic demonstrations may be released to production only when every
 condition holds (issue 8):
   1. its membership-inference audit ran and passed,
   2. its noise was cryptographically seeded (a fixed-seed experiment is never released),
-  3. its privacy spend is recorded in the ledger,
+  3. its privacy spend is recorded in the ledger: an entry of that run holds the released
+     demos' calibration row (mechanism, sigma, q, T, delta), not merely any entry of the run id,
   4. the accountant cross-check agreed for every epsilon it released.
 A refusal lists every failed condition, not only the first. Demos released here are
 DP outputs: answering queries with them later is post-processing (no privacy cost).
+
+The release manifest states the guarantee of the demos themselves (their epsilon at their
+delta) and the ledger's composed spend of the dataset when they were released (every entry
+of the dataset id: other runs, audits, baselines), with what the guarantee assumes:
+per-label record counts are treated as public, and delta = 1/|D| (the default) is the
+paper's choice, weak for a real deployment.
 """
 
 from __future__ import annotations
@@ -49,10 +56,36 @@ def release_failures(evidence: ReleaseEvidence) -> list[str]:
     if evidence.seeded_noise:
         failures.append("the noise was drawn from a fixed seed (an experiment); rerun without --seed")
     if not evidence.ledger_entry_present:
-        failures.append(f"no privacy-ledger entry records the spend of run {evidence.run_id}")
+        failures.append(f"no privacy-ledger entry of run {evidence.run_id} records the released demos' spend "
+                        "(their mechanism, sigma, q, T and delta)")
     if not evidence.crosscheck_agreed:
         failures.append("the accountant cross-check (prv-accountant vs dp-accounting PLD) did not agree")
     return failures
+
+
+def ledger_covers(entries, run_id: str, calibration_row: dict) -> bool:
+    """Whether a ledger entry of `run_id` holds the calibration row's spend (mechanism, sigma, q, T, delta)."""
+    from dpcore.ledger import matching_entries
+
+    needed = ("mechanism", "noise_multiplier", "sampling_rate", "steps", "delta")
+    if any(calibration_row.get(k) is None for k in needed):
+        return False
+    try:
+        sigma, q = float(calibration_row["noise_multiplier"]), float(calibration_row["sampling_rate"])
+        steps, delta = int(calibration_row["steps"]), float(calibration_row["delta"])
+    except (TypeError, ValueError):
+        return False
+    if not (math.isfinite(sigma) and sigma > 0 and 0 < q <= 1 and 0 < delta < 1):
+        return False
+    return bool(matching_entries(entries, run_id=run_id, mechanism=str(calibration_row["mechanism"]),
+                                 noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=delta))
+
+
+ASSUMPTIONS = (
+    "per-label record counts |D_y| are treated as public (they set q = MN/|D_y|), as in Tang et al.",
+    "delta = 1/|D| (the default) is the paper's choice for comparability and weak: a mechanism at that delta may "
+    "expose about one record; a deployment should set a smaller delta (dpicl run --delta)",
+)
 
 
 def evidence_from_tables(
@@ -104,6 +137,7 @@ def release_manifest(
     code_version: str,
     accountant_versions: dict,
     version: int,
+    ledger_spend: dict | None = None,
 ) -> dict:
     """The release record: what was released, its guarantee, and the evidence behind it."""
     return {
@@ -123,6 +157,10 @@ def release_manifest(
         "model": model,
         "code_version": code_version,
         "audit": audit_summary,
+        # The dataset's whole composed spend at release (every run, audit and baseline of the dataset id),
+        # not only the released demos' own epsilon above.
+        "ledger": ledger_spend,
+        "assumptions": list(ASSUMPTIONS),
     }
 
 

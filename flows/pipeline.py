@@ -42,7 +42,7 @@ from tasks import evaluate as evaluate_stage
 from tasks import generate as generate_stage
 from tasks import ingest as ingest_stage
 from tasks import record as record_stage
-from tasks.charge import charge_run
+from tasks.charge import charge_run, ledger_report, noise_charged, non_private_warning, preflight
 from tasks.common import RunPaths, noise_scope, publish
 
 FLOW_NAME = "dp-fewshot"
@@ -146,6 +146,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     flow_run_id = str(ctx.flow_run.id) if ctx and ctx.flow_run else ""
     logger.info("run %s: dataset %s, model %s, epsilons %s, task runner %s", run_id, config.dataset, config.model,
                 config.epsilons, config.task_runner)
+    preflight(config)  # checks that could fail after the charge (model, context, task runner) run before it
     record_stage.warm_up()  # MLflow's import and SQLite store set-up (~10 s) overlap the run
 
     # 1-2. ingest and partition (private records stay in the private store)
@@ -170,10 +171,14 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
 
     scope = noise_scope(config.seed, run_id)
     plan = generate_stage.generation_plan(labels, calibration, list(config.baselines), config.seed)
-    # ledger: every private-data generation charged at once (all or nothing) before any of them runs
+    # ledger: every spend of the plan the ledger does not already hold for this run, charged at once
+    # (all or nothing) before any generation runs; a replayed spend may only be served from its cached draw
+    if non_private_warning(config):  # a deployment run has no CLI to say it: the flow log does
+        logger.warning(non_private_warning(config))
     ledger_entry = charge_run(config, ingested["data_hash"], run_id, plan, calibration)
-    if ledger_entry is None:
-        logger.warning("dpcore.ledger is not available: this run's privacy spend is NOT recorded")
+    logger.info("ledger %s: %d spend(s) charged, %d replayed from earlier attempts of run %s; dataset total "
+                "epsilon %s at delta %.3g", ledger_entry["dataset_id"], ledger_entry["charged"],
+                ledger_entry["replayed"], run_id, ledger_entry["total_epsilon"], ledger_entry["delta"])
     with make_task_runner(config.task_runner) as runner:
         # 4. generation, one task per (method, label, epsilon)
         shards = _run_all(runner, generate_stage.generate, [
@@ -181,7 +186,8 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
                  data_hash=ingested["data_hash"], task_spec=ingested["task_spec"], method=item["method"],
                  label=item["label"], epsilon=item["epsilon"], noise_multiplier=item["noise_multiplier"],
                  generation=generation_config, model=config.model, device=config.device, dtype=config.dtype,
-                 seed=item["seed"], noise_scope=scope)
+                 seed=item["seed"], noise_scope=scope,
+                 noise_charged=noise_charged(ledger_entry, item["method"], item["epsilon"]))
             for item in plan
         ], exists=generate_stage.shard_exists)
         public_shards = [s["path"] for s in shards if not s["private"]]
@@ -257,6 +263,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         "seeded_noise": seeded_noise,
         "generation_workers": sorted({s["worker"] for s in shards}),
         "ledger": ledger_entry,
+        "ledger_after": ledger_report(config.ledger_id, run_id),  # audit charges included
         "epsilons": ["inf" if math.isinf(e) else e for e in config.epsilons],
         "delta": delta,
     }

@@ -1,14 +1,29 @@
-"""The privacy-ledger hooks of the pipeline (`dpcore.ledger`, issue 8).
+"""The privacy-ledger hooks of the pipeline (`dpcore.ledger`).
 
-- `charge_run`: before any generation task reads a private record, the flow charges every
-  generation of the run that touches private data (one entry per DP epsilon, and one for
-  the sigma = 0 baseline: an infinite spend) in ONE all-or-nothing `charge_many`. A run
-  that would exceed the dataset's budget is refused (`BudgetExceededError`, exit 3) and
-  nothing is generated. A retry of the same run (same run id) is not charged twice: it
-  reuses the noise it already drew (the generation cache is scoped to the run).
+- `planned_spends`: every spend the run's plan will draw noise for, as ledger requests: one
+  per DP epsilon (mechanism, sigma, q, T, delta; purpose "pipeline"), and, only when the
+  user opted into them, the non-private baselines as sigma = 0 spends (infinite; purpose
+  "baseline"): `sigma-zero` (the run's q and T) and `random-real` (real private records in
+  the prompts: q = 1, T = 1).
+- `preflight`: the checks that could fail after the charge, run before it (the model
+  resolves and its context holds `max_tokens`; the task runner spec parses).
+- `charge_run`: charges, in ONE all-or-nothing transaction, each planned spend the ledger
+  does not already hold for this run id (`Ledger.charge_unrecorded`: matched on the spend's
+  parameters and the data's content hash, never on the run id alone). A retry that replays
+  exactly the recorded spends is free; anything new is charged, or the run refused
+  (`BudgetExceededError`, exit 3) before any generation. `dry_run=True` checks the budget
+  without recording (the CLI's refusal before any model loads).
+- `noise_charged`: which generation tasks may draw noise: those whose spend was charged by
+  this attempt. A replayed spend may only be served from the cached draw; an unseeded
+  generation whose cached draw is gone is refused by the generate task (never redrawn under
+  the old charge).
+- `ledger_report`: the dataset's composed spend after the run (audit entries included) for
+  the run summary.
 - `audit_charge_hook`: the `charge(demo_set)` callback `dpcore.audit.dp_audit` calls before
   each of its DP generations from the audit's members (purpose "audit").
-Instruction-only generation reads no private record and is never charged.
+
+Instruction-only generation reads no private record and is never charged. There is no
+fail-open path: a run without the ledger is an error.
 """
 
 from __future__ import annotations
@@ -16,49 +31,163 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from dpcore import ledger
+from dpcore.errors import ConfigError
 
-def _ledger_module():
-    try:
-        from dpcore import ledger
-    except ImportError:  # the ledger issue has not landed: nothing to charge
+DP = "dp"
+SIGMA_ZERO = "sigma-zero"
+RANDOM_REAL = "random-real"
+INSTRUCTION_ONLY = "instruction-only"
+NON_PRIVATE_BASELINES = (SIGMA_ZERO, RANDOM_REAL)
+TINY_CONTEXT_LENGTH = 2048  # LanguageModel.tiny_random's max_position_embeddings
+
+
+def _spend_of(item_method: str, sigma: float, q: float, steps: int, delta: float, config, data_hash: str,
+              run_id: str) -> ledger.ChargeRequest:
+    purpose = "pipeline" if item_method == DP else "baseline"
+    return ledger.ChargeRequest(dataset_id=config.ledger_id, content_hash=data_hash, run_id=run_id,
+                                mechanism=config.mechanism, noise_multiplier=float(sigma), sampling_rate=float(q),
+                                steps=int(steps), delta=float(delta), purpose=purpose)
+
+
+def _run_parameters(calibration: list[dict]) -> tuple[float, int, float]:
+    """(q, T, delta) of the run from its calibration rows (q = 1 if only epsilon 0 was asked: then
+    only sigma = 0 baselines can be charged, which are infinite whatever q)."""
+    if not calibration:
+        raise ConfigError("calibration: no calibration rows; nothing can be charged")
+    with_q = [r for r in calibration if r.get("sampling_rate")]
+    row = with_q[0] if with_q else calibration[0]
+    q = float(row["sampling_rate"]) if with_q else 1.0
+    return q, int(row["steps"]), float(row["delta"])
+
+
+def planned_spends(config, data_hash: str, run_id: str, plan: list[dict], calibration: list[dict]
+                   ) -> list[tuple[str, float, ledger.ChargeRequest]]:
+    """(method, epsilon, request) for every spend of the run's plan that touches private data."""
+    q, steps, delta = _run_parameters(calibration)
+    seen: dict[tuple[str, float], tuple[str, float, ledger.ChargeRequest]] = {}
+    for item in plan:
+        method = item["method"]
+        if method == INSTRUCTION_ONLY:
+            continue
+        key = (method, float(item["epsilon"]))
+        if key in seen:
+            continue
+        sigma = 0.0 if method == SIGMA_ZERO else float(item["noise_multiplier"])
+        seen[key] = (method, float(item["epsilon"]), _spend_of(method, sigma, q, steps, delta, config, data_hash,
+                                                                 run_id))
+    spends = sorted(seen.values(), key=lambda s: (s[0], s[1]))
+    if RANDOM_REAL in config.baselines:  # real private records as demonstrations: no privacy at all
+        spends.append((RANDOM_REAL, math.inf, _spend_of(RANDOM_REAL, 0.0, 1.0, 1, delta, config, data_hash, run_id)))
+    return spends
+
+
+def non_private_baselines(config) -> list[str]:
+    """The non-private baselines a configuration opted into (each an infinite spend)."""
+    chosen = [b for b in NON_PRIVATE_BASELINES if b in config.baselines]
+    if any(math.isinf(e) for e in config.epsilons) and SIGMA_ZERO not in chosen:
+        chosen.insert(0, SIGMA_ZERO)
+    return chosen
+
+
+def non_private_warning(config) -> str | None:
+    """One line said before a run that spends privacy without noise (None when it does not)."""
+    chosen = non_private_baselines(config)
+    if not chosen:
         return None
-    return ledger
+    return (f"WARNING: non-private baseline(s) {', '.join(chosen)} requested: each is charged to ledger id "
+            f"'{config.ledger_id}' as an infinite spend (epsilon = inf) before the run starts; a budget on "
+            f"'{config.ledger_id}' refuses it, and once recorded every later run on '{config.ledger_id}' under a "
+            "budget is refused.")
 
 
-def charge_run(config, data_hash: str, run_id: str, plan: list[dict], calibration: list[dict]) -> dict | None:
-    """Charge the run's private-data generations (from the generation plan); returns a public summary."""
-    ledger = _ledger_module()
-    if ledger is None:
-        return None
+def preflight(config) -> dict:
+    """Checks that could otherwise fail after the charge: the task runner spec, the model (resolvable
+    without loading its weights) and `max_tokens` within its context. Returns {"context_length": n}."""
+    from dpcore.config import check_task_runner
+    from dpcore.models import context_length
+    from tasks.common import TINY_MODEL_NAMES
+
+    check_task_runner(config.task_runner)
+    if config.model in TINY_MODEL_NAMES:
+        limit = TINY_CONTEXT_LENGTH
+    else:
+        limit = context_length(config.model)
+    check_max_tokens(config.max_tokens, limit, config.model)
+    return {"context_length": limit}
+
+
+def check_max_tokens(max_tokens: int, limit: int, model: str) -> None:
+    """T_max token steps need room in the model's context next to the prompt (instruction and records)."""
+    if max_tokens >= limit:
+        raise ConfigError(f"max_tokens: {max_tokens} token steps do not fit the context of model {model!r} "
+                          f"({limit} positions, shared with the prompt); use --max-tokens below {limit}")
+
+
+def charge_run(config, data_hash: str, run_id: str, plan: list[dict], calibration: list[dict],
+               dry_run: bool = False) -> dict:
+    """Charge the run's unrecorded private-data spends (one transaction); returns a public summary.
+
+    `noise_charged` lists the (method, epsilon) whose spend this call charged: only those may draw
+    fresh noise; the others replay a recorded spend and must come from the cached draw.
+    """
+    spends = planned_spends(config, data_hash, run_id, plan, calibration)
     book = ledger.Ledger()
-    if any(entry.purpose == "pipeline" for entry in book.entries_for_run(run_id)):
-        return {"dataset_id": config.ledger_id, "charged": 0, "note": "already charged (a retry of this run)"}
-    row = next(r for r in calibration if r.get("sampling_rate"))
-    q, steps, delta = float(row["sampling_rate"]), int(row["steps"]), float(row["delta"])
-    spends = sorted({(item["method"], float(item["epsilon"]), float(item["noise_multiplier"]))
-                     for item in plan if item["method"] != "instruction-only"})
-    requests = [
-        ledger.ChargeRequest(dataset_id=config.ledger_id, content_hash=data_hash, run_id=run_id,
-                             mechanism=config.mechanism, noise_multiplier=sigma, sampling_rate=q, steps=steps,
-                             delta=delta, purpose="pipeline")
-        for _, _, sigma in spends
-    ]
-    entries = book.charge_many(requests)
-    spend = book.spend(config.ledger_id)
-    return {"dataset_id": config.ledger_id, "charged": len(entries),
-            "entries": [{"method": m, "epsilon": "inf" if math.isinf(e) else e, "noise_multiplier": s}
-                        for m, e, s in spends],
-            "total_epsilon": "inf" if math.isinf(spend.epsilon) else spend.epsilon, "delta": spend.delta,
-            "budget": spend.budget.to_dict() if spend.budget else None}
+    outcome = book.charge_unrecorded([request for _, _, request in spends], dry_run=dry_run)
+    pending = list(outcome.new_requests)
+    is_new = []
+    for _, _, request in spends:
+        found = next((i for i, r in enumerate(pending) if r == request), None)
+        is_new.append(found is not None)
+        if found is not None:
+            pending.pop(found)
+    charged = [(m, e) for (m, e, _), new in zip(spends, is_new, strict=True) if new]
+    summary = {
+        "dataset_id": config.ledger_id,
+        "dry_run": dry_run,
+        "charged": 0 if dry_run else len(outcome.charged),
+        "replayed": len(outcome.recorded),
+        "noise_charged": [[m, "inf" if math.isinf(e) else e] for m, e in charged],
+        "entries": [{"method": m, "epsilon": "inf" if math.isinf(e) else e, "purpose": r.purpose,
+                     "noise_multiplier": r.noise_multiplier, "sampling_rate": r.sampling_rate, "steps": r.steps,
+                     "delta": r.delta, "new": new} for (m, e, r), new in zip(spends, is_new, strict=True)],
+    }
+    if not dry_run:
+        spend = book.spend(config.ledger_id)
+        summary.update(total_epsilon="inf" if math.isinf(spend.epsilon) else spend.epsilon, delta=spend.delta,
+                       budget=spend.budget.to_dict() if spend.budget else None)
+    return summary
+
+
+def noise_charged(summary: dict, method: str, epsilon: float) -> bool:
+    """Whether this attempt charged the spend of (method, epsilon): fresh noise may be drawn for it."""
+    eps = "inf" if math.isinf(epsilon) else float(epsilon)
+    return [method, eps] in summary["noise_charged"]
+
+
+def ledger_report(dataset_id: str, run_id: str) -> dict:
+    """The dataset's composed spend after the run, with this run's entries (pipeline, baselines, audit)."""
+    book = ledger.Ledger()
+    spend = book.spend(dataset_id)
+    mine = [e for e in spend.entries if e.run_id == run_id]
+    return {
+        "dataset_id": dataset_id,
+        "epsilon": "inf" if math.isinf(spend.epsilon) else spend.epsilon,
+        "delta": spend.delta,
+        "entries_total": len(spend.entries),
+        "entries_this_run": len(mine),
+        "purposes_this_run": sorted({e.purpose for e in mine}),
+        "budget": spend.budget.to_dict() if spend.budget else None,
+    }
 
 
 def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None, noise_multiplier: float,
-                      sampling_rate: float, steps: int, delta: float, mechanism: str
-                      ) -> Callable[[int], None] | None:
-    """The `charge(demo_set)` callback of `dp_audit` (None when there is no ledger or no run id)."""
-    ledger = _ledger_module()
-    if ledger is None or dataset_id is None or run_id is None:
-        return None
+                      sampling_rate: float, steps: int, delta: float, mechanism: str) -> Callable[[int], None]:
+    """The `charge(demo_set)` callback of `dp_audit`. A missing dataset id or run id is an error:
+    an audit's DP generations always spend privacy."""
+    if not dataset_id or not run_id:
+        raise ConfigError(f"audit: cannot charge the audit's DP generations to the ledger without a dataset id "
+                          f"and a run id (got dataset_id={dataset_id!r}, run_id={run_id!r})")
     book = ledger.Ledger()
 
     def charge(demo_set: int) -> None:
@@ -67,3 +196,35 @@ def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None
                     purpose="audit")
 
     return charge
+
+
+def budget_precheck(config, run_id: str | None = None) -> dict | None:
+    """A dry run of the run's charge against its dataset's budget, from the data and the accountant
+    alone (no model, no Prefect server): a run the budget refuses is refused here, in seconds, with
+    the same `BudgetExceededError` the charge would raise. None when the dataset id has no budget
+    (nothing can be refused). `run_id` (when the user named one) lets a replay of recorded spends pass."""
+    from dpcore import accounting
+    from dpcore.config import demos_per_label
+    from dpcore.datasets import load_dataset
+    from dpcore.taskspec import load_task_spec
+    from tasks.generate import generation_plan
+
+    if ledger.Ledger().get_budget(config.ledger_id) is None:
+        return None
+    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path)
+    label_counts = data.label_counts()
+    steps = accounting.total_steps(config.max_tokens, demos_per_label(config.shots, len(data.labels)))
+    delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))
+    q = max(accounting.sampling_rate(config.num_subsets, config.subset_size, n) for n in label_counts.values() if n)
+    rows = []
+    for eps in sorted({float(e) for e in config.epsilons}):
+        row = {"epsilon": eps, "sampling_rate": q, "steps": steps, "delta": delta, "noise_multiplier": 0.0}
+        if eps == 0:
+            row["sampling_rate"] = 0.0
+        elif math.isfinite(eps):
+            row["noise_multiplier"] = float(accounting.calibrate_for_labels(
+                eps, label_counts, config.num_subsets, config.subset_size, steps, delta,
+                mechanism=config.mechanism)["noise_multiplier"])
+        rows.append(row)
+    plan = generation_plan(list(data.labels), rows, list(config.baselines), config.seed)
+    return charge_run(config, data.content_hash, run_id or "dry-run", plan, rows, dry_run=True)

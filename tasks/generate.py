@@ -71,12 +71,26 @@ def generate(
     dtype: str = "auto",
     seed: int | None = None,
     noise_scope: str = "",
+    noise_charged: bool = False,
 ) -> dict:
-    """Generate `generation.demos_per_label` demos for one label at one epsilon; returns paths and counters."""
+    """Generate `generation.demos_per_label` demos for one label at one epsilon; returns paths and counters.
+
+    `noise_charged` (not part of the cache key): this attempt of the run charged the spend, so a fresh
+    draw is covered. Otherwise the spend was charged by an earlier attempt of the same run and only its
+    cached draw may be served: an unseeded draw that has to run again is refused, never redrawn.
+    """
     from dpcore import generation as dp_generation
     from dpcore.taskspec import load_task_spec
     from tasks.ingest import records_by_label
 
+    if method != INSTRUCTION_ONLY and seed is None and not noise_charged:
+        from dpcore.errors import DpiclError
+
+        raise DpiclError(
+            f"stage generate-{method}-{label}-eps{_eps_text(epsilon)} ({noise_scope}): the cached noise draw of this "
+            "run is missing (its stage folder or cache record is gone) and the run is not seeded; drawing fresh "
+            "noise would spend privacy the ledger charged only once. Start a new run (a new --run-id): it is "
+            "charged afresh.")
     logger = get_run_logger()
     key = stage_key("generate", {name: value for name, value in locals().items() if name in GENERATE_KEY_FIELDS},
                     GENERATION_MODULES)

@@ -44,8 +44,11 @@ def check_gate(run_id: str, epsilon: float | None = None) -> dict:
 
     run = gate.load_run(run_id, dpicl_home())
     chosen = gate.choose_release_epsilon(run, epsilon)
+    rows = run.calibration[run.calibration["epsilon"] == chosen]
+    row = rows.iloc[0].to_dict() if len(rows) else {}
+    covered = gate.ledger_covers(Ledger().entries_for_run(run_id), run_id, row)
     evidence = gate.evidence_from_tables(run_id, run.demos, run.calibration, run.audit,
-                                         ledger_entry_present=Ledger().has_entry(run_id), epsilon=chosen)
+                                         ledger_entry_present=covered, epsilon=chosen)
     failures = gate.release_failures(evidence)
     if run.changed_files:
         failures.append(f"run files changed since the run finished: {', '.join(run.changed_files)}")
@@ -60,6 +63,7 @@ def check_gate(run_id: str, epsilon: float | None = None) -> dict:
 def register(run_id: str, epsilon: float, alias: str = DEFAULT_ALIAS) -> dict:
     """Write the release folder and manifest, register it in MLflow, move the alias to it."""
     from dpcore.accounting import accountant_versions
+    from dpcore.ledger import Ledger
 
     run = gate.load_run(run_id, dpicl_home())
     config = run.manifest.get("config", {})
@@ -91,6 +95,7 @@ def register(run_id: str, epsilon: float, alias: str = DEFAULT_ALIAS) -> dict:
         run_id=run_id, dataset=dataset, dataset_id=dataset_id, demos_sha256=file_sha256(demos_path), demos=demos,
         calibration_row=calibration_row, audit_summary=audit_summary, model=str(run.manifest.get("model", "")),
         code_version=code_version(), accountant_versions=accountant_versions(), version=version,
+        ledger_spend=_ledger_spend(Ledger(), dataset_id),
     )
     manifest["task_spec"] = spec.model_dump(mode="json")
     write_json_atomic(folder / "release.json", manifest)
@@ -106,6 +111,14 @@ def register(run_id: str, epsilon: float, alias: str = DEFAULT_ALIAS) -> dict:
     return {"registered_model": name, "version": int(model_version.version), "alias": alias,
             "release_dir": str(folder), "demos_sha256": manifest["demos_sha256"], "epsilon": epsilon,
             "delta": calibration_row.get("delta"), "run_id": run_id}
+
+
+def _ledger_spend(book, dataset_id: str) -> dict:
+    """The dataset's composed spend at release time (epsilon at delta over every entry), for the manifest."""
+    spend = book.spend(dataset_id)
+    return {"dataset_id": dataset_id, "epsilon": "inf" if math.isinf(spend.epsilon) else spend.epsilon,
+            "delta": spend.delta, "entries": len(spend.entries),
+            "budget": spend.budget.to_dict() if spend.budget else None}
 
 
 def load_release(alias_or_version: str = DEFAULT_ALIAS, dataset_id: str | None = None) -> dict:

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from dpcore.config import RunConfig
+from dpcore.config import ALL_BASELINES, RunConfig
 from dpcore.taskspec import TASKS_DIR
 
 # tests/conftest.py sets PREFECT_FLOWS_HEARTBEAT_FREQUENCY="" (meant as "off"), which Prefect 3.8.8 cannot
@@ -106,6 +106,7 @@ def tiny_config(**overrides) -> RunConfig:
         dataset="agnews-mini", data_path=data_path, task_spec=spec_path, model="tiny-random",
         epsilons=[2.0], num_subsets=2, subset_size=1, top_k=20, max_tokens=4, shots=4, seeds=2, test_size=12,
         audit=True, audit_trials=2, audit_demo_sets=1, audit_members=5, seed=123,
+        baselines=list(ALL_BASELINES),  # every comparison row (the non-private ones are opt-in, charged as inf)
     )
     values.update(overrides)
     return RunConfig(**values)

@@ -63,8 +63,9 @@ def finished_run(tiny_lm):
     return standard_run()
 
 
-def _releasable_copy(run: dict, new_id: str) -> str:
-    """A copy of a finished run made releasable: fresh-noise flag, passing audit, a ledger entry."""
+def _releasable_copy(run: dict, new_id: str, charged_sigma_factor: float = 1.0) -> str:
+    """A copy of a finished run made releasable: fresh-noise flag, passing audit, a ledger entry
+    (of its calibration row; `charged_sigma_factor` != 1 charges another sigma instead)."""
     from dpcore.ledger import Ledger
 
     source = Path(run["run_dir"])
@@ -82,7 +83,8 @@ def _releasable_copy(run: dict, new_id: str) -> str:
     (target / "manifest.json").unlink()
     write_manifest(target, extra={k: v for k, v in manifest.items() if k != "files"})
     calibration = read_table(target / "calibration.parquet").iloc[0]
-    Ledger().charge(run["dataset"], run["data_hash"], new_id, "gaussian", float(calibration["noise_multiplier"]),
+    Ledger().charge(run["dataset"], run["data_hash"], new_id, "gaussian",
+                    float(calibration["noise_multiplier"]) * charged_sigma_factor,
                     float(calibration["sampling_rate"]), int(calibration["steps"]), float(calibration["delta"]),
                     "pipeline")
     return new_id
@@ -97,6 +99,17 @@ def test_seeded_run_is_refused_with_every_reason(finished_run):
     assert "fixed seed" in message
     # the standard run is charged by the pipeline: no ledger complaint
     assert "no privacy-ledger entry" not in message
+
+
+def test_a_ledger_entry_of_another_spend_does_not_cover_the_release(finished_run):
+    from flows.release import release
+
+    run_id = _releasable_copy(finished_run, "other-spend-run", charged_sigma_factor=2.0)
+    with pytest.raises(ReleaseRefusedError) as info:
+        release(run_id=run_id)
+    message = str(info.value)
+    assert "no privacy-ledger entry of run other-spend-run records the released demos' spend" in message
+    assert "fixed seed" not in message and "audit" not in message
 
 
 def test_tampered_run_is_refused(finished_run):
@@ -129,6 +142,13 @@ def test_release_registers_and_moves_the_production_alias(finished_run, capsys, 
                 "accountant_versions", "model", "code_version", "audit"):
         assert manifest[key] is not None, key
     assert manifest["accountant_versions"]["prv-accountant"] == "0.2.0"
+    from dpcore.ledger import Ledger
+
+    spend = Ledger().spend(finished_run["dataset"])
+    assert manifest["ledger"]["dataset_id"] == finished_run["dataset"]
+    assert manifest["ledger"]["entries"] == len(spend.entries) >= 2 and manifest["ledger"]["delta"] == spend.delta
+    assert any("treated as public" in a for a in manifest["assumptions"])
+    assert any("1/|D|" in a for a in manifest["assumptions"])
 
     # predict with the released demos only, through the CLI
     queries = tmp_path / "queries.jsonl"

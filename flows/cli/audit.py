@@ -112,19 +112,19 @@ def _default_out(dataset, home) -> Path:
     return home / "runs" / dataset.spec.name / dataset.content_hash[:12] / f"audit-{stamp}-{secrets.token_hex(2)}"
 
 
-def _charge_ledger(config: RunConfig, dataset, run_id: str, privacy: dict, demo_sets: int):
+def _charge_ledger(config: RunConfig, dataset, run_id: str, privacy: dict, demo_sets: int, dry_run: bool = False):
     """PRIVACY LEDGER HOOK: the audit's DP generations read the members' records. All demo sets are
     charged at once (all-or-nothing, dpcore.ledger.Ledger.charge_many) before any record is read."""
-    try:
-        from dpcore.ledger import ChargeRequest, Ledger
-    except ImportError:  # the ledger is not part of this build
-        log.warning("privacy ledger unavailable: the audit's generations are not recorded")
-        return []
+    from dpcore.ledger import ChargeRequest, Ledger
+
     request = ChargeRequest(
         dataset_id=config.ledger_id, content_hash=dataset.content_hash, run_id=run_id,
         mechanism=config.mechanism, noise_multiplier=privacy["noise_multiplier"],
         sampling_rate=privacy["sampling_rate"], steps=privacy["steps"], delta=privacy["delta"], purpose="audit",
     )
+    if dry_run:  # the budget refusal (exit 3) before the model loads; records nothing
+        Ledger().check_charge([request] * demo_sets)
+        return []
     return [entry.to_dict() for entry in Ledger().charge_many([request] * demo_sets)]
 
 
@@ -178,6 +178,7 @@ def run_audit(args) -> int:
             privacy = {key: calibrated[key] for key in ("epsilon", "noise_multiplier", "sampling_rate", "steps",
                                                         "delta", "crosscheck_agreed")}
             privacy["warnings"] = list(calibrated["warnings"])
+            _charge_ledger(config, dataset, run_id, privacy, audit_config.demo_sets, dry_run=True)
     lm = LanguageModel.load(config.model, config.device, config.dtype)
 
     reference = None

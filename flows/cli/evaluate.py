@@ -161,6 +161,20 @@ def _instruction_only_pool(lm, spec, dataset, config):
 # --------------------------------------------------------------------------- output
 
 
+def _charge_random_real(config, dataset, run_id: str) -> None:
+    """`--baseline random-real` puts real private records in the prompts: no privacy at all. It is charged to
+    the ledger as an infinite spend (sigma = 0) before the model loads, refused under any budget (exit 3)."""
+    import sys
+
+    from dpcore.ledger import Ledger
+
+    print(f"WARNING: --baseline random-real uses real private records as demonstrations: charged to ledger id "
+          f"'{config.ledger_id}' as an infinite spend (epsilon = inf).", file=sys.stderr, flush=True)
+    delta = config.delta if config.delta is not None else 1.0 / max(2, len(dataset.train))
+    Ledger().charge(config.ledger_id, dataset.content_hash, run_id, config.mechanism, 0.0, 1.0, 1, delta,
+                    "baseline")
+
+
 def _out_dir(args, dataset) -> Path:
     from dpcore.home import dpicl_home
 
@@ -223,6 +237,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     pool = None
     if args.demos:
         pool, method, epsilon = _demos_from_file(args.demos, args.method, args.epsilon, spec, dataset, config.delta)
+    out = _out_dir(args, dataset)
+    if args.baseline == "random-real":  # real private records in the prompts: an infinite spend, charged first
+        _charge_random_real(config, dataset, out.name)
     lm = LanguageModel.load(config.model, config.device, config.dtype)
     if args.baseline == "zero-shot":
         method, epsilon = "zero-shot", 0.0
@@ -240,7 +257,6 @@ def _evaluate(args: argparse.Namespace) -> int:
                                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - began
 
-    out = _out_dir(args, dataset)
     private_out = private_dir() / "runs" / spec.name / dataset.content_hash[:12] / out.name
     if method == "random-real":
         _, real_demos = icl.split_private_demo_ids(predictions, free_text=spec.kind != "classification")

@@ -95,19 +95,33 @@ def _default_out(dataset, home) -> Path:
     return home / "runs" / dataset.spec.name / dataset.content_hash[:12] / f"generate-{stamp}-{secrets.token_hex(2)}"
 
 
-def _charge_ledger(config: RunConfig, dataset, run_id: str, privacy: dict):
-    """PRIVACY LEDGER HOOK: charge the spend before any private record is read (dpcore/ledger.py)."""
-    try:
-        from dpcore.ledger import Ledger
-    except ImportError:  # the ledger is not part of this build
-        log.warning("privacy ledger unavailable: this generation is not recorded")
-        return None
-    entry = Ledger().charge(
-        dataset_id=config.ledger_id, content_hash=dataset.content_hash, run_id=run_id,
-        mechanism=config.mechanism, noise_multiplier=privacy["noise_multiplier"],
-        sampling_rate=privacy["sampling_rate"], steps=privacy["steps"], delta=privacy["delta"], purpose="generate",
-    )
-    return entry.to_dict() if hasattr(entry, "to_dict") else entry
+def _charge_request(config: RunConfig, dataset, run_id: str, privacy: dict):
+    """The ledger request of this generation (every `dpicl generate` draws fresh noise: always charged)."""
+    from dpcore.ledger import ChargeRequest
+
+    return ChargeRequest(dataset_id=config.ledger_id, content_hash=dataset.content_hash, run_id=run_id,
+                         mechanism=config.mechanism, noise_multiplier=privacy["noise_multiplier"],
+                         sampling_rate=privacy["sampling_rate"], steps=privacy["steps"], delta=privacy["delta"],
+                         purpose="generate")
+
+
+def check_out(out: Path) -> Path:
+    """`--out` must be a folder this process can write, checked before anything is charged (nothing is
+    created here: the first existing ancestor must be a writable folder)."""
+    import os
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder")
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--out {out}: {probe} is a file, so the folder cannot be created")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {probe} is not writable")
+    return out
 
 
 def run_generate(args) -> int:
@@ -121,6 +135,8 @@ def run_generate(args) -> int:
     began = time.perf_counter()
     config = _config(args)
     epsilon = float(args.epsilon)
+    if args.out:
+        check_out(Path(args.out))
     spec = load_task_spec(config.task_spec or config.dataset)
     dataset = load_dataset(spec, config.data_path, config.test_path)
     labels = dataset.labels
@@ -130,8 +146,11 @@ def run_generate(args) -> int:
     steps = config.max_tokens * per_label
     from dpcore import accounting
     from dpcore.generation import validate_generation
+    from dpcore.ledger import Ledger
+    from dpcore.models import context_length
+    from tasks.charge import check_max_tokens
 
-    # Parameter errors before anything expensive (the vocabulary check follows the model load).
+    # Every check that can fail runs before the charge; the budget refusal before the model loads.
     validate_generation(gen_config, 0.0, sys.maxsize, label_counts if epsilon > 0 else None)
     delta = config.delta if config.delta is not None else accounting.default_delta(len(dataset.train))
     if epsilon == 0:
@@ -139,8 +158,16 @@ def run_generate(args) -> int:
                    "steps": steps, "mechanism": config.mechanism, "warnings": []}
     else:
         privacy = _privacy(epsilon, label_counts, config, steps, delta)
-    out = Path(args.out) if args.out else _default_out(dataset, dpicl_home())
+    out = check_out(Path(args.out) if args.out else _default_out(dataset, dpicl_home()))
     run_id = out.name
+    request = _charge_request(config, dataset, run_id, privacy) if epsilon > 0 else None
+    if request is not None:
+        if math.isinf(epsilon):
+            print(f"WARNING: --epsilon inf generates without noise (sigma = 0): charged to ledger id "
+                  f"'{config.ledger_id}' as an infinite spend; the demos carry no privacy guarantee.",
+                  file=sys.stderr, flush=True)
+        Ledger().check_charge([request])  # BudgetExceededError (exit 3) here, in seconds
+    check_max_tokens(config.max_tokens, context_length(config.model), config.model)
     lm = LanguageModel.load(config.model, config.device, config.dtype)
     validate_generation(gen_config, 0.0, lm.vocab_size)
 
@@ -154,8 +181,8 @@ def run_generate(args) -> int:
     if epsilon == 0:  # instruction-only: reads no private record, charges nothing
         result = instruction_only_demos(lm, spec, labels, gen_config, seed=config.seed, progress=progress)
     else:
-        # ---- PRIVACY LEDGER HOOK: the spend is charged (or refused, exit 3) BEFORE any private record is read.
-        ledger_entry = _charge_ledger(config, dataset, run_id, privacy)
+        # ---- PRIVACY LEDGER: the spend is charged (or refused, exit 3) BEFORE any private record is read.
+        ledger_entry = Ledger().charge_many([request])[0].to_dict()
         records = {label: dataset.records_for(label) for label in labels}  # private: stays in memory
         result = generate_demos(lm, spec, records, gen_config, privacy["noise_multiplier"], seed=config.seed,
                                 labels=labels, progress=progress)
@@ -186,6 +213,10 @@ def run_generate(args) -> int:
     print(f"epsilon {eps_text} (delta {privacy['delta']:.3g}), sigma {privacy['noise_multiplier']:.4f}, "
           f"q {privacy['sampling_rate']:.3g}, T {steps}, {config.mechanism}"
           + ("  [seeded noise: experiment only, not releasable]" if result.seeded_noise else ""))
+    if config.delta is None and epsilon > 0:
+        from flows.cli.run import delta_note
+
+        print(delta_note(config, privacy["delta"]))
     for demo in result.demos:
         print(f"[{demo.label} #{demo.shot}] ({demo.tokens} tokens, {demo.stop_reason}) {demo.text}")
     print(f"{summary['wall_seconds']} s, {result.stats['steps']} steps, {result.stats['synthetic_tokens']} "

@@ -78,11 +78,24 @@ def _summary(spend: Spend) -> str:
     return line + f", {len(spend.entries)} entries"
 
 
+def delta_note(spend: Spend) -> str | None:
+    """Said whenever entries were calibrated at a delta other than the one the total is composed at."""
+    others = sorted({e.delta for e in spend.entries if e.delta != spend.delta})
+    if not others:
+        return None
+    return (f"note: the total is composed at delta {_fmt(spend.delta)}, but entries were calibrated at delta "
+            f"{', '.join(_fmt(d) for d in others)}: each entry's epsilon_alone is at its own delta and does not "
+            f"add up to the total (pass --delta D to compose at another delta)")
+
+
 def _print_spend(spend: Spend) -> None:
     print(_summary(spend))
+    note = delta_note(spend)
+    if note:
+        print(f"  {note}")
     if spend.entries:
         header = ("id", "created_at", "run_id", "purpose", "mechanism", "sigma", "q", "T", "delta",
-                  "epsilon_alone", "content_hash")
+                  "epsilon_alone(own delta)", "content_hash")
         rows = [header] + [
             (str(e.id), e.created_at, e.run_id, e.purpose, e.mechanism, _fmt(e.noise_multiplier),
              _fmt(e.sampling_rate), str(e.steps), _fmt(e.delta), _fmt(e.epsilon_upper), e.content_hash[:12])
@@ -100,7 +113,8 @@ def _show(args) -> int:
     ids = [args.dataset_id] if args.dataset_id else ledger.dataset_ids()
     spends = [ledger.spend(dataset_id, delta=args.delta) for dataset_id in ids]
     if args.json:
-        print_json(spends[0].to_dict() if args.dataset_id else {"datasets": [s.to_dict() for s in spends]})
+        dicts = [{**s.to_dict(), "delta_note": delta_note(s)} for s in spends]
+        print_json(dicts[0] if args.dataset_id else {"datasets": dicts})
         return 0
     if not spends:
         print(f"the ledger {ledger.path} has no entries and no budgets")

@@ -1,4 +1,4 @@
-"""CLI: `dpicl run` (the whole pipeline), `dpicl demo` (the same, sized for a CPU), `dpicl ui` (local UIs).
+"""CLI: `dpicl run` (the whole pipeline) and `dpicl demo` (the same, sized for a CPU).
 
 `dpicl run` takes every RunConfig field as a flag (`--num-subsets`, `--max-tokens`, `--shots`,
 `--test-size`, ...: the generation flags of `dpicl generate` and the evaluation flags of
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 
 from pydantic import ValidationError
@@ -34,7 +35,13 @@ DEMO_DEFAULTS = {
     "audit_demo_sets": 1,
     "audit_members": 10,
     "seed": None,          # cryptographically seeded noise (a real run)
+    # AG News is a shipped public benchmark: the demo opts in to the non-private baselines for contrast
+    # (charged to ledger id agnews as infinite spends). `dpicl run` includes them only when asked.
+    "baselines": "zero-shot,instruction-only,sigma-zero,random-real",
 }
+DEMO_BASELINES_NOTE = ("demo: AG News is a public benchmark, so the demo opts in to the non-private baselines "
+                       "{baselines} for contrast; `dpicl run` on your own data runs them only when listed in "
+                       "--baselines.")
 
 
 def _config_fields() -> list[str]:
@@ -93,6 +100,7 @@ def format_results(summary: dict) -> str:
             f"{_fmt(row.get('mia_auc')):>8}"
         )
     verdict = summary["audit"]
+    ledger_line = format_ledger(summary.get("ledger_after"))
     if not verdict.get("ran"):
         audit_line = "audit: not run"
     else:
@@ -103,12 +111,53 @@ def format_results(summary: dict) -> str:
     lines += [
         f"(accuracy: mean +/- std over {seeds} seed(s), {n} test items; delta = {summary['delta']:.3g})",
         audit_line,
+        *([ledger_line] if ledger_line else []),
+        *([summary["delta_note"]] if summary.get("delta_note") else []),
         f"noise: {'FIXED SEED (experiment, never releasable)' if summary['seeded_noise'] else 'cryptographically seeded'}",
         f"run id:          {summary['run_id']}",
         f"MLflow run id:   {summary['mlflow_run_id']}  ({summary['tracking_uri']})",
         f"artifact folder: {summary['run_dir']}",
     ]
     return "\n".join(lines)
+
+
+def format_ledger(report: dict | None) -> str | None:
+    """`ledger: dataset X spent epsilon E at delta D (N entries this run: ...; M in total)` after the run."""
+    if not report:
+        return None
+    line = (f"ledger: dataset {report['dataset_id']} spent epsilon {_fmt(report['epsilon'], '.4g')} at delta "
+            f"{_fmt(report['delta'], '.3g')} ({report['entries_this_run']} entries this run"
+            + (f": {', '.join(report['purposes_this_run'])}" if report.get("purposes_this_run") else "")
+            + f"; {report['entries_total']} in total, composed)")
+    budget = report.get("budget")
+    if budget:
+        line += f"; budget epsilon {_fmt(budget['epsilon'], '.4g')} at delta {_fmt(budget['delta'], '.3g')}"
+    return line
+
+
+def delta_note(config: RunConfig, delta: float) -> str | None:
+    """The default delta = 1/|D| is the paper's choice and weak (a mechanism may then expose about one
+    record outright): said once, with the flag that changes it."""
+    if config.delta is not None:
+        return None
+    return (f"note: delta = 1/|D| = {delta:.3g} (the paper's default, kept for comparability; it is weak: pass "
+            "--delta, e.g. 1/(10|D|) or smaller, for a stronger guarantee)")
+
+
+def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None) -> None:
+    """What is said and checked before the pipeline starts: the non-private baselines the run will
+    spend (a warning line), then every check that could fail after the charge, and a dry run of the
+    charge against the dataset's budget (a refusal comes here, before any model loads)."""
+    from tasks.charge import budget_precheck, non_private_baselines, non_private_warning, preflight
+
+    chosen = non_private_baselines(config)
+    if defaults is DEMO_DEFAULTS and chosen:
+        print(DEMO_BASELINES_NOTE.format(baselines=" and ".join(chosen)), file=sys.stderr)
+    warning = non_private_warning(config)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    preflight(config)
+    budget_precheck(config, run_id)
 
 
 def _run(args, defaults: dict | None = None) -> int:
@@ -121,9 +170,11 @@ def _run(args, defaults: dict | None = None) -> int:
         for name in ("httpx", "httpcore"):
             logging.getLogger(name).setLevel(logging.WARNING)
     config = _config(args, defaults)
+    _before_run(config, args.run_id, defaults)
     began = time.perf_counter()
     summary = run_pipeline(config, run_id=args.run_id)
     summary["wall_seconds"] = round(time.perf_counter() - began, 1)
+    summary["delta_note"] = delta_note(config, float(summary["delta"]))
     if args.json:
         print_json(summary)
     else:

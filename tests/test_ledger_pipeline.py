@@ -1,0 +1,236 @@
+"""The ledger through the pipeline and the CLI on the tiny model.
+
+- the reviewed scenario: budget epsilon 2; run A at epsilon 1 charged; a new run at epsilon 8
+  refused; run A's id reused at epsilon 8 refused too (flow: BudgetExceededError; CLI: exit 3,
+  before the flow starts);
+- an unseeded retry whose cached noise draw is gone is refused, naming the stage;
+- the run summary shows the ledger's composed spend after the run, audit included;
+- `dpicl generate`: an unusable --out and a budget refusal come before the charge and the model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from pipeline_support import (
+    home,
+    mini_agnews,
+    prefect_harness,  # noqa: F401  (the shared harness fixture)
+    share_tiny_model,
+    tiny_config,
+)
+
+from dpcore.errors import BudgetExceededError, DpiclError
+from dpcore.ledger import Ledger
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tiny(tiny_lm):
+    share_tiny_model(tiny_lm)
+    return tiny_lm
+
+
+def _quick(**overrides):
+    values = dict(audit=False, baselines=["zero-shot"], seeds=1, test_size=4)
+    values.update(overrides)
+    return tiny_config(**values)
+
+
+def test_a_reused_run_id_is_charged_for_what_it_spends(capsys):
+    from flows.cli import main
+    from flows.pipeline import run_pipeline
+
+    ledger, dataset_id = Ledger(), "item1-budget"
+    delta = 1 / 400  # 1/|D| of the 400-record mini AG News
+    ledger.set_budget(dataset_id, 2.0, delta)
+    run_a = run_pipeline(_quick(epsilons=[1.0], dataset_id=dataset_id), run_id="item1-run-a")
+    assert run_a["ledger"]["charged"] == 1
+    spent = ledger.spend(dataset_id).epsilon
+    assert 0.9 < spent <= 1.0 + 1e-6
+
+    with pytest.raises(BudgetExceededError, match="item1-run-b refused"):
+        run_pipeline(_quick(epsilons=[8.0], dataset_id=dataset_id), run_id="item1-run-b")
+    with pytest.raises(BudgetExceededError, match="item1-run-a refused"):
+        run_pipeline(_quick(epsilons=[8.0], dataset_id=dataset_id), run_id="item1-run-a")
+    assert len(ledger.entries(dataset_id)) == 1
+
+    # the same through the CLI: refused by the dry run before the flow (or any model) starts
+    data_path, spec_path, _, _ = mini_agnews()
+    argv = ["run", "--task-spec", spec_path, "--data-path", data_path, "--dataset-id", dataset_id,
+            "--model", "tiny-random", "--epsilons", "8", "--num-subsets", "2", "--subset-size", "1", "--top-k", "20",
+            "--max-tokens", "4", "--seeds", "1", "--test-size", "4", "--no-audit", "--baselines", "zero-shot",
+            "--seed", "123", "--run-id", "item1-run-a"]
+    import flows.pipeline
+
+    started = []
+    real = flows.pipeline.run_pipeline
+    flows.pipeline.run_pipeline = lambda *a, **k: started.append(1) or real(*a, **k)
+    try:
+        assert main(argv) == 3
+    finally:
+        flows.pipeline.run_pipeline = real
+    err = capsys.readouterr().err
+    assert "item1-run-a refused" in err and not started
+    assert len(ledger.entries(dataset_id)) == 1
+
+    # the genuine retry of run A (same spends, cached draws) is free
+    again = run_pipeline(_quick(epsilons=[1.0], dataset_id=dataset_id), run_id="item1-run-a")
+    assert again["ledger"]["charged"] == 0 and again["ledger"]["replayed"] == 1
+    assert len(ledger.entries(dataset_id)) == 1
+
+
+def test_an_unseeded_retry_whose_noise_draw_is_gone_is_refused():
+    from flows.pipeline import run_pipeline
+
+    stages = home() / "cache" / "stages" / "generate"
+    before = set(stages.iterdir()) if stages.exists() else set()
+    config = _quick(seed=None, dataset_id="item2-gone")
+    run_pipeline(config, run_id="item2-run")
+    drawn = sorted(set(stages.iterdir()) - before)
+    assert len(drawn) == 4  # one per label
+    shutil.rmtree(drawn[0])
+    with pytest.raises(DpiclError, match=r"stage generate-dp-.*cached noise draw of this run is missing"):
+        run_pipeline(config, run_id="item2-run")
+    assert len(Ledger().entries("item2-gone")) == 1  # nothing drawn or charged silently
+
+
+def test_an_audit_whose_draw_is_gone_is_charged_again_when_it_redraws():
+    from flows.pipeline import run_pipeline
+
+    stages = home() / "cache" / "stages" / "audit"
+    before = set(stages.iterdir()) if stages.exists() else set()
+    config = _quick(seed=None, dataset_id="item2-audit", audit=True)
+    run_pipeline(config, run_id="item2-audit-run")
+    audits = [e for e in Ledger().entries("item2-audit") if e.purpose == "audit"]
+    assert len(audits) == 1
+    for folder in set(stages.iterdir()) - before:
+        shutil.rmtree(folder)
+    again = run_pipeline(config, run_id="item2-audit-run")
+    assert again["ledger"]["charged"] == 0  # the generation replays its cached draw
+    purposes = [e.purpose for e in Ledger().entries("item2-audit")]
+    assert purposes.count("audit") == 2 and purposes.count("pipeline") == 1  # the audit's fresh draw is charged
+
+
+def test_the_run_summary_shows_the_ledger_after_the_audit(capsys):
+    from flows.cli.run import format_results
+    from flows.pipeline import run_pipeline
+
+    summary = run_pipeline(_quick(epsilons=[2.0], dataset_id="item8-summary", audit=True), run_id="item8-run")
+    after = summary["ledger_after"]
+    assert after["entries_this_run"] == 2 and after["purposes_this_run"] == ["audit", "pipeline"]
+    assert after["epsilon"] == pytest.approx(Ledger().spend("item8-summary").epsilon)
+    assert after["epsilon"] > 2.0  # the audit's own DP generation composes on top of the run's epsilon
+    table = format_results(summary)
+    assert "ledger: dataset item8-summary spent epsilon" in table and "(2 entries this run: audit, pipeline" in table
+
+
+def test_cli_run_warns_before_non_private_baselines(capsys, monkeypatch):
+    import flows.pipeline
+    from flows.cli import main
+
+    monkeypatch.setattr(flows.pipeline, "run_pipeline", lambda *a, **k: (_ for _ in ()).throw(SystemExit(7)))
+    data_path, spec_path, _, _ = mini_agnews()
+    with pytest.raises(SystemExit):
+        main(["run", "--task-spec", spec_path, "--data-path", data_path, "--model", "tiny-random",
+              "--baselines", "zero-shot,sigma-zero"])
+    err = capsys.readouterr().err
+    assert "WARNING: non-private baseline(s) sigma-zero" in err and "'agnews-mini'" in err
+    with pytest.raises(SystemExit):
+        main(["demo", "--model", "tiny-random"])
+    err = capsys.readouterr().err
+    assert "demo: AG News is a public benchmark" in err and "sigma-zero and random-real" in err
+
+
+# --------------------------------------------------------------------------- dpicl generate
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tiny_lm, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _generate(argv, capsys):
+    from flows.cli import main
+
+    code = main(["generate", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_generate_checks_out_and_budget_before_the_charge_and_the_model(tiny_model_dir, tmp_path, capsys,
+                                                                        monkeypatch):
+    from dpcore.lm import LanguageModel
+
+    data_path, spec_path, _, _ = mini_agnews()
+    base = ["--task-spec", spec_path, "--data-path", data_path, "--model", str(tiny_model_dir), "--max-tokens", "2",
+            "--num-subsets", "2", "--seed", "1", "--dataset-id", "generate-checks"]
+    ledger = Ledger()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for out in (a_file, a_file / "below"):
+        code, _, err = _generate([*base, "--epsilon", "4", "--out", str(out)], capsys)
+        assert code == 2 and "--out" in err
+    code, _, err = _generate([*base, "--epsilon", "4", "--max-tokens", "5000", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "max_tokens" in err
+    assert ledger.entries("generate-checks") == []
+
+    ledger.set_budget("generate-checks", 0.5, 1 / 400)
+    loads = []
+    monkeypatch.setattr(LanguageModel, "load", classmethod(lambda cls, *a, **k: loads.append(a) or 1 / 0))
+    code, _, err = _generate([*base, "--epsilon", "4", "--out", str(tmp_path / "p")], capsys)
+    assert code == 3 and "refused" in err and loads == []
+    assert ledger.entries("generate-checks") == []
+
+
+def test_generate_charges_a_user_dataset_under_its_spec_name(tiny_model_dir, tmp_path, capsys):
+    data_path, spec_path, _, _ = mini_agnews()
+    before = len(Ledger().entries("agnews-mini"))
+    code, stdout, _ = _generate(["--task-spec", spec_path, "--data-path", data_path, "--model", str(tiny_model_dir),
+                                 "--max-tokens", "2", "--num-subsets", "2", "--seed", "1", "--epsilon", "4",
+                                 "--out", str(tmp_path / "g"), "--json"], capsys)
+    assert code == 0
+    report = json.loads(stdout.strip().splitlines()[-1])
+    assert report["ledger_entry"]["dataset_id"] == "agnews-mini" and report["dataset"] == "agnews-mini"
+    assert len(Ledger().entries("agnews-mini")) == before + 1
+
+
+def test_evaluate_random_real_is_charged_as_an_infinite_spend_before_the_model(capsys, monkeypatch, tmp_path):
+    from dpcore.lm import LanguageModel
+    from flows.cli import main
+
+    data_path, spec_path, _, _ = mini_agnews()
+    ledger = Ledger()
+    ledger.set_budget("agnews-mini-rr", 100.0, 1e-3)
+    loads = []
+    monkeypatch.setattr(LanguageModel, "load", classmethod(lambda cls, *a, **k: loads.append(a) or 1 / 0))
+    spec = tmp_path / "agnews-mini-rr.yaml"
+    spec.write_text(open(spec_path).read().replace("name: agnews-mini", "name: agnews-mini-rr"))
+    code = main(["evaluate", "--task-spec", str(spec), "--data-path", data_path, "--baseline", "random-real",
+                 "--model", "tiny-random", "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert code == 3 and "random-real" in err and "infinite" in err and loads == []
+    assert ledger.entries("agnews-mini-rr") == []
+
+
+def test_audit_cli_budget_refusal_comes_before_the_model(capsys, monkeypatch, tmp_path):
+    from dpcore.lm import LanguageModel
+    from flows.cli import main
+
+    data_path, spec_path, _, _ = mini_agnews()
+    ledger = Ledger()
+    ledger.set_budget("audit-cli-budget", 0.5, 1e-3)
+    loads = []
+    monkeypatch.setattr(LanguageModel, "load", classmethod(lambda cls, *a, **k: loads.append(a) or 1 / 0))
+    code = main(["audit", "--task-spec", spec_path, "--data-path", data_path, "--epsilon", "4", "--model",
+                 "tiny-random", "--audit-members", "10", "--audit-demo-sets", "2", "--max-tokens", "4",
+                 "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--dataset-id", "audit-cli-budget",
+                 "--out", str(tmp_path / "a")])
+    assert code == 3 and "refused" in capsys.readouterr().err and loads == []
+    assert ledger.entries("audit-cli-budget") == []
