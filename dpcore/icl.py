@@ -115,8 +115,16 @@ def demo_ids(demos: Sequence[DemoItem]) -> list[str]:
     return [str(demo[2]) if len(demo) > 2 else f"demo-{i}" for i, demo in enumerate(demos)]
 
 
+def check_test_size(test_size: int | None, num_test: int) -> None:
+    """A `--test-size` beyond the test split is an error, never a silent cap (the split size is a public count)."""
+    if test_size is not None and test_size > num_test:
+        raise ConfigError(f"--test-size {test_size}: the test split has only {num_test} items "
+                          "(use a smaller --test-size, or leave it out to use them all)")
+
+
 def select_test(test: pd.DataFrame, test_size: int | None, seed: int = 0) -> pd.DataFrame:
     """The first `test_size` items of a seeded shuffle of the test split (all when None); deterministic."""
+    check_test_size(test_size, len(test))
     order = np.random.default_rng(seed).permutation(len(test))
     if test_size is not None:
         order = order[:test_size]

@@ -36,6 +36,7 @@ from prefect.utilities.callables import get_call_parameters
 from dpcore.artifacts import read_table, write_table
 from dpcore.config import RunConfig, demos_per_label
 from dpcore.home import configure_environment
+from dpcore.icl import check_test_size
 from tasks import audit as audit_stage
 from tasks import calibrate as calibrate_stage
 from tasks import evaluate as evaluate_stage
@@ -154,6 +155,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
     label_counts = ingest_stage.partition(ingested)["label_counts"]
     labels = list(ingested["labels"])
+    check_test_size(config.test_size, ingested["num_test"])  # before the charge: a bad --test-size spends nothing
 
     # 3. calibration: one sigma per epsilon (largest q over labels)
     from dpcore import accounting

@@ -211,7 +211,7 @@ def budget_precheck(config, run_id: str | None = None) -> dict | None:
 
     if ledger.Ledger().get_budget(config.ledger_id) is None:
         return None
-    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path)
+    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
     label_counts = data.label_counts()
     steps = accounting.total_steps(config.max_tokens, demos_per_label(config.shots, len(data.labels)))
     delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))

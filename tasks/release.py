@@ -121,6 +121,24 @@ def _ledger_spend(book, dataset_id: str) -> dict:
             "budget": spend.budget.to_dict() if spend.budget else None}
 
 
+def _what_exists(client, names: list[str], dataset_id: str | None) -> str:
+    """The releases that do exist, for an error message: versions and aliases per registered model."""
+    held = []
+    for name in names:
+        try:
+            model = client.get_registered_model(name)
+            versions = sorted(int(v.version) for v in client.search_model_versions(f"name='{name}'"))
+        except Exception:  # a registry without this model
+            continue
+        aliases = ", ".join(f"{alias} -> v{version}" for alias, version in sorted((model.aliases or {}).items()))
+        held.append(f"{name}: versions {', '.join(f'v{v}' for v in versions) or 'none'}"
+                    + (f" (aliases {aliases})" if aliases else ""))
+    if not held:
+        return ("no registered dpicl release" + (f" for dataset {dataset_id!r}" if dataset_id else "")
+                + " (run `dpicl release` first)")
+    return "no such version or alias; the registry holds " + "; ".join(held)
+
+
 def load_release(alias_or_version: str = DEFAULT_ALIAS, dataset_id: str | None = None) -> dict:
     """The release manifest behind an alias (or a version number) of a dataset's registered model."""
     client = mlflow_client()
@@ -137,8 +155,7 @@ def load_release(alias_or_version: str = DEFAULT_ALIAS, dataset_id: str | None =
             continue
         found.append(version)
     if not found:
-        raise ConfigError(f"release {alias_or_version!r}: no registered dpicl release"
-                          + (f" for dataset {dataset_id!r}" if dataset_id else "") + " (run `dpicl release` first)")
+        raise ConfigError(f"release {alias_or_version!r}: " + _what_exists(client, names, dataset_id))
     if len(found) > 1:
         raise ConfigError(f"release {alias_or_version!r}: several datasets have one "
                           f"({', '.join(v.name for v in found)}); pass --dataset-id")

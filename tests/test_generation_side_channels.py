@@ -174,7 +174,16 @@ def _private_records(folder: Path, longer: bool) -> Path:
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_generate_task_result_and_logs_are_identical_for_neighbouring_datasets(tiny_lm, capfd):
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_generate_task_result_and_logs_are_identical_for_neighbouring_datasets(tiny_lm):
     from prefect import flow
 
     from dpcore.home import private_dir
@@ -194,12 +203,20 @@ def test_generate_task_result_and_logs_are_identical_for_neighbouring_datasets(t
     for longer in (False, True):
         folder = private_dir() / "tests" / "side-channel" / ("longer" if longer else "base")
         records = _private_records(folder, longer)
-        capfd.readouterr()
-        results.append(one(str(records), ("b" if longer else "a") * 64))
-        out, err = capfd.readouterr()
-        # The task's and the engine's log lines (Prefect's console handler), less the clock time.
-        logs.append([re.sub(r"about \d+ s", "about N s", line.split(" | ", 1)[1]) for line in (out + err).splitlines()
-                     if " | " in line and ("Task run 'generate-" in line or "dpcore.generation" in line)])
+        # The task's and the engine's log records, less the clock time. A handler on the two loggers
+        # themselves: starting a flow may re-run Prefect's logging set-up, which replaces root handlers.
+        captured = _Collect()
+        watched = [logging.getLogger("prefect.task_runs"), logging.getLogger("dpcore.generation")]
+        for logger in watched:
+            logger.addHandler(captured)
+        try:
+            results.append(one(str(records), ("b" if longer else "a") * 64))
+        finally:
+            for logger in watched:
+                logger.removeHandler(captured)
+        logs.append([re.sub(r"about \d+ s", "about N s", r.getMessage()) for r in captured.records
+                     if r.name.startswith("dpcore.generation")
+                     or "generate-" in str(getattr(r, "task_run_name", ""))])
     assert pd.read_parquet(results[0]["path"])["text"].tolist() == pd.read_parquet(results[1]["path"])["text"].tolist()
     varying = ("key", "path", "private_stats_path", "seconds", "worker")
     a, b = ({k: v for k, v in r.items() if k not in varying} for r in results)

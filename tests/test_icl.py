@@ -381,3 +381,15 @@ def test_cli_instruction_only_baseline(tiny_model_dir, tmp_path, capsys):
     assert code == 0
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["method"] == "instruction-only" and result["epsilon"] == 0.0 and result["shots"] == 2
+
+
+def test_a_test_size_beyond_the_split_is_an_error_not_a_cap():
+    import pandas as pd
+
+    from dpcore.errors import ConfigError
+    from dpcore.icl import select_test
+
+    test = pd.DataFrame({"id": ["a", "b", "c"], "text": ["x", "y", "z"], "label": ["p", "q", "p"]})
+    assert len(select_test(test, 3)) == 3 and len(select_test(test, None)) == 3
+    with pytest.raises(ConfigError, match="--test-size 4: the test split has only 3 items"):
+        select_test(test, 4)

@@ -252,6 +252,10 @@ def test_ledger_show_says_when_entry_deltas_differ_from_the_total(tmp_path, caps
     book.charge_many([_request(dataset_id="other")])
     assert main(["ledger", "show", "--dataset", "other", "--ledger", str(path)]) == 0
     assert "note: the total is composed" not in capsys.readouterr().out
+    # a typo in the dataset id is an error naming the ids the ledger holds, not a zero spend
+    assert main(["ledger", "show", "--dataset", "typo", "--ledger", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "--dataset typo: unknown dataset id" in err and "ds" in err and "other" in err
 
 
 def test_release_gate_matches_the_calibration_row_not_the_run_id(book):

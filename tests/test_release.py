@@ -162,6 +162,11 @@ def test_release_registers_and_moves_the_production_alias(finished_run, capsys, 
     assert [a["id"] for a in answers] == ["q1", "q2"]
     assert all(a["prediction"] in labels and abs(sum(a["probabilities"].values()) - 1) < 1e-6 for a in answers)
     assert "no further privacy cost" in capsys.readouterr().err
+    # a version that does not exist: the error lists the versions and aliases that do
+    assert main(["predict", "--release", "99", "--input", str(queries), "--dataset-id", finished_run["dataset"]]) == 2
+    err = capsys.readouterr().err
+    assert "release '99': no such version or alias" in err and f"v{first['version']}" in err
+    assert f"production -> v{second['version']}" in err
 
 
 def test_predict_bad_input_names_the_line(finished_run, tmp_path):

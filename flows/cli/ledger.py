@@ -41,15 +41,17 @@ def register(subparsers) -> None:
     budget.set_defaults(handler=_set_budget)
 
     charge = actions.add_parser("charge", help="record a spend made outside dpicl (refused beyond the budget)")
-    charge.add_argument("--dataset", dest="dataset_id", required=True)
-    charge.add_argument("--run-id", required=True)
+    charge.add_argument("--dataset", dest="dataset_id", required=True, help="dataset id to charge")
+    charge.add_argument("--run-id", required=True, help="the run the spend belongs to")
     charge.add_argument("--content-hash", required=True, help="content hash of the private records used")
-    charge.add_argument("--mechanism", choices=list(MECHANISMS), default="gaussian")
+    charge.add_argument("--mechanism", choices=list(MECHANISMS), default="gaussian",
+                        help="gaussian (Algorithm 1 line 12) or rnm (report-noisy-max, lines 15-19)")
     charge.add_argument("--noise-multiplier", type=float, required=True, help="sigma (0: no noise)")
     charge.add_argument("--sampling-rate", type=float, required=True, help="q = MN/|D_y|, largest over labels")
     charge.add_argument("--steps", type=int, required=True, help="T = max_tokens * demos_per_label")
-    charge.add_argument("--delta", type=float, required=True)
-    charge.add_argument("--purpose", choices=list(PURPOSES), default="generate")
+    charge.add_argument("--delta", type=float, required=True, help="the delta the spend was calibrated for")
+    charge.add_argument("--purpose", choices=list(PURPOSES), default="generate",
+                        help="what spent it (default: generate)")
     _common(charge)
     charge.set_defaults(handler=_charge)
 
@@ -110,7 +112,13 @@ def _print_spend(spend: Spend) -> None:
 
 def _show(args) -> int:
     ledger = Ledger(args.ledger_path)
-    ids = [args.dataset_id] if args.dataset_id else ledger.dataset_ids()
+    known = ledger.dataset_ids()
+    if args.dataset_id and args.dataset_id not in known:
+        from dpcore.errors import ConfigError
+
+        raise ConfigError(f"--dataset {args.dataset_id}: unknown dataset id; the ledger {ledger.path} holds "
+                          + (", ".join(known) if known else "no dataset yet"))
+    ids = [args.dataset_id] if args.dataset_id else known
     spends = [ledger.spend(dataset_id, delta=args.delta) for dataset_id in ids]
     if args.json:
         dicts = [{**s.to_dict(), "delta_note": delta_note(s)} for s in spends]
