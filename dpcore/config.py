@@ -39,8 +39,9 @@ class GenerationConfig(_Frozen):
     mechanism: Mechanism = "gaussian"
     sampler: Sampler = Field(
         "poisson",
-        description="poisson: the sampler the accountant assumes. fixed: the paper's code "
-        "(MN records without replacement); its accounting is NOT claimed by the Poisson accountant.",
+        description="poisson: the sampler the accountant models. fixed: the paper's code "
+        "(MN records without replacement), bounded by the same accountant under add/remove "
+        "neighbours (proof in dpcore.sampling).",
     )
     demos_per_label: int = Field(1, ge=1, description="synthetic demonstrations generated per label")
 
