@@ -143,7 +143,10 @@ class NaiveForward:
 
 
 class CountingEngineForward:
-    """The engine's BatchedForward, recording lengths for the FLOP count."""
+    """The engine's BatchedForward (public prompts and each label in separate passes, as in
+    production), recording lengths for the FLOP count."""
+
+    accepts_passes = True
 
     def __init__(self, lm, counter: FlopCounter):
         self.inner = BatchedForward(lm)
@@ -151,9 +154,9 @@ class CountingEngineForward:
         self.device = lm.device
         self.stats = self.inner.stats
 
-    def __call__(self, prompts):
+    def __call__(self, prompts, passes=None):
         reused_before = self.inner.stats.prefix_tokens_reused
-        out = self.inner(prompts)
+        out = self.inner(prompts, passes=passes)
         _sync(self.device)
         reused = self.inner.stats.prefix_tokens_reused - reused_before
         self.counter.add([len(p) for p in prompts], prefix=reused // max(1, len(prompts)))

@@ -150,7 +150,7 @@ def _as_matrix(group_probs) -> np.ndarray:
     probs = group_probs.detach().cpu().double().numpy() if isinstance(group_probs, torch.Tensor) \
         else np.asarray(group_probs, dtype=np.float64)
     if probs.ndim != 2:
-        raise ValueError(f"group_probs must be [groups, vocabulary], got shape {probs.shape}")
+        raise ValueError(f"group_probs must be a 2-D [groups, vocabulary] array, got {probs.ndim} dimensions")
     bad = ~np.isfinite(probs).all(axis=1)
     if bad.any():
         probs = probs.copy()
