@@ -143,15 +143,32 @@ def fit_group(build: Callable[[list[str]], str], encode: Callable[[str], list[in
     return ids
 
 
+# Models built in code rather than loaded (tasks.common.TINY_MODEL_NAMES, `LanguageModel.random`):
+# the embedded model's tokenizer and the context their shapes declare.
+_TINY_NAMES = ("tiny-random", "tiny-random-llama")
+_TINY_CONTEXT = 2048  # LanguageModel.tiny_random's max_position_embeddings
+
+
+def model_tokenizer_and_context(model: str):
+    """(encode: text -> ids, context positions) of a model by name, without loading its weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from dpcore.lm import RANDOM_SHAPES
+    from dpcore.models import resolve_model
+
+    if model in _TINY_NAMES or (model.startswith("random-") and model.removeprefix("random-") in RANDOM_SHAPES):
+        path = resolve_model("smollm2-135m").path
+        context = _TINY_CONTEXT if model in _TINY_NAMES else \
+            int(RANDOM_SHAPES[model.removeprefix("random-")]["max_position_embeddings"])
+    else:
+        path = resolve_model(model).path
+        context = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or 0)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return (lambda text: tokenizer.encode(text, add_special_tokens=False)), context
+
+
 def check_model_budget(model: str, spec, labels: Sequence[str], config) -> PromptBudget:
     """`prompt_budget` for a model by name, from its tokenizer and configuration only (no weights
     are loaded): the check a run makes before it charges the ledger."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from dpcore.models import resolve_model
-
-    path = resolve_model(model).path
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    context = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or 0)
-    return prompt_budget(lambda text: tokenizer.encode(text, add_special_tokens=False), context, spec, labels,
-                         config)
+    encode, context = model_tokenizer_and_context(model)
+    return prompt_budget(encode, context, spec, labels, config)

@@ -515,6 +515,18 @@ def test_prompt_budget_derives_the_cap_and_refuses_what_cannot_fit(tiny_lm, spec
         prompt_budget(tiny_lm.encode, 2048, spec, LABELS, config.model_copy(update={"max_tokens": 2040}))
 
 
+def test_model_budget_by_name_matches_the_loaded_model(tiny_lm, tiny_model_dir, spec):
+    """The pre-charge check reads the tokenizer and context without the weights; the same numbers
+    as the model the run then loads (the tiny model by name, and a saved model folder)."""
+    from dpcore.records import check_model_budget, context_length, prompt_budget
+
+    config = _config(max_tokens=40)
+    loaded = prompt_budget(tiny_lm.encode, context_length(tiny_lm), spec, LABELS, config)
+    assert context_length(tiny_lm) == 2048
+    assert check_model_budget("tiny-random", spec, LABELS, config) == loaded
+    assert check_model_budget(str(tiny_model_dir), spec, LABELS, config) == loaded
+
+
 def test_cli_refuses_a_prompt_that_cannot_fit_before_the_charge(tiny_model_dir, tmp_path, capsys):
     from dpcore.ledger import Ledger
 
