@@ -66,12 +66,14 @@ def prompt_budget(encode: Callable[[str], list[int]], context: int, spec, labels
     """The record cap in force and the longest group prompt, checked against `context`.
 
     `encode` is the model's tokenizer (text -> ids), `spec` the task spec (its generation
-    prompt), `labels` the label names generated for, `config` a GenerationConfig. Uses public
+    prompt and label names), `labels` the label names generated for, `config` a GenerationConfig. Uses public
     inputs only, so it can run (and refuse) before the charge. ConfigError naming
     max_record_tokens, max_tokens or subset_size when the prompt cannot fit.
     """
     prompt = spec.generation
-    names = list(labels) or [""]
+    # Every label of the task (and any other generated for): the cap is a function of the task and
+    # the settings, the same whichever labels one call generates.
+    names = list(dict.fromkeys([*getattr(spec, "label_names", []), *labels])) or [""]
     static = len(encode(prompt.header())) + max(len(encode(prompt.query(y))) for y in names)
     overhead = max(len(encode(prompt.demo(y, ""))) for y in names) + BOUNDARY_SLACK
     fixed = static + int(config.max_tokens)

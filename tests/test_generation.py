@@ -525,6 +525,7 @@ def test_model_budget_by_name_matches_the_loaded_model(tiny_lm, tiny_model_dir, 
     assert context_length(tiny_lm) == 2048
     assert check_model_budget("tiny-random", spec, LABELS, config) == loaded
     assert check_model_budget(str(tiny_model_dir), spec, LABELS, config) == loaded
+    assert prompt_budget(tiny_lm.encode, 2048, spec, ["World"], config) == loaded  # one label's call: same cap
 
 
 def test_cli_refuses_a_prompt_that_cannot_fit_before_the_charge(tiny_model_dir, tmp_path, capsys):
