@@ -558,6 +558,24 @@ def test_generation_errors_carry_no_private_length():
                 assert not private_length.search(line), line
 
 
+def test_a_group_with_non_finite_logits_does_not_take_over_the_step(tiny_lm, spec, records):
+    """fp16 overflow in one group: before, the NaN row made the noisy sum NaN and arg max returned the
+    public favourite whatever the other groups said; now the group counts as uniform over the kept
+    set and the other groups' choice wins (sigma = 0, so the choice is deterministic)."""
+    favourite, hello = tiny_lm.encode(" the")[0], tiny_lm.encode(" hello")[0]
+
+    def forward(prompts):
+        logits = torch.zeros((len(prompts), tiny_lm.vocab_size))
+        logits[:, hello] = 50.0  # every group prefers " hello"
+        logits[0, :] = math.nan  # the first group overflowed
+        logits[-1, favourite], logits[-1, hello] = 50.0, 40.0  # the public prompt (last row): " the" first
+        return logits
+
+    result = generate_demos(tiny_lm, spec, records, _config(max_tokens=2, num_subsets=4), 0.0, seed=3,
+                            labels=["World"], forward=forward)
+    assert result.demos[0].text == "hello hello"
+
+
 # --------------------------------------------------------------------------- sensitivity through the LM
 
 
