@@ -12,8 +12,9 @@ K=100, T_max=40, Poisson sampling, sigma 0.39 (about epsilon 4 at the paper's q 
 - naive: the reference way: one forward pass per group prompt (and per public prompt) per
   token, batch 1, full logits over the whole prompt, labels one after another.
 - engine: `dpcore.generation.generate_demos` with `dpcore.batching.BatchedForward` (one
-  batched pass per step over every active prompt of every label, last position only,
-  shared instruction prefix cached, length-bucketed micro-batches).
+  batched call per step over every active prompt of every label, run as separate passes for
+  the public prompts and for each label's group prompts, last position only, shared prefix
+  cached per pass, length-bucketed micro-batches).
 Both run the same algorithm code with the same per-(label, shot) random streams, so they
 generate the same tokens (up to float rounding; `token_agreement` reports it). With
 `--naive-max-tokens k < T_max` the naive run stops after k steps and is compared with the
