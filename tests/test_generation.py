@@ -500,6 +500,22 @@ def test_truncate_records_cuts_to_the_cap_and_keeps_short_records(tiny_lm):
     assert texts[2].startswith(cut[2][:10])
 
 
+def test_truncation_shortcut_is_exact_for_the_byte_level_tokenizer(tiny_lm, monkeypatch):
+    """Only texts of more than cap - 1 UTF-8 bytes are tokenised: the embedded tokenizer never gives
+    more tokens than bytes + 1, so the shortcut cuts exactly what full tokenisation cuts."""
+    import dpcore.records as records_module
+
+    assert records_module.tokens_at_most_bytes(tiny_lm)
+    rng = np.random.default_rng(1)
+    pieces = ["word", " ", "\n", "東京", "😀", "é", "<|im_end|>", "\t\t", "1234", "ﬁ", "\u200b", "Ω"]
+    texts = ["".join(rng.choice(pieces, size=int(n))) for n in rng.integers(0, 40, size=300)]
+    assert all(len(tiny_lm.encode(t)) <= len(t.encode("utf-8")) + 1 for t in texts)
+    fast = records_module.truncate_records(tiny_lm, texts, 24)
+    monkeypatch.setattr(records_module, "tokens_at_most_bytes", lambda lm: False)
+    assert records_module.truncate_records(tiny_lm, texts, 24) == fast
+    assert sum(a != b for a, b in zip(fast, texts, strict=True)) > 20
+
+
 def test_prompt_budget_derives_the_cap_and_refuses_what_cannot_fit(tiny_lm, spec):
     from dpcore.records import prompt_budget
 
