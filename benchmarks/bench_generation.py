@@ -12,8 +12,9 @@ K=100, T_max=40, Poisson sampling, sigma 0.39 (about epsilon 4 at the paper's q 
 - naive: the reference way: one forward pass per group prompt (and per public prompt) per
   token, batch 1, full logits over the whole prompt, labels one after another.
 - engine: `dpcore.generation.generate_demos` with `dpcore.batching.BatchedForward` (one
-  batched pass per step over every active prompt of every label, last position only,
-  shared instruction prefix cached, length-bucketed micro-batches).
+  batched call per step over every active prompt of every label, run as separate passes for
+  the public prompts and for each label's group prompts, last position only, shared prefix
+  cached per pass, length-bucketed micro-batches).
 Both run the same algorithm code with the same per-(label, shot) random streams, so they
 generate the same tokens (up to float rounding; `token_agreement` reports it). With
 `--naive-max-tokens k < T_max` the naive run stops after k steps and is compared with the
@@ -143,7 +144,10 @@ class NaiveForward:
 
 
 class CountingEngineForward:
-    """The engine's BatchedForward, recording lengths for the FLOP count."""
+    """The engine's BatchedForward (public prompts and each label in separate passes, as in
+    production), recording lengths for the FLOP count."""
+
+    accepts_passes = True
 
     def __init__(self, lm, counter: FlopCounter):
         self.inner = BatchedForward(lm)
@@ -151,9 +155,9 @@ class CountingEngineForward:
         self.device = lm.device
         self.stats = self.inner.stats
 
-    def __call__(self, prompts):
+    def __call__(self, prompts, passes=None):
         reused_before = self.inner.stats.prefix_tokens_reused
-        out = self.inner(prompts)
+        out = self.inner(prompts, passes=passes)
         _sync(self.device)
         reused = self.inner.stats.prefix_tokens_reused - reused_before
         self.counter.add([len(p) for p in prompts], prefix=reused // max(1, len(prompts)))

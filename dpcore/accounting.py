@@ -11,7 +11,8 @@ Neighbouring datasets: add/remove one private record (one (text, label) row of t
 split). Each token step draws the groups of the step by Poisson sampling of the label's
 records with rate q = M*N/|D_y| (`sampling_rate`), so one record takes part in a step with
 probability q; the accountant assumes exactly this sampler (the paper's fixed-size sampler
-without replacement is not covered).
+without replacement is dominated by the same pair under add/remove neighbours, so the bound
+covers it too: proof in `dpcore.sampling`).
 
 Gaussian mechanism (Algorithm 1 line 12; Appendix A, proof of Theorem 1): each group's
 next-token distribution is a probability vector, so adding or removing one record changes the

@@ -1,7 +1,12 @@
 """Batched last-position forward passes for many prompts at once (the engine of Algorithm 1 line 6/8).
 
 One call takes every active prompt of a token step (all groups of all labels and shots, plus
-their public prompts) and returns their next-token logits, computing only what is needed:
+their public prompts) and returns their next-token logits, computing only what is needed.
+Prompts are first split into separate passes by the caller's pass keys (`passes`): prompts of
+different passes never share a model call, so the public prompts' logits, which choose the RVP
+top-K set, are computed from public prompts alone, and one label's logits never depend on
+another label's records, not even through floating-point rounding (kernel choice, reduction
+order and padding width can depend on a batch's shape). Within a pass:
 
 - Last position only: the language-model head runs on one position per prompt
   (`logits_to_keep=1`), never on the whole prompt.
@@ -29,7 +34,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -282,7 +287,7 @@ def use_packed_attention(model) -> None:
 
 
 class BatchedForward:
-    """Callable: prompts (token-id lists) -> last-position logits [B, V] float32 on CPU.
+    """Callable: prompts (token-id lists) [, pass keys] -> last-position logits [B, V] float32 on CPU.
 
     `lm` is a `dpcore.lm.LanguageModel`. Defaults suit the device: on CPU small micro-batches
     (cache-friendly, little padding), on CUDA large ones (kernel-launch overhead dominates).
@@ -294,6 +299,7 @@ class BatchedForward:
                  prefix_cache: bool = True, min_prefix: int = 4, packed: bool | None = None,
                  varlen: bool | None = None):
         self.lm = lm
+        self.accepts_passes = True  # the generation engine passes its pass keys (see __call__)
         cuda = lm.device.type == "cuda"
         # Packed (no padding) for Llama-family models on CPU, and on CUDA where varlen flash attention
         # serves the dtype; left padding elsewhere.
@@ -385,38 +391,36 @@ class BatchedForward:
     # ------------------------------------------------------------------ forward
 
     @torch.inference_mode()
-    def __call__(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+    def __call__(self, prompts: Sequence[Sequence[int]], passes: Sequence[Hashable] | None = None) -> torch.Tensor:
+        """Last-position logits [len(prompts), V] float32 on CPU, in the order of `prompts`.
+
+        `passes` (one key per prompt): prompts with different keys never share a model call,
+        a micro-batch, a padded width or a shared cached prefix. Each key's prompts are run as
+        if they were the only prompts of the call, so their logits are a function of those
+        prompts alone, bit for bit, whatever else the call holds (the generation engine keys
+        the public prompts apart from every label's private group prompts). The prefix cache
+        is keyed by token ids and computed from the prefix alone, so sharing it across keys
+        shares no other prompt's tokens. None: one key for all.
+        """
         lm = self.lm
         if not prompts:
             return torch.empty((0, lm.vocab_size))
         if any(len(p) == 0 for p in prompts):
             raise ValueError("an empty prompt has no next-token distribution")
         if self.max_positions and max(len(p) for p in prompts) > self.max_positions:
-            raise ValueError(
-                f"a prompt of {max(len(p) for p in prompts)} tokens exceeds the model's context of "
-                f"{self.max_positions} positions"
-            )
+            # No length in the message: prompts hold private records (the engine checks the bound
+            # from public settings before any privacy is spent, so this is a programming error).
+            raise ValueError(f"a prompt exceeds the model's context of {self.max_positions} positions")
+        if passes is not None and len(passes) != len(prompts):
+            raise ValueError("passes: one key per prompt")
         began = time.perf_counter()
         self.stats.calls += 1
         self.stats.prompts += len(prompts)
-        prefix_len = 0
-        if self.prefix_cache and len(prompts) > 1:
-            prefix_len = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
-            if prefix_len < self.min_prefix:
-                prefix_len = 0
-        kv = self._prefix_kv(tuple(int(t) for t in prompts[0][:prefix_len])) if prefix_len else None
-        rest = [p[prefix_len:] for p in prompts]
         # Logits are gathered on the device and cross to the host once, into pinned memory on CUDA
         # (a pageable copy of [B, V] float32 costs several ms per step).
         out = torch.empty((len(prompts), lm.vocab_size), dtype=torch.float32, device=lm.device)
-        run = self._run_packed if self.packed else self._run_padded
-        for rows in self._plan([len(r) for r in rest]):
-            logits, computed = run([rest[i] for i in rows], kv, prefix_len)
-            out[torch.as_tensor(rows, device=lm.device)] = logits.float()
-            self.stats.micro_batches += 1
-            self.stats.tokens += sum(len(rest[i]) for i in rows)
-            self.stats.padded_tokens += computed
-            self.stats.prefix_tokens_reused += prefix_len * len(rows)
+        for rows in _pass_rows(passes, len(prompts)):
+            self._one_pass([prompts[i] for i in rows], rows, out)
         if lm.device.type == "cuda":
             host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
             out = host.copy_(out)
@@ -424,3 +428,31 @@ class BatchedForward:
             out = out.cpu()
         self.stats.seconds += time.perf_counter() - began
         return out
+
+    def _one_pass(self, prompts: Sequence[Sequence[int]], rows: np.ndarray, out: torch.Tensor) -> None:
+        """Forward `prompts` (their own shared prefix, their own micro-batches) into out[rows]."""
+        prefix_len = 0
+        if self.prefix_cache and len(prompts) > 1:
+            prefix_len = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+            if prefix_len < self.min_prefix:
+                prefix_len = 0
+        kv = self._prefix_kv(tuple(int(t) for t in prompts[0][:prefix_len])) if prefix_len else None
+        rest = [p[prefix_len:] for p in prompts]
+        run = self._run_packed if self.packed else self._run_padded
+        for chunk_rows in self._plan([len(r) for r in rest]):
+            logits, computed = run([rest[i] for i in chunk_rows], kv, prefix_len)
+            out[torch.as_tensor(rows[chunk_rows], device=self.lm.device)] = logits.float()
+            self.stats.micro_batches += 1
+            self.stats.tokens += sum(len(rest[i]) for i in chunk_rows)
+            self.stats.padded_tokens += computed
+            self.stats.prefix_tokens_reused += prefix_len * len(chunk_rows)
+
+
+def _pass_rows(passes: Sequence[Hashable] | None, count: int) -> list[np.ndarray]:
+    """Row indices of each pass key, keys in order of first appearance (one array when no keys)."""
+    if passes is None:
+        return [np.arange(count)]
+    groups: dict[Hashable, list[int]] = {}
+    for index, key in enumerate(passes):
+        groups.setdefault(key, []).append(index)
+    return [np.asarray(rows, dtype=np.int64) for rows in groups.values()]

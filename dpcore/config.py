@@ -7,7 +7,8 @@ The smaller configs (`GenerationConfig`, `EvalConfig`, `AuditConfig`) are typed
 views of it that dpcore functions take, so each function sees only what it uses.
 
 Symbols of Tang et al. (Algorithm 1): M = num_subsets, N = subset_size,
-K = top_k, RVP = rvp, T_max = max_tokens, sigma = noise multiplier.
+K = top_k, RVP = rvp, T_max = max_tokens, sigma = noise multiplier. `max_record_tokens` is
+the public token cap applied to every private record before generation (`dpcore.records`).
 """
 
 from __future__ import annotations
@@ -45,10 +46,16 @@ class GenerationConfig(_Frozen):
     mechanism: Mechanism = "gaussian"
     sampler: Sampler = Field(
         "poisson",
-        description="poisson: the sampler the accountant assumes. fixed: the paper's code "
-        "(MN records without replacement); its accounting is NOT claimed by the Poisson accountant.",
+        description="poisson: the sampler the accountant models. fixed: the paper's code "
+        "(MN records without replacement), bounded by the same accountant under add/remove "
+        "neighbours (proof in dpcore.sampling).",
     )
     demos_per_label: int = Field(1, ge=1, description="synthetic demonstrations generated per label")
+    max_record_tokens: int | None = Field(
+        None, ge=1,
+        description="public cap: every private record is cut to this many tokens before generation; "
+        "default: the largest cap for which the instruction, N records and max_tokens fit the model's context",
+    )
 
 
 class EvalConfig(_Frozen):
@@ -94,6 +101,9 @@ class RunConfig(_Frozen):
     top_k: int = Field(100, ge=1, description="K: public top-K vocabulary kept by RVP")
     rvp: bool = True
     max_tokens: int = Field(40, ge=1, description="T_max: token steps per demonstration")
+    max_record_tokens: int | None = Field(
+        None, ge=1, description="public token cap on each private record (default: the largest that fits the "
+        "model's context with N records and max_tokens)")
     seed: int | None = Field(None, description="noise seed for experiments; None: cryptographically seeded")
 
     shots: int = Field(4, ge=0, description="demonstrations in each ICL prompt (generation makes ceil(shots/labels) per label)")
@@ -176,6 +186,7 @@ class RunConfig(_Frozen):
             max_tokens=self.max_tokens,
             mechanism=self.mechanism,
             sampler=self.sampler,
+            max_record_tokens=self.max_record_tokens,
         )
 
     def eval_config(self) -> EvalConfig:

@@ -14,10 +14,12 @@ At each token step t (line 2), for every (label, shot) still generating:
   lines 20-22 stop at an end token (not kept), at the task's stop string (kept out of the
               text), or after T_max tokens.
 
-Engine: ONE batched forward pass per step over every active prompt (all groups of all
-labels and shots plus their public prompts), left-padded, last-position logits only,
-shared instruction prefix computed once (`dpcore.batching.BatchedForward`). Finished
-demonstrations drop out. Each group prompt's prefix PB(instruction, records, y) is
+Engine: ONE batched forward call per step over every active prompt (all groups of all
+labels and shots plus their public prompts), last-position logits only, shared prefix
+computed once (`dpcore.batching.BatchedForward`). Inside the call the public prompts run in
+a pass of their own and each label's group prompts in another (`_Engine._forward`: no model
+call mixes public with private prompts or two labels' records, so the RVP set is public bit
+for bit). Finished demonstrations drop out. Each group prompt's prefix PB(instruction, records, y) is
 tokenised once per step (records change every step: no reuse across steps is possible),
 and the generated token ids are appended as ids (generated text is never re-tokenised).
 
@@ -63,6 +65,7 @@ from dpcore.mechanisms import (
     public_top_k,
     restricted_softmax,
 )
+from dpcore.records import context_length, fit_group, prompt_budget, truncate_records
 from dpcore.sampling import SAMPLERS, check_group_sizes, draw_groups
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,7 @@ STOP_MAX_TOKENS = "max_tokens"
 METHODS = ("dp", "sigma-zero", "instruction-only", "random-real")
 
 Forward = Callable[[list[list[int]]], torch.Tensor]
+PUBLIC_PASS = ("public",)  # pass key of the public prompts (labels are strings: never equal to it)
 Progress = Callable[[dict], None]
 
 
@@ -215,8 +219,9 @@ class _Engine:
         self.forward = forward if forward is not None else BatchedForward(lm)
         self.progress = progress
         self.stop = spec.generation.stop or ""
-        model_config = getattr(getattr(lm, "model", None), "config", None)
-        self.max_positions = int(getattr(model_config, "max_position_embeddings", 0) or 0)
+        self.max_positions = context_length(lm)
+        # A group prompt (before its generated text) may hold this many tokens; 0: no limit.
+        self.prompt_limit = max(self.max_positions - int(config.max_tokens), 1) if self.max_positions else 0
         self.stats = {"steps": 0, "synthetic_tokens": 0}  # public (PUBLIC_STATS)
         # Depend on the sampled records (their number and lengths): private.
         self.private_stats = {"prompts": 0, "prompt_tokens": 0, "forward_seconds": 0.0, "tokenize_seconds": 0.0,
@@ -230,18 +235,55 @@ class _Engine:
         Touches only each stream's own sampling generator, so it may run one step ahead in a
         background thread (see `run`) and draw exactly what it would have drawn in line."""
         config = self.config
-        texts, owners = [], []
+        texts, owners, members = [], [], []
         for index, stream in enumerate(active):
             groups = draw_groups(config.sampler, len(stream.records), config.num_subsets, config.subset_size,
                                  stream.sample_rng)
             for group in groups:
                 if group.size:
-                    texts.append(self.spec.generation.build(stream.label, [stream.records[i] for i in group]))
+                    records = [stream.records[i] for i in group]
+                    texts.append(self.spec.generation.build(stream.label, records))
                     owners.append(index)
+                    members.append(records)
         began = time.perf_counter()
         ids = self.lm.encode_batch(texts)
+        if self.prompt_limit:  # a Poisson group larger than N may not fit: keep its first records that do
+            for row, prompt in enumerate(ids):
+                if len(prompt) > self.prompt_limit:
+                    label = active[owners[row]].label
+                    ids[row] = fit_group(lambda group, label=label: self.spec.generation.build(label, group),
+                                         self.lm.encode, members[row], self.prompt_limit, prompt)
         self.private_stats["tokenize_seconds"] += time.perf_counter() - began
         return ids, owners
+
+    def _forward(self, prompts: list[list[int]], passes: list) -> torch.Tensor:
+        """The step's logits, the public prompts and each label's group prompts in separate passes.
+
+        Why per label on every device, CPU fp32 included: a row's logits are not guaranteed to be
+        a function of that row alone when rows share a call. BLAS libraries (oneDNN/MKL/OpenBLAS
+        on CPU, cuBLAS on GPU) pick kernels, blockings and split reductions by matrix shape, so
+        the total packed length of a micro-batch, the shared cached prefix length (the longest
+        prefix common to every prompt of the pass) and the padded width (non-Llama models) can
+        all change the rounding of every row, and all three depend on the private records in the
+        call. A public top-K set computed next to private prompts would be a (rounding-level)
+        function of private data, and one label's sum a function of another label's records,
+        which the parallel composition over labels does not account for. Measured on CPU in fp32
+        (tiny model, 4 labels x 10 groups, 20 random draws): one label's logits computed in a
+        call with the other labels' prompts differed bitwise from the same prompts alone in 20 of
+        20 draws (the shared prefix length changed), so CPU fp32 needs per-label passes too.
+        Separate passes make "public" public bit for bit and each label's logits a function of its
+        own records only;
+        the cost is measured by benchmarks/bench_generation.py (README, Benchmarks). Within a
+        label, its groups still share passes (they read the same D_y; each group's contribution
+        is bounded by the sensitivity argument only up to float rounding, as in any
+        floating-point DP implementation).
+
+        A custom `forward` (tests, benchmarks) that does not declare `accepts_passes` gets the
+        whole step in one call, as before; the engine's default `BatchedForward` does.
+        """
+        if getattr(self.forward, "accepts_passes", False):
+            return self.forward(prompts, passes=passes)
+        return self.forward(prompts)
 
     def _finish_token(self, stream: _Stream, token: int) -> None:
         """Lines 20-22 plus the stop string and T_max."""
@@ -289,14 +331,16 @@ class _Engine:
                 ahead = (active, pool.submit(self._group_prompts, active)) \
                     if pool is not None and step < config.max_tokens else None
                 group_count = len(prompts)
-                if use_public:  # line 8: the public prompt, no private record
+                passes = [active[owner].label for owner in owners]  # one pass per label's private groups
+                if use_public:  # line 8: the public prompt, no private record, in a pass of its own
                     prompts.extend(stream.public_prefix + stream.generated for stream in active)
-                longest = max(len(p) for p in prompts)
-                if self.max_positions and longest > self.max_positions:
-                    raise ConfigError(f"a prompt of {longest} tokens exceeds the model's context of "
-                                      f"{self.max_positions} positions: lower subset_size (N) or max_tokens")
+                    passes.extend([PUBLIC_PASS] * len(active))
+                if self.max_positions and any(len(p) > self.max_positions for p in prompts):
+                    # Unreachable after `prompt_budget` and `fit_group`; no length in the message (private).
+                    raise ConfigError(f"a prompt exceeds the model's context of {self.max_positions} positions: "
+                                      "lower max_tokens, subset_size (N) or max_record_tokens")
                 forward_began = time.perf_counter()
-                logits = self.forward(prompts)  # ONE batched pass for every active sequence
+                logits = self._forward(prompts, passes)  # ONE batched call for every active sequence
                 forward_seconds = time.perf_counter() - forward_began
                 mechanism_began = time.perf_counter()
                 # A stream's group prompts are contiguous (built stream by stream): a view, not a copy.
@@ -370,6 +414,19 @@ def _model_name(lm) -> str:
     return str(getattr(lm, "name", type(lm).__name__))
 
 
+def prepare_records(lm, spec, records_by_label: dict[str, list[str]], labels: Sequence[str],
+                    config: GenerationConfig) -> dict[str, list[str]]:
+    """Where private records enter generation: each record cut to the public token cap.
+
+    The cap is `config.max_record_tokens`, or the largest for which the instruction, N records
+    and T_max generated tokens fit the model's context (`dpcore.records.prompt_budget`, which
+    raises a ConfigError naming the parameter when they cannot: call it before the charge).
+    A per-record transformation, applied before sampling: the accounting is unchanged.
+    """
+    budget = prompt_budget(lm.encode, context_length(lm), spec, labels, config)
+    return {label: truncate_records(lm, records_by_label[label], budget.record_cap) for label in labels}
+
+
 def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: GenerationConfig,
                    noise_multiplier: float, seed: int | None = None, labels: list[str] | None = None,
                    progress: Progress | None = None, *, forward: Forward | None = None,
@@ -387,6 +444,7 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
     sigma = check_noise_multiplier(noise_multiplier)
     chosen = _check_labels(labels, list(records_by_label))
     validate_generation(config, sigma, int(lm.vocab_size), {y: len(records_by_label[y]) for y in chosen})
+    records = prepare_records(lm, spec, records_by_label, chosen, config)
     root, seeded = noise_seed_sequence(seed)
     engine = _Engine(lm, spec, config, forward, progress, prefetch)
     public = {y: lm.encode(spec.generation.build(y, [])) for y in chosen}
@@ -394,8 +452,7 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
     for label in chosen:
         for shot in range(config.demos_per_label):
             sample_rng, noise_rng = stream_generators(root, label, shot)
-            streams.append(_Stream(label, shot, public[label], sample_rng, noise_rng,
-                                   records=list(records_by_label[label])))
+            streams.append(_Stream(label, shot, public[label], sample_rng, noise_rng, records=records[label]))
     keep_k = int(config.top_k)
 
     def choose(stream: _Stream, public_logits, group_logits) -> int:

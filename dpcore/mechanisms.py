@@ -20,6 +20,16 @@
   with ours, sigma = 0 means no noise for both mechanisms.
 - `noisy_argmax`: lines 16-19, the released token.
 
+Non-finite logits (possible in fp16/bf16: an overflow gives inf, inf - inf gives NaN) would make
+a group's softmax row NaN, the noisy sum NaN on every coordinate, and the arg max then picks
+the first NaN, ignoring the noise. Every group row whose kept coordinates are not a finite
+probability vector is therefore replaced by the uniform distribution over the kept set (the
+RVP top-K set S, or the whole vocabulary with RVP off) before aggregation
+(`uniform_if_not_finite`, applied in `restricted_softmax`, `restrict_to_vocab` and again in
+`aggregate`). The replacement is still a probability vector, so each group's contribution
+stays in the simplex and the sqrt(2) L2 (and L_inf 1 for report-noisy-max) sensitivity
+argument is unchanged: it never looked at what the vector is, only that it is one.
+
 With RVP on, noise is drawn only for the K kept coordinates: line 17 takes the arg max over
 S, so noise on the other |V| - K coordinates never influences the output (same
 distribution of the released token as the paper's full-vocabulary noise).
@@ -86,12 +96,25 @@ def public_top_k(public_probs: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(public_probs, int(k), dim=-1, sorted=True).indices
 
 
+def uniform_if_not_finite(probs: torch.Tensor) -> torch.Tensor:
+    """Each row [..., C] that holds a NaN or an infinity becomes uniform over its C coordinates.
+
+    Rows are probability vectors over the kept set (C = K with RVP, V without), so the
+    replacement is the uniform distribution over that set: a probability vector, which keeps
+    the sensitivity bound (see the module docstring). Finite rows are returned unchanged.
+    """
+    bad = ~torch.isfinite(probs).all(dim=-1, keepdim=True)
+    if not bool(bad.any()):
+        return probs
+    return torch.where(bad, torch.full_like(probs, 1.0 / probs.shape[-1]), probs)
+
+
 def restrict_to_vocab(group_probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Line 10: zero every coordinate outside `keep` and renormalise each row over `keep`.
 
     `group_probs` [G, V] (or [V]); returns the same shape. A row with no mass on `keep`
-    (possible only through float underflow) becomes uniform on `keep`: still a probability
-    vector, so the sensitivity argument is unchanged.
+    (possible only through float underflow) or a non-finite value on `keep` becomes uniform
+    on `keep`: still a probability vector, so the sensitivity argument is unchanged.
     """
     squeeze = group_probs.dim() == 1
     probs = group_probs.unsqueeze(0) if squeeze else group_probs
@@ -99,6 +122,7 @@ def restrict_to_vocab(group_probs: torch.Tensor, keep: torch.Tensor) -> torch.Te
     mass = kept.sum(dim=1, keepdim=True)
     uniform = torch.full_like(kept, 1.0 / kept.shape[1])
     kept = torch.where(mass > 0, kept / mass.clamp_min(torch.finfo(kept.dtype).tiny), uniform)
+    kept = uniform_if_not_finite(kept)
     out = torch.zeros_like(probs)
     out[:, keep] = kept
     return out.squeeze(0) if squeeze else out
@@ -109,21 +133,28 @@ def restricted_softmax(group_logits: torch.Tensor, keep: torch.Tensor | None) ->
 
     Equal to `restrict_to_vocab(softmax(logits), keep)[..., keep]` (the renormalised kept
     coordinates, in `keep` order) without underflow. `keep=None` (RVP off): the full softmax.
+    A group whose kept logits give no finite distribution (NaN, +inf, or all -inf) gets the
+    uniform distribution over the kept set (`uniform_if_not_finite`).
     Returns float64 [G, K] (or [G, V]).
     """
     if keep is not None:  # restrict first: only K coordinates are converted and exponentiated
         group_logits = group_logits[..., keep]
-    return torch.softmax(group_logits.double(), dim=-1)
+    return uniform_if_not_finite(torch.softmax(group_logits.double(), dim=-1))
 
 
 # --------------------------------------------------------------------------- aggregation
 
 
 def _as_matrix(group_probs) -> np.ndarray:
+    """float64 [G, C]; a row with a non-finite value becomes uniform over the C coordinates."""
     probs = group_probs.detach().cpu().double().numpy() if isinstance(group_probs, torch.Tensor) \
         else np.asarray(group_probs, dtype=np.float64)
     if probs.ndim != 2:
-        raise ValueError(f"group_probs must be [groups, vocabulary], got shape {probs.shape}")
+        raise ValueError(f"group_probs must be a 2-D [groups, vocabulary] array, got {probs.ndim} dimensions")
+    bad = ~np.isfinite(probs).all(axis=1)
+    if bad.any():
+        probs = probs.copy()
+        probs[bad] = 1.0 / probs.shape[1]
     return probs
 
 

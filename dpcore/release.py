@@ -6,7 +6,10 @@ condition holds (issue 8):
   2. its noise was cryptographically seeded (a fixed-seed experiment is never released),
   3. its privacy spend is recorded in the ledger: an entry of that run holds the released
      demos' calibration row (mechanism, sigma, q, T, delta), not merely any entry of the run id,
-  4. the accountant cross-check agreed for every epsilon it released.
+  4. the accountant cross-check agreed for every epsilon it released,
+  5. its demos were drawn with a sampler the accountant's bound covers
+     (`dpcore.sampling.ACCOUNTED_SAMPLERS`: Poisson, and the fixed-size sampler under
+     add/remove neighbours, proof in `dpcore.sampling`).
 A refusal lists every failed condition, not only the first. Demos released here are
 DP outputs: answering queries with them later is post-processing (no privacy cost).
 
@@ -39,6 +42,7 @@ class ReleaseEvidence:
     crosscheck_agreed: bool
     dp_demos: int
     epsilons: tuple[float, ...] = field(default_factory=tuple)
+    samplers: tuple[str, ...] = field(default_factory=tuple)  # of the DP demos; "unrecorded" when absent
 
 
 def release_failures(evidence: ReleaseEvidence) -> list[str]:
@@ -60,6 +64,12 @@ def release_failures(evidence: ReleaseEvidence) -> list[str]:
                         "(their mechanism, sigma, q, T and delta)")
     if not evidence.crosscheck_agreed:
         failures.append("the accountant cross-check (prv-accountant vs dp-accounting PLD) did not agree")
+    from dpcore.sampling import ACCOUNTED_SAMPLERS
+
+    uncovered = sorted(set(evidence.samplers) - set(ACCOUNTED_SAMPLERS))
+    if uncovered:
+        failures.append(f"the demos were drawn with sampler {', '.join(uncovered)}, which the privacy accountant "
+                        f"does not cover (covered: {', '.join(ACCOUNTED_SAMPLERS)})")
     return failures
 
 
@@ -121,6 +131,8 @@ def evidence_from_tables(
         crosscheck_agreed=agreed,
         dp_demos=len(dp),
         epsilons=tuple(sorted(set(float(e) for e in dp["epsilon"]))) if "epsilon" in dp.columns else (),
+        samplers=(tuple(sorted(set(dp["sampler"].astype(str)))) if "sampler" in dp.columns else ("unrecorded",))
+        if len(dp) else (),
     )
 
 

@@ -171,6 +171,11 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     write_table(pd.DataFrame(calibration, columns=calibrate_stage.CALIBRATION_COLUMNS),
                 paths.public / "calibration.parquet")
 
+    # the longest group prompt fits the model's context: checked from the tokenizer, before any charge
+    from dpcore.records import check_model_budget
+    from dpcore.taskspec import load_task_spec
+
+    check_model_budget(config.model, load_task_spec(config.task_spec or config.dataset), labels, generation_config)
     scope = noise_scope(config.seed, run_id)
     plan = generate_stage.generation_plan(labels, calibration, list(config.baselines), config.seed)
     # ledger: every spend of the plan the ledger does not already hold for this run, charged at once

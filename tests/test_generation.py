@@ -354,6 +354,244 @@ def test_finished_sequences_drop_out_of_the_batch(tiny_lm, spec, records):
     assert not any(any(b) for b in batches[2:])  # World left the batch
 
 
+# --------------------------------------------------------------------------- public and per-label passes
+
+
+class _Recording:
+    """The engine's BatchedForward, keeping every step's prompts, pass keys and logits."""
+
+    accepts_passes = True
+
+    def __init__(self, lm):
+        self.inner, self.steps = BatchedForward(lm), []
+
+    def __call__(self, prompts, passes=None):
+        logits = self.inner(prompts, passes=passes)
+        self.steps.append(([list(p) for p in prompts], list(passes), logits.clone()))
+        return logits
+
+
+def _pass_owner(tiny_lm, prompt):
+    """'public' for a prompt without a record, else the label whose records it holds."""
+    text = tiny_lm.decode(prompt)
+    owners = {label for label in LABELS if f"{label} item " in text}
+    assert len(owners) <= 1
+    return owners.pop() if owners else "public"
+
+
+def test_public_prompts_run_in_passes_without_any_private_prompt(tiny_lm, spec, records, monkeypatch):
+    """Every model call of a step belongs to one pass, and a pass holds either public prompts only
+    or the group prompts of one label only (spy on the forward batching)."""
+    passes, inside = [], [0]
+    original_pass, original_model = BatchedForward._one_pass, tiny_lm.model.forward
+    model_calls = {"inside": 0, "outside": 0}
+
+    def spy_pass(self, prompts, rows, out):
+        passes.append({_pass_owner(tiny_lm, p) for p in prompts})
+        inside[0] += 1
+        try:
+            return original_pass(self, prompts, rows, out)
+        finally:
+            inside[0] -= 1
+
+    def spy_model(*args, **kwargs):
+        model_calls["inside" if inside[0] else "outside"] += 1
+        return original_model(*args, **kwargs)
+
+    monkeypatch.setattr(BatchedForward, "_one_pass", spy_pass)
+    monkeypatch.setattr(tiny_lm.model, "forward", spy_model)
+    result = generate_demos(tiny_lm, spec, records, _config(max_tokens=3, demos_per_label=2), 0.5, seed=6)
+    assert result.stats["steps"] == 3
+    assert model_calls["outside"] == 0 and model_calls["inside"] >= len(passes)
+    assert all(len(owners) == 1 for owners in passes)
+    assert sum(owners == {"public"} for owners in passes) == 3  # one public pass per step
+    assert {next(iter(o)) for o in passes} == {"public", *LABELS}
+
+
+def test_public_and_label_logits_are_bit_for_bit_those_of_their_own_prompts(tiny_lm, spec, records):
+    """The RVP set is public bit for bit: the public rows equal a call on the public prompts alone,
+    and each label's rows equal a call on that label's group prompts alone."""
+    recording = _Recording(tiny_lm)
+    generate_demos(tiny_lm, spec, records, _config(max_tokens=3), 0.5, seed=7, forward=recording)
+    assert len(recording.steps) == 3
+    for prompts, keys, logits in recording.steps:
+        for key in {*keys}:
+            rows = [i for i, k in enumerate(keys) if k == key]
+            alone = BatchedForward(tiny_lm)([prompts[i] for i in rows])
+            assert torch.equal(logits[rows], alone)
+            owners = {_pass_owner(tiny_lm, prompts[i]) for i in rows}
+            assert owners == ({"public"} if key not in LABELS else {key})
+
+
+@pytest.mark.parametrize("mechanism, sigma", [("gaussian", 0.3), ("rnm", 0.05)])
+def test_separate_passes_leave_fp32_cpu_demos_unchanged(tiny_lm, spec, records, mechanism, sigma):
+    """fp32 on CPU with a fixed seed: the demos of separate passes are those of one mixed pass
+    (the engine before the separation) and those of one prompt at a time."""
+    mixed_inner = BatchedForward(tiny_lm)
+
+    def mixed(prompts):  # no pass keys: every prompt of the step in one call, as before
+        return mixed_inner(prompts)
+
+    def one_at_a_time(prompts):
+        return torch.cat([tiny_lm.next_token_logits([p]) for p in prompts])
+
+    config = _config(max_tokens=5, demos_per_label=2, mechanism=mechanism)
+    separate = generate_demos(tiny_lm, spec, records, config, sigma, seed=12).demos
+    assert separate == generate_demos(tiny_lm, spec, records, config, sigma, seed=12, forward=mixed).demos
+    assert separate == generate_demos(tiny_lm, spec, records, config, sigma, seed=12, forward=one_at_a_time).demos
+
+
+# --------------------------------------------------------------------------- the record token cap
+
+
+class _SmallContext:
+    """`tiny_lm` as if its context were `positions` long (for prompts that cannot fit)."""
+
+    def __init__(self, lm, positions):
+        self._lm = lm
+        self.model = type("Model", (), {"config": type("Config", (), {"max_position_embeddings": positions})()})()
+
+    def __getattr__(self, name):
+        return getattr(self._lm, name)
+
+
+def _long_records(count, words=2500):
+    rng = np.random.default_rng(3)
+    vocabulary = ["market", "match", "election", "chip", "storm", "merger", "league", "rocket"]
+    return {label: [f"{label} item {i}: " + " ".join(rng.choice(vocabulary, size=words)) for i in range(count)]
+            for label in LABELS}
+
+
+def test_records_longer_than_the_context_are_cut_and_generation_never_overflows(tiny_lm, spec):
+    """Before: a prompt of private records longer than the context raised mid-run (after the
+    charge) with its length in the message. Now every record is cut to the public cap and every
+    prompt of every step fits the context."""
+    hello = tiny_lm.encode(" hello")[0]
+    forward = PlannedForward(tiny_lm.vocab_size, [hello])
+    config = _config(max_tokens=3, num_subsets=2, subset_size=2)
+    records = _long_records(8)
+    assert min(len(tiny_lm.encode(r)) for r in records["World"]) > 2048  # each alone overflows
+    result = generate_demos(tiny_lm, spec, records, config, 0.0, seed=1, forward=forward)
+    assert [d.tokens for d in result.demos] == [3] * 4
+    assert max(len(p) for batch in forward.batches for p in batch) <= 2048
+
+
+def test_poisson_groups_larger_than_n_are_fitted_to_the_context(tiny_lm, spec):
+    """A Poisson group can hold many more than N records; its prompt keeps its first records that fit."""
+    small = _SmallContext(tiny_lm, 400)
+    forward = PlannedForward(tiny_lm.vocab_size, [tiny_lm.encode(" hello")[0]])
+    config = _config(max_tokens=3, num_subsets=2, subset_size=2)
+    records = _long_records(8, words=60)  # q = 4/8: groups of Binomial(8, 1/4) records, often > N
+    result = generate_demos(small, spec, records, config, 0.0, seed=2, forward=forward)
+    assert len(result.demos) == 4
+    lengths = [len(p) for batch in forward.batches for p in batch]
+    assert max(lengths) <= 400
+    assert max(lengths) > 400 - 3 - 80  # the limit is used, not a much smaller one
+
+
+def test_truncate_records_cuts_to_the_cap_and_keeps_short_records(tiny_lm):
+    from dpcore.records import truncate_records
+
+    texts = ["short one", "word " * 500, "café naïve – 東京 " * 100, ""]
+    cut = truncate_records(tiny_lm, texts, 40)
+    assert cut[0] == "short one" and cut[3] == ""
+    assert all(len(tiny_lm.encode(t)) <= 40 for t in cut)
+    assert cut[1].startswith("word word") and len(tiny_lm.encode(cut[1])) >= 38
+    assert texts[2].startswith(cut[2][:10])
+
+
+def test_truncation_shortcut_is_exact_for_the_byte_level_tokenizer(tiny_lm, monkeypatch):
+    """Only texts of more than cap - 1 UTF-8 bytes are tokenised: the embedded tokenizer never gives
+    more tokens than bytes + 1, so the shortcut cuts exactly what full tokenisation cuts."""
+    import dpcore.records as records_module
+
+    assert records_module.tokens_at_most_bytes(tiny_lm)
+    rng = np.random.default_rng(1)
+    pieces = ["word", " ", "\n", "東京", "😀", "é", "<|im_end|>", "\t\t", "1234", "ﬁ", "\u200b", "Ω"]
+    texts = ["".join(rng.choice(pieces, size=int(n))) for n in rng.integers(0, 40, size=300)]
+    assert all(len(tiny_lm.encode(t)) <= len(t.encode("utf-8")) + 1 for t in texts)
+    fast = records_module.truncate_records(tiny_lm, texts, 24)
+    monkeypatch.setattr(records_module, "tokens_at_most_bytes", lambda lm: False)
+    assert records_module.truncate_records(tiny_lm, texts, 24) == fast
+    assert sum(a != b for a, b in zip(fast, texts, strict=True)) > 20
+
+
+def test_prompt_budget_derives_the_cap_and_refuses_what_cannot_fit(tiny_lm, spec):
+    from dpcore.records import prompt_budget
+
+    config = _config(max_tokens=40, subset_size=4)
+    budget = prompt_budget(tiny_lm.encode, 2048, spec, LABELS, config)
+    assert budget.longest_prompt <= 2048 < budget.longest_prompt + config.subset_size  # the largest that fits
+    assert budget.record_cap > 300
+    chosen = prompt_budget(tiny_lm.encode, 2048, spec, LABELS, config.model_copy(update={"max_record_tokens": 64}))
+    assert chosen.record_cap == 64
+    with pytest.raises(ConfigError, match="max_record_tokens = 5000.*at most"):
+        prompt_budget(tiny_lm.encode, 2048, spec, LABELS, config.model_copy(update={"max_record_tokens": 5000}))
+    with pytest.raises(ConfigError, match="max_tokens"):
+        prompt_budget(tiny_lm.encode, 2048, spec, LABELS, config.model_copy(update={"max_tokens": 2040}))
+
+
+def test_model_budget_by_name_matches_the_loaded_model(tiny_lm, tiny_model_dir, spec):
+    """The pre-charge check reads the tokenizer and context without the weights; the same numbers
+    as the model the run then loads (the tiny model by name, and a saved model folder)."""
+    from dpcore.records import check_model_budget, context_length, prompt_budget
+
+    config = _config(max_tokens=40)
+    loaded = prompt_budget(tiny_lm.encode, context_length(tiny_lm), spec, LABELS, config)
+    assert context_length(tiny_lm) == 2048
+    assert check_model_budget("tiny-random", spec, LABELS, config) == loaded
+    assert check_model_budget(str(tiny_model_dir), spec, LABELS, config) == loaded
+    assert prompt_budget(tiny_lm.encode, 2048, spec, ["World"], config) == loaded  # one label's call: same cap
+
+
+def test_cli_refuses_a_prompt_that_cannot_fit_before_the_charge(tiny_model_dir, tmp_path, capsys):
+    from dpcore.ledger import Ledger
+
+    before = len(Ledger().entries())
+    for flags, match in ((["--max-tokens", "2040"], "max_tokens"), (["--max-record-tokens", "5000"],
+                                                                     "max_record_tokens")):
+        code, _, stderr = _cli(["generate", "--dataset", "agnews", "--epsilon", "4", "--model", str(tiny_model_dir),
+                                "--out", str(tmp_path / "x"), *flags], capsys)
+        assert code == 2 and match in stderr
+    assert len(Ledger().entries()) == before  # nothing charged
+
+
+def test_generation_errors_carry_no_private_length():
+    """Error messages of generation, batching, the LM and the record cap name the context and the
+    parameters, never a prompt's or a record's length (before: "a prompt of 1942 tokens exceeds...")."""
+    import inspect
+    import re
+
+    import dpcore.batching as batching
+    import dpcore.generation as generation
+    import dpcore.lm as lm_module
+    import dpcore.records as records_module
+
+    private_length = re.compile(r"\{[^}]*(\blongest\b|len\((p|prompt|prompts|ids|text|tokens|record|chunk)\b)")
+    for module in (generation, batching, lm_module, records_module):
+        for line in inspect.getsource(module).splitlines():
+            if 'f"' in line:
+                assert not private_length.search(line), line
+
+
+def test_a_group_with_non_finite_logits_does_not_take_over_the_step(tiny_lm, spec, records):
+    """fp16 overflow in one group: before, the NaN row made the noisy sum NaN and arg max returned the
+    public favourite whatever the other groups said; now the group counts as uniform over the kept
+    set and the other groups' choice wins (sigma = 0, so the choice is deterministic)."""
+    favourite, hello = tiny_lm.encode(" the")[0], tiny_lm.encode(" hello")[0]
+
+    def forward(prompts):
+        logits = torch.zeros((len(prompts), tiny_lm.vocab_size))
+        logits[:, hello] = 50.0  # every group prefers " hello"
+        logits[0, :] = math.nan  # the first group overflowed
+        logits[-1, favourite], logits[-1, hello] = 50.0, 40.0  # the public prompt (last row): " the" first
+        return logits
+
+    result = generate_demos(tiny_lm, spec, records, _config(max_tokens=2, num_subsets=4), 0.0, seed=3,
+                            labels=["World"], forward=forward)
+    assert result.demos[0].text == "hello hello"
+
+
 # --------------------------------------------------------------------------- sensitivity through the LM
 
 

@@ -216,3 +216,77 @@ def test_neighbouring_datasets_move_the_sum_by_at_most_sqrt2(rvp):
     assert worst_linf <= 1 + 1e-9
     assert worst_l2 > 1.0  # the bound is approached: the test would notice a looser sum
     assert changed > 150
+
+
+# --------------------------------------------------------------------------- non-finite logits
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_group_contributes_exactly_the_uniform_vector(bad):
+    """fp16 overflow: one group's logits hold NaN/inf. Its row is uniform over the kept set, the
+    others are untouched, the sum and the noisy scores stay finite (the noise is not ignored)."""
+    logits = torch.randn(4, 50) * 3
+    keep = torch.tensor([7, 2, 30, 41, 9])
+    clean = restricted_softmax(logits, keep)
+    if bad == -math.inf:
+        logits[1] = -math.inf  # no kept coordinate has any mass: softmax is 0/0
+    else:
+        logits[1, keep[2]] = bad
+    probs = restricted_softmax(logits, keep)
+    assert torch.equal(probs[1], torch.full((5,), 1 / 5, dtype=torch.float64))
+    assert torch.equal(probs[[0, 2, 3]], clean[[0, 2, 3]])
+    rng, _ = noise_generator(3)
+    for mechanism in ("gaussian", "rnm"):
+        scores = aggregate(mechanism, probs, 0.5, rng)
+        assert torch.isfinite(scores).all()
+    # RVP off: uniform over the whole vocabulary.
+    full = restricted_softmax(logits, None)
+    assert torch.equal(full[1], torch.full((50,), 1 / 50, dtype=torch.float64))
+
+
+def test_aggregate_and_restrict_replace_non_finite_rows_by_uniform():
+    probs = _probs(3, 6).double()
+    probs[2, 4] = math.nan
+    expected = probs.clone()
+    expected[2] = 1 / 6
+    assert np.array_equal(pre_noise_sum(probs), expected.sum(0).numpy())
+    assert np.all(np.isfinite(normalise_by_max(probs)))
+    assert np.array_equal(normalise_by_max(probs)[2], np.ones(6))
+    keep = torch.tensor([4, 0, 1])
+    vocab_probs = _probs(2, 6)
+    vocab_probs[0, 0] = math.inf
+    out = restrict_to_vocab(vocab_probs, keep)
+    assert torch.equal(out[0, keep], torch.full((3,), 1 / 3))
+    assert float(out[0].sum()) == pytest.approx(1.0)
+
+
+def test_noise_decides_when_a_group_is_not_finite():
+    """Before the guard the NaN row made every noisy score NaN and arg max returned index 0
+    whatever the noise; now the released token varies with the noise."""
+    keep = torch.arange(6)
+    logits = torch.zeros(3, 6)
+    logits[0, 0] = math.nan
+    probs = restricted_softmax(logits, keep)
+    rng, _ = noise_generator(9)
+    chosen = {noisy_argmax(aggregate("gaussian", probs, 1.0, rng), keep) for _ in range(200)}
+    assert len(chosen) == 6
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_sensitivity_bound_holds_when_the_changed_group_is_not_finite(bad):
+    """One group changes (the neighbouring record) and its logits are non-finite on one side:
+    the sum still moves by at most sqrt(2) in L2 and 1 in L_inf (report-noisy-max)."""
+    gen = torch.Generator().manual_seed(4)
+    keep = torch.tensor([0, 3, 5, 7])
+    worst_l2 = worst_linf = 0.0
+    for _ in range(300):
+        logits = torch.randn(5, 12, generator=gen) * 6
+        changed = logits.clone()
+        changed[2] = torch.randn(12, generator=gen) * 6
+        changed[2, keep[int(torch.randint(0, 4, (1,), generator=gen))]] = bad
+        for with_keep in (keep, None):
+            a, b = restricted_softmax(logits, with_keep), restricted_softmax(changed, with_keep)
+            worst_l2 = max(worst_l2, float(np.linalg.norm(pre_noise_sum(a) - pre_noise_sum(b))))
+            worst_linf = max(worst_linf, float(np.abs(normalise_by_max(a).sum(0) - normalise_by_max(b).sum(0)).max()))
+    assert worst_l2 <= math.sqrt(2) + 1e-9
+    assert worst_linf <= 1 + 1e-9

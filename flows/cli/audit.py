@@ -45,8 +45,8 @@ from flows.cli.common import add_config_flags, config_from_args, jsonable, parse
 log = logging.getLogger("dpicl.audit")
 
 CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta",
-                "mechanism",
-                "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "seed", "audit_demo_sets",
+                "mechanism", "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "max_record_tokens",
+                "seed", "audit_demo_sets",
                 "audit_members", "auc_tolerance", "overlap_threshold"]
 NON_PRIVATE_TRIALS = 100  # Duan et al. Section 3 / Tang et al. Appendix F
 # The non-private audit's demos ARE records (dpcore adds them to the overlap pool), so its
@@ -168,6 +168,10 @@ def run_audit(args) -> int:
         steps = accounting.total_steps(config.max_tokens, 1)
         # Parameter errors before anything expensive (the vocabulary check follows the model load).
         validate_generation(gen_config, 0.0, sys.maxsize, member_counts if epsilon > 0 else None)
+        if epsilon > 0:  # the longest group prompt fits the model's context (tokenizer only, before the charge)
+            from dpcore.records import check_model_budget
+
+            check_model_budget(config.model, spec, dataset.labels, gen_config)
         if epsilon == 0:
             privacy = {"epsilon": 0.0, "noise_multiplier": math.inf, "sampling_rate": 0.0, "steps": steps,
                        "delta": delta, "crosscheck_agreed": True, "warnings": []}

@@ -60,13 +60,15 @@ def register(subparsers) -> None:
 
 def _epsilon_from_noise(frame, dataset, delta: float | None) -> float:
     """Run epsilon of DP demos from their generation settings (Poisson accountant; max over labels,
-    parallel composition), or NaN when the file lacks a setting or used the unaccounted fixed sampler."""
+    parallel composition), or NaN when the file lacks a setting or used a sampler the accountant does not
+    cover (`dpcore.sampling.ACCOUNTED_SAMPLERS`: Poisson, and fixed-size under add/remove neighbours)."""
     from dpcore import accounting
+    from dpcore.sampling import ACCOUNTED_SAMPLERS
 
     needed = ("noise_multiplier", "num_subsets", "subset_size", "max_tokens", "shot")
     if any(column not in frame.columns for column in needed):
         return math.nan
-    if "sampler" in frame.columns and set(frame["sampler"].astype(str)) != {"poisson"}:
+    if "sampler" in frame.columns and not set(frame["sampler"].astype(str)) <= set(ACCOUNTED_SAMPLERS):
         return math.nan
     mechanism = str(frame["mechanism"].iloc[0]) if "mechanism" in frame.columns else "gaussian"
     delta = delta if delta is not None else accounting.default_delta(len(dataset.train))

@@ -37,9 +37,9 @@ from flows.cli.common import add_config_flags, config_from_args, jsonable, parse
 
 log = logging.getLogger("dpicl.generate")
 
-CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id",
-                "model", "device", "dtype", "delta", "mechanism",
-                "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "seed", "shots"]
+CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta",
+                "mechanism", "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "max_record_tokens",
+                "seed", "shots"]
 
 
 def register(subparsers) -> None:
@@ -152,6 +152,10 @@ def run_generate(args) -> int:
 
     # Every check that can fail runs before the charge; the budget refusal before the model loads.
     validate_generation(gen_config, 0.0, sys.maxsize, label_counts if epsilon > 0 else None)
+    if epsilon > 0:  # the longest group prompt fits the model's context (tokenizer only, before the charge)
+        from dpcore.records import check_model_budget
+
+        check_model_budget(config.model, spec, labels, gen_config)
     delta = config.delta if config.delta is not None else accounting.default_delta(len(dataset.train))
     if epsilon == 0:
         privacy = {"epsilon": 0.0, "delta": 0.0, "noise_multiplier": math.inf, "sampling_rate": 0.0,
