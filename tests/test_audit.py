@@ -31,6 +31,7 @@ from dpcore.audit import (
     whitespace_tokenize,
 )
 from dpcore.errors import ConfigError
+from dpcore.mia_attacks import ATTACKS
 
 # --------------------------------------------------------------------------- AUC and ROC
 
@@ -261,7 +262,7 @@ def test_gate_reasons_one_per_condition():
     passed, reasons = gate(_result(auc=0.81, auc_ci=(0.77, 0.85), max_overlap_tokens=42, overlapping_records=3,
                                    crosscheck_agreed=False))
     assert not passed and len(reasons) == 3
-    assert "AUC 0.810 (95% CI [0.770, 0.850]) is outside 0.5 +/- 0.05" in reasons[0]
+    assert "AUC 0.810 (95% CI [0.770, 0.850]) of the duan attack is outside 0.5 +/- 0.05" in reasons[0]
     assert "42 consecutive tokens" in reasons[1] and "3 record(s) at >= 8 tokens" in reasons[1]
     assert "cross-check disagreed" in reasons[2]
     assert all("\n" not in reason for reason in reasons)
@@ -290,7 +291,8 @@ def _fake_result(setting, member_shift, seed=0):
     scores = pd.DataFrame({
         "setting": setting, "epsilon": 1.0, "demo_set": 0, "trial": np.arange(500) % 10,
         "role": ["member"] * 100 + ["non_member"] * 400, "member": [True] * 100 + [False] * 400,
-        "record_id": [f"r{i}" for i in range(500)], "score": np.concatenate([members, non_members]),
+        "record_id": [f"r{i}" for i in range(500)], "attack": "duan",
+        "score": np.concatenate([members, non_members]),
     })
     return AuditResult(
         setting=setting, epsilon=1.0, noise_multiplier=0.5, delta=1e-4, auc=roc_auc(members, non_members),
@@ -370,11 +372,23 @@ def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread)
     result = non_private_audit(tiny_lm, agnews.spec, agnews_sample, config, seed=7)
     again = non_private_audit(tiny_lm, agnews.spec, agnews_sample, config, seed=7)
     scores = result.mia_scores
-    assert list(scores.columns) == MIA_SCORE_COLUMNS and len(scores) == 4 * 13
-    assert scores.groupby("trial")["member"].sum().tolist() == [1, 1, 1, 1]
-    assert scores["record_id"].is_unique  # trials draw disjoint records
+    assert list(scores.columns) == MIA_SCORE_COLUMNS and len(scores) == len(ATTACKS) * 4 * 13
+    assert list(dict.fromkeys(scores["attack"])) == list(ATTACKS)
+    duan = scores.loc[scores["attack"] == "duan"]
+    assert duan.groupby("trial")["member"].sum().tolist() == [1, 1, 1, 1]
+    assert duan["record_id"].is_unique  # trials draw disjoint records
     assert np.allclose(scores["score"], again.mia_scores["score"]) and result.auc == again.auc
     assert len(result.trial_aucs) == 4 and result.auc == pytest.approx(np.mean(result.trial_aucs))
+    assert [a.attack for a in result.attacks] == list(ATTACKS)
+    assert result.attack == max(result.attacks, key=lambda a: abs(a.auc - 0.5)).attack
+    # the duan attack's score is still Duan et al.'s normalised label probability
+    from dpcore.audit import membership_scores
+
+    trial0 = duan.loc[duan["trial"] == 0]
+    rows = agnews_sample.set_index("id").loc[trial0["record_id"]]
+    expected = membership_scores(tiny_lm, agnews.spec, [(rows["text"].iloc[0], rows["label"].iloc[0])],
+                                 rows["text"].tolist(), rows["label"].tolist())
+    assert np.allclose(trial0["score"], expected, atol=1e-5)
     assert _no_text(scores, agnews_sample["text"].tolist())
     # real records as demos: the verbatim check sees the copies; no accountant applies
     assert not result.passed and result.max_overlap_tokens >= 8
@@ -420,8 +434,10 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
     assert covered >= runs - 1 and flagged == 0
     assert events[:4] == ["charge 0", "generate", "charge 1", "generate"]  # the ledger hook runs first
     scores = result.mia_scores
-    assert len(scores) == 2 * 10 * 60
-    assert scores.groupby(["demo_set", "trial"])["member"].sum().unique().tolist() == [30]
+    assert len(scores) == len(ATTACKS) * 2 * 10 * 60
+    assert scores.groupby(["attack", "demo_set", "trial"])["member"].sum().unique().tolist() == [30]
+    for attack in result.attacks:  # every attack, not only the gate's, stays in the band
+        assert abs(attack.auc - 0.5) <= config.auc_tolerance and 0 <= attack.auc_ci[0] <= attack.auc_ci[1] <= 1
     assert _no_text(scores, agnews_sample["text"].tolist())
 
 
