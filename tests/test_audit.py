@@ -406,7 +406,8 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
 
     members, non_members = split_members(agnews_sample, seed=0)
     assert len(members) == 4000 and set(members["id"]).isdisjoint(non_members["id"])
-    config = AuditConfig(trials=10, demo_sets=2, members=30, non_members=30)
+    config = AuditConfig(trials=10, demo_sets=2, members=40, non_members=40, reference_prompts=2,
+                         max_record_tokens=16)
     gen = GenerationConfig(num_subsets=4, subset_size=1, max_tokens=6, top_k=20)
     events = []
     original = generation.generate_demos
@@ -434,8 +435,8 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
     assert covered >= runs - 1 and flagged == 0
     assert events[:4] == ["charge 0", "generate", "charge 1", "generate"]  # the ledger hook runs first
     scores = result.mia_scores
-    assert len(scores) == len(ATTACKS) * 2 * 10 * 60
-    assert scores.groupby(["attack", "demo_set", "trial"])["member"].sum().unique().tolist() == [30]
+    assert len(scores) == len(ATTACKS) * 2 * 10 * 80
+    assert scores.groupby(["attack", "demo_set", "trial"])["member"].sum().unique().tolist() == [40]
     for attack in result.attacks:  # every attack, not only the gate's, stays in the band
         assert abs(attack.auc - 0.5) <= config.auc_tolerance and 0 <= attack.auc_ci[0] <= attack.auc_ci[1] <= 1
     assert _no_text(scores, agnews_sample["text"].tolist())
@@ -496,7 +497,10 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_fol
     assert {p.name for p in out.iterdir()} >= {"mia_scores.parquet", "audit.parquet", "roc.png", "audit.json",
                                                "manifest.json"}
     scores, audit = read_table(out / "mia_scores.parquet"), read_table(out / "audit.parquet")
-    assert len(scores) == 2 * 3 * 20 and len(audit) == 1 and not audit["passed"].iloc[0]
+    assert len(scores) == len(ATTACKS) * 2 * 3 * 20 and len(audit) == 1 and not audit["passed"].iloc[0]
+    assert set(scores["attack"]) == set(ATTACKS) and summary["attack"] in ATTACKS
+    assert [a["attack"] for a in summary["attacks"]] == list(ATTACKS)
+    assert {f"auc_{name.replace('-', '_')}" for name in ATTACKS} <= set(audit.columns)
     texts = records["text"].tolist()
     assert _no_text(scores, texts) and _no_text(audit, texts)
     assert not any(text in (out / "audit.json").read_text() for text in texts)

@@ -218,7 +218,7 @@ def test_reference_cache_and_truncation(tiny_lm, monkeypatch):
 
 
 def _records(n: int, labels: list[str]) -> pd.DataFrame:
-    return pd.DataFrame({"id": [f"r{i}" for i in range(n)], "text": [f"record number {i} says {i * 7 % 13}"
+    return pd.DataFrame({"id": [f"r{i}" for i in range(n)], "text": [f"record number {i} says {i * 7 % 13} and {i % 17} more words"
                                                                       for i in range(n)],
                          "label": [labels[i % len(labels)] for i in range(n)]})
 

@@ -35,9 +35,16 @@ DEMO_DEFAULTS = {
     "seeds": 2,
     "test_size": 100,
     "audit": True,
-    "audit_trials": 4,
+    # The audit of the run's own DP demos (members: the private split they were generated from;
+    # non-members: held-out test records): nothing regenerated or charged. 4 demos x 6 trials of
+    # 20 members vs 20 non-members per epsilon, each candidate's first 12 tokens, the three attacks
+    # without OUT prompts (LiRA needs extra passes): an interval narrow enough for a verdict in ~3 min.
+    "audit_mode": "run-demos",
+    "audit_trials": 6,
     "audit_demo_sets": 1,
-    "audit_members": 10,
+    "audit_members": 20,
+    "audit_reference_prompts": 0,
+    "audit_max_record_tokens": 12,
     "seed": None,          # cryptographically seeded noise (a real run)
 }
 
