@@ -540,24 +540,29 @@ def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sa
     """A model that recognises its own demonstration (Duan et al.'s leak, exaggerated) is caught on every count."""
     import zlib
 
-    from dpcore import icl
+    from dpcore import mia_attacks
     from dpcore.audit import non_private_audit
     from dpcore.config import AuditConfig
 
     labels = agnews.spec.label_names
 
-    def copying_label_logprobs(lm, spec, demos, queries, labels_=None, batch_size=16):
-        out = []
-        for query in queries:
-            if any(query == demo[0] for demo in demos):  # a member: the demo's label, confidently
+    def copying_prompt_scores(lm, spec, demos, queries, labels_, batch_size=16):
+        label_lp, text_lp = [], []
+        for query, label in zip(queries, labels_, strict=True):
+            if any(query == demo[0] for demo in demos):  # a member: the demo's label, confidently; its text copied
                 probs = np.full(len(labels), 0.02)
                 probs[labels.index(demos[0][1])] = 0.94
+                text = -5.0
             else:  # anyone else: an arbitrary but fixed guess
                 probs = np.random.default_rng(zlib.crc32(query.encode())).dirichlet(np.ones(len(labels)))
-            out.append(np.log(probs))
-        return np.array(out)
+                text = -40.0 + zlib.crc32(query.encode()) % 100 / 10
+            p = probs[labels.index(label)]
+            label_lp.append(np.log(p))
+            text_lp.append(text)
+        label_lp = np.array(label_lp)
+        return mia_attacks.PromptScores(label_lp, label_lp - np.log1p(-np.exp(label_lp)), np.array(text_lp))
 
-    monkeypatch.setattr(icl, "label_logprobs", copying_label_logprobs)
+    monkeypatch.setattr(mia_attacks, "prompt_scores", copying_prompt_scores)
     result = non_private_audit(tiny_lm, agnews.spec, agnews_sample, AuditConfig(trials=100, non_members=50),
                                seed=0, overlap_records=agnews_sample.head(100))
     assert result.auc > 0.9 and result.auc_ci[0] > 0.55
