@@ -36,11 +36,12 @@ DEMO_DEFAULTS = {
     "test_size": 100,
     "audit": True,
     # The audit of the run's own DP demos (members: the private split they were generated from;
-    # non-members: held-out test records): nothing regenerated or charged. 4 demos x 6 trials of
-    # 20 members vs 20 non-members per epsilon, each candidate's first 12 tokens, the three attacks
-    # without OUT prompts (LiRA needs extra passes): an interval narrow enough for a verdict in ~3 min.
+    # non-members: held-out test records): nothing regenerated or charged. 4 demos x 8 trials of
+    # 20 members vs 20 non-members per epsilon (the same candidates at every epsilon), each
+    # candidate's first 12 tokens, the three attacks without OUT prompts (LiRA needs extra passes):
+    # the interval's half-width is about 0.042-0.047 (98.3% per attack), under the 0.05 band.
     "audit_mode": "run-demos",
-    "audit_trials": 6,
+    "audit_trials": 8,
     "audit_demo_sets": 1,
     "audit_members": 20,
     "audit_reference_prompts": 0,
