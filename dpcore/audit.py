@@ -1,9 +1,20 @@
 """Membership-inference audit and verbatim-leakage checks.
 
-The attack is Duan et al. (2023), Section 3, as used by Tang et al. (2024), Appendix F:
-the score of a candidate record (x, y) is the model's probability of its true label y
-for input x, normalised over the task's labels, given an ICL prompt whose
-demonstrations are under audit. Records that were in the prompt (members) score higher.
+The prompt under audit is attacked by several scores (`dpcore.mia_attacks`), all computed
+from one forward pass per (prompt, record) with the prompt's prefix KV cache:
+
+- `duan`: Duan et al. (2023), Section 3, as used by Tang et al. (2024), Appendix F: the
+  model's probability of the record's true label y for input x, normalised over the labels;
+- `label-calibrated`, `text-calibrated`: difficulty calibration (Watson et al. 2022): the
+  record's label / text log-probability under the prompt minus the same under the task's
+  instruction alone (no demonstration);
+- `lira-label`, `lira-text`: offline LiRA (Carlini et al. 2022): a z-score of the record's
+  score against a Gaussian fitted to its scores under OUT prompts (1-shot prompts of
+  reference records that are not candidates).
+
+The gate takes the worst case over the attacks (the largest |AUC - 0.5|); every attack's
+interval is at the family-wise level (Bonferroni over the attacks), so checking all of them
+keeps the false-alarm rate of the gate at about 1 - confidence.
 
 - `non_private_audit`: Duan et al.'s setting. Each trial prompts with ONE real record
   (1-shot, the member) and scores it against `non_members` random records of the same
@@ -12,16 +23,20 @@ demonstrations are under audit. Records that were in the prompt (members) score 
   non-members; DP demonstrations are generated from the members only (Algorithm 1);
   `members` members and `non_members` non-members are scored against the DP prompt in
   `trials` trials for each of `demo_sets` independently generated demo sets.
+- `demos_audit`: a run's own DP demonstrations (generated from the whole private split, so
+  every private record is a member) against held-out non-members: nothing regenerated,
+  nothing charged.
 
-Statistics (pure functions, tested against hand-computed cases): `roc_auc` (Mann-Whitney),
+Statistics (pure functions, tested against hand-computed cases; the verbatim check lives in `dpcore.overlap`): `roc_auc` (Mann-Whitney),
 `roc_curve`, `tpr_at_fpr`, `empirical_epsilon_lower_bound` (Clopper-Pearson),
-`auc_mean_ci` (Student t, Hanley-McNeil floor); `verbatim_overlap` (longest shared token
-run between a demo and the private records); `gate` (pass/fail, one reason per line).
+`auc_mean_ci` (Student t, Hanley-McNeil floor, within [0, 1]); `verbatim_overlap` (longest
+shared token run between a demo and the private records); `gate` (pass/fail, one reason per line).
 
 Privacy: every output here (AuditResult, the `mia_scores` and `audit` tables, the ROC
 plot) holds record ids, scores, counts and public configuration, never a record's text.
 Overlap is reported as token counts only; the audited demo texts are not kept either (a
-sigma = 0 demo may copy a record).
+sigma = 0 demo may copy a record). `mia_scores` is a per-record table of private data: it
+belongs in the private store.
 """
 
 from __future__ import annotations
@@ -41,12 +56,20 @@ from scipy import stats
 
 from dpcore.config import AuditConfig, GenerationConfig
 from dpcore.errors import ConfigError, DataValidationError
+from dpcore.overlap import (  # noqa: F401  (re-exported: the audit's verbatim check)
+    OverlapReport,
+    model_tokenize,
+    verbatim_overlap,
+    verbatim_overlap_tokens,
+    whitespace_tokenize,
+)
 from dpcore.taskspec import TaskSpec
 
 log = logging.getLogger(__name__)
 
-MIA_SCORE_COLUMNS = ["setting", "epsilon", "demo_set", "trial", "role", "member", "record_id", "score"]
-AUC_CI_METHOD = "Student t over trials, per-trial variance >= Hanley-McNeil null variance"
+MIA_SCORE_COLUMNS = ["setting", "epsilon", "demo_set", "trial", "role", "member", "record_id", "attack", "score"]
+AUC_CI_METHOD = ("Student t over trials, per-trial variance >= Hanley-McNeil null variance, within [0, 1]; "
+                 "Bonferroni over the attacks")
 EPSILON_LB_METHOD = "holdout"  # threshold chosen on even trials, bounded on odd trials (see below)
 
 
@@ -270,6 +293,10 @@ def auc_mean_ci(trial_aucs, members: int, non_members: int, confidence: float = 
     independent given the prompt when they use disjoint records (the audits draw them so);
     under leakage, demo sets differ, and that shows in the sample variance. Fewer than two
     trials: (nan, nan).
+
+    An AUC lies in [0, 1], so the interval is intersected with [0, 1] (with few trials the
+    t interval can reach far outside it). The intersection never changes the gate: an
+    interval no wider than 0.5 +/- tolerance around a mean inside that band cannot reach 0 or 1.
     """
     values = np.asarray(trial_aucs, dtype=float)
     if len(values) < 2:
@@ -277,150 +304,14 @@ def auc_mean_ci(trial_aucs, members: int, non_members: int, confidence: float = 
     variance = max(float(values.var(ddof=1)), null_auc_variance(members, non_members))
     half = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1)) * math.sqrt(variance / len(values))
     mean = float(values.mean())
-    return (mean - half, mean + half)
+    return (max(0.0, mean - half), min(1.0, mean + half))
 
 
-# =========================================================================== verbatim overlap
-
-
-@dataclass(frozen=True)
-class OverlapReport:
-    """Longest token run each demo shares with any private record; counts only, never text."""
-
-    max_overlap_tokens: tuple[int, ...]  # per demo
-    records_over_threshold: tuple[int, ...]  # per demo: records sharing >= threshold consecutive tokens
-    overlapping_records: int  # distinct records sharing >= threshold tokens with any demo
-    threshold: int
-    tokenizer: str
-
-    @property
-    def max_overlap(self) -> int:
-        return max(self.max_overlap_tokens, default=0)
-
-
-_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX_2 = np.uint64(0x94D049BB133111EB)
-_BASE = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(tokens: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: token ids -> well-spread 64-bit values before polynomial hashing."""
-    z = tokens.astype(np.uint64) + _BASE
-    z = (z ^ (z >> np.uint64(30))) * _MIX_1
-    z = (z ^ (z >> np.uint64(27))) * _MIX_2
-    return z ^ (z >> np.uint64(31))
-
-
-def _flatten(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Concatenated tokens, the owning sequence of each position, and each position's sequence end."""
-    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
-    tokens = (np.fromiter((t for s in sequences for t in s), dtype=np.int64, count=int(lengths.sum()))
-              if lengths.sum() else np.zeros(0, dtype=np.int64))
-    owner = np.repeat(np.arange(len(sequences)), lengths)
-    ends = np.cumsum(lengths)
-    return tokens, owner, ends[owner] if len(owner) else np.zeros(0, dtype=np.int64)
-
-
-def verbatim_overlap_tokens(demo_tokens: Sequence[Sequence[int]], record_tokens: Sequence[Sequence[int]],
-                            threshold: int = 8, tokenizer: str = "token ids") -> OverlapReport:
-    """For each demo, the longest run of consecutive tokens it shares with any record.
-
-    Level-wise n-gram hashing, vectorised (numpy): at length L, the 64-bit polynomial hash
-    of every L-token window of the records is matched against the demos' L-windows; only
-    windows whose L-gram matched are extended to L + 1 (a window can match at L + 1 only
-    if its first L tokens matched), so the work shrinks fast once L passes the length of
-    common phrases. At L = `threshold` the matching (demo, record) pairs are checked token
-    by token (no hash collision can count a record) and counted. Cost: O(total record
-    tokens x a few levels) memory and time; 100k records of ~50 tokens take seconds.
-    """
-    if threshold < 1:
-        raise ConfigError(f"overlap_threshold: must be >= 1, got {threshold}")
-    n_demos = len(demo_tokens)
-    best = np.zeros(n_demos, dtype=np.int64)
-    counts = np.zeros(n_demos, dtype=np.int64)
-    matched_records: set[int] = set()
-    if n_demos == 0 or not record_tokens:
-        return OverlapReport(tuple(best.tolist()), tuple(counts.tolist()), 0, threshold, tokenizer)
-    c_tok, c_owner, c_end = _flatten(record_tokens)
-    d_tok, d_owner, d_end = _flatten(demo_tokens)
-    c_mixed, d_mixed = _mix(c_tok), _mix(d_tok)
-    # Windows of length L are identified by their start position; L = 1 first.
-    c_pos = np.arange(len(c_tok))
-    d_pos = np.arange(len(d_tok))
-    c_hash, d_hash = c_mixed.copy(), d_mixed.copy()
-    length = 1
-    while len(d_pos) and len(c_pos):
-        c_hit = np.isin(c_hash, d_hash)
-        d_hit = np.isin(d_hash, c_hash[c_hit])
-        if not d_hit.any():
-            break
-        best[np.unique(d_owner[d_pos[d_hit]])] = length
-        if length == threshold:
-            # Count (demo, record) pairs, one representative window per (hash, demo) and (hash, record),
-            # each checked token by token, so a hash collision can never count a record.
-            left = pd.DataFrame({"h": d_hash[d_hit], "demo": d_owner[d_pos[d_hit]], "dpos": d_pos[d_hit]})
-            right = pd.DataFrame({"h": c_hash[c_hit], "record": c_owner[c_pos[c_hit]], "cpos": c_pos[c_hit]})
-            pairs = (left.drop_duplicates(["h", "demo"])
-                     .merge(right.drop_duplicates(["h", "record"]), on="h"))
-            offsets = np.arange(length)
-            same = (c_tok[pairs["cpos"].to_numpy()[:, None] + offsets]
-                    == d_tok[pairs["dpos"].to_numpy()[:, None] + offsets]).all(axis=1)
-            genuine = set(pairs.loc[same, "h"].tolist())
-            pairs = pairs.loc[same]
-            per_demo = pairs.groupby("demo")["record"].nunique()
-            counts[per_demo.index.to_numpy()] = per_demo.to_numpy()
-            matched_records.update(int(r) for r in pairs["record"].unique())
-            unverified = np.setdiff1d(np.flatnonzero(best == threshold), per_demo.index.to_numpy())
-            best[unverified] = threshold - 1
-            genuine_hashes = np.fromiter(genuine, dtype=np.uint64, count=len(genuine))
-            d_hit &= np.isin(d_hash, genuine_hashes)
-            c_hit &= np.isin(c_hash, genuine_hashes)
-        # Extend the matching windows by one token where the sequence has one.
-        c_pos, c_hash = c_pos[c_hit], c_hash[c_hit]
-        d_pos, d_hash = d_pos[d_hit], d_hash[d_hit]
-        c_ok = c_pos + length < c_end[c_pos]
-        d_ok = d_pos + length < d_end[d_pos]
-        c_pos, c_hash = c_pos[c_ok], c_hash[c_ok]
-        d_pos, d_hash = d_pos[d_ok], d_hash[d_ok]
-        c_hash = c_hash * _BASE + c_mixed[c_pos + length]
-        d_hash = d_hash * _BASE + d_mixed[d_pos + length]
-        length += 1
-    return OverlapReport(tuple(int(b) for b in best), tuple(int(c) for c in counts), len(matched_records),
-                         threshold, tokenizer)
-
-
-def whitespace_tokenize(texts: Sequence[str]) -> list[list[int]]:
-    """Tokenizer-agnostic fallback: whitespace-separated words, ids from one shared vocabulary."""
-    vocabulary: dict[str, int] = {}
-    return [[vocabulary.setdefault(word, len(vocabulary)) for word in str(text).split()] for text in texts]
-
-
-def model_tokenize(lm) -> Callable[[Sequence[str]], list[list[int]]]:
-    """The language model's own tokens (no special tokens), batched through the fast tokenizer."""
-
-    def tokenize(texts: Sequence[str]) -> list[list[int]]:
-        out: list[list[int]] = []
-        texts = [str(t) for t in texts]
-        for start in range(0, len(texts), 4096):
-            out.extend(lm.tokenizer(texts[start:start + 4096], add_special_tokens=False)["input_ids"])
-        return out
-
-    return tokenize
-
-
-def verbatim_overlap(demos: Sequence[str], records: Sequence[str], threshold: int = 8,
-                     tokenize: Callable[[Sequence[str]], list[list[int]]] | None = None,
-                     tokenizer_name: str | None = None) -> OverlapReport:
-    """`verbatim_overlap_tokens` on texts. `tokenize` maps a list of texts to token-id lists
-    (prefer `model_tokenize(lm)`: the model's tokens); default: whitespace words.
-
-    Texts are tokenized one by one, so a run may differ by a token at its ends from the
-    same words inside a longer text (subword merges at the boundary).
-    """
-    name = tokenizer_name or ("whitespace" if tokenize is None else "model")
-    tokenize = tokenize or whitespace_tokenize
-    ids = tokenize(list(demos) + list(records))  # one call: one shared vocabulary for the whitespace tokenizer
-    return verbatim_overlap_tokens(ids[: len(demos)], ids[len(demos):], threshold, tokenizer=name)
+def family_confidence(confidence: float, tests: int) -> float:
+    """Bonferroni: the level of each of `tests` intervals so that all hold together with `confidence`."""
+    if tests < 1:
+        raise ConfigError(f"tests: must be >= 1, got {tests}")
+    return 1.0 - (1.0 - confidence) / tests
 
 
 # =========================================================================== the gate
@@ -439,32 +330,75 @@ class GateThresholds:
         return cls(auc_tolerance=config.auc_tolerance, overlap_threshold=config.overlap_threshold)
 
 
+@dataclass(frozen=True)
+class AttackMetrics:
+    """One attack's figures in one audit (`auc_ci` at the family-wise level: Bonferroni over the attacks)."""
+
+    attack: str
+    auc: float  # mean of the per-trial AUCs
+    auc_ci: tuple[float, float]
+    trial_aucs: tuple[float, ...]
+    pooled_auc: float
+    tpr_at_1pct_fpr: float  # pooled over trials
+    tpr_at_01pct_fpr: float
+    epsilon_lower_bound: float
+
+    def summary(self) -> dict:
+        return {"attack": self.attack, "auc": self.auc, "auc_ci": list(self.auc_ci), "pooled_auc": self.pooled_auc,
+                "tpr_at_1pct_fpr": self.tpr_at_1pct_fpr, "tpr_at_01pct_fpr": self.tpr_at_01pct_fpr,
+                "epsilon_lower_bound": self.epsilon_lower_bound}
+
+
+def strongest_attack(attacks: Sequence):
+    """The attack the gate reads: the largest |AUC - 0.5| (a score ranking members LOWER distinguishes
+    too); ties go to the first in the given order."""
+    if not attacks:
+        raise ConfigError("attacks: needs at least one attack")
+    return max(attacks, key=lambda a: abs(a.auc - 0.5))
+
+
+def _ci_text(ci) -> str:
+    low, high = ci
+    return "undefined" if math.isnan(low) else f"[{low:.3f}, {high:.3f}]"
+
+
 def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[str, ...]]:
     """Pass/fail of an audit and every failing reason (one line each; empty when it passes).
 
     `result` needs: auc, auc_ci, confidence, max_overlap_tokens, overlapping_records and
-    crosscheck_agreed (True/False, or None when no accountant applies: a non-private prompt).
-    Conditions:
-    1. the averaged AUC lies within 0.5 +/- auc_tolerance (two-sided: a score that ranks
-       members LOWER is a distinguisher too); its CI (`auc_mean_ci`) is shown in the reason;
-    2. the CI is no wider than the band (hi - lo <= 2 tolerance); otherwise the audit is
-       too small to tell (inconclusive). Under no leakage the AUC estimate then leaves the
-       band with probability <= 1 - confidence (about), which bounds false alarms;
+    crosscheck_agreed (True/False, or None when no accountant applies: a non-private prompt);
+    `attacks` (AttackMetrics, one per attack) when several attacks ran, otherwise its own
+    auc/auc_ci is the one attack. Conditions, over EVERY attack (the worst case):
+    1. each attack's averaged AUC lies within 0.5 +/- auc_tolerance (two-sided: a score that
+       ranks members LOWER is a distinguisher too); the reason names the strongest attack
+       (largest |AUC - 0.5|) with its CI, and the others outside the band;
+    2. each attack's CI (`auc_mean_ci`, at the family-wise level) is no wider than the band
+       (hi - lo <= 2 tolerance); otherwise the audit is too small to tell (inconclusive).
+       Under no leakage each AUC estimate then leaves the band with probability <= (1 -
+       confidence) / attacks (about), so the gate's false-alarm rate stays <= 1 - confidence;
     3. no demo shares `overlap_threshold` or more consecutive tokens with a private record;
     4. the accountant cross-check agreed.
     """
     thresholds = thresholds or GateThresholds()
     reasons = []
     tol = thresholds.auc_tolerance
-    low, high = result.auc_ci
-    level = f"{100 * result.confidence:g}%"
-    ci_text = "undefined" if math.isnan(low) else f"[{low:.3f}, {high:.3f}]"
-    if not abs(result.auc - 0.5) <= tol:
-        reasons.append(f"membership-inference AUC {result.auc:.3f} ({level} CI {ci_text}) is outside "
-                       f"0.5 +/- {tol:g}")
-    if math.isnan(low) or high - low > 2 * tol:
-        reasons.append(f"audit inconclusive: the {level} CI of the AUC {ci_text} is wider than the band "
-                       f"0.5 +/- {tol:g}; run more trials or demo sets")
+    attacks = tuple(getattr(result, "attacks", ()) or ())
+    if not attacks:
+        attacks = (AttackMetrics(getattr(result, "attack", "duan"), result.auc, tuple(result.auc_ci), (), math.nan,
+                                 math.nan, math.nan, math.nan),)
+    level = f"{100 * result.confidence:g}%" + (f" simultaneous over {len(attacks)} attacks" if len(attacks) > 1 else "")
+    outside = [a for a in attacks if not abs(a.auc - 0.5) <= tol]
+    if outside:
+        worst = strongest_attack(outside)
+        others = [a for a in outside if a is not worst]
+        reasons.append(f"membership-inference AUC {worst.auc:.3f} ({level} CI {_ci_text(worst.auc_ci)}) of the "
+                       f"{worst.attack} attack is outside 0.5 +/- {tol:g}"
+                       + (f" (also outside: {', '.join(f'{a.attack} {a.auc:.3f}' for a in others)})" if others else ""))
+    wide = [a for a in attacks if math.isnan(a.auc_ci[0]) or a.auc_ci[1] - a.auc_ci[0] > 2 * tol]
+    if wide:
+        widest = max(wide, key=lambda a: math.inf if math.isnan(a.auc_ci[0]) else a.auc_ci[1] - a.auc_ci[0])
+        reasons.append(f"audit inconclusive: the {level} CI of the AUC {_ci_text(widest.auc_ci)} ({widest.attack} "
+                       f"attack) is wider than the band 0.5 +/- {tol:g}; run more trials or demo sets")
     if result.max_overlap_tokens >= thresholds.overlap_threshold:
         reasons.append(f"verbatim overlap: a demonstration shares {result.max_overlap_tokens} consecutive tokens "
                        f"with a private record ({result.overlapping_records} record(s) at >= "
@@ -482,7 +416,11 @@ def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[
 
 @dataclass(frozen=True)
 class AuditResult:
-    """One audit: metrics, verdict and the per-record scores (`mia_scores`: ids and scores, no text)."""
+    """One audit: metrics, verdict and the per-record scores (`mia_scores`: ids and scores, no text).
+
+    The headline figures (auc, auc_ci, trial_aucs, tpr_*, pooled_auc, epsilon_lower_bound) are
+    those of the strongest attack (`attack`); `attacks` holds every attack's.
+    """
 
     setting: str  # "non-private" | "dp" | "instruction-only"
     epsilon: float  # target epsilon of the audited demos (inf: non-private / sigma = 0)
@@ -512,32 +450,76 @@ class AuditResult:
     auc_ci_method: str = AUC_CI_METHOD
     epsilon_lower_bound_method: str = EPSILON_LB_METHOD
     overlap_tokenizer: str = "model"
+    attack: str = "duan"
+    attacks: tuple[AttackMetrics, ...] = ()
     mia_scores: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MIA_SCORE_COLUMNS),
                                      repr=False, compare=False)
 
     def summary(self) -> dict:
         """Scalars for JSON, logs and MLflow metrics (public: no record text, no per-record data)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("mia_scores", "trial_aucs")}
+               if f.name not in ("mia_scores", "trial_aucs", "attacks")}
         out["auc_ci"] = list(self.auc_ci)
         out["reasons"] = list(self.reasons)
+        out["attacks"] = [a.summary() for a in self.attacks]
         return out
 
     def audit_frame(self) -> pd.DataFrame:
-        """The one-row `audit` table; `reasons` one per line (what dpcore.release reads)."""
+        """The one-row `audit` table; `reasons` one per line (what dpcore.release reads); each attack's
+        AUC, interval, TPR at 1% FPR and epsilon bound as `<figure>_<attack>` columns."""
         row = self.summary()
         low, high = row.pop("auc_ci")
+        row.pop("attacks")
         row.update(auc_ci_low=low, auc_ci_high=high, reasons="\n".join(self.reasons),
                    trial_aucs=list(self.trial_aucs),
                    noise_multiplier=math.nan if self.noise_multiplier is None else self.noise_multiplier,
                    crosscheck_agreed=self.crosscheck_agreed)
+        for a in self.attacks:
+            key = a.attack.replace("-", "_")
+            row.update({f"auc_{key}": a.auc, f"auc_ci_low_{key}": a.auc_ci[0], f"auc_ci_high_{key}": a.auc_ci[1],
+                        f"tpr_at_1pct_fpr_{key}": a.tpr_at_1pct_fpr,
+                        f"epsilon_lower_bound_{key}": a.epsilon_lower_bound})
         frame = pd.DataFrame([row])
         frame["crosscheck_agreed"] = frame["crosscheck_agreed"].astype("boolean")
         return frame
 
 
-def _finish(thresholds: GateThresholds, **fields) -> AuditResult:
-    result = AuditResult(**fields)
+def attack_metrics(scores: pd.DataFrame, members: int, non_members: int, confidence: float,
+                   delta: float) -> tuple[AttackMetrics, ...]:
+    """Per attack (in order of appearance): per-trial AUCs (`global_trial` groups), their mean and
+    interval, pooled TPR at 1% / 0.1% FPR, pooled AUC and the empirical epsilon bound. Intervals and
+    bounds are at the Bonferroni level over the attacks (`family_confidence`)."""
+    names = list(dict.fromkeys(scores["attack"].tolist()))
+    level = family_confidence(confidence, len(names))
+    out = []
+    for name in names:
+        sub = scores.loc[scores["attack"] == name]
+        aucs = []
+        for _, trial in sub.groupby("global_trial", sort=True):
+            member = trial["member"].to_numpy(dtype=bool)
+            values = trial["score"].to_numpy(dtype=float)
+            aucs.append(roc_auc(values[member], values[~member]))
+        pooled = _pooled_metrics(sub, level, delta)
+        out.append(AttackMetrics(
+            attack=name, auc=float(np.mean(aucs)), auc_ci=auc_mean_ci(aucs, members, non_members, level),
+            trial_aucs=tuple(float(a) for a in aucs), pooled_auc=pooled["pooled_auc"],
+            tpr_at_1pct_fpr=pooled["tpr_at_1pct_fpr"], tpr_at_01pct_fpr=pooled["tpr_at_01pct_fpr"],
+            epsilon_lower_bound=pooled["epsilon_lower_bound"],
+        ))
+    return tuple(out)
+
+
+def _finish(thresholds: GateThresholds, scores: pd.DataFrame, *, confidence: float, delta: float,
+            members_per_trial: int, non_members_per_trial: int, **fields) -> AuditResult:
+    attacks = attack_metrics(scores, members_per_trial, non_members_per_trial, confidence, delta)
+    top = strongest_attack(attacks)
+    result = AuditResult(
+        auc=top.auc, auc_ci=top.auc_ci, trial_aucs=top.trial_aucs, trials=len(top.trial_aucs),
+        tpr_at_1pct_fpr=top.tpr_at_1pct_fpr, tpr_at_01pct_fpr=top.tpr_at_01pct_fpr, pooled_auc=top.pooled_auc,
+        epsilon_lower_bound=top.epsilon_lower_bound, epsilon_lower_bound_method="holdout (trial parity)",
+        confidence=confidence, delta=delta, members_per_trial=members_per_trial,
+        non_members_per_trial=non_members_per_trial, attack=top.attack, attacks=attacks,
+        mia_scores=scores[MIA_SCORE_COLUMNS].reset_index(drop=True), **fields)
     passed, reasons = gate(result, thresholds)
     return dataclasses.replace(result, passed=passed, reasons=reasons)
 
@@ -601,21 +583,55 @@ def _rng(seed) -> np.random.Generator:
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
+def _trial_frame(scores: dict[str, np.ndarray], record_ids, members: int, *, setting: str, epsilon: float,
+                 demo_set: int, trial: int, global_trial: int) -> pd.DataFrame:
+    """Long-format rows of one trial: every attack's score of its records (members first)."""
+    n = len(record_ids)
+    member = np.arange(n) < members
+    frames = [pd.DataFrame({
+        "setting": setting, "epsilon": float(epsilon), "demo_set": demo_set, "trial": trial,
+        "role": np.where(member, "member", "non_member"), "member": member, "record_id": list(record_ids),
+        "attack": name, "score": np.asarray(values, dtype=float), "global_trial": global_trial,
+    }) for name, values in scores.items()]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _out_rows(rng: np.random.Generator, pool: np.ndarray, count: int) -> np.ndarray:
+    """OUT-prompt records: `count` rows of `pool` (fewer when the pool is smaller; LiRA needs 2)."""
+    count = min(count, len(pool))
+    if count < 2:
+        return np.zeros(0, dtype=np.int64)
+    return np.sort(rng.choice(pool, size=count, replace=False))
+
+
+def _attack_scores(lm, spec: TaskSpec, prompt, texts: list[str], labels: list[str], refs,
+                   batch_size: int) -> dict[str, np.ndarray]:
+    from dpcore import mia_attacks
+
+    target = mia_attacks.prompt_scores(lm, spec, prompt, texts, labels, batch_size=batch_size)
+    return mia_attacks.attack_scores(target, refs.zero, refs.out)
+
+
 def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditConfig, seed=None, *,
                       delta: float | None = None, overlap_records: pd.DataFrame | None = None,
-                      thresholds: GateThresholds | None = None, batch_size: int = 16) -> AuditResult:
+                      thresholds: GateThresholds | None = None, batch_size: int = 16,
+                      cache: dict | None = None) -> AuditResult:
     """Duan et al. Section 3 / Tang et al. Appendix F (eps = inf): real records as 1-shot demos.
 
     Each of `config.trials` trials draws one member record (the 1-shot demonstration) and
     `config.non_members` other records of `records` (the same private split), scores all
-    of them against the 1-shot prompt, and computes that trial's AUC (1 member vs the
-    non-members: a step function, Duan et al. Figure 2b). Trials use disjoint records
-    when the split is large enough (`trial_samples`). `seed` (int or Generator) drives
-    all sampling. The verbatim check runs on the member demos against `overlap_records`
+    of them against the 1-shot prompt with every attack (`dpcore.mia_attacks`), and computes
+    that trial's AUC per attack (1 member vs the non-members: a step function, Duan et al.
+    Figure 2b). Trials use disjoint records when the split is large enough
+    (`trial_samples`); the `config.reference_prompts` OUT prompts of the LiRA attacks are
+    1-shot prompts of records outside every trial. `seed` (int or Generator) drives all
+    sampling. The verbatim check runs on the member demos against `overlap_records`
     (default `records`; the member records are always added), so it reports the demos'
     own lengths: real records ARE verbatim copies. This configuration is leaky by
     design: its gate fails.
     """
+    from dpcore import mia_attacks
+
     began = time.perf_counter()
     _check_split(records, "records")
     if spec.kind != "classification":
@@ -625,24 +641,27 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
         raise ConfigError(f"audit_members: {config.non_members} non-members + 1 member need more than the "
                           f"{n} private records")
     rng = _rng(seed)
-    texts = records["text"].astype(str).tolist()
-    labels = records["label"].astype(str).tolist()
-    ids = records["id"].astype(str).tolist()
+    texts = records["text"].astype(str).to_numpy()
+    labels = records["label"].astype(str).to_numpy()
+    ids = records["id"].astype(str).to_numpy()
     delta = 1.0 / n if delta is None else delta
-    frames, aucs, member_rows = [], [], []
-    for trial, chosen in enumerate(trial_samples(rng, n, config.non_members + 1, config.trials)):
-        member, non_members = int(chosen[0]), chosen[1:]
+    picks = trial_samples(rng, n, config.non_members + 1, config.trials)
+    used = np.unique(np.concatenate(picks))
+    out_rows = _out_rows(rng, np.setdiff1d(np.arange(n), used), config.reference_prompts)
+    out_demos = [(texts[i], labels[i]) for i in out_rows]
+    queries = mia_attacks.truncate_texts(lm, texts[used].tolist(), config.max_record_tokens)
+    refs = mia_attacks.reference_scores(lm, spec, queries, labels[used].tolist(), out_demos, batch_size, cache)
+    position = {int(row): i for i, row in enumerate(used)}
+    frames, member_rows = [], []
+    for trial, chosen in enumerate(picks):
+        member = int(chosen[0])
         member_rows.append(member)
-        rows = [member, *non_members.tolist()]
-        scores = membership_scores(lm, spec, [(texts[member], labels[member])], [texts[i] for i in rows],
-                                   [labels[i] for i in rows], batch_size=batch_size)
-        aucs.append(roc_auc(scores[:1], scores[1:]))
-        frames.append(pd.DataFrame({
-            "setting": "non-private", "epsilon": math.inf, "demo_set": -1, "trial": trial,
-            "role": ["member"] + ["non_member"] * len(non_members), "member": [True] + [False] * len(non_members),
-            "record_id": [ids[i] for i in rows], "score": scores, "global_trial": trial,
-        }))
-        log.debug("non-private audit trial %d/%d: AUC %.3f", trial + 1, config.trials, aucs[-1])
+        local = [position[int(r)] for r in chosen]
+        scores = _attack_scores(lm, spec, [(texts[member], labels[member])], [queries[i] for i in local],
+                                labels[chosen].tolist(), refs.take(local), batch_size)
+        frames.append(_trial_frame(scores, ids[chosen], 1, setting="non-private", epsilon=math.inf, demo_set=-1,
+                                   trial=trial, global_trial=trial))
+        log.debug("non-private audit trial %d/%d done", trial + 1, config.trials)
     scores = pd.concat(frames, ignore_index=True)
     pool = records if overlap_records is None else overlap_records
     # The demos themselves are always in the pool: a sample that missed them would hide the copy.
@@ -650,16 +669,12 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
     overlap = verbatim_overlap([texts[i] for i in member_rows], pool["text"].astype(str).tolist(),
                                threshold=config.overlap_threshold, tokenize=model_tokenize(lm))
     return _finish(
-        thresholds or GateThresholds.from_config(config),
-        setting="non-private", epsilon=math.inf, noise_multiplier=None, delta=delta,
-        auc=float(np.mean(aucs)), auc_ci=auc_mean_ci(aucs, 1, config.non_members, config.confidence),
-        trial_aucs=tuple(float(a) for a in aucs), trials=config.trials, demo_sets=0,
+        thresholds or GateThresholds.from_config(config), scores, confidence=config.confidence, delta=delta,
         members_per_trial=1, non_members_per_trial=config.non_members,
-        confidence=config.confidence, **_pooled_metrics(scores, config.confidence, delta),
+        setting="non-private", epsilon=math.inf, noise_multiplier=None, demo_sets=0,
         max_overlap_tokens=overlap.max_overlap, overlapping_records=overlap.overlapping_records,
         overlap_threshold=config.overlap_threshold, crosscheck_agreed=None, model=lm.name, dataset=spec.name,
         seconds=time.perf_counter() - began, overlap_tokenizer=overlap.tokenizer,
-        mia_scores=scores[MIA_SCORE_COLUMNS],
     )
 
 
@@ -682,11 +697,78 @@ def split_members(records: pd.DataFrame, seed=None, member_fraction: float = 0.5
     return records.loc[is_member].reset_index(drop=True), records.loc[~is_member].reset_index(drop=True)
 
 
+class _LabelPools:
+    """Per label: its members, its OUT-prompt records (non-members reserved for the LiRA references,
+    drawn once per label) and the remaining non-members (the candidates)."""
+
+    def __init__(self, members: pd.DataFrame, non_members: pd.DataFrame, config: AuditConfig, rng):
+        self.members, self.non_members, self.config, self.rng = members, non_members, config, rng
+        self.m_label = members["label"].astype(str).to_numpy()
+        self.n_label = non_members["label"].astype(str).to_numpy()
+        self._pools: dict[str, tuple] = {}
+
+    def usable(self, label: str) -> bool:
+        reserve = self.config.reference_prompts if self.config.reference_prompts >= 2 else 0
+        return ((self.m_label == label).sum() >= self.config.members
+                and (self.n_label == label).sum() >= self.config.non_members + reserve)
+
+    def get(self, label: str) -> tuple[pd.DataFrame, pd.DataFrame, list[tuple[str, str]]]:
+        if label not in self._pools:
+            rows = np.flatnonzero(self.n_label == label)
+            reserve = self.config.reference_prompts if self.config.reference_prompts >= 2 else 0
+            out = _out_rows(self.rng, rows, min(reserve, len(rows) - self.config.non_members))
+            label_members = self.members.loc[self.m_label == label].reset_index(drop=True)
+            candidates = self.non_members.iloc[np.setdiff1d(rows, out)].reset_index(drop=True)
+            out_demos = [(str(t), label) for t in self.non_members["text"].to_numpy()[out]]
+            self._pools[label] = (label_members, candidates, out_demos)
+        return self._pools[label]
+
+
+def _audit_prompt(lm, spec: TaskSpec, prompt, label: str, pools: _LabelPools, rng, *, setting: str,
+                  epsilon: float, demo_set: int, batch_size: int, cache: dict | None) -> list[pd.DataFrame]:
+    """`config.trials` trials of `config.members` members vs `config.non_members` non-members of
+    `label` against one prompt; each distinct record is scored once (its prompt is fixed)."""
+    from dpcore import mia_attacks
+
+    config = pools.config
+    label_members, label_non_members, out_demos = pools.get(label)
+    picks = list(zip(trial_samples(rng, len(label_members), config.members, config.trials),
+                     trial_samples(rng, len(label_non_members), config.non_members, config.trials), strict=True))
+    m_unique = np.unique(np.concatenate([p[0] for p in picks]))
+    n_unique = np.unique(np.concatenate([p[1] for p in picks]))
+    texts = (label_members["text"].astype(str).to_numpy()[m_unique].tolist()
+             + label_non_members["text"].astype(str).to_numpy()[n_unique].tolist())
+    texts = mia_attacks.truncate_texts(lm, texts, config.max_record_tokens)
+    ids = np.concatenate([label_members["id"].astype(str).to_numpy()[m_unique],
+                          label_non_members["id"].astype(str).to_numpy()[n_unique]])
+    query_labels = [label] * len(texts)
+    refs = mia_attacks.reference_scores(lm, spec, texts, query_labels, out_demos, batch_size, cache)
+    scores = _attack_scores(lm, spec, prompt, texts, query_labels, refs, batch_size)
+    m_pos = {int(r): i for i, r in enumerate(m_unique)}
+    n_pos = {int(r): len(m_unique) + i for i, r in enumerate(n_unique)}
+    frames = []
+    for trial, (m_rows, n_rows) in enumerate(picks):
+        local = [m_pos[int(r)] for r in m_rows] + [n_pos[int(r)] for r in n_rows]
+        frames.append(_trial_frame({name: values[local] for name, values in scores.items()}, ids[local],
+                                   len(m_rows), setting=setting, epsilon=epsilon, demo_set=demo_set, trial=trial,
+                                   global_trial=demo_set * config.trials + trial))
+    return frames
+
+
+def _usable_labels(spec: TaskSpec, pools: _LabelPools, config: AuditConfig) -> list[str]:
+    labels = [y for y in spec.label_names if pools.usable(y)]
+    if not labels:
+        raise ConfigError(f"audit_members: no label has {config.members} members and {config.non_members} "
+                          f"non-members (+ {config.reference_prompts} OUT-prompt records) to query")
+    return labels
+
+
 def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFrame, config: AuditConfig,
              generation_config: GenerationConfig, noise_multiplier: float, seed=None, *,
              epsilon: float, delta: float, crosscheck_agreed: bool | None,
              noise_seed: int | None = None, charge: Callable[[int], None] | None = None,
-             thresholds: GateThresholds | None = None, batch_size: int = 16) -> AuditResult:
+             thresholds: GateThresholds | None = None, batch_size: int = 16,
+             cache: dict | None = None) -> AuditResult:
     """Tang et al. Appendix F: MIA against 1-shot ICL with DP demonstrations generated from `members` only.
 
     For each of `config.demo_sets` demo sets: one label y is taken (labels in a seeded
@@ -698,8 +780,9 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
     records that can have influenced the demo; the same label on both sides keeps the
     score's label dependence out of the comparison: stricter than drawing from all
     labels; disjoint across the trials of a demo set when the pools allow) and score them
-    against the 1-shot DP prompt; AUC per trial, averaged. Each distinct record is scored
-    once per demo set (its prompt is fixed).
+    against the 1-shot DP prompt with every attack; AUC per trial and attack, averaged.
+    The LiRA OUT prompts are 1-shot prompts of `config.reference_prompts` non-members of
+    label y kept out of the candidates.
 
     `noise_multiplier` comes from the caller's calibration (dpcore.accounting) for the
     members' label counts; `epsilon`, `delta` and `crosscheck_agreed` describe it for the
@@ -715,20 +798,16 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
     if spec.kind != "classification":
         raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
     rng = _rng(seed)
-    m_label = members["label"].astype(str).to_numpy()
-    n_label = non_members["label"].astype(str).to_numpy()
-    labels = [y for y in spec.label_names if (m_label == y).sum() >= config.members
-              and (n_label == y).sum() >= config.non_members]
-    if not labels:
-        raise ConfigError(f"audit_members: no label has {config.members} members and {config.non_members} "
-                          f"non-members to query")
+    pools = _LabelPools(members, non_members, config, rng)
+    labels = _usable_labels(spec, pools, config)
     order = [labels[i] for i in rng.permutation(len(labels))]
     gen_config = generation_config.model_copy(update={"demos_per_label": 1})
-    frames, aucs, demo_texts, demo_labels = [], [], [], []
+    frames, demo_texts, demo_labels = [], [], []
     setting = "instruction-only" if epsilon == 0 else "dp"
+    cache = {} if cache is None else cache
     for demo_set in range(config.demo_sets):
         label = order[demo_set % len(order)]
-        label_members = members.loc[m_label == label]
+        label_members, _, _ = pools.get(label)
         member_texts = label_members["text"].astype(str).tolist()
         set_seed = None if noise_seed is None else int(noise_seed) + demo_set
         if epsilon == 0:
@@ -743,58 +822,86 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
         demo = produced.demos[0]
         demo_texts.append(demo.text)
         demo_labels.append(label)
-        prompt = [(demo.text, demo.label)]
-        label_non_members = non_members.loc[n_label == label]
-        picks = list(zip(trial_samples(rng, len(label_members), config.members, config.trials),
-                         trial_samples(rng, len(label_non_members), config.non_members, config.trials),
-                         strict=True))
-        # Score each distinct record once per demo set (the prompt is the same for all its trials).
-        m_unique = np.unique(np.concatenate([p[0] for p in picks]))
-        n_unique = np.unique(np.concatenate([p[1] for p in picks]))
-        queries = (label_members["text"].astype(str).to_numpy()[m_unique].tolist()
-                   + label_non_members["text"].astype(str).to_numpy()[n_unique].tolist())
-        scored = membership_scores(lm, spec, prompt, queries, [label] * len(queries), batch_size=batch_size)
-        m_score = dict(zip(m_unique.tolist(), scored[: len(m_unique)], strict=True))
-        n_score = dict(zip(n_unique.tolist(), scored[len(m_unique):], strict=True))
-        m_ids = label_members["id"].astype(str).to_numpy()
-        n_ids = label_non_members["id"].astype(str).to_numpy()
-        for trial, (m_rows, n_rows) in enumerate(picks):
-            ms = np.array([m_score[int(i)] for i in m_rows])
-            ns = np.array([n_score[int(i)] for i in n_rows])
-            aucs.append(roc_auc(ms, ns))
-            frames.append(pd.DataFrame({
-                "setting": setting, "epsilon": float(epsilon), "demo_set": demo_set, "trial": trial,
-                "role": ["member"] * len(ms) + ["non_member"] * len(ns),
-                "member": [True] * len(ms) + [False] * len(ns),
-                "record_id": np.concatenate([m_ids[m_rows], n_ids[n_rows]]).tolist(),
-                "score": np.concatenate([ms, ns]), "global_trial": demo_set * config.trials + trial,
-            }))
-        log.info("DP audit demo set %d/%d (label %s): mean AUC %.3f", demo_set + 1, config.demo_sets, label,
-                 float(np.mean(aucs[-config.trials:])))
+        frames += _audit_prompt(lm, spec, [(demo.text, demo.label)], label, pools, rng, setting=setting,
+                                epsilon=float(epsilon), demo_set=demo_set, batch_size=batch_size, cache=cache)
+        log.info("DP audit demo set %d/%d (label %s) scored", demo_set + 1, config.demo_sets, label)
     scores = pd.concat(frames, ignore_index=True)
-    # Verbatim check: each demo against the members of its label (the records it was generated from);
-    # one tokenization of a label's members however many demo sets share the label.
+    max_overlap, overlapping = _demo_overlap(lm, demo_texts, demo_labels, members, config.overlap_threshold)
+    return _finish(
+        thresholds or GateThresholds.from_config(config), scores, confidence=config.confidence, delta=delta,
+        members_per_trial=config.members, non_members_per_trial=config.non_members,
+        setting=setting, epsilon=float(epsilon), noise_multiplier=float(noise_multiplier),
+        demo_sets=config.demo_sets, max_overlap_tokens=max_overlap, overlapping_records=overlapping,
+        overlap_threshold=config.overlap_threshold, crosscheck_agreed=crosscheck_agreed, model=lm.name,
+        dataset=spec.name, seconds=time.perf_counter() - began, overlap_tokenizer="model",
+    )
+
+
+def demos_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: pd.DataFrame,
+                non_members: pd.DataFrame, config: AuditConfig, seed=None, *, epsilon: float,
+                noise_multiplier: float | None, delta: float, crosscheck_agreed: bool | None,
+                thresholds: GateThresholds | None = None, batch_size: int = 16,
+                cache: dict | None = None) -> AuditResult:
+    """The membership audit of DP demonstrations that were already generated (a run's own demos).
+
+    `demos`: (text, label) pairs generated from `members` (for a run's demos: the whole
+    private split, so every private record is a member); `non_members`: records the
+    generation never read (held-out records of the same distribution). Each demo is one
+    "demo set": `config.trials` trials of `config.members` members vs `config.non_members`
+    non-members of the demo's label against its 1-shot prompt, every attack, as `dp_audit`
+    (whose design this is, minus the regeneration: nothing is generated, nothing is
+    charged). Pass the same `seed` and `cache` to audit several epsilons' demos on the same
+    candidate records: their reference passes then run once.
+    """
+    began = time.perf_counter()
+    _check_split(members, "members")
+    _check_split(non_members, "non_members")
+    if spec.kind != "classification":
+        raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
+    if not demos:
+        raise ConfigError("audit: no demonstration to audit")
+    rng = _rng(seed)
+    pools = _LabelPools(members, non_members, config, rng)
+    usable = set(_usable_labels(spec, pools, config))
+    skipped = sorted({str(d[1]) for d in demos} - usable)
+    if skipped:
+        log.warning("audit: label(s) %s lack the members/non-members to query; their demos are not audited",
+                    ", ".join(skipped))
+    frames, audited = [], []
+    for index, demo in enumerate(d for d in demos if str(d[1]) in usable):
+        text, label = str(demo[0]), str(demo[1])
+        audited.append((text, label))
+        frames += _audit_prompt(lm, spec, [(text, label)], label, pools, rng, setting="dp", epsilon=float(epsilon),
+                                demo_set=index, batch_size=batch_size, cache=cache)
+    if not frames:
+        raise ConfigError("audit: none of the demonstrations' labels has enough records to query")
+    scores = pd.concat(frames, ignore_index=True)
+    max_overlap, overlapping = _demo_overlap(lm, [t for t, _ in audited], [y for _, y in audited], members,
+                                             config.overlap_threshold)
+    return _finish(
+        thresholds or GateThresholds.from_config(config), scores, confidence=config.confidence, delta=delta,
+        members_per_trial=config.members, non_members_per_trial=config.non_members,
+        setting="dp", epsilon=float(epsilon), noise_multiplier=noise_multiplier, demo_sets=len(audited),
+        max_overlap_tokens=max_overlap, overlapping_records=overlapping,
+        overlap_threshold=config.overlap_threshold, crosscheck_agreed=crosscheck_agreed, model=lm.name,
+        dataset=spec.name, seconds=time.perf_counter() - began, overlap_tokenizer="model",
+    )
+
+
+def _demo_overlap(lm, demo_texts: list[str], demo_labels: list[str], members: pd.DataFrame,
+                  threshold: int) -> tuple[int, int]:
+    """Verbatim check: each demo against the members of its label (the records it was generated from);
+    one tokenization of a label's members however many demos share the label."""
     tokenize = model_tokenize(lm)
+    m_label = members["label"].astype(str).to_numpy()
     max_overlap, overlapping = 0, 0
     for label in dict.fromkeys(demo_labels):
         texts = [text for text, y in zip(demo_texts, demo_labels, strict=True) if y == label]
         pool = members.loc[m_label == label, "text"].astype(str).tolist()
-        report = verbatim_overlap(texts, pool, threshold=config.overlap_threshold, tokenize=tokenize)
+        report = verbatim_overlap(texts, pool, threshold=threshold, tokenize=tokenize)
         max_overlap = max(max_overlap, report.max_overlap)
         overlapping += report.overlapping_records
-    return _finish(
-        thresholds or GateThresholds.from_config(config),
-        setting=setting, epsilon=float(epsilon), noise_multiplier=float(noise_multiplier), delta=delta,
-        auc=float(np.mean(aucs)),
-        auc_ci=auc_mean_ci(aucs, config.members, config.non_members, config.confidence),
-        trial_aucs=tuple(float(a) for a in aucs), trials=len(aucs), demo_sets=config.demo_sets,
-        members_per_trial=config.members, non_members_per_trial=config.non_members,
-        confidence=config.confidence, **_pooled_metrics(scores, config.confidence, delta),
-        max_overlap_tokens=max_overlap, overlapping_records=overlapping,
-        overlap_threshold=config.overlap_threshold, crosscheck_agreed=crosscheck_agreed, model=lm.name,
-        dataset=spec.name, seconds=time.perf_counter() - began, overlap_tokenizer="model",
-        mia_scores=scores[MIA_SCORE_COLUMNS],
-    )
+    return max_overlap, overlapping
 
 
 # =========================================================================== ROC plot
@@ -817,13 +924,15 @@ def roc_plot(results: Sequence[AuditResult], path: Path, title: str = "") -> Pat
     floor = 1.0
     for result in results:
         scores = result.mia_scores
+        if "attack" in scores.columns:  # the gate's attack (the strongest) of each audit
+            scores = scores.loc[scores["attack"] == result.attack]
         member = scores["member"].to_numpy(dtype=bool)
         if member.all() or not member.any():
             continue
         values = scores["score"].to_numpy(dtype=float)
         curve = roc_curve(values[member], values[~member])
         name = result.setting if result.setting == "non-private" else f"{result.setting} eps={result.epsilon:g}"
-        label = f"{name}: mean trial AUC {result.auc:.3f} (pooled {result.pooled_auc:.3f})"
+        label = f"{name} [{result.attack}]: mean trial AUC {result.auc:.3f} (pooled {result.pooled_auc:.3f})"
         for axis in (linear, logarithmic):
             axis.plot(curve.fpr, curve.tpr, drawstyle="steps-post", label=label)
         floor = min(floor, 1.0 / curve.non_members, 1.0 / curve.members)

@@ -22,6 +22,7 @@ from dpcore.errors import ConfigError
 
 Mechanism = Literal["gaussian", "rnm"]
 Sampler = Literal["poisson", "fixed"]
+AuditMode = Literal["regenerate", "run-demos"]
 Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]
 
 ALL_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only", "sigma-zero", "random-real")
@@ -74,6 +75,12 @@ class AuditConfig(_Frozen):
     auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="gate: |AUC - 0.5| must stay within this")
     overlap_threshold: int = Field(8, ge=1, description="gate: verbatim token overlap that counts as a leak")
     confidence: float = Field(0.95, gt=0, lt=1)
+    reference_prompts: int = Field(4, ge=0, description="OUT prompts (1-shot prompts of non-candidate records) "
+                                   "of the offline LiRA attacks; fewer than 2: no LiRA attack")
+    max_record_tokens: int | None = Field(None, ge=1, description="score each candidate's first N tokens only "
+                                          "(a public cap that makes a time-boxed audit cheaper); None: whole text")
+    mode: AuditMode = Field("regenerate", description="regenerate: DP demos generated from half the private records "
+                            "(Tang et al. App. F, charged); run-demos: the run's own demos vs held-out records")
 
 
 class RunConfig(_Frozen):
@@ -119,6 +126,15 @@ class RunConfig(_Frozen):
     audit_trials: int = Field(20, ge=1, description="audit trials per demo set")
     audit_demo_sets: int = Field(3, ge=1, description="DP demo sets the audit generates from its members")
     audit_members: int = Field(50, ge=1, description="member (and as many non-member) records per audit trial")
+    audit_mode: AuditMode = Field("regenerate", description="regenerate: DP demos from a member half, scored "
+                                  "against the other half; run-demos: the run's own demos, training vs test rows")
+    audit_reference: bool = Field(False, description="also run the non-private reference audit (real records as "
+                                  "1-shot demos, Duan et al.'s leaky setting) for contrast: an infinite spend, "
+                                  "charged to the ledger")
+    audit_reference_prompts: int = Field(4, ge=0, description="LiRA reference prompts built from non-members "
+                                         "(0: no LiRA attacks)")
+    audit_max_record_tokens: int | None = Field(None, ge=1, description="score only each record's first tokens "
+                                                "(default: whole records)")
     auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="audit gate: |AUC - 0.5| must stay within this")
     overlap_threshold: int = Field(8, ge=1, description="audit gate: verbatim token overlap that counts as a leak")
 
@@ -201,6 +217,9 @@ class RunConfig(_Frozen):
             non_members=self.audit_members,
             auc_tolerance=self.auc_tolerance,
             overlap_threshold=self.overlap_threshold,
+            reference_prompts=self.audit_reference_prompts,
+            max_record_tokens=self.audit_max_record_tokens,
+            mode=self.audit_mode,
         )
 
     def flat(self) -> dict[str, str]:

@@ -1,6 +1,16 @@
 """Stage 6: the membership-inference audit (`dpcore.audit`, Duan et al. 2023 / Tang et al. Appendix F).
 
-For each DP epsilon of the run: the private records are split into members and
+Every audit runs every attack of `dpcore.mia_attacks` (Duan et al.'s score, difficulty-
+calibrated label and text scores, offline LiRA) and gates on the strongest. Two designs
+(`AuditConfig.mode`):
+
+run-demos: the run's own DP demonstrations were generated from the whole private split, so
+every private record is a member; the held-out (test) records are the non-members. Each
+demo's 1-shot prompt is attacked with members vs non-members of its label
+(`dpcore.audit.demos_audit`): nothing is generated, nothing is charged, and every epsilon
+is audited on the same candidate records (their reference scores computed once).
+
+regenerate (default): for each DP epsilon of the run: the private records are split into members and
 non-members (`split_members`), sigma is calibrated for the members' label counts (the
 audit generates from half the data, so its q is larger), and `dp_audit` generates DP
 demo sets from the members only and scores members against non-members. A non-private
@@ -29,6 +39,7 @@ from prefect import get_run_logger, task
 
 from dpcore.artifacts import read_table, write_table
 from dpcore.config import AuditConfig, GenerationConfig, RunConfig
+from dpcore.errors import ConfigError
 from tasks.common import (
     RETRIES,
     RETRY_DELAY_SECONDS,
@@ -40,7 +51,7 @@ from tasks.common import (
     transient_only,
 )
 
-AUDIT_MODULES = ("dpcore.audit", "dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.icl",
+AUDIT_MODULES = ("dpcore.audit", "dpcore.mia_attacks", "dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.icl",
                  "dpcore.accounting")
 REFERENCE_OVERLAP_SAMPLE = 2000
 AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_config", "model", "dtype", "seed",
@@ -48,9 +59,10 @@ AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_co
 
 
 def audit_call(config: RunConfig, ingested: dict, calibration: list[dict], shards: list[dict],
-               generation_config: GenerationConfig, noise_scope: str, non_private_reference: bool = True) -> dict:
+               generation_config: GenerationConfig, noise_scope: str) -> dict:
     """The keyword arguments of the `audit` task for a pipeline run."""
-    targets = [{"epsilon": float(row["epsilon"]), "crosscheck_agreed": bool(row["crosscheck_agreed"])}
+    targets = [{"epsilon": float(row["epsilon"]), "crosscheck_agreed": bool(row["crosscheck_agreed"]),
+                "noise_multiplier": None if row.get("noise_multiplier") is None else float(row["noise_multiplier"])}
                for row in calibration if row["method"] == "dp"]
     dp_shards = sorted((s for s in shards if s["method"] == "dp"), key=lambda s: (s["epsilon"], s["label"]))
     delta = next((float(row["delta"]) for row in calibration if row.get("delta") is not None), None)
@@ -58,7 +70,7 @@ def audit_call(config: RunConfig, ingested: dict, calibration: list[dict], shard
                 task_spec=ingested["task_spec"], targets=targets, generation=generation_config,
                 audit_config=config.audit_config(), model=config.model, device=config.device, dtype=config.dtype,
                 seed=config.seed, noise_scope=noise_scope, demo_paths=[s["path"] for s in dp_shards],
-                demo_keys=[s["key"] for s in dp_shards], non_private_reference=non_private_reference,
+                demo_keys=[s["key"] for s in dp_shards], non_private_reference=config.audit_reference,
                 delta=delta, dataset_id=config.ledger_id, run_id=ingested["paths"]["run_id"])
 
 
@@ -84,7 +96,7 @@ def audit(
     noise_scope: str = "",
     demo_paths: list[str] | None = None,
     demo_keys: list[str] | None = None,
-    non_private_reference: bool = True,
+    non_private_reference: bool = False,
     delta: float | None = None,
     dataset_id: str | None = None,
     run_id: str | None = None,
@@ -105,37 +117,58 @@ def audit(
     delta = delta if delta is not None else accounting.default_delta(len(train))
     # The member split is an audit design choice, not privacy noise: reproducible from the data hash.
     split_seed = derive_seed(seed if seed is not None else int(data_hash[:15], 16), "audit-split")
-    members, non_members = mia.split_members(train, seed=split_seed)
-    member_counts = members["label"].astype(str).value_counts().to_dict()
-    member_counts = {label: int(member_counts.get(label, 0)) for label in spec.label_names}
-    steps = accounting.total_steps(generation.max_tokens, 1)
     demos = pd.concat([read_table(Path(p)) for p in demo_paths or []], ignore_index=True) if demo_paths else None
-    tokenize = mia.model_tokenize(lm)
     thresholds = mia.GateThresholds.from_config(audit_config)
+    cache: dict = {}  # reference scores of a candidate, shared by the epsilons (same OUT prompts)
 
-    results, rows, pool_tokens = [], [], {}
-    for target in targets:
-        eps = float(target["epsilon"])
-        calibrated = accounting.calibrate_for_labels(eps, member_counts, generation.num_subsets,
-                                                     generation.subset_size, steps, delta,
-                                                     mechanism=generation.mechanism)
-        sigma = float(calibrated["noise_multiplier"])
-        q = float(calibrated["sampling_rate"])  # the members' largest q (the audit's own spend)
-        hook = audit_charge_hook(dataset_id, data_hash, run_id, sigma, q, steps, delta, generation.mechanism)
-        result = mia.dp_audit(
-            lm, spec, members, non_members, audit_config, generation, sigma,
-            seed=derive_seed(split_seed, "audit-trials", eps), epsilon=eps, delta=delta,
-            crosscheck_agreed=target["crosscheck_agreed"],
-            noise_seed=derive_seed(seed, "audit-noise", eps), charge=hook, thresholds=thresholds,
-        )
-        if demos is not None and len(demos):
-            result = _with_run_demo_overlap(mia, result, demos[demos["epsilon"] == eps], train, tokenize,
-                                            thresholds, pool_tokens)
-        results.append(result)
-        rows.append(result.audit_frame())
-        logger.info("audit at epsilon %g: AUC %.3f (CI %.3f-%.3f), TPR@1%%FPR %.3f, max overlap %d tokens: %s",
-                    eps, result.auc, result.auc_ci[0], result.auc_ci[1], result.tpr_at_1pct_fpr,
-                    result.max_overlap_tokens, "passed" if result.passed else "FAILED")
+    results, rows = [], []
+    if audit_config.mode == "run-demos":
+        held_out = records[records["split"] != "train"][["id", "text", "label"]].reset_index(drop=True)
+        if held_out.empty:
+            raise ConfigError("audit: the run-demos audit needs held-out (test) records as non-members")
+        for target in targets:
+            eps = float(target["epsilon"])
+            own = demos[demos["epsilon"] == eps] if demos is not None else pd.DataFrame(columns=["text", "label"])
+            if own.empty:
+                logger.warning("audit at epsilon %g: the run has no DP demonstration to audit", eps)
+                continue
+            # The same trial seed for every epsilon: the same candidates, scored against each epsilon's demos.
+            result = mia.demos_audit(
+                lm, spec, list(zip(own["text"].astype(str), own["label"].astype(str), strict=True)), train,
+                held_out, audit_config, seed=derive_seed(split_seed, "audit-trials"), epsilon=eps,
+                noise_multiplier=target.get("noise_multiplier"), delta=delta,
+                crosscheck_agreed=target["crosscheck_agreed"], thresholds=thresholds, cache=cache,
+            )
+            results.append(result)
+            rows.append(result.audit_frame())
+            _log_result(logger, eps, result)
+    else:
+        members, non_members = mia.split_members(train, seed=split_seed)
+        member_counts = members["label"].astype(str).value_counts().to_dict()
+        member_counts = {label: int(member_counts.get(label, 0)) for label in spec.label_names}
+        steps = accounting.total_steps(generation.max_tokens, 1)
+        tokenize = mia.model_tokenize(lm)
+        pool_tokens: dict = {}
+        for target in targets:
+            eps = float(target["epsilon"])
+            calibrated = accounting.calibrate_for_labels(eps, member_counts, generation.num_subsets,
+                                                         generation.subset_size, steps, delta,
+                                                         mechanism=generation.mechanism)
+            sigma = float(calibrated["noise_multiplier"])
+            q = float(calibrated["sampling_rate"])  # the members' largest q (the audit's own spend)
+            hook = audit_charge_hook(dataset_id, data_hash, run_id, sigma, q, steps, delta, generation.mechanism)
+            result = mia.dp_audit(
+                lm, spec, members, non_members, audit_config, generation, sigma,
+                seed=derive_seed(split_seed, "audit-trials", eps), epsilon=eps, delta=delta,
+                crosscheck_agreed=target["crosscheck_agreed"],
+                noise_seed=derive_seed(seed, "audit-noise", eps), charge=hook, thresholds=thresholds, cache=cache,
+            )
+            if demos is not None and len(demos):
+                result = _with_run_demo_overlap(mia, result, demos[demos["epsilon"] == eps], train, tokenize,
+                                                thresholds, pool_tokens)
+            results.append(result)
+            rows.append(result.audit_frame())
+            _log_result(logger, eps, result)
 
     reference = None
     if non_private_reference:
@@ -144,7 +177,8 @@ def audit(
         sample = train.sample(n=min(len(train), REFERENCE_OVERLAP_SAMPLE), random_state=split_seed % (2**32))
         reference = mia.non_private_audit(lm, spec, train, audit_config, seed=derive_seed(split_seed, "reference"),
                                           delta=delta, thresholds=thresholds, overlap_records=sample)
-        logger.info("non-private reference audit (real 1-shot demos): AUC %.3f", reference.auc)
+        logger.info("non-private reference audit (real 1-shot demos): AUC %.3f (%s attack; %s)", reference.auc,
+                    reference.attack, ", ".join(f"{a.attack} {a.auc:.3f}" for a in reference.attacks))
 
     out = stage_dir("audit", key)
     # Per-record scores (record ids, membership bits, scores) are a function of private records: private
@@ -169,6 +203,13 @@ def audit(
     return result
 
 
+def _log_result(logger, eps: float, result) -> None:
+    logger.info("audit at epsilon %g: AUC %.3f (CI %.3f-%.3f, %s attack; %s), TPR@1%%FPR %.3f, max overlap %d "
+                "tokens: %s", eps, result.auc, result.auc_ci[0], result.auc_ci[1], result.attack,
+                ", ".join(f"{a.attack} {a.auc:.3f}" for a in result.attacks), result.tpr_at_1pct_fpr,
+                result.max_overlap_tokens, "passed" if result.passed else "FAILED")
+
+
 def _with_run_demo_overlap(mia, result, demos: pd.DataFrame, train: pd.DataFrame, tokenize, thresholds,
                            pool_tokens: dict):
     """Fold the run's own DP demos' verbatim overlap (per label, against that label's records) into the gate."""
@@ -188,6 +229,6 @@ def _with_run_demo_overlap(mia, result, demos: pd.DataFrame, train: pd.DataFrame
 def _public_summary(result) -> dict:
     summary = result.summary()
     return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in summary.items()
-            if k in ("setting", "epsilon", "noise_multiplier", "auc", "auc_ci", "tpr_at_1pct_fpr",
+            if k in ("setting", "epsilon", "noise_multiplier", "attack", "attacks", "auc", "auc_ci", "tpr_at_1pct_fpr",
                      "tpr_at_01pct_fpr", "epsilon_lower_bound", "max_overlap_tokens", "passed", "reasons",
                      "trials", "demo_sets")}

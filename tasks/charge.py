@@ -4,7 +4,7 @@
   per DP epsilon (mechanism, sigma, q, T, delta; purpose "pipeline"), and, only when the
   user opted into them, the non-private baselines as sigma = 0 spends (infinite; purpose
   "baseline"): `sigma-zero` (the run's q and T) and `random-real` (real private records in
-  the prompts: q = 1, T = 1).
+  the prompts: q = 1, T = 1) and the audit's non-private reference (`audit_reference`, the same).
 - `preflight`: the checks that could fail after the charge, run before it (the model
   resolves and its context holds `max_tokens`; the task runner spec parses).
 - `charge_run`: charges, in ONE all-or-nothing transaction, each planned spend the ledger
@@ -38,6 +38,7 @@ DP = "dp"
 SIGMA_ZERO = "sigma-zero"
 RANDOM_REAL = "random-real"
 INSTRUCTION_ONLY = "instruction-only"
+AUDIT_REFERENCE = "audit-reference"
 NON_PRIVATE_BASELINES = (SIGMA_ZERO, RANDOM_REAL)
 TINY_CONTEXT_LENGTH = 2048  # LanguageModel.tiny_random's max_position_embeddings
 
@@ -78,8 +79,16 @@ def planned_spends(config, data_hash: str, run_id: str, plan: list[dict], calibr
                                                                  run_id))
     spends = sorted(seen.values(), key=lambda s: (s[0], s[1]))
     if RANDOM_REAL in config.baselines:  # real private records as demonstrations: no privacy at all
-        spends.append((RANDOM_REAL, math.inf, _spend_of(RANDOM_REAL, 0.0, 1.0, 1, delta, config, data_hash, run_id)))
+        spends.append((RANDOM_REAL, math.inf, real_records_spend(config, data_hash, run_id, delta)))
+    if config.audit and config.audit_reference:  # the audit's non-private reference: real records as demos
+        spends.append((AUDIT_REFERENCE, math.inf, real_records_spend(config, data_hash, run_id, delta)))
     return spends
+
+
+def real_records_spend(config, data_hash: str, run_id: str, delta: float) -> ledger.ChargeRequest:
+    """Real private records placed in prompts with no noise (random-real demos, the non-private reference
+    audit): an infinite spend (sigma = 0; q = 1, T = 1 only name the event), purpose "baseline"."""
+    return _spend_of(RANDOM_REAL, 0.0, 1.0, 1, delta, config, data_hash, run_id)
 
 
 def non_private_baselines(config) -> list[str]:
@@ -87,6 +96,8 @@ def non_private_baselines(config) -> list[str]:
     chosen = [b for b in NON_PRIVATE_BASELINES if b in config.baselines]
     if any(math.isinf(e) for e in config.epsilons) and SIGMA_ZERO not in chosen:
         chosen.insert(0, SIGMA_ZERO)
+    if config.audit and config.audit_reference:
+        chosen.append(AUDIT_REFERENCE)
     return chosen
 
 

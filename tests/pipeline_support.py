@@ -107,6 +107,7 @@ def tiny_config(**overrides) -> RunConfig:
         epsilons=[2.0], num_subsets=2, subset_size=1, top_k=20, max_tokens=4, shots=4, seeds=2, test_size=12,
         audit=True, audit_trials=2, audit_demo_sets=1, audit_members=5, seed=123,
         baselines=list(ALL_BASELINES),  # every comparison row (the non-private ones are opt-in, charged as inf)
+        audit_reference=True,  # the non-private reference audit too (opt-in, charged as inf)
     )
     values.update(overrides)
     return RunConfig(**values)

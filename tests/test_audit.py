@@ -31,6 +31,7 @@ from dpcore.audit import (
     whitespace_tokenize,
 )
 from dpcore.errors import ConfigError
+from dpcore.mia_attacks import ATTACKS
 
 # --------------------------------------------------------------------------- AUC and ROC
 
@@ -261,7 +262,7 @@ def test_gate_reasons_one_per_condition():
     passed, reasons = gate(_result(auc=0.81, auc_ci=(0.77, 0.85), max_overlap_tokens=42, overlapping_records=3,
                                    crosscheck_agreed=False))
     assert not passed and len(reasons) == 3
-    assert "AUC 0.810 (95% CI [0.770, 0.850]) is outside 0.5 +/- 0.05" in reasons[0]
+    assert "AUC 0.810 (95% CI [0.770, 0.850]) of the duan attack is outside 0.5 +/- 0.05" in reasons[0]
     assert "42 consecutive tokens" in reasons[1] and "3 record(s) at >= 8 tokens" in reasons[1]
     assert "cross-check disagreed" in reasons[2]
     assert all("\n" not in reason for reason in reasons)
@@ -290,7 +291,8 @@ def _fake_result(setting, member_shift, seed=0):
     scores = pd.DataFrame({
         "setting": setting, "epsilon": 1.0, "demo_set": 0, "trial": np.arange(500) % 10,
         "role": ["member"] * 100 + ["non_member"] * 400, "member": [True] * 100 + [False] * 400,
-        "record_id": [f"r{i}" for i in range(500)], "score": np.concatenate([members, non_members]),
+        "record_id": [f"r{i}" for i in range(500)], "attack": "duan",
+        "score": np.concatenate([members, non_members]),
     })
     return AuditResult(
         setting=setting, epsilon=1.0, noise_multiplier=0.5, delta=1e-4, auc=roc_auc(members, non_members),
@@ -370,11 +372,23 @@ def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread)
     result = non_private_audit(tiny_lm, agnews.spec, agnews_sample, config, seed=7)
     again = non_private_audit(tiny_lm, agnews.spec, agnews_sample, config, seed=7)
     scores = result.mia_scores
-    assert list(scores.columns) == MIA_SCORE_COLUMNS and len(scores) == 4 * 13
-    assert scores.groupby("trial")["member"].sum().tolist() == [1, 1, 1, 1]
-    assert scores["record_id"].is_unique  # trials draw disjoint records
+    assert list(scores.columns) == MIA_SCORE_COLUMNS and len(scores) == len(ATTACKS) * 4 * 13
+    assert list(dict.fromkeys(scores["attack"])) == list(ATTACKS)
+    duan = scores.loc[scores["attack"] == "duan"]
+    assert duan.groupby("trial")["member"].sum().tolist() == [1, 1, 1, 1]
+    assert duan["record_id"].is_unique  # trials draw disjoint records
     assert np.allclose(scores["score"], again.mia_scores["score"]) and result.auc == again.auc
     assert len(result.trial_aucs) == 4 and result.auc == pytest.approx(np.mean(result.trial_aucs))
+    assert [a.attack for a in result.attacks] == list(ATTACKS)
+    assert result.attack == max(result.attacks, key=lambda a: abs(a.auc - 0.5)).attack
+    # the duan attack's score is still Duan et al.'s normalised label probability
+    from dpcore.audit import membership_scores
+
+    trial0 = duan.loc[duan["trial"] == 0]
+    rows = agnews_sample.set_index("id").loc[trial0["record_id"]]
+    expected = membership_scores(tiny_lm, agnews.spec, [(rows["text"].iloc[0], rows["label"].iloc[0])],
+                                 rows["text"].tolist(), rows["label"].tolist())
+    assert np.allclose(trial0["score"], expected, atol=1e-5)
     assert _no_text(scores, agnews_sample["text"].tolist())
     # real records as demos: the verbatim check sees the copies; no accountant applies
     assert not result.passed and result.max_overlap_tokens >= 8
@@ -392,7 +406,8 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
 
     members, non_members = split_members(agnews_sample, seed=0)
     assert len(members) == 4000 and set(members["id"]).isdisjoint(non_members["id"])
-    config = AuditConfig(trials=10, demo_sets=2, members=30, non_members=30)
+    config = AuditConfig(trials=10, demo_sets=2, members=40, non_members=40, reference_prompts=2,
+                         max_record_tokens=16)
     gen = GenerationConfig(num_subsets=4, subset_size=1, max_tokens=6, top_k=20)
     events = []
     original = generation.generate_demos
@@ -420,8 +435,10 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
     assert covered >= runs - 1 and flagged == 0
     assert events[:4] == ["charge 0", "generate", "charge 1", "generate"]  # the ledger hook runs first
     scores = result.mia_scores
-    assert len(scores) == 2 * 10 * 60
-    assert scores.groupby(["demo_set", "trial"])["member"].sum().unique().tolist() == [30]
+    assert len(scores) == len(ATTACKS) * 2 * 10 * 80
+    assert scores.groupby(["attack", "demo_set", "trial"])["member"].sum().unique().tolist() == [40]
+    for attack in result.attacks:  # every attack, not only the gate's, stays in the band
+        assert abs(attack.auc - 0.5) <= config.auc_tolerance and 0 <= attack.auc_ci[0] <= attack.auc_ci[1] <= 1
     assert _no_text(scores, agnews_sample["text"].tolist())
 
 
@@ -490,7 +507,10 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_fol
     assert not (out / "mia_scores.parquet").exists()  # per-record scores: private store only
     private = _private_folder(out)
     scores, audit = read_table(private / "mia_scores.parquet"), read_table(out / "audit.parquet")
-    assert len(scores) == 2 * 3 * 20 and len(audit) == 1 and not audit["passed"].iloc[0]
+    assert len(scores) == len(ATTACKS) * 2 * 3 * 20 and len(audit) == 1 and not audit["passed"].iloc[0]
+    assert set(scores["attack"]) == set(ATTACKS) and summary["attack"] in ATTACKS
+    assert [a["attack"] for a in summary["attacks"]] == list(ATTACKS)
+    assert {f"auc_{name.replace('-', '_')}" for name in ATTACKS} <= set(audit.columns)
     texts = records["text"].tolist()
     assert _no_text(scores, texts) and _no_text(audit, texts)
     assert not any(text in (out / "audit.json").read_text() for text in texts)
@@ -508,6 +528,10 @@ def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tin
     code, text, _ = _cli(base + ["--non-private", "--trials", "3", "--audit-members", "10",
                                  "--out", str(tmp_path / "np")], capsys)
     assert code == 1 and "gate: FAILED" in text and "  - verbatim overlap" in text
+    from dpcore.ledger import Ledger
+
+    charged = [e for e in Ledger().entries("mini") if e.run_id == "np"]  # real records in prompts: charged as inf
+    assert [(e.noise_multiplier, e.purpose) for e in charged] == [(0.0, "baseline")]
     # epsilon 0: instruction-only demos (nothing charged), with the non-private reference alongside
     code, summary, _ = _cli(base + ["--epsilon", "0", "--trials", "2", "--audit-members", "10", "--audit-demo-sets",
                                     "1", "--max-tokens", "4", "--top-k", "10", "--reference", "--seed", "3",
@@ -531,24 +555,29 @@ def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sa
     """A model that recognises its own demonstration (Duan et al.'s leak, exaggerated) is caught on every count."""
     import zlib
 
-    from dpcore import icl
+    from dpcore import mia_attacks
     from dpcore.audit import non_private_audit
     from dpcore.config import AuditConfig
 
     labels = agnews.spec.label_names
 
-    def copying_label_logprobs(lm, spec, demos, queries, labels_=None, batch_size=16):
-        out = []
-        for query in queries:
-            if any(query == demo[0] for demo in demos):  # a member: the demo's label, confidently
+    def copying_prompt_scores(lm, spec, demos, queries, labels_, batch_size=16):
+        label_lp, text_lp = [], []
+        for query, label in zip(queries, labels_, strict=True):
+            if any(query == demo[0] for demo in demos):  # a member: the demo's label, confidently; its text copied
                 probs = np.full(len(labels), 0.02)
                 probs[labels.index(demos[0][1])] = 0.94
+                text = -5.0
             else:  # anyone else: an arbitrary but fixed guess
                 probs = np.random.default_rng(zlib.crc32(query.encode())).dirichlet(np.ones(len(labels)))
-            out.append(np.log(probs))
-        return np.array(out)
+                text = -40.0 + zlib.crc32(query.encode()) % 100 / 10
+            p = probs[labels.index(label)]
+            label_lp.append(np.log(p))
+            text_lp.append(text)
+        label_lp = np.array(label_lp)
+        return mia_attacks.PromptScores(label_lp, label_lp - np.log1p(-np.exp(label_lp)), np.array(text_lp))
 
-    monkeypatch.setattr(icl, "label_logprobs", copying_label_logprobs)
+    monkeypatch.setattr(mia_attacks, "prompt_scores", copying_prompt_scores)
     result = non_private_audit(tiny_lm, agnews.spec, agnews_sample, AuditConfig(trials=100, non_members=50),
                                seed=0, overlap_records=agnews_sample.head(100))
     assert result.auc > 0.9 and result.auc_ci[0] > 0.55

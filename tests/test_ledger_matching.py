@@ -127,6 +127,28 @@ def test_default_baselines_read_no_private_record_and_are_not_charged():
     assert non_private_warning(config) is None
 
 
+def test_the_non_private_reference_audit_is_opt_in_and_an_infinite_spend():
+    from tasks.audit import audit_call
+    from tasks.charge import non_private_warning, planned_spends
+
+    config = RunConfig(epsilons=[2], audit=True)
+    assert not config.audit_reference
+    assert [m for m, _, _ in planned_spends(config, "h1", "run-a", _plan(config), CALIBRATION)] == ["dp"]
+    ingested = {"records_path": "r", "data_hash": "h1", "task_spec": "agnews", "paths": {"run_id": "run-a"}}
+    rows = [{**row, "method": "dp" if row["epsilon"] else "instruction-only", "crosscheck_agreed": True}
+            for row in CALIBRATION]
+    assert audit_call(config, ingested, rows, [], config.generation_config(), "")[
+        "non_private_reference"] is False
+    opted = RunConfig(epsilons=[2], audit=True, audit_reference=True, dataset_id="ref-ds")
+    spends = {m: r for m, _, r in planned_spends(opted, "h1", "run-a", _plan(opted), CALIBRATION)}
+    assert set(spends) == {"dp", "audit-reference"}
+    assert spends["audit-reference"].noise_multiplier == 0 and spends["audit-reference"].purpose == "baseline"
+    assert "audit-reference" in non_private_warning(opted)
+    assert audit_call(opted, ingested, rows, [], opted.generation_config(), "")["non_private_reference"]
+    without_audit = RunConfig(epsilons=[2], audit=False, audit_reference=True)
+    assert [m for m, _, _ in planned_spends(without_audit, "h1", "r", _plan(without_audit), CALIBRATION)] == ["dp"]
+
+
 def test_opted_in_non_private_baselines_are_infinite_spends_with_a_warning(book, monkeypatch):
     from tasks import charge
 

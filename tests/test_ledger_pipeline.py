@@ -236,3 +236,19 @@ def test_audit_cli_budget_refusal_comes_before_the_model(capsys, monkeypatch, tm
                  "--out", str(tmp_path / "a")])
     assert code == 3 and "refused" in capsys.readouterr().err and loads == []
     assert ledger.entries("audit-cli-budget") == []
+
+
+def test_the_non_private_audit_cli_is_refused_under_a_budget_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    from dpcore.lm import LanguageModel
+    from flows.cli import main
+
+    data_path, spec_path, _, _ = mini_agnews()
+    ledger = Ledger()
+    ledger.set_budget("audit-np-budget", 100.0, 1e-3)
+    loads = []
+    monkeypatch.setattr(LanguageModel, "load", classmethod(lambda cls, *a, **k: loads.append(a) or 1 / 0))
+    code = main(["audit", "--task-spec", spec_path, "--data-path", data_path, "--non-private", "--model",
+                 "tiny-random", "--audit-members", "10", "--dataset-id", "audit-np-budget", "--out", str(tmp_path / "n")])
+    err = capsys.readouterr().err
+    assert code == 3 and "infinite spend" in err and "refused" in err and loads == []
+    assert ledger.entries("audit-np-budget") == []

@@ -2,12 +2,17 @@
 
     dpicl audit --dataset NAME (--epsilon E | --non-private) [--model NAME] [--trials K] [--json]
                 [--audit-demo-sets S] [--audit-members N] [--confidence C] [--auc-tolerance T]
+                [--audit-reference-prompts R] [--audit-max-record-tokens N]
                 [--overlap-threshold K] [--reference] [--out DIR]
                 [--num-subsets M] [--subset-size N] [--top-k K] [--no-rvp] [--max-tokens T]
                 [--mechanism gaussian|rnm] [--sampler poisson|fixed] [--delta D] [--seed S]
                 [--data-path FILE --task-spec YAML] [--dataset-id ID] [--device DEV] [--dtype DTYPE]
 
-`--non-private`: Duan et al.'s attack on 1-shot prompts holding a real record (leaky by
+Every audit runs every attack of `dpcore.mia_attacks` (Duan et al.'s label probability,
+difficulty-calibrated label and text log-probabilities, offline LiRA against
+`--audit-reference-prompts` OUT prompts) and gates on the strongest.
+
+`--non-private`: Duan et al.'s setting, 1-shot prompts holding a real record (leaky by
 design; `--trials` default 100). `--epsilon E`: Tang et al. Appendix F: the private
 records are split into members and non-members, sigma is calibrated for E on the
 members' label counts (dpcore.accounting), DP demo sets are generated from the members
@@ -46,13 +51,14 @@ log = logging.getLogger("dpicl.audit")
 
 CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta",
                 "mechanism", "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "max_record_tokens",
-                "seed", "audit_demo_sets",
-                "audit_members", "auc_tolerance", "overlap_threshold"]
+                "seed", "audit_demo_sets", "audit_members", "audit_reference_prompts", "audit_max_record_tokens",
+                "auc_tolerance", "overlap_threshold"]
 NON_PRIVATE_TRIALS = 100  # Duan et al. Section 3 / Tang et al. Appendix F
 # The non-private audit's demos ARE records (dpcore adds them to the overlap pool), so its
 # overlap figure is exact on any pool; above this size a random sample keeps the check cheap.
 REFERENCE_OVERLAP_SAMPLE = 5000
-JSON_KEYS = ("setting", "dataset", "model", "epsilon", "noise_multiplier", "delta", "auc", "auc_ci", "auc_ci_method",
+JSON_KEYS = ("setting", "dataset", "model", "epsilon", "noise_multiplier", "delta", "attack", "auc", "auc_ci",
+             "auc_ci_method", "attacks",
              "pooled_auc", "tpr_at_1pct_fpr", "tpr_at_01pct_fpr", "epsilon_lower_bound",
              "epsilon_lower_bound_method", "confidence", "max_overlap_tokens", "overlapping_records",
              "overlap_threshold", "crosscheck_agreed", "trials", "demo_sets", "members_per_trial",
@@ -128,6 +134,19 @@ def _charge_ledger(config: RunConfig, dataset, run_id: str, privacy: dict, demo_
     return [entry.to_dict() for entry in Ledger().charge_many([request] * demo_sets)]
 
 
+def _charge_real_records(config: RunConfig, dataset, run_id: str, delta: float, dry_run: bool = False) -> list[dict]:
+    """PRIVACY LEDGER HOOK: the non-private audit (`--non-private`, `--reference`) is charged as an
+    infinite spend, like every non-private baseline, before it reads a record."""
+    from dpcore.ledger import Ledger
+    from tasks.charge import real_records_spend
+
+    request = real_records_spend(config, dataset.content_hash, run_id, delta)
+    if dry_run:
+        Ledger().check_charge([request])
+        return []
+    return [entry.to_dict() for entry in Ledger().charge_many([request])]
+
+
 def _split_seed(config: RunConfig, dataset) -> int:
     """The member/non-member split and the trial draws: an audit design choice, not privacy noise.
     Reproducible: --seed when given, else derived from the data's content hash."""
@@ -183,7 +202,15 @@ def run_audit(args) -> int:
                                                         "delta", "crosscheck_agreed")}
             privacy["warnings"] = list(calibrated["warnings"])
             _charge_ledger(config, dataset, run_id, privacy, audit_config.demo_sets, dry_run=True)
+    non_private = args.non_private or args.reference
+    if non_private:  # real records as 1-shot demos: an infinite spend, said and budget-checked before the model loads
+        print(f"WARNING: the non-private audit puts real private records in prompts: it is charged to ledger id "
+              f"'{config.ledger_id}' as an infinite spend (epsilon = inf); a budget on it refuses the audit.",
+              file=sys.stderr, flush=True)
+        _charge_real_records(config, dataset, run_id, delta, dry_run=True)
     lm = LanguageModel.load(config.model, config.device, config.dtype)
+    if non_private:
+        ledger_entries += _charge_real_records(config, dataset, run_id, delta)
 
     reference = None
     overlap_pool = train.sample(n=min(len(train), REFERENCE_OVERLAP_SAMPLE), random_state=seed % 2**32)
@@ -193,7 +220,7 @@ def run_audit(args) -> int:
     else:
         validate_generation(gen_config, 0.0, lm.vocab_size)
         if epsilon > 0:
-            ledger_entries = _charge_ledger(config, dataset, run_id, privacy, audit_config.demo_sets)
+            ledger_entries += _charge_ledger(config, dataset, run_id, privacy, audit_config.demo_sets)
         result = mia.dp_audit(
             lm, spec, members, non_members, audit_config, gen_config, privacy["noise_multiplier"], seed=seed,
             epsilon=epsilon, delta=delta, crosscheck_agreed=bool(privacy["crosscheck_agreed"]),
@@ -246,10 +273,14 @@ def _print_text(result, reference, summary: dict) -> None:
           f"{result.non_members_per_trial} non-members each")
     for item in [result] + ([reference] if reference else []):
         tag = "" if item is result else "reference (non-private): "
-        low, high = item.auc_ci
-        print(f"{tag}AUC {item.auc:.3f} ({level} CI [{low:.3f}, {high:.3f}]), TPR@1%FPR {item.tpr_at_1pct_fpr:.3f}, "
-              f"TPR@0.1%FPR {item.tpr_at_01pct_fpr:.3f}, empirical epsilon >= {item.epsilon_lower_bound:.2f} "
-              f"({level}), max verbatim overlap {item.max_overlap_tokens} tokens")
+        for attack in item.attacks:
+            low, high = attack.auc_ci
+            mark = "  <- gate" if attack.attack == item.attack else ""
+            print(f"{tag}{attack.attack:<17} AUC {attack.auc:.3f} ([{low:.3f}, {high:.3f}]), "
+                  f"TPR@1%FPR {attack.tpr_at_1pct_fpr:.3f}, empirical epsilon >= {attack.epsilon_lower_bound:.2f}"
+                  f"{mark}")
+        print(f"{tag}max verbatim overlap {item.max_overlap_tokens} tokens "
+              f"(intervals: {level} simultaneous over the {len(item.attacks)} attacks)")
     print(f"gate: {'PASSED' if result.passed else 'FAILED'} ({summary['wall_seconds']:.0f} s); wrote {summary['out']}")
     for reason in result.reasons:
         print(f"  - {reason}")
