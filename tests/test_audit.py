@@ -530,7 +530,7 @@ def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tin
     assert code == 1 and "gate: FAILED" in text and "  - verbatim overlap" in text
     from dpcore.ledger import Ledger
 
-    charged = [e for e in Ledger().entries("mini") if e.run_id == "np"]  # real records in prompts: charged as inf
+    charged = [e for e in Ledger().entries("agnews-mini") if e.run_id == "np"]  # real records in prompts: inf
     assert [(e.noise_multiplier, e.purpose) for e in charged] == [(0.0, "baseline")]
     # epsilon 0: instruction-only demos (nothing charged), with the non-private reference alongside
     code, summary, _ = _cli(base + ["--epsilon", "0", "--trials", "2", "--audit-members", "10", "--audit-demo-sets",

@@ -35,7 +35,7 @@ def tiny(tiny_lm):
 
 
 def _quick(**overrides):
-    values = dict(audit=False, baselines=["zero-shot"], seeds=1, test_size=4)
+    values = dict(audit=False, audit_reference=False, baselines=["zero-shot"], seeds=1, test_size=4)
     values.update(overrides)
     return tiny_config(**values)
 
