@@ -162,7 +162,7 @@ def test_evaluation_reports_items_over_all_seeds(tiny_lm):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_a_run_within_a_step_and_keeps_the_charge(tmp_path):
-    from tests.pipeline_support import mini_agnews
+    from pipeline_support import mini_agnews
 
     data_path, spec_path, _, _ = mini_agnews()
     home = tmp_path / "home"
