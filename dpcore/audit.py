@@ -319,7 +319,7 @@ def family_confidence(confidence: float, tests: int) -> float:
 
 @dataclass(frozen=True)
 class GateThresholds:
-    """Release-gate thresholds (defaults: issue 6)."""
+    """Release-gate thresholds (the audit gate's defaults)."""
 
     auc_tolerance: float = 0.05  # |AUC - 0.5| must stay within this
     overlap_threshold: int = 8  # a shared run of this many tokens is a verbatim leak

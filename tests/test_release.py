@@ -1,4 +1,4 @@
-"""Audited release, `dpicl predict` and scheduled regeneration (issue 8)."""
+"""Audited release, `dpicl predict` and scheduled regeneration."""
 
 from __future__ import annotations
 

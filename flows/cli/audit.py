@@ -1,4 +1,4 @@
-"""CLI: `dpicl audit` — membership-inference audit and verbatim-leakage checks (issue 6).
+"""CLI: `dpicl audit` — membership-inference audit and verbatim-leakage checks.
 
     dpicl audit --dataset NAME (--epsilon E | --non-private) [--model NAME] [--trials K] [--json]
                 [--audit-demo-sets S] [--audit-members N] [--confidence C] [--auc-tolerance T]

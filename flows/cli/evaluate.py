@@ -1,4 +1,4 @@
-"""CLI: `dpicl evaluate` (ICL accuracy of one demo set or one baseline, issue 5).
+"""CLI: `dpicl evaluate` (ICL accuracy of one demo set or one baseline).
 
     dpicl evaluate --dataset NAME (--demos PATH | --baseline zero-shot|instruction-only|random-real)
                    [--model NAME] [--shots S] [--test-size N] [--seeds K] [--no-calibrate]

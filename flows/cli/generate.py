@@ -1,4 +1,4 @@
-"""CLI: `dpicl generate` — calibrate sigma and run DP few-shot generation alone (issue 4).
+"""CLI: `dpicl generate` — calibrate sigma and run DP few-shot generation alone.
 
     dpicl generate --dataset NAME --epsilon E [--model NAME] [--shots S] [--num-subsets M]
                    [--subset-size N] [--top-k K] [--no-rvp] [--max-tokens T]
