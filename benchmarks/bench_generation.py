@@ -1,4 +1,4 @@
-"""Benchmark 1 (issue 9): DP generation, naive reference vs the batched engine, same model/settings/seeds.
+"""Benchmark: DP generation, naive reference vs the batched engine, same model/settings/seeds.
 
     python benchmarks/bench_generation.py [--dataset agnews] [--labels 4] [--shots-per-label 1]
         [--num-subsets 10] [--subset-size 2] [--top-k 100] [--no-rvp] [--max-tokens 40]

@@ -1,4 +1,4 @@
-"""Benchmark (issue 9, question 2): ICL evaluation throughput with the shared-prefix KV cache vs naive.
+"""Benchmark: ICL evaluation throughput with the shared-prefix KV cache vs naive.
 
 Both paths score the same test items against every label of the task with the same
 demonstrations and tokens (`dpcore.icl.label_logprobs` vs `label_logprobs_naive`):

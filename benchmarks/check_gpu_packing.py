@@ -1,4 +1,4 @@
-"""GPU check (issue 9): the packed varlen flash-attention forward equals one prompt at a time.
+"""GPU check: the packed varlen flash-attention forward equals one prompt at a time.
 
     python benchmarks/check_gpu_packing.py [--model random-llama-1b] [--prompts 48] [--json]
 

@@ -319,7 +319,7 @@ def family_confidence(confidence: float, tests: int) -> float:
 
 @dataclass(frozen=True)
 class GateThresholds:
-    """Release-gate thresholds (defaults: issue 6)."""
+    """Release-gate thresholds (the audit gate's defaults)."""
 
     auc_tolerance: float = 0.05  # |AUC - 0.5| must stay within this
     overlap_threshold: int = 8  # a shared run of this many tokens is a verbatim leak
@@ -615,7 +615,7 @@ def _attack_scores(lm, spec: TaskSpec, prompt, texts: list[str], labels: list[st
 def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditConfig, seed=None, *,
                       delta: float | None = None, overlap_records: pd.DataFrame | None = None,
                       thresholds: GateThresholds | None = None, batch_size: int = 16,
-                      cache: dict | None = None) -> AuditResult:
+                      cache: dict | None = None, progress: Callable[[int, int], None] | None = None) -> AuditResult:
     """Duan et al. Section 3 / Tang et al. Appendix F (eps = inf): real records as 1-shot demos.
 
     Each of `config.trials` trials draws one member record (the 1-shot demonstration) and
@@ -654,6 +654,8 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
     position = {int(row): i for i, row in enumerate(used)}
     frames, member_rows = [], []
     for trial, chosen in enumerate(picks):
+        if progress is not None:
+            progress(trial, len(picks))
         member = int(chosen[0])
         member_rows.append(member)
         local = [position[int(r)] for r in chosen]
@@ -767,6 +769,7 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
              generation_config: GenerationConfig, noise_multiplier: float, seed=None, *,
              epsilon: float, delta: float, crosscheck_agreed: bool | None,
              noise_seed: int | None = None, charge: Callable[[int], None] | None = None,
+             progress: Callable[[int, int], None] | None = None,
              thresholds: GateThresholds | None = None, batch_size: int = 16,
              cache: dict | None = None) -> AuditResult:
     """Tang et al. Appendix F: MIA against 1-shot ICL with DP demonstrations generated from `members` only.
@@ -806,6 +809,8 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
     setting = "instruction-only" if epsilon == 0 else "dp"
     cache = {} if cache is None else cache
     for demo_set in range(config.demo_sets):
+        if progress is not None:
+            progress(demo_set, config.demo_sets)
         label = order[demo_set % len(order)]
         label_members, _, _ = pools.get(label)
         member_texts = label_members["text"].astype(str).tolist()
@@ -814,7 +819,7 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
             produced = generation.instruction_only_demos(lm, spec, [label], gen_config, seed=set_seed)
         else:
             # ---- PRIVACY LEDGER HOOK: this generation reads the members' records. The caller's
-            # `charge` records its spend (sigma, q, T) BEFORE the records are touched (issue 8).
+            # `charge` records its spend (sigma, q, T) BEFORE the records are touched.
             if charge is not None:
                 charge(demo_set)
             produced = generation.generate_demos(lm, spec, {label: member_texts}, gen_config, noise_multiplier,
@@ -841,7 +846,7 @@ def demos_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: p
                 non_members: pd.DataFrame, config: AuditConfig, seed=None, *, epsilon: float,
                 noise_multiplier: float | None, delta: float, crosscheck_agreed: bool | None,
                 thresholds: GateThresholds | None = None, batch_size: int = 16,
-                cache: dict | None = None) -> AuditResult:
+                cache: dict | None = None, progress: Callable[[int, int], None] | None = None) -> AuditResult:
     """The membership audit of DP demonstrations that were already generated (a run's own demos).
 
     `demos`: (text, label) pairs generated from `members` (for a run's demos: the whole
@@ -868,7 +873,10 @@ def demos_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: p
         log.warning("audit: label(s) %s lack the members/non-members to query; their demos are not audited",
                     ", ".join(skipped))
     frames, audited = [], []
-    for index, demo in enumerate(d for d in demos if str(d[1]) in usable):
+    todo = [d for d in demos if str(d[1]) in usable]
+    for index, demo in enumerate(todo):
+        if progress is not None:
+            progress(index, len(todo))
         text, label = str(demo[0]), str(demo[1])
         audited.append((text, label))
         frames += _audit_prompt(lm, spec, [(text, label)], label, pools, rng, setting="dp", epsilon=float(epsilon),

@@ -33,3 +33,11 @@ class ReleaseRefusedError(DpiclError):
 
     exit_code = 4
     kind = "refused"
+
+
+class RunStopped(DpiclError):
+    """The user asked the run to stop (Ctrl-C, SIGTERM): running stages end at their next step (CLI exit 130).
+    Charges already made stay charged."""
+
+    exit_code = 130
+    kind = "stopped"

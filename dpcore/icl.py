@@ -463,8 +463,11 @@ def _pool(demo_pool) -> list[DemoItem]:
 def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, epsilon: float,
              config: EvalConfig, labels: Sequence[str] | None = None, *, test_seed: int = 0,
              batch_size: int = 16, max_new_tokens: int = 12,
-             progress: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+             progress: Callable[[str], None] | None = None,
+             items_progress: Callable[[int, int], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """ICL accuracy of one method over `config.seeds` seeds; returns (predictions, metrics), writes nothing.
+
+    `progress` gets one line per seed; `items_progress(done, total)` the items scored over all seeds.
 
     `test`: the public test split (columns id, text, label); the first `config.test_size` items of a
     shuffle seeded by `test_seed` are used, the same for every seed and method. `demo_pool`: the
@@ -504,6 +507,13 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
 
     prediction_frames, metric_rows = [], []
     memo: dict[tuple, tuple] = {}
+    total_items = config.seeds * len(queries)
+
+    def scored(seed: int):  # items done within this seed -> the progress over all seeds
+        if items_progress is None:
+            return None
+        return lambda done: items_progress(seed * len(queries) + min(done, len(queries)), total_items)
+
     for seed in range(config.seeds):
         began = time.perf_counter()
         demos = choose_demos(pool, demo_labels, shots, seed) if shots else []
@@ -512,7 +522,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
         if not reused:  # zero-shot (and repeated demo sets) are scored once
             if classification:
                 extra = list(CONTENT_FREE_INPUTS) if calibrate else []
-                logprobs = label_logprobs(lm, spec, demos, queries + extra, labels, batch_size=batch_size)
+                logprobs = label_logprobs(lm, spec, demos, queries + extra, labels, batch_size=batch_size,
+                                          progress=scored(seed))
                 probs = normalise_probs(logprobs[: len(queries)])
                 calibrated = calibrate_probs(probs, normalise_probs(logprobs[len(queries):])) if calibrate else probs
                 raw = [labels[k] for k in probs.argmax(axis=1)]
@@ -520,7 +531,7 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
                 memo[key] = (raw, cal, probs.tolist(), calibrated.tolist())
             else:
                 answers = extract_answers(lm, spec, demos, queries, max_new_tokens=max_new_tokens,
-                                          batch_size=batch_size)
+                                          batch_size=batch_size, progress=scored(seed))
                 memo[key] = (answers, answers, [[] for _ in queries], [[] for _ in queries])
         raw, cal, probs, calibrated = memo[key]
         if classification:
@@ -543,6 +554,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
             "calibrated": calibrate, "shots": len(demos), "seconds": time.perf_counter() - began,
             "reused": reused,
         })
+        if items_progress is not None:
+            items_progress((seed + 1) * len(queries), total_items)
         if progress is not None:
             row = metric_rows[-1]
             progress(f"{method} eps={epsilon:g} seed {seed}: accuracy {row['accuracy']:.3f}, "

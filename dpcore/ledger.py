@@ -1,4 +1,4 @@
-"""The privacy budget ledger: every spend of a dataset's privacy, composed (issue 8).
+"""The privacy budget ledger: every spend of a dataset's privacy, composed.
 
 One SQLite file (`$DPICL_HOME/ledger.db` unless a path is given) with two tables:
 

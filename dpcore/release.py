@@ -1,7 +1,7 @@
 """The audited-release gate and the release manifest.
 
 A run's synthetic demonstrations may be released to production only when every
-condition holds (issue 8):
+condition holds:
   1. its membership-inference audit ran and passed,
   2. its noise was cryptographically seeded (a fixed-seed experiment is never released),
   3. its privacy spend is recorded in the ledger: an entry of that run holds the released

@@ -46,6 +46,7 @@ from tasks.common import (
     cache_key_on,
     derive_seed,
     language_model,
+    report_progress,
     stage_dir,
     stage_key,
     transient_only,
@@ -72,6 +73,10 @@ def audit_call(config: RunConfig, ingested: dict, calibration: list[dict], shard
                 seed=config.seed, noise_scope=noise_scope, demo_paths=[s["path"] for s in dp_shards],
                 demo_keys=[s["key"] for s in dp_shards], non_private_reference=config.audit_reference,
                 delta=delta, dataset_id=config.ledger_id, run_id=ingested["paths"]["run_id"])
+
+
+def _progress(what: str):
+    return lambda done, total: report_progress(what, done, total)
 
 
 def outputs_exist(result: dict) -> bool:
@@ -138,6 +143,7 @@ def audit(
                 held_out, audit_config, seed=derive_seed(split_seed, "audit-trials"), epsilon=eps,
                 noise_multiplier=target.get("noise_multiplier"), delta=delta,
                 crosscheck_agreed=target["crosscheck_agreed"], thresholds=thresholds, cache=cache,
+                progress=_progress(f"audit demos eps={eps:g}"),
             )
             results.append(result)
             rows.append(result.audit_frame())
@@ -162,6 +168,7 @@ def audit(
                 seed=derive_seed(split_seed, "audit-trials", eps), epsilon=eps, delta=delta,
                 crosscheck_agreed=target["crosscheck_agreed"],
                 noise_seed=derive_seed(seed, "audit-noise", eps), charge=hook, thresholds=thresholds, cache=cache,
+                progress=_progress(f"audit demo sets eps={eps:g}"),
             )
             if demos is not None and len(demos):
                 result = _with_run_demo_overlap(mia, result, demos[demos["epsilon"] == eps], train, tokenize,
@@ -176,7 +183,8 @@ def audit(
         # sample of the records only, to keep the reference cheap on large datasets.
         sample = train.sample(n=min(len(train), REFERENCE_OVERLAP_SAMPLE), random_state=split_seed % (2**32))
         reference = mia.non_private_audit(lm, spec, train, audit_config, seed=derive_seed(split_seed, "reference"),
-                                          delta=delta, thresholds=thresholds, overlap_records=sample)
+                                          delta=delta, thresholds=thresholds, overlap_records=sample,
+                                          progress=_progress("audit non-private reference trials"))
         logger.info("non-private reference audit (real 1-shot demos): AUC %.3f (%s attack; %s)", reference.auc,
                     reference.attack, ", ".join(f"{a.attack} {a.auc:.3f}" for a in reference.attacks))
 

@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import metadata
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcore.artifacts import write_bytes_atomic
-from dpcore.errors import DpiclError
+from dpcore.errors import DpiclError, RunStopped
 from dpcore.home import dpicl_home, private_dir
 
 # Bump to invalidate every cached stage result (a change of the stage-folder layout).
@@ -166,6 +167,33 @@ def noise_scope(run_seed: int | None, run_id: str) -> str:
     of the same flow run) may reuse what it already drew; a new run draws fresh noise.
     """
     return f"seed:{run_seed}" if run_seed is not None else f"run:{run_id}"
+
+
+# --------------------------------------------------------------------------- progress and stopping
+
+# (what, done, total): a stage's progress, public counters only. The CLI of this process installs
+# its progress display here; a remote worker has none (its log lines remain).
+ProgressSink = Callable[[str, int, int], None]
+_PROGRESS_SINKS: list[ProgressSink] = []
+# Set by the CLI on Ctrl-C / SIGTERM: every stage stops at its next progress report.
+STOP_REQUESTED = threading.Event()
+
+
+def add_progress_sink(sink: ProgressSink) -> None:
+    _PROGRESS_SINKS.append(sink)
+
+
+def remove_progress_sink(sink: ProgressSink) -> None:
+    if sink in _PROGRESS_SINKS:
+        _PROGRESS_SINKS.remove(sink)
+
+
+def report_progress(what: str, done: int, total: int) -> None:
+    """A stage's progress (steps, items, trials: public counts), and the point where it stops when asked."""
+    if STOP_REQUESTED.is_set():
+        raise RunStopped(f"{what}: stopped on request at {done}/{total}")
+    for sink in list(_PROGRESS_SINKS):
+        sink(what, int(done), int(total))
 
 
 # --------------------------------------------------------------------------- retries

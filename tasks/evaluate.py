@@ -25,6 +25,7 @@ from tasks.common import (
     RETRY_DELAY_SECONDS,
     cache_key_on,
     language_model,
+    report_progress,
     stage_dir,
     stage_key,
     transient_only,
@@ -75,8 +76,10 @@ def evaluate(
         frames = [read_table(Path(p)) for p in demo_paths]
         pool = pd.concat(frames, ignore_index=True)[["text", "label"]] if frames else None
     began = time.perf_counter()
+    what = f"evaluate {method} eps={'inf' if math.isinf(epsilon) else f'{epsilon:g}'}"
     predictions, metrics = icl.evaluate(lm, spec, test, pool, method, epsilon, eval_config,
-                                        labels=labels if spec.kind == "classification" else None)
+                                        labels=labels if spec.kind == "classification" else None,
+                                        items_progress=lambda done, total: report_progress(what, done, total))
     seconds = time.perf_counter() - began
     out = stage_dir("evaluate", key)
     result = {"key": key, "method": method, "epsilon": float(epsilon), "seconds": seconds}

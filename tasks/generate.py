@@ -32,6 +32,7 @@ from tasks.common import (
     RETRY_DELAY_SECONDS,
     cache_key_on,
     language_model,
+    report_progress,
     stage_dir,
     stage_key,
     transient_only,
@@ -99,6 +100,7 @@ def generate(
     began = time.perf_counter()
 
     def progress(info: dict) -> None:  # a Prefect log line every 10 steps (public counters only)
+        report_progress(f"generate {method} {label} eps={_eps_text(epsilon)}", info["step"], info["max_steps"])
         if info["step"] % 10 == 0 or info["finished"] == info["total"]:
             logger.info("%s %s eps=%s: step %d/%d, %d/%d demos done", method, label, _eps_text(epsilon),
                         info["step"], info["max_steps"], info["finished"], info["total"])
@@ -113,6 +115,11 @@ def generate(
                                               labels=[label], progress=progress)
     seconds = time.perf_counter() - began
     frame = dp_generation.demos_frame(result.demos)
+    empty = int((frame["tokens"] == 0).sum()) if "tokens" in frame else 0
+    if empty:  # a DP output: the model ended the demo at its first token
+        logger.warning("%d of %d %s demo(s) for label %s at epsilon %s are empty (no token generated): they add "
+                       "nothing to a prompt; a larger epsilon, top_k or another model may help", empty, len(frame),
+                       method, label, _eps_text(epsilon))
     frame["method"] = method
     frame["epsilon"] = float(epsilon)
     private = demos_are_private(method)

@@ -16,7 +16,7 @@ from prefect import get_run_logger, task
 
 from dpcore import release as gate
 from dpcore.artifacts import file_sha256, write_json_atomic, write_table
-from dpcore.errors import ConfigError, ReleaseRefusedError
+from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, subdir
 from tasks.common import code_version, safe_name
 from tasks.record import mlflow_client
@@ -39,7 +39,8 @@ def _mlflow_parent_run(client, run_id: str) -> str | None:
 
 @task(name="release-gate", retries=0)
 def check_gate(run_id: str, epsilon: float | None = None) -> dict:
-    """Evaluate every release condition; raise `ReleaseRefusedError` listing all that fail."""
+    """Evaluate every release condition: `refused` lists every one that fails (a refusal is an answer,
+    not a task failure: the flow turns it into a Failed state with that message and no stored result)."""
     from dpcore.ledger import Ledger
 
     run = gate.load_run(run_id, dpicl_home())
@@ -52,11 +53,11 @@ def check_gate(run_id: str, epsilon: float | None = None) -> dict:
     failures = gate.release_failures(evidence)
     if run.changed_files:
         failures.append(f"run files changed since the run finished: {', '.join(run.changed_files)}")
-    if failures:
-        raise ReleaseRefusedError(f"release of run {run_id} (epsilon {chosen:g}) refused:\n" +
-                                  "\n".join(f"- {line}" for line in failures))
-    get_run_logger().info("release gate passed for run %s at epsilon %g", run_id, chosen)
-    return {"run_id": run_id, "epsilon": chosen, "run_dir": str(run.path)}
+    refused = (f"release of run {run_id} (epsilon {chosen:g}) refused:\n" + "\n".join(f"- {line}" for line in failures)
+               if failures else None)
+    if refused is None:
+        get_run_logger().info("release gate passed for run %s at epsilon %g", run_id, chosen)
+    return {"run_id": run_id, "epsilon": chosen, "run_dir": str(run.path), "refused": refused}
 
 
 @task(name="release-register", retries=1)

@@ -1,4 +1,4 @@
-"""Membership-inference audit and leakage checks (issue 6)."""
+"""Membership-inference audit and leakage checks."""
 
 from __future__ import annotations
 

@@ -118,3 +118,79 @@ def test_bad_numbers_name_their_flag(capsys):
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert f"argument {flag}: expected" in err, err
+
+
+# --------------------------------------------------------------------------- progress and stopping
+
+
+def test_progress_reports_reach_the_sinks_and_a_stop_request_ends_the_stage():
+    from dpcore.errors import RunStopped
+    from tasks.common import STOP_REQUESTED, add_progress_sink, remove_progress_sink, report_progress
+
+    seen = []
+    sink = lambda what, done, total: seen.append((what, done, total))  # noqa: E731
+    add_progress_sink(sink)
+    try:
+        report_progress("generate dp World eps=1", 3, 40)
+        STOP_REQUESTED.set()
+        with pytest.raises(RunStopped) as stopped:
+            report_progress("generate dp World eps=1", 4, 40)
+    finally:
+        STOP_REQUESTED.clear()
+        remove_progress_sink(sink)
+    assert seen == [("generate dp World eps=1", 3, 40)]
+    assert stopped.value.exit_code == 130 and stopped.value.kind == "stopped"
+
+
+def test_evaluation_reports_items_over_all_seeds(tiny_lm):
+    import pandas as pd
+
+    from dpcore.config import EvalConfig
+    from dpcore.icl import evaluate
+    from dpcore.taskspec import load_task_spec
+
+    spec = load_task_spec("agnews")
+    test = pd.DataFrame({"id": [f"t{i}" for i in range(5)], "text": [f"news item {i}" for i in range(5)],
+                         "label": ["World", "Sports", "Business", "Technology", "World"]})
+    pool = [("a demo", "World"), ("another", "Sports"), ("third", "Business"), ("fourth", "Technology")]
+    calls = []
+    evaluate(tiny_lm, spec, test, pool, "dp", 1.0, EvalConfig(shots=2, seeds=3), batch_size=2,
+             items_progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1] == (15, 15) and all(total == 15 for _, total in calls)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)  # never goes back
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_run_within_a_step_and_keeps_the_charge(tmp_path):
+    from pipeline_support import mini_agnews
+
+    data_path, spec_path, _, _ = mini_agnews()
+    home = tmp_path / "home"
+    argv = ["run", "--task-spec", spec_path, "--data-path", data_path, "--model", "tiny-random", "--epsilons", "2",
+            "--num-subsets", "2", "--subset-size", "1", "--top-k", "20", "--max-tokens", "1500", "--shots", "4",
+            "--seeds", "1", "--test-size", "4", "--no-audit", "--dataset-id", "ctrl-c"]
+    proc = subprocess.Popen(DPICL + argv, cwd=tmp_path, env=_env(home), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 240
+        for line in proc.stderr:  # wait until generation is under way (the tasks' step lines)
+            lines.append(line)
+            if "step 10/" in line:
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)[1], None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    waited = time.monotonic() - signalled
+    err = "".join(lines) + (rest or "")
+    assert proc.returncode == 130, err
+    assert "stopping..." in err and "dpicl run: stopped:" in err and "Traceback" not in err
+    assert waited < 60, f"took {waited:.0f} s to stop"
+    from dpcore.ledger import Ledger
+
+    ledger_path = home / "ledger.db"
+    assert [e.purpose for e in Ledger(ledger_path).entries("ctrl-c")] == ["pipeline"]  # the charge stays

@@ -1,4 +1,4 @@
-"""Loaders, the restricted unpickler, seeded splits and every validation error (issue 2)."""
+"""Loaders, the restricted unpickler, seeded splits and every validation error."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model resolution and the LM primitive (issue 2)."""
+"""Model resolution and the LM primitive."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Audited release, `dpicl predict` and scheduled regeneration (issue 8)."""
+"""Audited release, `dpicl predict` and scheduled regeneration."""
 
 from __future__ import annotations
 
@@ -99,6 +99,18 @@ def test_seeded_run_is_refused_with_every_reason(finished_run):
     assert "fixed seed" in message
     # the standard run is charged by the pipeline: no ledger complaint
     assert "no privacy-ledger entry" not in message
+    # the refusal is the flow run's final state ("Refused", its message the reasons), with no stored
+    # result (no unnamed artifact in the UI)
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["audited-release"])))
+        refused = [r for r in runs if r.state and r.state.name == "Refused" and r.state.is_failed()
+                   and "fixed seed" in (r.state.message or "")]
+        assert refused
+        run_ids = {r.id for r in refused}
+        assert not [a for a in client.read_artifacts() if a.flow_run_id in run_ids]
 
 
 def test_a_ledger_entry_of_another_spend_does_not_cover_the_release(finished_run):

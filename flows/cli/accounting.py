@@ -1,4 +1,4 @@
-"""CLI: `dpicl epsilon` and `dpicl calibrate` (privacy accounting, issue 3).
+"""CLI: `dpicl epsilon` and `dpicl calibrate` (privacy accounting).
 
     dpicl epsilon   --noise-multiplier S --sampling-rate Q --steps T --delta D [--mechanism gaussian|rnm] [--json]
     dpicl calibrate --target-epsilon E   --sampling-rate Q --steps T --delta D [--mechanism gaussian|rnm] [--json]

@@ -1,4 +1,4 @@
-"""CLI: `dpicl audit` — membership-inference audit and verbatim-leakage checks (issue 6).
+"""CLI: `dpicl audit` — membership-inference audit and verbatim-leakage checks.
 
     dpicl audit --dataset NAME (--epsilon E | --non-private) [--model NAME] [--trials K] [--json]
                 [--audit-demo-sets S] [--audit-members N] [--confidence C] [--auc-tolerance T]
@@ -147,6 +147,12 @@ def _charge_real_records(config: RunConfig, dataset, run_id: str, delta: float, 
     return [entry.to_dict() for entry in Ledger().charge_many([request])]
 
 
+def _progress(what: str):
+    from tasks.common import report_progress
+
+    return lambda done, total: report_progress(what, done, total)
+
+
 def _split_seed(config: RunConfig, dataset) -> int:
     """The member/non-member split and the trial draws: an audit design choice, not privacy noise.
     Reproducible: --seed when given, else derived from the data's content hash."""
@@ -154,6 +160,13 @@ def _split_seed(config: RunConfig, dataset) -> int:
 
 
 def run_audit(args) -> int:
+    from flows.cli.progress import showing_progress, stopping_on_signals
+
+    with stopping_on_signals(), showing_progress(not args.json):
+        return _run_audit(args)
+
+
+def _run_audit(args) -> int:
     from dpcore import accounting
     from dpcore import audit as mia
     from dpcore.artifacts import write_json_atomic, write_manifest, write_table
@@ -216,7 +229,7 @@ def run_audit(args) -> int:
     overlap_pool = train.sample(n=min(len(train), REFERENCE_OVERLAP_SAMPLE), random_state=seed % 2**32)
     if args.non_private:
         result = mia.non_private_audit(lm, spec, train, audit_config, seed=seed, delta=delta, thresholds=thresholds,
-                                       overlap_records=overlap_pool)
+                                       overlap_records=overlap_pool, progress=_progress("audit: trials"))
     else:
         validate_generation(gen_config, 0.0, lm.vocab_size)
         if epsilon > 0:
@@ -224,11 +237,12 @@ def run_audit(args) -> int:
         result = mia.dp_audit(
             lm, spec, members, non_members, audit_config, gen_config, privacy["noise_multiplier"], seed=seed,
             epsilon=epsilon, delta=delta, crosscheck_agreed=bool(privacy["crosscheck_agreed"]),
-            noise_seed=config.seed, thresholds=thresholds,
+            noise_seed=config.seed, thresholds=thresholds, progress=_progress("audit: demo sets"),
         )
         if args.reference:
             reference = mia.non_private_audit(lm, spec, train, audit_config, seed=seed + 1, delta=delta,
-                                              thresholds=thresholds, overlap_records=overlap_pool)
+                                              thresholds=thresholds, overlap_records=overlap_pool,
+                                              progress=_progress("audit: non-private reference trials"))
 
     # Per-record scores (record ids, membership bits) and any ROC drawn from a non-private audit stay
     # private; the public folder keeps aggregates and the ROC of DP audits only.

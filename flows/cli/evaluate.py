@@ -1,4 +1,4 @@
-"""CLI: `dpicl evaluate` (ICL accuracy of one demo set or one baseline, issue 5).
+"""CLI: `dpicl evaluate` (ICL accuracy of one demo set or one baseline).
 
     dpicl evaluate --dataset NAME (--demos PATH | --baseline zero-shot|instruction-only|random-real)
                    [--model NAME] [--shots S] [--test-size N] [--seeds K] [--no-calibrate]
@@ -226,6 +226,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     from dpcore.lm import LanguageModel
     from dpcore.taskspec import load_task_spec
     from flows.cli.common import config_from_args, print_json
+    from flows.cli.progress import showing_progress, stopping_on_signals
+    from tasks.common import report_progress
 
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
@@ -255,8 +257,11 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     labels = spec.label_names if spec.kind == "classification" else None
     began = time.perf_counter()
-    predictions, metrics = icl.evaluate(lm, spec, dataset.test, pool, method, epsilon, eval_config, labels,
-                                        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
+    with stopping_on_signals(), showing_progress(not args.json):
+        predictions, metrics = icl.evaluate(
+            lm, spec, dataset.test, pool, method, epsilon, eval_config, labels, batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            items_progress=lambda done, total: report_progress(f"evaluate {method}: test items", done, total))
     seconds = time.perf_counter() - began
 
     private_out = private_dir() / "runs" / spec.name / dataset.content_hash[:12] / out.name

@@ -1,4 +1,4 @@
-"""CLI: `dpicl generate` — calibrate sigma and run DP few-shot generation alone (issue 4).
+"""CLI: `dpicl generate` — calibrate sigma and run DP few-shot generation alone.
 
     dpicl generate --dataset NAME --epsilon E [--model NAME] [--shots S] [--num-subsets M]
                    [--subset-size N] [--top-k K] [--no-rvp] [--max-tokens T]
@@ -131,6 +131,8 @@ def run_generate(args) -> int:
     from dpcore.home import dpicl_home, private_dir
     from dpcore.lm import LanguageModel
     from dpcore.taskspec import load_task_spec
+    from flows.cli.progress import showing_progress, stopping_on_signals
+    from tasks.common import report_progress
 
     began = time.perf_counter()
     config = _config(args)
@@ -175,24 +177,24 @@ def run_generate(args) -> int:
     lm = LanguageModel.load(config.model, config.device, config.dtype)
     validate_generation(gen_config, 0.0, lm.vocab_size)
 
-    def progress(info: dict) -> None:
-        if not args.json:
-            # Public counters only (tokens/s depends on the sampled records' lengths).
-            print(f"\rstep {info['step']}/{info['max_steps']}  {info['finished']}/{info['total']} demos done",
-                  end="", file=sys.stderr, flush=True)
+    def progress(info: dict) -> None:  # public counters only (tokens/s depends on the records' lengths)
+        report_progress(f"generate eps={args.epsilon:g}: token steps", info["step"], info["max_steps"])
 
     ledger_entry = None
-    if epsilon == 0:  # instruction-only: reads no private record, charges nothing
-        result = instruction_only_demos(lm, spec, labels, gen_config, seed=config.seed, progress=progress)
-    else:
-        # ---- PRIVACY LEDGER: the spend is charged (or refused, exit 3) BEFORE any private record is read.
-        ledger_entry = Ledger().charge_many([request])[0].to_dict()
-        records = {label: dataset.records_for(label) for label in labels}  # private: stays in memory
-        result = generate_demos(lm, spec, records, gen_config, privacy["noise_multiplier"], seed=config.seed,
-                                labels=labels, progress=progress)
-    if not args.json:
-        print(file=sys.stderr)
+    with stopping_on_signals(), showing_progress(not args.json):
+        if epsilon == 0:  # instruction-only: reads no private record, charges nothing
+            result = instruction_only_demos(lm, spec, labels, gen_config, seed=config.seed, progress=progress)
+        else:
+            # ---- PRIVACY LEDGER: the spend is charged (or refused, exit 3) BEFORE any private record is read.
+            ledger_entry = Ledger().charge_many([request])[0].to_dict()
+            records = {label: dataset.records_for(label) for label in labels}  # private: stays in memory
+            result = generate_demos(lm, spec, records, gen_config, privacy["noise_multiplier"], seed=config.seed,
+                                    labels=labels, progress=progress)
     frame = demos_frame(result.demos)
+    empty = int((frame["tokens"] == 0).sum()) if "tokens" in frame else 0
+    if empty:  # a DP output: the model ended the demo at its first token
+        print(f"WARNING: {empty} of {len(frame)} demo(s) are empty (no token generated): they add nothing to a "
+              "prompt; a larger epsilon, --top-k or another model may help", file=sys.stderr)
     write_table(frame, out / "demos.parquet")
     wall_seconds = time.perf_counter() - began
     private_out = private_dir() / "runs" / spec.name / dataset.content_hash[:12] / out.name

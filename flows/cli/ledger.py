@@ -1,4 +1,4 @@
-"""CLI: `dpicl ledger show | set-budget | charge` (the privacy budget ledger, issue 8).
+"""CLI: `dpicl ledger show | set-budget | charge` (the privacy budget ledger).
 
     dpicl ledger show [--dataset ID] [--delta D] [--json]
     dpicl ledger set-budget --dataset ID --epsilon E --delta D [--json]

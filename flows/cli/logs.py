@@ -20,6 +20,7 @@ import copy
 import functools
 import logging
 import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -50,6 +51,7 @@ class TerminalHandler(logging.StreamHandler):
     """
 
     def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr  # the current stderr: while progress bars show, rich prints above them
         if record.name.startswith(RUN_LOGGERS) and record.pathname.startswith(_prefect_dir()):
             return
         exc = record.exc_info[1] if record.exc_info else None

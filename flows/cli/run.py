@@ -172,18 +172,15 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None) ->
 
 
 def _run(args, defaults: dict | None = None) -> int:
-    import logging
-
     from flows.cli.common import print_json
+    from flows.cli.progress import showing_progress, stopping_on_signals
     from flows.pipeline import run_pipeline
 
-    if not getattr(args, "verbose", False):  # one line per HTTP call to the local Prefect API is noise
-        for name in ("httpx", "httpcore"):
-            logging.getLogger(name).setLevel(logging.WARNING)
     config = _config(args, defaults)
     _before_run(config, args.run_id, defaults)
     began = time.perf_counter()
-    summary = run_pipeline(config, run_id=args.run_id)
+    with stopping_on_signals(), showing_progress():
+        summary = run_pipeline(config, run_id=args.run_id)
     summary["wall_seconds"] = round(time.perf_counter() - began, 1)
     summary["delta_note"] = delta_note(config, float(summary["delta"]))
     if args.json:

@@ -1,0 +1,81 @@
+"""Progress bars and clean stops for long commands (generation steps, evaluation items, audit trials).
+
+`showing_progress()` puts one rich progress bar per running stage on stderr (rate, elapsed, time
+left), fed by `tasks.common.report_progress`, which every stage calls with public counts only.
+Log lines printed meanwhile go above the bars (rich redirects stderr while they are shown). With
+stderr not a terminal (a pipe, CI, `--json` scripts) nothing is drawn.
+
+`stopping_on_signals()`: the first Ctrl-C or SIGTERM prints "stopping..." and asks every stage
+to stop at its next progress report (`tasks.common.STOP_REQUESTED`): the command then ends with
+`RunStopped` (exit 130) within a step, and what was charged to the ledger stays charged. A
+second Ctrl-C interrupts at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tasks.common import STOP_REQUESTED, add_progress_sink, remove_progress_sink
+
+
+@contextmanager
+def showing_progress(enabled: bool = True) -> Iterator[None]:
+    """Draw a bar per stage while the block runs (stderr only, and only on a terminal)."""
+    if not enabled or not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("left"), TimeRemainingColumn(), console=Console(file=sys.stderr), transient=False)
+    tasks: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def sink(what: str, done: int, total: int) -> None:
+        with lock:
+            if what not in tasks:
+                tasks[what] = bars.add_task(what, total=max(total, 1))
+            bars.update(tasks[what], completed=done, total=max(total, 1))
+
+    add_progress_sink(sink)
+    try:
+        with bars:
+            yield
+    finally:
+        remove_progress_sink(sink)
+
+
+@contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """First SIGINT/SIGTERM: ask the stages to stop; second SIGINT: interrupt now."""
+    if threading.current_thread() is not threading.main_thread():  # signals only reach the main thread
+        yield
+        return
+
+    def on_signal(signum, frame):
+        if STOP_REQUESTED.is_set():
+            raise KeyboardInterrupt
+        STOP_REQUESTED.set()
+        print("\nstopping... running stages end at their next step (charges already made stay charged; "
+              "Ctrl-C again to interrupt at once)", file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    STOP_REQUESTED.clear()
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        STOP_REQUESTED.clear()
