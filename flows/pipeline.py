@@ -231,7 +231,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         if real:
             write_table(_concat(real), paths.private / "real_demos.parquet")
 
-        audit_summary = None
+        audit_summary, audit_reference = None, None
         if audit_calls:
             audit_result = _collect(runner, audit_stage.audit, audit_calls, audit_futures,
                                     exists=audit_stage.outputs_exist)[0]
@@ -246,6 +246,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
             if audit_result.get("reference_path"):
                 publish(audit_result["reference_path"], paths.public, "audit_reference.parquet")
             audit_summary = audit_result.get("summary")
+            audit_reference = audit_result.get("reference")
 
     # 7. record: MLflow, Prefect artifacts, manifests
     recorded = record_stage.record(flat_config=config.flat(), info={
@@ -266,7 +267,8 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         "mlflow_experiment_id": recorded["mlflow_experiment_id"],
         "tracking_uri": recorded["tracking_uri"],
         "results": recorded["results"],
-        "audit": recorded["audit"] if audit_summary is None else {**recorded["audit"], "summary": audit_summary},
+        "audit": recorded["audit"] if audit_summary is None else {**recorded["audit"], "summary": audit_summary,
+                                                                  "reference": audit_reference},
         "seeded_noise": seeded_noise,
         "generation_workers": sorted({s["worker"] for s in shards}),
         "ledger": ledger_entry,

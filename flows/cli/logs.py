@@ -109,6 +109,8 @@ def configure_cli_logging(verbose: bool) -> Path:
     tmp.write_text(yaml.safe_dump(logging_config(log_file, verbose), sort_keys=False), encoding="utf-8")
     tmp.replace(settings)
     os.environ["PREFECT_LOGGING_SETTINGS_PATH"] = str(settings)
+    if not verbose:  # MLflow installs its own stderr handler at import: keep its INFO lines off the terminal
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     from prefect.logging.configuration import setup_logging
 
     setup_logging(incremental=False)

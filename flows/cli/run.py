@@ -51,8 +51,8 @@ DEMO_DEFAULTS = {
     "baselines": "zero-shot,instruction-only,sigma-zero,random-real",
 }
 DEMO_BASELINES_NOTE = ("demo: AG News is a public benchmark, so the demo opts in to the non-private baselines "
-                       "{baselines} for contrast; `dpicl run` on your own data runs them only when listed in "
-                       "--baselines.")
+                       "{baselines} for contrast; `dpicl run` on your own data runs them only when asked "
+                       "(--baselines sigma-zero,random-real, --audit-reference).")
 
 
 def _config_fields() -> list[str]:
@@ -117,6 +117,14 @@ def format_results(summary: dict) -> str:
     else:
         audit_line = "audit: " + ("PASSED" if verdict.get("passed") else "FAILED")
         audit_line += "".join(f"\n  - {reason}" for reason in verdict.get("reasons", []))
+        for dp in verdict.get("summary") or []:
+            audit_line += (f"\n  DP demos, epsilon {_fmt(dp.get('epsilon'), 'g')}: strongest attack {dp.get('attack')} "
+                           f"AUC {_fmt(dp.get('auc'))}, TPR at 1% FPR {_fmt(dp.get('tpr_at_1pct_fpr'))}")
+        reference = verdict.get("reference")
+        if reference:
+            audit_line += (f"\n  contrast, real records as demos (non-private): strongest attack "
+                           f"{reference.get('attack')} AUC {_fmt(reference.get('auc'))}, TPR at 1% FPR "
+                           f"{_fmt(reference.get('tpr_at_1pct_fpr'))}: the attack does see a real record")
     n = summary["results"][0]["n"] if summary["results"] else 0
     seeds = summary["results"][0]["seeds"] if summary["results"] else 0
     lines += [
