@@ -36,14 +36,20 @@ from prefect.utilities.callables import get_call_parameters
 from dpcore.artifacts import read_table, write_table
 from dpcore.config import RunConfig, demos_per_label
 from dpcore.home import configure_environment
-from dpcore.icl import check_test_size
 from tasks import audit as audit_stage
 from tasks import calibrate as calibrate_stage
 from tasks import evaluate as evaluate_stage
 from tasks import generate as generate_stage
 from tasks import ingest as ingest_stage
 from tasks import record as record_stage
-from tasks.charge import charge_run, ledger_report, noise_charged, non_private_warning, preflight
+from tasks.charge import (
+    charge_run,
+    checks_after_ingest,
+    ledger_report,
+    noise_charged,
+    non_private_warning,
+    preflight,
+)
 from tasks.common import RunPaths, noise_scope, publish
 
 FLOW_NAME = "dp-fewshot"
@@ -155,7 +161,6 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
     label_counts = ingest_stage.partition(ingested)["label_counts"]
     labels = list(ingested["labels"])
-    check_test_size(config.test_size, ingested["num_test"])  # before the charge: a bad --test-size spends nothing
 
     # 3. calibration: one sigma per epsilon (largest q over labels)
     from dpcore import accounting
@@ -171,11 +176,8 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     write_table(pd.DataFrame(calibration, columns=calibrate_stage.CALIBRATION_COLUMNS),
                 paths.public / "calibration.parquet")
 
-    # the longest group prompt fits the model's context: checked from the tokenizer, before any charge
-    from dpcore.records import check_model_budget
-    from dpcore.taskspec import load_task_spec
-
-    check_model_budget(config.model, load_task_spec(config.task_spec or config.dataset), labels, generation_config)
+    # --test-size and the longest group prompt against the model's context: checked before any charge
+    checks_after_ingest(config, ingested["num_test"], labels, generation_config)
     scope = noise_scope(config.seed, run_id)
     plan = generate_stage.generation_plan(labels, calibration, list(config.baselines), config.seed)
     # ledger: every spend of the plan the ledger does not already hold for this run, charged at once

@@ -128,6 +128,18 @@ def preflight(config) -> dict:
     return {"context_length": limit}
 
 
+def checks_after_ingest(config, num_test: int, labels: list[str], generation_config) -> None:
+    """The checks that need the ingested data, run before the charge: `--test-size` within the test
+    split, and the longest group prompt (N records at the public cap) within the model's context
+    (tokenizer and config only, no weights)."""
+    from dpcore.icl import check_test_size
+    from dpcore.records import check_model_budget
+    from dpcore.taskspec import load_task_spec
+
+    check_test_size(config.test_size, num_test)
+    check_model_budget(config.model, load_task_spec(config.task_spec or config.dataset), labels, generation_config)
+
+
 def check_max_tokens(max_tokens: int, limit: int, model: str) -> None:
     """T_max token steps need room in the model's context next to the prompt (instruction and records)."""
     if max_tokens >= limit:
