@@ -53,6 +53,15 @@ def tiny_lm():
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tiny_lm, tmp_path_factory) -> Path:
+    """The tiny model saved as a local model folder: what `--model PATH` loads in CLI tests."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def agnews():
     from dpcore.datasets import load_dataset
     from dpcore.taskspec import load_task_spec

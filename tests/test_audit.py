@@ -460,14 +460,6 @@ def mini_task(agnews, tmp_path_factory):
     return folder, records
 
 
-@pytest.fixture(scope="module")
-def tiny_model_folder(tiny_lm, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
-    return folder
-
-
 def _cli(argv, capsys):
     import json
 
@@ -487,14 +479,14 @@ def _private_folder(out):
     return found[0]
 
 
-def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_folder, tmp_path, capsys, one_thread):
+def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir, tmp_path, capsys, one_thread):
     from dpcore.artifacts import read_table
     from dpcore.ledger import Ledger
 
     folder, records = mini_task
     out = tmp_path / "audit"
     code, summary, _ = _cli(["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
-                             "--epsilon", "4", "--model", str(tiny_model_folder), "--trials", "3",
+                             "--epsilon", "4", "--model", str(tiny_model_dir), "--trials", "3",
                              "--audit-members", "10", "--audit-demo-sets", "2", "--max-tokens", "4",
                              "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--seed", "1",
                              "--dataset-id", "audit-cli-test", "--out", str(out), "--json"], capsys)
@@ -518,13 +510,13 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_fol
     assert len(entries) == 2 and {e.purpose for e in entries} == {"audit"}  # one charge per demo set
 
 
-def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tiny_model_folder, tmp_path, capsys,
+def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tiny_model_dir, tmp_path, capsys,
                                                                   one_thread):
     from dpcore.artifacts import read_table
 
     folder, _ = mini_task
     base = ["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
-            "--model", str(tiny_model_folder)]
+            "--model", str(tiny_model_dir)]
     code, text, _ = _cli(base + ["--non-private", "--trials", "3", "--audit-members", "10",
                                  "--out", str(tmp_path / "np")], capsys)
     assert code == 1 and "gate: FAILED" in text and "  - verbatim overlap" in text

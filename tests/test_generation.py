@@ -722,14 +722,6 @@ def test_errors_never_carry_record_text(tiny_lm, spec, records):
 # --------------------------------------------------------------------------- the CLI
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tiny_lm, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
-    return folder
-
-
 def _cli(argv, capsys):
     from flows.cli import main
 

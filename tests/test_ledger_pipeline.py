@@ -150,14 +150,6 @@ def test_cli_run_warns_before_non_private_baselines(capsys, monkeypatch):
 # --------------------------------------------------------------------------- dpicl generate
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tiny_lm, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
-    return folder
-
-
 def _generate(argv, capsys):
     from flows.cli import main
 
