@@ -68,11 +68,11 @@ from typing import Any, Literal
 
 from dpcore import composition
 from dpcore.composition import SIGMA_MAX, SIGMA_MIN, SIGMA_TOLERANCE, rnm_step_epsilon
+from dpcore.config import MECHANISMS
 from dpcore.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-MECHANISMS = ("gaussian", "rnm")
 MAX_TARGET_EPSILON = 100.0       # larger targets are vacuous; epsilon = inf (sigma = 0) is the baseline
 CACHE_FORMAT = 3                 # bump when the computation changes (invalidates the cache)
 

@@ -14,13 +14,20 @@ the public token cap applied to every private record before generation (`dpcore.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dpcore.errors import ConfigError
 
+# The private-prompting methods dpicl runs on the same data, test split and ledger:
+# tang = DP few-shot generation (Tang et al. Algorithm 1), pate = PromptPATE (Duan et al. Section 4.2),
+# dpsgd = PromptDPSGD soft prompts (Duan et al. Section 4.1).
+Method = Literal["tang", "pate", "dpsgd"]
+METHODS: tuple[str, ...] = get_args(Method)
+# Noise mechanisms the accountant composes (`dpcore.composition.STEP_KINDS`).
 Mechanism = Literal["gaussian", "rnm"]
+MECHANISMS: tuple[str, ...] = get_args(Mechanism)
 Sampler = Literal["poisson", "fixed"]
 AuditMode = Literal["regenerate", "run-demos"]
 Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]
@@ -86,6 +93,10 @@ class AuditConfig(_Frozen):
 class RunConfig(_Frozen):
     """Everything one pipeline run needs. Field names are the CLI flag names."""
 
+    methods: list[Method] = Field(
+        default_factory=lambda: ["tang"],
+        description="comma-separated private-prompting methods, run on the same data, test split and ledger: "
+        "tang (DP few-shot generation), pate (PromptPATE), dpsgd (PromptDPSGD soft prompts)")
     dataset: str = Field("agnews", description="a shipped task (agnews, trec, sst2, ...) or your task's name")
     data_path: str | None = Field(None, description="a user's CSV/JSONL/Parquet file (with --task-spec)")
     test_path: str | None = Field(
@@ -138,6 +149,10 @@ class RunConfig(_Frozen):
     auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="audit gate: |AUC - 0.5| must stay within this")
     overlap_threshold: int = Field(8, ge=1, description="audit gate: verbatim token overlap that counts as a leak")
 
+    # --- PromptPATE (Duan et al. Section 4.2, App. C.2): fields named pate_*
+
+    # --- PromptDPSGD (Duan et al. Section 4.1, App. C.1): fields named dpsgd_*
+
     task_runner: str = Field("threads", description="threads, dask (a local cluster) or a Dask scheduler address")
 
     @model_validator(mode="before")
@@ -169,6 +184,22 @@ class RunConfig(_Frozen):
         for eps in value:
             if math.isnan(eps) or eps < 0:
                 raise ValueError(f"epsilons: {eps} is not a valid epsilon (use a number >= 0, or inf)")
+        return value
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _parse_methods(cls, value):
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("methods")
+    @classmethod
+    def _check_methods(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("methods: name at least one of " + ", ".join(METHODS))
+        if len(set(value)) != len(value):
+            raise ValueError(f"methods: {','.join(value)} names a method twice")
         return value
 
     @field_validator("baselines", mode="before")

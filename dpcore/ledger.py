@@ -65,13 +65,16 @@ from typing import TYPE_CHECKING
 
 from dpcore import composition
 from dpcore.composition import Composition, rnm_step_epsilon
+from dpcore.config import MECHANISMS
 from dpcore.errors import BudgetExceededError, ConfigError
 
 if TYPE_CHECKING:
     from dp_accounting.dp_event import DpEvent
 
-MECHANISMS: tuple[str, ...] = ("gaussian", "rnm")
-PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit", "baseline")
+# pipeline / generate: DP few-shot generation (the flow / the `generate` command); audit: the
+# audit's own DP generations; baseline: a non-private baseline; pate / dpsgd: PromptPATE's votes
+# and PromptDPSGD's training steps.
+PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit", "baseline", "pate", "dpsgd")
 STATUS_CHARGED = "charged"
 
 LEDGER_FILENAME = "ledger.db"
@@ -137,7 +140,7 @@ class ChargeRequest:
     sampling_rate: float      # q = MN/|D_y|, the largest over the run's labels
     steps: int                # T = max_tokens * demos_per_label
     delta: float              # the delta the run was calibrated for
-    purpose: str              # "pipeline" | "generate" | "audit" | "baseline" (a non-private baseline)
+    purpose: str              # one of PURPOSES
 
     def event(self) -> DpEvent:
         """What this charge costs, as a privacy event (`dpcore.events.dp_fewshot_event`)."""

@@ -47,10 +47,8 @@ import secrets
 import numpy as np
 import torch
 
+from dpcore.config import MECHANISMS
 from dpcore.errors import ConfigError
-
-MECHANISMS = ("gaussian", "rnm")
-
 
 # --------------------------------------------------------------------------- noise source
 

@@ -149,12 +149,31 @@ def check_max_tokens(max_tokens: int, limit: int, model: str) -> None:
 
 def charge_run(config, data_hash: str, run_id: str, plan: list[dict], calibration: list[dict],
                dry_run: bool = False) -> dict:
-    """Charge the run's unrecorded private-data spends (one transaction); returns a public summary.
+    """Charge the DP few-shot run's unrecorded private-data spends (one transaction); returns a
+    public summary (`charge_spends`)."""
+    return charge_spends(config.ledger_id, planned_spends(config, data_hash, run_id, plan, calibration),
+                         dry_run=dry_run)
 
-    `noise_charged` lists the (method, epsilon) whose spend this call charged: only those may draw
-    fresh noise; the others replay a recorded spend and must come from the cached draw.
+
+def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: bool = False) -> dict:
+    """Charge every `dpcore.plan.PrivacyPlan` of a run (any method) in one transaction: each plan's
+    spends the ledger does not already hold for this run id. `noise_charged` then lists the
+    (method, epsilon) of the plans charged by this call; a plan with no spends reads no private
+    record and is never charged."""
+    spends = [(p.method, p.epsilon, request) for p in plans
+              for request in p.requests(dataset_id, data_hash, run_id)]
+    return charge_spends(dataset_id, spends, dry_run=dry_run)
+
+
+def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeRequest]],
+                  dry_run: bool = False) -> dict:
+    """The one charging path: (method, epsilon, request) spends, charged in ONE all-or-nothing
+    transaction (`Ledger.charge_unrecorded`), or refused (`BudgetExceededError`, exit 3) before
+    anything is recorded. Returns a public summary.
+
+    `noise_charged` lists the (method, epsilon) with a spend this call charged: only those may
+    draw fresh noise; the others replay a recorded spend and must come from the cached draw.
     """
-    spends = planned_spends(config, data_hash, run_id, plan, calibration)
     book = ledger.Ledger()
     outcome = book.charge_unrecorded([request for _, _, request in spends], dry_run=dry_run)
     pending = list(outcome.new_requests)
@@ -164,9 +183,12 @@ def charge_run(config, data_hash: str, run_id: str, plan: list[dict], calibratio
         is_new.append(found is not None)
         if found is not None:
             pending.pop(found)
-    charged = [(m, e) for (m, e, _), new in zip(spends, is_new, strict=True) if new]
+    charged = []
+    for (m, e, _), new in zip(spends, is_new, strict=True):
+        if new and (m, e) not in charged:
+            charged.append((m, e))
     summary = {
-        "dataset_id": config.ledger_id,
+        "dataset_id": dataset_id,
         "dry_run": dry_run,
         "charged": 0 if dry_run else len(outcome.charged),
         "replayed": len(outcome.recorded),
@@ -176,7 +198,7 @@ def charge_run(config, data_hash: str, run_id: str, plan: list[dict], calibratio
                      "delta": r.delta, "new": new} for (m, e, r), new in zip(spends, is_new, strict=True)],
     }
     if not dry_run:
-        spend = book.spend(config.ledger_id)
+        spend = book.spend(dataset_id)
         summary.update(total_epsilon="inf" if math.isinf(spend.epsilon) else spend.epsilon, delta=spend.delta,
                        budget=spend.budget.to_dict() if spend.budget else None)
     return summary
