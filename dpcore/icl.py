@@ -44,7 +44,7 @@ from dpcore.errors import ConfigError, DataValidationError
 from dpcore.taskspec import TaskSpec
 
 CONTENT_FREE_INPUTS: tuple[str, ...] = ("N/A", "", "[MASK]")
-METHODS: tuple[str, ...] = ("zero-shot", "instruction-only", "sigma-zero", "random-real", "dp")
+METHODS: tuple[str, ...] = ("zero-shot", "instruction-only", "sigma-zero", "random-real", "dp", "dpsgd")
 PREDICTION_COLUMNS = [
     "test_id", "method", "epsilon", "seed", "gold", "pred_raw", "pred_calibrated", "label_probs",
     "calibrated_probs", "correct_raw", "correct_calibrated", "demo_ids",
@@ -179,17 +179,25 @@ class PrefixCache:
     2-D attention mask hides pad slots, so rows of different lengths share one forward.
     """
 
-    def __init__(self, lm, prefix_ids: Sequence[int]):
+    def __init__(self, lm, prefix_ids: Sequence[int], past: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None):
+        """`past`: per-layer (keys, values) of batch 1 that precede the prefix tokens (a trained soft
+        prompt's or prefix's cache, `dpcore.soft_prompt`); positions continue after it."""
+        from transformers import DynamicCache
+
         self.lm = lm
         self.prefix_ids = list(prefix_ids)
-        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [(k, v) for k, v in (past or [])]
+        self.offset = int(self.layers[0][0].shape[-2]) if self.layers else 0  # cache positions before the prefix
         if self.prefix_ids:
             with torch.inference_mode():
                 began = time.perf_counter()
                 ids = torch.as_tensor([self.prefix_ids], dtype=torch.long, device=lm.device)
-                mask = torch.ones_like(ids)
-                out = lm.model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
-                _count(lm, mask, began)
+                mask = torch.ones((1, self.offset + ids.shape[1]), dtype=torch.long, device=lm.device)
+                cache = DynamicCache(ddp_cache_data=self.layers, config=lm.model.config) if self.layers else None
+                positions = self.offset + torch.arange(ids.shape[1], device=lm.device)[None, :]
+                out = lm.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                               use_cache=True, logits_to_keep=1)
+                _count(lm, mask[:, self.offset:], began)
             self.layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
     def __len__(self) -> int:
@@ -205,10 +213,11 @@ class PrefixCache:
 
     def start(self, rows: int) -> _Batch:
         device = self.lm.device
+        cached = self.offset + len(self.prefix_ids)
         return _Batch(
             cache=self._expanded(rows),
-            key_mask=torch.ones((rows, len(self.prefix_ids)), dtype=torch.long, device=device),
-            next_position=torch.full((rows,), len(self.prefix_ids), dtype=torch.long, device=device),
+            key_mask=torch.ones((rows, cached), dtype=torch.long, device=device),
+            next_position=torch.full((rows,), cached, dtype=torch.long, device=device),
         )
 
     @torch.inference_mode()
@@ -269,8 +278,12 @@ def _label_token_ids(lm, spec: TaskSpec, labels: Sequence[str]) -> list[list[int
 
 def label_logprobs(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequence[str],
                    labels: Sequence[str] | None = None, batch_size: int = 16,
-                   progress: Callable[[int], None] | None = None) -> np.ndarray:
+                   progress: Callable[[int], None] | None = None,
+                   past: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> np.ndarray:
     """[n, L] log p(" " + verbalizer(label) | prompt(demos, query)), a sum over the label's tokens.
+
+    `past`: a trained prompt's per-layer cache (`dpcore.soft_prompt.TrainablePrompt.cache_layers`)
+    placed before the text prompt: PromptDPSGD's scores (Duan et al. Section 4.1).
 
     The longest token prefix shared by all prompts (instruction + demos, usually) is run once
     (`PrefixCache`); per batch of items the query tokens run once on the expanded cache, the
@@ -283,7 +296,7 @@ def label_logprobs(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Seque
     label_ids = _label_token_ids(lm, spec, labels)
     contexts = [lm.encode(prompt_text(spec, demos, q)) for q in queries]
     shared = _common_prefix_length(contexts)
-    prefix = PrefixCache(lm, contexts[0][:shared])
+    prefix = PrefixCache(lm, contexts[0][:shared], past=past)
     suffixes = [ctx[shared:] for ctx in contexts]
     out = np.zeros((len(queries), len(labels)))
     first = torch.as_tensor([ids[0] for ids in label_ids], dtype=torch.long, device=lm.device)
@@ -464,7 +477,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
              config: EvalConfig, labels: Sequence[str] | None = None, *, test_seed: int = 0,
              batch_size: int = 16, max_new_tokens: int = 12,
              progress: Callable[[str], None] | None = None,
-             items_progress: Callable[[int, int], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+             items_progress: Callable[[int, int], None] | None = None,
+             past: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """ICL accuracy of one method over `config.seeds` seeds; returns (predictions, metrics), writes nothing.
 
     `progress` gets one line per seed; `items_progress(done, total)` the items scored over all seeds.
@@ -478,14 +492,19 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
     `config.calibrate`). Extraction: exact match of greedy answers; no calibration applies, so
     `pred_calibrated` = `pred_raw` and `calibrated_accuracy` = `accuracy` (metrics column
     `calibrated` is False).
+
+    `past`: a trained prompt's cache placed before every prompt (method "dpsgd": a PromptDPSGD soft
+    prompt or prefix, no demonstrations; classification only).
     """
     if method not in METHODS:
         raise ConfigError(f"method: {method!r} is not one of {', '.join(METHODS)}")
     for column in ("id", "text", "label"):
         if column not in test.columns:
             raise DataValidationError(f"test split: missing column {column!r}")
-    pool = [] if method == "zero-shot" else _pool(demo_pool)
-    shots = 0 if method == "zero-shot" else config.shots
+    pool = [] if method in ("zero-shot", "dpsgd") else _pool(demo_pool)
+    shots = 0 if method in ("zero-shot", "dpsgd") else config.shots
+    if past is not None and spec.kind != "classification":
+        raise ConfigError(f"task {spec.name!r}: a trained prompt scores classification tasks only")
     if shots > 0 and not pool:
         raise ConfigError(f"demos: method {method!r} with shots={shots} needs demonstrations, none were given")
     classification = spec.kind == "classification"
@@ -523,7 +542,7 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
             if classification:
                 extra = list(CONTENT_FREE_INPUTS) if calibrate else []
                 logprobs = label_logprobs(lm, spec, demos, queries + extra, labels, batch_size=batch_size,
-                                          progress=scored(seed))
+                                          progress=scored(seed), past=past)
                 probs = normalise_probs(logprobs[: len(queries)])
                 calibrated = calibrate_probs(probs, normalise_probs(logprobs[len(queries):])) if calibrate else probs
                 raw = [labels[k] for k in probs.argmax(axis=1)]
