@@ -152,6 +152,28 @@ class RunConfig(_Frozen):
     # --- PromptPATE (Duan et al. Section 4.2, App. C.2): fields named pate_*
 
     # --- PromptDPSGD (Duan et al. Section 4.1, App. C.1): fields named dpsgd_*
+    dpsgd_kind: Literal["soft-prompt", "prefix"] = Field(
+        "soft-prompt", description="trainable prompt: soft-prompt (s input embeddings) or prefix (keys and values "
+        "at every layer, P-tuning v2)")
+    dpsgd_preset: Literal["auto", "cpu", "gpu"] = Field(
+        "auto", description="defaults of the unset dpsgd_* fields: gpu = Duan et al. Table 6 (C 0.1, batch 1024, "
+        "length 10, 100 epochs, lr 0.005), cpu = minutes on the embedded model; auto: by device")
+    dpsgd_length: int | None = Field(None, ge=1, description="s: prompt positions (default: the preset's, 10)")
+    dpsgd_init: Literal["vocab", "random"] = Field("vocab", description="P_0: embeddings of random vocabulary "
+                                                  "tokens, or random")
+    dpsgd_clip: float | None = Field(None, gt=0, description="C: per-example gradient norm bound (default: 0.1)")
+    dpsgd_batch_size: int | None = Field(None, ge=1, description="expected Poisson batch size qN (default: "
+                                         "the preset's)")
+    dpsgd_epochs: float | None = Field(None, gt=0, description="epochs: T = epochs / q steps (default: the "
+                                       "preset's)")
+    dpsgd_steps: int | None = Field(None, ge=1, description="T directly (overrides dpsgd_epochs)")
+    dpsgd_lr: float | None = Field(None, gt=0, description="learning rate (AdamW, linear decay to 0)")
+    dpsgd_physical_batch_size: int | None = Field(None, ge=1, description="examples per forward/backward "
+                                                  "(memory only; default: the preset's)")
+    dpsgd_validation_size: int = Field(200, ge=0, description="private examples held out of training for the "
+                                       "loss curve (never trained on, never used for selection)")
+    dpsgd_seeds: int = Field(1, ge=1, description="independent trainings (accuracy mean +/- std over them); "
+                             "each is charged to the ledger")
 
     task_runner: str = Field("threads", description="threads, dask (a local cluster) or a Dask scheduler address")
 
@@ -252,6 +274,23 @@ class RunConfig(_Frozen):
             max_record_tokens=self.audit_max_record_tokens,
             mode=self.audit_mode,
         )
+
+    def dpsgd_config(self):
+        """`dpcore.dpsgd.DpsgdConfig` of this run: the preset (`dpsgd_preset`, by device when auto) with
+        every dpsgd_* field that is set on top; dpsgd_steps beats dpsgd_epochs beats the preset's length."""
+        from dpcore import dpsgd
+
+        values = dpsgd.preset("cuda" if self.dpsgd_preset == "gpu" else "cpu" if self.dpsgd_preset == "cpu"
+                              else self.device)
+        if self.dpsgd_epochs is not None:
+            values.update(epochs=self.dpsgd_epochs, steps=None)
+        if self.dpsgd_steps is not None:
+            values["steps"] = self.dpsgd_steps
+        for name in ("length", "clip", "batch_size", "lr", "physical_batch_size"):
+            if getattr(self, f"dpsgd_{name}") is not None:
+                values[name] = getattr(self, f"dpsgd_{name}")
+        return dpsgd.DpsgdConfig(kind=self.dpsgd_kind, init=self.dpsgd_init,
+                                 validation_size=self.dpsgd_validation_size, **values).check()
 
     def flat(self) -> dict[str, str]:
         """Strings for MLflow params and manifests (public configuration only)."""

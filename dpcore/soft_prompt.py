@@ -268,3 +268,55 @@ def mean_loss(lm, prompt: TrainablePrompt, examples: Sequence[Example], batch_si
         rows = prompt.weight.detach().unsqueeze(0).expand(len(chunk), *prompt.weight.shape)
         total += float(-example_logprobs(lm, prompt.kind, rows, chunk).sum())
     return total / len(examples)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def weights_hash(model: nn.Module) -> str:
+    """sha256 over the model's parameters and buffers (names, dtypes, shapes, bytes), in state-dict order:
+    which frozen LM a prompt was trained on (a prompt only means something on that model)."""
+    import hashlib
+
+    hasher = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        data = tensor.detach().cpu().contiguous()
+        hasher.update(f"{name}:{data.dtype}:{tuple(data.shape)}".encode())
+        hasher.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return hasher.hexdigest()
+
+
+def save_prompt(prompt: TrainablePrompt, path, manifest: dict) -> None:
+    """The trained prompt as safetensors (tensor `prompt`, metadata `kind`) and its manifest as JSON next
+    to it (`<name>.json`), both written atomically. The manifest must be public (parameters, epsilon)."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save
+
+    from dpcore.artifacts import write_bytes_atomic, write_json_atomic
+
+    path = Path(path)
+    data = save({"prompt": prompt.weight.detach().float().cpu().contiguous()},
+                metadata={"kind": prompt.kind, "length": str(prompt.length), "format": "dpicl-prompt/1"})
+    write_json_atomic(path.with_suffix(".json"), json.loads(json.dumps({**manifest, "kind": prompt.kind,
+                                                                        "length": prompt.length}, default=str)))
+    write_bytes_atomic(path, data)
+
+
+def load_prompt(path, device: torch.device | str = "cpu") -> tuple[TrainablePrompt, dict]:
+    """(prompt, manifest) from `save_prompt`'s files."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"prompt: {path} does not exist")
+    with safe_open(str(path), framework="pt", device="cpu") as handle:
+        metadata = handle.metadata() or {}
+        weight = handle.get_tensor("prompt")
+    manifest_path = path.with_suffix(".json")
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    return TrainablePrompt(metadata.get("kind", manifest.get("kind", "soft-prompt")), weight.to(device)), manifest

@@ -31,11 +31,12 @@ from tasks.common import (
     transient_only,
 )
 
-EVAL_MODULES = ("dpcore.icl", "dpcore.taskspec", "dpcore.lm")
+EVAL_MODULES = ("dpcore.icl", "dpcore.taskspec", "dpcore.lm", "dpcore.soft_prompt")
 EVALUATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "epsilon", "demo_keys", "eval_config", "labels",
                        "model", "dtype")
 RANDOM_REAL = "random-real"
 ZERO_SHOT = "zero-shot"
+DPSGD = "dpsgd"  # demo_paths = [the trained prompt's safetensors], demo_keys = [its sha256]
 
 
 @task(name="evaluate", cache_key_fn=cache_key_on("evaluate", EVALUATE_KEY_FIELDS, EVAL_MODULES),
@@ -67,8 +68,14 @@ def evaluate(
     spec = load_task_spec(task_spec)
     lm = language_model(model, device, dtype)
     test = public_test_split(records_path)
+    past = None
     if method == ZERO_SHOT:
         pool = None
+    elif method == DPSGD:  # a trained prompt (PromptDPSGD): its cache before every prompt, no demos
+        from dpcore.soft_prompt import load_prompt
+
+        pool = None
+        past = load_prompt(demo_paths[0], lm.device)[0].cache_layers(lm)
     elif method == RANDOM_REAL:
         records = read_table(Path(records_path))
         pool = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
@@ -79,7 +86,8 @@ def evaluate(
     what = f"evaluate {method} eps={'inf' if math.isinf(epsilon) else f'{epsilon:g}'}"
     predictions, metrics = icl.evaluate(lm, spec, test, pool, method, epsilon, eval_config,
                                         labels=labels if spec.kind == "classification" else None,
-                                        items_progress=lambda done, total: report_progress(what, done, total))
+                                        items_progress=lambda done, total: report_progress(what, done, total),
+                                        past=past)
     seconds = time.perf_counter() - began
     out = stage_dir("evaluate", key)
     result = {"key": key, "method": method, "epsilon": float(epsilon), "seconds": seconds}

@@ -1,0 +1,119 @@
+"""CLI: `dpicl tune` — PromptDPSGD: train a soft prompt or prefix with DP-SGD, evaluate it, record it.
+
+    dpicl tune --dataset D --kind soft-prompt|prefix --epsilon 8 [--length S --clip C --batch-size B
+               --epochs E | --steps T --lr LR --init vocab|random --seeds K --test-size N --delta D
+               --preset auto|cpu|gpu --model M --device DEV --seed S --run-id ID] [--json]
+
+Runs `flows.tune.dpsgd_flow` (the same flow the pipeline runs for `--methods dpsgd`). Unset training
+flags come from the preset (`--preset auto`: the GPU preset, Duan et al. Table 6, on CUDA; the CPU preset
+otherwise). The budget is checked by a dry run before any model loads; over budget: exit 3, nothing spent.
+`--json` prints one object whose top level holds epsilon, delta, noise_multiplier, sampling_rate, steps,
+accuracy {mean, std}, prompt (path of the first trained prompt), prompts, params (the training parameters)
+and the run's ids and paths.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from pydantic import ValidationError
+
+from dpcore.config import RunConfig
+from dpcore.errors import ConfigError
+from flows.cli.common import _flag_type, add_config_flags, config_from_args, parse_epsilon, print_json
+
+CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta",
+                "seed", "test_size", "calibrate"]
+# Short spellings of the dpsgd_* fields (the long `--dpsgd-*` forms work too).
+SHORT_FLAGS = {"kind": "dpsgd_kind", "length": "dpsgd_length", "clip": "dpsgd_clip", "batch_size": "dpsgd_batch_size",
+               "epochs": "dpsgd_epochs", "steps": "dpsgd_steps", "lr": "dpsgd_lr", "init": "dpsgd_init",
+               "seeds": "dpsgd_seeds", "preset": "dpsgd_preset", "validation_size": "dpsgd_validation_size",
+               "physical_batch_size": "dpsgd_physical_batch_size"}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "tune", help="PromptDPSGD: train a soft prompt or prefix with DP-SGD (Duan et al. Section 4.1)",
+        description="Train a soft prompt or prefix on the private data with DP-SGD (Duan et al. App. C.1 "
+        "Algorithm 1, Opacus), evaluate it on the test split and record it (safetensors + manifest, MLflow).")
+    parser.add_argument("--epsilon", type=parse_epsilon, required=True, help="target epsilon (> 0; inf: no noise)")
+    add_config_flags(parser, CONFIG_FLAGS)
+    for short, field in SHORT_FLAGS.items():
+        info = RunConfig.model_fields[field]
+        choices = list(getattr(info.annotation, "__args__", ())) if short in ("kind", "init", "preset") else None
+        parser.add_argument("--" + short.replace("_", "-"), "--" + field.replace("_", "-"), dest=field, default=None,
+                            choices=choices, type=None if choices else _flag_type(field, info.annotation),
+                            help=(info.description or "").replace("%", "%%"))
+    parser.add_argument("--run-id", default=None, help="name of the run folder (default: <UTC start>-<flow run id>)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run_tune)
+
+
+def _config(args) -> RunConfig:
+    try:
+        return config_from_args(args, epsilons=[args.epsilon], methods=["dpsgd"])
+    except ValidationError as exc:
+        problems = "; ".join(f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
+                             for err in exc.errors())
+        raise ConfigError(problems or str(exc)) from None
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return format(value, spec)
+
+
+def run_tune(args) -> int:
+    from flows.cli.progress import showing_progress, stopping_on_signals
+    from flows.cli.run import delta_note, format_ledger
+    from flows.tune import run_tuning
+
+    if args.epsilon == 0:
+        raise ConfigError("--epsilon: must be > 0 (or inf) for PromptDPSGD; zero-shot is the epsilon = 0 comparison")
+    config = _config(args)
+    config.dpsgd_config()  # every training parameter in range before anything runs
+    began = time.perf_counter()
+    with stopping_on_signals(), showing_progress(not args.json):
+        summary = run_tuning(config, run_id=args.run_id)
+    wall = round(time.perf_counter() - began)
+    row = summary["results"][0]
+    params = {**summary["plans"][0]["parameters"], "trainable_parameters": summary["trainable_parameters"]}
+    out = {
+        "epsilon": row["epsilon"], "delta": row["delta"], "noise_multiplier": row["noise_multiplier"],
+        "sampling_rate": row["sampling_rate"], "steps": row["steps"],
+        "accuracy": {"mean": row["accuracy_mean"], "std": row["accuracy_std"], "n": row["n"],
+                     "trainings": row["trainings"]},
+        "calibrated_accuracy": {"mean": row["calibrated_accuracy_mean"], "std": row["calibrated_accuracy_std"]},
+        "prompt": summary["prompts"][0]["path"], "prompts": [p["path"] for p in summary["prompts"]],
+        "params": params, "kind": params["kind"], "length": params["length"], "clip": params["clip"],
+        "batch_size": params["batch_size"], "lr": params["lr"], "epochs": params["epochs"],
+        "seeded_noise": summary["seeded_noise"], "run_id": summary["run_id"], "run_dir": summary["run_dir"],
+        "dataset": summary["dataset"], "model": summary["model"], "mlflow_run_ids": summary["mlflow_run_ids"],
+        "ledger": summary["ledger_after"], "curve": summary["prompts"][0]["curve"], "wall_seconds": wall,
+    }
+    if args.json:
+        print_json(out)
+        return 0
+    print(f"PromptDPSGD {params['kind']} (length {params['length']}, {params['trainable_parameters']} parameters) on "
+          f"{summary['model']}, dataset {summary['dataset']}")
+    print(f"epsilon {_fmt(row['epsilon'], 'g')} (delta {row['delta']:.3g}), sigma {row['noise_multiplier']:.4f}, "
+          f"q {row['sampling_rate']:.4g}, T {row['steps']} steps ({params['epochs']:.3g} epochs), C {params['clip']:g}, "
+          f"lr {params['lr']:g}" + ("  [seeded noise: experiment only, not releasable]" if out["seeded_noise"] else ""))
+    print(f"test accuracy {_fmt(row['accuracy_mean'])} +/- {_fmt(row['accuracy_std'])} over {row['trainings']} "
+          f"training(s), {row['n']} test items (calibrated {_fmt(row['calibrated_accuracy_mean'])})")
+    note = delta_note(config, float(row["delta"]))
+    if note:
+        print(note)
+    ledger = format_ledger(summary["ledger_after"])
+    if ledger:
+        print(ledger)
+    print(f"prompt:          {out['prompt']}")
+    print(f"run id:          {summary['run_id']}")
+    print(f"wall time:       {wall} s")
+    return 0
+
+

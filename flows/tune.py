@@ -1,0 +1,86 @@
+"""PromptDPSGD as a Prefect flow (Duan et al. Section 4.1): soft prompts or prefixes trained with DP-SGD.
+
+    ingest -> plans (sigma per epsilon) -> budget dry run -> model checks -> ledger charge
+      -> train (one task per epsilon and training, tag `gpu`) -> evaluate (the pipeline's task) -> record
+
+Usable alone (`dpicl tune`) or as a subflow of the pipeline: pass the pipeline's `ingested` dict and run
+id to reuse its ingested data and run folder. Every check that could fail runs before the charge; the
+charge (`tasks.charge.charge_plans`) comes before the first training step and is all or nothing
+(`BudgetExceededError`: exit 3). The flow composes tasks only.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+from dpcore.config import RunConfig
+from dpcore.home import configure_environment
+from tasks import evaluate as evaluate_stage
+from tasks import ingest as ingest_stage
+from tasks import tune as tune_stage
+from tasks.charge import charge_plans, ledger_report, noise_charged
+
+FLOW_NAME = "prompt-dpsgd"
+
+
+@flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
+      description="PromptDPSGD (Duan et al. Section 4.1): a soft prompt or prefix trained with DP-SGD.")
+def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
+               ingested: dict | None = None) -> dict:
+    """Train, evaluate and record PromptDPSGD prompts for every epsilon of `config`; a public summary."""
+    from flows.pipeline import default_run_id
+
+    configure_environment()
+    logger = get_run_logger()
+    run_id = run_id or default_run_id()
+    if ingested is None:
+        ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec,
+                                       config.test_path)
+    if ingested["kind"] != "classification":
+        from dpcore.errors import ConfigError
+
+        raise ConfigError(f"dataset {config.dataset!r}: PromptDPSGD trains prompts for classification tasks")
+    from dpcore.icl import check_test_size
+
+    check_test_size(config.test_size, ingested["num_test"])
+    plans = tune_stage.plans(config, ingested["num_private_records"])
+    charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans, dry_run=True)  # refusal before the model
+    shape = tune_stage.check_model(config)
+    charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans)
+    logger.info("ledger %s: %d spend(s) charged, %d replayed; dataset total epsilon %s at delta %.3g; prompt %s",
+                charge["dataset_id"], charge["charged"], charge["replayed"], charge["total_epsilon"],
+                charge["delta"], shape["shape"])
+    paths = ingested["paths"]
+    trained = [tune_stage.train_prompt(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+                                       task_spec=ingested["task_spec"], plan=plan.to_dict(), epsilon=plan.epsilon,
+                                       training=i, config=config, public_dir=paths["public"],
+                                       private_dir=paths["private"],
+                                       noise_charged=noise_charged(charge, "dpsgd", plan.epsilon))
+               for plan in plans for i in range(len(plan.spends))]
+    calls = tune_stage.evaluation_calls(config, ingested, trained)
+    evaluations = [evaluate_stage.evaluate(**call) for call in calls]
+    metrics = tune_stage.metrics_table(trained, evaluations)
+    rows = tune_stage.summary_rows(plans, metrics)
+    seeded = any(t["seeded_noise"] for t in trained)
+    info = {"run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"],
+            "run_dir": paths["public"], "private_run_dir": paths["private"], "seeded_noise": seeded}
+    recorded = tune_stage.record_tuning(config=config, info=info, rows=rows, trained=trained)
+    return {
+        "run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"], "model": config.model,
+        "run_dir": paths["public"], "results": rows, "seeded_noise": seeded,
+        "prompts": [{"epsilon": t["epsilon"], "training": t["training"], "path": t["prompt_path"],
+                     "seconds": t["seconds"], "curve": t["curve"]} for t in trained],
+        "prompt_shape": shape["shape"], "trainable_parameters": shape["parameters"],
+        "ledger": charge, "ledger_after": ledger_report(config.ledger_id, run_id),
+        "mlflow_run_ids": recorded["mlflow_run_ids"], "plans": [p.to_dict() for p in plans],
+        "epsilons": ["inf" if math.isinf(p.epsilon) else p.epsilon for p in plans],
+        "metrics_path": str(Path(paths["public"]) / "dpsgd_results.parquet"),
+    }
+
+
+def run_tuning(config: RunConfig, run_id: str | None = None) -> dict:
+    """Run the flow in this process (a temporary local Prefect server when PREFECT_API_URL is unset)."""
+    return dpsgd_flow(config=config, run_id=run_id)

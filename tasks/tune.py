@@ -1,0 +1,290 @@
+"""PromptDPSGD stages (Duan et al. Section 4.1): plan, checks, train (tag `gpu`), metrics, record.
+
+Thin Prefect tasks over `dpcore.dpsgd` and `dpcore.soft_prompt`; evaluation is the pipeline's own
+`tasks.evaluate.evaluate` (method "dpsgd": the trained prompt's cache before every test prompt).
+
+- `plans`: one `PrivacyPlan` per positive epsilon of the run (sigma calibrated for T steps at rate
+  q = batch / N, N = the private training examples left after the validation split; delta = 1/N unless
+  given); `dpsgd_seeds` independent trainings each, each a spend.
+- `check_model`: the checks that need the model (a soft prompt needs input embeddings; a prefix a
+  per-layer key/value cache), run before the charge.
+- `train_prompt` (tag `gpu`): Algorithm 1 for one (epsilon, training). Resumable: a checkpoint (P,
+  AdamW, schedule, both generators' states) is kept every `checkpoint_every` steps in the private store
+  and a retry of the same run continues it, so the noise stream is the uninterrupted run's and the one
+  ledger entry covers it (`dpcore.dpsgd`). A finished prompt is reused by a retry. An unseeded training
+  whose spend this attempt did not charge (a replay) and that has neither a finished prompt nor a
+  checkpoint is refused: fresh noise is never drawn under an old charge.
+- Public outputs (run folder): `prompts/dpsgd-eps<E>-<i>.safetensors` and its `.json` manifest (model id
+  and weight hash, kind, length, epsilon, delta, sigma, q, T, C, accountant versions), the validation
+  loss curve (an aggregate over held-out private rows, like test accuracy). Private (private run
+  folder): checkpoints and the per-step training losses (a non-DP function of the sampled batches).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+import torch
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from dpcore.artifacts import read_table, write_bytes_atomic, write_json_atomic, write_manifest, write_table
+from dpcore.config import RunConfig
+from dpcore.plan import PrivacyPlan
+from tasks.common import (
+    RETRIES,
+    RETRY_DELAY_SECONDS,
+    code_version,
+    derive_seed,
+    digest,
+    language_model,
+    report_progress,
+    transient_only,
+)
+
+METHOD = "dpsgd"
+CURVE_COLUMNS = ["epsilon", "training", "step", "val_loss", "epsilon_spent"]
+
+
+def _eps_name(epsilon: float) -> str:
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+def training_count(config: RunConfig, num_private_records: int) -> int:
+    """N: the private examples trained on (the validation examples held out)."""
+    from dpcore.dpsgd import split_validation
+
+    return len(split_validation(num_private_records, config.dpsgd_validation_size)[0])
+
+
+def plans(config: RunConfig, num_private_records: int) -> list[PrivacyPlan]:
+    """One plan per positive epsilon (epsilon 0 is the zero-shot comparison: nothing to train)."""
+    from dpcore.dpsgd import dpsgd_plan
+
+    dp_config = config.dpsgd_config()
+    n = training_count(config, num_private_records)
+    epsilons = sorted({float(e) for e in config.epsilons if e != 0})
+    if not epsilons:
+        from dpcore.errors import ConfigError
+
+        raise ConfigError("epsilon: PromptDPSGD needs an epsilon > 0 (or inf); zero-shot is the epsilon = 0 "
+                          "comparison")
+    return [dpsgd_plan(eps, n, dp_config, config.delta, trainings=config.dpsgd_seeds) for eps in epsilons]
+
+
+def check_model(config: RunConfig) -> dict:
+    """The trainable prompt fits the model (loaded here, before the charge: no private record is read)."""
+    from dpcore.soft_prompt import check_prompt
+
+    lm = language_model(config.model, config.device, config.dtype)
+    dp_config = config.dpsgd_config()
+    shape = check_prompt(lm, dp_config.kind, dp_config.length)
+    return {"shape": list(shape), "parameters": int(math.prod(shape))}
+
+
+def accountant_versions() -> dict[str, str]:
+    versions = {}
+    for package in ("prv-accountant", "dp-accounting", "opacus"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "missing"
+    return versions
+
+
+def _examples(lm, spec, records_path: str, validation_size: int):
+    """(train, validation) examples from the private records (in memory only)."""
+    from dpcore.dpsgd import split_validation
+    from dpcore.soft_prompt import encode_examples
+
+    records = read_table(Path(records_path))
+    train = records[records["split"] == "train"].reset_index(drop=True)
+    train_pos, val_pos = split_validation(len(train), validation_size)
+    examples = encode_examples(lm, spec, train["text"].astype(str).tolist(), train["label"].astype(str).tolist())
+    return [examples[i] for i in train_pos], [examples[i] for i in val_pos]
+
+
+@task(name="train-prompt", tags=["gpu"], cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
+      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only,
+      task_run_name="train-prompt-eps{epsilon}-{training}")
+def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dict, epsilon: float, training: int,
+                 config: RunConfig, public_dir: str, private_dir: str, noise_charged: bool) -> dict:
+    """Train one prompt (Algorithm 1); returns public paths, the validation curve and whole seconds."""
+    from dpcore import dpsgd
+    from dpcore.errors import ConfigError
+    from dpcore.soft_prompt import init_prompt, save_prompt, weights_hash
+    from dpcore.taskspec import load_task_spec
+
+    logger = get_run_logger()
+    dp_config = config.dpsgd_config()
+    spend = plan["spends"][training]
+    seed = derive_seed(config.seed, METHOD, epsilon, training)
+    name = f"dpsgd-eps{_eps_name(epsilon)}-{training}"
+    prompt_path = Path(public_dir) / "prompts" / f"{name}.safetensors"
+    checkpoint_path = Path(private_dir) / "checkpoints" / f"{name}.pt"
+    fingerprint = digest({"data_hash": data_hash, "spend": spend, "config": dp_config, "model": config.model,
+                          "seed": seed, "training": training, "delta": plan["delta"]})
+    lm = language_model(config.model, config.device, config.dtype)
+    weights = weights_hash(lm.model)
+    if prompt_path.exists() and (prompt_path.with_suffix(".json")).exists():
+        import json
+
+        manifest = json.loads(prompt_path.with_suffix(".json").read_text())
+        if manifest.get("fingerprint") == fingerprint:  # a retry after this training finished
+            logger.info("%s: reusing the finished prompt of this run", name)
+            return {"epsilon": epsilon, "training": training, "prompt_path": str(prompt_path),
+                    "curve": manifest.get("curve", []), "seeded_noise": manifest["seeded_noise"],
+                    "seconds": manifest.get("seconds", 0), "reused": True}
+    resume = None
+    if checkpoint_path.exists():
+        resume = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+        dpsgd.check_resume(resume, fingerprint)
+    elif not noise_charged and seed is None:
+        raise ConfigError(f"{name}: its spend was charged by an earlier attempt of this run and neither its prompt "
+                          "nor its checkpoint exists; fresh noise is never drawn under an old charge: start a new "
+                          "run id")
+    spec = load_task_spec(task_spec)
+    train_examples, val_examples = _examples(lm, spec, records_path, dp_config.validation_size)
+    noise_gen, sampling_gen, seeded = dpsgd.generators(seed, lm.device)
+    prompt = init_prompt(lm, dp_config.kind, dp_config.length, dp_config.init, sampling_gen).to(lm.device)
+
+    def keep(state: dict) -> None:  # private store only: P, optimizer and generator states
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        write_bytes_atomic(checkpoint_path, buffer.getvalue())
+
+    what = f"tune eps={_eps_name(epsilon)} #{training}: DP-SGD steps"
+    last: dict = {}
+
+    def progress(step: int, steps: int, info: dict) -> None:
+        last.update(info)
+        report_progress(what, step, steps)
+        if "epsilon" in info:
+            logger.info("%s step %d/%d: validation loss %.4f, epsilon spent %.3f, %.1f examples/s (expected)",
+                        name, step, steps, info["val_loss"], info["epsilon"], info["examples_per_s"])
+
+    result = dpsgd.train(lm, prompt, train_examples, val_examples, noise_multiplier=spend["noise_multiplier"],
+                         sampling_rate=spend["sampling_rate"], steps=spend["steps"], clip=dp_config.clip,
+                         lr=dp_config.lr, delta=plan["delta"], noise_generator=noise_gen,
+                         sampling_generator=sampling_gen, seeded=seeded,
+                         physical_batch_size=dp_config.physical_batch_size, eval_every=dp_config.eval_every,
+                         checkpoint_every=dp_config.checkpoint_every, checkpoint=keep, resume=resume,
+                         fingerprint=fingerprint, progress=progress)
+    if weights_hash(lm.model) != weights:
+        raise RuntimeError(f"{name}: the frozen model's weights changed during training")
+    manifest = {
+        "method": METHOD, "model": config.model, "model_weights_sha256": weights, "data_hash": data_hash,
+        "epsilon": epsilon, "delta": plan["delta"], "noise_multiplier": spend["noise_multiplier"],
+        "sampling_rate": spend["sampling_rate"], "steps": spend["steps"], "clip": dp_config.clip,
+        "batch_size": dp_config.batch_size, "lr": dp_config.lr, "init": dp_config.init, "training": training,
+        "task_spec": task_spec, "seeded_noise": seeded, "accountants": accountant_versions(),
+        "code_version": code_version(), "fingerprint": fingerprint, "curve": result.curve,
+        "seconds": round(result.seconds), "optimizer": "adamw (weight decay 0), linear decay to 0",
+    }
+    save_prompt(result.prompt, prompt_path, manifest)
+    write_json_atomic(Path(private_dir) / "training" / f"{name}.json",
+                      {"training_losses": result.private_losses, "seconds": result.seconds})
+    checkpoint_path.unlink(missing_ok=True)
+    logger.info("%s: %d steps in %d s, final validation loss %s", name, spend["steps"], round(result.seconds),
+                f"{result.curve[-1]['val_loss']:.4f}" if result.curve else "-")
+    return {"epsilon": epsilon, "training": training, "prompt_path": str(prompt_path), "curve": result.curve,
+            "seeded_noise": seeded, "seconds": round(result.seconds), "reused": False}
+
+
+def evaluation_calls(config: RunConfig, ingested: dict, trained: list[dict]) -> list[dict]:
+    """`tasks.evaluate.evaluate` calls, one per trained prompt (no demos, one seed each: a training is the
+    unit that varies)."""
+    from dpcore.artifacts import file_sha256
+    from dpcore.config import EvalConfig
+
+    eval_config = EvalConfig(shots=0, seeds=1, test_size=config.test_size, calibrate=config.calibrate)
+    return [dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+                 task_spec=ingested["task_spec"], method=METHOD, epsilon=t["epsilon"], demo_paths=[t["prompt_path"]],
+                 demo_keys=[file_sha256(Path(t["prompt_path"]))], eval_config=eval_config,
+                 labels=list(ingested["labels"]), model=config.model, device=config.device, dtype=config.dtype)
+            for t in trained]
+
+
+def metrics_table(trained: list[dict], evaluations: list[dict]) -> pd.DataFrame:
+    """The evaluations' metrics with `seed` = the training index (accuracy mean +/- std over trainings)."""
+    frames = []
+    for t, e in zip(trained, evaluations, strict=True):
+        frames.append(read_table(Path(e["metrics_path"])).assign(seed=t["training"]))
+    return pd.concat(frames, ignore_index=True)
+
+
+def summary_rows(plans_: list[PrivacyPlan], metrics: pd.DataFrame) -> list[dict]:
+    """One public row per epsilon: the plan's parameters and accuracy mean/std over trainings."""
+    from dpcore.icl import summarise_metrics
+
+    summary = {float(r["epsilon"]): r for r in summarise_metrics(metrics).to_dict(orient="records")}
+    rows = []
+    for plan in plans_:
+        s = summary.get(float(plan.epsilon), {})
+        spend = plan.spends[0]
+        rows.append({"method": METHOD, "epsilon": plan.epsilon, "delta": plan.delta,
+                     "noise_multiplier": spend.noise_multiplier, "sampling_rate": spend.sampling_rate,
+                     "steps": spend.steps, "trainings": len(plan.spends), "n": s.get("n"),
+                     "accuracy_mean": s.get("accuracy_mean"), "accuracy_std": s.get("accuracy_std"),
+                     "calibrated_accuracy_mean": s.get("calibrated_accuracy_mean"),
+                     "calibrated_accuracy_std": s.get("calibrated_accuracy_std")})
+    return rows
+
+
+@task(name="record-tuning", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
+      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+def record_tuning(*, config: RunConfig, info: dict, rows: list[dict], trained: list[dict]) -> dict:
+    """Public tables, the run folder's manifest, and MLflow: one run per epsilon with the plan's parameters,
+    epsilon, accuracy, the validation loss and epsilon-spent curves (per step) and the prompts as artifacts."""
+    from mlflow.entities import Metric
+
+    from tasks.record import _log, experiment_id, mlflow_client
+
+    public = Path(info["run_dir"])
+    curve = pd.DataFrame([{"epsilon": t["epsilon"], "training": t["training"], "step": p["step"],
+                           "val_loss": p.get("val_loss"), "epsilon_spent": p.get("epsilon")}
+                          for t in trained for p in t["curve"]], columns=CURVE_COLUMNS)
+    write_table(curve, public / "dpsgd_curve.parquet")
+    write_table(pd.DataFrame(rows), public / "dpsgd_results.parquet")
+    write_manifest(public, extra={"run_id": info["run_id"], "dataset": info["dataset"], "data_hash": info["data_hash"],
+                                  "model": config.model, "method": METHOD, "code_version": code_version(),
+                                  "seeded_noise": info["seeded_noise"], "config": config.flat()})
+    client = mlflow_client()
+    exp = experiment_id(client, info["dataset"])
+    tags = {"data_hash": info["data_hash"], "model": config.model, "code_version": code_version(),
+            "seeded_noise": str(bool(info["seeded_noise"])).lower(), "dataset": info["dataset"],
+            "dpicl_run_id": info["run_id"], "method": METHOD}
+    run_ids = []
+    for row in rows:
+        run = client.create_run(exp, run_name=f"dpsgd-eps{_eps_name(row['epsilon'])}",
+                                tags={**tags, "epsilon": _eps_name(row["epsilon"])})
+        run_id = run.info.run_id
+        try:
+            _log(client, run_id, params={**config.flat(), "method": METHOD, "epsilon": _eps_name(row["epsilon"]),
+                                         "noise_multiplier": row["noise_multiplier"],
+                                         "sampling_rate": row["sampling_rate"], "steps": row["steps"]},
+                 metrics={k: row[k] for k in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps",
+                                              "accuracy_mean", "accuracy_std", "calibrated_accuracy_mean",
+                                              "calibrated_accuracy_std")})
+            points = curve[(curve["epsilon"] == row["epsilon"]) & (curve["training"] == 0)]
+            history = [Metric(key, float(p[column]), 0, int(p["step"])) for p in points.to_dict(orient="records")
+                       for key, column in (("val_loss", "val_loss"), ("epsilon_spent", "epsilon_spent"))
+                       if p[column] is not None and math.isfinite(float(p[column]))]
+            if history:
+                client.log_batch(run_id, metrics=history)
+            for t in trained:
+                if t["epsilon"] == row["epsilon"]:
+                    client.log_artifact(run_id, t["prompt_path"], "prompt")
+                    client.log_artifact(run_id, str(Path(t["prompt_path"]).with_suffix(".json")), "prompt")
+            client.set_terminated(run_id)
+        except BaseException:
+            client.set_terminated(run_id, status="FAILED")
+            raise
+        run_ids.append(run_id)
+    if info.get("private_run_dir"):
+        write_manifest(Path(info["private_run_dir"]), extra={"run_id": info["run_id"]})
+    return {"mlflow_run_ids": run_ids, "mlflow_experiment_id": exp}
