@@ -43,6 +43,7 @@ A resume is refused when the saved state belongs to another plan or data (`check
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import time
@@ -327,7 +328,8 @@ def train(lm, prompt: TrainablePrompt, train_examples: Sequence[Example], val_ex
             info.update(val_loss=point["val_loss"], epsilon=point["epsilon"])
         if checkpoint is not None and (step % checkpoint_every == 0 and step < steps):
             checkpoint({"fingerprint": fingerprint, "step": step, "weight": prompt.weight.detach().cpu().clone(),
-                        "optimizer": optimizer.original_optimizer.state_dict(), "schedule": schedule.state_dict(),
+                        "optimizer": copy.deepcopy(optimizer.original_optimizer.state_dict()),
+                        "schedule": copy.deepcopy(schedule.state_dict()),
                         "noise_generator": noise_generator.get_state(),
                         "sampling_generator": sampling_generator.get_state(),
                         "curve": list(result.curve), "private_losses": list(result.private_losses)})

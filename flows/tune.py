@@ -36,19 +36,11 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
     configure_environment()
     logger = get_run_logger()
     run_id = run_id or default_run_id()
+    shape = tune_stage.precheck(config, run_id)  # data size, plans, budget (dry run), model: nothing written yet
     if ingested is None:
         ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec,
                                        config.test_path)
-    if ingested["kind"] != "classification":
-        from dpcore.errors import ConfigError
-
-        raise ConfigError(f"dataset {config.dataset!r}: PromptDPSGD trains prompts for classification tasks")
-    from dpcore.icl import check_test_size
-
-    check_test_size(config.test_size, ingested["num_test"])
     plans = tune_stage.plans(config, ingested["num_private_records"])
-    charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans, dry_run=True)  # refusal before the model
-    shape = tune_stage.check_model(config)
     charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans)
     logger.info("ledger %s: %d spend(s) charged, %d replayed; dataset total epsilon %s at delta %.3g; prompt %s",
                 charge["dataset_id"], charge["charged"], charge["replayed"], charge["total_epsilon"],

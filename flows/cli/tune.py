@@ -76,6 +76,9 @@ def run_tune(args) -> int:
         raise ConfigError("--epsilon: must be > 0 (or inf) for PromptDPSGD; zero-shot is the epsilon = 0 comparison")
     config = _config(args)
     config.dpsgd_config()  # every training parameter in range before anything runs
+    from tasks.tune import precheck
+
+    precheck(config, args.run_id or "dry-run")  # data size, plans, budget (exit 3), model: before the flow starts
     began = time.perf_counter()
     with stopping_on_signals(), showing_progress(not args.json):
         summary = run_tuning(config, run_id=args.run_id)

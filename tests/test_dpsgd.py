@@ -1,0 +1,407 @@
+"""PromptDPSGD (Duan et al. Section 4.1, App. C.1 Algorithm 1): what a DP reviewer asks of a DP-SGD
+implementation, on the tiny random model.
+
+- per-example gradients (line 5) equal one-example backward passes, for soft prompts and prefixes;
+- the training objective is the ICL label score (`icl.label_logprobs` with the prompt's cache);
+- every clipped per-example gradient (line 6) has norm <= C, and the sum is the sum of the clipped;
+- the noise (line 7) has standard deviation sigma C, mean 0, and comes from the generator passed in;
+- the sampler (line 4) includes each example with probability q, independently;
+- accountants agree: our composition, Opacus' PRV and RDP accountants, dp-accounting's PLD;
+- the frozen LM's weights are unchanged by training; a resumed run continues the same noise stream;
+- `dpicl tune`: the --json contract, no private text outside the private store, the ledger refusal
+  (exit 3, nothing spent or written), bad input (a clear error, nothing written).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import prefect.main  # noqa: F401  Prefect configures logging on first import: at collection, not inside a test
+import pytest
+import torch
+from pipeline_support import prefect_harness  # noqa: F401  (the shared harness fixture)
+
+from dpcore import composition, dpsgd, icl
+from dpcore import soft_prompt as sp
+from dpcore.errors import ConfigError
+from dpcore.taskspec import load_task_spec
+
+TEXTS = ["a gripping , beautifully acted film", "dull , lifeless and far too long", "it is fine",
+         "one of the worst movies of the year", "an absolute delight from start to finish"]
+
+
+@pytest.fixture(scope="module")
+def sst2_spec():
+    return load_task_spec("sst2")
+
+
+@pytest.fixture(scope="module")
+def examples(tiny_lm, sst2_spec):
+    labels = [sst2_spec.label_names[i % 2] for i in range(len(TEXTS))]
+    return sp.encode_examples(tiny_lm, sst2_spec, TEXTS, labels)
+
+
+def _prompt(lm, kind: str, length: int = 3, seed: int = 0) -> sp.TrainablePrompt:
+    return sp.init_prompt(lm, kind, length, "vocab", torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------------------- gradients and objective
+
+
+@pytest.mark.parametrize("kind", sp.PROMPT_KINDS)
+def test_per_example_gradients_equal_one_example_backward_passes(tiny_lm, examples, kind):
+    prompt = _prompt(tiny_lm, kind)
+    grads, losses = sp.per_example_gradients(tiny_lm, prompt, examples)
+    assert grads.shape == (len(examples), *prompt.weight.shape)
+    for b, example in enumerate(examples):
+        prompt.weight.grad = None
+        with sp.frozen(tiny_lm.model):
+            loss = -sp.example_logprobs(tiny_lm, kind, prompt.weight.unsqueeze(0), [example])[0]
+            loss.backward()
+        assert float(loss.detach()) == pytest.approx(float(losses[b]), abs=1e-5)
+        scale = float(prompt.weight.grad.abs().max())
+        assert scale > 0
+        torch.testing.assert_close(grads[b], prompt.weight.grad, rtol=1e-4, atol=1e-5 * scale)  # fp32 reduction order
+    # rows are independent: a different batch composition gives the same per-example gradient
+    alone, _ = sp.per_example_gradients(tiny_lm, prompt, examples[2:3])
+    torch.testing.assert_close(alone[0], grads[2], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", sp.PROMPT_KINDS)
+def test_the_training_objective_is_the_icl_label_score(tiny_lm, sst2_spec, examples, kind):
+    prompt = _prompt(tiny_lm, kind, seed=1)
+    scores = icl.label_logprobs(tiny_lm, sst2_spec, [], TEXTS, past=prompt.cache_layers(tiny_lm))
+    rows = prompt.weight.detach().unsqueeze(0).expand(len(examples), *prompt.weight.shape)
+    trained = sp.example_logprobs(tiny_lm, kind, rows, examples).detach().numpy()
+    gold = [i % 2 for i in range(len(TEXTS))]
+    np.testing.assert_allclose(trained, scores[np.arange(len(TEXTS)), gold], rtol=1e-4, atol=1e-4)
+    # and the prompt matters: without it the scores differ
+    plain = icl.label_logprobs(tiny_lm, sst2_spec, [], TEXTS)
+    assert np.abs(plain - scores).max() > 1e-3
+
+
+# --------------------------------------------------------------------------- clipping, noise, sampling
+
+
+def _optimizer(weight: torch.Tensor, sigma: float, clip: float, expected: float, seed: int = 0):
+    prompt = sp.TrainablePrompt("soft-prompt", weight)
+    optimizer = dpsgd.dp_optimizer(prompt, sigma, clip, expected, 1e-3, torch.Generator().manual_seed(seed))
+    return prompt, optimizer
+
+
+def test_every_clipped_per_example_gradient_has_norm_at_most_C():
+    clip = 0.1
+    generator = torch.Generator().manual_seed(3)
+    directions = torch.randn((12, 4, 8), generator=generator)
+    norms = torch.logspace(-3, 2, 12)  # from far below C to far above
+    grads = directions / directions.flatten(1).norm(dim=1).view(-1, 1, 1) * norms.view(-1, 1, 1)
+    clipped = []
+    for g in grads:
+        prompt, optimizer = _optimizer(torch.zeros(4, 8), sigma=0.0, clip=clip, expected=1.0)
+        dpsgd.private_step(optimizer, prompt, [g[None]])
+        c = prompt.weight.grad.clone()  # sigma = 0, expected batch 1: the clipped gradient itself
+        assert float(c.norm()) <= clip * (1 + 1e-6)
+        if float(g.norm()) <= clip * 0.99:
+            torch.testing.assert_close(c, g, rtol=1e-4, atol=1e-9)
+        else:
+            assert float(c.norm()) == pytest.approx(clip, rel=1e-4)
+            assert float(torch.nn.functional.cosine_similarity(c.flatten(), g.flatten(), dim=0)) > 0.9999
+        clipped.append(c)
+    # one batch in two physical chunks: the sum of the clipped gradients, divided by the expected size qN
+    prompt, optimizer = _optimizer(torch.zeros(4, 8), sigma=0.0, clip=clip, expected=6.0)
+    dpsgd.private_step(optimizer, prompt, [grads[:5], grads[5:]])
+    torch.testing.assert_close(prompt.weight.grad * 6.0, torch.stack(clipped).sum(0), rtol=1e-4, atol=1e-7)
+
+
+def test_noise_has_standard_deviation_sigma_C_on_the_sum():
+    sigma, clip, d = 1.3, 0.1, 20_000
+    prompt, optimizer = _optimizer(torch.zeros(100, 200), sigma=sigma, clip=clip, expected=1.0, seed=11)
+    dpsgd.private_step(optimizer, prompt, [])  # an empty Poisson batch: noise only
+    noise = prompt.weight.grad.flatten().double()
+    std = sigma * clip
+    assert abs(float(noise.std()) - std) < 5 * std / math.sqrt(2 * d)  # 5 standard errors of a sample std
+    assert abs(float(noise.mean())) < 5 * std / math.sqrt(d)
+    # with gradients: grad * qN - sum of clipped is the noise, same statistics
+    grads = torch.full((7, 100, 200), 1.0)
+    prompt, optimizer = _optimizer(torch.zeros(100, 200), sigma=sigma, clip=clip, expected=7.0, seed=12)
+    dpsgd.private_step(optimizer, prompt, [grads])
+    clipped_sum = 7 * clip * grads[0] / grads[0].norm()
+    residual = (prompt.weight.grad * 7.0 - clipped_sum).flatten().double()
+    assert abs(float(residual.std()) - std) < 5 * std / math.sqrt(2 * d)
+    # the generator passed in is the noise source: same seed, same noise; another seed, other noise
+    again, optimizer = _optimizer(torch.zeros(100, 200), sigma=sigma, clip=clip, expected=1.0, seed=11)
+    dpsgd.private_step(optimizer, again, [])
+    assert torch.equal(again.weight.grad.flatten().double(), noise)
+    other, optimizer = _optimizer(torch.zeros(100, 200), sigma=sigma, clip=clip, expected=1.0, seed=13)
+    dpsgd.private_step(optimizer, other, [])
+    assert not torch.equal(other.weight.grad.flatten().double(), noise)
+
+
+def test_the_sampler_includes_each_example_with_probability_q():
+    n, q, steps = 50, 0.2, 4000
+    counts = np.zeros(n)
+    sizes = []
+    for batch in dpsgd.poisson_batches(n, q, steps, torch.Generator().manual_seed(5)):
+        counts[batch] += 1
+        sizes.append(len(batch))
+    assert len(sizes) == steps
+    sd = math.sqrt(steps * q * (1 - q))
+    assert np.abs(counts - steps * q).max() < 5 * sd
+    assert abs(np.mean(sizes) - n * q) < 5 * math.sqrt(n * q * (1 - q) / steps)
+    assert np.var(sizes) == pytest.approx(n * q * (1 - q), rel=0.15)  # Binomial(n, q): independent inclusions
+    assert 0 in sizes or min(sizes) < n * q  # batch sizes vary (not a fixed-size sampler)
+
+
+def test_generators_are_cryptographically_seeded_unless_a_seed_is_given():
+    a, _, seeded_a = dpsgd.generators(None)
+    b, _, _ = dpsgd.generators(None)
+    assert not seeded_a and not torch.equal(torch.randn(4, generator=a), torch.randn(4, generator=b))
+    c, _, seeded_c = dpsgd.generators(7)
+    d, _, _ = dpsgd.generators(7)
+    assert seeded_c and torch.equal(torch.randn(4, generator=c), torch.randn(4, generator=d))
+
+
+# --------------------------------------------------------------------------- accounting
+
+
+def test_accountants_agree_on_the_poisson_subsampled_gaussian():
+    from dp_accounting.pld import PLDAccountant
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    sigma, q, steps, delta = 0.9, 0.01, 1000, 1e-5
+    ours = composition.compose([dpsgd.dpsgd_event(sigma, q, steps)], delta)
+    assert ours.crosscheck_agreed
+    prv = PRVAccountant()
+    prv.history = [(sigma, q, steps)]
+    rdp = RDPAccountant()
+    rdp.history = [(sigma, q, steps)]
+    pld = PLDAccountant()
+    pld.compose(dpsgd.dpsgd_event(sigma, q, steps))
+    eps_prv, eps_rdp, eps_pld = prv.get_epsilon(delta), rdp.get_epsilon(delta), pld.get_epsilon(delta)
+    assert ours.epsilon == pytest.approx(eps_prv, rel=0.03)
+    assert ours.epsilon == pytest.approx(eps_pld, rel=0.03)
+    assert ours.epsilon <= eps_rdp * 1.01 and eps_rdp < 1.5 * ours.epsilon  # RDP is a looser upper bound
+
+
+def test_the_plan_calibrates_sigma_to_the_target_epsilon():
+    config = dpsgd.DpsgdConfig(batch_size=100, epochs=2.0, length=4)
+    plan = dpsgd.dpsgd_plan(4.0, 10_000, config)
+    (spend,) = plan.spends
+    assert (plan.method, spend.mechanism, spend.purpose) == ("dpsgd", "gaussian", "dpsgd")
+    assert spend.sampling_rate == pytest.approx(0.01) and spend.steps == 200
+    assert plan.delta == pytest.approx(1e-4)  # delta = 1/N
+    eps = plan.composed().epsilon
+    assert 3.9 <= eps <= 4.0
+    looser = composition.compose([dpsgd.dpsgd_event(spend.noise_multiplier - 0.01, 0.01, 200)], 1e-4).epsilon
+    assert looser > 4.0  # the smallest sigma (to the tolerance)
+    assert len(dpsgd.dpsgd_plan(4.0, 10_000, config, trainings=3).spends) == 3
+    assert dpsgd.dpsgd_plan(math.inf, 10_000, config).spends[0].noise_multiplier == 0.0
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"length": 0}, "dpsgd_length"), ({"clip": 0.0}, "dpsgd_clip"), ({"clip": -1.0}, "dpsgd_clip"),
+    ({"batch_size": 20_000}, "dpsgd_batch_size"), ({"kind": "adapter"}, "dpsgd_kind"), ({"lr": 0.0}, "dpsgd_lr"),
+])
+def test_bad_training_parameters_are_named(change, needle):
+    config = dpsgd.DpsgdConfig(batch_size=100, epochs=1.0).model_copy(update=change)
+    with pytest.raises(ConfigError, match=needle):
+        dpsgd.dpsgd_plan(8.0, 10_000, config)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, -1.0, float("nan")])
+def test_epsilon_must_be_positive(epsilon):
+    with pytest.raises(ConfigError, match="epsilon"):
+        dpsgd.dpsgd_plan(epsilon, 1000, dpsgd.DpsgdConfig(batch_size=10, epochs=1.0))
+
+
+def test_models_without_embeddings_or_with_another_cache_layout_are_refused(tiny_lm):
+    no_embeddings = SimpleNamespace(name="stub", model=SimpleNamespace(
+        get_input_embeddings=lambda: None, get_decoder=lambda: object(), get_output_embeddings=lambda: object(),
+        config=tiny_lm.model.config))
+    with pytest.raises(ConfigError, match="input embedding"):
+        sp.check_prompt(no_embeddings, "soft-prompt", 4)
+    config = copy.deepcopy(tiny_lm.model.config)
+    config.layer_types = ["sliding_attention"] * config.num_hidden_layers
+    config.sliding_window = 8
+    sliding = SimpleNamespace(name="stub-sliding", model=SimpleNamespace(
+        get_input_embeddings=tiny_lm.model.get_input_embeddings, get_decoder=tiny_lm.model.get_decoder,
+        get_output_embeddings=tiny_lm.model.get_output_embeddings, config=config))
+    with pytest.raises(ConfigError, match="cache layout"):
+        sp.check_prompt(sliding, "prefix", 4)
+    assert sp.check_prompt(sliding, "soft-prompt", 4) == (4, tiny_lm.model.config.hidden_size)
+    with pytest.raises(ConfigError, match="dpsgd_length"):
+        sp.check_prompt(tiny_lm, "soft-prompt", 0)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _train(lm, examples, steps=4, seed=9, **kwargs):
+    noise, sampling, seeded = dpsgd.generators(seed)
+    prompt = sp.init_prompt(lm, "soft-prompt", 3, "vocab", sampling)
+    result = dpsgd.train(lm, prompt, examples, examples[:2], noise_multiplier=1.0, sampling_rate=0.6, steps=steps,
+                         clip=0.1, lr=0.05, delta=1e-3, noise_generator=noise, sampling_generator=sampling,
+                         seeded=seeded, physical_batch_size=2, eval_every=2, **kwargs)
+    return result
+
+
+def test_training_leaves_the_frozen_model_unchanged(tiny_lm, examples):
+    before = sp.weights_hash(tiny_lm.model)
+    flags = [p.requires_grad for p in tiny_lm.model.parameters()]
+    start = sp.init_prompt(tiny_lm, "soft-prompt", 3, "vocab", dpsgd.generators(9)[1]).weight.detach().clone()
+    result = _train(tiny_lm, examples)
+    assert sp.weights_hash(tiny_lm.model) == before
+    assert [p.requires_grad for p in tiny_lm.model.parameters()] == flags
+    assert not torch.equal(result.prompt.weight.detach(), start)  # the prompt did move
+    assert [p["step"] for p in result.curve] == [0, 2, 4] and result.curve[-1]["epsilon"] > 0
+    assert len(result.private_losses) == 4
+
+
+def test_a_resumed_run_continues_the_same_batches_and_noise(tiny_lm, examples):
+    saved = []
+    whole = _train(tiny_lm, examples, checkpoint_every=2, checkpoint=saved.append, fingerprint="f")
+    assert [s["step"] for s in saved] == [2]
+    resumed = _train(tiny_lm, examples, resume=saved[0], fingerprint="f")
+    torch.testing.assert_close(resumed.prompt.weight, whole.prompt.weight, rtol=0, atol=1e-6)
+    with pytest.raises(ConfigError, match="checkpoint"):
+        _train(tiny_lm, examples, resume=saved[0], fingerprint="another plan")
+
+
+def test_saved_prompt_round_trips(tmp_path, tiny_lm):
+    prompt = _prompt(tiny_lm, "prefix")
+    sp.save_prompt(prompt, tmp_path / "p.safetensors", {"epsilon": 8.0})
+    loaded, manifest = sp.load_prompt(tmp_path / "p.safetensors")
+    assert loaded.kind == "prefix" and manifest["epsilon"] == 8.0 and manifest["length"] == 3
+    assert torch.equal(loaded.weight, prompt.weight.detach())
+
+
+# --------------------------------------------------------------------------- dpicl tune
+
+
+def _tune_args(*extra: str, dataset_id: str = "agnews-mini") -> list[str]:
+    from pipeline_support import mini_agnews
+
+    data_path, spec_path, _, _ = mini_agnews()
+    return ["tune", "--dataset", "agnews-mini", "--data-path", data_path, "--task-spec", spec_path,
+            "--dataset-id", dataset_id, "--model", "tiny-random", "--kind", "soft-prompt", "--length", "2",
+            "--steps", "3", "--batch-size", "16", "--validation-size", "20", "--test-size", "8", *extra]
+
+
+def _written(root) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+            and not p.name.startswith(("prefect", "mlflow", "dpicl.log", "ledger.db"))
+            and "prefect" not in p.relative_to(root).parts and "mlflow" not in p.relative_to(root).parts
+            and "logs" not in p.relative_to(root).parts and "models" not in p.relative_to(root).parts}
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_tune_json_contract_and_no_private_text_outside_the_private_store(tiny_lm, capsys):
+    from pipeline_support import home, share_tiny_model
+    from test_privacy_boundary import (
+        _file_text,
+        _id_leaks,
+        _leaks,
+        _needles,
+        _per_record_problems,
+        _scanned_files,
+    )
+
+    from flows.cli import main
+    from tasks.record import mlflow_client
+
+    share_tiny_model(tiny_lm)
+    capsys.readouterr()
+    assert main(_tune_args("--epsilon", "8", "--json", dataset_id="tune-json")) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
+    for key in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps", "accuracy", "prompt", "params",
+                "kind", "length", "clip", "batch_size", "lr", "epochs", "run_id", "seeded_noise"):
+        assert key in result, key
+    assert result["epsilon"] == 8.0 and result["steps"] == 3 and result["kind"] == "soft-prompt"
+    assert set(result["accuracy"]) >= {"mean", "std"} and 0 <= result["accuracy"]["mean"] <= 1
+    assert result["noise_multiplier"] > 0 and result["seeded_noise"] is False
+    assert result["delta"] == pytest.approx(1 / (400 - 20))  # 1/N, N = private training examples
+    prompt, manifest = sp.load_prompt(result["prompt"])
+    assert prompt.kind == "soft-prompt" and prompt.length == 2
+    for key in ("model", "model_weights_sha256", "epsilon", "delta", "noise_multiplier", "sampling_rate", "steps",
+                "clip", "accountants"):
+        assert key in manifest, key
+    assert manifest["model_weights_sha256"] == sp.weights_hash(tiny_lm.model)
+    from dpcore.ledger import Ledger
+
+    entries = Ledger().entries("tune-json")
+    assert [(e.purpose, e.steps) for e in entries] == [("dpsgd", 3)]
+
+    needles = _needles()
+    root = home()
+    files = _scanned_files(root)
+    leaks = {str(p.relative_to(root)): found for p in files if (found := _leaks(_file_text(p), needles))}
+    assert leaks == {}
+    assert _leaks(out + err, needles) == []
+    import pandas as pd
+
+    private_records = pd.read_parquet(next((root / "private" / "runs").rglob(f"*{result['run_id']}*/records.parquet")))
+    ids = set(private_records["id"].astype(str))
+    run_files = [p for p in files if result["run_id"] in str(p)]
+    assert any(p.suffix == ".safetensors" for p in run_files)
+    assert {str(p): found for p in run_files if (found := _id_leaks(_file_text(p), ids))} == {}
+    assert {str(p): found for p in run_files if p.suffix in (".parquet", ".json")
+            if (found := _per_record_problems(p))} == {}
+    client = mlflow_client()
+    for run_id in result["mlflow_run_ids"]:
+        run = client.get_run(run_id)
+        logged = json.dumps([run.data.params, run.data.tags, run.data.metrics])
+        assert _leaks(logged, needles) == []
+        assert {a.path for a in client.list_artifacts(run_id)} == {"prompt"}
+
+
+def test_tune_over_budget_is_refused_with_exit_3_and_spends_nothing(tiny_lm, capsys):
+    from pipeline_support import home, share_tiny_model
+
+    from dpcore.ledger import Ledger
+    from flows.cli import main
+
+    share_tiny_model(tiny_lm)
+    Ledger().set_budget("tune-budget", 1.0, 1e-3)
+    before = _written(home())
+    capsys.readouterr()
+    assert main(_tune_args("--epsilon", "8", dataset_id="tune-budget")) == 3
+    _, err = capsys.readouterr()
+    assert "refused" in err
+    assert Ledger().entries("tune-budget") == []
+    assert _written(home()) == before
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--epsilon", "8", "--length", "0"], "length"),
+    (["--epsilon", "8", "--clip", "0"], "clip"),
+    (["--epsilon", "8", "--clip", "-0.5"], "clip"),
+    (["--epsilon", "8", "--batch-size", "100000"], "batch"),
+    (["--epsilon", "0"], "epsilon"),
+])
+def test_tune_bad_input_is_a_clear_error_and_writes_nothing(tiny_lm, capsys, flags, needle):
+    from pipeline_support import home, share_tiny_model
+
+    from dpcore.ledger import Ledger
+    from flows.cli import main
+
+    share_tiny_model(tiny_lm)
+    before = _written(home())
+    capsys.readouterr()
+    assert main(_tune_args(dataset_id="tune-bad") + flags) == 2
+    _, err = capsys.readouterr()
+    assert needle in err and "Traceback" not in err
+    assert Ledger().entries("tune-bad") == []
+    assert _written(home()) == before
+
+
+def test_a_negative_epsilon_is_a_usage_error():
+    from flows.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(_tune_args("--epsilon", "-1"))
+    assert stop.value.code == 2
