@@ -170,8 +170,9 @@ class RunConfig(_Frozen):
     dpsgd_lr: float | None = Field(None, gt=0, description="learning rate (AdamW, linear decay to 0)")
     dpsgd_physical_batch_size: int | None = Field(None, ge=1, description="examples per forward/backward "
                                                   "(memory only; default: the preset's)")
-    dpsgd_validation_size: int = Field(200, ge=0, description="private examples held out of training for the "
-                                       "loss curve (never trained on, never used for selection)")
+    dpsgd_validation_size: int | None = Field(None, ge=0, description="private examples held out of training for "
+                                              "the loss curve, never trained on nor used for selection (default: "
+                                              "the preset's, 64 on CPU, 500 on GPU)")
     dpsgd_seeds: int = Field(1, ge=1, description="independent trainings (accuracy mean +/- std over them); "
                              "each is charged to the ledger")
 
@@ -286,11 +287,10 @@ class RunConfig(_Frozen):
             values.update(epochs=self.dpsgd_epochs, steps=None)
         if self.dpsgd_steps is not None:
             values["steps"] = self.dpsgd_steps
-        for name in ("length", "clip", "batch_size", "lr", "physical_batch_size"):
+        for name in ("length", "clip", "batch_size", "lr", "physical_batch_size", "validation_size"):
             if getattr(self, f"dpsgd_{name}") is not None:
                 values[name] = getattr(self, f"dpsgd_{name}")
-        return dpsgd.DpsgdConfig(kind=self.dpsgd_kind, init=self.dpsgd_init,
-                                 validation_size=self.dpsgd_validation_size, **values).check()
+        return dpsgd.DpsgdConfig(kind=self.dpsgd_kind, init=self.dpsgd_init, **values).check()
 
     def flat(self) -> dict[str, str]:
         """Strings for MLflow params and manifests (public configuration only)."""

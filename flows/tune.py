@@ -29,8 +29,13 @@ FLOW_NAME = "prompt-dpsgd"
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
       description="PromptDPSGD (Duan et al. Section 4.1): a soft prompt or prefix trained with DP-SGD.")
 def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
-               ingested: dict | None = None) -> dict:
-    """Train, evaluate and record PromptDPSGD prompts for every epsilon of `config`; a public summary."""
+               ingested: dict | None = None, charge: dict | None = None) -> dict:
+    """Train, evaluate and record PromptDPSGD prompts for every epsilon of `config`; a public summary.
+
+    As a subflow: `ingested` is the pipeline's ingest result (its records and run folder are reused);
+    `charge` the summary of a `charge_plans` call that already charged `tasks.tune.plans(config, N)` with
+    the pipeline's other plans in one transaction (then this flow charges nothing itself, and trains the
+    spends that call charged)."""
     from flows.pipeline import default_run_id
 
     configure_environment()
@@ -41,10 +46,11 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
         ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec,
                                        config.test_path)
     plans = tune_stage.plans(config, ingested["num_private_records"])
-    charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans)
-    logger.info("ledger %s: %d spend(s) charged, %d replayed; dataset total epsilon %s at delta %.3g; prompt %s",
-                charge["dataset_id"], charge["charged"], charge["replayed"], charge["total_epsilon"],
-                charge["delta"], shape["shape"])
+    if charge is None:
+        charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans)
+    logger.info("ledger %s: %d spend(s) charged, %d replayed; dataset total epsilon %s; prompt %s",
+                charge["dataset_id"], charge["charged"], charge["replayed"], charge.get("total_epsilon"),
+                shape["shape"])
     paths = ingested["paths"]
     trained = [tune_stage.train_prompt(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                                        task_spec=ingested["task_spec"], plan=plan.to_dict(), epsilon=plan.epsilon,

@@ -58,7 +58,7 @@ def training_count(config: RunConfig, num_private_records: int) -> int:
     """N: the private examples trained on (the validation examples held out)."""
     from dpcore.dpsgd import split_validation
 
-    return len(split_validation(num_private_records, config.dpsgd_validation_size)[0])
+    return len(split_validation(num_private_records, config.dpsgd_config().validation_size)[0])
 
 
 def plans(config: RunConfig, num_private_records: int) -> list[PrivacyPlan]:
