@@ -405,3 +405,37 @@ def test_a_negative_epsilon_is_a_usage_error():
     with pytest.raises(SystemExit) as stop:
         main(_tune_args("--epsilon", "-1"))
     assert stop.value.code == 2
+
+
+def _flow_config(**overrides):
+    from pipeline_support import tiny_config
+
+    values = dict(methods=["dpsgd"], epsilons=[8.0], dataset_id="tune-flow", dpsgd_length=2, dpsgd_steps=2,
+                  dpsgd_batch_size=8, dpsgd_validation_size=10, test_size=6, seed=None)
+    values.update(overrides)
+    return tiny_config(**values)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_retried_run_is_not_charged_twice_and_never_redraws_under_an_old_charge(tiny_lm):
+    from pathlib import Path
+
+    from pipeline_support import share_tiny_model
+
+    from dpcore.ledger import Ledger
+    from flows.tune import dpsgd_flow
+
+    share_tiny_model(tiny_lm)
+    config = _flow_config()
+    first = dpsgd_flow(config=config, run_id="tune-retry")
+    assert [e.purpose for e in Ledger().entries("tune-flow")] == ["dpsgd"]
+    prompt = Path(first["prompts"][0]["path"])
+    made = prompt.stat().st_mtime_ns
+    again = dpsgd_flow(config=config, run_id="tune-retry")  # a retry after the training finished: a replay
+    assert len(Ledger().entries("tune-flow")) == 1 and again["ledger"]["charged"] == 0
+    assert prompt.stat().st_mtime_ns == made  # the finished prompt is served, not retrained
+    assert again["results"][0]["accuracy_mean"] == first["results"][0]["accuracy_mean"]
+    prompt.unlink()  # the prompt is gone and there is no checkpoint: unseeded noise is never redrawn
+    with pytest.raises(ConfigError, match="new run id"):
+        dpsgd_flow(config=config, run_id="tune-retry")
+    assert len(Ledger().entries("tune-flow")) == 1
