@@ -13,14 +13,22 @@ from dpcore.taskspec import TaskSpec
 
 
 def answer(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], queries: Sequence[str],
-           calibrate: bool = True) -> list[dict]:
-    """One dict per query: `prediction` and, for classification, `probabilities` per label."""
+           calibrate: bool = True, past=None) -> list[dict]:
+    """One dict per query: `prediction` and, for classification, `probabilities` per label.
+
+    `past`: a trained PromptDPSGD prompt's cache (`TrainablePrompt.cache_layers(lm)`, on the model it was
+    trained on) before every prompt, usually with no demos (classification only)."""
     if spec.kind == "extraction":
+        if past is not None:
+            from dpcore.errors import ConfigError
+
+            raise ConfigError(f"task {spec.name!r}: a trained prompt answers classification tasks only")
         return [{"prediction": text} for text in icl.extract_answers(lm, spec, demos, queries)]
     labels = spec.label_names
-    probs = icl.normalise_probs(icl.label_logprobs(lm, spec, demos, queries, labels))
+    probs = icl.normalise_probs(icl.label_logprobs(lm, spec, demos, queries, labels, past=past))
     if calibrate:
-        content_free = icl.normalise_probs(icl.label_logprobs(lm, spec, demos, list(icl.CONTENT_FREE_INPUTS), labels))
+        content_free = icl.normalise_probs(icl.label_logprobs(lm, spec, demos, list(icl.CONTENT_FREE_INPUTS), labels,
+                                                              past=past))
         probs = icl.calibrate_probs(probs, content_free)
     return [{"prediction": labels[int(row.argmax())], "probabilities": dict(zip(labels, map(float, row), strict=True))}
             for row in probs]

@@ -439,3 +439,13 @@ def test_a_retried_run_is_not_charged_twice_and_never_redraws_under_an_old_charg
     with pytest.raises(ConfigError, match="new run id"):
         dpsgd_flow(config=config, run_id="tune-retry")
     assert len(Ledger().entries("tune-flow")) == 1
+
+
+def test_a_trained_prompt_answers_queries_as_it_was_evaluated(tiny_lm, sst2_spec):
+    from dpcore.predict import answer
+
+    prompt = _prompt(tiny_lm, "soft-prompt", seed=4)
+    past = prompt.cache_layers(tiny_lm)
+    answers = answer(tiny_lm, sst2_spec, [], TEXTS, calibrate=False, past=past)
+    scores = icl.label_logprobs(tiny_lm, sst2_spec, [], TEXTS, past=past)
+    assert [a["prediction"] for a in answers] == [sst2_spec.label_names[i] for i in scores.argmax(axis=1)]
