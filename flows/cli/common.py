@@ -89,6 +89,12 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     return RunConfig.model_validate(values)
 
 
+def validation_problems(exc) -> str:
+    """A pydantic ValidationError of RunConfig as one line naming each flag (`--dpsgd-clip: ...`)."""
+    return "; ".join(f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
+                     for err in exc.errors()) or str(exc)
+
+
 def jsonable(value: Any) -> Any:
     """Infinity is written as the string "inf" (JSON has no infinity); NaN as null."""
     if isinstance(value, float):

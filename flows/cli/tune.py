@@ -21,7 +21,14 @@ from pydantic import ValidationError
 
 from dpcore.config import RunConfig
 from dpcore.errors import ConfigError
-from flows.cli.common import _flag_type, add_config_flags, config_from_args, parse_epsilon, print_json
+from flows.cli.common import (
+    _flag_type,
+    add_config_flags,
+    config_from_args,
+    parse_epsilon,
+    print_json,
+    validation_problems,
+)
 
 CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta",
                 "seed", "test_size", "calibrate"]
@@ -54,9 +61,7 @@ def _config(args) -> RunConfig:
     try:
         return config_from_args(args, epsilons=[args.epsilon], methods=["dpsgd"])
     except ValidationError as exc:
-        problems = "; ".join(f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
-                             for err in exc.errors())
-        raise ConfigError(problems or str(exc)) from None
+        raise ConfigError(validation_problems(exc)) from None
 
 
 def _fmt(value, spec: str = ".3f") -> str:
