@@ -76,8 +76,9 @@ MECHANISM = "gaussian"
 # prompt length 10, lr 0.005, 100 epochs ("the more the better").
 GPU_PRESET: dict[str, Any] = {"batch_size": 1024, "length": 10, "clip": 0.1, "epochs": 100.0, "steps": None,
                               "lr": 0.005, "physical_batch_size": 64, "validation_size": 500}
-# Sized so the embedded 135M model trains in a few minutes on 2 CPU cores (measured about 2.5 examples/s
-# for forward + backward on a loaded 2-core machine): 50 steps of expected batch 16 (800 examples in
+# Sized for minutes on the embedded 135M model on 2 CPU cores: 800 examples at the 2.5 examples/s of forward +
+# backward measured by benchmarks/bench_dpsgd.py is about 6 minutes of training (a full `dpicl tune` on SST-2
+# took 14 min 25 s on a machine shared with other jobs): 50 steps of expected batch 16 (800 examples in
 # expectation, about 1% of an epoch of SST-2), lr 0.05 since fifty steps must cover the distance of
 # thousands, a 64-example validation curve. What it gives up: far fewer and smaller noisy steps (at
 # epsilon 8 a batch of 16 carries much less signal per unit of noise than one of 1024), so a
