@@ -15,6 +15,7 @@ and the run's ids and paths.
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 from pydantic import ValidationError
@@ -81,6 +82,9 @@ def run_tune(args) -> int:
         raise ConfigError("--epsilon: must be > 0 (or inf) for PromptDPSGD; zero-shot is the epsilon = 0 comparison")
     config = _config(args)
     config.dpsgd_config()  # every training parameter in range before anything runs
+    if math.isinf(args.epsilon):
+        print(f"WARNING: --epsilon inf trains without noise (sigma = 0): charged to ledger id '{config.ledger_id}' as "
+              "an infinite spend; the prompt carries no privacy guarantee.", file=sys.stderr, flush=True)
     from tasks.tune import precheck
 
     precheck(config, args.run_id or "dry-run")  # data size, plans, budget (exit 3), model: before the flow starts
