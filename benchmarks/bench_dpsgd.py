@@ -12,8 +12,9 @@ With sigma = 0 both produce the same clipped sum, whose largest difference is re
 (`max_abs_diff`). Default workload: the embedded model, SST-2 records from the private split (in
 memory only; their text is never printed or written), a soft prompt of length 10, 32 examples per
 step, 2 steps. Peak memory: the largest resident-set growth above the phase's start (sampled every
-5 ms; CPU; the naive loop runs first, so the batched path's growth is what it needs beyond the naive
-loop's peak) or `torch.cuda.max_memory_allocated` above the phase's start (CUDA).
+5 ms; CPU; the naive loop runs first, right after the model loads, so the batched path's growth is what
+it needs beyond the naive loop's peak) or `torch.cuda.max_memory_allocated` above the phase's start (CUDA).
+On a CPU shared with other jobs the two phases see different loads: repeat the run before trusting a ratio.
 
     python benchmarks/bench_dpsgd.py [--model smollm2-135m|tiny] [--kind soft-prompt|prefix] [--length 10]
                                      [--batch 32] [--physical-batch-size 16] [--steps 2] [--threads T]
@@ -131,7 +132,8 @@ def run(args) -> dict:
     data = load_dataset(spec)
     rows = data.train.sample(n=args.batch * args.steps, random_state=0)
     examples = sp.encode_examples(lm, spec, rows["text"].astype(str).tolist(), rows["label"].astype(str).tolist())
-    batches = [examples[i * args.batch:(i + 1) * args.batch] for i in range(args.steps)]
+    batches = [sorted(examples[i * args.batch:(i + 1) * args.batch], key=lambda e: len(e.context))
+               for i in range(args.steps)]  # similar lengths share a chunk, as in dpcore.dpsgd.train
     clip, sigma = 0.1, 1.0
     init = sp.init_prompt(lm, args.kind, args.length, "vocab", torch.Generator().manual_seed(0)).weight.detach()
 
@@ -139,16 +141,6 @@ def run(args) -> dict:
         if lm.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter()
-
-    # correctness first (sigma = 0): the batched and naive clipped sums of the first batch
-    prompt = sp.TrainablePrompt(args.kind, init)
-    optimizer = dpsgd.dp_optimizer(prompt, 0.0, clip, 1.0, 0.0, torch.Generator(device=lm.device).manual_seed(0))
-    chunks = [sp.per_example_gradients(lm, prompt, batches[0][i:i + args.physical_batch_size])[0]
-              for i in range(0, args.batch, args.physical_batch_size)]
-    dpsgd.private_step(optimizer, prompt, chunks)
-    batched_sum = prompt.weight.grad.detach().clone()
-    naive_sum = _naive_step(lm, sp.TrainablePrompt(args.kind, init), batches[0], clip, lambda total: None)
-    max_abs_diff = float((batched_sum - naive_sum).abs().max())
 
     # naive DP-SGD steps: same noise and update (AdamW on the noisy mean)
     prompt = sp.TrainablePrompt(args.kind, init)
@@ -177,6 +169,16 @@ def run(args) -> dict:
                       for i in range(0, len(batch), args.physical_batch_size)]
             dpsgd.private_step(optimizer, prompt, chunks)
         batched_seconds = synced() - began
+
+    # agreement (sigma = 0): the batched and naive clipped sums of the first batch
+    prompt = sp.TrainablePrompt(args.kind, init)
+    optimizer = dpsgd.dp_optimizer(prompt, 0.0, clip, 1.0, 0.0, torch.Generator(device=lm.device).manual_seed(0))
+    chunks = [sp.per_example_gradients(lm, prompt, batches[0][i:i + args.physical_batch_size])[0]
+              for i in range(0, args.batch, args.physical_batch_size)]
+    dpsgd.private_step(optimizer, prompt, chunks)
+    batched_sum = prompt.weight.grad.detach().clone()
+    naive_sum = _naive_step(lm, sp.TrainablePrompt(args.kind, init), batches[0], clip, lambda total: None)
+    max_abs_diff = float((batched_sum - naive_sum).abs().max())
 
     total = args.batch * args.steps
     return {

@@ -314,6 +314,8 @@ def train(lm, prompt: TrainablePrompt, train_examples: Sequence[Example], val_ex
                              "epsilon": 0.0})
     for step, indices in enumerate(poisson_batches(n, sampling_rate, steps - start, sampling_generator), start + 1):
         chunks, losses = [], []
+        # similar lengths share a chunk (less padding); the clipped sum does not depend on the order
+        indices = sorted(indices, key=lambda i: len(train_examples[i].context))
         for first in range(0, len(indices), physical_batch_size):
             grads, chunk_losses = per_example_gradients(
                 lm, prompt, [train_examples[i] for i in indices[first:first + physical_batch_size]])
