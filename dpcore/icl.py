@@ -15,9 +15,9 @@ Extraction (Table 8): greedy decoding of a few tokens, stopped at a newline; exa
 match after lower-casing and stripping punctuation and whitespace.
 
 Speed: the prompt's shared prefix (instruction + demonstrations) is run through the
-model once; its KV cache is expanded over a batch of test items (right-padded
-suffixes with explicit position ids), and the cache after each item's query is reused
-for every label continuation. `label_logprobs_naive` is the straightforward reference
+model once (`dpcore.prefix_cache.PrefixCache`); its KV cache is expanded over a batch of
+test items (right-padded suffixes with explicit position ids), and the cache after each
+item's query is reused for every label continuation. `label_logprobs_naive` is the straightforward reference
 (one full forward per item and label) used by the tests and the benchmark.
 
 Privacy: `evaluate` writes nothing and returns frames holding only test items (the
@@ -33,7 +33,6 @@ import string
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -41,6 +40,7 @@ import torch
 
 from dpcore.config import EvalConfig
 from dpcore.errors import ConfigError, DataValidationError
+from dpcore.prefix_cache import PrefixCache, common_prefix_length
 from dpcore.taskspec import TaskSpec
 
 CONTENT_FREE_INPUTS: tuple[str, ...] = ("N/A", "", "[MASK]")
@@ -131,124 +131,6 @@ def select_test(test: pd.DataFrame, test_size: int | None, seed: int = 0) -> pd.
     return test.iloc[order].reset_index(drop=True)
 
 
-# --------------------------------------------------------------------------- model plumbing
-
-
-def _count(lm, mask: torch.Tensor, began: float) -> None:
-    lm.stats.forward_calls += 1
-    lm.stats.tokens += int(mask.sum())
-    lm.stats.padded_tokens += int(mask.numel())
-    lm.stats.seconds += time.perf_counter() - began
-
-
-def _common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    first = sequences[0]
-    length = min(len(seq) for seq in sequences) - 1  # every item keeps at least one token of its own
-    for seq in sequences[1:]:
-        i = 0
-        while i < length and seq[i] == first[i]:
-            i += 1
-        length = i
-    return max(0, length)
-
-
-def _right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
-            mask[i, : len(row)] = 1
-    return ids, mask
-
-
-@dataclass
-class _Batch:
-    """A batch of rows sharing the prefix cache: cache, 2-D key mask and each row's next position."""
-
-    cache: object | None
-    key_mask: torch.Tensor  # [B, cache_len] 1 where the cached key is real
-    next_position: torch.Tensor  # [B] position id of the row's next token
-
-
-class PrefixCache:
-    """The shared prompt prefix run once; its KV cache is expanded over batches of suffixes.
-
-    Suffixes are right-padded; position ids continue each row from its own length and the
-    2-D attention mask hides pad slots, so rows of different lengths share one forward.
-    """
-
-    def __init__(self, lm, prefix_ids: Sequence[int]):
-        self.lm = lm
-        self.prefix_ids = list(prefix_ids)
-        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if self.prefix_ids:
-            with torch.inference_mode():
-                began = time.perf_counter()
-                ids = torch.as_tensor([self.prefix_ids], dtype=torch.long, device=lm.device)
-                mask = torch.ones_like(ids)
-                out = lm.model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
-                _count(lm, mask, began)
-            self.layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-
-    def __len__(self) -> int:
-        return len(self.prefix_ids)
-
-    def _expanded(self, rows: int):
-        if not self.layers:
-            return None
-        from transformers import DynamicCache
-
-        data = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.layers]
-        return DynamicCache(ddp_cache_data=data, config=self.lm.model.config)
-
-    def start(self, rows: int) -> _Batch:
-        device = self.lm.device
-        return _Batch(
-            cache=self._expanded(rows),
-            key_mask=torch.ones((rows, len(self.prefix_ids)), dtype=torch.long, device=device),
-            next_position=torch.full((rows,), len(self.prefix_ids), dtype=torch.long, device=device),
-        )
-
-    @torch.inference_mode()
-    def extend(self, batch: _Batch, rows: Sequence[Sequence[int]], keep: str = "last") -> tuple[_Batch, torch.Tensor]:
-        """Feed each row's tokens after its cached context.
-
-        keep="last": log-softmax at each row's last real token, [B, V].
-        keep="all":  log-softmax at every position, [B, W, V].
-        The returned batch holds the grown cache (pad slots masked out).
-        """
-        lm = self.lm
-        ids, mask = _right_pad(rows, lm.pad_id)
-        ids, mask = ids.to(lm.device), mask.to(lm.device)
-        width = ids.shape[1]
-        positions = batch.next_position[:, None] + torch.arange(width, device=lm.device)[None, :]
-        attention = torch.cat([batch.key_mask, mask], dim=1)
-        lengths = mask.sum(dim=1)
-        last = (lengths - 1).clamp(min=0)
-        keep_arg = last[:, None] if keep == "last" else 0  # per-row position: logits for one token per row
-        began = time.perf_counter()
-        out = lm.model(input_ids=ids, attention_mask=attention, position_ids=positions,
-                       past_key_values=batch.cache, use_cache=True, logits_to_keep=keep_arg)
-        _count(lm, mask, began)
-        logits = out.logits.float()
-        if keep == "last":
-            logits = logits[:, 0, :]
-        grown = _Batch(cache=out.past_key_values, key_mask=attention, next_position=batch.next_position + lengths)
-        return grown, torch.log_softmax(logits, dim=-1)
-
-    @staticmethod
-    def select(batch: _Batch, index: torch.Tensor, config) -> _Batch:
-        """Rows `index` of a batch (repeats allowed): the cache after each item's query, per label."""
-        from transformers import DynamicCache
-
-        data = [(layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in batch.cache.layers]
-        return _Batch(cache=DynamicCache(ddp_cache_data=data, config=config),
-                      key_mask=batch.key_mask.index_select(0, index),
-                      next_position=batch.next_position.index_select(0, index))
-
-
 # --------------------------------------------------------------------------- classification scoring
 
 
@@ -282,7 +164,7 @@ def label_logprobs(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Seque
         return np.zeros((0, len(labels)))
     label_ids = _label_token_ids(lm, spec, labels)
     contexts = [lm.encode(prompt_text(spec, demos, q)) for q in queries]
-    shared = _common_prefix_length(contexts)
+    shared = common_prefix_length(contexts, reserve=1)
     prefix = PrefixCache(lm, contexts[0][:shared])
     suffixes = [ctx[shared:] for ctx in contexts]
     out = np.zeros((len(queries), len(labels)))
@@ -329,7 +211,7 @@ def label_logprobs_naive(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries:
             # logits only where the label's tokens are predicted (the last len(tail) + 1 positions)
             logits = lm.model(input_ids=ids, attention_mask=mask, use_cache=False,
                               logits_to_keep=len(tail) + 1).logits[0].float()
-            _count(lm, mask, began)
+            lm.stats.record(mask, began)
             logp = torch.log_softmax(logits[:-1], dim=-1)
             target = torch.as_tensor(tail, dtype=torch.long, device=lm.device)
             out[i, j] = float(logp[torch.arange(len(tail), device=lm.device), target].double().sum())
@@ -396,7 +278,7 @@ def extract_answers(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequ
     if not queries:
         return []
     contexts = [lm.encode(prompt_text(spec, demos, q)) for q in queries]
-    shared = _common_prefix_length(contexts)
+    shared = common_prefix_length(contexts, reserve=1)
     prefix = PrefixCache(lm, contexts[0][:shared])
     answers = [""] * len(queries)
     order = sorted(range(len(queries)), key=lambda i: len(contexts[i]))

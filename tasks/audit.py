@@ -53,7 +53,8 @@ from tasks.common import (
 )
 
 AUDIT_MODULES = ("dpcore.audit", "dpcore.audit_statistics", "dpcore.audit_gate", "dpcore.overlap", "dpcore.mia_attacks",
-                 "dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.icl", "dpcore.accounting")
+                 "dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.icl", "dpcore.prefix_cache",
+                 "dpcore.accounting")
 REFERENCE_OVERLAP_SAMPLE = 2000
 AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_config", "model", "dtype", "seed",
                     "noise_scope", "demo_keys", "non_private_reference", "delta")

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpcore.batching import PACKED_ATTENTION, BatchedForward, common_prefix_length, plan_micro_batches
+from dpcore.batching import PACKED_ATTENTION, BatchedForward, plan_micro_batches
 from dpcore.config import GenerationConfig
 from dpcore.errors import ConfigError
 from dpcore.generation import (
@@ -83,8 +83,6 @@ def test_micro_batch_plan_covers_every_prompt_once_and_limits_padding():
     padded = sum(len(rows) * max(lengths[i] for i in rows) for rows in plan)
     assert padded < 1.1 * sum(lengths)
     assert all(len(rows) * max(lengths[i] for i in rows) <= 600 for rows in plan_micro_batches(lengths, 600, 0))
-    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
-    assert common_prefix_length([[9, 2], [1, 2]]) == 0
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -151,7 +151,7 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.pipeline import run_pipeline
-    from tasks.record import mlflow_client
+    from tasks.tracking import mlflow_client
 
     share_tiny_model(tiny_lm)
     caplog.set_level(logging.DEBUG)
