@@ -28,15 +28,28 @@ METHODS: tuple[str, ...] = get_args(Method)
 # Noise mechanisms the accountant composes (`dpcore.composition.STEP_KINDS`).
 Mechanism = Literal["gaussian", "rnm"]
 MECHANISMS: tuple[str, ...] = get_args(Mechanism)
+# How a label's records are subsampled into groups (`dpcore.sampling`).
 Sampler = Literal["poisson", "fixed"]
+SAMPLERS: tuple[str, ...] = get_args(Sampler)
 AuditMode = Literal["regenerate", "run-demos"]
+# Where an evaluated prompt's demonstrations come from (the rows of Tang et al. Table 1):
+# none, instruction-only (epsilon = 0), sigma = 0, real records, or DP demonstrations.
+DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "dp"]
+DEMO_SOURCES: tuple[str, ...] = get_args(DemoSource)
+# The demo sources run beside the DP demonstrations for comparison.
 Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]
-
-ALL_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only", "sigma-zero", "random-real")
+ALL_BASELINES: tuple[str, ...] = get_args(Baseline)
 # Baselines that read no private record: the default. `sigma-zero` (no noise) and `random-real`
 # (real records as demonstrations) are non-private: opt-in only, charged as infinite spends.
 DEFAULT_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only")
 NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
+
+
+def check_mechanism(mechanism) -> str:
+    """`mechanism` when it is one of `MECHANISMS`; otherwise a ConfigError naming them."""
+    if mechanism not in MECHANISMS:
+        raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+    return mechanism
 
 
 class _Frozen(BaseModel):

@@ -33,18 +33,18 @@ import string
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import torch
 
-from dpcore.config import EvalConfig
+from dpcore.config import DEMO_SOURCES, DemoSource, EvalConfig
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.prefix_cache import PrefixCache, common_prefix_length
 from dpcore.taskspec import TaskSpec
 
 CONTENT_FREE_INPUTS: tuple[str, ...] = ("N/A", "", "[MASK]")
-METHODS: tuple[str, ...] = ("zero-shot", "instruction-only", "sigma-zero", "random-real", "dp")
 PREDICTION_COLUMNS = [
     "test_id", "method", "epsilon", "seed", "gold", "pred_raw", "pred_calibrated", "label_probs",
     "calibrated_probs", "correct_raw", "correct_calibrated", "demo_ids",
@@ -52,8 +52,25 @@ PREDICTION_COLUMNS = [
 METRIC_COLUMNS = ["method", "epsilon", "seed", "n", "accuracy", "calibrated_accuracy", "calibrated", "shots",
                   "seconds", "reused"]
 
-# A demonstration: (text, label) or (text, label, id). Ids (never text) reach the outputs.
-DemoItem = tuple
+
+class DemoItem(NamedTuple):
+    """One demonstration of an ICL prompt: its text, its label (a class label, or the answer of an
+    extraction task) and, for a real record, the record's id. Ids, never text, reach the outputs."""
+
+    text: str
+    label: str
+    id: str | None = None
+
+    @classmethod
+    def of(cls, item) -> DemoItem:
+        """A DemoItem from a (text, label) or (text, label, id) tuple (a DemoItem is returned as is)."""
+        if isinstance(item, cls):
+            return item
+        if len(item) not in (2, 3):
+            raise DataValidationError(f"demos: a demonstration is (text, label) or (text, label, id), "
+                                      f"got {len(item)} fields")
+        record_id = item[2] if len(item) == 3 else None
+        return cls(str(item[0]), str(item[1]), None if record_id is None else str(record_id))
 
 
 # --------------------------------------------------------------------------- prompt
@@ -111,8 +128,9 @@ def choose_demos(pool: Sequence[DemoItem], labels: Sequence[str], shots: int, se
 
 
 def demo_ids(demos: Sequence[DemoItem]) -> list[str]:
-    """Ids of the demos (third tuple element) or their position in the prompt; never their text."""
-    return [str(demo[2]) if len(demo) > 2 else f"demo-{i}" for i, demo in enumerate(demos)]
+    """Ids of the demos (real records) or their position in the prompt; never their text."""
+    ids = [DemoItem.of(demo).id for demo in demos]
+    return [f"demo-{i}" if record_id is None else record_id for i, record_id in enumerate(ids)]
 
 
 def check_test_size(test_size: int | None, num_test: int) -> None:
@@ -337,12 +355,12 @@ def _pool(demo_pool) -> list[DemoItem]:
             if column not in demo_pool.columns:
                 raise DataValidationError(f"demos: missing column {column!r}")
         ids = demo_pool["id"].astype(str).tolist() if "id" in demo_pool.columns else [None] * len(demo_pool)
-        return [(str(t), str(lab)) if i is None else (str(t), str(lab), i)
-                for t, lab, i in zip(demo_pool["text"], demo_pool["label"], ids, strict=True)]
-    return [tuple(item) for item in demo_pool]
+        return [DemoItem(str(t), str(lab), i) for t, lab, i in zip(demo_pool["text"], demo_pool["label"], ids,
+                                                                  strict=True)]
+    return [DemoItem.of(item) for item in demo_pool]
 
 
-def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, epsilon: float,
+def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSource, epsilon: float,
              config: EvalConfig, labels: Sequence[str] | None = None, *, test_seed: int = 0,
              batch_size: int = 16, max_new_tokens: int = 12,
              progress: Callable[[str], None] | None = None,
@@ -361,8 +379,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
     `pred_calibrated` = `pred_raw` and `calibrated_accuracy` = `accuracy` (metrics column
     `calibrated` is False).
     """
-    if method not in METHODS:
-        raise ConfigError(f"method: {method!r} is not one of {', '.join(METHODS)}")
+    if method not in DEMO_SOURCES:
+        raise ConfigError(f"method: {method!r} is not one of {', '.join(DEMO_SOURCES)}")
     for column in ("id", "text", "label"):
         if column not in test.columns:
             raise DataValidationError(f"test split: missing column {column!r}")
@@ -373,13 +391,13 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
     classification = spec.kind == "classification"
     if classification:
         labels = _labels(spec, labels)
-        unknown = sorted({str(item[1]) for item in pool} - set(labels))
+        unknown = sorted({item.label for item in pool} - set(labels))
         if unknown:
             raise DataValidationError(f"demos: label(s) {', '.join(unknown)} are not labels of task {spec.name!r}")
         demo_labels = labels
     else:
         labels = []
-        demo_labels = list(dict.fromkeys(str(item[1]) for item in pool))
+        demo_labels = list(dict.fromkeys(item.label for item in pool))
     items = select_test(test, config.test_size, seed=test_seed)
     queries = items["text"].astype(str).tolist()
     gold = items["label"].astype(str).tolist()
@@ -399,7 +417,7 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
     for seed in range(config.seeds):
         began = time.perf_counter()
         demos = choose_demos(pool, demo_labels, shots, seed) if shots else []
-        key = tuple((d[0], str(d[1])) for d in demos)
+        key = tuple((d.text, d.label) for d in demos)
         reused = key in memo
         if not reused:  # zero-shot (and repeated demo sets) are scored once
             if classification:

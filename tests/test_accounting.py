@@ -23,6 +23,7 @@ from scipy.stats import binom
 
 from dpcore import accounting, composition
 from dpcore.accounting import PrivacyReport
+from dpcore.config import MECHANISMS
 from dpcore.errors import ConfigError
 
 AGNEWS_Q, DBPEDIA_Q, STEPS = 20 / 30000, 80 / 40000, 100
@@ -110,7 +111,7 @@ def test_monotone_in_noise_and_steps():
 
 
 def test_sigma_zero_is_infinite_never_a_number():
-    for mechanism in accounting.MECHANISMS:
+    for mechanism in MECHANISMS:
         report = accounting.epsilon_for(0.0, AGNEWS_Q, STEPS, AGNEWS_DELTA, mechanism=mechanism)
         for value in (report.epsilon, report.epsilon_lower, report.epsilon_estimate, report.epsilon_crosscheck):
             assert value == math.inf

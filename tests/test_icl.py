@@ -183,6 +183,17 @@ def test_choose_demos_one_per_label_and_deterministic():
         icl.choose_demos([("t", "Z")], labels, 2, seed=0)
 
 
+def test_demo_items_and_their_ids():
+    item = icl.DemoItem.of(("a text", "A"))
+    assert item == icl.DemoItem("a text", "A", None) and (item.text, item.label) == ("a text", "A")
+    assert icl.DemoItem.of(("t", 3, 7)) == icl.DemoItem("t", "3", "7")
+    assert icl.DemoItem.of(item) is item
+    with pytest.raises(DataValidationError):
+        icl.DemoItem.of(("only text",))
+    # record ids (never text) or the position in the prompt
+    assert icl.demo_ids([("secret text", "A", "r9"), ("other text", "B")]) == ["r9", "demo-1"]
+
+
 def test_select_test_is_a_deterministic_seeded_prefix(agnews):
     first = icl.select_test(agnews.test, 10)
     assert first["id"].tolist() == icl.select_test(agnews.test, 10)["id"].tolist()

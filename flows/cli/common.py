@@ -15,7 +15,7 @@ from typing import Any
 
 from dpcore.config import RunConfig
 
-# CLI spellings the issue contracts fix, where they differ from the field name.
+# CLI spellings that differ from the RunConfig field name (documented in the README).
 FLAG_ALIASES = {"rvp": "--no-rvp"}
 
 
