@@ -157,7 +157,9 @@ def seeded_split(frame: pd.DataFrame, test_size: int | float, seed: int) -> tupl
 # --------------------------------------------------------------------------- file readers
 
 
-def _read_jsonl(path: Path) -> pd.DataFrame:
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file, each with its 1-based line number under `__line__`
+    (blank lines skipped); a DataValidationError names the line that is not UTF-8, JSON or an object."""
     rows = []
     with open(path, "rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
@@ -175,7 +177,7 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
                 raise DataValidationError(f"{path}: line {line_no}: expected a JSON object")
             obj["__line__"] = line_no
             rows.append(obj)
-    return pd.DataFrame(rows)
+    return rows
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -193,7 +195,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
                 raise DataValidationError(f"{path}: the file is empty (no header and no rows)") from None
             frame["__line__"] = np.arange(len(frame)) + 2  # header is line 1
         elif suffix in (".jsonl", ".json"):
-            frame = _read_jsonl(path)
+            frame = pd.DataFrame(read_jsonl(path))
         elif suffix == ".parquet":
             frame = pd.read_parquet(path)
             frame["__line__"] = np.arange(len(frame)) + 1

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from dpcore import mia_attacks
 from dpcore.audit import MIA_SCORE_COLUMNS
-from dpcore.mia_attacks import ATTACKS
+from dpcore.mia_attacks import ATTACKS, PromptScores
 
 # --------------------------------------------------------------------------- result tables
 
@@ -263,3 +265,83 @@ def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sa
     assert not result.passed
     assert result.reasons[0].startswith("membership-inference AUC") and "outside 0.5 +/- 0.05" in result.reasons[0]
     assert any(r.startswith("verbatim overlap") for r in result.reasons)
+
+
+# --------------------------------------------------------------------------- every attack, a toy LM with a planted leak
+
+
+def _records(n: int, labels: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({"id": [f"r{i}" for i in range(n)], "text": [f"record number {i} says {i * 7 % 13} and {i % 17} more words"
+                                                                      for i in range(n)],
+                         "label": [labels[i % len(labels)] for i in range(n)]})
+
+
+def _fake_scorer(leaky: bool):
+    """A toy LM's scores: a record's difficulty (from its text), plus, when `leaky`, a large gain when
+    the record IS a demonstration of the prompt (the copy a real LM makes)."""
+
+    def prompt_scores(lm, spec, demos, texts, labels, batch_size=16):
+        base = np.array([zlib.crc32(t.encode()) % 1000 / 100.0 for t in texts])  # in [0, 10)
+        prompt_noise = zlib.crc32(repr(demos).encode()) % 100 / 1000.0
+        jitter = np.array([zlib.crc32((repr(demos) + t).encode()) % 100 / 200.0 for t in texts])
+        copied = np.array([leaky and any(t == d[0] for d in demos) for t in texts], dtype=float)
+        text = -30 + base + jitter + prompt_noise + 12 * copied
+        label = np.log(np.clip(0.2 + 0.05 * base + 0.2 * copied, 0.01, 0.99))
+        return PromptScores(label, label - np.log1p(-np.exp(label)), text)
+
+    return prompt_scores
+
+
+@pytest.mark.parametrize("leaky", [True, False])
+def test_non_private_audit_attacks_on_a_toy_lm(tiny_lm, agnews, monkeypatch, leaky):
+    from dpcore.audit import non_private_audit
+    from dpcore.config import AuditConfig
+
+    monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(leaky))
+    records = _records(6000, agnews.spec.label_names)
+    result = non_private_audit(tiny_lm, agnews.spec, records, AuditConfig(trials=100, non_members=50), seed=1,
+                               overlap_records=records.head(50))
+    by_name = {a.attack: a for a in result.attacks}
+    assert list(by_name) == list(ATTACKS)
+    if leaky:
+        for name in ("text-calibrated", "label-calibrated", "lira-text", "lira-label"):
+            assert by_name[name].auc > 0.97 and by_name[name].tpr_at_1pct_fpr > 0.5, name
+        assert result.auc > 0.97 and result.attack != "duan"
+        assert any(r.startswith("membership-inference AUC") for r in result.reasons)
+    else:
+        for attack in result.attacks:
+            assert abs(attack.auc - 0.5) < 0.1, attack.attack
+            assert 0.0 <= attack.auc_ci[0] <= attack.auc_ci[1] <= 1.0
+
+
+def test_demos_audit_on_run_demos(tiny_lm, agnews, monkeypatch):
+    """The run's own demos: members = the private split, non-members = held-out records. Synthetic demos
+    that copy no record pass (the toy LM leaks only a verbatim copy); a copied record is caught."""
+    from dpcore.audit import demos_audit
+    from dpcore.config import AuditConfig
+
+    monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(True))
+    labels = agnews.spec.label_names
+    records = _records(8000, labels)
+    members, held_out = records.iloc[:4000].reset_index(drop=True), records.iloc[4000:].reset_index(drop=True)
+    config = AuditConfig(trials=10, members=30, non_members=30, reference_prompts=3)
+    demos = [(f"a synthetic {label} demonstration", label) for label in labels]
+    cache: dict = {}
+    result = demos_audit(tiny_lm, agnews.spec, demos, members, held_out, config, seed=0, epsilon=8.0,
+                         noise_multiplier=0.7, delta=1e-4, crosscheck_agreed=True, cache=cache)
+    assert result.passed, result.reasons
+    assert result.demo_sets == 4 and result.trials == 40 and result.setting == "dp"
+    scores = result.mia_scores
+    assert set(scores.loc[scores["member"], "record_id"]) <= set(members["id"])
+    assert set(scores.loc[~scores["member"], "record_id"]) <= set(held_out["id"])
+    cached = len(cache)
+    again = demos_audit(tiny_lm, agnews.spec, demos, members, held_out, config, seed=0, epsilon=1.0,
+                        noise_multiplier=2.0, delta=1e-4, crosscheck_agreed=True, cache=cache)
+    assert len(cache) == cached  # same candidates at another epsilon: no new reference pass
+    assert again.passed
+    # a "DP" demo that is a member record verbatim fails the verbatim check
+    copied = members.groupby("label").head(1)
+    leaky = demos_audit(tiny_lm, agnews.spec, list(zip(copied["text"], copied["label"], strict=True)), members,
+                        held_out, config, seed=0, epsilon=8.0, noise_multiplier=0.7, delta=1e-4,
+                        crosscheck_agreed=True)
+    assert not leaky.passed and any(r.startswith("verbatim overlap") for r in leaky.reasons)

@@ -28,16 +28,9 @@ from dpcore.mechanisms import pre_noise_sum, public_top_k, restricted_softmax
 from dpcore.sampling import poisson_groups
 from dpcore.taskspec import load_task_spec
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
+
 LABELS = ["World", "Sports", "Business", "Technology"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model is overhead-bound: one thread avoids OpenMP hand-offs on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -542,14 +535,14 @@ def test_model_budget_by_name_matches_the_loaded_model(tiny_lm, tiny_model_dir, 
     assert prompt_budget(tiny_lm.encode, 2048, spec, ["World"], config) == loaded  # one label's call: same cap
 
 
-def test_cli_refuses_a_prompt_that_cannot_fit_before_the_charge(tiny_model_dir, tmp_path, capsys):
+def test_cli_refuses_a_prompt_that_cannot_fit_before_the_charge(tiny_model_dir, tmp_path, cli):
     from dpcore.ledger import Ledger
 
     before = len(Ledger().entries())
     for flags, match in ((["--max-tokens", "2040"], "max_tokens"), (["--max-record-tokens", "5000"],
                                                                      "max_record_tokens")):
-        code, _, stderr = _cli(["generate", "--dataset", "agnews", "--epsilon", "4", "--model", str(tiny_model_dir),
-                                "--out", str(tmp_path / "x"), *flags], capsys)
+        code, _, stderr = cli(["generate", "--dataset", "agnews", "--epsilon", "4", "--model", str(tiny_model_dir),
+                               "--out", str(tmp_path / "x"), *flags])
         assert code == 2 and match in stderr
     assert len(Ledger().entries()) == before  # nothing charged
 
@@ -720,20 +713,11 @@ def test_errors_never_carry_record_text(tiny_lm, spec, records):
 # --------------------------------------------------------------------------- the CLI
 
 
-def _cli(argv, capsys):
-    from flows.cli import main
-
-    code = main(argv)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.mark.parametrize("epsilon, method", [("inf", "sigma-zero"), ("0", "instruction-only")])
-def test_cli_generate_writes_demos_and_json(tiny_model_dir, tmp_path, capsys, epsilon, method):
+def test_cli_generate_writes_demos_and_json(tiny_model_dir, tmp_path, cli, epsilon, method):
     out = tmp_path / "run"
-    code, stdout, _ = _cli(["generate", "--dataset", "agnews", "--epsilon", epsilon, "--model", str(tiny_model_dir),
-                            "--max-tokens", "2", "--num-subsets", "2", "--seed", "1", "--out", str(out), "--json"],
-                           capsys)
+    code, stdout, _ = cli(["generate", "--dataset", "agnews", "--epsilon", epsilon, "--model", str(tiny_model_dir),
+                           "--max-tokens", "2", "--num-subsets", "2", "--seed", "1", "--out", str(out), "--json"])
     assert code == 0
     report = json.loads(stdout.strip().splitlines()[-1])
     for key in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps", "demos"):
@@ -746,11 +730,11 @@ def test_cli_generate_writes_demos_and_json(tiny_model_dir, tmp_path, capsys, ep
     assert (out / "generation.json").exists() and (out / "manifest.json").exists()
 
 
-def test_cli_generate_calibrates_and_charges(tiny_model_dir, tmp_path, capsys):
+def test_cli_generate_calibrates_and_charges(tiny_model_dir, tmp_path, cli):
     pytest.importorskip("dpcore.accounting")
     out = tmp_path / "run"
-    code, stdout, _ = _cli(["generate", "--dataset", "agnews", "--epsilon", "4", "--model", str(tiny_model_dir),
-                            "--max-tokens", "2", "--shots", "8", "--seed", "1", "--out", str(out), "--json"], capsys)
+    code, stdout, _ = cli(["generate", "--dataset", "agnews", "--epsilon", "4", "--model", str(tiny_model_dir),
+                           "--max-tokens", "2", "--shots", "8", "--seed", "1", "--out", str(out), "--json"])
     assert code == 0
     report = json.loads(stdout.strip().splitlines()[-1])
     assert report["steps"] == 4  # 8 shots over 4 labels: 2 demos per label, T = 2 * 2
@@ -764,9 +748,9 @@ def test_cli_generate_calibrates_and_charges(tiny_model_dir, tmp_path, capsys):
     (["--top-k", "0"], "top_k"),
     (["--num-subsets", "20000"], "sampling rate"),
 ])
-def test_cli_generate_bad_input_exits_2(tiny_model_dir, tmp_path, capsys, flags, match):
-    code, _, stderr = _cli(["generate", "--dataset", "agnews", "--epsilon", "inf", "--model", str(tiny_model_dir),
-                            "--out", str(tmp_path / "x"), *flags], capsys)
+def test_cli_generate_bad_input_exits_2(tiny_model_dir, tmp_path, cli, flags, match):
+    code, _, stderr = cli(["generate", "--dataset", "agnews", "--epsilon", "inf", "--model", str(tiny_model_dir),
+                           "--out", str(tmp_path / "x"), *flags])
     assert code == 2 and match in stderr
 
 
