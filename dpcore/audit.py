@@ -26,6 +26,9 @@ keeps the false-alarm rate of the gate at about 1 - confidence.
 - `demos_audit`: a run's own DP demonstrations (generated from the whole private split, so
   every private record is a member) against held-out non-members: nothing regenerated,
   nothing charged.
+- `demo_overlap` / `with_demo_overlap`: the verbatim check of demonstrations against the
+  records of their label, folded into a result and gated again (a run's own demos beside a
+  regenerated audit).
 
 Modules of the audit: the attack scores (`dpcore.mia_attacks`), their statistics
 (`dpcore.audit_statistics`: ROC/AUC, empirical epsilon bounds, intervals), the verbatim check
@@ -56,7 +59,7 @@ from dpcore.audit_gate import GateThresholds, gate
 from dpcore.audit_statistics import AttackMetrics, attack_metrics, strongest_attack
 from dpcore.config import AuditConfig, GenerationConfig
 from dpcore.errors import ConfigError, DataValidationError
-from dpcore.overlap import model_tokenize, verbatim_overlap
+from dpcore.overlap import model_tokenize, verbatim_overlap, verbatim_overlap_tokens
 from dpcore.taskspec import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -440,7 +443,8 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
                                 epsilon=float(epsilon), demo_set=demo_set, batch_size=batch_size, cache=cache)
         log.info("DP audit demo set %d/%d (label %s) scored", demo_set + 1, config.demo_sets, label)
     scores = pd.concat(frames, ignore_index=True)
-    max_overlap, overlapping = _demo_overlap(lm, demo_texts, demo_labels, members, config.overlap_threshold)
+    max_overlap, overlapping = demo_overlap(model_tokenize(lm), demo_texts, demo_labels, members,
+                                            config.overlap_threshold)
     return _finish(
         thresholds or GateThresholds.from_config(config), scores, confidence=config.confidence, delta=delta,
         members_per_trial=config.members, non_members_per_trial=config.non_members,
@@ -493,8 +497,8 @@ def demos_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: p
     if not frames:
         raise ConfigError("audit: none of the demonstrations' labels has enough records to query")
     scores = pd.concat(frames, ignore_index=True)
-    max_overlap, overlapping = _demo_overlap(lm, [t for t, _ in audited], [y for _, y in audited], members,
-                                             config.overlap_threshold)
+    max_overlap, overlapping = demo_overlap(model_tokenize(lm), [t for t, _ in audited], [y for _, y in audited],
+                                            members, config.overlap_threshold)
     return _finish(
         thresholds or GateThresholds.from_config(config), scores, confidence=config.confidence, delta=delta,
         members_per_trial=config.members, non_members_per_trial=config.non_members,
@@ -505,17 +509,31 @@ def demos_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: p
     )
 
 
-def _demo_overlap(lm, demo_texts: list[str], demo_labels: list[str], members: pd.DataFrame,
-                  threshold: int) -> tuple[int, int]:
-    """Verbatim check: each demo against the members of its label (the records it was generated from);
-    one tokenization of a label's members however many demos share the label."""
-    tokenize = model_tokenize(lm)
-    m_label = members["label"].astype(str).to_numpy()
+def demo_overlap(tokenize: Callable[[Sequence[str]], list[list[int]]], demo_texts: Sequence[str],
+                 demo_labels: Sequence[str], records: pd.DataFrame, threshold: int,
+                 pool_tokens: dict | None = None) -> tuple[int, int]:
+    """Verbatim check: each demo against the records of its label (the records it was generated from).
+
+    Returns (the longest token run any demo shares with a record, the records sharing >= `threshold`
+    tokens). A label's records are tokenized once however many demos share the label; `pool_tokens`
+    (label -> token ids) keeps them across calls on the same records (several epsilons' demos)."""
+    pool_tokens = {} if pool_tokens is None else pool_tokens
+    record_labels = records["label"].astype(str).to_numpy()
     max_overlap, overlapping = 0, 0
-    for label in dict.fromkeys(demo_labels):
-        texts = [text for text, y in zip(demo_texts, demo_labels, strict=True) if y == label]
-        pool = members.loc[m_label == label, "text"].astype(str).tolist()
-        report = verbatim_overlap(texts, pool, threshold=threshold, tokenize=tokenize)
+    for label in dict.fromkeys(str(y) for y in demo_labels):
+        texts = [str(text) for text, y in zip(demo_texts, demo_labels, strict=True) if str(y) == label]
+        if label not in pool_tokens:
+            pool_tokens[label] = tokenize(records.loc[record_labels == label, "text"].astype(str).tolist())
+        report = verbatim_overlap_tokens(tokenize(texts), pool_tokens[label], threshold=threshold, tokenizer="model")
         max_overlap = max(max_overlap, report.max_overlap)
         overlapping += report.overlapping_records
     return max_overlap, overlapping
+
+
+def with_demo_overlap(result: AuditResult, max_overlap: int, overlapping: int,
+                      thresholds: GateThresholds) -> AuditResult:
+    """`result` with more demonstrations' verbatim overlap (`demo_overlap`) folded in, gated again."""
+    updated = dataclasses.replace(result, max_overlap_tokens=max(result.max_overlap_tokens, max_overlap),
+                                  overlapping_records=result.overlapping_records + overlapping)
+    passed, reasons = gate(updated, thresholds)
+    return dataclasses.replace(updated, passed=passed, reasons=reasons)

@@ -30,7 +30,6 @@ The audit's DP generations read private records: they are charged to the privacy
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -174,9 +173,11 @@ def audit(
                 noise_seed=derive_seed(seed, "audit-noise", eps), charge=hook, thresholds=thresholds, cache=cache,
                 progress=_progress(f"audit demo sets eps={eps:g}"),
             )
-            if demos is not None and len(demos):
-                result = _with_run_demo_overlap(result, demos[demos["epsilon"] == eps], train, tokenize,
-                                                thresholds, pool_tokens)
+            own = demos[demos["epsilon"] == eps] if demos is not None else None
+            if own is not None and len(own):  # the run's own DP demos, against their labels' records
+                found = mia.demo_overlap(tokenize, own["text"].tolist(), own["label"].tolist(), train,
+                                         result.overlap_threshold, pool_tokens)
+                result = mia.with_demo_overlap(result, *found, thresholds)
             results.append(result)
             rows.append(result.audit_frame())
             _log_result(logger, eps, result)
@@ -220,25 +221,6 @@ def _log_result(logger, eps: float, result) -> None:
                 "tokens: %s", eps, result.auc, result.auc_ci[0], result.auc_ci[1], result.attack,
                 ", ".join(f"{a.attack} {a.auc:.3f}" for a in result.attacks), result.tpr_at_1pct_fpr,
                 result.max_overlap_tokens, "passed" if result.passed else "FAILED")
-
-
-def _with_run_demo_overlap(result, demos: pd.DataFrame, train: pd.DataFrame, tokenize, thresholds,
-                           pool_tokens: dict):
-    """Fold the run's own DP demos' verbatim overlap (per label, against that label's records) into the gate."""
-    from dpcore.audit_gate import gate
-    from dpcore.overlap import verbatim_overlap_tokens
-
-    worst, overlapping = result.max_overlap_tokens, result.overlapping_records
-    for label, group in demos.groupby("label"):
-        if label not in pool_tokens:  # tokenize each label's records once per task
-            pool_tokens[label] = tokenize(train.loc[train["label"] == label, "text"].astype(str).tolist())
-        report = verbatim_overlap_tokens(tokenize(group["text"].astype(str).tolist()), pool_tokens[label],
-                                             threshold=result.overlap_threshold, tokenizer="model")
-        worst = max(worst, report.max_overlap)
-        overlapping += report.overlapping_records
-    updated = dataclasses.replace(result, max_overlap_tokens=worst, overlapping_records=overlapping)
-    passed, reasons = gate(updated, thresholds)
-    return dataclasses.replace(updated, passed=passed, reasons=reasons)
 
 
 def _public_summary(result) -> dict:
