@@ -128,3 +128,15 @@ def fake_audit_result():
         )
 
     return make
+
+
+@pytest.fixture()
+def tickets_spec(tmp_path):
+    """The task spec of the tickets user dataset (tests/tickets.py), loaded from a YAML file."""
+    from tickets import SPEC_YAML
+
+    from dpcore.taskspec import load_task_spec
+
+    path = tmp_path / "tickets.yaml"
+    path.write_text(SPEC_YAML)
+    return load_task_spec(path)
