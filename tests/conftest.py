@@ -62,6 +62,24 @@ def tiny_model_dir(tiny_lm, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def agnews_spec():
+    from dpcore.taskspec import load_task_spec
+
+    return load_task_spec("agnews")
+
+
+@pytest.fixture(scope="session")
+def made_up_records() -> dict[str, list[str]]:
+    """Short made-up records per AG News label (public test data standing in for private ones)."""
+    import numpy as np
+
+    words = ["market", "match", "election", "chip", "storm", "merger", "league", "rocket"]
+    rng = np.random.default_rng(0)
+    return {label: [f"{label} item {i}: " + " ".join(rng.choice(words, size=4)) for i in range(60)]
+            for label in ("World", "Sports", "Business", "Technology")}
+
+
+@pytest.fixture(scope="session")
 def agnews():
     from dpcore.datasets import load_dataset
     from dpcore.taskspec import load_task_spec
