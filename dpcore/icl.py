@@ -249,6 +249,58 @@ class PrefixCache:
                       next_position=batch.next_position.index_select(0, index))
 
 
+class StackedPrefixes(PrefixCache):
+    """Many prompts' own prefixes (the teachers of a PromptPATE flock), each run once, stacked in one cache.
+
+    Prefixes are right-padded to the longest and run through the model in blocks of `block` rows;
+    pad slots are masked out of every later step, and each row continues at its own prefix's length
+    (position ids), so a batch may mix rows of different prefixes: `start_rows(index)` gives the
+    batch whose row r continues prefix `index[r]`. Exact: a real token never attends to a later
+    pad slot (causal), so the cached keys and values equal each prefix run alone. An empty prefix
+    gets one masked slot (the row then sees its own tokens only).
+    """
+
+    def __init__(self, lm, prefixes: Sequence[Sequence[int]], block: int = 16):
+        self.lm = lm
+        self.prefix_ids = []
+        self.lengths = torch.as_tensor([len(p) for p in prefixes], dtype=torch.long, device=lm.device)
+        width = max(1, max((len(p) for p in prefixes), default=1))
+        keys: list[list[torch.Tensor]] = []
+        values: list[list[torch.Tensor]] = []
+        with torch.inference_mode():
+            for start in range(0, len(prefixes), block):
+                rows = [list(p) if p else [lm.pad_id] for p in prefixes[start:start + block]]
+                ids, mask = _right_pad(rows, lm.pad_id)
+                ids, mask = ids.to(lm.device), mask.to(lm.device)
+                began = time.perf_counter()
+                out = lm.model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+                _count(lm, mask, began)
+                pad = width - ids.shape[1]
+                for layer_index, layer in enumerate(out.past_key_values.layers):
+                    k, v = layer.keys, layer.values
+                    if pad:
+                        k = torch.nn.functional.pad(k, (0, 0, 0, pad))
+                        v = torch.nn.functional.pad(v, (0, 0, 0, pad))
+                    if layer_index == len(keys):
+                        keys.append([])
+                        values.append([])
+                    keys[layer_index].append(k)
+                    values[layer_index].append(v)
+        self.layers = [(torch.cat(k, dim=0), torch.cat(v, dim=0)) for k, v in zip(keys, values, strict=True)]
+        self.key_mask = (torch.arange(width, device=lm.device)[None, :] < self.lengths[:, None]).long()
+
+    def __len__(self) -> int:
+        return int(self.key_mask.shape[1])
+
+    def start_rows(self, index: torch.Tensor) -> _Batch:
+        """A batch whose row r continues prefix index[r] (rows of different prefixes mix freely)."""
+        from transformers import DynamicCache
+
+        data = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.layers]
+        return _Batch(cache=DynamicCache(ddp_cache_data=data, config=self.lm.model.config),
+                      key_mask=self.key_mask.index_select(0, index), next_position=self.lengths.index_select(0, index))
+
+
 # --------------------------------------------------------------------------- classification scoring
 
 
@@ -259,12 +311,38 @@ def _labels(spec: TaskSpec, labels: Sequence[str] | None) -> list[str]:
     return labels
 
 
-def _label_token_ids(lm, spec: TaskSpec, labels: Sequence[str]) -> list[list[int]]:
+def label_token_ids(lm, spec: TaskSpec, labels: Sequence[str]) -> list[list[int]]:
+    """The tokens of each label's continuation `" " + verbalizer(label)`."""
     ids = [lm.encode(" " + spec.verbalizer(label)) for label in labels]
     for label, tokens in zip(labels, ids, strict=True):
         if not tokens:
             raise ConfigError(f"labels: the verbalizer of label {label!r} encodes to no tokens")
     return ids
+
+
+def score_labels(prefix: PrefixCache, batch: _Batch, logp: torch.Tensor, label_ids: list[list[int]]) -> torch.Tensor:
+    """[B, L] float64 label log-probabilities of a batch whose last query token gave `logp` [B, V].
+
+    The first label token is read from `logp`; labels of several tokens continue from the cache
+    after the query (rows repeated per label, `PrefixCache.select`).
+    """
+    lm = prefix.lm
+    first = torch.as_tensor([ids[0] for ids in label_ids], dtype=torch.long, device=lm.device)
+    multi = [j for j, ids in enumerate(label_ids) if len(ids) > 1]
+    scores = logp[:, first].double()
+    if multi:
+        items = range(logp.shape[0])
+        rows = torch.as_tensor([b for b in items for _ in multi], dtype=torch.long, device=lm.device)
+        cont = [label_ids[j][:-1] for _ in items for j in multi]
+        tails = [label_ids[j][1:] for _ in items for j in multi]
+        cont_batch = PrefixCache.select(batch, rows, lm.model.config)
+        _, cont_logp = prefix.extend(cont_batch, cont, keep="all")  # [R, W, V]
+        for r, tail in enumerate(tails):
+            b, j = divmod(r, len(multi))
+            steps = torch.arange(len(tail), device=lm.device)
+            target = torch.as_tensor(tail, dtype=torch.long, device=lm.device)
+            scores[b, multi[j]] += cont_logp[r, steps, target].double().sum()
+    return scores
 
 
 def label_logprobs(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequence[str],
@@ -280,33 +358,18 @@ def label_logprobs(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Seque
     labels = _labels(spec, labels)
     if not queries:
         return np.zeros((0, len(labels)))
-    label_ids = _label_token_ids(lm, spec, labels)
+    label_ids = label_token_ids(lm, spec, labels)
     contexts = [lm.encode(prompt_text(spec, demos, q)) for q in queries]
     shared = _common_prefix_length(contexts)
     prefix = PrefixCache(lm, contexts[0][:shared])
     suffixes = [ctx[shared:] for ctx in contexts]
     out = np.zeros((len(queries), len(labels)))
-    first = torch.as_tensor([ids[0] for ids in label_ids], dtype=torch.long, device=lm.device)
-    multi = [j for j, ids in enumerate(label_ids) if len(ids) > 1]
     order = sorted(range(len(queries)), key=lambda i: len(suffixes[i]))  # similar lengths batch together
     done = 0
     for start in range(0, len(order), batch_size):
         items = order[start:start + batch_size]
         batch, logp = prefix.extend(prefix.start(len(items)), [suffixes[i] for i in items], keep="last")
-        scores = logp[:, first].double()  # [B, L]
-        if multi:
-            rows = torch.as_tensor([b for b in range(len(items)) for _ in multi], dtype=torch.long, device=lm.device)
-            cont = [label_ids[j][:-1] for _ in items for j in multi]
-            tails = [label_ids[j][1:] for _ in items for j in multi]
-            cont_batch = PrefixCache.select(batch, rows, lm.model.config)
-            del batch
-            _, cont_logp = prefix.extend(cont_batch, cont, keep="all")  # [R, W, V]
-            for r, tail in enumerate(tails):
-                b, j = divmod(r, len(multi))
-                steps = torch.arange(len(tail), device=lm.device)
-                target = torch.as_tensor(tail, dtype=torch.long, device=lm.device)
-                scores[b, multi[j]] += cont_logp[r, steps, target].double().sum()
-        out[items] = scores.cpu().numpy()
+        out[items] = score_labels(prefix, batch, logp, label_ids).cpu().numpy()
         done += len(items)
         if progress is not None:
             progress(done)
@@ -318,7 +381,7 @@ def label_logprobs_naive(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries:
                          labels: Sequence[str] | None = None) -> np.ndarray:
     """The reference: one full forward (batch 1, no cache) per item and label; same tokens as `label_logprobs`."""
     labels = _labels(spec, labels)
-    label_ids = _label_token_ids(lm, spec, labels)
+    label_ids = label_token_ids(lm, spec, labels)
     out = np.zeros((len(queries), len(labels)))
     for i, query in enumerate(queries):
         context = lm.encode(prompt_text(spec, demos, query))
