@@ -101,7 +101,8 @@ def _orders(orders) -> np.ndarray:
     return values
 
 
-def _histograms(vote_histograms) -> np.ndarray:
+def check_vote_histograms(vote_histograms) -> np.ndarray:
+    """The histograms as a float (queries x classes) array; ConfigError unless >= 2 classes, counts >= 0."""
     votes = np.asarray(vote_histograms, dtype=float)
     if votes.ndim == 1:
         votes = votes[None, :]
@@ -116,7 +117,7 @@ def _histograms(vote_histograms) -> np.ndarray:
 def log_q_gnmax(counts, sigma2: float) -> float:
     """log of Proposition 7's bound on q = P[GNMax's noisy argmax != the true argmax]:
     log min(sum_{j != i*} P[N(0, 2 sigma2^2) >= n_{i*} - n_j], 1 - 1/m)."""
-    votes = _histograms(counts)[0]
+    votes = check_vote_histograms(counts)[0]
     sigma = _sigma("vote_sigma (sigma2)", sigma2)
     top = int(np.argmax(votes))
     gaps = votes[top] - np.delete(votes, top)
@@ -159,7 +160,7 @@ def rdp_from_log_q(log_q: float, sigma: float, orders=DEFAULT_ORDERS) -> np.ndar
 def log_pr_answered(counts, threshold: float, sigma1: float) -> float:
     """log P[max_j n_j + N(0, sigma1^2) >= T]: the probability that the threshold test answers.
     (max_j n_j is rounded to an integer: vote counts are integers.)"""
-    votes = _histograms(counts)[0]
+    votes = check_vote_histograms(counts)[0]
     return float(log_ndtr((round(float(votes.max())) - float(threshold)) / _sigma("threshold_sigma (sigma1)",
                                                                                    sigma1)))
 
@@ -198,7 +199,7 @@ def data_dependent_epsilon(vote_histograms, threshold: float, sigma1: float, sig
     `answered` (one bool per query: the realized noisy threshold outcomes) counts GNMax on the
     answered queries only; without it GNMax's cost is weighted by P[answered] (the expected cost).
     The curves add up over queries and convert with `epsilon_from_rdp`."""
-    votes = _histograms(vote_histograms)
+    votes = check_vote_histograms(vote_histograms)
     lam = _orders(orders)
     sigma1, sigma2 = _sigma("threshold_sigma (sigma1)", sigma1), _sigma("vote_sigma (sigma2)", sigma2)
     try:
@@ -231,6 +232,6 @@ def data_dependent_epsilon(vote_histograms, threshold: float, sigma1: float, sig
 
 
 __all__ = [
-    "DEFAULT_ORDERS", "DataDependentReport", "data_dependent_epsilon", "epsilon_from_rdp", "log_pr_answered",
+    "DEFAULT_ORDERS", "DataDependentReport", "check_vote_histograms", "data_dependent_epsilon", "epsilon_from_rdp", "log_pr_answered",
     "log_q_gnmax", "rdp_from_log_q", "rdp_gaussian_data_independent", "rdp_threshold",
 ]
