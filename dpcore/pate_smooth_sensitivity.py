@@ -36,8 +36,12 @@ Local sensitivities (Papernot et al. Appendix B.4):
 - The threshold test's RDP depends only on the largest count v (0..E): A^(d) is the largest
   difference of consecutive values around v +- d.
 
-The GNMax term counts the answered queries only (the released answered mask is public), so
-the local sensitivity of the sum is at most the sum of the queries' local sensitivities.
+Each query's A^(d) is made non-decreasing in d (a bound for every histogram WITHIN d changed
+teachers, not only at d): the queries' histograms move together when teachers change, so only
+then is the sum over queries a bound for the sum's local sensitivity within d. (The published
+analysis code sums the at-distance-d values, which can be smaller.) The GNMax term counts the
+answered queries only (the released answered mask is public), so the local sensitivity of the
+sum is at most the sum of the queries' local sensitivities.
 """
 
 from __future__ import annotations
@@ -186,7 +190,7 @@ def local_sensitivities_gnmax(counts, teachers: int, sigma2: float, order: float
             votes[1] += 1
         log_q = dd.log_q_gnmax(votes, sigma)
         result[d] = sensitivity(log_q)
-    return result
+    return np.maximum.accumulate(result)  # within d, not only at d (the discounted max is the same)
 
 
 def local_sensitivities_threshold(counts, teachers: int, threshold: float, sigma1: float, order: float
@@ -205,7 +209,7 @@ def local_sensitivities_threshold(counts, teachers: int, threshold: float, sigma
     d = np.arange(e + 1)
     above = np.where(top + d <= e, local[np.minimum(top + d, e)], 0.0)
     below = np.where(top - d >= 0, local[np.maximum(top - d, 0)], 0.0)
-    return np.maximum(above, below)
+    return np.maximum.accumulate(np.maximum(above, below))  # within d, not only at d
 
 
 def smooth_sensitivity(vote_histograms, answered, *, teachers: int, threshold: float, sigma1: float, sigma2: float,
