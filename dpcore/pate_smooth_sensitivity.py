@@ -134,6 +134,7 @@ def _ls_gnmax_at(log_q: float, sigma2: float, classes: int, order: float, log_q0
     return max(up - here, here - down)
 
 
+@functools.lru_cache(maxsize=256)
 def check_conditions(sigma2: float, classes: int, order: float) -> tuple[bool, bool]:
     """Conditions C5 and C6 of Papernot et al. (Appendix B.4), checked numerically on a fine grid of
     log q: GNMax's beta(q) non-decreasing on (0, q0), beta(B_U(q)) - beta(q) non-decreasing on
@@ -193,17 +194,25 @@ def local_sensitivities_gnmax(counts, teachers: int, sigma2: float, order: float
     return np.maximum.accumulate(result)  # within d, not only at d (the discounted max is the same)
 
 
+@functools.lru_cache(maxsize=64)
+def _threshold_local_sensitivity_by_count(teachers: int, threshold: float, sigma1: float, order: float) -> np.ndarray:
+    """The threshold test's local sensitivity when the largest count is v, for v = 0..E (public)."""
+    rdp = np.array([float(dd.rdp_threshold(dd.log_pr_answered([v, 0], threshold, sigma1), sigma1, [order])[0])
+                    for v in range(teachers + 1)])
+    steps = np.abs(np.diff(rdp))                       # steps[v]: between v and v + 1
+    local = np.zeros(teachers + 1)
+    local[:-1] = steps
+    local[1:] = np.maximum(local[1:], steps)           # LS at v: the larger step next to v
+    local.setflags(write=False)
+    return local
+
+
 def local_sensitivities_threshold(counts, teachers: int, threshold: float, sigma1: float, order: float
                                   ) -> np.ndarray:
     """A^(d) for d = 0..E of the threshold test's data-dependent RDP at `order` on one vote histogram:
     its RDP depends on the largest count v only, which one changed teacher moves by at most 1."""
     e = int(teachers)
-    rdp = np.array([float(dd.rdp_threshold(dd.log_pr_answered([v, 0], threshold, sigma1), sigma1, [order])[0])
-                    for v in range(e + 1)])
-    steps = np.abs(np.diff(rdp))                       # steps[v]: between v and v + 1
-    local = np.zeros(e + 1)
-    local[:-1] = steps
-    local[1:] = np.maximum(local[1:], steps)           # LS at v: the larger step next to v
+    local = _threshold_local_sensitivity_by_count(e, float(threshold), float(sigma1), float(order))
     top = int(round(float(dd.check_vote_histograms(counts)[0].max())))
     top = min(max(top, 0), e)
     d = np.arange(e + 1)

@@ -126,10 +126,19 @@ def test_release_adds_the_scaled_noise_and_its_own_cost():
     assert release.rdp_released == pytest.approx(max(0.0, exact + ss * sigma_ss * z), rel=1e-12)
     assert release.rdp_gnss == pss.gnss_rdp(beta, sigma_ss, order)
     assert release.epsilon == pytest.approx(release.rdp_released + release.rdp_gnss + math.log(1 / delta) / (order - 1))
-    draws = np.array([pss.release_data_dependent_epsilon(votes, answered, rng=np.random.default_rng(s),
-                                                         **kwargs).rdp_released for s in range(400)])
-    assert draws.mean() == pytest.approx(exact, abs=4 * ss * sigma_ss / math.sqrt(400))
-    assert draws.std() == pytest.approx(ss * sigma_ss, rel=0.15)
+
+
+def test_release_noise_is_centred_on_the_exact_cost_with_the_smooth_sensitivity_scale():
+    votes, answered = [[45, 5], [30, 20], [50, 0]], np.array([True, False, True])
+    kwargs = dict(teachers=50, threshold=40, sigma1=5.0, sigma2=10.0, order=5.0, beta=0.08)
+    exact = dd.data_dependent_epsilon(votes, 40, 5.0, 10.0, 1e-5, orders=[5.0], answered=answered).rdp[0]
+    ss = pss.smooth_sensitivity(votes, answered, **kwargs)
+    assert exact > 4 * ss * 1.0  # far from the clip at 0 with sigma_ss = 1
+    rng = np.random.default_rng(11)
+    draws = np.array([pss.release_data_dependent_epsilon(votes, answered, delta=1e-5, sigma_ss=1.0, rng=rng,
+                                                         **kwargs).rdp_released for _ in range(300)])
+    assert draws.mean() == pytest.approx(exact, abs=4 * ss / math.sqrt(300))
+    assert draws.std() == pytest.approx(ss, rel=0.15)
 
 
 def test_release_refuses_parameters_outside_the_analysis():
