@@ -1,18 +1,20 @@
 """PromptPATE's data-dependent privacy analysis: Confident-GNMax's RDP from the vote histograms.
 
-Papernot et al. 2018, "Scalable Private Learning with PATE" (ICLR 2018), Sections 4 and
-Appendices A-B, as PromptPATE uses it (Duan et al. 2023, App. C.3: "the privacy analysis of our
-PromptPATE entirely follows Papernot et al."). Neighbouring datasets and sensitivities are those
-of `dpcore.pate_privacy` (one record in one teacher).
+Papernot et al. 2018, "Scalable Private Learning with PATE" (ICLR 2018, arXiv:1802.08908):
+its data-dependent RDP analysis of GNMax and Confident-GNMax, as PromptPATE uses it (Duan et
+al. 2023, App. C.3: "the privacy analysis of our PromptPATE entirely follows Papernot et al.").
+Neighbouring datasets and sensitivities are those of `dpcore.pate_privacy` (one record in one
+teacher).
 
 THE OUTPUTS OF THIS MODULE ARE DATA-DEPENDENT AND NOT DIFFERENTIALLY PRIVATE BY THEMSELVES.
 They are functions of the private vote histograms: the epsilon they compute is a valid bound
 for the particular histograms given, but releasing it (or anything else in a
 `DataDependentReport`) leaks information about those histograms. The ledger charges the
 data-independent plan (`dpcore.pate_privacy`); the data-dependent epsilon may be released only
-through a mechanism that pays for it (Papernot et al. Section 4.3, smooth sensitivity), or
-reported, as the paper does, clearly marked data-dependent. The reports stay in the private
-store.
+through a mechanism that pays for it (Papernot et al.'s smooth sensitivity,
+`dpcore.pate_smooth_sensitivity`), or reported, as the paper does, clearly marked
+data-dependent. The reports stay in the private store. Both this bound and the data-independent
+one hold for the run, so the smaller of the two is a valid (data-dependent) figure too.
 
 For query i with vote histogram n (m classes, n_{i*} the largest count):
 

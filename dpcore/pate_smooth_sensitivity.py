@@ -2,7 +2,8 @@
 
 The data-dependent RDP of Confident-GNMax (`dpcore.pate_data_dependent`) is a function of the
 private vote histograms, so it cannot be published as is. Papernot et al. 2018 ("Scalable
-Private Learning with PATE", Section 4.3 and Appendix C) publish it through the GNSS mechanism:
+Private Learning with PATE", arXiv:1802.08908, smooth-sensitivity analysis of the appendix)
+publish it through the GNSS mechanism (Gaussian noise scaled by smooth sensitivity):
 at one Renyi order lambda fixed in advance,
 
     released RDP = R(D) + SS_beta(D) * N(0, sigma_ss^2),
@@ -19,13 +20,16 @@ for 1 < lambda < 1 / (2 beta). The published epsilon is the released RDP plus ep
 converted at delta: released + eps_GNSS + log(1/delta) / (lambda - 1) (Mironov 2017,
 Proposition 3), the figure Papernot et al. report. It is a differentially private ESTIMATE of the
 data-dependent bound (the noise may push it below the exact R(D)), and it is private only when
-lambda, beta and sigma_ss are chosen without looking at the private votes.
+lambda, beta and sigma_ss are chosen without looking at the private votes. It is informative only
+while SS_beta(D) * sigma_ss is small against R(D): with little threshold noise (sigma1 = 1, as in
+Duan et al. Table 7) near-threshold votes make both large, and the estimate is mostly noise
+(clipped at 0); the ledger's data-independent charge stays the safe figure.
 
-Local sensitivities (Papernot et al. Appendix B.4):
+Local sensitivities (Papernot et al., appendix Section B.4):
 
 - GNMax at order lambda is a function beta(q) of the union bound q (Proposition 7): Theorem 6's
   bound below q0, the data-independent lambda / sigma2^2 above (q0: where they cross). One
-  changed teacher moves q within [B_L(q), B_U(q)] (Proposition 12),
+  changed teacher moves q within [B_L(q), B_U(q)] (the bounds of Proposition 13),
   B_{L,U}(q) = (m-1)/2 erfc(erfcinv(2q / (m-1)) +- 1/sigma2) (B_U capped at 1), so the local
   sensitivity at q is max(beta(B_U(q)) - beta(q), beta(q) - beta(B_L(q))) (Algorithm 3), and it
   is largest on the plateau [q1, q0], q1 = B_L(q0), under conditions C5 (beta non-decreasing on
@@ -92,7 +96,7 @@ def _gnmax_rdp(log_q: float, sigma2: float, order: float) -> float:
 
 
 def _log_bound(log_q: float, sigma2: float, classes: int, upper: bool) -> float:
-    """log B_U(q) or log B_L(q) (Proposition 12): q after one teacher changes its vote."""
+    """log B_U(q) or log B_L(q) (Proposition 13's bounds): q after one teacher changes its vote."""
     if log_q == -math.inf:
         return -math.inf
     half = (classes - 1) / 2
@@ -125,7 +129,7 @@ def _log_q0(sigma2: float, order: float) -> float:
 
 
 def _ls_gnmax_at(log_q: float, sigma2: float, classes: int, order: float, log_q0: float, log_q1: float) -> float:
-    """Algorithm 3: an upper bound on GNMax's local sensitivity at q (the plateau value on [q1, q0])."""
+    """Algorithm 3 (correct by Proposition 13): an upper bound on GNMax's local sensitivity at q (the plateau value on [q1, q0])."""
     if log_q1 <= log_q <= log_q0:
         log_q = log_q1
     here = _gnmax_rdp(log_q, sigma2, order)
@@ -136,7 +140,7 @@ def _ls_gnmax_at(log_q: float, sigma2: float, classes: int, order: float, log_q0
 
 @functools.lru_cache(maxsize=256)
 def check_conditions(sigma2: float, classes: int, order: float) -> tuple[bool, bool]:
-    """Conditions C5 and C6 of Papernot et al. (Appendix B.4), checked numerically on a fine grid of
+    """Conditions C5 and C6 of Papernot et al. (appendix Section B.4.2), checked numerically on a fine grid of
     log q: GNMax's beta(q) non-decreasing on (0, q0), beta(B_U(q)) - beta(q) non-decreasing on
     (0, q1). The smooth-sensitivity bound relies on both."""
     sigma, lam = float(sigma2), float(order)
