@@ -17,6 +17,7 @@ from dp_accounting.dp_event import (
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 from scipy.optimize import brentq
+from scipy.special import log_ndtr
 from scipy.stats import norm
 
 from dpcore import composition
@@ -74,7 +75,7 @@ def _exact_gaussian_epsilon(mu: float, delta: float) -> float:
     """Epsilon at delta of a Gaussian mechanism with mu = sensitivity / std (Balle and Wang 2018,
     Theorem 8): delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)."""
     def gap(eps):
-        return norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * norm.cdf(-mu / 2 - eps / mu) - delta
+        return norm.cdf(mu / 2 - eps / mu) - math.exp(eps + log_ndtr(-mu / 2 - eps / mu)) - delta
     return brentq(gap, 0.0, 10 * mu * mu + 100)
 
 
@@ -149,3 +150,39 @@ def test_plan_rejects_bad_parameters(kwargs, match):
                   threshold=180) | kwargs
     with pytest.raises(ConfigError, match=match):
         pate_plan(**values)
+
+
+@pytest.mark.parametrize("sigma", [0.8, 5.0, 40.0])
+def test_composition_of_unsampled_gaussian_agrees_with_dp_accounting(sigma):
+    """q = 1 (PoissonSampledDpEvent(1, ...)) is the plain Gaussian, and the one composition agrees with
+    dp-accounting's RDP and PLD accountants on SelfComposedDpEvent(GaussianDpEvent(sigma), T)."""
+    steps, delta = 100, 1e-6
+    plain = SelfComposedDpEvent(GaussianDpEvent(sigma), steps)
+    ours = composition.compose([SelfComposedDpEvent(PoissonSampledDpEvent(1.0, GaussianDpEvent(sigma)), steps)], delta)
+    assert ours.epsilon == composition.compose([plain], delta).epsilon
+    pld, rdp = PLDAccountant(), RdpAccountant()
+    pld.compose(plain)
+    rdp.compose(plain)
+    assert ours.epsilon == pytest.approx(pld.get_epsilon(delta), rel=0.02)
+    assert ours.epsilon <= rdp.get_epsilon(delta) <= 1.2 * ours.epsilon
+    exact = _exact_gaussian_epsilon(math.sqrt(steps) / sigma, delta)
+    assert exact * (1 - 1e-3) <= ours.epsilon <= exact * 1.03
+
+
+# (sigma1, sigma2, queries, delta, epsilon): the data-independent Confident-GNMax figure of the PATE 2018
+# analysis code (github.com/tensorflow/privacy at 03035d5, research/pate_2018/core.py:
+# compute_rdp_data_independent_threshold + rdp_data_independent_gaussian per query, compute_eps_from_delta
+# over the orders of ICLR2018/smooth_sensitivity_table.py), an RDP bound with the classical conversion.
+PATE_2018_DATA_INDEPENDENT = [
+    (1.0, 20.0, 8, 1e-6, 18.967755278982136),
+    (5.0, 20.0, 10, 1e-6, 3.7519388197455337),
+    (1.0, 50.0, 8, 1e-6, 18.917355278982136),
+    (150.0, 40.0, 12, 1e-8, 0.7642578503907704),
+]
+
+
+@pytest.mark.parametrize("sigma1, sigma2, queries, delta, reference", PATE_2018_DATA_INDEPENDENT)
+def test_data_independent_epsilon_is_within_the_pate_2018_rdp_figure(sigma1, sigma2, queries, delta, reference):
+    # Same mechanisms and sensitivities; the PLD/PRV composition is tighter than RDP's conversion, not far off.
+    ours = data_independent_epsilon(sigma1, sigma2, queries, delta)
+    assert 0.75 * reference <= ours <= reference
