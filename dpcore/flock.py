@@ -133,3 +133,21 @@ def votes(lm, spec: TaskSpec, scores: FlockScores, labels: Sequence[str], mode: 
 def vote_classes(labels: Sequence[str], mode: str) -> int:
     """Histogram width: the labels, plus "other" in black-box mode."""
     return len(labels) + (1 if mode == "black-box" else 0)
+
+
+def ensemble_accuracy(votes_matrix: np.ndarray, gold: np.ndarray, classes: int) -> float:
+    """Accuracy of the flock's plurality vote (ties: the lowest class index) against gold label indices
+    (Duan et al. Table 2 "Ens. Acc.", epsilon = infinity)."""
+    votes_matrix = np.asarray(votes_matrix, dtype=np.int64)
+    if votes_matrix.size == 0:
+        return float("nan")
+    counts = np.zeros((votes_matrix.shape[1], classes), dtype=np.int64)
+    for row in votes_matrix:
+        counts[np.arange(len(row)), row] += 1
+    return float(np.mean(counts.argmax(axis=1) == np.asarray(gold)))
+
+
+def single_prompt_accuracies(votes_matrix: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """[P] each prompt's accuracy alone; its maximum is Table 2's non-private "Upper Bound" (the best
+    single prompt among the E candidates, chosen on the test split)."""
+    return (np.asarray(votes_matrix) == np.asarray(gold)[None, :]).mean(axis=1)
