@@ -254,6 +254,13 @@ class RunConfig(_Frozen):
         return values
 
     @model_validator(mode="after")
+    def _check_pate_public(self) -> RunConfig:
+        if self.pate_public_path and self.pate_public != "file":
+            raise ValueError(f"pate_public_path is a public file, but pate_public is {self.pate_public!r}: give one "
+                             "of them")
+        return self
+
+    @model_validator(mode="after")
     def _check_sources(self) -> RunConfig:
         if self.data_path and not self.task_spec and self.dataset not in _EMBEDDED_SPEC_NAMES():
             raise ValueError("data_path needs task_spec (a task YAML) unless dataset names a shipped spec")
