@@ -45,8 +45,8 @@ def _config(args) -> RunConfig:
     try:
         return config_from_args(args, **overrides)
     except ValidationError as exc:
-        problems = "; ".join(f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
-                             for err in exc.errors())
+        problems = "; ".join((f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: " if err["loc"] else "")
+                             + err["msg"].removeprefix("Value error, ") for err in exc.errors())
         raise ConfigError(problems or str(exc)) from None
 
 
