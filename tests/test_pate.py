@@ -222,3 +222,25 @@ def test_public_file_errors(tmp_path, agnews):
     assert agnews.train["text"].iloc[5][:15] not in str(info.value)
     with pytest.raises(ConfigError, match="only 2 distinct"):
         public_queries.select_queries(texts, 3, where)
+
+
+# ---------------------------------------------------------------- plan
+
+
+def test_target_epsilon_stops_labelling_within_the_budget():
+    from dpcore.config import RunConfig
+    from tasks.pate import privacy_plans
+
+    settings = {"teachers": 200, "shots": 1, "threshold": 180.0, "sigma1": 40.0, "sigma2": 40.0, "repeats": 3}
+    config = RunConfig(dataset="sst2", methods=["pate"], pate_queries=500, pate_target_epsilon=2.0)
+    plans, per_repeat = privacy_plans(config, settings, 1e-6)
+    assert 0 < per_repeat < 500 and len(plans) == 1
+    assert plans[0].composed().epsilon <= 2.0 + 1e-9
+    assert [s.steps for s in plans[0].spends] == [3 * per_repeat, 3 * per_repeat]  # every repeat is charged
+    more, _ = privacy_plans(config.model_copy(update={"pate_target_epsilon": None}), settings, 1e-6)
+    assert more[0].composed().epsilon > 2.0
+    with pytest.raises(ConfigError, match="affords no query"):
+        privacy_plans(config.model_copy(update={"pate_target_epsilon": 1e-4}), settings, 1e-6)
+    baselines, _ = privacy_plans(config.model_copy(update={"pate_baselines": ["zero-shot", "ensemble"]}),
+                                 settings, 1e-6)
+    assert len(baselines) == 2 and baselines[1].spends[0].non_private and math.isinf(baselines[1].epsilon)
