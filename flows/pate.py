@@ -184,7 +184,8 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                              "demos": s["prompt"]} for s in students],
         "student_prompt": students[int(np.argmax([s["validation_accuracy"] for s in students]))]["prompt"]
         if students else [],
-        "baselines": {row["method"]: row["accuracy_mean"] for row in rows[1:]},
+        "baselines": {row["method"]: row["calibrated_accuracy_mean" if config.calibrate else "accuracy_mean"]
+                      for row in rows[1:]},
         "parameters": {**settings, "public_source": inputs["source"], "student_candidates":
                        config.pate_student_candidates, "test_size": config.test_size},
         **{k: settings[k] for k in ("teachers", "shots", "threshold", "sigma1", "sigma2", "vote_mode", "repeats")},
