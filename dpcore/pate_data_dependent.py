@@ -225,6 +225,7 @@ def data_dependent_epsilon(vote_histograms, threshold: float, sigma1: float, sig
 
 
 __all__ = [
-    "DEFAULT_ORDERS", "DataDependentReport", "check_vote_histograms", "data_dependent_epsilon", "epsilon_from_rdp", "log_pr_answered",
+    "DEFAULT_ORDERS", "DataDependentReport", "check_vote_histograms", "data_dependent_epsilon", "epsilon_from_rdp",
+    "log_pr_answered",
     "log_q_gnmax", "rdp_from_log_q", "rdp_gaussian_data_independent", "rdp_threshold",
 ]

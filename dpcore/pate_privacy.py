@@ -137,7 +137,8 @@ def pate_plan(*, epsilon_target: float | None, delta: float, queries: int, thres
     except (TypeError, ValueError):
         raise ConfigError(f"threshold must be a number, got {threshold!r}") from None
     if not (math.isfinite(t) and 0.0 <= t <= n_teachers):
-        raise ConfigError(f"threshold must be in [0, teachers = {n_teachers}] (the largest vote count), got {threshold}")
+        raise ConfigError(f"threshold must be in [0, teachers = {n_teachers}] (the largest vote count), "
+                          f"got {threshold}")
     planned = requested
     if epsilon_target is not None:
         target = check_positive("epsilon_target", epsilon_target)
@@ -156,5 +157,6 @@ def pate_plan(*, epsilon_target: float | None, delta: float, queries: int, thres
 
 __all__ = [
     "MAX_QUERIES", "PURPOSE", "THRESHOLD_SENSITIVITY", "VOTE_SENSITIVITY", "check_positive",
-    "data_independent_epsilon", "max_queries_within", "pate_plan", "pate_spends", "threshold_noise_multiplier", "vote_noise_multiplier",
+    "data_independent_epsilon", "max_queries_within", "pate_plan", "pate_spends", "threshold_noise_multiplier",
+    "vote_noise_multiplier",
 ]

@@ -126,7 +126,8 @@ def _log_q0(sigma2: float, order: float) -> float:
 
 
 def _ls_gnmax_at(log_q: float, sigma2: float, classes: int, order: float, log_q0: float, log_q1: float) -> float:
-    """Algorithm 3 (correct by Proposition 13): an upper bound on GNMax's local sensitivity at q (the plateau value on [q1, q0])."""
+    """Algorithm 3 (correct by Proposition 13): an upper bound on GNMax's local sensitivity at q
+    (the plateau value on [q1, q0])."""
     if log_q1 <= log_q <= log_q0:
         log_q = log_q1
     here = _gnmax_rdp(log_q, sigma2, order)
