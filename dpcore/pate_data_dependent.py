@@ -50,6 +50,7 @@ import numpy as np
 from scipy.special import log_ndtr
 
 from dpcore.errors import ConfigError
+from dpcore.pate_privacy import check_positive
 
 # Renyi orders searched (lambda > 1): fine below 100, geometric up to 1000.
 DEFAULT_ORDERS: np.ndarray = np.concatenate((np.array([1.25, 1.5, 1.75]), np.arange(2.0, 100.0, 0.5),
@@ -86,16 +87,6 @@ def _log1mexp(x: float) -> float:
     return math.log(-math.expm1(x)) if x > -math.log(2) else math.log1p(-math.exp(x))
 
 
-def _sigma(name: str, value) -> float:
-    try:
-        sigma = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number > 0, got {value!r}") from None
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value}")
-    return sigma
-
-
 def _orders(orders) -> np.ndarray:
     values = np.array(orders, dtype=float, ndmin=1)  # a copy: the report freezes its own
     if values.ndim != 1 or values.size == 0 or not np.all(np.isfinite(values)) or np.any(values <= 1):
@@ -120,7 +111,7 @@ def log_q_gnmax(counts, sigma2: float) -> float:
     """log of Proposition 7's bound on q = P[GNMax's noisy argmax != the true argmax]:
     log min(sum_{j != i*} P[N(0, 2 sigma2^2) >= n_{i*} - n_j], 1 - 1/m)."""
     votes = check_vote_histograms(counts)[0]
-    sigma = _sigma("vote_sigma (sigma2)", sigma2)
+    sigma = check_positive("vote_sigma (sigma2)", sigma2)
     top = int(np.argmax(votes))
     gaps = votes[top] - np.delete(votes, top)
     log_tails = log_ndtr(-gaps / (math.sqrt(2.0) * sigma))  # log P[N(0, 2 sigma^2) >= gap]
@@ -129,7 +120,7 @@ def log_q_gnmax(counts, sigma2: float) -> float:
 
 def rdp_gaussian_data_independent(sigma: float, orders=DEFAULT_ORDERS) -> np.ndarray:
     """GNMax's data-independent RDP lambda / sigma^2 (Proposition 8; L2 sensitivity sqrt(2))."""
-    return _orders(orders) / _sigma("sigma", sigma) ** 2
+    return _orders(orders) / check_positive("sigma", sigma) ** 2
 
 
 def rdp_from_log_q(log_q: float, sigma: float, orders=DEFAULT_ORDERS) -> np.ndarray:
@@ -163,7 +154,7 @@ def log_pr_answered(counts, threshold: float, sigma1: float) -> float:
     """log P[max_j n_j + N(0, sigma1^2) >= T]: the probability that the threshold test answers.
     (max_j n_j is rounded to an integer: vote counts are integers.)"""
     votes = check_vote_histograms(counts)[0]
-    return float(log_ndtr((round(float(votes.max())) - float(threshold)) / _sigma("threshold_sigma (sigma1)",
+    return float(log_ndtr((round(float(votes.max())) - float(threshold)) / check_positive("threshold_sigma (sigma1)",
                                                                                    sigma1)))
 
 
@@ -173,7 +164,7 @@ def rdp_threshold(log_p_answered: float, sigma1: float, orders=DEFAULT_ORDERS) -
     (sensitivity 1: GNMax's curve at sigma = sqrt(2) sigma1)."""
     log_p = float(log_p_answered)
     log_q = min(log_p, _log1mexp(log_p))
-    return rdp_from_log_q(log_q, math.sqrt(2.0) * _sigma("threshold_sigma (sigma1)", sigma1), orders)
+    return rdp_from_log_q(log_q, math.sqrt(2.0) * check_positive("threshold_sigma (sigma1)", sigma1), orders)
 
 
 def epsilon_from_rdp(orders, rdp, delta: float) -> tuple[float, float]:
@@ -203,7 +194,7 @@ def data_dependent_epsilon(vote_histograms, threshold: float, sigma1: float, sig
     The curves add up over queries and convert with `epsilon_from_rdp`."""
     votes = check_vote_histograms(vote_histograms)
     lam = _orders(orders)
-    sigma1, sigma2 = _sigma("threshold_sigma (sigma1)", sigma1), _sigma("vote_sigma (sigma2)", sigma2)
+    sigma1, sigma2 = check_positive("threshold_sigma (sigma1)", sigma1), check_positive("vote_sigma (sigma2)", sigma2)
     try:
         t = float(threshold)
     except (TypeError, ValueError):
@@ -234,6 +225,7 @@ def data_dependent_epsilon(vote_histograms, threshold: float, sigma1: float, sig
 
 
 __all__ = [
-    "DEFAULT_ORDERS", "DataDependentReport", "check_vote_histograms", "data_dependent_epsilon", "epsilon_from_rdp", "log_pr_answered",
+    "DEFAULT_ORDERS", "DataDependentReport", "check_vote_histograms", "data_dependent_epsilon", "epsilon_from_rdp",
+    "log_pr_answered",
     "log_q_gnmax", "rdp_from_log_q", "rdp_gaussian_data_independent", "rdp_threshold",
 ]

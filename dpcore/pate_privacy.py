@@ -43,7 +43,8 @@ PURPOSE = "pate"                    # the ledger purpose of both spends
 MAX_QUERIES = 10**9                 # `max_queries_within` searches no further
 
 
-def _positive(name: str, value) -> float:
+def check_positive(name: str, value) -> float:
+    """`value` as a finite float > 0, else a ConfigError naming `name`."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -62,13 +63,13 @@ def _count(name: str, value, minimum: int = 1) -> int:
 
 def threshold_noise_multiplier(sigma1: float) -> float:
     """The threshold test's noise multiplier: sigma1 / THRESHOLD_SENSITIVITY."""
-    return float(gaussian_event(_positive("threshold_sigma (sigma1)", sigma1), THRESHOLD_SENSITIVITY)
+    return float(gaussian_event(check_positive("threshold_sigma (sigma1)", sigma1), THRESHOLD_SENSITIVITY)
                  .noise_multiplier)
 
 
 def vote_noise_multiplier(sigma2: float) -> float:
     """GNMax's noise multiplier: sigma2 / VOTE_SENSITIVITY = sigma2 / sqrt(2)."""
-    return float(gaussian_event(_positive("vote_sigma (sigma2)", sigma2), VOTE_SENSITIVITY).noise_multiplier)
+    return float(gaussian_event(check_positive("vote_sigma (sigma2)", sigma2), VOTE_SENSITIVITY).noise_multiplier)
 
 
 def pate_spends(sigma1: float, sigma2: float, queries: int) -> tuple[PlannedSpend, PlannedSpend]:
@@ -97,7 +98,7 @@ def max_queries_within(epsilon: float, delta: float, sigma1: float, sigma2: floa
     """The largest Q (at most `limit`, default MAX_QUERIES) with data_independent_epsilon(sigma1,
     sigma2, Q, delta) <= epsilon; 0 when not even one query fits. Bisection on the composition
     (epsilon grows with Q)."""
-    target = _positive("epsilon", epsilon)
+    target = check_positive("epsilon", epsilon)
     cap = MAX_QUERIES if limit is None else _count("limit", limit)
 
     def fits(q: int) -> bool:
@@ -127,8 +128,8 @@ def pate_plan(*, epsilon_target: float | None, delta: float, queries: int, thres
     queries (labelling stops when the budget is reached) and its epsilon is the target; a target
     that affords not even one query is a ConfigError. `parameters`: teachers, threshold, sigma1,
     sigma2, queries (planned), queries_requested, epsilon_data_independent, sensitivities."""
-    sigma1 = _positive("threshold_sigma (sigma1)", threshold_sigma)
-    sigma2 = _positive("vote_sigma (sigma2)", vote_sigma)
+    sigma1 = check_positive("threshold_sigma (sigma1)", threshold_sigma)
+    sigma2 = check_positive("vote_sigma (sigma2)", vote_sigma)
     n_teachers = _count("teachers", teachers)
     requested = _count("queries", queries)
     try:
@@ -136,10 +137,11 @@ def pate_plan(*, epsilon_target: float | None, delta: float, queries: int, thres
     except (TypeError, ValueError):
         raise ConfigError(f"threshold must be a number, got {threshold!r}") from None
     if not (math.isfinite(t) and 0.0 <= t <= n_teachers):
-        raise ConfigError(f"threshold must be in [0, teachers = {n_teachers}] (the largest vote count), got {threshold}")
+        raise ConfigError(f"threshold must be in [0, teachers = {n_teachers}] (the largest vote count), "
+                          f"got {threshold}")
     planned = requested
     if epsilon_target is not None:
-        target = _positive("epsilon_target", epsilon_target)
+        target = check_positive("epsilon_target", epsilon_target)
         planned = max_queries_within(target, delta, sigma1, sigma2, limit=requested)
         if planned == 0:
             raise ConfigError(f"epsilon_target {target} affords not even one query at sigma1 = {sigma1:g}, "
@@ -154,6 +156,7 @@ def pate_plan(*, epsilon_target: float | None, delta: float, queries: int, thres
 
 
 __all__ = [
-    "MAX_QUERIES", "PURPOSE", "THRESHOLD_SENSITIVITY", "VOTE_SENSITIVITY", "data_independent_epsilon",
-    "max_queries_within", "pate_plan", "pate_spends", "threshold_noise_multiplier", "vote_noise_multiplier",
+    "MAX_QUERIES", "PURPOSE", "THRESHOLD_SENSITIVITY", "VOTE_SENSITIVITY", "check_positive",
+    "data_independent_epsilon", "max_queries_within", "pate_plan", "pate_spends", "threshold_noise_multiplier",
+    "vote_noise_multiplier",
 ]

@@ -59,6 +59,7 @@ from scipy.special import erfc, erfcinv
 
 from dpcore import pate_data_dependent as dd
 from dpcore.errors import ConfigError
+from dpcore.pate_privacy import check_positive
 
 _CONDITION_GRID = 4000   # points of the numerical check of conditions C5, C6
 _CONDITION_SLACK = 1e-12  # relative decrease tolerated as rounding in that check
@@ -81,11 +82,7 @@ class SmoothSensitivityRelease:
 def gnss_rdp(beta: float, sigma_ss: float, order: float) -> float:
     """eps_GNSS of Theorem 23 (Papernot et al. 2018): the RDP at `order` of adding
     SS_beta * N(0, sigma_ss^2); requires 1 < order < 1 / (2 beta)."""
-    b, s, lam = float(beta), float(sigma_ss), float(order)
-    if not (math.isfinite(s) and s > 0):
-        raise ConfigError(f"sigma_ss must be a finite number > 0, got {sigma_ss}")
-    if not (math.isfinite(b) and b > 0):
-        raise ConfigError(f"beta must be a finite number > 0, got {beta}")
+    b, s, lam = check_positive("beta", beta), check_positive("sigma_ss", sigma_ss), check_positive("order", order)
     if not 1 < lam < 1 / (2 * b):
         raise ConfigError(f"order must be in (1, 1 / (2 beta)) = (1, {1 / (2 * b):.4g}), got {order}")
     return lam * math.exp(2 * b) / s ** 2 + (b * lam - 0.5 * math.log1p(-2 * lam * b)) / (lam - 1)
@@ -129,7 +126,8 @@ def _log_q0(sigma2: float, order: float) -> float:
 
 
 def _ls_gnmax_at(log_q: float, sigma2: float, classes: int, order: float, log_q0: float, log_q1: float) -> float:
-    """Algorithm 3 (correct by Proposition 13): an upper bound on GNMax's local sensitivity at q (the plateau value on [q1, q0])."""
+    """Algorithm 3 (correct by Proposition 13): an upper bound on GNMax's local sensitivity at q
+    (the plateau value on [q1, q0])."""
     if log_q1 <= log_q <= log_q0:
         log_q = log_q1
     here = _gnmax_rdp(log_q, sigma2, order)
