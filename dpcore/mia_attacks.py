@@ -104,7 +104,7 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
     every label; labels of several tokens continue from the cache (as `icl.label_logprobs`,
     whose scores these equal).
     """
-    from dpcore.icl import _label_token_ids
+    from dpcore.icl import label_token_ids
     from dpcore.prefix_cache import PrefixCache, common_prefix_length
 
     if spec.kind != "classification":
@@ -118,7 +118,7 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
     if n == 0:
         empty = np.zeros(0)
         return PromptScores(empty, empty, empty)
-    label_ids = _label_token_ids(lm, spec, label_names)
+    label_ids = label_token_ids(lm, spec, label_names)
     encoded = [_encode_with_span(lm, *_text_span(spec, demos, str(text))) for text in texts]
     contexts = [e[0] for e in encoded]
     shared = common_prefix_length(contexts, reserve=1)

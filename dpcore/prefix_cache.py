@@ -136,3 +136,55 @@ class PrefixCache:
         return PrefixBatch(cache=DynamicCache(ddp_cache_data=data, config=config),
                       key_mask=batch.key_mask.index_select(0, index),
                       next_position=batch.next_position.index_select(0, index))
+
+
+class StackedPrefixes(PrefixCache):
+    """Many prompts' own prefixes (the teachers of a PromptPATE flock), each run once, stacked in one cache.
+
+    Prefixes are right-padded to the longest and run through the model in blocks of `block` rows;
+    pad slots are masked out of every later step, and each row continues at its own prefix's length
+    (position ids), so a batch may mix rows of different prefixes: `start_rows(index)` gives the
+    batch whose row r continues prefix `index[r]`. Exact: a real token never attends to a later
+    pad slot (causal), so the cached keys and values equal each prefix run alone. An empty prefix
+    gets one masked slot (the row then sees its own tokens only).
+    """
+
+    def __init__(self, lm, prefixes: Sequence[Sequence[int]], block: int = 16):
+        self.lm = lm
+        self.prefix_ids = []
+        self.lengths = torch.as_tensor([len(p) for p in prefixes], dtype=torch.long, device=lm.device)
+        width = max(1, max((len(p) for p in prefixes), default=1))
+        keys: list[list[torch.Tensor]] = []
+        values: list[list[torch.Tensor]] = []
+        with torch.inference_mode():
+            for start in range(0, len(prefixes), block):
+                rows = [list(p) if p else [lm.pad_id] for p in prefixes[start:start + block]]
+                ids, mask = _right_pad(rows, lm.pad_id)
+                ids, mask = ids.to(lm.device), mask.to(lm.device)
+                began = time.perf_counter()
+                out = lm.model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+                lm.stats.record(mask, began)
+                pad = width - ids.shape[1]
+                for layer_index, layer in enumerate(out.past_key_values.layers):
+                    k, v = layer.keys, layer.values
+                    if pad:
+                        k = torch.nn.functional.pad(k, (0, 0, 0, pad))
+                        v = torch.nn.functional.pad(v, (0, 0, 0, pad))
+                    if layer_index == len(keys):
+                        keys.append([])
+                        values.append([])
+                    keys[layer_index].append(k)
+                    values[layer_index].append(v)
+        self.layers = [(torch.cat(k, dim=0), torch.cat(v, dim=0)) for k, v in zip(keys, values, strict=True)]
+        self.key_mask = (torch.arange(width, device=lm.device)[None, :] < self.lengths[:, None]).long()
+
+    def __len__(self) -> int:
+        return int(self.key_mask.shape[1])
+
+    def start_rows(self, index: torch.Tensor) -> PrefixBatch:
+        """A batch whose row r continues prefix index[r] (rows of different prefixes mix freely)."""
+        from transformers import DynamicCache
+
+        data = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.layers]
+        return PrefixBatch(cache=DynamicCache(ddp_cache_data=data, config=self.lm.model.config),
+                      key_mask=self.key_mask.index_select(0, index), next_position=self.lengths.index_select(0, index))
