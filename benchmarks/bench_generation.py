@@ -55,7 +55,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dpcore.batching import BatchedForward  # noqa: E402
-from dpcore.config import GenerationConfig  # noqa: E402
+from dpcore.config import MECHANISMS, GenerationConfig  # noqa: E402
 from dpcore.generation import generate_demos  # noqa: E402
 
 # --------------------------------------------------------------------------- measurement helpers
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
     parser.add_argument("--naive-max-tokens", type=int, default=None,
                         help="run naive for only this many steps (compared with the engine's first steps)")
     parser.add_argument("--noise-multiplier", type=float, default=0.39, help="sigma (0.39: about epsilon 4)")
-    parser.add_argument("--mechanism", choices=["gaussian", "rnm"], default="gaussian")
+    parser.add_argument("--mechanism", choices=list(MECHANISMS), default="gaussian")
     parser.add_argument("--model", default="smollm2-135m",
                         help="a model name, or random-smollm2-135m / random-llama-1b (random weights, speed only)")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model (tests): --model tiny-random too")

@@ -44,8 +44,8 @@ public, as in the paper.
 
 Reported numbers: `epsilon` is an upper bound: the larger of prv-accountant's upper bound and
 the PLD value (both upper bounds). prv-accountant 0.2.0 has a known numerical bug at large
-epsilon; when the two accountants' point values differ by more than 2% (or prv-accountant
-raises), the larger is reported, `crosscheck_agreed` is False and a warning says why (rnm:
+epsilon (microsoft/prv_accountant#36); when the two accountants' point values differ by more
+than 2% (or prv-accountant raises), the larger is reported, `crosscheck_agreed` is False and a warning says why (rnm:
 unless the PLD agrees with the exact composition, see above). The 2% tolerance, the
 accountants' resolutions and their speed guards are `dpcore.composition`'s, shared with the ledger.
 sigma = 0 means no noise: epsilon is math.inf everywhere, never a number.
@@ -68,7 +68,7 @@ from typing import Any, Literal
 
 from dpcore import composition
 from dpcore.composition import SIGMA_MAX, SIGMA_MIN, SIGMA_TOLERANCE, rnm_step_epsilon
-from dpcore.config import MECHANISMS
+from dpcore.config import Mechanism, check_mechanism
 from dpcore.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ CacheDir = Path | str | None | Literal[False]
 class PrivacyReport:
     """The privacy guarantee of one label's generation (and, at the largest q, of the run)."""
 
-    mechanism: str            # "gaussian" | "rnm"
+    mechanism: Mechanism
     noise_multiplier: float   # sigma; 0.0 means no noise (epsilon = inf)
     sampling_rate: float      # q = M*N/|D_y|
     steps: int                # T = max_tokens * demos_per_label
@@ -150,12 +150,6 @@ def _check_float(name: str, value: Any) -> float:
     return number
 
 
-def _check_mechanism(mechanism: str) -> str:
-    if mechanism not in MECHANISMS:
-        raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
-    return mechanism
-
-
 def _check_common(sampling_rate: Any, steps: Any, delta: Any, mechanism: str) -> tuple[float, int, float, str]:
     q = _check_float("sampling_rate", sampling_rate)
     if not 0.0 < q <= 1.0:
@@ -164,7 +158,7 @@ def _check_common(sampling_rate: Any, steps: Any, delta: Any, mechanism: str) ->
     d = _check_float("delta", delta)
     if not 0.0 < d < 1.0:
         raise ConfigError(f"delta must be in (0, 1), got {d}")
-    return q, t, d, _check_mechanism(mechanism)
+    return q, t, d, check_mechanism(mechanism)
 
 
 def _check_noise_multiplier(noise_multiplier: Any) -> float:

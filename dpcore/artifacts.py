@@ -22,7 +22,8 @@ from dpcore.home import is_private_path
 
 # Tables holding private record text, the ids of the real demos of the random-real baseline, or
 # per-record functions of private data (test predictions with ids and probabilities, membership scores).
-PRIVATE_TABLES = frozenset({"records", "partitions", "real_demos", "predictions", "mia_scores"})
+PRIVATE_TABLES = frozenset({"records", "partitions", "real_demos", "predictions", "mia_scores", "teacher_assignments",
+                            "vote_histograms", "pate_predictions"})
 
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> Path:

@@ -19,9 +19,9 @@ order and padding width can depend on a batch's shape). Within a pass:
   prompt by prompt. Other architectures are left-padded: sorted by length and cut into
   contiguous micro-batches by an exact dynamic programme that minimises padded tokens plus a
   per-call overhead (in token equivalents), under a cap on padded tokens per micro-batch.
-- Shared prefix computed once: the longest common token prefix of all prompts (with the
-  task prompts of Tang et al., the instruction line every group prompt starts with) is run
-  through the model once, its key/value cache kept, and every micro-batch continues from it
+- Shared prefix computed once: the longest common token prefix of all prompts
+  (`dpcore.prefix_cache.common_prefix_length`; with the task prompts of Tang et al., the
+  instruction line every group prompt starts with) is run through the model once, its key/value cache kept, and every micro-batch continues from it
   (layout: [cached prefix][left padding][rest of the prompt], positions continuing after the
   prefix). Exact: the prefix's keys and values do not depend on what follows (causal model).
 
@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from dpcore.prefix_cache import common_prefix_length
 
 PACKED_ATTENTION = "dpicl_packed_sdpa"
 _PACKED_KWARG = "dpicl_packed"
@@ -107,19 +109,6 @@ def plan_micro_batches(lengths: Sequence[int], max_batch_tokens: int, overhead_t
         runs.append(order[start:end])
         end = start
     return runs[::-1]
-
-
-def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
-    """Length of the longest token prefix shared by every prompt."""
-    if not prompts:
-        return 0
-    first = prompts[0]
-    limit = min(len(p) for p in prompts)
-    arrays = [np.asarray(p[:limit], dtype=np.int64) for p in prompts]
-    stacked = np.stack(arrays) if limit else np.zeros((len(prompts), 0), dtype=np.int64)
-    same = np.all(stacked == np.asarray(first[:limit], dtype=np.int64), axis=0)
-    mismatch = np.flatnonzero(~same)
-    return int(mismatch[0]) if mismatch.size else limit
 
 
 def _varlen_function():
@@ -433,7 +422,7 @@ class BatchedForward:
         """Forward `prompts` (their own shared prefix, their own micro-batches) into out[rows]."""
         prefix_len = 0
         if self.prefix_cache and len(prompts) > 1:
-            prefix_len = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+            prefix_len = common_prefix_length(prompts, reserve=1)
             if prefix_len < self.min_prefix:
                 prefix_len = 0
         kv = self._prefix_kv(tuple(int(t) for t in prompts[0][:prefix_len])) if prefix_len else None

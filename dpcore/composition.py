@@ -33,7 +33,7 @@ any delta). One cross-check tolerance (`CROSSCHECK_TOLERANCE`, 2%, or 1e-3 absol
 prv-accountant's estimate and the PLD agree within it; before a disagreement is declared the
 PLD is refined ten times finer. prv-accountant 0.2.0 is unreliable on pure-DP random variables
 (grid truncation) and at large epsilon ("Discrete mean differs from continuous mean",
-microsoft/prv_accountant#36, fixed by #38 after the 0.2.0 release): when it fails or
+microsoft/prv_accountant#36, fixed by microsoft/prv_accountant#38 after the 0.2.0 release): when it fails or
 disagrees and the exact form exists, the cross-check passes only if the PLD agrees with the
 exact composition. Every failure or disagreement is a warning; nothing is hidden.
 

@@ -28,15 +28,32 @@ METHODS: tuple[str, ...] = get_args(Method)
 # Noise mechanisms the accountant composes (`dpcore.composition.STEP_KINDS`).
 Mechanism = Literal["gaussian", "rnm"]
 MECHANISMS: tuple[str, ...] = get_args(Mechanism)
+# How a label's records are subsampled into groups (`dpcore.sampling`).
 Sampler = Literal["poisson", "fixed"]
+SAMPLERS: tuple[str, ...] = get_args(Sampler)
 AuditMode = Literal["regenerate", "run-demos"]
+# Where an evaluated prompt's demonstrations come from (the rows of Tang et al. Table 1):
+# none, instruction-only (epsilon = 0), sigma = 0, real records, DP demonstrations, or (`dpsgd`)
+# no demonstration but a trained PromptDPSGD prompt in front.
+DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "dp", "dpsgd"]
+DEMO_SOURCES: tuple[str, ...] = get_args(DemoSource)
+# The demo sources run beside the DP demonstrations for comparison.
 Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]
-
-ALL_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only", "sigma-zero", "random-real")
+PatePublic = Literal["iid", "ood", "file"]
+PateVoteMode = Literal["calibrated", "black-box"]
+PateBaseline = Literal["zero-shot", "ensemble", "upper-bound"]
+ALL_BASELINES: tuple[str, ...] = get_args(Baseline)
 # Baselines that read no private record: the default. `sigma-zero` (no noise) and `random-real`
 # (real records as demonstrations) are non-private: opt-in only, charged as infinite spends.
 DEFAULT_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only")
 NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
+
+
+def check_mechanism(mechanism) -> str:
+    """`mechanism` when it is one of `MECHANISMS`; otherwise a ConfigError naming them."""
+    if mechanism not in MECHANISMS:
+        raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+    return mechanism
 
 
 class _Frozen(BaseModel):
@@ -150,6 +167,32 @@ class RunConfig(_Frozen):
     overlap_threshold: int = Field(8, ge=1, description="audit gate: verbatim token overlap that counts as a leak")
 
     # --- PromptPATE (Duan et al. Section 4.2, App. C.2): fields named pate_*
+    pate_teachers: int = Field(200, ge=1, description="E: teacher prompts, built from disjoint private records")
+    pate_shots: int = Field(1, ge=1, description="k: demonstrations per teacher prompt (and per student prompt)")
+    pate_public: PatePublic = Field("iid", description="public queries: iid (the task's public split), ood (the "
+                                    "task YAML's pate.ood_public dataset) or file (pate_public_path)")
+    pate_public_path: str | None = Field(None, description="a CSV/JSONL/Parquet file of public queries (text column "
+                                         "only); implies pate_public file")
+    pate_public_column: str = Field("text", description="the text column of pate_public_path")
+    pate_queries: int = Field(500, ge=1, description="Q: public queries the teachers label")
+    pate_threshold: float | None = Field(None, description="T: Confident-GNMax threshold on the top vote count "
+                                         "(default round(0.9 E): Table 7's 180 at E = 200)")
+    pate_sigma1: float | None = Field(None, description="threshold noise std (default: the task YAML's, Table 7: 1, "
+                                      "5 for AG News)")
+    pate_sigma2: float = Field(20.0, description="GNMax noise std on the vote counts (Table 7: 20)")
+    pate_vote_mode: PateVoteMode = Field("calibrated", description="calibrated (argmax of calibrated label "
+                                         "probabilities) or black-box (greedy next token; other tokens vote 'other')")
+    pate_target_epsilon: float | None = Field(None, gt=0, description="labelling stops when this epsilon (all "
+                                              "repeats together, data-independent) would be exceeded")
+    pate_repeats: int = Field(3, ge=1, description="noisy labellings and student choices (fresh noise each); "
+                              "accuracy is mean +/- std over them, each charged")
+    pate_student_candidates: int = Field(50, ge=1, description="candidate student prompts evaluated on the "
+                                         "public validation queries")
+    pate_baselines: list[PateBaseline] = Field(
+        default_factory=lambda: ["zero-shot"],
+        description="comparison rows: zero-shot; ensemble (the flock's vote on the test split) and upper-bound (the "
+        "best single teacher on the test split) are non-private: opt-in, charged as an infinite spend")
+    pate_teacher_block: int = Field(25, ge=1, description="teachers per mapped flock-scoring task")
 
     # --- PromptDPSGD (Duan et al. Section 4.1, App. C.1): fields named dpsgd_*
     dpsgd_kind: Literal["soft-prompt", "prefix"] = Field(
@@ -231,6 +274,28 @@ class RunConfig(_Frozen):
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("pate_baselines", mode="before")
+    @classmethod
+    def _parse_pate_baselines(cls, value):
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _public_path_means_file(cls, values):
+        """A public file given means the file source."""
+        if isinstance(values, dict) and values.get("pate_public_path") and not values.get("pate_public"):
+            values = {**values, "pate_public": "file"}
+        return values
+
+    @model_validator(mode="after")
+    def _check_pate_public(self) -> RunConfig:
+        if self.pate_public_path and self.pate_public != "file":
+            raise ValueError(f"pate_public_path is a public file, but pate_public is {self.pate_public!r}: give one "
+                             "of them")
+        return self
 
     @model_validator(mode="after")
     def _check_sources(self) -> RunConfig:

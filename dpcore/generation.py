@@ -54,10 +54,9 @@ import pandas as pd
 import torch
 
 from dpcore.batching import BatchedForward
-from dpcore.config import GenerationConfig
+from dpcore.config import SAMPLERS, DemoSource, GenerationConfig, Mechanism, Sampler, check_mechanism
 from dpcore.errors import ConfigError
 from dpcore.mechanisms import (
-    MECHANISMS,
     aggregate,
     check_noise_multiplier,
     noise_seed_sequence,
@@ -66,14 +65,13 @@ from dpcore.mechanisms import (
     restricted_softmax,
 )
 from dpcore.records import context_length, fit_group, prompt_budget, truncate_records
-from dpcore.sampling import SAMPLERS, check_group_sizes, draw_groups
+from dpcore.sampling import check_group_sizes, draw_groups
 
 log = logging.getLogger(__name__)
 
 STOP_EOS = "eos"
 STOP_STRING = "stop_string"
 STOP_MAX_TOKENS = "max_tokens"
-METHODS = ("dp", "sigma-zero", "instruction-only", "random-real")
 
 Forward = Callable[[list[list[int]]], torch.Tensor]
 PUBLIC_PASS = ("public",)  # pass key of the public prompts (labels are strings: never equal to it)
@@ -100,11 +98,11 @@ class Demo:
     top_k: int
     rvp: bool
     max_tokens: int
-    mechanism: str
+    mechanism: Mechanism
     model: str
     seeded_noise: bool
-    method: str  # "dp" | "sigma-zero" | "instruction-only" | "random-real"
-    sampler: str = "poisson"
+    method: DemoSource  # never "zero-shot": a zero-shot prompt has no demonstration
+    sampler: Sampler = "poisson"
 
 
 DEMO_COLUMNS = tuple(f.name for f in fields(Demo))
@@ -154,8 +152,7 @@ def validate_generation(config: GenerationConfig, noise_multiplier: float, vocab
     if config.rvp and (int(config.top_k) != config.top_k or not 1 <= config.top_k <= vocab_size):
         raise ConfigError(f"top_k (K) must be an integer in [1, {vocab_size}] (the model's vocabulary), "
                           f"got {config.top_k!r}")
-    if config.mechanism not in MECHANISMS:
-        raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {config.mechanism!r}")
+    check_mechanism(config.mechanism)
     if config.sampler not in SAMPLERS:
         raise ConfigError(f"sampler must be one of {', '.join(SAMPLERS)}, got {config.sampler!r}")
     check_noise_multiplier(noise_multiplier)

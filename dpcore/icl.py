@@ -15,9 +15,9 @@ Extraction (Table 8): greedy decoding of a few tokens, stopped at a newline; exa
 match after lower-casing and stripping punctuation and whitespace.
 
 Speed: the prompt's shared prefix (instruction + demonstrations) is run through the
-model once; its KV cache is expanded over a batch of test items (right-padded
-suffixes with explicit position ids), and the cache after each item's query is reused
-for every label continuation. `label_logprobs_naive` is the straightforward reference
+model once (`dpcore.prefix_cache.PrefixCache`); its KV cache is expanded over a batch of
+test items (right-padded suffixes with explicit position ids), and the cache after each
+item's query is reused for every label continuation. `label_logprobs_naive` is the straightforward reference
 (one full forward per item and label) used by the tests and the benchmark.
 
 Privacy: `evaluate` writes nothing and returns frames holding only test items (the
@@ -33,18 +33,18 @@ import string
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import torch
 
-from dpcore.config import EvalConfig
+from dpcore.config import DEMO_SOURCES, DemoSource, EvalConfig
 from dpcore.errors import ConfigError, DataValidationError
+from dpcore.prefix_cache import PrefixBatch, PrefixCache, common_prefix_length
 from dpcore.taskspec import TaskSpec
 
 CONTENT_FREE_INPUTS: tuple[str, ...] = ("N/A", "", "[MASK]")
-METHODS: tuple[str, ...] = ("zero-shot", "instruction-only", "sigma-zero", "random-real", "dp", "dpsgd")
 PREDICTION_COLUMNS = [
     "test_id", "method", "epsilon", "seed", "gold", "pred_raw", "pred_calibrated", "label_probs",
     "calibrated_probs", "correct_raw", "correct_calibrated", "demo_ids",
@@ -52,8 +52,25 @@ PREDICTION_COLUMNS = [
 METRIC_COLUMNS = ["method", "epsilon", "seed", "n", "accuracy", "calibrated_accuracy", "calibrated", "shots",
                   "seconds", "reused"]
 
-# A demonstration: (text, label) or (text, label, id). Ids (never text) reach the outputs.
-DemoItem = tuple
+
+class DemoItem(NamedTuple):
+    """One demonstration of an ICL prompt: its text, its label (a class label, or the answer of an
+    extraction task) and, for a real record, the record's id. Ids, never text, reach the outputs."""
+
+    text: str
+    label: str
+    id: str | None = None
+
+    @classmethod
+    def of(cls, item) -> DemoItem:
+        """A DemoItem from a (text, label) or (text, label, id) tuple (a DemoItem is returned as is)."""
+        if isinstance(item, cls):
+            return item
+        if len(item) not in (2, 3):
+            raise DataValidationError(f"demos: a demonstration is (text, label) or (text, label, id), "
+                                      f"got {len(item)} fields")
+        record_id = item[2] if len(item) == 3 else None
+        return cls(str(item[0]), str(item[1]), None if record_id is None else str(record_id))
 
 
 # --------------------------------------------------------------------------- prompt
@@ -111,8 +128,9 @@ def choose_demos(pool: Sequence[DemoItem], labels: Sequence[str], shots: int, se
 
 
 def demo_ids(demos: Sequence[DemoItem]) -> list[str]:
-    """Ids of the demos (third tuple element) or their position in the prompt; never their text."""
-    return [str(demo[2]) if len(demo) > 2 else f"demo-{i}" for i, demo in enumerate(demos)]
+    """Ids of the demos (real records) or their position in the prompt; never their text."""
+    ids = [DemoItem.of(demo).id for demo in demos]
+    return [f"demo-{i}" if record_id is None else record_id for i, record_id in enumerate(ids)]
 
 
 def check_test_size(test_size: int | None, num_test: int) -> None:
@@ -131,133 +149,6 @@ def select_test(test: pd.DataFrame, test_size: int | None, seed: int = 0) -> pd.
     return test.iloc[order].reset_index(drop=True)
 
 
-# --------------------------------------------------------------------------- model plumbing
-
-
-def _count(lm, mask: torch.Tensor, began: float) -> None:
-    lm.stats.forward_calls += 1
-    lm.stats.tokens += int(mask.sum())
-    lm.stats.padded_tokens += int(mask.numel())
-    lm.stats.seconds += time.perf_counter() - began
-
-
-def _common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    first = sequences[0]
-    length = min(len(seq) for seq in sequences) - 1  # every item keeps at least one token of its own
-    for seq in sequences[1:]:
-        i = 0
-        while i < length and seq[i] == first[i]:
-            i += 1
-        length = i
-    return max(0, length)
-
-
-def _right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
-            mask[i, : len(row)] = 1
-    return ids, mask
-
-
-@dataclass
-class _Batch:
-    """A batch of rows sharing the prefix cache: cache, 2-D key mask and each row's next position."""
-
-    cache: object | None
-    key_mask: torch.Tensor  # [B, cache_len] 1 where the cached key is real
-    next_position: torch.Tensor  # [B] position id of the row's next token
-
-
-class PrefixCache:
-    """The shared prompt prefix run once; its KV cache is expanded over batches of suffixes.
-
-    Suffixes are right-padded; position ids continue each row from its own length and the
-    2-D attention mask hides pad slots, so rows of different lengths share one forward.
-    """
-
-    def __init__(self, lm, prefix_ids: Sequence[int], past: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None):
-        """`past`: per-layer (keys, values) of batch 1 that precede the prefix tokens (a trained soft
-        prompt's or prefix's cache, `dpcore.soft_prompt`); positions continue after it."""
-        from transformers import DynamicCache
-
-        self.lm = lm
-        self.prefix_ids = list(prefix_ids)
-        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [(k, v) for k, v in (past or [])]
-        self.offset = int(self.layers[0][0].shape[-2]) if self.layers else 0  # cache positions before the prefix
-        if self.prefix_ids:
-            with torch.inference_mode():
-                began = time.perf_counter()
-                ids = torch.as_tensor([self.prefix_ids], dtype=torch.long, device=lm.device)
-                mask = torch.ones((1, self.offset + ids.shape[1]), dtype=torch.long, device=lm.device)
-                cache = DynamicCache(ddp_cache_data=self.layers, config=lm.model.config) if self.layers else None
-                positions = self.offset + torch.arange(ids.shape[1], device=lm.device)[None, :]
-                out = lm.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                               use_cache=True, logits_to_keep=1)
-                _count(lm, mask[:, self.offset:], began)
-            self.layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-
-    def __len__(self) -> int:
-        return len(self.prefix_ids)
-
-    def _expanded(self, rows: int):
-        if not self.layers:
-            return None
-        from transformers import DynamicCache
-
-        data = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.layers]
-        return DynamicCache(ddp_cache_data=data, config=self.lm.model.config)
-
-    def start(self, rows: int) -> _Batch:
-        device = self.lm.device
-        cached = self.offset + len(self.prefix_ids)
-        return _Batch(
-            cache=self._expanded(rows),
-            key_mask=torch.ones((rows, cached), dtype=torch.long, device=device),
-            next_position=torch.full((rows,), cached, dtype=torch.long, device=device),
-        )
-
-    @torch.inference_mode()
-    def extend(self, batch: _Batch, rows: Sequence[Sequence[int]], keep: str = "last") -> tuple[_Batch, torch.Tensor]:
-        """Feed each row's tokens after its cached context.
-
-        keep="last": log-softmax at each row's last real token, [B, V].
-        keep="all":  log-softmax at every position, [B, W, V].
-        The returned batch holds the grown cache (pad slots masked out).
-        """
-        lm = self.lm
-        ids, mask = _right_pad(rows, lm.pad_id)
-        ids, mask = ids.to(lm.device), mask.to(lm.device)
-        width = ids.shape[1]
-        positions = batch.next_position[:, None] + torch.arange(width, device=lm.device)[None, :]
-        attention = torch.cat([batch.key_mask, mask], dim=1)
-        lengths = mask.sum(dim=1)
-        last = (lengths - 1).clamp(min=0)
-        keep_arg = last[:, None] if keep == "last" else 0  # per-row position: logits for one token per row
-        began = time.perf_counter()
-        out = lm.model(input_ids=ids, attention_mask=attention, position_ids=positions,
-                       past_key_values=batch.cache, use_cache=True, logits_to_keep=keep_arg)
-        _count(lm, mask, began)
-        logits = out.logits.float()
-        if keep == "last":
-            logits = logits[:, 0, :]
-        grown = _Batch(cache=out.past_key_values, key_mask=attention, next_position=batch.next_position + lengths)
-        return grown, torch.log_softmax(logits, dim=-1)
-
-    @staticmethod
-    def select(batch: _Batch, index: torch.Tensor, config) -> _Batch:
-        """Rows `index` of a batch (repeats allowed): the cache after each item's query, per label."""
-        from transformers import DynamicCache
-
-        data = [(layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in batch.cache.layers]
-        return _Batch(cache=DynamicCache(ddp_cache_data=data, config=config),
-                      key_mask=batch.key_mask.index_select(0, index),
-                      next_position=batch.next_position.index_select(0, index))
-
-
 # --------------------------------------------------------------------------- classification scoring
 
 
@@ -268,12 +159,38 @@ def _labels(spec: TaskSpec, labels: Sequence[str] | None) -> list[str]:
     return labels
 
 
-def _label_token_ids(lm, spec: TaskSpec, labels: Sequence[str]) -> list[list[int]]:
+def label_token_ids(lm, spec: TaskSpec, labels: Sequence[str]) -> list[list[int]]:
+    """The tokens of each label's continuation `" " + verbalizer(label)`."""
     ids = [lm.encode(" " + spec.verbalizer(label)) for label in labels]
     for label, tokens in zip(labels, ids, strict=True):
         if not tokens:
             raise ConfigError(f"labels: the verbalizer of label {label!r} encodes to no tokens")
     return ids
+
+
+def score_labels(prefix: PrefixCache, batch: PrefixBatch, logp: torch.Tensor, label_ids: list[list[int]]) -> torch.Tensor:
+    """[B, L] float64 label log-probabilities of a batch whose last query token gave `logp` [B, V].
+
+    The first label token is read from `logp`; labels of several tokens continue from the cache
+    after the query (rows repeated per label, `PrefixCache.select`).
+    """
+    lm = prefix.lm
+    first = torch.as_tensor([ids[0] for ids in label_ids], dtype=torch.long, device=lm.device)
+    multi = [j for j, ids in enumerate(label_ids) if len(ids) > 1]
+    scores = logp[:, first].double()
+    if multi:
+        items = range(logp.shape[0])
+        rows = torch.as_tensor([b for b in items for _ in multi], dtype=torch.long, device=lm.device)
+        cont = [label_ids[j][:-1] for _ in items for j in multi]
+        tails = [label_ids[j][1:] for _ in items for j in multi]
+        cont_batch = PrefixCache.select(batch, rows, lm.model.config)
+        _, cont_logp = prefix.extend(cont_batch, cont, keep="all")  # [R, W, V]
+        for r, tail in enumerate(tails):
+            b, j = divmod(r, len(multi))
+            steps = torch.arange(len(tail), device=lm.device)
+            target = torch.as_tensor(tail, dtype=torch.long, device=lm.device)
+            scores[b, multi[j]] += cont_logp[r, steps, target].double().sum()
+    return scores
 
 
 def label_logprobs(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequence[str],
@@ -293,33 +210,18 @@ def label_logprobs(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Seque
     labels = _labels(spec, labels)
     if not queries:
         return np.zeros((0, len(labels)))
-    label_ids = _label_token_ids(lm, spec, labels)
+    label_ids = label_token_ids(lm, spec, labels)
     contexts = [lm.encode(prompt_text(spec, demos, q)) for q in queries]
-    shared = _common_prefix_length(contexts)
+    shared = common_prefix_length(contexts, reserve=1)
     prefix = PrefixCache(lm, contexts[0][:shared], past=past)
     suffixes = [ctx[shared:] for ctx in contexts]
     out = np.zeros((len(queries), len(labels)))
-    first = torch.as_tensor([ids[0] for ids in label_ids], dtype=torch.long, device=lm.device)
-    multi = [j for j, ids in enumerate(label_ids) if len(ids) > 1]
     order = sorted(range(len(queries)), key=lambda i: len(suffixes[i]))  # similar lengths batch together
     done = 0
     for start in range(0, len(order), batch_size):
         items = order[start:start + batch_size]
         batch, logp = prefix.extend(prefix.start(len(items)), [suffixes[i] for i in items], keep="last")
-        scores = logp[:, first].double()  # [B, L]
-        if multi:
-            rows = torch.as_tensor([b for b in range(len(items)) for _ in multi], dtype=torch.long, device=lm.device)
-            cont = [label_ids[j][:-1] for _ in items for j in multi]
-            tails = [label_ids[j][1:] for _ in items for j in multi]
-            cont_batch = PrefixCache.select(batch, rows, lm.model.config)
-            del batch
-            _, cont_logp = prefix.extend(cont_batch, cont, keep="all")  # [R, W, V]
-            for r, tail in enumerate(tails):
-                b, j = divmod(r, len(multi))
-                steps = torch.arange(len(tail), device=lm.device)
-                target = torch.as_tensor(tail, dtype=torch.long, device=lm.device)
-                scores[b, multi[j]] += cont_logp[r, steps, target].double().sum()
-        out[items] = scores.cpu().numpy()
+        out[items] = score_labels(prefix, batch, logp, label_ids).cpu().numpy()
         done += len(items)
         if progress is not None:
             progress(done)
@@ -331,7 +233,7 @@ def label_logprobs_naive(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries:
                          labels: Sequence[str] | None = None) -> np.ndarray:
     """The reference: one full forward (batch 1, no cache) per item and label; same tokens as `label_logprobs`."""
     labels = _labels(spec, labels)
-    label_ids = _label_token_ids(lm, spec, labels)
+    label_ids = label_token_ids(lm, spec, labels)
     out = np.zeros((len(queries), len(labels)))
     for i, query in enumerate(queries):
         context = lm.encode(prompt_text(spec, demos, query))
@@ -342,7 +244,7 @@ def label_logprobs_naive(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries:
             # logits only where the label's tokens are predicted (the last len(tail) + 1 positions)
             logits = lm.model(input_ids=ids, attention_mask=mask, use_cache=False,
                               logits_to_keep=len(tail) + 1).logits[0].float()
-            _count(lm, mask, began)
+            lm.stats.record(mask, began)
             logp = torch.log_softmax(logits[:-1], dim=-1)
             target = torch.as_tensor(tail, dtype=torch.long, device=lm.device)
             out[i, j] = float(logp[torch.arange(len(tail), device=lm.device), target].double().sum())
@@ -409,7 +311,7 @@ def extract_answers(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequ
     if not queries:
         return []
     contexts = [lm.encode(prompt_text(spec, demos, q)) for q in queries]
-    shared = _common_prefix_length(contexts)
+    shared = common_prefix_length(contexts, reserve=1)
     prefix = PrefixCache(lm, contexts[0][:shared])
     answers = [""] * len(queries)
     order = sorted(range(len(queries)), key=lambda i: len(contexts[i]))
@@ -468,12 +370,12 @@ def _pool(demo_pool) -> list[DemoItem]:
             if column not in demo_pool.columns:
                 raise DataValidationError(f"demos: missing column {column!r}")
         ids = demo_pool["id"].astype(str).tolist() if "id" in demo_pool.columns else [None] * len(demo_pool)
-        return [(str(t), str(lab)) if i is None else (str(t), str(lab), i)
-                for t, lab, i in zip(demo_pool["text"], demo_pool["label"], ids, strict=True)]
-    return [tuple(item) for item in demo_pool]
+        return [DemoItem(str(t), str(lab), i) for t, lab, i in zip(demo_pool["text"], demo_pool["label"], ids,
+                                                                  strict=True)]
+    return [DemoItem.of(item) for item in demo_pool]
 
 
-def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, epsilon: float,
+def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSource, epsilon: float,
              config: EvalConfig, labels: Sequence[str] | None = None, *, test_seed: int = 0,
              batch_size: int = 16, max_new_tokens: int = 12,
              progress: Callable[[str], None] | None = None,
@@ -496,8 +398,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
     `past`: a trained prompt's cache placed before every prompt (method "dpsgd": a PromptDPSGD soft
     prompt or prefix, no demonstrations; classification only).
     """
-    if method not in METHODS:
-        raise ConfigError(f"method: {method!r} is not one of {', '.join(METHODS)}")
+    if method not in DEMO_SOURCES:
+        raise ConfigError(f"method: {method!r} is not one of {', '.join(DEMO_SOURCES)}")
     for column in ("id", "text", "label"):
         if column not in test.columns:
             raise DataValidationError(f"test split: missing column {column!r}")
@@ -510,13 +412,13 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
     classification = spec.kind == "classification"
     if classification:
         labels = _labels(spec, labels)
-        unknown = sorted({str(item[1]) for item in pool} - set(labels))
+        unknown = sorted({item.label for item in pool} - set(labels))
         if unknown:
             raise DataValidationError(f"demos: label(s) {', '.join(unknown)} are not labels of task {spec.name!r}")
         demo_labels = labels
     else:
         labels = []
-        demo_labels = list(dict.fromkeys(str(item[1]) for item in pool))
+        demo_labels = list(dict.fromkeys(item.label for item in pool))
     items = select_test(test, config.test_size, seed=test_seed)
     queries = items["text"].astype(str).tolist()
     gold = items["label"].astype(str).tolist()
@@ -536,7 +438,7 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: str, eps
     for seed in range(config.seeds):
         began = time.perf_counter()
         demos = choose_demos(pool, demo_labels, shots, seed) if shots else []
-        key = tuple((d[0], str(d[1])) for d in demos)
+        key = tuple((d.text, d.label) for d in demos)
         reused = key in memo
         if not reused:  # zero-shot (and repeated demo sets) are scored once
             if classification:

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING
 
 from dpcore import composition
 from dpcore.composition import Composition, rnm_step_epsilon
-from dpcore.config import MECHANISMS
+from dpcore.config import Mechanism, check_mechanism
 from dpcore.errors import BudgetExceededError, ConfigError
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class ChargeRequest:
     dataset_id: str
     content_hash: str
     run_id: str
-    mechanism: str            # "gaussian" | "rnm"
+    mechanism: Mechanism
     noise_multiplier: float   # sigma; 0.0 = no noise (an infinite spend)
     sampling_rate: float      # q = MN/|D_y|, the largest over the run's labels
     steps: int                # T = max_tokens * demos_per_label
@@ -153,7 +153,7 @@ class LedgerEntry:
     dataset_id: str
     content_hash: str
     run_id: str
-    mechanism: str
+    mechanism: Mechanism
     noise_multiplier: float
     sampling_rate: float
     steps: int
@@ -255,8 +255,7 @@ def _check_request(request: ChargeRequest) -> ChargeRequest:
         value = getattr(request, name)
         if not isinstance(value, str) or not value.strip() or len(value) > 200:
             raise ConfigError(f"{name}: must be a non-empty string of at most 200 characters, got {value!r}")
-    if request.mechanism not in MECHANISMS:
-        raise ConfigError(f"mechanism: must be one of {', '.join(MECHANISMS)}, got {request.mechanism!r}")
+    check_mechanism(request.mechanism)
     if request.purpose not in PURPOSES:
         raise ConfigError(f"purpose: must be one of {', '.join(PURPOSES)}, got {request.purpose!r}")
     sigma, q, delta = float(request.noise_multiplier), float(request.sampling_rate), float(request.delta)
@@ -636,6 +635,6 @@ def _refusal(dataset_id: str, entries: list[LedgerEntry], requests: Sequence[Cha
 
 
 __all__ = [
-    "Budget", "ChargeOutcome", "ChargeRequest", "Composition", "Ledger", "LedgerEntry", "Spend", "MECHANISMS",
+    "Budget", "ChargeOutcome", "ChargeRequest", "Composition", "Ledger", "LedgerEntry", "Spend",
     "PURPOSES", "compose_epsilon", "matching_entries", "rnm_step_epsilon", "same_spend", "unrecorded",
 ]

@@ -54,6 +54,13 @@ class ForwardStats:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
+    def record(self, mask: torch.Tensor, began: float) -> None:
+        """Count one forward call over `mask` (1 = real token) that started at perf_counter `began`."""
+        self.forward_calls += 1
+        self.tokens += int(mask.sum())
+        self.padded_tokens += int(mask.numel())
+        self.seconds += time.perf_counter() - began
+
 
 class LanguageModel:
     """A causal LM with batched last-position next-token distributions."""
@@ -177,10 +184,7 @@ class LanguageModel:
                 input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=1, use_cache=False
             ).logits[:, -1, :]
             out[torch.as_tensor(order[start:end])] = logits.float().cpu()
-            self.stats.forward_calls += 1
-            self.stats.tokens += int(mask.sum())
-            self.stats.padded_tokens += int(mask.numel())
-            self.stats.seconds += time.perf_counter() - began
+            self.stats.record(mask, began)
             start = end
         return out
 

@@ -47,7 +47,7 @@ import secrets
 import numpy as np
 import torch
 
-from dpcore.config import MECHANISMS
+from dpcore.config import check_mechanism
 from dpcore.errors import ConfigError
 
 # --------------------------------------------------------------------------- noise source
@@ -198,7 +198,8 @@ def aggregate(mechanism: str, group_probs, noise_multiplier: float, rng: np.rand
         return gaussian_aggregate(group_probs, noise_multiplier, rng)
     if mechanism == "rnm":
         return report_noisy_max_aggregate(group_probs, noise_multiplier, rng)
-    raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+    check_mechanism(mechanism)
+    raise AssertionError(f"mechanism {mechanism!r} is listed but has no aggregation")
 
 
 def noisy_argmax(noisy_scores: torch.Tensor, keep: torch.Tensor | None) -> int:

@@ -97,14 +97,15 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
                   batch_size: int = 16) -> PromptScores:
     """Label and text log-probabilities of each record (x, y) under the prompt `demos`: one pass.
 
-    The prompt's shared prefix (instruction + demonstrations) runs once (`icl.PrefixCache`),
+    The prompt's shared prefix (instruction + demonstrations) runs once (`dpcore.prefix_cache.PrefixCache`),
     cut at least one token before the first record token so every record token is predicted
     inside the batch. Per batch, the query tokens run once with logits at every position:
     the record's tokens give the text log-probability, the last position the first token of
     every label; labels of several tokens continue from the cache (as `icl.label_logprobs`,
     whose scores these equal).
     """
-    from dpcore.icl import PrefixCache, _common_prefix_length, _label_token_ids
+    from dpcore.icl import label_token_ids
+    from dpcore.prefix_cache import PrefixCache, common_prefix_length
 
     if spec.kind != "classification":
         raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership attacks score class labels")
@@ -117,10 +118,10 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
     if n == 0:
         empty = np.zeros(0)
         return PromptScores(empty, empty, empty)
-    label_ids = _label_token_ids(lm, spec, label_names)
+    label_ids = label_token_ids(lm, spec, label_names)
     encoded = [_encode_with_span(lm, *_text_span(spec, demos, str(text))) for text in texts]
     contexts = [e[0] for e in encoded]
-    shared = _common_prefix_length(contexts)
+    shared = common_prefix_length(contexts, reserve=1)
     shared = max(0, min([shared] + [e[1] - 1 for e in encoded]))
     prefix = PrefixCache(lm, contexts[0][:shared])
     first = torch.as_tensor([ids[0] for ids in label_ids], dtype=torch.long, device=lm.device)

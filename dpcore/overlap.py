@@ -1,7 +1,7 @@
 """Verbatim leakage: the longest run of tokens a demonstration shares with any private record.
 
 Counts only, never text (an `OverlapReport` holds token counts and record counts). Used by the
-membership audit's gate (`dpcore.audit`): a synthetic demonstration that copies 8+ consecutive
+membership audit's gate (`dpcore.audit_gate`): a synthetic demonstration that copies 8+ consecutive
 tokens of a private record fails it.
 """
 

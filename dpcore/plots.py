@@ -2,23 +2,28 @@
 
 `privacy_utility_curve`: ICL accuracy of the DP demonstrations against epsilon, with the
 baselines of Tang et al. Table 1 as horizontal lines (0-shot, epsilon = 0 instruction-only
-demos, epsilon = infinity (a) sigma = 0 demos and (b) random real demos).
-(The membership-inference ROC plot lives with the audit: `dpcore.audit.roc_plot`.)
+demos, epsilon = infinity (a) sigma = 0 demos and (b) random real demos). Input: the public
+`metrics` table (method, epsilon, seed, accuracy, calibrated_accuracy).
 
-Input: the public `metrics` table (method, epsilon, seed, accuracy, calibrated_accuracy);
-nothing private is drawn.
+`roc_plot`: the membership audit's pooled ROC curves (`dpcore.audit_statistics.roc_curve`),
+one per audit, linear and log-log. Input: `AuditResult`s (scores and member flags, no text);
+a plot with a non-private audit's curve belongs in the private store, like its scores.
+
+Nothing private is drawn in the public plots.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from dpcore.artifacts import write_bytes_atomic
+from dpcore.audit_statistics import roc_curve
 
 BASELINE_STYLES = {
     "zero-shot": ("0-shot", "tab:gray", ":"),
@@ -88,4 +93,40 @@ def privacy_utility_curve(metrics: pd.DataFrame, path: Path, title: str = "", ca
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8, loc="lower right")
     axis.set_title(title or "Privacy-utility trade-off")
+    return _save(figure, path)
+
+
+def roc_plot(results: Sequence, path: Path, title: str = "") -> Path:
+    """Pooled ROC curves (members vs non-members), one per audit (e.g. DP vs non-private), as a PNG.
+
+    `results`: `dpcore.audit.AuditResult`s; each draws its strongest attack's scores. Left: linear
+    axes with the chance diagonal; right: log-log axes for the low-FPR region. Written atomically.
+    """
+    figure = _figure(9.6, 4.4)
+    linear, logarithmic = figure.subplots(1, 2)
+    floor = 1.0
+    for result in results:
+        scores = result.mia_scores
+        if "attack" in scores.columns:  # the gate's attack (the strongest) of each audit
+            scores = scores.loc[scores["attack"] == result.attack]
+        member = scores["member"].to_numpy(dtype=bool)
+        if member.all() or not member.any():
+            continue
+        values = scores["score"].to_numpy(dtype=float)
+        curve = roc_curve(values[member], values[~member])
+        name = result.setting if result.setting == "non-private" else f"{result.setting} eps={result.epsilon:g}"
+        label = f"{name} [{result.attack}]: mean trial AUC {result.auc:.3f} (pooled {result.pooled_auc:.3f})"
+        for axis in (linear, logarithmic):
+            axis.plot(curve.fpr, curve.tpr, drawstyle="steps-post", label=label)
+        floor = min(floor, 1.0 / curve.non_members, 1.0 / curve.members)
+    grid = np.linspace(0, 1, 101)
+    linear.plot(grid, grid, color="gray", linestyle=":", label="chance")
+    logarithmic.plot(np.maximum(grid, floor / 2), np.maximum(grid, floor / 2), color="gray", linestyle=":")
+    linear.set(xlim=(0, 1), ylim=(0, 1), xlabel="false positive rate (non-members)",
+               ylabel="true positive rate (members)", title=title or "Membership inference ROC (pooled)")
+    logarithmic.set(xscale="log", yscale="log", xlim=(floor / 2, 1), ylim=(floor / 2, 1.05),
+                    xlabel="false positive rate (log)", ylabel="true positive rate (log)", title="low-FPR region")
+    for axis in (linear, logarithmic):
+        axis.grid(True, alpha=0.3)
+    linear.legend(fontsize=8, loc="lower right")
     return _save(figure, path)

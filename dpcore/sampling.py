@@ -56,12 +56,12 @@ import math
 
 import numpy as np
 
+from dpcore.config import SAMPLERS
 from dpcore.errors import ConfigError
 
-SAMPLERS = ("poisson", "fixed")
 # Samplers whose privacy the Poisson accountant's bound covers (module docstring): the release gate
-# refuses demos drawn with any other (or with no recorded sampler).
-ACCOUNTED_SAMPLERS = ("poisson", "fixed")
+# refuses demos drawn with any other (or with no recorded sampler). Every sampler offered is one today.
+ACCOUNTED_SAMPLERS: tuple[str, ...] = SAMPLERS
 
 
 def sampling_rate(num_subsets: int, subset_size: int, num_records: int) -> float:

@@ -44,10 +44,27 @@ class SourceSpec(_Spec):
 
 
 class SplitSpec(_Spec):
-    """Seeded train/test split of the merged records (StaICC files merge the original splits)."""
+    """Seeded train/test split of the merged records (StaICC files merge the original splits).
+
+    `public_size`: rows held out of the private records as a public split (after the test rows are
+    held out, by the same seed): unlabelled public queries for PromptPATE's IID transfer (Duan et al.
+    Section 5.2). They are public for every method, so they are never in D_priv or the test split.
+    """
 
     test_size: int | float = 0.1
+    public_size: int = Field(0, ge=0)
     seed: int = 0
+
+
+class PateSpec(_Spec):
+    """PromptPATE settings of a task (Duan et al. Section 5.2, App. E.2).
+
+    `ood_public`: the StaICC file whose texts are the OOD public queries (labels dropped);
+    `sigma1`: the threshold noise of Table 7 for this task (5 for AG News, 1 otherwise).
+    """
+
+    ood_public: str | None = None
+    sigma1: float = Field(1.0, gt=0)
 
 
 class GenerationPrompt(_Spec):
@@ -105,6 +122,7 @@ class TaskSpec(_Spec):
     generation: GenerationPrompt
     icl: IclPrompt
     made_up: bool = Field(False, description="the records are invented by the project (sample data)")
+    pate: PateSpec = PateSpec()
 
     @model_validator(mode="after")
     def _check(self) -> TaskSpec:

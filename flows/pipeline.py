@@ -42,6 +42,7 @@ from tasks import evaluate as evaluate_stage
 from tasks import generate as generate_stage
 from tasks import ingest as ingest_stage
 from tasks import record as record_stage
+from tasks import tracking
 from tasks.charge import (
     charge_run,
     checks_after_ingest,
@@ -154,7 +155,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     logger.info("run %s: dataset %s, model %s, epsilons %s, task runner %s", run_id, config.dataset, config.model,
                 config.epsilons, config.task_runner)
     preflight(config)  # checks that could fail after the charge (model, context, task runner) run before it
-    record_stage.warm_up()  # MLflow's import and SQLite store set-up (~10 s) overlap the run
+    tracking.warm_up()  # MLflow's import and SQLite store set-up (~10 s) overlap the run
 
     # 1-2. ingest and partition (private records stay in the private store)
     ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path)

@@ -30,7 +30,6 @@ The audit's DP generations read private records: they are charged to the privacy
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -52,7 +51,8 @@ from tasks.common import (
     transient_only,
 )
 
-AUDIT_MODULES = ("dpcore.audit", "dpcore.mia_attacks", "dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.icl",
+AUDIT_MODULES = ("dpcore.audit", "dpcore.audit_statistics", "dpcore.audit_gate", "dpcore.overlap", "dpcore.mia_attacks",
+                 "dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.icl", "dpcore.prefix_cache",
                  "dpcore.accounting")
 REFERENCE_OVERLAP_SAMPLE = 2000
 AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_config", "model", "dtype", "seed",
@@ -109,6 +109,9 @@ def audit(
     """Audit every DP epsilon of a run; returns stage paths and the per-epsilon summaries (public)."""
     from dpcore import accounting
     from dpcore import audit as mia
+    from dpcore.audit_gate import GateThresholds
+    from dpcore.overlap import model_tokenize
+    from dpcore.plots import roc_plot
     from dpcore.taskspec import load_task_spec
     from tasks.charge import audit_charge_hook
 
@@ -123,7 +126,7 @@ def audit(
     # The member split is an audit design choice, not privacy noise: reproducible from the data hash.
     split_seed = derive_seed(seed if seed is not None else int(data_hash[:15], 16), "audit-split")
     demos = pd.concat([read_table(Path(p)) for p in demo_paths or []], ignore_index=True) if demo_paths else None
-    thresholds = mia.GateThresholds.from_config(audit_config)
+    thresholds = GateThresholds.from_config(audit_config)
     cache: dict = {}  # reference scores of a candidate, shared by the epsilons (same OUT prompts)
 
     results, rows = [], []
@@ -153,7 +156,7 @@ def audit(
         member_counts = members["label"].astype(str).value_counts().to_dict()
         member_counts = {label: int(member_counts.get(label, 0)) for label in spec.label_names}
         steps = accounting.total_steps(generation.max_tokens, 1)
-        tokenize = mia.model_tokenize(lm)
+        tokenize = model_tokenize(lm)
         pool_tokens: dict = {}
         for target in targets:
             eps = float(target["epsilon"])
@@ -170,9 +173,11 @@ def audit(
                 noise_seed=derive_seed(seed, "audit-noise", eps), charge=hook, thresholds=thresholds, cache=cache,
                 progress=_progress(f"audit demo sets eps={eps:g}"),
             )
-            if demos is not None and len(demos):
-                result = _with_run_demo_overlap(mia, result, demos[demos["epsilon"] == eps], train, tokenize,
-                                                thresholds, pool_tokens)
+            own = demos[demos["epsilon"] == eps] if demos is not None else None
+            if own is not None and len(own):  # the run's own DP demos, against their labels' records
+                found = mia.demo_overlap(tokenize, own["text"].tolist(), own["label"].tolist(), train,
+                                         result.overlap_threshold, pool_tokens)
+                result = mia.with_demo_overlap(result, *found, thresholds)
             results.append(result)
             rows.append(result.audit_frame())
             _log_result(logger, eps, result)
@@ -200,12 +205,12 @@ def audit(
         "key": key,
         "mia_scores_path": str(write_table(scores, private_out / "mia_scores.parquet")),
         "audit_path": str(write_table(table, out / "audit.parquet")),
-        "roc_path": str(mia.roc_plot(results, out / "roc.png", title=title)) if results else None,
+        "roc_path": str(roc_plot(results, out / "roc.png", title=title)) if results else None,
         "summary": [_public_summary(r) for r in results],
     }
     if reference is not None:
-        result["reference_roc_path"] = str(mia.roc_plot(results + [reference], private_out / "roc_reference.png",
-                                                        title=title))
+        result["reference_roc_path"] = str(roc_plot(results + [reference], private_out / "roc_reference.png",
+                                                    title=title))
         result["reference_path"] = str(write_table(reference.audit_frame(), out / "audit_reference.parquet"))
         result["reference"] = _public_summary(reference)
     return result
@@ -216,22 +221,6 @@ def _log_result(logger, eps: float, result) -> None:
                 "tokens: %s", eps, result.auc, result.auc_ci[0], result.auc_ci[1], result.attack,
                 ", ".join(f"{a.attack} {a.auc:.3f}" for a in result.attacks), result.tpr_at_1pct_fpr,
                 result.max_overlap_tokens, "passed" if result.passed else "FAILED")
-
-
-def _with_run_demo_overlap(mia, result, demos: pd.DataFrame, train: pd.DataFrame, tokenize, thresholds,
-                           pool_tokens: dict):
-    """Fold the run's own DP demos' verbatim overlap (per label, against that label's records) into the gate."""
-    worst, overlapping = result.max_overlap_tokens, result.overlapping_records
-    for label, group in demos.groupby("label"):
-        if label not in pool_tokens:  # tokenize each label's records once per task
-            pool_tokens[label] = tokenize(train.loc[train["label"] == label, "text"].astype(str).tolist())
-        report = mia.verbatim_overlap_tokens(tokenize(group["text"].astype(str).tolist()), pool_tokens[label],
-                                             threshold=result.overlap_threshold, tokenizer="model")
-        worst = max(worst, report.max_overlap)
-        overlapping += report.overlapping_records
-    updated = dataclasses.replace(result, max_overlap_tokens=worst, overlapping_records=overlapping)
-    passed, reasons = mia.gate(updated, thresholds)
-    return dataclasses.replace(updated, passed=passed, reasons=reasons)
 
 
 def _public_summary(result) -> dict:

@@ -31,7 +31,7 @@ from tasks.common import (
     transient_only,
 )
 
-EVAL_MODULES = ("dpcore.icl", "dpcore.taskspec", "dpcore.lm", "dpcore.soft_prompt")
+EVAL_MODULES = ("dpcore.icl", "dpcore.prefix_cache", "dpcore.taskspec", "dpcore.lm", "dpcore.soft_prompt")
 EVALUATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "epsilon", "demo_keys", "eval_config", "labels",
                        "model", "dtype")
 RANDOM_REAL = "random-real"

@@ -19,7 +19,7 @@ from dpcore.artifacts import file_sha256, write_json_atomic, write_table
 from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, subdir
 from tasks.common import code_version, safe_name
-from tasks.record import mlflow_client
+from tasks.tracking import mlflow_client
 
 DEFAULT_ALIAS = "production"
 

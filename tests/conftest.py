@@ -62,6 +62,24 @@ def tiny_model_dir(tiny_lm, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def agnews_spec():
+    from dpcore.taskspec import load_task_spec
+
+    return load_task_spec("agnews")
+
+
+@pytest.fixture(scope="session")
+def made_up_records() -> dict[str, list[str]]:
+    """Short made-up records per AG News label (public test data standing in for private ones)."""
+    import numpy as np
+
+    words = ["market", "match", "election", "chip", "storm", "merger", "league", "rocket"]
+    rng = np.random.default_rng(0)
+    return {label: [f"{label} item {i}: " + " ".join(rng.choice(words, size=4)) for i in range(60)]
+            for label in ("World", "Sports", "Business", "Technology")}
+
+
+@pytest.fixture(scope="session")
 def agnews():
     from dpcore.datasets import load_dataset
     from dpcore.taskspec import load_task_spec
@@ -75,3 +93,68 @@ def movies_genre():
     from dpcore.taskspec import load_task_spec
 
     return load_dataset(load_task_spec("movies-sample-genre"))
+
+
+@pytest.fixture()
+def one_thread():
+    """One torch thread: tiny models gain nothing from two, and on a CPU shared with other test
+    processes two spinning threads per process made the tiny-model tests 5-10x slower (measured)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def cli(capsys):
+    """`dpicl ARGV` in this process: returns (exit code, stdout, stderr)."""
+    from flows.cli import main
+
+    def run(argv):
+        code = main(list(argv))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+@pytest.fixture()
+def fake_audit_result():
+    """A factory of `AuditResult`s with Gaussian scores: 100 members shifted by `member_shift`, 400 non-members."""
+    import numpy as np
+    import pandas as pd
+
+    from dpcore.audit import AuditResult
+    from dpcore.audit_statistics import roc_auc
+
+    def make(setting, member_shift, seed=0):
+        rng = np.random.default_rng(seed)
+        members, non_members = rng.normal(member_shift, 1, 100), rng.normal(0, 1, 400)
+        scores = pd.DataFrame({
+            "setting": setting, "epsilon": 1.0, "demo_set": 0, "trial": np.arange(500) % 10,
+            "role": ["member"] * 100 + ["non_member"] * 400, "member": [True] * 100 + [False] * 400,
+            "record_id": [f"r{i}" for i in range(500)], "attack": "duan",
+            "score": np.concatenate([members, non_members]),
+        })
+        return AuditResult(
+            setting=setting, epsilon=1.0, noise_multiplier=0.5, delta=1e-4, auc=roc_auc(members, non_members),
+            auc_ci=(0.4, 0.6), trial_aucs=(0.5, 0.5), trials=2, demo_sets=1, members_per_trial=50,
+            non_members_per_trial=200, tpr_at_1pct_fpr=0.0, tpr_at_01pct_fpr=0.0, pooled_auc=0.5,
+            epsilon_lower_bound=0.0, confidence=0.95, max_overlap_tokens=2, overlapping_records=0,
+            overlap_threshold=8, crosscheck_agreed=True, model="m", dataset="d", seconds=1.0,
+            passed=False, reasons=("first reason", "second reason"), mia_scores=scores,
+        )
+
+    return make
+
+
+@pytest.fixture()
+def tickets_spec(tmp_path):
+    """The task spec of the tickets user dataset (tests/tickets.py), loaded from a YAML file."""
+    from tickets import SPEC_YAML
+
+    from dpcore.taskspec import load_task_spec
+
+    path = tmp_path / "tickets.yaml"
+    path.write_text(SPEC_YAML)
+    return load_task_spec(path)

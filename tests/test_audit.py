@@ -1,311 +1,23 @@
-"""Membership-inference audit and leakage checks."""
+"""The membership-inference audit (dpcore.audit): result tables, the attack procedures, the CLI, a planted leak."""
 
 from __future__ import annotations
 
-import math
-from itertools import product
-from types import SimpleNamespace
+import json
+import zlib
 
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
 
-from dpcore.audit import (
-    MIA_SCORE_COLUMNS,
-    AuditResult,
-    GateThresholds,
-    auc_mean_ci,
-    clopper_pearson_lower,
-    clopper_pearson_upper,
-    empirical_epsilon_lower_bound,
-    epsilon_bounds_at,
-    gate,
-    null_auc_variance,
-    roc_auc,
-    roc_curve,
-    roc_plot,
-    tpr_at_fpr,
-    verbatim_overlap,
-    verbatim_overlap_tokens,
-    whitespace_tokenize,
-)
-from dpcore.errors import ConfigError
-from dpcore.mia_attacks import ATTACKS
+from dpcore import mia_attacks
+from dpcore.audit import MIA_SCORE_COLUMNS
+from dpcore.mia_attacks import ATTACKS, PromptScores
 
-# --------------------------------------------------------------------------- AUC and ROC
+# --------------------------------------------------------------------------- result tables
 
 
-def brute_auc(members, non_members):
-    wins = sum(1.0 if m > n else 0.5 if m == n else 0.0 for m, n in product(members, non_members))
-    return wins / (len(members) * len(non_members))
-
-
-def test_auc_hand_computed():
-    # pairs (3,1) (3,2) (2,1) win, (2,2) ties: 3.5 / 4
-    assert roc_auc([3, 2], [1, 2]) == pytest.approx(0.875)
-    assert roc_auc([5, 6], [1, 2, 3]) == 1.0
-    assert roc_auc([1, 2], [5, 6, 7]) == 0.0
-    assert roc_auc([1, 1, 1], [1, 1]) == 0.5
-    # one member against 50 non-members (Duan et al.'s trial): the fraction ranked below it
-    assert roc_auc([0.7], list(np.linspace(0, 1, 50))) == pytest.approx(35 / 50)
-
-
-def test_auc_matches_pairwise_count_with_ties():
-    rng = np.random.default_rng(1)
-    for _ in range(20):
-        members = rng.integers(0, 6, size=rng.integers(1, 12))
-        non_members = rng.integers(0, 6, size=rng.integers(1, 12))
-        assert roc_auc(members, non_members) == pytest.approx(brute_auc(members, non_members))
-        assert roc_curve(members, non_members).auc() == pytest.approx(brute_auc(members, non_members))
-
-
-def test_roc_curve_points():
-    curve = roc_curve([3, 2], [1, 2])
-    assert curve.thresholds.tolist() == [math.inf, 3, 2, 1]
-    assert curve.tpr.tolist() == [0, 0.5, 1, 1]
-    assert curve.fpr.tolist() == [0, 0, 0.5, 1]
-
-
-def test_tpr_at_fpr_hand_computed():
-    members, non_members = [3, 2, 1.5], [1, 2, 0, 0.5]
-    # threshold 3: TPR 1/3 at FPR 0; threshold 1.5: TPR 1 at FPR 1/4; threshold 1: FPR 1/2
-    assert tpr_at_fpr(members, non_members, 0.0) == pytest.approx(1 / 3)
-    assert tpr_at_fpr(members, non_members, 0.2) == pytest.approx(1 / 3)
-    assert tpr_at_fpr(members, non_members, 0.25) == pytest.approx(1.0)
-    # a tie at the top: no threshold separates it, so FPR 0 gives TPR 0
-    assert tpr_at_fpr([5, 1], [5, 0], 0.0) == 0.0
-    assert tpr_at_fpr([5, 1], [5, 0], 0.5) == 1.0  # threshold 1: both members, one non-member
-    with pytest.raises(ConfigError, match="fpr"):
-        tpr_at_fpr([1], [0], 1.5)
-
-
-def test_scores_must_be_finite_and_present():
-    with pytest.raises(ConfigError, match="member_scores"):
-        roc_auc([], [1.0])
-    with pytest.raises(ConfigError, match="non_member_scores"):
-        roc_auc([1.0], [np.nan])
-
-
-# --------------------------------------------------------------------------- epsilon lower bound
-
-
-def test_clopper_pearson_closed_forms():
-    alpha = 0.025
-    assert clopper_pearson_lower(10, 10, alpha) == pytest.approx(alpha ** (1 / 10))
-    assert clopper_pearson_upper(0, 100, alpha) == pytest.approx(1 - alpha ** (1 / 100))
-    assert clopper_pearson_lower(0, 10, alpha) == 0.0
-    assert clopper_pearson_upper(10, 10, alpha) == 1.0
-    lo, hi = clopper_pearson_lower(30, 100, alpha), clopper_pearson_upper(30, 100, alpha)
-    assert lo < 0.3 < hi and hi - lo < 0.2
-
-
-def test_epsilon_bound_formula_hand_computed():
-    alpha = 0.025
-    tpr_lo = alpha ** (1 / 10)  # all 10 members flagged
-    fpr_hi = 1 - alpha ** (1 / 100)  # no non-member of 100 flagged
-    expected = max(math.log(tpr_lo / fpr_hi), math.log((1 - fpr_hi) / (1 - tpr_lo)))
-    assert epsilon_bounds_at(10, 10, 0, 100, 0.0, alpha) == pytest.approx(expected)
-    delta = 0.1
-    expected_delta = max(math.log((tpr_lo - delta) / fpr_hi), math.log((1 - fpr_hi - delta) / (1 - tpr_lo)))
-    assert epsilon_bounds_at(10, 10, 0, 100, delta, alpha) == pytest.approx(expected_delta)
-    # TPR_lo below delta and 1 - FPR_hi below delta: no bound at all
-    assert epsilon_bounds_at(1, 100, 99, 100, 0.5, alpha) == -math.inf
-
-
-def test_epsilon_bound_zero_for_identical_distributions():
-    positives = 0
-    for seed in range(40):
-        rng = np.random.default_rng(seed)
-        members, non_members = rng.normal(size=500), rng.normal(size=500)
-        bound = empirical_epsilon_lower_bound(members, non_members, delta=1e-3, confidence=0.95)
-        assert bound.method == "holdout" and bound.epsilon >= 0
-        positives += bound.epsilon > 0
-    assert positives <= 6  # at 95% confidence about 2 of 40 may exceed 0 by chance
-    rng = np.random.default_rng(0)
-    bonferroni = empirical_epsilon_lower_bound(rng.normal(size=2000), rng.normal(size=2000), 0.0, 0.95,
-                                               method="bonferroni")
-    assert bonferroni.epsilon == pytest.approx(0.0, abs=0.05)
-
-
-def test_epsilon_bound_large_for_separated_scores():
-    members, non_members = np.linspace(1, 2, 1000), np.linspace(-1, 0, 1000)
-    bound = empirical_epsilon_lower_bound(members, non_members, delta=0.0, confidence=0.95)
-    # each holdout half: 500 vs 500, all separated: log(0.025^(1/500) / (1 - 0.025^(1/500)))
-    q = 0.025 ** (1 / 500)
-    assert bound.epsilon == pytest.approx(math.log(q / (1 - q)), rel=1e-6)
-    bonferroni = empirical_epsilon_lower_bound(members, non_members, 0.0, 0.95, method="bonferroni")
-    assert 3.5 < bonferroni.epsilon < bound.epsilon + 1
-    # higher confidence, lower bound
-    assert empirical_epsilon_lower_bound(members, non_members, 0.0, 0.999).epsilon < bound.epsilon
-
-
-def test_epsilon_bound_groups_and_fallback():
-    members, non_members = np.linspace(1, 2, 40), np.linspace(-1, 0, 40)
-    grouped = empirical_epsilon_lower_bound(members, non_members, member_groups=np.arange(40) // 2,
-                                            non_member_groups=np.arange(40) // 2)
-    assert grouped.method == "holdout" and grouped.epsilon > 0
-    single = empirical_epsilon_lower_bound(members, non_members, member_groups=np.zeros(40, int),
-                                           non_member_groups=np.zeros(40, int))
-    assert single.method == "bonferroni"
-    with pytest.raises(ConfigError, match="confidence"):
-        empirical_epsilon_lower_bound(members, non_members, confidence=1.0)
-
-
-# --------------------------------------------------------------------------- AUC interval
-
-
-def test_auc_interval():
-    assert null_auc_variance(50, 50) == pytest.approx(101 / 30000)
-    # agreeing trials cannot shrink the interval below the no-leakage spread (Hanley-McNeil floor)
-    low, high = auc_mean_ci([0.5] * 20, 30, 30, 0.95)
-    half = stats.t.ppf(0.975, 19) * math.sqrt(61 / (12 * 900) / 20)
-    assert (low, high) == (pytest.approx(0.5 - half), pytest.approx(0.5 + half))
-    # spread-out trials: the sample variance, Student t with n - 1 degrees of freedom
-    values = np.array([0.2, 0.9, 0.4, 0.8, 0.6])
-    low, high = auc_mean_ci(values, 50, 50, 0.9)
-    half = stats.t.ppf(0.95, 4) * values.std(ddof=1) / math.sqrt(5)
-    assert (low, high) == (pytest.approx(0.58 - half), pytest.approx(0.58 + half))
-    assert all(math.isnan(v) for v in auc_mean_ci([0.5], 50, 50))
-    # coverage under no leakage: simulated trials of 30 vs 30 from one distribution
-    rng = np.random.default_rng(0)
-    covered = 0
-    for _ in range(200):
-        aucs = [roc_auc(rng.normal(size=30), rng.normal(size=30)) for _ in range(10)]
-        low, high = auc_mean_ci(aucs, 30, 30, 0.95)
-        covered += low <= 0.5 <= high
-    assert covered >= 0.92 * 200
-
-
-# --------------------------------------------------------------------------- verbatim overlap
-
-
-def brute_longest(demo, record):
-    best = 0
-    for i in range(len(demo)):
-        for j in range(len(record)):
-            k = 0
-            while i + k < len(demo) and j + k < len(record) and demo[i + k] == record[j + k]:
-                k += 1
-            best = max(best, k)
-    return best
-
-
-def test_overlap_constructed_case():
-    report = verbatim_overlap(
-        ["a b c d e f g h i j", "x y z", "nothing shared"],
-        ["q a b c d e f g h i r", "b c d e f g h i j k", "z y x", "a b c"],
-        threshold=8,
-    )
-    assert report.max_overlap_tokens == (9, 1, 0)
-    assert report.records_over_threshold == (2, 0, 0)
-    assert report.overlapping_records == 2 and report.max_overlap == 9
-    assert report.tokenizer == "whitespace"
-    below = verbatim_overlap(["a b c d e f g h i j"], ["a b c d e f g x"], threshold=8)
-    assert below.max_overlap_tokens == (7,) and below.overlapping_records == 0
-
-
-def test_overlap_matches_brute_force():
-    rng = np.random.default_rng(3)
-    for threshold in (1, 3, 5):
-        records = [rng.integers(0, 4, size=rng.integers(0, 15)).tolist() for _ in range(30)]
-        demos = [rng.integers(0, 4, size=rng.integers(1, 12)).tolist() for _ in range(6)]
-        demos.append(records[2] + records[3])  # crosses a record boundary: must not join the two
-        report = verbatim_overlap_tokens(demos, records, threshold)
-        for d, demo in enumerate(demos):
-            longest = [brute_longest(demo, record) for record in records]
-            assert report.max_overlap_tokens[d] == max(longest)
-            assert report.records_over_threshold[d] == sum(v >= threshold for v in longest)
-        over = {r for r, record in enumerate(records) if any(brute_longest(d, record) >= threshold for d in demos)}
-        assert report.overlapping_records == len(over)
-
-
-def test_overlap_edge_cases():
-    assert verbatim_overlap_tokens([], [[1, 2]], 8).max_overlap == 0
-    assert verbatim_overlap_tokens([[1, 2]], [], 8).max_overlap_tokens == (0,)
-    assert verbatim_overlap_tokens([[]], [[1, 2]], 8).max_overlap_tokens == (0,)
-    assert verbatim_overlap_tokens([[7] * 20], [[7] * 30], 8).max_overlap_tokens == (20,)
-    with pytest.raises(ConfigError, match="overlap_threshold"):
-        verbatim_overlap_tokens([[1]], [[1]], 0)
-    assert whitespace_tokenize(["a b", "b  a\nc"]) == [[0, 1], [1, 0, 2]]
-
-
-def test_overlap_scales_to_100k_records():
-    import time
-
-    rng = np.random.default_rng(0)
-    records = [rng.integers(0, 49152, size=40).tolist() for _ in range(100_000)]
-    demos = [rng.integers(0, 49152, size=40).tolist() for _ in range(8)]
-    demos.append(records[123][5:30])
-    began = time.perf_counter()
-    report = verbatim_overlap_tokens(demos, records, 8)
-    assert time.perf_counter() - began < 20  # about 2 s here
-    assert report.max_overlap_tokens[-1] == 25 and report.records_over_threshold[-1] == 1
-    assert max(report.max_overlap_tokens[:-1]) < 8
-
-
-# --------------------------------------------------------------------------- gate
-
-
-def _result(**overrides):
-    values = dict(auc=0.5, auc_ci=(0.48, 0.52), confidence=0.95, max_overlap_tokens=3, overlapping_records=0,
-                  crosscheck_agreed=True)
-    values.update(overrides)
-    return SimpleNamespace(**values)
-
-
-def test_gate_passes_a_clean_result():
-    assert gate(_result()) == (True, ())
-
-
-def test_gate_reasons_one_per_condition():
-    passed, reasons = gate(_result(auc=0.81, auc_ci=(0.77, 0.85), max_overlap_tokens=42, overlapping_records=3,
-                                   crosscheck_agreed=False))
-    assert not passed and len(reasons) == 3
-    assert "AUC 0.810 (95% CI [0.770, 0.850]) of the duan attack is outside 0.5 +/- 0.05" in reasons[0]
-    assert "42 consecutive tokens" in reasons[1] and "3 record(s) at >= 8 tokens" in reasons[1]
-    assert "cross-check disagreed" in reasons[2]
-    assert all("\n" not in reason for reason in reasons)
-    # a score ranking members LOWER is a distinguisher too
-    assert not gate(_result(auc=0.4, auc_ci=(0.38, 0.42)))[0]
-    # an audit too small to resolve the band is inconclusive, not a pass
-    passed, reasons = gate(_result(auc=0.52, auc_ci=(0.40, 0.64)))
-    assert not passed and reasons[0].startswith("audit inconclusive")
-    passed, reasons = gate(_result(auc_ci=(math.nan, math.nan)))
-    assert not passed and "undefined" in reasons[0]
-    # no accountant (real records in the prompt)
-    passed, reasons = gate(_result(crosscheck_agreed=None))
-    assert not passed and "not differentially private" in reasons[0]
-    assert gate(_result(crosscheck_agreed=None), GateThresholds(require_crosscheck=False))[0]
-    # configurable thresholds
-    assert gate(_result(auc=0.56, auc_ci=(0.54, 0.58)), GateThresholds(auc_tolerance=0.1))[0]
-    assert not gate(_result(max_overlap_tokens=5), GateThresholds(overlap_threshold=5))[0]
-
-
-# --------------------------------------------------------------------------- result tables and plot
-
-
-def _fake_result(setting, member_shift, seed=0):
-    rng = np.random.default_rng(seed)
-    members, non_members = rng.normal(member_shift, 1, 100), rng.normal(0, 1, 400)
-    scores = pd.DataFrame({
-        "setting": setting, "epsilon": 1.0, "demo_set": 0, "trial": np.arange(500) % 10,
-        "role": ["member"] * 100 + ["non_member"] * 400, "member": [True] * 100 + [False] * 400,
-        "record_id": [f"r{i}" for i in range(500)], "attack": "duan",
-        "score": np.concatenate([members, non_members]),
-    })
-    return AuditResult(
-        setting=setting, epsilon=1.0, noise_multiplier=0.5, delta=1e-4, auc=roc_auc(members, non_members),
-        auc_ci=(0.4, 0.6), trial_aucs=(0.5, 0.5), trials=2, demo_sets=1, members_per_trial=50,
-        non_members_per_trial=200, tpr_at_1pct_fpr=0.0, tpr_at_01pct_fpr=0.0, pooled_auc=0.5,
-        epsilon_lower_bound=0.0, confidence=0.95, max_overlap_tokens=2, overlapping_records=0,
-        overlap_threshold=8, crosscheck_agreed=True, model="m", dataset="d", seconds=1.0,
-        passed=False, reasons=("first reason", "second reason"), mia_scores=scores,
-    )
-
-
-def test_audit_frame_and_summary(tmp_path):
-    result = _fake_result("dp", 0.0)
+def test_audit_frame_and_summary(tmp_path, fake_audit_result):
+    result = fake_audit_result("dp", 0.0)
     frame = result.audit_frame()
     assert len(frame) == 1
     row = frame.iloc[0]
@@ -321,24 +33,7 @@ def test_audit_frame_and_summary(tmp_path):
     assert list(result.mia_scores.columns) == MIA_SCORE_COLUMNS
 
 
-def test_roc_plot_writes_png_atomically(tmp_path):
-    path = roc_plot([_fake_result("non-private", 2.0), _fake_result("dp", 0.0, seed=1)], tmp_path / "roc.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["roc.png"]
-
-
 # --------------------------------------------------------------------------- the attack (tiny model)
-
-
-@pytest.fixture()
-def one_thread():
-    """The tiny model's ops are too small to share between threads on a loaded 2-core machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -460,16 +155,6 @@ def mini_task(agnews, tmp_path_factory):
     return folder, records
 
 
-def _cli(argv, capsys):
-    import json
-
-    from flows.cli import main
-
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, (json.loads(captured.out) if "--json" in argv and code in (0, 1) else captured.out), captured.err
-
-
 def _private_folder(out):
     """The private counterpart of a CLI output folder (same folder name under $DPICL_HOME/private/runs)."""
     from dpcore.home import private_dir
@@ -479,17 +164,18 @@ def _private_folder(out):
     return found[0]
 
 
-def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir, tmp_path, capsys, one_thread):
+def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir, tmp_path, cli, one_thread):
     from dpcore.artifacts import read_table
     from dpcore.ledger import Ledger
 
     folder, records = mini_task
     out = tmp_path / "audit"
-    code, summary, _ = _cli(["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
-                             "--epsilon", "4", "--model", str(tiny_model_dir), "--trials", "3",
-                             "--audit-members", "10", "--audit-demo-sets", "2", "--max-tokens", "4",
-                             "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--seed", "1",
-                             "--dataset-id", "audit-cli-test", "--out", str(out), "--json"], capsys)
+    code, stdout, _ = cli(["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
+                           "--epsilon", "4", "--model", str(tiny_model_dir), "--trials", "3",
+                           "--audit-members", "10", "--audit-demo-sets", "2", "--max-tokens", "4",
+                           "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--seed", "1",
+                           "--dataset-id", "audit-cli-test", "--out", str(out), "--json"])
+    summary = json.loads(stdout)
     for key in ("auc", "tpr_at_1pct_fpr", "epsilon_lower_bound", "max_overlap_tokens", "passed", "reasons"):
         assert key in summary
     assert code == (0 if summary["passed"] else 1)
@@ -510,24 +196,25 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir
     assert len(entries) == 2 and {e.purpose for e in entries} == {"audit"}  # one charge per demo set
 
 
-def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tiny_model_dir, tmp_path, capsys,
+def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tiny_model_dir, tmp_path, cli,
                                                                   one_thread):
     from dpcore.artifacts import read_table
 
     folder, _ = mini_task
     base = ["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
             "--model", str(tiny_model_dir)]
-    code, text, _ = _cli(base + ["--non-private", "--trials", "3", "--audit-members", "10",
-                                 "--out", str(tmp_path / "np")], capsys)
+    code, text, _ = cli(base + ["--non-private", "--trials", "3", "--audit-members", "10",
+                                "--out", str(tmp_path / "np")])
     assert code == 1 and "gate: FAILED" in text and "  - verbatim overlap" in text
     from dpcore.ledger import Ledger
 
     charged = [e for e in Ledger().entries("agnews-mini") if e.run_id == "np"]  # real records in prompts: inf
     assert [(e.noise_multiplier, e.purpose) for e in charged] == [(0.0, "baseline")]
     # epsilon 0: instruction-only demos (nothing charged), with the non-private reference alongside
-    code, summary, _ = _cli(base + ["--epsilon", "0", "--trials", "2", "--audit-members", "10", "--audit-demo-sets",
-                                    "1", "--max-tokens", "4", "--top-k", "10", "--reference", "--seed", "3",
-                                    "--out", str(tmp_path / "eps0"), "--json"], capsys)
+    code, stdout, _ = cli(base + ["--epsilon", "0", "--trials", "2", "--audit-members", "10", "--audit-demo-sets",
+                                  "1", "--max-tokens", "4", "--top-k", "10", "--reference", "--seed", "3",
+                                  "--out", str(tmp_path / "eps0"), "--json"])
+    summary = json.loads(stdout)
     # the instruction-only demos charge nothing; the non-private reference is one infinite spend
     assert summary["setting"] == "instruction-only" and summary["ledger_entries"] == 1
     assert summary["reference"]["setting"] == "non-private" and not summary["reference"]["passed"]
@@ -535,10 +222,10 @@ def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tin
     assert (_private_folder(tmp_path / "eps0") / "roc.png").exists()  # the ROC with the non-private curve
     assert set(scores["setting"]) == {"instruction-only", "non-private"}
     assert (tmp_path / "eps0" / "audit_reference.parquet").exists()
-    code, _, err = _cli(base + ["--non-private", "--trials", "0"], capsys)
+    code, _, err = cli(base + ["--non-private", "--trials", "0"])
     assert code == 2 and "trials" in err
     with pytest.raises(SystemExit):
-        _cli(base + ["--non-private", "--epsilon", "1"], capsys)
+        cli(base + ["--non-private", "--epsilon", "1"])
 
 
 # --------------------------------------------------------------------------- the leak
@@ -578,3 +265,83 @@ def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sa
     assert not result.passed
     assert result.reasons[0].startswith("membership-inference AUC") and "outside 0.5 +/- 0.05" in result.reasons[0]
     assert any(r.startswith("verbatim overlap") for r in result.reasons)
+
+
+# --------------------------------------------------------------------------- every attack, a toy LM with a planted leak
+
+
+def _records(n: int, labels: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({"id": [f"r{i}" for i in range(n)], "text": [f"record number {i} says {i * 7 % 13} and {i % 17} more words"
+                                                                      for i in range(n)],
+                         "label": [labels[i % len(labels)] for i in range(n)]})
+
+
+def _fake_scorer(leaky: bool):
+    """A toy LM's scores: a record's difficulty (from its text), plus, when `leaky`, a large gain when
+    the record IS a demonstration of the prompt (the copy a real LM makes)."""
+
+    def prompt_scores(lm, spec, demos, texts, labels, batch_size=16):
+        base = np.array([zlib.crc32(t.encode()) % 1000 / 100.0 for t in texts])  # in [0, 10)
+        prompt_noise = zlib.crc32(repr(demos).encode()) % 100 / 1000.0
+        jitter = np.array([zlib.crc32((repr(demos) + t).encode()) % 100 / 200.0 for t in texts])
+        copied = np.array([leaky and any(t == d[0] for d in demos) for t in texts], dtype=float)
+        text = -30 + base + jitter + prompt_noise + 12 * copied
+        label = np.log(np.clip(0.2 + 0.05 * base + 0.2 * copied, 0.01, 0.99))
+        return PromptScores(label, label - np.log1p(-np.exp(label)), text)
+
+    return prompt_scores
+
+
+@pytest.mark.parametrize("leaky", [True, False])
+def test_non_private_audit_attacks_on_a_toy_lm(tiny_lm, agnews, monkeypatch, leaky):
+    from dpcore.audit import non_private_audit
+    from dpcore.config import AuditConfig
+
+    monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(leaky))
+    records = _records(6000, agnews.spec.label_names)
+    result = non_private_audit(tiny_lm, agnews.spec, records, AuditConfig(trials=100, non_members=50), seed=1,
+                               overlap_records=records.head(50))
+    by_name = {a.attack: a for a in result.attacks}
+    assert list(by_name) == list(ATTACKS)
+    if leaky:
+        for name in ("text-calibrated", "label-calibrated", "lira-text", "lira-label"):
+            assert by_name[name].auc > 0.97 and by_name[name].tpr_at_1pct_fpr > 0.5, name
+        assert result.auc > 0.97 and result.attack != "duan"
+        assert any(r.startswith("membership-inference AUC") for r in result.reasons)
+    else:
+        for attack in result.attacks:
+            assert abs(attack.auc - 0.5) < 0.1, attack.attack
+            assert 0.0 <= attack.auc_ci[0] <= attack.auc_ci[1] <= 1.0
+
+
+def test_demos_audit_on_run_demos(tiny_lm, agnews, monkeypatch):
+    """The run's own demos: members = the private split, non-members = held-out records. Synthetic demos
+    that copy no record pass (the toy LM leaks only a verbatim copy); a copied record is caught."""
+    from dpcore.audit import demos_audit
+    from dpcore.config import AuditConfig
+
+    monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(True))
+    labels = agnews.spec.label_names
+    records = _records(8000, labels)
+    members, held_out = records.iloc[:4000].reset_index(drop=True), records.iloc[4000:].reset_index(drop=True)
+    config = AuditConfig(trials=10, members=30, non_members=30, reference_prompts=3)
+    demos = [(f"a synthetic {label} demonstration", label) for label in labels]
+    cache: dict = {}
+    result = demos_audit(tiny_lm, agnews.spec, demos, members, held_out, config, seed=0, epsilon=8.0,
+                         noise_multiplier=0.7, delta=1e-4, crosscheck_agreed=True, cache=cache)
+    assert result.passed, result.reasons
+    assert result.demo_sets == 4 and result.trials == 40 and result.setting == "dp"
+    scores = result.mia_scores
+    assert set(scores.loc[scores["member"], "record_id"]) <= set(members["id"])
+    assert set(scores.loc[~scores["member"], "record_id"]) <= set(held_out["id"])
+    cached = len(cache)
+    again = demos_audit(tiny_lm, agnews.spec, demos, members, held_out, config, seed=0, epsilon=1.0,
+                        noise_multiplier=2.0, delta=1e-4, crosscheck_agreed=True, cache=cache)
+    assert len(cache) == cached  # same candidates at another epsilon: no new reference pass
+    assert again.passed
+    # a "DP" demo that is a member record verbatim fails the verbatim check
+    copied = members.groupby("label").head(1)
+    leaky = demos_audit(tiny_lm, agnews.spec, list(zip(copied["text"], copied["label"], strict=True)), members,
+                        held_out, config, seed=0, epsilon=8.0, noise_multiplier=0.7, delta=1e-4,
+                        crosscheck_agreed=True)
+    assert not leaky.passed and any(r.startswith("verbatim overlap") for r in leaky.reasons)

@@ -34,5 +34,4 @@ def test_bench_icl_tiny(tmp_path, capsys):
     assert result["items"] == 6 and result["naive_items"] == 3 and result["shots"] == 4
     assert max(result["label_tokens"]) > 1  # TREC's Abbreviation: the multi-token path is exercised
     assert result["max_abs_diff"] < 1e-4
-    assert result["ratio"] > 1.0
     assert json.loads((tmp_path / "r.json").read_text())["ratio"] == result["ratio"]

@@ -8,6 +8,8 @@ import pickletools
 
 import pandas as pd
 import pytest
+from tickets import ROWS as GOOD_ROWS
+from tickets import SPEC_YAML
 
 from dpcore.datasets import (
     content_hash,
@@ -19,32 +21,6 @@ from dpcore.datasets import (
 )
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.taskspec import load_task_spec, shipped_task_names
-
-SPEC_YAML = """
-name: tickets
-kind: classification
-source: {type: file, path: unused.csv, text_column: body, label_column: topic, id_column: ticket_id}
-split: {test_size: 2, seed: 3}
-labels: {billing: Billing, outage: Outage}
-generation: {instruction: Write a ticket., label_prefix: "Topic: ", text_prefix: "Ticket:"}
-icl: {instruction: Classify tickets., input_prefix: "Ticket:", output_prefix: "Topic:"}
-"""
-
-GOOD_ROWS = [
-    {"ticket_id": "t1", "body": "invoice charged twice", "topic": "billing"},
-    {"ticket_id": "t2", "body": "site is down again", "topic": "outage"},
-    {"ticket_id": "t3", "body": "refund please", "topic": "billing"},
-    {"ticket_id": "t4", "body": "cannot log in, servers dead", "topic": "outage"},
-    {"ticket_id": "t5", "body": "wrong amount on bill", "topic": "billing"},
-    {"ticket_id": "t6", "body": "api returns 503", "topic": "outage"},
-]
-
-
-@pytest.fixture()
-def user_spec(tmp_path):
-    path = tmp_path / "tickets.yaml"
-    path.write_text(SPEC_YAML)
-    return load_task_spec(path)
 
 
 def write_csv(path, rows):
@@ -78,7 +54,7 @@ def test_unknown_task_names_the_choices():
 
 @pytest.mark.parametrize(
     "name, train, test, labels",
-    [("agnews", 120000, 7600, 4), ("trec", 5452, 500, 6), ("sst2", 66477, 872, 2)],
+    [("agnews", 119000, 7600, 4), ("trec", 4952, 500, 6), ("sst2", 65477, 872, 2)],
 )
 def test_staicc_loaders_and_split_sizes(name, train, test, labels):
     data = load_dataset(load_task_spec(name))
@@ -163,7 +139,7 @@ def test_staicc_files_located_through_metadata():
 
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
-def test_user_file_loaders(tmp_path, user_spec, fmt):
+def test_user_file_loaders(tmp_path, tickets_spec, fmt):
     path = tmp_path / f"tickets.{fmt}"
     if fmt == "csv":
         write_csv(path, GOOD_ROWS)
@@ -171,79 +147,79 @@ def test_user_file_loaders(tmp_path, user_spec, fmt):
         write_jsonl(path, GOOD_ROWS)
     else:
         pd.DataFrame(GOOD_ROWS).to_parquet(path)
-    data = load_dataset(user_spec, data_path=path)
+    data = load_dataset(tickets_spec, data_path=path)
     assert len(data.train) == 4 and len(data.test) == 2
     assert set(data.train["label"]) | set(data.test["label"]) == {"billing", "outage"}
     assert set(data.train["id"]) | set(data.test["id"]) == {r["ticket_id"] for r in GOOD_ROWS}
 
 
-def _bad(tmp_path, user_spec, rows, fmt="csv"):
+def _bad(tmp_path, tickets_spec, rows, fmt="csv"):
     path = tmp_path / f"bad.{fmt}"
     (write_csv if fmt == "csv" else write_jsonl)(path, rows)
     with pytest.raises(DataValidationError) as info:
-        load_dataset(user_spec, data_path=path)
+        load_dataset(tickets_spec, data_path=path)
     return str(info.value), path
 
 
-def test_empty_text_names_file_row_column(tmp_path, user_spec):
+def test_empty_text_names_file_row_column(tmp_path, tickets_spec):
     rows = [dict(r) for r in GOOD_ROWS]
     rows[2]["body"] = "   "
-    message, path = _bad(tmp_path, user_spec, rows)
+    message, path = _bad(tmp_path, tickets_spec, rows)
     assert str(path) in message and "line 4" in message and "'body'" in message and "empty text" in message
 
 
-def test_missing_label(tmp_path, user_spec):
+def test_missing_label(tmp_path, tickets_spec):
     rows = [dict(r) for r in GOOD_ROWS]
     rows[1]["topic"] = ""
-    message, _ = _bad(tmp_path, user_spec, rows)
+    message, _ = _bad(tmp_path, tickets_spec, rows)
     assert "line 3" in message and "'topic'" in message and "missing label" in message
 
 
-def test_unknown_label_and_no_private_text_in_message(tmp_path, user_spec):
+def test_unknown_label_and_no_private_text_in_message(tmp_path, tickets_spec):
     rows = [dict(r) for r in GOOD_ROWS]
     rows[4]["topic"] = "sales"
-    message, _ = _bad(tmp_path, user_spec, rows, fmt="jsonl")
+    message, _ = _bad(tmp_path, tickets_spec, rows, fmt="jsonl")
     assert "line 5" in message and "unknown label 'sales'" in message
     assert all(r["body"] not in message for r in GOOD_ROWS)
 
 
-def test_label_with_no_records(tmp_path, user_spec):
+def test_label_with_no_records(tmp_path, tickets_spec):
     rows = [dict(r, topic="billing") for r in GOOD_ROWS]
-    message, _ = _bad(tmp_path, user_spec, rows)
+    message, _ = _bad(tmp_path, tickets_spec, rows)
     assert "outage" in message and "no records" in message
 
 
-def test_duplicate_ids(tmp_path, user_spec):
+def test_duplicate_ids(tmp_path, tickets_spec):
     rows = [dict(r) for r in GOOD_ROWS]
     rows[5]["ticket_id"] = "t2"
-    message, _ = _bad(tmp_path, user_spec, rows)
+    message, _ = _bad(tmp_path, tickets_spec, rows)
     assert "duplicate id 't2'" in message and "line 7" in message and "line 3" in message
 
 
-def test_missing_column(tmp_path, user_spec):
+def test_missing_column(tmp_path, tickets_spec):
     rows = [{k: v for k, v in r.items() if k != "topic"} for r in GOOD_ROWS]
-    message, _ = _bad(tmp_path, user_spec, rows)
+    message, _ = _bad(tmp_path, tickets_spec, rows)
     assert "missing column 'topic'" in message and "found: ticket_id, body" in message
 
 
-def test_non_utf8_csv_and_jsonl(tmp_path, user_spec):
+def test_non_utf8_csv_and_jsonl(tmp_path, tickets_spec):
     csv_path = tmp_path / "latin.csv"
     csv_path.write_bytes("ticket_id,body,topic\nt1,caf\xe9 bill,billing\n".encode("latin-1"))
     with pytest.raises(DataValidationError, match="not valid UTF-8"):
-        load_dataset(user_spec, data_path=csv_path)
+        load_dataset(tickets_spec, data_path=csv_path)
     jsonl_path = tmp_path / "latin.jsonl"
     jsonl_path.write_bytes(b'{"ticket_id": "t1", "body": "ok", "topic": "billing"}\n{"body": "caf\xe9"}\n')
     with pytest.raises(DataValidationError, match="line 2: not valid UTF-8"):
-        load_dataset(user_spec, data_path=jsonl_path)
+        load_dataset(tickets_spec, data_path=jsonl_path)
 
 
-def test_unreadable_files(tmp_path, user_spec):
+def test_unreadable_files(tmp_path, tickets_spec):
     with pytest.raises(DataValidationError, match="file not found"):
-        load_dataset(user_spec, data_path=tmp_path / "nope.csv")
+        load_dataset(tickets_spec, data_path=tmp_path / "nope.csv")
     broken = tmp_path / "broken.parquet"
     broken.write_bytes(b"not a parquet file")
     with pytest.raises(DataValidationError, match="unreadable"):
-        load_dataset(user_spec, data_path=broken)
+        load_dataset(tickets_spec, data_path=broken)
     bad_json = tmp_path / "broken.jsonl"
     bad_json.write_text('{"ticket_id": "t1"\n')
     with pytest.raises(DataValidationError, match="line 1: not valid JSON"):
@@ -261,11 +237,11 @@ def test_bad_task_spec_names_the_field(tmp_path):
         load_task_spec(path)
 
 
-def test_validation_writes_nothing(tmp_path, user_spec, dpicl_home):
+def test_validation_writes_nothing(tmp_path, tickets_spec, dpicl_home):
     before = sorted(p for p in dpicl_home.rglob("*") if p.is_file())
     rows = [dict(r) for r in GOOD_ROWS]
     rows[0]["body"] = ""
-    _bad(tmp_path, user_spec, rows)
+    _bad(tmp_path, tickets_spec, rows)
     assert sorted(p for p in dpicl_home.rglob("*") if p.is_file()) == before
 
 
@@ -344,24 +320,24 @@ def test_malformed_yaml_names_the_line(tmp_path):
         load_task_spec(path)
 
 
-def test_non_utf8_csv_names_the_line_and_the_file_offset(tmp_path, user_spec):
+def test_non_utf8_csv_names_the_line_and_the_file_offset(tmp_path, tickets_spec):
     header = "ticket_id,body,topic\n"
     good = "".join(f"t{i},fine text number {i},billing\n" for i in range(2000))
     raw = (header + good).encode() + "t9999,caf\xe9,billing\n".encode("latin-1")
     path = tmp_path / "late.csv"
     path.write_bytes(raw)
     with pytest.raises(DataValidationError) as err:
-        load_dataset(user_spec, data_path=path)
+        load_dataset(tickets_spec, data_path=path)
     offset = raw.index(b"\xe9")
     assert f"line {2002}: not valid UTF-8 (byte offset {offset} of the file)" in str(err.value)
 
 
-def test_header_only_csv_is_named_and_called_empty(tmp_path, user_spec):
+def test_header_only_csv_is_named_and_called_empty(tmp_path, tickets_spec):
     path = tmp_path / "empty.csv"
     path.write_text("ticket_id,body,topic\n")
     with pytest.raises(DataValidationError, match=r"empty.csv: the file has no records"):
-        load_dataset(user_spec, data_path=path)
+        load_dataset(tickets_spec, data_path=path)
     blank = tmp_path / "blank.csv"
     blank.write_text("")
     with pytest.raises(DataValidationError, match=r"blank.csv: the file is empty"):
-        load_dataset(user_spec, data_path=blank)
+        load_dataset(tickets_spec, data_path=blank)

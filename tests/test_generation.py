@@ -10,9 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import torch.nn.functional as F
 
-from dpcore.batching import PACKED_ATTENTION, BatchedForward, common_prefix_length, plan_micro_batches
+from dpcore.batching import BatchedForward
 from dpcore.config import GenerationConfig
 from dpcore.errors import ConfigError
 from dpcore.generation import (
@@ -26,32 +25,21 @@ from dpcore.generation import (
 )
 from dpcore.mechanisms import pre_noise_sum, public_top_k, restricted_softmax
 from dpcore.sampling import poisson_groups
-from dpcore.taskspec import load_task_spec
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 
 LABELS = ["World", "Sports", "Business", "Technology"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model is overhead-bound: one thread avoids OpenMP hand-offs on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+@pytest.fixture(scope="module")
+def spec(agnews_spec):
+    return agnews_spec
 
 
 @pytest.fixture(scope="module")
-def spec():
-    return load_task_spec("agnews")
-
-
-@pytest.fixture(scope="module")
-def records():
-    """Short made-up records (public test data standing in for private ones)."""
-    words = ["market", "match", "election", "chip", "storm", "merger", "league", "rocket"]
-    rng = np.random.default_rng(0)
-    return {label: [f"{label} item {i}: " + " ".join(rng.choice(words, size=4)) for i in range(60)]
-            for label in LABELS}
+def records(made_up_records):
+    assert list(made_up_records) == LABELS
+    return made_up_records
 
 
 def _config(**kw) -> GenerationConfig:
@@ -71,97 +59,6 @@ class PlannedForward:
         logits[:, self.plan[min(self.calls, len(self.plan) - 1)]] = 50.0
         self.calls += 1
         return logits
-
-
-# --------------------------------------------------------------------------- the batched forward pass
-
-
-def test_micro_batch_plan_covers_every_prompt_once_and_limits_padding():
-    lengths = [5, 300, 7, 290, 6, 310, 8]
-    plan = plan_micro_batches(lengths, max_batch_tokens=10_000, overhead_tokens=10)
-    assert sorted(np.concatenate(plan).tolist()) == list(range(7))
-    padded = sum(len(rows) * max(lengths[i] for i in rows) for rows in plan)
-    assert padded < 1.1 * sum(lengths)
-    assert all(len(rows) * max(lengths[i] for i in rows) <= 600 for rows in plan_micro_batches(lengths, 600, 0))
-    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
-    assert common_prefix_length([[9, 2], [1, 2]]) == 0
-
-
-@pytest.mark.parametrize("packed", [False, True])
-def test_batch_equals_one_prompt_at_a_time(tiny_lm, spec, records, packed):
-    prompts = [tiny_lm.encode(spec.generation.build(label, records[label][:k]))
-               for label in LABELS for k in (0, 1, 3)]
-    prompts.append(prompts[-1] + tiny_lm.encode(" and more generated text"))
-    single = torch.cat([tiny_lm.next_token_logits([p]) for p in prompts])
-    for prefix_cache in (True, False):
-        forward = BatchedForward(tiny_lm, max_batch_tokens=256, prefix_cache=prefix_cache, packed=packed)
-        batched = forward(prompts)
-        assert torch.allclose(torch.softmax(batched, -1), torch.softmax(single, -1), atol=1e-5)
-        assert forward.stats.micro_batches > 1
-        assert (forward.stats.prefix_tokens_reused > 0) == prefix_cache  # the instruction line, once
-        if packed:
-            assert forward.stats.padded_tokens == forward.stats.tokens  # no padding at all
-
-def _reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
-                      enable_gqa=False):
-    """What flash-attention varlen computes (bottom-right causal per sequence), in plain sdpa on CPU."""
-    outputs = []
-    for i in range(len(cu_seq_q) - 1):
-        q = query[cu_seq_q[i]:cu_seq_q[i + 1]].transpose(0, 1)
-        k = key[cu_seq_k[i]:cu_seq_k[i + 1]].transpose(0, 1)
-        v = value[cu_seq_k[i]:cu_seq_k[i + 1]].transpose(0, 1)
-        assert q.shape[1] <= max_q and k.shape[1] <= max_k and window_size == (-1, 0)
-        mask = torch.ones((q.shape[1], k.shape[1]), dtype=torch.bool).tril(diagonal=k.shape[1] - q.shape[1])
-        outputs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                                      enable_gqa=enable_gqa).transpose(0, 1))
-    return torch.cat(outputs)
-
-
-@pytest.mark.parametrize("native_gqa", [True, False])
-def test_varlen_layout_equals_one_prompt_at_a_time(tiny_lm, spec, records, monkeypatch, native_gqa):
-    """The CUDA path's packing (cumulative offsets, [prefix, prompt] key gather, grouped-query heads),
-    checked on CPU with a reference of the flash-attention varlen kernel; the kernel itself is
-    checked on a GPU by benchmarks/check_gpu_packing.py."""
-    from dpcore import batching
-
-    monkeypatch.setattr(batching, "_VARLEN", (_reference_varlen, {"window_size": (-1, 0)}, native_gqa))
-    prompts = [tiny_lm.encode(spec.generation.build(label, records[label][:k])) for label in LABELS for k in (0, 2)]
-    single = torch.cat([tiny_lm.next_token_logits([p]) for p in prompts])
-    for prefix_cache in (True, False):
-        forward = BatchedForward(tiny_lm, max_batch_tokens=256, prefix_cache=prefix_cache, packed=True, varlen=True)
-        batched = forward(prompts)
-        assert torch.allclose(torch.softmax(batched, -1), torch.softmax(single, -1), atol=1e-5)
-        assert forward.stats.padded_tokens == forward.stats.tokens
-        assert (forward.stats.prefix_tokens_reused > 0) == prefix_cache
-
-
-def test_packed_attention_serves_other_callers_unchanged(tiny_lm, spec, records):
-    """Once the packed attention is the model's implementation, ordinary padded calls give what they gave before."""
-    prompts = [tiny_lm.encode(spec.generation.build("World", records["World"][:k])) for k in (0, 2)]
-    expected = tiny_lm.next_token_logits(prompts)
-    BatchedForward(tiny_lm, packed=True)(prompts)
-    assert tiny_lm.model.config._attn_implementation == PACKED_ATTENTION  # switched for good, not per call
-    assert torch.allclose(tiny_lm.next_token_logits(prompts), expected, atol=1e-5)
-
-
-def test_packed_and_plain_calls_from_threads_do_not_interfere(tiny_lm, spec, records):
-    """Generation tasks of several labels share one model from threads (the pipeline's task runner);
-    packed and plain calls interleaving must each get exactly their single-threaded result."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    prompts = [tiny_lm.encode(spec.generation.build(label, records[label][:k])) for label in LABELS for k in (1, 3)]
-    expected = torch.cat([tiny_lm.next_token_logits([p]) for p in prompts])
-
-    def packed_call(_):
-        return BatchedForward(tiny_lm, max_batch_tokens=128, packed=True)(prompts)
-
-    def plain_call(_):
-        return tiny_lm.next_token_logits(prompts)
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda i: (packed_call if i % 2 else plain_call)(i), range(12)))
-    for logits in results:
-        assert torch.allclose(torch.softmax(logits, -1), torch.softmax(expected, -1), atol=1e-5)
 
 
 # --------------------------------------------------------------------------- Algorithm 1
@@ -544,14 +441,14 @@ def test_model_budget_by_name_matches_the_loaded_model(tiny_lm, tiny_model_dir, 
     assert prompt_budget(tiny_lm.encode, 2048, spec, ["World"], config) == loaded  # one label's call: same cap
 
 
-def test_cli_refuses_a_prompt_that_cannot_fit_before_the_charge(tiny_model_dir, tmp_path, capsys):
+def test_cli_refuses_a_prompt_that_cannot_fit_before_the_charge(tiny_model_dir, tmp_path, cli):
     from dpcore.ledger import Ledger
 
     before = len(Ledger().entries())
     for flags, match in ((["--max-tokens", "2040"], "max_tokens"), (["--max-record-tokens", "5000"],
                                                                      "max_record_tokens")):
-        code, _, stderr = _cli(["generate", "--dataset", "agnews", "--epsilon", "4", "--model", str(tiny_model_dir),
-                                "--out", str(tmp_path / "x"), *flags], capsys)
+        code, _, stderr = cli(["generate", "--dataset", "agnews", "--epsilon", "4", "--model", str(tiny_model_dir),
+                               "--out", str(tmp_path / "x"), *flags])
         assert code == 2 and match in stderr
     assert len(Ledger().entries()) == before  # nothing charged
 
@@ -722,20 +619,11 @@ def test_errors_never_carry_record_text(tiny_lm, spec, records):
 # --------------------------------------------------------------------------- the CLI
 
 
-def _cli(argv, capsys):
-    from flows.cli import main
-
-    code = main(argv)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.mark.parametrize("epsilon, method", [("inf", "sigma-zero"), ("0", "instruction-only")])
-def test_cli_generate_writes_demos_and_json(tiny_model_dir, tmp_path, capsys, epsilon, method):
+def test_cli_generate_writes_demos_and_json(tiny_model_dir, tmp_path, cli, epsilon, method):
     out = tmp_path / "run"
-    code, stdout, _ = _cli(["generate", "--dataset", "agnews", "--epsilon", epsilon, "--model", str(tiny_model_dir),
-                            "--max-tokens", "2", "--num-subsets", "2", "--seed", "1", "--out", str(out), "--json"],
-                           capsys)
+    code, stdout, _ = cli(["generate", "--dataset", "agnews", "--epsilon", epsilon, "--model", str(tiny_model_dir),
+                           "--max-tokens", "2", "--num-subsets", "2", "--seed", "1", "--out", str(out), "--json"])
     assert code == 0
     report = json.loads(stdout.strip().splitlines()[-1])
     for key in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps", "demos"):
@@ -748,11 +636,11 @@ def test_cli_generate_writes_demos_and_json(tiny_model_dir, tmp_path, capsys, ep
     assert (out / "generation.json").exists() and (out / "manifest.json").exists()
 
 
-def test_cli_generate_calibrates_and_charges(tiny_model_dir, tmp_path, capsys):
+def test_cli_generate_calibrates_and_charges(tiny_model_dir, tmp_path, cli):
     pytest.importorskip("dpcore.accounting")
     out = tmp_path / "run"
-    code, stdout, _ = _cli(["generate", "--dataset", "agnews", "--epsilon", "4", "--model", str(tiny_model_dir),
-                            "--max-tokens", "2", "--shots", "8", "--seed", "1", "--out", str(out), "--json"], capsys)
+    code, stdout, _ = cli(["generate", "--dataset", "agnews", "--epsilon", "4", "--model", str(tiny_model_dir),
+                           "--max-tokens", "2", "--shots", "8", "--seed", "1", "--out", str(out), "--json"])
     assert code == 0
     report = json.loads(stdout.strip().splitlines()[-1])
     assert report["steps"] == 4  # 8 shots over 4 labels: 2 demos per label, T = 2 * 2
@@ -766,9 +654,9 @@ def test_cli_generate_calibrates_and_charges(tiny_model_dir, tmp_path, capsys):
     (["--top-k", "0"], "top_k"),
     (["--num-subsets", "20000"], "sampling rate"),
 ])
-def test_cli_generate_bad_input_exits_2(tiny_model_dir, tmp_path, capsys, flags, match):
-    code, _, stderr = _cli(["generate", "--dataset", "agnews", "--epsilon", "inf", "--model", str(tiny_model_dir),
-                            "--out", str(tmp_path / "x"), *flags], capsys)
+def test_cli_generate_bad_input_exits_2(tiny_model_dir, tmp_path, cli, flags, match):
+    code, _, stderr = cli(["generate", "--dataset", "agnews", "--epsilon", "inf", "--model", str(tiny_model_dir),
+                           "--out", str(tmp_path / "x"), *flags])
     assert code == 2 and match in stderr
 
 

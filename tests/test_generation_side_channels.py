@@ -17,24 +17,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 import yaml
 from pipeline_support import prefect_harness, share_tiny_model  # noqa: F401  (the shared harness fixture)
 
 from dpcore.config import GenerationConfig
 from dpcore.taskspec import TASKS_DIR, load_task_spec
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
+
 LABELS = ["World", "Sports", "Business", "Technology"]
 PER_LABEL = 12
 CHANGED = ("World", 3)  # (label, index) of the one record that differs
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _records(longer: bool) -> dict[str, list[str]]:
@@ -114,20 +107,12 @@ def _user_dataset(folder: Path, longer: bool) -> tuple[Path, Path]:
     return folder / "data.csv", folder / "task.yaml"
 
 
-def _cli(argv, capsys):
-    from flows.cli import main
-
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 # Fields that legitimately differ between the two runs: where they wrote, the ledger identity we gave them,
 # the content hash (it identifies the dataset version by design) and the whole-second wall time.
 RUN_SPECIFIC = ("run_id", "out", "content_hash", "ledger_entry", "wall_seconds")
 
 
-def test_cli_generate_public_outputs_are_identical_for_neighbouring_datasets(tiny_model_dir, tmp_path, capsys,
+def test_cli_generate_public_outputs_are_identical_for_neighbouring_datasets(tiny_model_dir, tmp_path, cli,
                                                                             caplog, dpicl_home):
     reports, texts, logs, private = [], [], [], []
     for longer in (False, True):
@@ -136,11 +121,11 @@ def test_cli_generate_public_outputs_are_identical_for_neighbouring_datasets(tin
         out = tmp_path / f"out-{name}"
         caplog.clear()
         with caplog.at_level(logging.INFO):
-            code, stdout, stderr = _cli(
+            code, stdout, stderr = cli(
                 ["generate", "--task-spec", str(task), "--data-path", str(data),
                  "--dataset-id", f"side-channel-{name}", "--epsilon", "1", "--model", str(tiny_model_dir),
                  "--num-subsets", "3", "--subset-size", "3", "--top-k", "20", "--max-tokens", "4", "--seed", "5",
-                 "--out", str(out), "--json"], capsys)
+                 "--out", str(out), "--json"])
         assert code == 0, stderr
         reports.append(json.loads(stdout.strip().splitlines()[-1]))
         texts.append(json.loads((out / "generation.json").read_text()))

@@ -17,6 +17,8 @@ from dpcore.errors import ConfigError, DataValidationError
 from dpcore.lm import LanguageModel
 from dpcore.taskspec import load_task_spec
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
+
 TREC_DEMOS = [
     ("What is the capital of France?", "Location"),
     ("Who wrote Hamlet?", "Person"),
@@ -24,16 +26,6 @@ TREC_DEMOS = [
 ]
 QUERIES = ["How many legs does a spider have?", "Why is the sky blue?", "x",
            "A much longer question about many things that go on and on and on, doesn't it?", "N/A", "", "[MASK]"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: tiny models gain nothing from two, and on a CPU shared with other test
-    processes two spinning threads per process made these tests 5-10x slower (measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +175,17 @@ def test_choose_demos_one_per_label_and_deterministic():
         icl.choose_demos([("t", "Z")], labels, 2, seed=0)
 
 
+def test_demo_items_and_their_ids():
+    item = icl.DemoItem.of(("a text", "A"))
+    assert item == icl.DemoItem("a text", "A", None) and (item.text, item.label) == ("a text", "A")
+    assert icl.DemoItem.of(("t", 3, 7)) == icl.DemoItem("t", "3", "7")
+    assert icl.DemoItem.of(item) is item
+    with pytest.raises(DataValidationError):
+        icl.DemoItem.of(("only text",))
+    # record ids (never text) or the position in the prompt
+    assert icl.demo_ids([("secret text", "A", "r9"), ("other text", "B")]) == ["r9", "demo-1"]
+
+
 def test_select_test_is_a_deterministic_seeded_prefix(agnews):
     first = icl.select_test(agnews.test, 10)
     assert first["id"].tolist() == icl.select_test(agnews.test, 10)["id"].tolist()
@@ -276,19 +279,11 @@ def test_evaluate_rejects_bad_input(tiny_lm, agnews):
 # --------------------------------------------------------------------------- CLI
 
 
-def _cli(argv, capsys):
-    from flows.cli import main
-
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_cli_random_real_json_and_private_ids(tiny_model_dir, tmp_path, capsys, dpicl_home):
+def test_cli_random_real_json_and_private_ids(tiny_model_dir, tmp_path, cli, dpicl_home):
     out = tmp_path / "eval"
-    code, stdout, _ = _cli(["evaluate", "--dataset", "trec", "--baseline", "random-real", "--model",
-                            str(tiny_model_dir), "--test-size", "4", "--seeds", "2", "--shots", "3", "--json",
-                            "--out", str(out)], capsys)
+    code, stdout, _ = cli(["evaluate", "--dataset", "trec", "--baseline", "random-real", "--model",
+                           str(tiny_model_dir), "--test-size", "4", "--seeds", "2", "--shots", "3", "--json",
+                           "--out", str(out)])
     assert code == 0
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["n"] == 4 and result["method"] == "random-real" and result["epsilon"] == "inf"
@@ -302,31 +297,31 @@ def test_cli_random_real_json_and_private_ids(tiny_model_dir, tmp_path, capsys, 
     assert (out / "metrics.parquet").exists() and (out / "manifest.json").exists()
 
 
-def test_cli_random_real_extraction_keeps_answers_private(tiny_model_dir, tmp_path, capsys, dpicl_home):
+def test_cli_random_real_extraction_keeps_answers_private(tiny_model_dir, tmp_path, cli, dpicl_home):
     out = tmp_path / "eval"
-    code, _, _ = _cli(["evaluate", "--dataset", "movies-sample-genre", "--baseline", "random-real", "--model",
-                       str(tiny_model_dir), "--test-size", "3", "--seeds", "1", "--shots", "2",
-                       "--max-new-tokens", "2", "--out", str(out)], capsys)
+    code, _, _ = cli(["evaluate", "--dataset", "movies-sample-genre", "--baseline", "random-real", "--model",
+                      str(tiny_model_dir), "--test-size", "3", "--seeds", "1", "--shots", "2",
+                      "--max-new-tokens", "2", "--out", str(out)])
     assert code == 0
     assert not (out / "predictions.parquet").exists()  # answers generated from real demos stay private
     private = [p for p in (dpicl_home / "private").rglob("predictions.parquet") if p.parent.name == out.name]
     assert private and len(pd.read_parquet(private[0])) == 3
 
 
-def test_cli_demos_file_and_errors(tiny_model_dir, tmp_path, capsys):
+def test_cli_demos_file_and_errors(tiny_model_dir, tmp_path, cli):
     demos = pd.DataFrame({"label": ["Location", "Person", "Number"], "text": ["Where is Rome?", "Who is he?",
                                                                              "How many?"],
                           "method": "sigma-zero", "noise_multiplier": 0.0})
     demos.to_parquet(tmp_path / "demos.parquet")
-    code, stdout, _ = _cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
-                            "--model", str(tiny_model_dir), "--test-size", "3", "--seeds", "1",
-                            "--out", str(tmp_path / "o")], capsys)
+    code, stdout, _ = cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
+                           "--model", str(tiny_model_dir), "--test-size", "3", "--seeds", "1",
+                           "--out", str(tmp_path / "o")])
     assert code == 0 and "sigma-zero (epsilon inf)" in stdout and "calibrated" in stdout
-    code, _, err = _cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "missing.parquet"),
-                         "--model", str(tiny_model_dir)], capsys)
+    code, _, err = cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "missing.parquet"),
+                        "--model", str(tiny_model_dir)])
     assert code == 2 and "missing.parquet" in err
     with pytest.raises(SystemExit):
-        _cli(["evaluate", "--dataset", "trec"], capsys)  # --demos or --baseline is required
+        cli(["evaluate", "--dataset", "trec"])  # --demos or --baseline is required
 
 
 # --------------------------------------------------------------------------- real model
@@ -346,7 +341,7 @@ def test_real_model_agnews_20_items(embedded_lm, agnews):
     np.testing.assert_allclose(cached, naive, atol=1e-3, rtol=0)
 
 
-def test_cli_dp_demos_from_generation_frame_get_an_accounted_epsilon(tiny_model_dir, tmp_path, capsys):
+def test_cli_dp_demos_from_generation_frame_get_an_accounted_epsilon(tiny_model_dir, tmp_path, cli):
     from dpcore.generation import Demo, demos_frame
 
     demos = [Demo(label=label, shot=0, text=text, tokens=5, stop_reason="eos", noise_multiplier=0.5, num_subsets=4,
@@ -354,22 +349,22 @@ def test_cli_dp_demos_from_generation_frame_get_an_accounted_epsilon(tiny_model_
                   seeded_noise=True, method="dp")
              for label, text in [("Location", "Where is Rome?"), ("Person", "Who is he?"), ("Number", "How many?")]]
     demos_frame(demos).to_parquet(tmp_path / "demos.parquet")
-    code, stdout, err = _cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
-                              "--model", str(tiny_model_dir), "--test-size", "2", "--seeds", "1", "--json",
-                              "--out", str(tmp_path / "o")], capsys)
+    code, stdout, err = cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
+                             "--model", str(tiny_model_dir), "--test-size", "2", "--seeds", "1", "--json",
+                             "--out", str(tmp_path / "o")])
     assert code == 0 and "accounted from the demos' noise multiplier" in err
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["method"] == "dp" and 0 < result["epsilon"] < 100
-    code, stdout, _ = _cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
-                            "--epsilon", "2", "--model", str(tiny_model_dir), "--test-size", "2", "--seeds", "1",
-                            "--json", "--out", str(tmp_path / "o2")], capsys)
+    code, stdout, _ = cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
+                           "--epsilon", "2", "--model", str(tiny_model_dir), "--test-size", "2", "--seeds", "1",
+                           "--json", "--out", str(tmp_path / "o2")])
     assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["epsilon"] == 2.0
 
 
-def test_cli_instruction_only_baseline(tiny_model_dir, tmp_path, capsys):
-    code, stdout, _ = _cli(["evaluate", "--dataset", "trec", "--baseline", "instruction-only", "--model",
-                            str(tiny_model_dir), "--test-size", "2", "--seeds", "2", "--shots", "2", "--max-tokens",
-                            "3", "--seed", "1", "--json", "--out", str(tmp_path / "o")], capsys)
+def test_cli_instruction_only_baseline(tiny_model_dir, tmp_path, cli):
+    code, stdout, _ = cli(["evaluate", "--dataset", "trec", "--baseline", "instruction-only", "--model",
+                           str(tiny_model_dir), "--test-size", "2", "--seeds", "2", "--shots", "2", "--max-tokens",
+                           "3", "--seed", "1", "--json", "--out", str(tmp_path / "o")])
     assert code == 0
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["method"] == "instruction-only" and result["epsilon"] == 0.0 and result["shots"] == 2

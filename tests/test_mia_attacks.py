@@ -1,26 +1,16 @@
-"""Membership-inference attack scores (dpcore.mia_attacks) and the audit's use of them."""
+"""Membership-inference attack scores (dpcore.mia_attacks): the statistics and the model pass."""
 
 from __future__ import annotations
 
 import math
-import zlib
-from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from scipy import stats
 
 from dpcore import mia_attacks
-from dpcore.audit import (
-    AttackMetrics,
-    auc_mean_ci,
-    family_confidence,
-    gate,
-    roc_auc,
-    strongest_attack,
-)
+from dpcore.audit_statistics import roc_auc
 from dpcore.errors import ConfigError
 from dpcore.mia_attacks import (
     ATTACKS,
@@ -96,56 +86,6 @@ def test_attack_scores_planted_and_prompt_independent():
     assert set(attack_scores(under(0.0), reference, None)) == {"duan", "label-calibrated", "text-calibrated"}
 
 
-def test_auc_interval_stays_within_bounds():
-    # two trials of 1 member vs 50 (a step function): the t interval alone is about [-3.9, 5.0]
-    low, high = auc_mean_ci([0.2, 0.9], 1, 50, 0.95)
-    assert (low, high) == (0.0, 1.0)
-    low, high = auc_mean_ci([1.0, 1.0, 1.0, 0.96], 1, 50, 0.95)
-    assert 0 <= low < high == 1.0
-    rng = np.random.default_rng(3)
-    for _ in range(200):
-        values = rng.uniform(0, 1, size=rng.integers(2, 6))
-        low, high = auc_mean_ci(values, 1, int(rng.integers(1, 60)), float(rng.uniform(0.5, 0.999)))
-        assert 0.0 <= low <= values.mean() <= high <= 1.0
-    # inside the bounds nothing changes (the gate's band never reaches them)
-    values = np.array([0.48, 0.52, 0.5, 0.49])
-    half = stats.t.ppf(0.975, 3) * math.sqrt(max(values.var(ddof=1), 101 / 30000) / 4)
-    assert auc_mean_ci(values, 50, 50) == (pytest.approx(0.4975 - half), pytest.approx(0.4975 + half))
-
-
-def test_family_confidence_is_bonferroni():
-    assert family_confidence(0.95, 5) == pytest.approx(0.99)
-    assert family_confidence(0.9, 1) == pytest.approx(0.9)
-    with pytest.raises(ConfigError):
-        family_confidence(0.95, 0)
-
-
-def _metrics(name, auc, ci):
-    return AttackMetrics(name, auc, ci, (), auc, 0.0, 0.0, 0.0)
-
-
-def test_gate_reads_the_strongest_attack():
-    attacks = (_metrics("duan", 0.52, (0.49, 0.55)), _metrics("text-calibrated", 0.93, (0.90, 0.96)),
-               _metrics("lira-text", 0.61, (0.58, 0.64)))
-    assert strongest_attack(attacks).attack == "text-calibrated"
-    # a score that ranks members LOWER is as strong
-    assert strongest_attack((_metrics("a", 0.6, (0, 1)), _metrics("b", 0.35, (0, 1)))).attack == "b"
-    def result(attacks):
-        return SimpleNamespace(auc=0.52, auc_ci=(0.49, 0.55), confidence=0.95, max_overlap_tokens=0,
-                               overlapping_records=0, crosscheck_agreed=True, attacks=attacks)
-
-    passed, reasons = gate(result(attacks))
-    assert not passed and len(reasons) == 1
-    assert "AUC 0.930" in reasons[0] and "text-calibrated attack" in reasons[0]
-    assert "also outside: lira-text 0.610" in reasons[0] and "simultaneous over 3 attacks" in reasons[0]
-    # every attack must be conclusive: one wide interval makes the audit inconclusive
-    calm = (_metrics("duan", 0.5, (0.48, 0.52)), _metrics("lira-text", 0.51, (0.40, 0.62)))
-    passed, reasons = gate(result(calm))
-    assert not passed and reasons[0].startswith("audit inconclusive") and "lira-text" in reasons[0]
-    fine = (_metrics("duan", 0.5, (0.48, 0.52)), _metrics("lira-text", 0.51, (0.47, 0.55)))
-    assert gate(result(fine))[0]
-
-
 # --------------------------------------------------------------------------- the model pass (tiny model)
 
 
@@ -212,83 +152,3 @@ def test_reference_cache_and_truncation(tiny_lm, monkeypatch):
     short = mia_attacks.truncate_texts(tiny_lm, [long, "brief"], 4)
     assert len(tiny_lm.encode(short[0])) <= 4 and long.startswith(short[0]) and short[1] == "brief"
     assert mia_attacks.truncate_texts(tiny_lm, [long], None) == [long]
-
-
-# --------------------------------------------------------------------------- audits with a planted leak
-
-
-def _records(n: int, labels: list[str]) -> pd.DataFrame:
-    return pd.DataFrame({"id": [f"r{i}" for i in range(n)], "text": [f"record number {i} says {i * 7 % 13} and {i % 17} more words"
-                                                                      for i in range(n)],
-                         "label": [labels[i % len(labels)] for i in range(n)]})
-
-
-def _fake_scorer(leaky: bool):
-    """A toy LM's scores: a record's difficulty (from its text), plus, when `leaky`, a large gain when
-    the record IS a demonstration of the prompt (the copy a real LM makes)."""
-
-    def prompt_scores(lm, spec, demos, texts, labels, batch_size=16):
-        base = np.array([zlib.crc32(t.encode()) % 1000 / 100.0 for t in texts])  # in [0, 10)
-        prompt_noise = zlib.crc32(repr(demos).encode()) % 100 / 1000.0
-        jitter = np.array([zlib.crc32((repr(demos) + t).encode()) % 100 / 200.0 for t in texts])
-        copied = np.array([leaky and any(t == d[0] for d in demos) for t in texts], dtype=float)
-        text = -30 + base + jitter + prompt_noise + 12 * copied
-        label = np.log(np.clip(0.2 + 0.05 * base + 0.2 * copied, 0.01, 0.99))
-        return PromptScores(label, label - np.log1p(-np.exp(label)), text)
-
-    return prompt_scores
-
-
-@pytest.mark.parametrize("leaky", [True, False])
-def test_non_private_audit_attacks_on_a_toy_lm(tiny_lm, agnews, monkeypatch, leaky):
-    from dpcore.audit import non_private_audit
-    from dpcore.config import AuditConfig
-
-    monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(leaky))
-    records = _records(6000, agnews.spec.label_names)
-    result = non_private_audit(tiny_lm, agnews.spec, records, AuditConfig(trials=100, non_members=50), seed=1,
-                               overlap_records=records.head(50))
-    by_name = {a.attack: a for a in result.attacks}
-    assert list(by_name) == list(ATTACKS)
-    if leaky:
-        for name in ("text-calibrated", "label-calibrated", "lira-text", "lira-label"):
-            assert by_name[name].auc > 0.97 and by_name[name].tpr_at_1pct_fpr > 0.5, name
-        assert result.auc > 0.97 and result.attack != "duan"
-        assert any(r.startswith("membership-inference AUC") for r in result.reasons)
-    else:
-        for attack in result.attacks:
-            assert abs(attack.auc - 0.5) < 0.1, attack.attack
-            assert 0.0 <= attack.auc_ci[0] <= attack.auc_ci[1] <= 1.0
-
-
-def test_demos_audit_on_run_demos(tiny_lm, agnews, monkeypatch):
-    """The run's own demos: members = the private split, non-members = held-out records. Synthetic demos
-    that copy no record pass (the toy LM leaks only a verbatim copy); a copied record is caught."""
-    from dpcore.audit import demos_audit
-    from dpcore.config import AuditConfig
-
-    monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(True))
-    labels = agnews.spec.label_names
-    records = _records(8000, labels)
-    members, held_out = records.iloc[:4000].reset_index(drop=True), records.iloc[4000:].reset_index(drop=True)
-    config = AuditConfig(trials=10, members=30, non_members=30, reference_prompts=3)
-    demos = [(f"a synthetic {label} demonstration", label) for label in labels]
-    cache: dict = {}
-    result = demos_audit(tiny_lm, agnews.spec, demos, members, held_out, config, seed=0, epsilon=8.0,
-                         noise_multiplier=0.7, delta=1e-4, crosscheck_agreed=True, cache=cache)
-    assert result.passed, result.reasons
-    assert result.demo_sets == 4 and result.trials == 40 and result.setting == "dp"
-    scores = result.mia_scores
-    assert set(scores.loc[scores["member"], "record_id"]) <= set(members["id"])
-    assert set(scores.loc[~scores["member"], "record_id"]) <= set(held_out["id"])
-    cached = len(cache)
-    again = demos_audit(tiny_lm, agnews.spec, demos, members, held_out, config, seed=0, epsilon=1.0,
-                        noise_multiplier=2.0, delta=1e-4, crosscheck_agreed=True, cache=cache)
-    assert len(cache) == cached  # same candidates at another epsilon: no new reference pass
-    assert again.passed
-    # a "DP" demo that is a member record verbatim fails the verbatim check
-    copied = members.groupby("label").head(1)
-    leaky = demos_audit(tiny_lm, agnews.spec, list(zip(copied["text"], copied["label"], strict=True)), members,
-                        held_out, config, seed=0, epsilon=8.0, noise_multiplier=0.7, delta=1e-4,
-                        crosscheck_agreed=True)
-    assert not leaky.passed and any(r.startswith("verbatim overlap") for r in leaky.reasons)

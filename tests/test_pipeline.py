@@ -136,7 +136,7 @@ def test_manifest_hashes_every_public_file(run):
 
 
 def test_mlflow_parent_and_nested_runs(run):
-    from tasks.record import mlflow_client
+    from tasks.tracking import mlflow_client
 
     client = mlflow_client()
     parent = client.get_run(run["mlflow_run_id"])

@@ -85,7 +85,7 @@ def _cli(args: list[str], env: dict, timeout: int = 240) -> subprocess.Completed
 
 def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(server, dpicl_home):
     from dpcore.config import RunConfig
-    from tasks.record import mlflow_client
+    from tasks.tracking import mlflow_client
 
     env, url = server["env"], server["url"]
     for name in ("cpu", "gpu"):

@@ -1,4 +1,4 @@
-"""The privacy boundary: after pipeline runs, no private training text appears anywhere under $DPICL_HOME
+"""The privacy boundary: after pipeline runs (DP few-shot generation and PromptPATE), no private training text appears anywhere under $DPICL_HOME
 outside the private store (except the Prefect and MLflow databases), nor in the run's logs, Prefect
 artifacts, task-run state messages or MLflow params/tags.
 
@@ -150,8 +150,9 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    from flows.pate import pate_flow
     from flows.pipeline import run_pipeline
-    from tasks.record import mlflow_client
+    from tasks.tracking import mlflow_client
 
     share_tiny_model(tiny_lm)
     caplog.set_level(logging.DEBUG)
@@ -159,6 +160,14 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     # Every baseline (the non-private ones included): their per-record outputs must stay private too.
     result = run_pipeline(tiny_config(seed=4242, baselines=["zero-shot", "instruction-only", "sigma-zero",
                                                             "random-real"]))
+    # ... and a PromptPATE run on the same data (teacher prompts of real records, their votes and vote
+    # histograms, the non-private ensemble and best-teacher baselines on the test split)
+    pate = pate_flow(config=tiny_config(seed=4242, methods=["pate"], pate_teachers=6, pate_queries=10,
+                                        pate_public="ood", pate_sigma1=1.0, pate_sigma2=2.0, pate_repeats=1,
+                                        pate_student_candidates=3, test_size=8,
+                                        pate_baselines=["zero-shot", "ensemble", "upper-bound"]))
+    assert {"teacher_assignments.parquet", "vote_histograms.parquet"} <= {
+        p.name for p in Path(pate["private_run_dir"]).iterdir()}
     out, err = capfd.readouterr()
     needles = _needles()
     assert len(needles) > 300  # the check has teeth: the mini dataset's private texts
@@ -202,9 +211,12 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     assert _id_leaks("\n".join(texts), ids) == []
 
     client = mlflow_client()
+    for run_id in (result["mlflow_run_id"], pate["mlflow_run_id"]):
+        run = client.get_run(run_id)
+        logged = json.dumps([run.data.params, run.data.tags, run.data.metrics])
+        assert _leaks(logged, needles) == [] and _id_leaks(logged, ids) == []
+    assert _leaks(json.dumps(pate, default=str), needles) == [] and _id_leaks(json.dumps(pate, default=str), ids) == []
     run = client.get_run(result["mlflow_run_id"])
-    logged = json.dumps([run.data.params, run.data.tags, run.data.metrics])
-    assert _leaks(logged, needles) == [] and _id_leaks(logged, ids) == []
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert artifacts and not artifacts & {"predictions.parquet", "mia_scores.parquet", "generation_stats.json"}
 

@@ -139,8 +139,8 @@ def test_tampered_run_is_refused(finished_run):
 def test_release_registers_and_moves_the_production_alias(finished_run, capsys, tmp_path):
     from flows.cli import main
     from flows.release import release
-    from tasks.record import mlflow_client
     from tasks.release import registered_model_name
+    from tasks.tracking import mlflow_client
 
     first = release(run_id=_releasable_copy(finished_run, "release-one"))
     second = release(run_id=_releasable_copy(finished_run, "release-two"))

@@ -13,41 +13,16 @@ import json
 import pandas as pd
 import pytest
 from pipeline_support import prefect_harness  # noqa: F401  (the shared harness fixture)
+from tickets import ROWS
 
 from dpcore.datasets import content_hash, load_dataset
 from dpcore.errors import DataValidationError
-from dpcore.taskspec import load_task_spec
 
-SPEC_YAML = """
-name: tickets
-kind: classification
-source: {type: file, path: unused.csv, text_column: body, label_column: topic, id_column: ticket_id}
-split: {test_size: 2, seed: 3}
-labels: {billing: Billing, outage: Outage}
-generation: {instruction: Write a ticket., label_prefix: "Topic: ", text_prefix: "Ticket:"}
-icl: {instruction: Classify tickets., input_prefix: "Ticket:", output_prefix: "Topic:"}
-"""
-
-ROWS = [
-    {"ticket_id": "t1", "body": "invoice charged twice", "topic": "billing"},
-    {"ticket_id": "t2", "body": "site is down again", "topic": "outage"},
-    {"ticket_id": "t3", "body": "refund please", "topic": "billing"},
-    {"ticket_id": "t4", "body": "cannot log in, servers dead", "topic": "outage"},
-    {"ticket_id": "t5", "body": "wrong amount on bill", "topic": "billing"},
-    {"ticket_id": "t6", "body": "api returns 503", "topic": "outage"},
-]
 TEST_ROWS = [
     {"ticket_id": "q1", "body": "charged for a plan I cancelled", "topic": "billing"},
     {"ticket_id": "q2", "body": "dashboard will not load", "topic": "outage"},
     {"ticket_id": "q3", "body": "duplicate invoice this month", "topic": "billing"},
 ]
-
-
-@pytest.fixture()
-def spec(tmp_path):
-    path = tmp_path / "tickets.yaml"
-    path.write_text(SPEC_YAML)
-    return load_task_spec(path)
 
 
 @pytest.fixture()
@@ -59,12 +34,12 @@ def files(tmp_path):
     return data, test
 
 
-def test_a_separate_test_file_is_the_test_split_and_every_data_row_is_private(spec, files):
+def test_a_separate_test_file_is_the_test_split_and_every_data_row_is_private(tickets_spec, files):
     data, test = files
-    split = load_dataset(spec, data)
+    split = load_dataset(tickets_spec, data)
     assert len(split.train) == 4 and len(split.test) == 2  # in-file split: 2 rows held out
 
-    loaded = load_dataset(spec, data, test)
+    loaded = load_dataset(tickets_spec, data, test)
     assert sorted(loaded.train["id"]) == ["t1", "t2", "t3", "t4", "t5", "t6"]
     assert list(loaded.test["id"]) == ["q1", "q2", "q3"] and list(loaded.test.columns) == ["id", "text", "label"]
     assert loaded.test["label"].tolist() == ["billing", "outage", "billing"]
@@ -79,22 +54,22 @@ def test_a_separate_test_file_is_the_test_split_and_every_data_row_is_private(sp
     ([{"ticket_id": "q1", "body": "a", "topic": "billing"}, {"ticket_id": "q1", "body": "b", "topic": "outage"}],
      "line 2: column 'ticket_id': duplicate id"),
 ])
-def test_the_test_file_is_validated_like_the_data_file(spec, files, tmp_path, rows, match):
+def test_the_test_file_is_validated_like_the_data_file(tickets_spec, files, tmp_path, rows, match):
     data, _ = files
     test = tmp_path / "bad_test.jsonl"
     test.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DataValidationError, match=match) as caught:
-        load_dataset(spec, data, test)
+        load_dataset(tickets_spec, data, test)
     assert str(test) in str(caught.value) and "printer on fire" not in str(caught.value)
 
 
-def test_a_missing_or_unsupported_test_file_is_a_clear_error(spec, files, tmp_path):
+def test_a_missing_or_unsupported_test_file_is_a_clear_error(tickets_spec, files, tmp_path):
     data, _ = files
     with pytest.raises(DataValidationError, match="file not found"):
-        load_dataset(spec, data, tmp_path / "nope.csv")
+        load_dataset(tickets_spec, data, tmp_path / "nope.csv")
     (tmp_path / "test.txt").write_text("x")
     with pytest.raises(DataValidationError, match="unsupported file type"):
-        load_dataset(spec, data, tmp_path / "test.txt")
+        load_dataset(tickets_spec, data, tmp_path / "test.txt")
 
 
 def test_test_path_is_a_run_config_field_and_a_flag_of_every_command_that_reads_data():
@@ -110,7 +85,7 @@ def test_test_path_is_a_run_config_field_and_a_flag_of_every_command_that_reads_
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_pipeline_ingest_takes_the_test_split_from_the_test_file(spec, files, tmp_path):
+def test_pipeline_ingest_takes_the_test_split_from_the_test_file(tickets_spec, files, tmp_path):
     from prefect import flow
 
     from dpcore.artifacts import read_table

@@ -15,6 +15,7 @@ import sys
 import time
 
 from dpcore import accounting
+from dpcore.config import MECHANISMS
 from flows.cli.common import print_json
 
 
@@ -43,7 +44,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="q = M*N/|D_y| (num_subsets x subset_size / records of the label), in (0, 1]")
     parser.add_argument("--steps", type=int, required=True, help="T = max_tokens x demos_per_label (>= 1)")
     parser.add_argument("--delta", type=float, required=True, help="delta in (0, 1); the paper uses 1/|D_priv|")
-    parser.add_argument("--mechanism", choices=list(accounting.MECHANISMS), default="gaussian",
+    parser.add_argument("--mechanism", choices=list(MECHANISMS), default="gaussian",
                         help="gaussian (default) or rnm (report-noisy-max with exponential noise)")
     parser.add_argument("--no-cache", action="store_true", help="do not read or write the accounting cache")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

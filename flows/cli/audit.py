@@ -167,7 +167,7 @@ def run_audit(args) -> int:
 
 
 def _run_audit(args) -> int:
-    from dpcore import accounting
+    from dpcore import accounting, plots
     from dpcore import audit as mia
     from dpcore.artifacts import write_json_atomic, write_manifest, write_table
     from dpcore.datasets import load_dataset
@@ -255,9 +255,9 @@ def _run_audit(args) -> int:
     audits = [result] + ([reference] if reference else [])
     dp_audits = [item for item in audits if item.setting != "non-private" and math.isfinite(item.epsilon)]
     if dp_audits:
-        mia.roc_plot(dp_audits, out / "roc.png", title=f"{spec.name}: membership inference ROC")
+        plots.roc_plot(dp_audits, out / "roc.png", title=f"{spec.name}: membership inference ROC")
     if len(dp_audits) < len(audits):
-        mia.roc_plot(audits, private_out / "roc.png", title=f"{spec.name}: membership inference ROC")
+        plots.roc_plot(audits, private_out / "roc.png", title=f"{spec.name}: membership inference ROC")
     summary = {key: result.summary()[key] for key in JSON_KEYS}
     summary.update(run_id=run_id, out=str(out), content_hash=dataset.content_hash,
                    wall_seconds=time.perf_counter() - began, privacy=privacy, ledger_entries=len(ledger_entries),

@@ -15,7 +15,7 @@ from typing import Any
 
 from dpcore.config import RunConfig
 
-# CLI spellings the issue contracts fix, where they differ from the field name.
+# CLI spellings that differ from the RunConfig field name (documented in the README).
 FLAG_ALIASES = {"rvp": "--no-rvp"}
 
 
@@ -50,11 +50,13 @@ def _flag_type(name: str, annotation) -> Any:
     return parse
 
 
-def add_config_flags(parser: argparse.ArgumentParser, fields: list[str]) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, fields: list[str], aliases: dict[str, str] | None = None) -> None:
     """Add `--field-name` flags for the given RunConfig fields; unset flags keep RunConfig defaults.
 
-    Each flag's help is the field's description (paper symbol included) and its default.
+    Each flag's help is the field's description (paper symbol included) and its default. `aliases`:
+    a shorter spelling shown first for some fields (`{"pate_teachers": "--teachers"}`).
     """
+    aliases = aliases or {}
     for name in fields:
         info = RunConfig.model_fields[name]
         annotation = info.annotation
@@ -78,7 +80,7 @@ def add_config_flags(parser: argparse.ArgumentParser, fields: list[str]) -> None
         choices = None
         if typing.get_origin(annotation) is typing.Literal:
             choices = list(args)
-        parser.add_argument(flag, dest=name, default=None, choices=choices, help=help_text,
+        parser.add_argument(*([aliases[name]] if name in aliases else []), flag, dest=name, default=None, choices=choices, help=help_text,
                             type=_flag_type(name, annotation),
                             metavar=name.upper() if choices is None else None)
 

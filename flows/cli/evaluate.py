@@ -90,8 +90,8 @@ def _demos_from_file(path: str, method_filter: str | None, epsilon_flag: float |
     """(pool, method, epsilon) from a demos Parquet written by `dpcore.generation.demos_frame`."""
     import pandas as pd
 
+    from dpcore.config import DEMO_SOURCES as METHODS
     from dpcore.errors import ConfigError, DataValidationError
-    from dpcore.icl import METHODS
 
     file = Path(path)
     if not file.exists():

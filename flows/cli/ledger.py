@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from dpcore.ledger import MECHANISMS, PURPOSES, Ledger, Spend
+from dpcore.config import MECHANISMS
+from dpcore.ledger import PURPOSES, Ledger, Spend
 from flows.cli.common import print_json
 
 

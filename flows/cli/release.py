@@ -24,17 +24,13 @@ def _release(args) -> int:
 
 
 def _read_queries(path: Path) -> list[dict]:
+    from dpcore.datasets import read_jsonl
     from dpcore.errors import DataValidationError
 
     rows = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataValidationError(f"{path}: line {line_no}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not obj["text"].strip():
+    for obj in read_jsonl(path):
+        line_no = obj.pop("__line__")
+        if not isinstance(obj.get("text"), str) or not obj["text"].strip():
             raise DataValidationError(f"{path}: line {line_no}: column 'text': expected a non-empty string")
         rows.append({"line": line_no, **obj})
     return rows

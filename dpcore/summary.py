@@ -1,0 +1,153 @@
+"""Summary tables of a finished run: accuracy per (method, epsilon) beside sigma and the audit's figures.
+
+Pure functions over the run's public tables (`metrics`, `calibration`, `audit`): the results
+table (`results_table`), the audit's verdict (`audit_verdict`), the markdown summary shown as
+a Prefect artifact (`summary_markdown`) and JSON-safe rows (`jsonable_rows`). Aggregates and
+public configuration only; no per-record data enters them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from dpcore.icl import summarise_metrics
+
+
+def finite_or_none(value) -> float | None:
+    """`value` as a float when it is a finite number, else None."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def epsilon_text(epsilon: float) -> str:
+    """An epsilon as a label: `inf` or the shortest float form."""
+    return "inf" if math.isinf(float(epsilon)) else f"{float(epsilon):g}"
+
+
+def results_table(metrics: pd.DataFrame, calibration: pd.DataFrame, audit: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per (method, epsilon): accuracy mean/std (raw and calibrated), sigma, and the audit's AUC."""
+    summary = summarise_metrics(metrics)
+    sigma = {float(r.epsilon): r for r in calibration.itertuples(index=False)}
+    rows = []
+    for r in summary.itertuples(index=False):
+        eps = float(r.epsilon)
+        calib = sigma.get(eps) if r.method in ("dp", "sigma-zero", "instruction-only") else None
+        row = {
+            "method": r.method, "epsilon": eps,
+            "noise_multiplier": (float(calib.noise_multiplier) if calib is not None
+                                 else 0.0 if r.method == "sigma-zero" else None),
+            "accuracy_mean": float(r.accuracy_mean), "accuracy_std": float(r.accuracy_std),
+            "calibrated_accuracy_mean": float(r.calibrated_accuracy_mean),
+            "calibrated_accuracy_std": float(r.calibrated_accuracy_std),
+            "seeds": int(r.seeds), "n": int(r.n),
+        }
+        row.update(audit_metrics(audit, r.method, eps))
+        rows.append(row)
+    order = {"zero-shot": 0, "instruction-only": 1, "dp": 2, "sigma-zero": 3, "random-real": 4}
+    table = pd.DataFrame(rows)
+    if len(table):
+        table = table.sort_values(by=["method", "epsilon"], key=lambda s: s.map(order) if s.name == "method" else s)
+    return table.reset_index(drop=True)
+
+
+def audit_metrics(audit: pd.DataFrame | None, method: str, epsilon: float) -> dict:
+    """MIA AUC and TPR at low FPR of the audit row matching (method, epsilon), if any."""
+    if audit is None or not len(audit) or "epsilon" not in audit.columns:
+        return {}
+    rows = audit[audit["epsilon"].astype(float) == float(epsilon)]
+    if "setting" in audit.columns:
+        rows = rows[rows["setting"] == method]
+    elif method != "dp":
+        return {}
+    if not len(rows):
+        return {}
+    row = rows.iloc[0]
+    out = {}
+    for source, target in (("auc", "mia_auc"), ("tpr_at_1pct_fpr", "tpr_at_1pct_fpr"),
+                           ("tpr_at_01pct_fpr", "tpr_at_0.1pct_fpr"), ("tpr_at_0_1pct_fpr", "tpr_at_0.1pct_fpr"),
+                           ("epsilon_lower_bound", "empirical_epsilon_lower_bound"),
+                           ("max_overlap_tokens", "max_overlap_tokens")):
+        if source in row.index and finite_or_none(row[source]) is not None:
+            out[target] = float(row[source])
+    return out
+
+
+def audit_verdict(audit: pd.DataFrame | None) -> dict:
+    """Whether the audit ran, whether every row passed, and its reasons (one per line, prefixed by epsilon)."""
+    if audit is None or not len(audit):
+        return {"ran": False, "passed": None, "reasons": []}
+    passed = bool(audit["passed"].astype(bool).all()) if "passed" in audit.columns else None
+    reasons: list[str] = []
+    if "reasons" in audit.columns:
+        for row in audit.to_dict(orient="records"):
+            value = row["reasons"]
+            lines = ([str(v) for v in value if v] if isinstance(value, list | tuple)
+                     else [line for line in str(value or "").splitlines() if line])
+            where = f"epsilon {epsilon_text(row['epsilon'])}: " if "epsilon" in row else ""
+            reasons.extend(where + line for line in lines)
+    return {"ran": True, "passed": passed, "reasons": reasons}
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return format(value, spec)
+
+
+def summary_markdown(info: dict, table: pd.DataFrame, calibration: pd.DataFrame, verdict: dict) -> str:
+    """The run's markdown summary: provenance, the privacy table, accuracy per (method, epsilon), the audit."""
+    lines = [
+        f"# DP few-shot run `{info['run_id']}`",
+        "",
+        f"- dataset **{info['dataset']}** (content hash `{info['data_hash'][:12]}`), "
+        f"{info['num_private_records']} private records, model `{info['model']}`",
+        f"- code version `{info['code_version']}`, noise: "
+        + ("**fixed seed (experiment, never releasable)**" if info["seeded_noise"] else "cryptographically seeded"),
+        f"- run folder `{info['run_dir']}`",
+        "",
+        "## Privacy",
+        "",
+        "| epsilon | method | sigma | q | T | delta | accountant upper | cross-check |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in calibration.itertuples(index=False):
+        lines.append(
+            f"| {epsilon_text(r.epsilon)} | {r.method} | {_fmt(r.noise_multiplier, '.4f')} | {_fmt(r.sampling_rate, '.3g')} "
+            f"| {r.steps} | {_fmt(r.delta, '.3g')} | {_fmt(r.epsilon_upper, '.3f')} "
+            f"| {'agreed' if r.crosscheck_agreed else 'DISAGREED'} |"
+        )
+    lines += ["", "## Accuracy (mean +/- std over seeds)", "",
+              "| method | epsilon | accuracy | calibrated accuracy | MIA AUC |", "|---|---|---|---|---|"]
+    for r in table.to_dict(orient="records"):
+        lines.append(
+            f"| {r['method']} | {epsilon_text(r['epsilon'])} | {_fmt(r['accuracy_mean'])} +/- {_fmt(r['accuracy_std'])} "
+            f"| {_fmt(r['calibrated_accuracy_mean'])} +/- {_fmt(r['calibrated_accuracy_std'])} "
+            f"| {_fmt(r.get('mia_auc'))} |"
+        )
+    lines += ["", "## Audit", ""]
+    if not verdict["ran"]:
+        lines.append("Not run (`--no-audit`); such a run cannot be released.")
+    else:
+        lines.append(f"**{'PASSED' if verdict['passed'] else 'FAILED'}**")
+        lines += [f"- {reason}" for reason in verdict["reasons"]]
+    return "\n".join(lines) + "\n"
+
+
+def jsonable_rows(table: pd.DataFrame) -> list[dict]:
+    """Rows as JSON-safe dicts: NaN -> None, infinities -> \"inf\", floats rounded to 6 digits."""
+    rows = []
+    for row in table.to_dict(orient="records"):
+        clean = {}
+        for key, value in row.items():
+            if isinstance(value, float):
+                value = None if math.isnan(value) else ("inf" if math.isinf(value) else round(value, 6))
+            clean[key] = value
+        rows.append(clean)
+    return rows

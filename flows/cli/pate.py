@@ -1,0 +1,144 @@
+"""CLI: `dpicl pate`, PromptPATE (Duan et al. Section 4.2) through the same flow and tasks the pipeline runs.
+
+    dpicl pate --dataset sst2 --teachers 200 --shots 1 --public iid --queries 500 [--threshold T]
+               [--sigma1 S1 --sigma2 S2 --target-epsilon E --test-size N --vote-mode black-box] [--json]
+
+Before anything is written: every check (E*k within the private records, T in [0, E], sigmas > 0,
+the public source non-empty, no public text in the private or test split, Q within the public set,
+--test-size within the test split) and a dry run of the charge against the dataset's budget
+(`BudgetExceededError`, exit 3). `--json` prints one object whose top-level keys are documented in
+the README ("PromptPATE").
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from dpcore.config import RunConfig
+from dpcore.errors import ConfigError
+
+# RunConfig fields `dpicl pate` takes, and the short spellings of the PromptPATE ones.
+FIELDS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta", "seed",
+          "test_size", "calibrate", "task_runner", "pate_teachers", "pate_shots", "pate_public_path",
+          "pate_public_column", "pate_queries", "pate_threshold", "pate_sigma1", "pate_sigma2", "pate_vote_mode",
+          "pate_target_epsilon", "pate_repeats", "pate_student_candidates", "pate_baselines", "pate_teacher_block"]
+ALIASES = {"pate_teachers": "--teachers", "pate_shots": "--shots", "pate_public_path": "--public-path",
+           "pate_queries": "--queries", "pate_threshold": "--threshold", "pate_sigma1": "--sigma1",
+           "pate_sigma2": "--sigma2", "pate_vote_mode": "--vote-mode", "pate_target_epsilon": "--target-epsilon",
+           "pate_repeats": "--repeats", "pate_student_candidates": "--student-candidates",
+           "pate_baselines": "--baselines"}
+
+
+def _config(args) -> RunConfig:
+    from pydantic import ValidationError
+
+    from flows.cli.common import config_from_args
+
+    overrides = {"methods": ["pate"]}
+    if args.public is not None:
+        if args.public in ("iid", "ood", "file"):
+            overrides["pate_public"] = args.public
+        else:  # a path
+            overrides.update(pate_public="file", pate_public_path=args.public)
+    try:
+        return config_from_args(args, **overrides)
+    except ValidationError as exc:
+        problems = "; ".join((f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: " if err["loc"] else "")
+                             + err["msg"].removeprefix("Value error, ") for err in exc.errors())
+        raise ConfigError(problems or str(exc)) from None
+
+
+def check_before_run(config: RunConfig, run_id: str | None) -> dict:
+    """Every check and the budget's dry run, before any file is written or any model loads."""
+    from dpcore import accounting
+    from dpcore.datasets import load_dataset
+    from dpcore.taskspec import load_task_spec
+    from tasks.charge import charge_plans, preflight
+    from tasks.pate import check_inputs, privacy_plans
+
+    preflight(config)
+    spec = load_task_spec(config.task_spec or config.dataset)
+    if spec.kind != "classification":
+        raise ConfigError(f"pate: PromptPATE votes on labels; task {spec.name!r} is not a classification task")
+    data = load_dataset(spec, config.data_path, config.test_path)
+    _, _, settings = check_inputs(config, data)
+    delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))
+    plans, per_repeat = privacy_plans(config, settings, delta)
+    charge_plans(config.ledger_id, data.content_hash, run_id or "dry-run", plans, dry_run=True)
+    return {"plans": plans, "queries": per_repeat, "delta": delta}
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return format(value, spec)
+
+
+def format_summary(summary: dict) -> str:
+    accuracy = summary["accuracy"]
+    lines = [
+        f"PromptPATE on {summary['dataset']}: E={summary['teachers']} teachers x {summary['shots']} shot(s), "
+        f"T={summary['threshold']:g}, sigma1={summary['sigma1']:g}, sigma2={summary['sigma2']:g}, "
+        f"votes {summary['vote_mode']}, public {summary['public']}",
+        f"queries {summary['queries']} per repeat; answered {summary['answered']}",
+        f"student accuracy {_fmt(accuracy['mean'])} +/- {_fmt(accuracy['std'])} over {len(accuracy['per_repeat'])} "
+        f"repeat(s), {accuracy['n']} test items",
+        *[f"baseline {name}: accuracy {_fmt(value)}" for name, value in summary["baselines"].items()],
+        f"epsilon {_fmt(summary['epsilon'], '.4g')} (charged, data-independent, all repeats) at delta "
+        f"{summary['delta']:.3g}; data-dependent {_fmt(summary['epsilon_data_dependent'], '.4g')} (not itself DP)",
+        "student prompt: " + " | ".join(f"{d['text']!r} -> {d['label']}" for d in summary["student_prompt"]),
+        f"noise: {'FIXED SEED (experiment, never releasable)' if summary['seeded_noise'] else 'cryptographically seeded'}",
+        f"run id: {summary['run_id']}    artifact folder: {summary['run_dir']}",
+    ]
+    return "\n".join(lines)
+
+
+def _pate(args) -> int:
+    from flows.cli.common import print_json
+    from flows.cli.progress import showing_progress, stopping_on_signals
+    from flows.pate import pate_flow
+
+    config = _config(args)
+    checked = check_before_run(config, args.run_id)
+    print(f"PromptPATE: {checked['queries']} queries x {config.pate_repeats} repeat(s) planned; the ledger is "
+          f"charged epsilon {checked['plans'][0].epsilon:.4g} at delta {checked['delta']:.3g} before any teacher "
+          "sees a query", file=sys.stderr, flush=True)
+    if len(checked["plans"]) > 1:
+        print(f"WARNING: non-private PromptPATE baseline(s) {', '.join(sorted(set(config.pate_baselines) - {'zero-shot'}))} "
+              f"requested: teacher prompts (real private records) on the test split, charged to ledger id "
+              f"'{config.ledger_id}' as an infinite spend (epsilon = inf)", file=sys.stderr, flush=True)
+    began = time.perf_counter()
+    with stopping_on_signals(), showing_progress():
+        summary = pate_flow(config=config, run_id=args.run_id)
+    summary["wall_seconds"] = round(time.perf_counter() - began, 1)
+    if args.json:
+        print_json(summary)
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+def register(subparsers) -> None:
+    from flows.cli.common import add_config_flags
+
+    parser = subparsers.add_parser(
+        "pate", help="PromptPATE: a private discrete prompt from a flock of teacher prompts (Duan et al.)",
+        description="PromptPATE (Duan et al. Section 4.2): E teacher prompts from disjoint private records vote on "
+                    "public queries; Confident-GNMax labels them privately; the best student prompt of labelled "
+                    "public queries is evaluated on the test split. The ledger is charged before any teacher "
+                    "sees a query.")
+    add_config_flags(parser, FIELDS, aliases=ALIASES)
+    parser.add_argument("--public", default=None, metavar="iid|ood|PATH",
+                        help="public queries: iid (the task's public split), ood (the task YAML's OOD dataset) or a "
+                             "CSV/JSONL/Parquet file with a text column (default: iid)")
+    parser.add_argument("--run-id", default=None, help="name of the run folder (default: <UTC start>-<flow run id>)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (see the README's PromptPATE "
+                                                           "section for its keys)")
+    parser.set_defaults(handler=_pate)
+
+
+

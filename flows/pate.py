@@ -1,0 +1,214 @@
+"""PromptPATE (Duan et al. Section 4.2) as one Prefect flow, usable alone or as a subflow of the pipeline.
+
+    ingest (or the pipeline's) -> public queries and every check -> plan -> ledger charge
+      -> teachers (private assignment) -> flock scoring, one task per teacher block (tag `gpu`)
+      -> vote histograms + Confident-GNMax, R repeats -> a student prompt per repeat (public data only)
+      -> evaluation on the test split (tasks.evaluate) beside the baselines -> record (MLflow, artifacts)
+
+The ledger is charged (`tasks.charge.charge_plans`) after every check and before any teacher sees a
+query. Public files (`$DPICL_HOME/runs/<dataset>/<hash12>/<run-id>/`): `pate_queries`,
+`pate_noisy_labels`, `pate_students`, `pate_results`. Private ones (`$DPICL_HOME/private/runs/<same>/`):
+`teacher_assignments`, `vote_histograms`, `pate_data_dependent.json`, `pate_predictions`.
+The flow composes `tasks/` and holds no algorithm logic.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from prefect import flow, get_run_logger
+
+from dpcore.artifacts import write_table
+from dpcore.config import EvalConfig, RunConfig
+from dpcore.errors import ConfigError
+from dpcore.home import configure_environment
+from tasks import evaluate as evaluate_stage
+from tasks import ingest as ingest_stage
+from tasks import pate as pate_stage
+from tasks.charge import charge_plans, ledger_report, noise_charged, preflight
+from tasks.common import RunPaths, noise_scope, publish
+
+FLOW_NAME = "prompt-pate"
+
+
+@flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
+      description="PromptPATE (Duan et al.): a private discrete prompt from a flock of teacher prompts.")
+def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
+              ingested: dict | None = None) -> dict:
+    """Run PromptPATE for one configuration; returns a public summary (the `dpicl pate --json` object).
+
+    `ingested`: the pipeline's `tasks.ingest.ingest` result, so both methods use the same ingested data
+    and run folder; None ingests here.
+    """
+    from flows.pipeline import _collect, _run_all, _submit_all, default_run_id, make_task_runner
+
+    configure_environment()
+    logger = get_run_logger()
+    run_id = run_id or default_run_id()
+    preflight(config)
+    if ingested is None:
+        ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path)
+    if ingested["kind"] != "classification":
+        raise ConfigError(f"pate: PromptPATE votes on labels; task {ingested['task_spec']!r} is not a "
+                          "classification task")
+    paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
+    labels = list(ingested["labels"])
+    from dpcore import accounting
+    from dpcore.taskspec import load_task_spec
+
+    spec = load_task_spec(ingested["task_spec"])
+    settings = pate_stage.pate_settings(config, spec)
+    delta = config.delta if config.delta is not None else accounting.default_delta(ingested["num_private_records"])
+    plans, per_repeat = pate_stage.privacy_plans(config, settings, delta)
+    inputs = pate_stage.pate_inputs(config=config, ingested=ingested, planned=per_repeat)  # every check
+    # The ledger: charged before any teacher sees a query (all plans in one transaction, or refused: exit 3).
+    ledger_entry = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans)
+    fresh = noise_charged(ledger_entry, "pate", plans[0].epsilon)
+    scope = noise_scope(config.seed, run_id)
+    logger.info("ledger %s: PromptPATE plan charged (%d new, %d replayed): epsilon %.4g at delta %.3g for %d x %d "
+                "queries", config.ledger_id, ledger_entry["charged"], ledger_entry["replayed"], plans[0].epsilon,
+                delta, settings["repeats"], per_repeat)
+    common = dict(task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
+                  dtype=config.dtype)
+    teachers = pate_stage.pate_teachers(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+                                        teachers=settings["teachers"], shots=settings["shots"], seed=config.seed,
+                                        noise_scope=scope, noise_charged=fresh)
+    blocks = [(first, min(first + config.pate_teacher_block, settings["teachers"]))
+              for first in range(0, settings["teachers"], config.pate_teacher_block)]
+    test_baselines = sorted(set(config.pate_baselines) & set(pate_stage.NON_PRIVATE_BASELINES))
+    eval_common = dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+                       task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
+                       dtype=config.dtype)
+    with make_task_runner(config.task_runner) as runner:
+        flock_calls = [dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+                            assignment_path=teachers["assignment_path"], assignment_key=teachers["key"],
+                            queries_path=inputs["queries_path"], queries_key=inputs["queries_key"], first=first,
+                            last=last, calibrate=settings["vote_mode"] == "calibrated", split=split,
+                            test_size=config.test_size if split == "test" else None, **common)
+                       for split in (["public"] + (["test"] if test_baselines else [])) for first, last in blocks]
+        eval_calls = []
+        if "zero-shot" in config.pate_baselines:
+            eval_calls.append(dict(method="zero-shot", epsilon=0.0, demo_paths=[], demo_keys=[],
+                                   eval_config=EvalConfig(shots=0, seeds=1, test_size=config.test_size,
+                                                          calibrate=config.calibrate), **eval_common))
+        zero_futures = _submit_all(runner, evaluate_stage.evaluate, eval_calls)
+        blocks_done = _run_all(runner, pate_stage.pate_flock, flock_calls, exists=lambda r: Path(r["scores_path"]).exists())
+        public_blocks = [b for b in blocks_done if b["split"] == "public"]
+        aggregate = pate_stage.pate_aggregate(
+            data_hash=ingested["data_hash"], votes_paths=[b["scores_path"] for b in public_blocks],
+            votes_keys=[b["key"] for b in public_blocks], vote_mode=settings["vote_mode"],
+            threshold=settings["threshold"], sigma1=settings["sigma1"], sigma2=settings["sigma2"],
+            repeats=settings["repeats"], queries=per_repeat, delta=delta, seed=config.seed, noise_scope=scope,
+            noise_charged=fresh, **common)
+        student_calls = [dict(queries_path=inputs["queries_path"], labels_path=aggregate["labels_path"],
+                              labels_key=aggregate["key"], repeat=r, shots=settings["shots"],
+                              candidates=config.pate_student_candidates, calibrate=config.calibrate, **common)
+                         for r in range(settings["repeats"]) if aggregate["labelled"][r] > settings["shots"]]
+        students = _run_all(runner, pate_stage.pate_student, student_calls,
+                            exists=lambda r: Path(r["student_path"]).exists())
+        student_eval = EvalConfig(shots=settings["shots"], seeds=1, test_size=config.test_size,
+                                  calibrate=config.calibrate)
+        student_calls_eval = [dict(method="dp", epsilon=float(plans[0].epsilon), demo_paths=[s["student_path"]],
+                                   demo_keys=[s["key"]], eval_config=student_eval, **eval_common) for s in students]
+        evaluations = _run_all(runner, evaluate_stage.evaluate, student_calls_eval,
+                               exists=lambda r: Path(r["predictions_path"]).exists())
+        zero = _collect(runner, evaluate_stage.evaluate, eval_calls, zero_futures,
+                        exists=lambda r: Path(r["predictions_path"]).exists())
+        test_rows = {}
+        if test_baselines:
+            test_blocks = [b for b in blocks_done if b["split"] == "test"]
+            test_rows = pate_stage.pate_test_baselines(
+                records_path=ingested["records_path"], scores_paths=[b["scores_path"] for b in test_blocks],
+                vote_mode=settings["vote_mode"], test_size=config.test_size, **common)
+
+    # tables: private (assignments, histograms, per-item predictions), public (queries, labels, students, results)
+    publish(teachers["assignment_path"], paths.private, "teacher_assignments.parquet")
+    publish(aggregate["histograms_path"], paths.private, "vote_histograms.parquet")
+    publish(Path(aggregate["histograms_path"]).with_name("data_dependent.json"), paths.private,
+            "pate_data_dependent.json")
+    publish(aggregate["labels_path"], paths.public, "pate_noisy_labels.parquet")
+    if evaluations:
+        predictions = pd.concat([pd.read_parquet(e["predictions_path"]) for e in evaluations + zero],
+                                ignore_index=True)
+        write_table(predictions, paths.private / "pate_predictions.parquet")
+    student_table = pd.concat([pd.read_parquet(s["student_path"]).assign(repeat=s["repeat"]) for s in students],
+                              ignore_index=True) if students else pd.DataFrame(columns=["repeat", "text", "label"])
+    write_table(student_table, paths.public / "pate_students.parquet")
+
+    eps_dd = aggregate["epsilon_data_dependent"]
+    n_test = int(zero[0]["metrics"][0]["n"]) if zero else (int(evaluations[0]["metrics"][0]["n"]) if evaluations
+                                                           else int(test_rows.get("n", 0)))
+    accuracy = [e["metrics"][0]["calibrated_accuracy" if config.calibrate else "accuracy"] for e in evaluations]
+    raw = [e["metrics"][0]["accuracy"] for e in evaluations]
+    calibrated = [e["metrics"][0]["calibrated_accuracy"] for e in evaluations]
+    rows = [_row("pate", plans[0].epsilon, eps_dd, delta, raw, calibrated, n_test,
+                 settings["repeats"], per_repeat, float(np.mean(aggregate["answered"])))]
+    for z in zero:
+        m = z["metrics"][0]
+        rows.append(_row("zero-shot", 0.0, 0.0, delta, [m["accuracy"]], [m["calibrated_accuracy"]], n_test, 1, 0, 0))
+    for name in test_baselines:
+        rows.append(_row(name, math.inf, math.inf, delta, [test_rows[name]], [test_rows[name]], n_test, 1, 0, 0))
+    results = pd.DataFrame(rows, columns=pate_stage.RESULT_COLUMNS)
+    results_path = write_table(results, paths.public / "pate_results.parquet")
+    seeded = bool(teachers["seeded_noise"] or aggregate["seeded_noise"])
+    recorded = pate_stage.record_pate(flat_config=config.flat(), results_path=str(results_path),
+                                      parameters=dict(plans[0].parameters), info={
+                                          "run_id": run_id, "dataset": config.dataset,
+                                          "data_hash": ingested["data_hash"], "model": config.model,
+                                          "seeded_noise": seeded})
+    logger.info("PromptPATE: answered %s of %d queries per repeat; student accuracy %s; epsilon %.4g "
+                "(data-dependent %.4g)", aggregate["answered"], per_repeat, [round(a, 3) for a in accuracy],
+                plans[0].epsilon, eps_dd)
+    return {
+        "method": "pate",
+        "run_id": run_id,
+        "dataset": config.dataset,
+        "data_hash": ingested["data_hash"],
+        "epsilon": plans[0].epsilon,
+        "epsilon_per_repeat": _per_repeat_epsilon(settings, per_repeat, delta),
+        "epsilon_data_dependent": eps_dd,
+        "epsilon_data_dependent_per_repeat": aggregate["epsilon_data_dependent_per_repeat"],
+        "epsilon_data_dependent_note": "data-dependent (Papernot et al. 2018 RDP bound on this run's vote "
+                                       "histograms): reported as the paper does, not itself differentially private",
+        "delta": delta,
+        "queries": per_repeat,
+        "queries_requested": config.pate_queries,
+        "answered": aggregate["answered"],
+        "accuracy": {"mean": float(np.mean(accuracy)) if accuracy else None,
+                     "std": float(np.std(accuracy)) if accuracy else None, "per_repeat": accuracy,
+                     "calibrated": bool(config.calibrate), "n": n_test},
+        "student_prompts": [{"repeat": s["repeat"], "validation_accuracy": s["validation_accuracy"],
+                             "demos": s["prompt"]} for s in students],
+        "student_prompt": students[int(np.argmax([s["validation_accuracy"] for s in students]))]["prompt"]
+        if students else [],
+        "baselines": {row["method"]: row["calibrated_accuracy_mean" if config.calibrate else "accuracy_mean"]
+                      for row in rows[1:]},
+        "parameters": {**settings, "public_source": inputs["source"], "student_candidates":
+                       config.pate_student_candidates, "test_size": config.test_size},
+        **{k: settings[k] for k in ("teachers", "shots", "threshold", "sigma1", "sigma2", "vote_mode", "repeats")},
+        "public": inputs["source"],
+        "seeded_noise": seeded,
+        "run_dir": str(paths.public),
+        "private_run_dir": str(paths.private),
+        "ledger": ledger_entry,
+        "ledger_after": ledger_report(config.ledger_id, run_id),
+        **recorded,
+    }
+
+
+def _per_repeat_epsilon(settings: dict, queries: int, delta: float) -> float:
+    from dpcore.pate_privacy import data_independent_epsilon
+
+    return data_independent_epsilon(settings["sigma1"], settings["sigma2"], queries, delta)
+
+
+def _row(method, epsilon, epsilon_dd, delta, raw, calibrated, n, repeats, queries, answered) -> dict:
+    return {"method": method, "epsilon": float(epsilon), "epsilon_data_dependent": float(epsilon_dd),
+            "delta": float(delta), "accuracy_mean": float(np.mean(raw)) if raw else math.nan,
+            "accuracy_std": float(np.std(raw)) if raw else math.nan,
+            "calibrated_accuracy_mean": float(np.mean(calibrated)) if calibrated else math.nan,
+            "calibrated_accuracy_std": float(np.std(calibrated)) if calibrated else math.nan,
+            "n": int(n), "repeats": int(repeats), "queries": int(queries), "answered_mean": float(answered)}

@@ -1,0 +1,361 @@
+"""PromptPATE stages (Duan et al. Section 4.2): thin Prefect tasks over `dpcore`.
+
+    pate_inputs (public queries; checks)  ->  [ledger charge: the flow]  ->  pate_teachers (private assignment)
+      -> pate_flock (one task per teacher block, tag `gpu`: votes on the public queries, and on the test
+         split for the non-private baselines)  ->  pate_aggregate (vote histograms; Confident-GNMax, R repeats)
+      -> pate_student (one per repeat: the student prompt chosen on public data)  ->  evaluate (tasks.evaluate)
+
+Private outputs (teacher assignments, votes, vote histograms, the data-dependent analysis) go to
+private stage folders; public ones (queries, noisy labels, student prompts) to public ones. Every
+task returns paths and public aggregates only. Noise-drawing stages are cached per run (unseeded)
+or per seed, like generation: an unseeded draw whose cached result is gone is refused, never redrawn
+under a charge made once.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from dpcore.artifacts import read_table, write_json_atomic, write_table
+from dpcore.errors import DpiclError
+from tasks.common import (
+    RETRIES,
+    RETRY_DELAY_SECONDS,
+    cache_key_on,
+    derive_seed,
+    language_model,
+    report_progress,
+    stage_dir,
+    stage_key,
+    transient_only,
+)
+
+PATE_MODULES = ("dpcore.pate_teachers", "dpcore.gnmax", "dpcore.flock", "dpcore.icl", "dpcore.public_queries",
+                "dpcore.pate_student", "dpcore.pate_data_dependent", "dpcore.lm", "dpcore.taskspec")
+TEACHERS_KEY = ("data_hash", "teachers", "shots", "seed", "noise_scope")
+FLOCK_KEY = ("data_hash", "assignment_key", "queries_key", "task_spec", "labels", "first", "last", "calibrate",
+             "split", "test_size", "model", "dtype")
+AGGREGATE_KEY = ("data_hash", "votes_keys", "labels", "vote_mode", "threshold", "sigma1", "sigma2", "repeats",
+                 "delta", "seed", "noise_scope")
+STUDENT_KEY = ("labels_key", "repeat", "task_spec", "labels", "shots", "candidates", "calibrate", "model", "dtype")
+
+
+# --------------------------------------------------------------------------- inputs and checks (no task)
+
+
+def pate_settings(config, spec) -> dict:
+    """The Confident-GNMax parameters of a run: T defaults to round(0.9 E), sigma1 to the task YAML's."""
+    from dpcore.gnmax import default_threshold
+
+    threshold = config.pate_threshold if config.pate_threshold is not None else default_threshold(config.pate_teachers)
+    sigma1 = config.pate_sigma1 if config.pate_sigma1 is not None else spec.pate.sigma1
+    return {"teachers": config.pate_teachers, "shots": config.pate_shots, "threshold": float(threshold),
+            "sigma1": float(sigma1), "sigma2": float(config.pate_sigma2), "vote_mode": config.pate_vote_mode,
+            "repeats": config.pate_repeats, "public": config.pate_public}
+
+
+def check_inputs(config, data) -> tuple[pd.DataFrame, str, dict]:
+    """Every PromptPATE check that needs the data, before anything is written or charged: E*k within the
+    private records, T in [0, E], sigmas > 0, the public source readable and non-empty, no public text in the
+    private or test split, Q within the public set, --test-size within the test split. Returns (the Q
+    queries, where they come from, the settings)."""
+    from dpcore import public_queries
+    from dpcore.gnmax import check_gnmax_parameters
+    from dpcore.icl import check_test_size
+    from dpcore.pate_teachers import check_flock_size
+
+    settings = pate_settings(config, data.spec)
+    check_flock_size(config.pate_teachers, config.pate_shots, len(data.train))
+    check_gnmax_parameters(settings["threshold"], settings["sigma1"], settings["sigma2"], config.pate_teachers)
+    check_test_size(config.test_size, len(data.test))
+    texts, where = public_queries.public_texts(data, config.pate_public, config.pate_public_path,
+                                               config.pate_public_column, shipped=config.data_path is None)
+    public_queries.check_no_overlap(texts, list(data.train["text"]) + list(data.test["text"]), where)
+    queries = public_queries.select_queries(texts, config.pate_queries, where)
+    return queries, where, settings
+
+
+def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
+    """(plans, Q per repeat): the Confident-GNMax plan for R repeats of Q queries (`dpcore.pate_privacy`), and
+    the non-private baselines' infinite spend when asked. With a target epsilon, Q is cut to what the
+    target affords over the R repeats (labelling stops at the budget)."""
+    from dpcore.errors import ConfigError
+    from dpcore.pate_privacy import max_queries_within, pate_plan
+    from dpcore.plan import PlannedSpend, PrivacyPlan
+
+    repeats = settings["repeats"]
+    per_repeat = config.pate_queries
+    if config.pate_target_epsilon is not None:
+        total = max_queries_within(config.pate_target_epsilon, delta, settings["sigma1"], settings["sigma2"],
+                                   limit=per_repeat * repeats)
+        per_repeat = total // repeats
+        if per_repeat < 1:
+            raise ConfigError(f"pate_target_epsilon {config.pate_target_epsilon:g} affords no query in each of "
+                              f"{repeats} repeats at sigma1 = {settings['sigma1']:g}, sigma2 = {settings['sigma2']:g}")
+    plans = [pate_plan(epsilon_target=None, delta=delta, queries=per_repeat * repeats,
+                       threshold_sigma=settings["sigma1"], vote_sigma=settings["sigma2"],
+                       teachers=settings["teachers"], threshold=settings["threshold"])]
+    if set(config.pate_baselines) & set(NON_PRIVATE_BASELINES):
+        plans.append(PrivacyPlan(method="pate", epsilon=math.inf, delta=delta, spends=(PlannedSpend(
+            "gaussian", 0.0, 1.0, 1, "baseline", "PromptPATE non-private baselines: teacher prompts on the test "
+            "split (ensemble, best single teacher)"),), parameters={"baselines": sorted(config.pate_baselines)}))
+    return plans, per_repeat
+
+
+NON_PRIVATE_BASELINES = ("ensemble", "upper-bound")
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+@task(name="pate-inputs", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
+      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+def pate_inputs(*, config, ingested: dict, planned: int) -> dict:
+    """The public queries (checked; the first `planned` of them, what the plan covers, in the public run
+    folder) and the run's Confident-GNMax settings."""
+    from dpcore.datasets import load_dataset
+    from dpcore.taskspec import load_task_spec
+
+    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
+    if data.content_hash != ingested["data_hash"]:
+        raise DpiclError("pate: the dataset changed since it was ingested (content hash differs); run again")
+    queries, where, settings = check_inputs(config, data)
+    queries = queries.head(planned)
+    path = write_table(queries, Path(ingested["paths"]["public"]) / "pate_queries.parquet")
+    get_run_logger().info("PromptPATE: %d public queries from %s; E=%d, k=%d, T=%g, sigma1=%g, sigma2=%g",
+                          len(queries), where, settings["teachers"], settings["shots"], settings["threshold"],
+                          settings["sigma1"], settings["sigma2"])
+    return {"queries_path": str(path), "queries_key": stage_key("pate-queries", {"where": where,
+            "texts": queries["text"].tolist()}), "source": where, "settings": settings}
+
+
+@task(name="pate-teachers", cache_key_fn=cache_key_on("pate-teachers", TEACHERS_KEY, PATE_MODULES),
+      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=transient_only)
+def pate_teachers(*, records_path: str, data_hash: str, teachers: int, shots: int, seed: int | None,
+                  noise_scope: str, noise_charged: bool) -> dict:
+    """E disjoint k-shot teachers (`dpcore.pate_teachers`); the assignment table is private."""
+    from dpcore.mechanisms import noise_generator
+    from dpcore.pate_teachers import assign_teachers
+
+    _refuse_redraw("pate-teachers", seed, noise_charged, noise_scope)
+    key = stage_key("pate-teachers", {k: v for k, v in locals().items() if k in TEACHERS_KEY}, PATE_MODULES)
+    records = read_table(Path(records_path))
+    train_ids = records.loc[records["split"] == "train", "id"].astype(str).tolist()
+    rng, seeded = noise_generator(derive_seed(seed, "pate-teachers"))
+    flock = assign_teachers(train_ids, teachers, shots, rng)
+    path = write_table(flock.table(), stage_dir("pate-teachers", key, private=True) / "teacher_assignments.parquet")
+    return {"key": key, "assignment_path": str(path), "seeded_noise": seeded}
+
+
+@task(name="pate-flock", tags=["gpu"], cache_key_fn=cache_key_on("pate-flock", FLOCK_KEY, PATE_MODULES),
+      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=transient_only, task_run_name="pate-flock-{split}-{first}-{last}")
+def pate_flock(*, records_path: str, data_hash: str, assignment_path: str, assignment_key: str, queries_path: str,
+               queries_key: str, task_spec: str, labels: list[str], first: int, last: int, calibrate: bool,
+               split: str = "public", test_size: int | None = None, model: str, device: str = "auto",
+               dtype: str = "auto") -> dict:
+    """Teachers [first, last) score every query (`dpcore.flock`): split "public" the public queries, "test"
+    the evaluation items (non-private baselines). Writes the block's label scores, private."""
+    from dpcore import flock
+    from dpcore.icl import select_test
+    from dpcore.pate_teachers import Teachers
+    from dpcore.taskspec import load_task_spec
+    from tasks.ingest import public_test_split
+
+    key = stage_key("pate-flock", {k: v for k, v in locals().items() if k in FLOCK_KEY}, PATE_MODULES)
+    spec = load_task_spec(task_spec)
+    records = read_table(Path(records_path))
+    train = records[records["split"] == "train"].set_index("id")
+    assignment = read_table(Path(assignment_path))
+    table = assignment[(assignment["teacher"] >= first) & (assignment["teacher"] < last)]
+    members = Teachers.from_table(table.assign(teacher=table["teacher"] - first), last - first)
+    prompts = [[(train.at[rid, "text"], train.at[rid, "label"]) for rid in ids] for ids in members.demos]
+    if split == "public":
+        queries = read_table(Path(queries_path))["text"].tolist()
+    else:
+        queries = select_test(public_test_split(records_path), test_size)["text"].tolist()
+    lm = language_model(model, device, dtype)
+    what = f"PromptPATE flock {split}: teachers {first}-{last - 1}"
+    scores = flock.flock_scores(lm, spec, prompts, queries, labels, calibrate=calibrate,
+                                progress=lambda done, total: report_progress(what, done, total))
+    out = stage_dir("pate-flock", key, private=True)
+    np.savez(out / "flock_scores.npz", logprobs=scores.logprobs, content_free=scores.content_free,
+             greedy=scores.greedy)
+    return {"key": key, "scores_path": str(out / "flock_scores.npz"), "first": first, "last": last,
+            "split": split, "scorings": (last - first) * len(queries)}
+
+
+def load_votes(block_paths: list[str], lm, spec, labels: list[str], mode: str) -> np.ndarray:
+    """[E, Q] votes of every teacher from the flock blocks (in teacher order)."""
+    from dpcore.flock import FlockScores, votes
+
+    parts = []
+    for path in block_paths:
+        with np.load(path) as npz:
+            scores = FlockScores(npz["logprobs"], npz["content_free"], npz["greedy"])
+        parts.append(votes(lm, spec, scores, labels, mode))
+    return np.concatenate(parts, axis=0)
+
+
+@task(name="pate-aggregate", cache_key_fn=cache_key_on("pate-aggregate", AGGREGATE_KEY, PATE_MODULES),
+      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=transient_only)
+def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[str], task_spec: str,
+                   labels: list[str], vote_mode: str, threshold: float, sigma1: float, sigma2: float, repeats: int,
+                   queries: int, delta: float, model: str, device: str = "auto", dtype: str = "auto",
+                   seed: int | None, noise_scope: str, noise_charged: bool) -> dict:
+    """Vote histograms (private) and R independent Confident-GNMax labellings of the first Q queries (public),
+    with each repeat's data-dependent epsilon (Papernot et al. 2018; NOT DP by itself, marked as such)."""
+    from dpcore import gnmax
+    from dpcore.flock import vote_classes
+    from dpcore.mechanisms import noise_generator
+    from dpcore.pate_data_dependent import data_dependent_epsilon, epsilon_from_rdp
+    from dpcore.taskspec import load_task_spec
+
+    _refuse_redraw("pate-aggregate", seed, noise_charged, noise_scope)
+    key = stage_key("pate-aggregate", {k: v for k, v in locals().items() if k in AGGREGATE_KEY}, PATE_MODULES)
+    spec = load_task_spec(task_spec)
+    votes = load_votes(votes_paths, language_model(model, device, dtype), spec, labels, vote_mode)[:, :queries]
+    classes = vote_classes(labels, vote_mode)
+    histograms = gnmax.vote_histograms(votes, classes)
+    rng, seeded = noise_generator(derive_seed(seed, "pate-gnmax"))
+    names = list(labels) + ["other"]
+    rows, reports, total_rdp = [], [], None
+    for repeat in range(repeats):
+        answers = gnmax.confident_gnmax(histograms, threshold, sigma1, sigma2, rng)
+        report = data_dependent_epsilon(histograms, threshold, sigma1, sigma2, delta, answered=answers >= 0)
+        reports.append({"repeat": repeat, "epsilon_data_dependent": report.epsilon, "order": report.order})
+        total_rdp = report.rdp if total_rdp is None else total_rdp + report.rdp  # RDP adds up over repeats
+        usable = (answers >= 0) & (answers < len(labels))  # "other" (black-box) gives no label
+        rows.append(pd.DataFrame({"repeat": repeat, "query_index": np.arange(len(answers)),
+                                  "answered": answers >= 0, "labelled": usable,
+                                  "noisy_label": [names[a] if a >= 0 else "" for a in answers]}))
+        report_progress("PromptPATE Confident-GNMax repeats", repeat + 1, repeats)
+    private = stage_dir("pate-aggregate", key, private=True)
+    hist = pd.DataFrame(histograms, columns=[f"votes_{n}" for n in names[:classes]])
+    hist.insert(0, "query_index", np.arange(len(hist)))
+    hist_path = write_table(hist, private / "vote_histograms.parquet")
+    epsilon_all = epsilon_from_rdp(report.orders, total_rdp, delta)[0]
+    write_json_atomic(private / "data_dependent.json", {"repeats": reports, "epsilon_data_dependent": epsilon_all})
+    labels_path = write_table(pd.concat(rows, ignore_index=True), stage_dir("pate-aggregate", key) /
+                              "pate_noisy_labels.parquet")
+    answered = [int(frame["answered"].sum()) for frame in rows]
+    labelled = [int(frame["labelled"].sum()) for frame in rows]
+    get_run_logger().info("PromptPATE: %d queries, answered per repeat %s (of %d)", queries, answered, queries)
+    return {"key": key, "labels_path": str(labels_path), "histograms_path": str(hist_path),
+            "answered": answered, "labelled": labelled, "seeded_noise": seeded,
+            "epsilon_data_dependent": epsilon_all,
+            "epsilon_data_dependent_per_repeat": [r["epsilon_data_dependent"] for r in reports]}
+
+
+@task(name="pate-student", tags=["gpu"], cache_key_fn=cache_key_on("pate-student", STUDENT_KEY, PATE_MODULES),
+      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=transient_only, task_run_name="pate-student-{repeat}")
+def pate_student(*, queries_path: str, labels_path: str, labels_key: str, repeat: int, task_spec: str,
+                 labels: list[str], shots: int, candidates: int, calibrate: bool, model: str, device: str = "auto",
+                 dtype: str = "auto") -> dict:
+    """The student prompt of one repeat: candidates of k answered queries, each labelling the other answered
+    queries; the best on these public validation labels wins (`dpcore.pate_student`). Public throughout."""
+    from dpcore import flock
+    from dpcore.pate_student import select_student, student_candidates
+    from dpcore.taskspec import load_task_spec
+
+    key = stage_key("pate-student", {k: v for k, v in locals().items() if k in STUDENT_KEY}, PATE_MODULES)
+    spec = load_task_spec(task_spec)
+    queries = read_table(Path(queries_path))
+    noisy = read_table(Path(labels_path))
+    noisy = noisy[(noisy["repeat"] == repeat) & noisy["labelled"]].merge(queries, on="query_index")
+    texts, names = noisy["text"].tolist(), noisy["noisy_label"].tolist()
+    groups = student_candidates(len(texts), shots, candidates, np.random.default_rng(repeat))
+    prompts = [[(texts[i], names[i]) for i in group] for group in groups]
+    lm = language_model(model, device, dtype)
+    what = f"PromptPATE student {repeat}: candidates on the validation queries"
+    scores = flock.flock_scores(lm, spec, prompts, texts, labels, calibrate=calibrate,
+                                progress=lambda done, total: report_progress(what, done, total))
+    predicted = flock.votes(lm, spec, scores, labels, "calibrated")
+    label_index = np.asarray([labels.index(n) for n in names])
+    choice = select_student(predicted, label_index, groups)
+    student = pd.DataFrame({"position": range(len(choice.members)),
+                            "query_index": [int(noisy["query_index"].iloc[i]) for i in choice.members],
+                            "text": [texts[i] for i in choice.members], "label": [names[i] for i in choice.members]})
+    path = write_table(student, stage_dir("pate-student", key) / "pate_student.parquet")
+    return {"key": key, "student_path": str(path), "repeat": repeat, "candidates": len(groups),
+            "validation_accuracy": choice.validation_accuracy, "validation_queries": len(texts) - shots,
+            "prompt": [{"text": t, "label": lab} for t, lab in zip(student["text"], student["label"], strict=True)]}
+
+
+@task(name="pate-baselines", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
+      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+def pate_test_baselines(*, records_path: str, scores_paths: list[str], task_spec: str, labels: list[str],
+                        vote_mode: str, test_size: int | None, model: str, device: str = "auto",
+                        dtype: str = "auto") -> dict:
+    """The non-private rows of Duan et al. Table 2 from the teachers' votes on the test split: the flock's
+    plurality vote (ensemble) and the best single teacher (upper bound). Aggregates only."""
+    from dpcore.flock import ensemble_accuracy, single_prompt_accuracies
+    from dpcore.icl import select_test
+    from dpcore.taskspec import load_task_spec
+    from tasks.ingest import public_test_split
+
+    spec = load_task_spec(task_spec)
+    votes = load_votes(scores_paths, language_model(model, device, dtype), spec, labels, vote_mode)
+    gold = select_test(public_test_split(records_path), test_size)["label"].tolist()
+    gold_index = np.asarray([labels.index(g) for g in gold])
+    return {"ensemble": ensemble_accuracy(votes, gold_index, len(labels) + 1),
+            "upper-bound": float(single_prompt_accuracies(votes, gold_index).max()), "n": len(gold)}
+
+
+def _refuse_redraw(stage: str, seed: int | None, noise_charged: bool, noise_scope: str) -> None:
+    if seed is None and not noise_charged:
+        raise DpiclError(f"stage {stage} ({noise_scope}): the cached noise draw of this run is missing and the run is "
+                         "not seeded; drawing fresh noise would spend privacy the ledger charged only once. Start a "
+                         "new run (a new --run-id): it is charged afresh.")
+
+
+RESULT_COLUMNS = ["method", "epsilon", "epsilon_data_dependent", "delta", "accuracy_mean", "accuracy_std",
+                  "calibrated_accuracy_mean", "calibrated_accuracy_std", "n", "repeats", "queries", "answered_mean"]
+
+
+@task(name="pate-record", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
+      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+def record_pate(*, flat_config: dict[str, str], info: dict, results_path: str, parameters: dict) -> dict:
+    """MLflow (tasks.record's store and experiment): a parent run for the PromptPATE run and a nested run per
+    result row (epsilon data-independent and data-dependent, answered count, accuracy); a Prefect table
+    artifact. Everything logged is public (configuration, DP outputs, aggregates)."""
+    from prefect.artifacts import create_table_artifact
+
+    from dpcore.home import is_private_path
+    from tasks.record import _log, experiment_id, mlflow_client, tracking_uri
+
+    if is_private_path(Path(results_path)):
+        raise PermissionError("record: the PromptPATE results table may not come from the private store")
+    table = read_table(Path(results_path))
+    client = mlflow_client()
+    exp = experiment_id(client, info["dataset"])
+    tags = {"data_hash": info["data_hash"], "model": info["model"], "dataset": info["dataset"], "method": "pate",
+            "dpicl_run_id": info["run_id"], "seeded_noise": str(bool(info["seeded_noise"])).lower()}
+    parent = client.create_run(exp, run_name=f"{info['run_id']}-pate", tags=tags)
+    parent_id = parent.info.run_id
+    try:
+        _log(client, parent_id, params={**flat_config, **{f"pate_plan_{k}": v for k, v in parameters.items()}})
+        for row in table.to_dict(orient="records"):
+            child = client.create_run(exp, run_name=f"pate-{row['method']}",
+                                      tags={**tags, "mlflow.parentRunId": parent_id, "row": row["method"]})
+            _log(client, child.info.run_id, metrics={k: row[k] for k in RESULT_COLUMNS if k != "method"})
+            client.set_terminated(child.info.run_id)
+        client.log_artifact(parent_id, results_path)
+        client.set_terminated(parent_id)
+    except BaseException:
+        client.set_terminated(parent_id, status="FAILED")
+        raise
+    rows = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+            for row in table.to_dict(orient="records")]
+    create_table_artifact(table=rows, key="prompt-pate-results",
+                          description=f"PromptPATE accuracy and privacy, run {info['run_id']}")
+    return {"mlflow_run_id": parent_id, "mlflow_experiment_id": exp, "tracking_uri": tracking_uri()}

@@ -1,0 +1,146 @@
+"""MLflow client code: the project's tracking store, its experiments and the runs of a finished pipeline run.
+
+Store: SQLite `sqlite:///$DPICL_HOME/mlflow/mlflow.db`, artifacts under
+`$DPICL_HOME/mlflow/artifacts`, experiment `dp-fewshot/<dataset>`. One `MlflowClient` per
+process and URI (no global MLflow state). `log_run` writes one parent run per pipeline run
+and a nested run per (method, epsilon):
+- params: `RunConfig.flat()` plus sigma (`noise_multiplier`), q (`sampling_rate`), T (`steps`);
+- metrics: epsilon (requested bound) and the accountant's upper bound, delta, accuracy and
+  calibrated accuracy mean/std over seeds, MIA AUC, TPR at 1% / 0.1% FPR;
+- tags: data hash, model, code version, seeded-noise flag, dataset, run id, Prefect flow run id;
+- artifacts (parent): the public files of the run folder; a private path or a per-record table
+  (`dpcore.artifacts.PRIVATE_TABLES`) is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from dpcore.artifacts import PRIVATE_TABLES
+from dpcore.home import is_private_path, subdir
+from dpcore.summary import epsilon_text, finite_or_none
+
+EXPERIMENT_PREFIX = "dp-fewshot"
+
+
+def tracking_uri() -> str:
+    return f"sqlite:///{subdir('mlflow') / 'mlflow.db'}"
+
+
+def artifact_root() -> Path:
+    return subdir("mlflow") / "artifacts"
+
+
+_CLIENTS: dict[str, object] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def mlflow_client():
+    """An `MlflowClient` on the project's SQLite store (one per process and URI; no global MLflow state)."""
+    uri = tracking_uri()
+    with _CLIENTS_LOCK:
+        if uri not in _CLIENTS:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=uri)
+            client.search_experiments(max_results=1)  # creates / migrates the SQLite store now
+            _CLIENTS[uri] = client
+        return _CLIENTS[uri]
+
+
+def warm_up() -> threading.Thread:
+    """Create the MLflow client in a background thread (its import and store set-up take seconds)."""
+
+    def work() -> None:
+        try:
+            mlflow_client()
+        except Exception:  # the record stage will raise it properly
+            pass
+
+    thread = threading.Thread(target=work, name="mlflow-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def experiment_id(client, dataset: str) -> str:
+    """The experiment of a dataset, created with an explicit artifact location under $DPICL_HOME."""
+    name = f"{EXPERIMENT_PREFIX}/{dataset}"
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = (artifact_root() / name.replace("/", "_")).as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # created concurrently by another run
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def log_batch(client, run_id: str, params: dict | None = None, metrics: dict | None = None, tags: dict | None = None):
+    """Params, finite metrics and tags of one run in one call (values cut to MLflow's length limits)."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    now = int(time.time() * 1000)
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, v, now, 0) for k, v in (metrics or {}).items() if finite_or_none(v) is not None],
+        params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
+        tags=[RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()],
+    )
+
+
+def log_run(client, exp: str, info: dict, flat_config: dict[str, str], table: pd.DataFrame,
+            calibration: pd.DataFrame, verdict: dict, run_dir: Path) -> str:
+    """One parent run (the pipeline run) with a nested run per row of `table` (method, epsilon); the
+    public files of `run_dir` as the parent's artifacts (a private one is refused). Returns the parent's id."""
+    base_tags = {"data_hash": info["data_hash"], "model": info["model"], "code_version": info["code_version"],
+                 "seeded_noise": str(bool(info["seeded_noise"])).lower(), "dataset": info["dataset"],
+                 "dpicl_run_id": info["run_id"], "prefect_flow_run_id": info.get("flow_run_id", ""),
+                 "audit_passed": str(verdict["passed"]).lower()}
+    parent = client.create_run(exp, run_name=info["run_id"], tags=base_tags)
+    parent_id = parent.info.run_id
+    try:
+        deltas = calibration["delta"].dropna()
+        log_batch(client, parent_id, params={**flat_config, "data_hash": info["data_hash"]},
+                  metrics={"delta": float(deltas.iloc[0]) if len(deltas) else None,
+                           "num_private_records": info["num_private_records"]})
+        calib = {float(r["epsilon"]): r for r in calibration.to_dict(orient="records")}
+        for row in table.to_dict(orient="records"):
+            eps = float(row["epsilon"])
+            c = calib.get(eps) if row["method"] in ("dp", "sigma-zero", "instruction-only") else None
+            child = client.create_run(
+                exp, run_name=f"{row['method']}-eps{epsilon_text(eps)}",
+                tags={**base_tags, "mlflow.parentRunId": parent_id, "method": row["method"],
+                      "epsilon": epsilon_text(eps)},
+            )
+            params = dict(flat_config)
+            params.update({"method": row["method"], "epsilon": epsilon_text(eps),
+                           "noise_multiplier": c["noise_multiplier"] if c else "",
+                           "sampling_rate": c["sampling_rate"] if c else "",
+                           "steps": c["steps"] if c else ""})
+            child_metrics = {
+                "epsilon": eps, "epsilon_upper": c["epsilon_upper"] if c else None,
+                "delta": c["delta"] if c else None,
+                "noise_multiplier": c["noise_multiplier"] if c else None,
+                **{k: row.get(k) for k in ("accuracy_mean", "accuracy_std", "calibrated_accuracy_mean",
+                                            "calibrated_accuracy_std", "mia_auc", "tpr_at_1pct_fpr",
+                                            "tpr_at_0.1pct_fpr", "empirical_epsilon_lower_bound")},
+            }
+            log_batch(client, child.info.run_id, params=params, metrics=child_metrics)
+            client.set_terminated(child.info.run_id)
+        for path in sorted(run_dir.iterdir()):
+            if path.is_file() and not path.name.startswith(".") and path.suffix in (".parquet", ".png", ".json"):
+                if is_private_path(path) or path.stem in PRIVATE_TABLES:
+                    raise PermissionError(f"record: refusing to log private file {path.name} to MLflow")
+                client.log_artifact(parent_id, str(path))
+        client.set_terminated(parent_id)
+    except BaseException:
+        client.set_terminated(parent_id, status="FAILED")
+        raise
+    return parent_id

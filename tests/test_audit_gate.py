@@ -1,0 +1,70 @@
+"""The audit's release gate (dpcore.audit_gate): one reason per failing condition, worst case over the attacks."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+from dpcore.audit_gate import GateThresholds, gate
+from dpcore.audit_statistics import AttackMetrics, strongest_attack
+
+
+def _result(**overrides):
+    values = dict(auc=0.5, auc_ci=(0.48, 0.52), confidence=0.95, max_overlap_tokens=3, overlapping_records=0,
+                  crosscheck_agreed=True)
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def test_gate_passes_a_clean_result():
+    assert gate(_result()) == (True, ())
+
+
+def test_gate_reasons_one_per_condition():
+    passed, reasons = gate(_result(auc=0.81, auc_ci=(0.77, 0.85), max_overlap_tokens=42, overlapping_records=3,
+                                   crosscheck_agreed=False))
+    assert not passed and len(reasons) == 3
+    assert "AUC 0.810 (95% CI [0.770, 0.850]) of the duan attack is outside 0.5 +/- 0.05" in reasons[0]
+    assert "42 consecutive tokens" in reasons[1] and "3 record(s) at >= 8 tokens" in reasons[1]
+    assert "cross-check disagreed" in reasons[2]
+    assert all("\n" not in reason for reason in reasons)
+    # a score ranking members LOWER is a distinguisher too
+    assert not gate(_result(auc=0.4, auc_ci=(0.38, 0.42)))[0]
+    # an audit too small to resolve the band is inconclusive, not a pass
+    passed, reasons = gate(_result(auc=0.52, auc_ci=(0.40, 0.64)))
+    assert not passed and reasons[0].startswith("audit inconclusive")
+    passed, reasons = gate(_result(auc_ci=(math.nan, math.nan)))
+    assert not passed and "undefined" in reasons[0]
+    # no accountant (real records in the prompt)
+    passed, reasons = gate(_result(crosscheck_agreed=None))
+    assert not passed and "not differentially private" in reasons[0]
+    assert gate(_result(crosscheck_agreed=None), GateThresholds(require_crosscheck=False))[0]
+    # configurable thresholds
+    assert gate(_result(auc=0.56, auc_ci=(0.54, 0.58)), GateThresholds(auc_tolerance=0.1))[0]
+    assert not gate(_result(max_overlap_tokens=5), GateThresholds(overlap_threshold=5))[0]
+
+
+def _metrics(name, auc, ci):
+    return AttackMetrics(name, auc, ci, (), auc, 0.0, 0.0, 0.0)
+
+
+def test_gate_reads_the_strongest_attack():
+    attacks = (_metrics("duan", 0.52, (0.49, 0.55)), _metrics("text-calibrated", 0.93, (0.90, 0.96)),
+               _metrics("lira-text", 0.61, (0.58, 0.64)))
+    assert strongest_attack(attacks).attack == "text-calibrated"
+    # a score that ranks members LOWER is as strong
+    assert strongest_attack((_metrics("a", 0.6, (0, 1)), _metrics("b", 0.35, (0, 1)))).attack == "b"
+    def result(attacks):
+        return SimpleNamespace(auc=0.52, auc_ci=(0.49, 0.55), confidence=0.95, max_overlap_tokens=0,
+                               overlapping_records=0, crosscheck_agreed=True, attacks=attacks)
+
+    passed, reasons = gate(result(attacks))
+    assert not passed and len(reasons) == 1
+    assert "AUC 0.930" in reasons[0] and "text-calibrated attack" in reasons[0]
+    assert "also outside: lira-text 0.610" in reasons[0] and "simultaneous over 3 attacks" in reasons[0]
+    # every attack must be conclusive: one wide interval makes the audit inconclusive
+    calm = (_metrics("duan", 0.5, (0.48, 0.52)), _metrics("lira-text", 0.51, (0.40, 0.62)))
+    passed, reasons = gate(result(calm))
+    assert not passed and reasons[0].startswith("audit inconclusive") and "lira-text" in reasons[0]
+    fine = (_metrics("duan", 0.5, (0.48, 0.52)), _metrics("lira-text", 0.51, (0.47, 0.55)))
+    assert gate(result(fine))[0]

@@ -1,0 +1,191 @@
+"""Audit statistics (dpcore.audit_statistics): ROC/AUC, empirical epsilon bounds, AUC intervals, hand-computed."""
+
+from __future__ import annotations
+
+import math
+from itertools import product
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpcore.audit_statistics import (
+    auc_mean_ci,
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+    empirical_epsilon_lower_bound,
+    epsilon_bounds_at,
+    family_confidence,
+    null_auc_variance,
+    roc_auc,
+    roc_curve,
+    tpr_at_fpr,
+)
+from dpcore.errors import ConfigError
+
+# --------------------------------------------------------------------------- AUC and ROC
+
+
+def brute_auc(members, non_members):
+    wins = sum(1.0 if m > n else 0.5 if m == n else 0.0 for m, n in product(members, non_members))
+    return wins / (len(members) * len(non_members))
+
+
+def test_auc_hand_computed():
+    # pairs (3,1) (3,2) (2,1) win, (2,2) ties: 3.5 / 4
+    assert roc_auc([3, 2], [1, 2]) == pytest.approx(0.875)
+    assert roc_auc([5, 6], [1, 2, 3]) == 1.0
+    assert roc_auc([1, 2], [5, 6, 7]) == 0.0
+    assert roc_auc([1, 1, 1], [1, 1]) == 0.5
+    # one member against 50 non-members (Duan et al.'s trial): the fraction ranked below it
+    assert roc_auc([0.7], list(np.linspace(0, 1, 50))) == pytest.approx(35 / 50)
+
+
+def test_auc_matches_pairwise_count_with_ties():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        members = rng.integers(0, 6, size=rng.integers(1, 12))
+        non_members = rng.integers(0, 6, size=rng.integers(1, 12))
+        assert roc_auc(members, non_members) == pytest.approx(brute_auc(members, non_members))
+        assert roc_curve(members, non_members).auc() == pytest.approx(brute_auc(members, non_members))
+
+
+def test_roc_curve_points():
+    curve = roc_curve([3, 2], [1, 2])
+    assert curve.thresholds.tolist() == [math.inf, 3, 2, 1]
+    assert curve.tpr.tolist() == [0, 0.5, 1, 1]
+    assert curve.fpr.tolist() == [0, 0, 0.5, 1]
+
+
+def test_tpr_at_fpr_hand_computed():
+    members, non_members = [3, 2, 1.5], [1, 2, 0, 0.5]
+    # threshold 3: TPR 1/3 at FPR 0; threshold 1.5: TPR 1 at FPR 1/4; threshold 1: FPR 1/2
+    assert tpr_at_fpr(members, non_members, 0.0) == pytest.approx(1 / 3)
+    assert tpr_at_fpr(members, non_members, 0.2) == pytest.approx(1 / 3)
+    assert tpr_at_fpr(members, non_members, 0.25) == pytest.approx(1.0)
+    # a tie at the top: no threshold separates it, so FPR 0 gives TPR 0
+    assert tpr_at_fpr([5, 1], [5, 0], 0.0) == 0.0
+    assert tpr_at_fpr([5, 1], [5, 0], 0.5) == 1.0  # threshold 1: both members, one non-member
+    with pytest.raises(ConfigError, match="fpr"):
+        tpr_at_fpr([1], [0], 1.5)
+
+
+def test_scores_must_be_finite_and_present():
+    with pytest.raises(ConfigError, match="member_scores"):
+        roc_auc([], [1.0])
+    with pytest.raises(ConfigError, match="non_member_scores"):
+        roc_auc([1.0], [np.nan])
+
+
+# --------------------------------------------------------------------------- epsilon lower bound
+
+
+def test_clopper_pearson_closed_forms():
+    alpha = 0.025
+    assert clopper_pearson_lower(10, 10, alpha) == pytest.approx(alpha ** (1 / 10))
+    assert clopper_pearson_upper(0, 100, alpha) == pytest.approx(1 - alpha ** (1 / 100))
+    assert clopper_pearson_lower(0, 10, alpha) == 0.0
+    assert clopper_pearson_upper(10, 10, alpha) == 1.0
+    lo, hi = clopper_pearson_lower(30, 100, alpha), clopper_pearson_upper(30, 100, alpha)
+    assert lo < 0.3 < hi and hi - lo < 0.2
+
+
+def test_epsilon_bound_formula_hand_computed():
+    alpha = 0.025
+    tpr_lo = alpha ** (1 / 10)  # all 10 members flagged
+    fpr_hi = 1 - alpha ** (1 / 100)  # no non-member of 100 flagged
+    expected = max(math.log(tpr_lo / fpr_hi), math.log((1 - fpr_hi) / (1 - tpr_lo)))
+    assert epsilon_bounds_at(10, 10, 0, 100, 0.0, alpha) == pytest.approx(expected)
+    delta = 0.1
+    expected_delta = max(math.log((tpr_lo - delta) / fpr_hi), math.log((1 - fpr_hi - delta) / (1 - tpr_lo)))
+    assert epsilon_bounds_at(10, 10, 0, 100, delta, alpha) == pytest.approx(expected_delta)
+    # TPR_lo below delta and 1 - FPR_hi below delta: no bound at all
+    assert epsilon_bounds_at(1, 100, 99, 100, 0.5, alpha) == -math.inf
+
+
+def test_epsilon_bound_zero_for_identical_distributions():
+    positives = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        members, non_members = rng.normal(size=500), rng.normal(size=500)
+        bound = empirical_epsilon_lower_bound(members, non_members, delta=1e-3, confidence=0.95)
+        assert bound.method == "holdout" and bound.epsilon >= 0
+        positives += bound.epsilon > 0
+    assert positives <= 6  # at 95% confidence about 2 of 40 may exceed 0 by chance
+    rng = np.random.default_rng(0)
+    bonferroni = empirical_epsilon_lower_bound(rng.normal(size=2000), rng.normal(size=2000), 0.0, 0.95,
+                                               method="bonferroni")
+    assert bonferroni.epsilon == pytest.approx(0.0, abs=0.05)
+
+
+def test_epsilon_bound_large_for_separated_scores():
+    members, non_members = np.linspace(1, 2, 1000), np.linspace(-1, 0, 1000)
+    bound = empirical_epsilon_lower_bound(members, non_members, delta=0.0, confidence=0.95)
+    # each holdout half: 500 vs 500, all separated: log(0.025^(1/500) / (1 - 0.025^(1/500)))
+    q = 0.025 ** (1 / 500)
+    assert bound.epsilon == pytest.approx(math.log(q / (1 - q)), rel=1e-6)
+    bonferroni = empirical_epsilon_lower_bound(members, non_members, 0.0, 0.95, method="bonferroni")
+    assert 3.5 < bonferroni.epsilon < bound.epsilon + 1
+    # higher confidence, lower bound
+    assert empirical_epsilon_lower_bound(members, non_members, 0.0, 0.999).epsilon < bound.epsilon
+
+
+def test_epsilon_bound_groups_and_fallback():
+    members, non_members = np.linspace(1, 2, 40), np.linspace(-1, 0, 40)
+    grouped = empirical_epsilon_lower_bound(members, non_members, member_groups=np.arange(40) // 2,
+                                            non_member_groups=np.arange(40) // 2)
+    assert grouped.method == "holdout" and grouped.epsilon > 0
+    single = empirical_epsilon_lower_bound(members, non_members, member_groups=np.zeros(40, int),
+                                           non_member_groups=np.zeros(40, int))
+    assert single.method == "bonferroni"
+    with pytest.raises(ConfigError, match="confidence"):
+        empirical_epsilon_lower_bound(members, non_members, confidence=1.0)
+
+
+# --------------------------------------------------------------------------- AUC interval
+
+
+def test_auc_interval():
+    assert null_auc_variance(50, 50) == pytest.approx(101 / 30000)
+    # agreeing trials cannot shrink the interval below the no-leakage spread (Hanley-McNeil floor)
+    low, high = auc_mean_ci([0.5] * 20, 30, 30, 0.95)
+    half = stats.t.ppf(0.975, 19) * math.sqrt(61 / (12 * 900) / 20)
+    assert (low, high) == (pytest.approx(0.5 - half), pytest.approx(0.5 + half))
+    # spread-out trials: the sample variance, Student t with n - 1 degrees of freedom
+    values = np.array([0.2, 0.9, 0.4, 0.8, 0.6])
+    low, high = auc_mean_ci(values, 50, 50, 0.9)
+    half = stats.t.ppf(0.95, 4) * values.std(ddof=1) / math.sqrt(5)
+    assert (low, high) == (pytest.approx(0.58 - half), pytest.approx(0.58 + half))
+    assert all(math.isnan(v) for v in auc_mean_ci([0.5], 50, 50))
+    # coverage under no leakage: simulated trials of 30 vs 30 from one distribution
+    rng = np.random.default_rng(0)
+    covered = 0
+    for _ in range(200):
+        aucs = [roc_auc(rng.normal(size=30), rng.normal(size=30)) for _ in range(10)]
+        low, high = auc_mean_ci(aucs, 30, 30, 0.95)
+        covered += low <= 0.5 <= high
+    assert covered >= 0.92 * 200
+
+
+def test_auc_interval_stays_within_bounds():
+    # two trials of 1 member vs 50 (a step function): the t interval alone is about [-3.9, 5.0]
+    low, high = auc_mean_ci([0.2, 0.9], 1, 50, 0.95)
+    assert (low, high) == (0.0, 1.0)
+    low, high = auc_mean_ci([1.0, 1.0, 1.0, 0.96], 1, 50, 0.95)
+    assert 0 <= low < high == 1.0
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        values = rng.uniform(0, 1, size=rng.integers(2, 6))
+        low, high = auc_mean_ci(values, 1, int(rng.integers(1, 60)), float(rng.uniform(0.5, 0.999)))
+        assert 0.0 <= low <= values.mean() <= high <= 1.0
+    # inside the bounds nothing changes (the gate's band never reaches them)
+    values = np.array([0.48, 0.52, 0.5, 0.49])
+    half = stats.t.ppf(0.975, 3) * math.sqrt(max(values.var(ddof=1), 101 / 30000) / 4)
+    assert auc_mean_ci(values, 50, 50) == (pytest.approx(0.4975 - half), pytest.approx(0.4975 + half))
+
+
+def test_family_confidence_is_bonferroni():
+    assert family_confidence(0.95, 5) == pytest.approx(0.99)
+    assert family_confidence(0.9, 1) == pytest.approx(0.9)
+    with pytest.raises(ConfigError):
+        family_confidence(0.95, 0)

@@ -1,0 +1,105 @@
+"""`dpicl pate` and the PromptPATE flow end to end on the tiny model: the --json contract, the ledger
+charged before any teacher query (refused over budget with exit 3, nothing written), private tables
+only in the private store, and bad input refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pipeline_support import home, mini_agnews, prefect_harness, share_tiny_model  # noqa: F401
+
+from flows.cli import main
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def _args(*extra: str, dataset_id: str | None = None, public: str | None = "ood") -> list[str]:
+    data_path, spec_path, _, _ = mini_agnews()
+    args = ["pate", "--dataset", "agnews-mini", "--data-path", data_path, "--task-spec", spec_path,
+            "--model", "tiny-random", "--teachers", "6", "--queries", "12", "--sigma1", "1",
+            "--sigma2", "2", "--repeats", "2", "--test-size", "8", "--student-candidates", "3", "--seed", "5"]
+    if dataset_id:
+        args += ["--dataset-id", dataset_id]
+    if public:
+        args += ["--public", public]
+    return args + list(extra)
+
+
+def _written() -> set[Path]:
+    root = home()
+    return {p for sub in ("runs", "private/runs") for p in (root / sub).rglob("*")} if root.exists() else set()
+
+
+def test_pate_cli_json_contract_and_private_tables(tiny_lm, capsys):
+    share_tiny_model(tiny_lm)
+    code = main(_args("--baselines", "zero-shot,ensemble,upper-bound", "--json", dataset_id="pate-json"))
+    out = capsys.readouterr().out
+    assert code == 0
+    summary = json.loads(out)
+    for key in ("epsilon", "epsilon_data_dependent", "delta", "queries", "answered", "accuracy", "student_prompt",
+                "teachers", "shots", "threshold", "sigma1", "sigma2", "vote_mode", "repeats", "public", "baselines"):
+        assert key in summary
+    assert summary["teachers"] == 6 and summary["threshold"] == 5 and summary["queries"] == 12
+    assert set(summary["accuracy"]) >= {"mean", "std"} and len(summary["answered"]) == 2
+    assert summary["epsilon"] > summary["epsilon_per_repeat"] > 0 and summary["seeded_noise"] is True
+    assert set(summary["baselines"]) == {"zero-shot", "ensemble", "upper-bound"}
+    # the plan was charged (threshold test and GNMax over both repeats, and the non-private baselines)
+    entries = summary["ledger"]["entries"]
+    assert sorted((e["purpose"], e["steps"]) for e in entries) == [("baseline", 1), ("pate", 24), ("pate", 24)]
+    public, private = Path(summary["run_dir"]), Path(summary["private_run_dir"])
+    assert {"pate_queries.parquet", "pate_noisy_labels.parquet", "pate_students.parquet",
+            "pate_results.parquet"} <= {p.name for p in public.iterdir()}
+    assert {"teacher_assignments.parquet", "vote_histograms.parquet", "pate_data_dependent.json",
+            "records.parquet"} <= {p.name for p in private.iterdir()}
+    assert not {"teacher_assignments.parquet", "vote_histograms.parquet"} & {p.name for p in public.iterdir()}
+    results = pd.read_parquet(public / "pate_results.parquet")
+    assert results["method"].tolist() == ["pate", "zero-shot", "ensemble", "upper-bound"]
+    # the student prompt is made of public queries with their noisy labels
+    queries = set(pd.read_parquet(public / "pate_queries.parquet")["text"])
+    assert {d["text"] for d in summary["student_prompt"]} <= queries
+
+
+def test_pate_over_budget_is_refused_with_exit_3_and_nothing_written(tiny_lm, capsys):
+    from dpcore.ledger import Ledger
+
+    share_tiny_model(tiny_lm)
+    Ledger().set_budget("pate-budget", 1.0, 1e-3)
+    before = _written()
+    assert main(_args(dataset_id="pate-budget")) == 3
+    assert "budget" in capsys.readouterr().err.lower()
+    assert _written() == before
+    assert not Ledger().spend("pate-budget").entries
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--teachers", "500"], "pate_teachers x pate_shots"),
+    (["--queries", "100000"], "pate_queries"),
+    (["--threshold", "7"], "pate_threshold"),
+    (["--sigma2", "0"], "pate_sigma2"),
+    (["--sigma1", "-1"], "pate_sigma1"),
+    (["--public", "iid"], "holds out no public split"),
+    (["--public-path", "x.csv"], "give one of them"),
+])
+def test_bad_input_is_refused_before_anything_is_written(extra, match, capsys):
+    before = _written()
+    assert main(_args(*extra, public=None if "--public" in extra else "ood")) == 2
+    assert match in capsys.readouterr().err
+    assert _written() == before
+
+
+def test_bad_public_files_are_refused(tmp_path, capsys):
+    _, _, private, _ = mini_agnews()
+    empty = tmp_path / "empty.csv"
+    empty.write_text("text\n")
+    leaking = tmp_path / "leak.jsonl"
+    leaking.write_text("\n".join(json.dumps({"text": t}) for t in ["public one", "public two", sorted(private)[0]]))
+    before = _written()
+    assert main(_args(public=str(empty))) == 2
+    assert "no records" in capsys.readouterr().err
+    assert main(_args("--public-path", str(leaking), "--queries", "2", public=None)) == 2
+    err = capsys.readouterr().err
+    assert "also occur in the private" in err and sorted(private)[0][:20] not in err
+    assert _written() == before
