@@ -331,7 +331,7 @@ def record_pate(*, flat_config: dict[str, str], info: dict, results_path: str, p
     from prefect.artifacts import create_table_artifact
 
     from dpcore.home import is_private_path
-    from tasks.record import _log, experiment_id, mlflow_client, tracking_uri
+    from tasks.tracking import experiment_id, log_batch, mlflow_client, tracking_uri
 
     if is_private_path(Path(results_path)):
         raise PermissionError("record: the PromptPATE results table may not come from the private store")
@@ -343,11 +343,11 @@ def record_pate(*, flat_config: dict[str, str], info: dict, results_path: str, p
     parent = client.create_run(exp, run_name=f"{info['run_id']}-pate", tags=tags)
     parent_id = parent.info.run_id
     try:
-        _log(client, parent_id, params={**flat_config, **{f"pate_plan_{k}": v for k, v in parameters.items()}})
+        log_batch(client, parent_id, params={**flat_config, **{f"pate_plan_{k}": v for k, v in parameters.items()}})
         for row in table.to_dict(orient="records"):
             child = client.create_run(exp, run_name=f"pate-{row['method']}",
                                       tags={**tags, "mlflow.parentRunId": parent_id, "row": row["method"]})
-            _log(client, child.info.run_id, metrics={k: row[k] for k in RESULT_COLUMNS if k != "method"})
+            log_batch(client, child.info.run_id, metrics={k: row[k] for k in RESULT_COLUMNS if k != "method"})
             client.set_terminated(child.info.run_id)
         client.log_artifact(parent_id, results_path)
         client.set_terminated(parent_id)

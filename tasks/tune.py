@@ -263,7 +263,7 @@ def record_tuning(*, config: RunConfig, info: dict, rows: list[dict], trained: l
     epsilon, accuracy, the validation loss and epsilon-spent curves (per step) and the prompts as artifacts."""
     from mlflow.entities import Metric
 
-    from tasks.record import _log, experiment_id, mlflow_client
+    from tasks.tracking import experiment_id, log_batch, mlflow_client
 
     public = Path(info["run_dir"])
     curve = pd.DataFrame([{"epsilon": t["epsilon"], "training": t["training"], "step": p["step"],
@@ -285,7 +285,7 @@ def record_tuning(*, config: RunConfig, info: dict, rows: list[dict], trained: l
                                 tags={**tags, "epsilon": _eps_name(row["epsilon"])})
         run_id = run.info.run_id
         try:
-            _log(client, run_id, params={**config.flat(), "method": METHOD, "epsilon": _eps_name(row["epsilon"]),
+            log_batch(client, run_id, params={**config.flat(), "method": METHOD, "epsilon": _eps_name(row["epsilon"]),
                                          "noise_multiplier": row["noise_multiplier"],
                                          "sampling_rate": row["sampling_rate"], "steps": row["steps"]},
                  metrics={k: row[k] for k in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps",

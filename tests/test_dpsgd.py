@@ -311,7 +311,7 @@ def test_tune_json_contract_and_no_private_text_outside_the_private_store(tiny_l
     )
 
     from flows.cli import main
-    from tasks.record import mlflow_client
+    from tasks.tracking import mlflow_client
 
     share_tiny_model(tiny_lm)
     capsys.readouterr()
