@@ -96,6 +96,47 @@ def privacy_utility_curve(metrics: pd.DataFrame, path: Path, title: str = "", ca
     return _save(figure, path)
 
 
+METHOD_STYLES = {"tang": ("DP few-shot generation", "tab:blue", "o"), "pate": ("PromptPATE", "tab:orange", "s"),
+                 "dpsgd": ("PromptDPSGD", "tab:green", "^")}
+
+
+def comparison_curve(table: pd.DataFrame, path: Path, title: str = "", calibrated: bool = True) -> Path:
+    """Accuracy against epsilon (log axis), a line per private-prompting method (`summary.comparison_table`),
+    the references (zero-shot, non-private rows) as horizontal lines."""
+    column = "calibrated_accuracy" if calibrated else "accuracy"
+    figure = _figure(6.4, 4.2)
+    axis = figure.subplots()
+    finite = table[table["epsilon"].map(lambda e: 0 < e < math.inf)] if len(table) else table
+    ticks = sorted({float(e) for e in finite["epsilon"]}) if len(finite) else []
+    for method, (label, color, marker) in METHOD_STYLES.items():
+        rows = finite[finite["method"] == method].sort_values("epsilon") if len(finite) else finite
+        rows = rows[rows[f"{column}_mean"].notna()] if len(rows) else rows
+        if len(rows):
+            axis.errorbar(rows["epsilon"], rows[f"{column}_mean"], yerr=rows[f"{column}_std"].fillna(0.0),
+                          marker=marker, capsize=3, color=color, label=label)
+    if ticks:
+        from matplotlib.ticker import FixedLocator, NullLocator
+
+        axis.set_xscale("log", base=2)
+        axis.xaxis.set_major_locator(FixedLocator(ticks))
+        axis.xaxis.set_minor_locator(NullLocator())
+        axis.set_xticklabels([f"{e:g}" for e in ticks])
+    styles = [":", "--", "-.", (0, (1, 3)), (0, (5, 5))]
+    references = table[~table["epsilon"].map(lambda e: 0 < e < math.inf) & table[f"{column}_mean"].notna()] \
+        if len(table) else table
+    for i, row in enumerate(references.to_dict(orient="records")):
+        name = row["method"] + ("" if row["method"] == "zero-shot" else f" (epsilon {row['epsilon']:g})")
+        value = float(row[f"{column}_mean"])
+        axis.axhline(value, color="gray", linestyle=styles[i % len(styles)], label=f"{name}: {value:.3f}")
+    axis.set_xlabel("epsilon (log scale)")
+    axis.set_ylabel("calibrated accuracy" if calibrated else "accuracy")
+    axis.set_ylim(0.0, 1.0)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=7, loc="lower right")
+    axis.set_title(title or "Private prompts compared")
+    return _save(figure, path)
+
+
 def roc_plot(results: Sequence, path: Path, title: str = "") -> Path:
     """Pooled ROC curves (members vs non-members), one per audit (e.g. DP vs non-private), as a PNG.
 

@@ -14,7 +14,7 @@ Two kinds, both a small tensor P that the LM reads; the LM's weights are never c
 
 The objective (Algorithm 1, the loss l(L_P, x)) is the negative log-likelihood of the label's full
 verbalizer " " + verbalizer(y) after [P, the task's ICL prompt with no demonstration, the input]:
-the tokens, verbalizers and prompt format are `dpcore.icl`'s (`prompt_text`, `_label_token_ids`),
+the tokens, verbalizers and prompt format are `dpcore.icl`'s (`prompt_text`, `label_token_ids`),
 and text positions continue after the prompt's s positions, so `icl.label_logprobs(..., past=
 prompt.cache_layers(lm))` scores a trained prompt exactly as training does (tested).
 
@@ -61,7 +61,7 @@ def encode_examples(lm, spec: TaskSpec, texts: Sequence[str], labels: Sequence[s
     unknown = sorted(set(map(str, labels)) - set(names))
     if unknown:
         raise ConfigError(f"labels: {', '.join(unknown)} are not labels of task {spec.name!r}")
-    targets = dict(zip(names, icl._label_token_ids(lm, spec, names), strict=True))
+    targets = dict(zip(names, icl.label_token_ids(lm, spec, names), strict=True))
     contexts = lm.encode_batch([icl.prompt_text(spec, [], str(t)) for t in texts])
     return [Example(tuple(c), tuple(targets[str(y)])) for c, y in zip(contexts, labels, strict=True)]
 

@@ -151,3 +151,61 @@ def jsonable_rows(table: pd.DataFrame) -> list[dict]:
             clean[key] = value
         rows.append(clean)
     return rows
+
+
+COMPARISON_COLUMNS = ["method", "epsilon", "epsilon_reported", "delta", "noise_multiplier", "accuracy_mean",
+                      "accuracy_std", "calibrated_accuracy_mean", "calibrated_accuracy_std", "n", "mia_auc",
+                      "wall_seconds"]
+# The name of each private-prompting method's own rows in the comparison (DP few-shot generation's DP
+# demonstrations are `dp` in its results table); every other row is a reference (zero-shot, the
+# non-private baselines of each method).
+_METHOD_OF_ROW = {"dp": "tang", "pate": "pate", "dpsgd": "dpsgd"}
+
+
+def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: list[dict],
+                     wall_seconds: dict[str, float], delta: float | None = None) -> pd.DataFrame:
+    """One row per (method, epsilon) over the three private-prompting methods run on the same test split:
+    DP few-shot generation (`tang`, Tang et al.), PromptPATE (`pate`) and PromptDPSGD (`dpsgd`, Duan et
+    al.), beside the references (zero-shot once, the non-private baselines). `epsilon` is what the
+    ledger charged (data-independent); `epsilon_reported` is PromptPATE's data-dependent bound (Papernot
+    et al. 2018, not itself DP) and equals `epsilon` for the other methods. `wall_seconds` is per method
+    (its own stages; None for references)."""
+    rows, seen = [], set()
+    for source, source_rows in (("tang", tang_rows), ("pate", pate_rows), ("dpsgd", dpsgd_rows)):
+        for row in source_rows:
+            method = _METHOD_OF_ROW.get(row["method"], row["method"])
+            epsilon = float(row["epsilon"]) if row.get("epsilon") is not None else math.nan
+            key = (method, epsilon)
+            if key in seen:  # zero-shot is evaluated by several methods on the same items: listed once
+                continue
+            seen.add(key)
+            reported = row.get("epsilon_data_dependent")
+            rows.append({
+                "method": method, "epsilon": epsilon,
+                "epsilon_reported": float(reported) if reported is not None and method == "pate" else epsilon,
+                "delta": float(row["delta"]) if row.get("delta") is not None else delta,
+                "noise_multiplier": row.get("noise_multiplier"),
+                **{k: finite_or_none(row.get(k)) for k in ("accuracy_mean", "accuracy_std",
+                                                           "calibrated_accuracy_mean", "calibrated_accuracy_std")},
+                "n": int(row["n"]) if row.get("n") is not None else None,
+                "mia_auc": finite_or_none(row.get("mia_auc")),
+                "wall_seconds": round(float(wall_seconds[source]), 1) if method == source and source in wall_seconds
+                else None,
+            })
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+
+
+def comparison_markdown(run_id: str, table: pd.DataFrame, cost: dict | None = None) -> str:
+    """The comparison table as markdown (the Prefect artifact of a multi-method run)."""
+    lines = [f"# Private prompts compared, run `{run_id}`", "",
+             "| method | epsilon | reported epsilon | accuracy | calibrated | MIA AUC | wall s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in table.to_dict(orient="records"):
+        lines.append(f"| {r['method']} | {epsilon_text(r['epsilon'])} | {epsilon_text(r['epsilon_reported'])} | "
+                     f"{_fmt(r['accuracy_mean'])} +/- {_fmt(r['accuracy_std'])} | "
+                     f"{_fmt(r['calibrated_accuracy_mean'])} +/- {_fmt(r['calibrated_accuracy_std'])} | "
+                     f"{_fmt(r['mia_auc'])} | {_fmt(r['wall_seconds'], '.0f')} |")
+    if cost:
+        lines += ["", f"Planned cost of every method, composed as the ledger composes it: epsilon "
+                      f"{_fmt(cost.get('epsilon'), '.4g')} at delta {_fmt(cost.get('delta'), '.3g')}."]
+    return "\n".join(lines) + "\n"

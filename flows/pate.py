@@ -37,11 +37,13 @@ FLOW_NAME = "prompt-pate"
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
       description="PromptPATE (Duan et al.): a private discrete prompt from a flock of teacher prompts.")
 def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
-              ingested: dict | None = None) -> dict:
+              ingested: dict | None = None, charge: dict | None = None) -> dict:
     """Run PromptPATE for one configuration; returns a public summary (the `dpicl pate --json` object).
 
     `ingested`: the pipeline's `tasks.ingest.ingest` result, so both methods use the same ingested data
-    and run folder; None ingests here.
+    and run folder; None ingests here. `charge`: the summary of a `charge_spends` call that already
+    charged `tasks.pate.privacy_plans` with the pipeline's other methods in one transaction (this flow
+    then charges nothing itself).
     """
     from flows.pipeline import _collect, _run_all, _submit_all, default_run_id, make_task_runner
 
@@ -65,7 +67,8 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     plans, per_repeat = pate_stage.privacy_plans(config, settings, delta)
     inputs = pate_stage.pate_inputs(config=config, ingested=ingested, planned=per_repeat)  # every check
     # The ledger: charged before any teacher sees a query (all plans in one transaction, or refused: exit 3).
-    ledger_entry = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans)
+    ledger_entry = charge if charge is not None else charge_plans(config.ledger_id, ingested["data_hash"], run_id,
+                                                                  plans)
     fresh = noise_charged(ledger_entry, "pate", plans[0].epsilon)
     scope = noise_scope(config.seed, run_id)
     logger.info("ledger %s: PromptPATE plan charged (%d new, %d replayed): epsilon %.4g at delta %.3g for %d x %d "

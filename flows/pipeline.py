@@ -1,9 +1,13 @@
-"""The DP few-shot pipeline as one Prefect flow.
+"""The private-prompting pipeline as one Prefect flow: DP few-shot generation (Tang et al.), and
+PromptPATE and PromptDPSGD (Duan et al.) when `config.methods` names them, on the same ingested
+data, test split and ledger.
 
-    ingest -> partition by label -> calibrate sigma per epsilon -> ledger charge
+    ingest -> partition by label -> calibrate sigma per epsilon -> plans of every method
+      -> ONE ledger charge for every method's spends (all or nothing)
       -> generate (one task per (method, label, epsilon), mapped, tag `gpu`)
       -> evaluate (every baseline and the DP demos) -> audit (membership inference)
-      -> record (MLflow, Prefect artifacts, manifests)
+      -> PromptPATE subflow (`flows.pate`) -> PromptDPSGD subflow (`flows.tune`)
+      -> record (MLflow, Prefect artifacts, manifests) -> the comparison table
 
 The flow composes `tasks/` (thin wrappers over `dpcore`) and holds no algorithm logic.
 Its parameter is one `RunConfig`; `config.task_runner` picks where the mapped stages run:
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -44,11 +49,15 @@ from tasks import ingest as ingest_stage
 from tasks import record as record_stage
 from tasks import tracking
 from tasks.charge import (
-    charge_run,
+    charge_spends,
     checks_after_ingest,
+    ingested_method_plans,
     ledger_report,
     noise_charged,
     non_private_warning,
+    plan_spends,
+    planned_cost,
+    planned_spends,
     preflight,
 )
 from tasks.common import RunPaths, noise_scope, publish
@@ -160,35 +169,114 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     # 1-2. ingest and partition (private records stay in the private store)
     ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path)
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
-    label_counts = ingest_stage.partition(ingested)["label_counts"]
     labels = list(ingested["labels"])
-
-    # 3. calibration: one sigma per epsilon (largest q over labels)
+    tang = "tang" in config.methods
     from dpcore import accounting
 
-    dpl = demos_per_label(config.shots, len(labels))
-    generation_config = config.generation_config().model_copy(update={"demos_per_label": dpl})
-    steps = accounting.total_steps(config.max_tokens, dpl)
     delta = config.delta if config.delta is not None else accounting.default_delta(ingested["num_private_records"])
-    calibration = calibrate_stage.calibrate(
-        epsilons=list(config.epsilons), label_counts=label_counts, num_subsets=config.num_subsets,
-        subset_size=config.subset_size, steps=steps, delta=delta, mechanism=config.mechanism,
-    )
-    write_table(pd.DataFrame(calibration, columns=calibrate_stage.CALIBRATION_COLUMNS),
-                paths.public / "calibration.parquet")
-
-    # --test-size and the longest group prompt against the model's context: checked before any charge
-    checks_after_ingest(config, ingested["num_test"], labels, generation_config)
-    scope = noise_scope(config.seed, run_id)
-    plan = generate_stage.generation_plan(labels, calibration, list(config.baselines), config.seed)
-    # ledger: every spend of the plan the ledger does not already hold for this run, charged at once
-    # (all or nothing) before any generation runs; a replayed spend may only be served from its cached draw
+    spends = []
+    calibration, plan, generation_config = [], [], None  # DP few-shot generation's, when the run names it
+    if tang:
+        label_counts = ingest_stage.partition(ingested)["label_counts"]
+        # 3. calibration: one sigma per epsilon (largest q over labels)
+        dpl = demos_per_label(config.shots, len(labels))
+        generation_config = config.generation_config().model_copy(update={"demos_per_label": dpl})
+        steps = accounting.total_steps(config.max_tokens, dpl)
+        calibration = calibrate_stage.calibrate(
+            epsilons=list(config.epsilons), label_counts=label_counts, num_subsets=config.num_subsets,
+            subset_size=config.subset_size, steps=steps, delta=delta, mechanism=config.mechanism,
+        )
+        write_table(pd.DataFrame(calibration, columns=calibrate_stage.CALIBRATION_COLUMNS),
+                    paths.public / "calibration.parquet")
+        # --test-size and the longest group prompt against the model's context: checked before any charge
+        checks_after_ingest(config, ingested["num_test"], labels, generation_config)
+        plan = generate_stage.generation_plan(labels, calibration, list(config.baselines), config.seed)
+        spends += planned_spends(config, ingested["data_hash"], run_id, plan, calibration)
+    # PromptPATE's and PromptDPSGD's plans, after their own checks on the ingested data
+    spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id,
+                          ingested_method_plans(config, ingested, delta))
+    # ledger: every spend of every method the ledger does not already hold for this run, charged at once
+    # (all or nothing) before any method runs; a replayed spend may only be served from its cached draw
     if non_private_warning(config):  # a deployment run has no CLI to say it: the flow log does
         logger.warning(non_private_warning(config))
-    ledger_entry = charge_run(config, ingested["data_hash"], run_id, plan, calibration)
-    logger.info("ledger %s: %d spend(s) charged, %d replayed from earlier attempts of run %s; dataset total "
-                "epsilon %s at delta %.3g", ledger_entry["dataset_id"], ledger_entry["charged"],
-                ledger_entry["replayed"], run_id, ledger_entry["total_epsilon"], ledger_entry["delta"])
+    ledger_entry = charge_spends(config.ledger_id, spends)
+    logger.info("ledger %s: %d spend(s) charged, %d replayed from earlier attempts of run %s; planned cost epsilon "
+                "%s; dataset total epsilon %s at delta %.3g", ledger_entry["dataset_id"], ledger_entry["charged"],
+                ledger_entry["replayed"], run_id, planned_cost(spends)["epsilon"], ledger_entry.get("total_epsilon"),
+                ledger_entry.get("delta") or delta)
+    tang_summary = _dp_fewshot(config, run_id, ingested, paths, calibration, plan, generation_config,
+                               ledger_entry, flow_run_id) if tang else None
+    others = {}
+    wall = {}
+    if "pate" in config.methods:
+        from flows.pate import pate_flow
+
+        began = time.perf_counter()
+        others["pate"] = pate_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry)
+        wall["pate"] = time.perf_counter() - began
+    if "dpsgd" in config.methods:
+        from flows.tune import dpsgd_flow
+
+        began = time.perf_counter()
+        others["dpsgd"] = dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry)
+        wall["dpsgd"] = time.perf_counter() - began
+    if tang:
+        wall["tang"] = tang_summary.pop("wall_seconds")
+        # 7. record: MLflow, Prefect artifacts, manifests (after the other methods: it writes the manifest)
+        recorded = record_stage.record(flat_config=config.flat(), info={
+            "run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"],
+            "model": config.model, "num_private_records": ingested["num_private_records"],
+            "seeded_noise": tang_summary["seeded_noise"], "run_dir": str(paths.public),
+            "private_run_dir": str(paths.private), "flow_run_id": flow_run_id,
+        })
+        audit = recorded["audit"]
+        if tang_summary["audit_summary"] is not None:
+            audit = {**audit, "summary": tang_summary["audit_summary"], "reference": tang_summary["audit_reference"]}
+    else:
+        first = others.get("pate") or {"mlflow_run_id": (others["dpsgd"]["mlflow_run_ids"] or [None])[0]}
+        recorded = {"mlflow_run_id": first.get("mlflow_run_id"), "mlflow_experiment_id":
+                    first.get("mlflow_experiment_id"), "tracking_uri": tracking.tracking_uri(), "results": []}
+        audit = {"ran": False}
+    comparison = record_stage.record_comparison(
+        run_dir=str(paths.public), run_id=run_id, dataset=config.dataset,
+        tang_rows=recorded["results"] if tang else [],
+        pate_results_path=str(paths.public / "pate_results.parquet") if "pate" in others else None,
+        dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), wall_seconds=wall, cost=planned_cost(spends),
+        calibrated=config.calibrate) if others else None
+    seeded_noise = bool((tang_summary or {}).get("seeded_noise")) or any(o["seeded_noise"] for o in others.values())
+    return {
+        "run_id": run_id,
+        "flow_run_id": flow_run_id,
+        "dataset": config.dataset,
+        "data_hash": ingested["data_hash"],
+        "methods": list(config.methods),
+        "run_dir": str(paths.public),
+        "private_run_dir": str(paths.private),
+        "manifest": str(paths.public / "manifest.json"),
+        "mlflow_run_id": recorded["mlflow_run_id"],
+        "mlflow_experiment_id": recorded["mlflow_experiment_id"],
+        "tracking_uri": recorded["tracking_uri"],
+        "results": comparison if comparison is not None else recorded["results"],
+        "method_summaries": others,
+        "audit": audit,
+        "seeded_noise": seeded_noise,
+        "generation_workers": (tang_summary or {}).get("generation_workers", []),
+        "planned_cost": planned_cost(spends),
+        "ledger": ledger_entry,
+        "ledger_after": ledger_report(config.ledger_id, run_id),  # audit charges included
+        "epsilons": ["inf" if math.isinf(e) else e for e in config.epsilons],
+        "delta": delta,
+        "method_wall_seconds": {m: round(w, 1) for m, w in wall.items()},
+    }
+
+
+def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, calibration: list[dict],
+                plan: list[dict], generation_config, ledger_entry: dict, flow_run_id: str) -> dict:
+    """DP few-shot generation's stages 4-6 (Tang et al. Algorithm 1): generation, evaluation and the audit,
+    on the charge already made; tables written to the run folders."""
+    began = time.perf_counter()
+    labels = list(ingested["labels"])
+    scope = noise_scope(config.seed, run_id)
     with make_task_runner(config.task_runner) as runner:
         # 4. generation, one task per (method, label, epsilon)
         shards = _run_all(runner, generate_stage.generate, [
@@ -251,34 +339,9 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
             audit_summary = audit_result.get("summary")
             audit_reference = audit_result.get("reference")
 
-    # 7. record: MLflow, Prefect artifacts, manifests
-    recorded = record_stage.record(flat_config=config.flat(), info={
-        "run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"],
-        "model": config.model, "num_private_records": ingested["num_private_records"],
-        "seeded_noise": seeded_noise, "run_dir": str(paths.public), "private_run_dir": str(paths.private),
-        "flow_run_id": flow_run_id,
-    })
-    return {
-        "run_id": run_id,
-        "flow_run_id": flow_run_id,
-        "dataset": config.dataset,
-        "data_hash": ingested["data_hash"],
-        "run_dir": str(paths.public),
-        "private_run_dir": str(paths.private),
-        "manifest": str(paths.public / "manifest.json"),
-        "mlflow_run_id": recorded["mlflow_run_id"],
-        "mlflow_experiment_id": recorded["mlflow_experiment_id"],
-        "tracking_uri": recorded["tracking_uri"],
-        "results": recorded["results"],
-        "audit": recorded["audit"] if audit_summary is None else {**recorded["audit"], "summary": audit_summary,
-                                                                  "reference": audit_reference},
-        "seeded_noise": seeded_noise,
-        "generation_workers": sorted({s["worker"] for s in shards}),
-        "ledger": ledger_entry,
-        "ledger_after": ledger_report(config.ledger_id, run_id),  # audit charges included
-        "epsilons": ["inf" if math.isinf(e) else e for e in config.epsilons],
-        "delta": delta,
-    }
+    return {"seeded_noise": seeded_noise, "audit_summary": audit_summary, "audit_reference": audit_reference,
+            "generation_workers": sorted({s["worker"] for s in shards}),
+            "wall_seconds": time.perf_counter() - began}
 
 
 def run_pipeline(config: RunConfig, run_id: str | None = None) -> dict:

@@ -19,6 +19,10 @@
   the old charge).
 - `ledger_report`: the dataset's composed spend after the run (audit entries included) for
   the run summary.
+- `method_plans` / `run_spends` / `planned_cost`: the spends of every method a run names (DP
+  few-shot generation, PromptPATE, PromptDPSGD) from the data alone, and their composed cost:
+  what the CLI shows and dry-runs before anything starts, and what the pipeline charges in one
+  transaction after ingest.
 - `audit_charge_hook`: the `charge(demo_set)` callback `dpcore.audit.dp_audit` calls before
   each of its DP generations from the audit's members (purpose "audit").
 
@@ -160,9 +164,65 @@ def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: b
     spends the ledger does not already hold for this run id. `noise_charged` then lists the
     (method, epsilon) of the plans charged by this call; a plan with no spends reads no private
     record and is never charged."""
-    spends = [(p.method, p.epsilon, request) for p in plans
-              for request in p.requests(dataset_id, data_hash, run_id)]
-    return charge_spends(dataset_id, spends, dry_run=dry_run)
+    return charge_spends(dataset_id, plan_spends(dataset_id, data_hash, run_id, plans), dry_run=dry_run)
+
+
+def plan_spends(dataset_id: str, data_hash: str, run_id: str, plans) -> list[tuple[str, float, ledger.ChargeRequest]]:
+    """(method, epsilon, request) of every spend of `dpcore.plan.PrivacyPlan`s."""
+    return [(p.method, p.epsilon, request) for p in plans for request in p.requests(dataset_id, data_hash, run_id)]
+
+
+def method_plans(config, data, delta: float) -> list:
+    """The `PrivacyPlan`s of the run's PromptPATE and PromptDPSGD, each after its own checks on the data
+    (`tasks.pate.check_inputs`: the flock size, the public queries; `tasks.tune.plans`: batch within the
+    training records). DP few-shot generation's spends come from its calibration (`planned_spends`)."""
+    plans = []
+    if "pate" in config.methods:
+        from tasks.pate import check_inputs, privacy_plans
+
+        _, _, settings = check_inputs(config, data)
+        plans += privacy_plans(config, settings, delta)[0]
+    if "dpsgd" in config.methods:
+        from dpcore.icl import check_test_size
+        from tasks.tune import plans as dpsgd_plans
+
+        if data.spec.kind != "classification":
+            raise ConfigError(f"methods: PromptDPSGD trains prompts for classification tasks; task "
+                              f"{data.spec.name!r} is {data.spec.kind}")
+        check_test_size(config.test_size, len(data.test))
+        plans += dpsgd_plans(config, len(data.train))
+    return plans
+
+
+def ingested_method_plans(config, ingested: dict, delta: float) -> list:
+    """`method_plans` on the data a pipeline run ingested (refused if the file changed since)."""
+    from dpcore.datasets import load_dataset
+    from dpcore.errors import DpiclError
+    from dpcore.taskspec import load_task_spec
+
+    if not set(config.methods) - {"tang"}:
+        return []
+    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
+    if data.content_hash != ingested["data_hash"]:
+        raise DpiclError("methods: the dataset changed since it was ingested (content hash differs); run again")
+    return method_plans(config, data, delta)
+
+
+def planned_cost(spends: list[tuple[str, float, ledger.ChargeRequest]]) -> dict:
+    """The composed privacy cost of a run's spends, as the ledger composes them (`ledger.compose_epsilon`
+    at the smallest delta among them), overall and per method. Public: parameters only."""
+    if not spends:
+        return {"epsilon": 0.0, "delta": None, "methods": {}}
+    delta = min(request.delta for _, _, request in spends)
+    methods: dict[str, list] = {}
+    for method, _, request in spends:
+        methods.setdefault(method, []).append(request)
+
+    def composed(requests) -> float:
+        return float(ledger.compose_epsilon(requests, delta).epsilon)
+
+    return {"epsilon": composed([r for _, _, r in spends]), "delta": delta,
+            "methods": {m: composed(requests) for m, requests in methods.items()}}
 
 
 def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeRequest]],
@@ -243,33 +303,47 @@ def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None
     return charge
 
 
-def budget_precheck(config, run_id: str | None = None) -> dict | None:
-    """A dry run of the run's charge against its dataset's budget, from the data and the accountant
-    alone (no model, no Prefect server): a run the budget refuses is refused here, in seconds, with
-    the same `BudgetExceededError` the charge would raise. None when the dataset id has no budget
-    (nothing can be refused). `run_id` (when the user named one) lets a replay of recorded spends pass."""
+def run_spends(config, run_id: str | None = None) -> tuple[list[tuple[str, float, ledger.ChargeRequest]], object]:
+    """Every spend the run will charge, for every method it names, from the data and the accountant
+    alone (no model, no Prefect server, nothing written): (spends, the loaded dataset). DP few-shot
+    generation's sigma per epsilon is calibrated as the pipeline's calibration task does."""
     from dpcore import accounting
     from dpcore.config import demos_per_label
     from dpcore.datasets import load_dataset
     from dpcore.taskspec import load_task_spec
     from tasks.generate import generation_plan
 
+    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
+    run_id = run_id or "dry-run"
+    delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))
+    spends = []
+    if "tang" in config.methods:
+        label_counts = data.label_counts()
+        steps = accounting.total_steps(config.max_tokens, demos_per_label(config.shots, len(data.labels)))
+        q = max(accounting.sampling_rate(config.num_subsets, config.subset_size, n) for n in label_counts.values() if n)
+        rows = []
+        for eps in sorted({float(e) for e in config.epsilons}):
+            row = {"epsilon": eps, "sampling_rate": q, "steps": steps, "delta": delta, "noise_multiplier": 0.0}
+            if eps == 0:
+                row["sampling_rate"] = 0.0
+            elif math.isfinite(eps):
+                row["noise_multiplier"] = float(accounting.calibrate_for_labels(
+                    eps, label_counts, config.num_subsets, config.subset_size, steps, delta,
+                    mechanism=config.mechanism)["noise_multiplier"])
+            rows.append(row)
+        plan = generation_plan(list(data.labels), rows, list(config.baselines), config.seed)
+        spends += planned_spends(config, data.content_hash, run_id, plan, rows)
+    spends += plan_spends(config.ledger_id, data.content_hash, run_id, method_plans(config, data, delta))
+    return spends, data
+
+
+def budget_precheck(config, run_id: str | None = None) -> dict | None:
+    """A dry run of the run's charge (every method it names) against its dataset's budget, from the
+    data and the accountant alone (no model, no Prefect server): a run the budget refuses is refused
+    here, in seconds, with the same `BudgetExceededError` the charge would raise. None when the
+    dataset id has no budget (nothing can be refused). `run_id` (when the user named one) lets a
+    replay of recorded spends pass."""
     if ledger.Ledger().get_budget(config.ledger_id) is None:
         return None
-    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
-    label_counts = data.label_counts()
-    steps = accounting.total_steps(config.max_tokens, demos_per_label(config.shots, len(data.labels)))
-    delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))
-    q = max(accounting.sampling_rate(config.num_subsets, config.subset_size, n) for n in label_counts.values() if n)
-    rows = []
-    for eps in sorted({float(e) for e in config.epsilons}):
-        row = {"epsilon": eps, "sampling_rate": q, "steps": steps, "delta": delta, "noise_multiplier": 0.0}
-        if eps == 0:
-            row["sampling_rate"] = 0.0
-        elif math.isfinite(eps):
-            row["noise_multiplier"] = float(accounting.calibrate_for_labels(
-                eps, label_counts, config.num_subsets, config.subset_size, steps, delta,
-                mechanism=config.mechanism)["noise_multiplier"])
-        rows.append(row)
-    plan = generation_plan(list(data.labels), rows, list(config.baselines), config.seed)
-    return charge_run(config, data.content_hash, run_id or "dry-run", plan, rows, dry_run=True)
+    spends, _ = run_spends(config, run_id)
+    return charge_spends(config.ledger_id, spends, dry_run=True)

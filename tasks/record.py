@@ -18,12 +18,20 @@ from prefect.cache_policies import NO_CACHE
 
 from dpcore.artifacts import read_table, write_manifest, write_table
 from dpcore.home import dpicl_home, is_private_path
-from dpcore.summary import audit_verdict, jsonable_rows, results_table, summary_markdown
+from dpcore.summary import (
+    audit_verdict,
+    comparison_markdown,
+    comparison_table,
+    jsonable_rows,
+    results_table,
+    summary_markdown,
+)
 from tasks import tracking
 from tasks.common import RETRIES, RETRY_DELAY_SECONDS, code_version, transient_only
 
 SUMMARY_ARTIFACT_KEY = "dp-fewshot-summary"
 TABLE_ARTIFACT_KEY = "dp-fewshot-results"
+COMPARISON_ARTIFACT_KEY = "private-prompts-compared"
 
 
 # --------------------------------------------------------------------------- the task
@@ -77,3 +85,26 @@ def record(*, flat_config: dict[str, str], info: dict) -> dict:
                 len(table), "not run" if not verdict["ran"] else ("passed" if verdict["passed"] else "FAILED"))
     return {"mlflow_run_id": parent_id, "mlflow_experiment_id": exp, "tracking_uri": tracking.tracking_uri(),
             "results": jsonable_rows(table), "audit": verdict, "home": str(dpicl_home())}
+
+
+@task(name="record-comparison", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
+      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: list[dict], pate_results_path: str | None,
+                      dpsgd_rows: list[dict], wall_seconds: dict[str, float], cost: dict, calibrated: bool) -> list[dict]:
+    """The methods of one run side by side (`dpcore.summary.comparison_table`): `comparison.parquet` and
+    `comparison.png` in the public run folder and a Prefect markdown artifact. Public rows only."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from dpcore import plots
+
+    folder = Path(run_dir)
+    if is_private_path(folder):
+        raise PermissionError("record: the public run folder may not lie in the private store")
+    pate_rows = read_table(Path(pate_results_path)).to_dict(orient="records") if pate_results_path else []
+    table = comparison_table(tang_rows, pate_rows, dpsgd_rows, wall_seconds, delta=cost.get("delta"))
+    write_table(table, folder / "comparison.parquet")
+    plots.comparison_curve(table, folder / "comparison.png", title=f"{dataset}: private prompts compared",
+                           calibrated=calibrated)
+    create_markdown_artifact(markdown=comparison_markdown(run_id, table, cost), key=COMPARISON_ARTIFACT_KEY,
+                             description=f"private-prompting methods compared, run {run_id}")
+    return jsonable_rows(table)
