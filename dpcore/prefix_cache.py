@@ -41,7 +41,7 @@ def common_prefix_length(prompts: Sequence[Sequence[int]], reserve: int = 0) -> 
     return max(0, min(shared, limit - reserve))
 
 
-def _right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(1, max(len(r) for r in rows))
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -118,7 +118,7 @@ class PrefixCache:
         The returned batch holds the grown cache (pad slots masked out).
         """
         lm = self.lm
-        ids, mask = _right_pad(rows, lm.pad_id)
+        ids, mask = right_pad(rows, lm.pad_id)
         ids, mask = ids.to(lm.device), mask.to(lm.device)
         width = ids.shape[1]
         positions = batch.next_position[:, None] + torch.arange(width, device=lm.device)[None, :]
@@ -169,7 +169,7 @@ class StackedPrefixes(PrefixCache):
         with torch.inference_mode():
             for start in range(0, len(prefixes), block):
                 rows = [list(p) if p else [lm.pad_id] for p in prefixes[start:start + block]]
-                ids, mask = _right_pad(rows, lm.pad_id)
+                ids, mask = right_pad(rows, lm.pad_id)
                 ids, mask = ids.to(lm.device), mask.to(lm.device)
                 began = time.perf_counter()
                 out = lm.model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)

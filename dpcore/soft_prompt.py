@@ -37,6 +37,7 @@ from torch import nn
 
 from dpcore import icl
 from dpcore.errors import ConfigError
+from dpcore.prefix_cache import right_pad
 from dpcore.taskspec import TaskSpec
 
 PROMPT_KINDS: tuple[str, ...] = ("soft-prompt", "prefix")
@@ -206,7 +207,7 @@ def example_logprobs(lm, kind: str, rows: torch.Tensor, examples: Sequence[Examp
         return torch.zeros(0, device=lm.device)
     device, dtype = lm.device, lm.dtype
     sequences = [list(e.context) + list(e.target[:-1]) for e in examples]
-    ids, mask = icl._right_pad(sequences, lm.pad_id)
+    ids, mask = right_pad(sequences, lm.pad_id)
     ids, mask = ids.to(device), mask.to(device)
     batch, width = ids.shape
     length = rows.shape[1] if kind == "soft-prompt" else rows.shape[4]

@@ -192,9 +192,14 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         checks_after_ingest(config, ingested["num_test"], labels, generation_config)
         plan = generate_stage.generation_plan(labels, calibration, list(config.baselines), config.seed)
         spends += planned_spends(config, ingested["data_hash"], run_id, plan, calibration)
-    # PromptPATE's and PromptDPSGD's plans, after their own checks on the ingested data
+    # PromptPATE's and PromptDPSGD's plans, after their own checks on the ingested data (and, for
+    # PromptDPSGD, that its prompt fits the model)
     spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id,
                           ingested_method_plans(config, ingested, delta))
+    if "dpsgd" in config.methods:
+        from tasks.tune import check_model
+
+        check_model(config)
     # ledger: every spend of every method the ledger does not already hold for this run, charged at once
     # (all or nothing) before any method runs; a replayed spend may only be served from its cached draw
     if non_private_warning(config):  # a deployment run has no CLI to say it: the flow log does

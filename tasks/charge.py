@@ -335,15 +335,3 @@ def run_spends(config, run_id: str | None = None) -> tuple[list[tuple[str, float
         spends += planned_spends(config, data.content_hash, run_id, plan, rows)
     spends += plan_spends(config.ledger_id, data.content_hash, run_id, method_plans(config, data, delta))
     return spends, data
-
-
-def budget_precheck(config, run_id: str | None = None) -> dict | None:
-    """A dry run of the run's charge (every method it names) against its dataset's budget, from the
-    data and the accountant alone (no model, no Prefect server): a run the budget refuses is refused
-    here, in seconds, with the same `BudgetExceededError` the charge would raise. None when the
-    dataset id has no budget (nothing can be refused). `run_id` (when the user named one) lets a
-    replay of recorded spends pass."""
-    if ledger.Ledger().get_budget(config.ledger_id) is None:
-        return None
-    spends, _ = run_spends(config, run_id)
-    return charge_spends(config.ledger_id, spends, dry_run=True)

@@ -68,6 +68,8 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
                         help="one epsilon (repeatable; same as --epsilons E1,E2; `inf` = sigma 0, 0 = instruction-only)")
     parser.add_argument("--run-id", default=None, help="name of the run folder (default: <UTC start>-<flow run id>)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--yes", action="store_true",
+                        help="run a multi-method plan without asking for confirmation on a terminal")
 
 
 def _config(args, defaults: dict | None = None) -> RunConfig:
@@ -100,16 +102,22 @@ def _fmt(value, spec=".3f") -> str:
 
 def format_results(summary: dict) -> str:
     """The results table: one line per (method, epsilon)."""
+    compared = len(summary.get("methods", ["tang"])) > 1 or summary.get("methods", ["tang"]) != ["tang"]
     header = f"{'method':<17} {'epsilon':>7} {'sigma':>7} {'accuracy':>15} {'calibrated':>15} {'MIA AUC':>8}"
+    if compared:
+        header += f" {'reported eps':>12} {'wall s':>7}"
     lines = [header, "-" * len(header)]
     for row in summary["results"]:
         eps = row["epsilon"]
-        lines.append(
+        line = (
             f"{row['method']:<17} {_fmt(eps, 'g'):>7} {_fmt(row.get('noise_multiplier'), '.3f'):>7} "
             f"{_fmt(row['accuracy_mean']) + ' +/- ' + _fmt(row['accuracy_std']):>15} "
             f"{_fmt(row['calibrated_accuracy_mean']) + ' +/- ' + _fmt(row['calibrated_accuracy_std']):>15} "
             f"{_fmt(row.get('mia_auc')):>8}"
         )
+        if compared:
+            line += f" {_fmt(row.get('epsilon_reported'), '.4g'):>12} {_fmt(row.get('wall_seconds'), '.0f'):>7}"
+        lines.append(line)
     verdict = summary["audit"]
     ledger_line = format_ledger(summary.get("ledger_after"))
     if not verdict.get("ran"):
@@ -126,9 +134,12 @@ def format_results(summary: dict) -> str:
                            f"{reference.get('attack')} AUC {_fmt(reference.get('auc'))}, TPR at 1% FPR "
                            f"{_fmt(reference.get('tpr_at_1pct_fpr'))}: the attack does see a real record")
     n = summary["results"][0]["n"] if summary["results"] else 0
-    seeds = summary["results"][0]["seeds"] if summary["results"] else 0
+    seeds = summary["results"][0].get("seeds") if summary["results"] else 0
+    over = f"{seeds} seed(s)" if seeds else "seeds, repeats or trainings"
     lines += [
-        f"(accuracy: mean +/- std over {seeds} seed(s), {n} test items; delta = {summary['delta']:.3g})",
+        f"(accuracy: mean +/- std over {over}, {n} test items; delta = {summary['delta']:.3g})",
+        *(["(reported eps: PromptPATE's data-dependent bound, not itself DP; the ledger charged eps)"]
+          if compared and "pate" in summary.get("methods", []) else []),
         audit_line,
         *([ledger_line] if ledger_line else []),
         *([summary["delta_note"]] if summary.get("delta_note") else []),
@@ -163,11 +174,20 @@ def delta_note(config: RunConfig, delta: float) -> str | None:
             "--delta, e.g. 1/(10|D|) or smaller, for a stronger guarantee)")
 
 
-def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None) -> None:
+def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, confirm: bool = False) -> dict:
     """What is said and checked before the pipeline starts: the non-private baselines the run will
-    spend (a warning line), then every check that could fail after the charge, and a dry run of the
-    charge against the dataset's budget (a refusal comes here, before any model loads)."""
-    from tasks.charge import budget_precheck, non_private_baselines, non_private_warning, preflight
+    spend (a warning line), every check that could fail after the charge, the planned cost of every
+    method the run names (composed as the ledger composes it; printed when the run names several, and
+    confirmed on a terminal when `confirm`), and a dry run of the charge against the dataset's budget
+    (a refusal comes here, before any model loads). Returns the planned cost."""
+    from tasks.charge import (
+        charge_spends,
+        non_private_baselines,
+        non_private_warning,
+        planned_cost,
+        preflight,
+        run_spends,
+    )
 
     chosen = non_private_baselines(config)
     if defaults is DEMO_DEFAULTS and chosen:
@@ -176,7 +196,27 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None) ->
     if warning:
         print(warning, file=sys.stderr, flush=True)
     preflight(config)
-    budget_precheck(config, run_id)
+    spends, _ = run_spends(config, run_id)
+    cost = planned_cost(spends)
+    if len(config.methods) > 1 or confirm:
+        print(format_cost(cost), file=sys.stderr, flush=True)
+    charge_spends(config.ledger_id, spends, dry_run=True)  # over budget: BudgetExceededError, exit 3
+    if confirm and not _confirmed():
+        raise ConfigError("run: not confirmed; nothing was charged (pass --yes to run without asking)")
+    return cost
+
+
+def format_cost(cost: dict) -> str:
+    """`plan: epsilon E at delta D over every method (tang 1.2, pate 3.4, dpsgd 8): charged before anything runs`."""
+    per_method = ", ".join(f"{method} {_fmt(eps, '.4g')}" for method, eps in cost["methods"].items())
+    return (f"plan: epsilon {_fmt(cost['epsilon'], '.4g')} at delta {_fmt(cost['delta'], '.3g')}, composed over "
+            f"every spend of the run ({per_method}); charged to the ledger, all at once, before anything runs")
+
+
+def _confirmed() -> bool:
+    print("spend this privacy budget and run? [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline().strip().lower()
+    return answer in ("y", "yes")
 
 
 def _run(args, defaults: dict | None = None) -> int:
@@ -185,7 +225,10 @@ def _run(args, defaults: dict | None = None) -> int:
     from flows.pipeline import run_pipeline
 
     config = _config(args, defaults)
-    _before_run(config, args.run_id, defaults)
+    # A multi-method run on a terminal asks before spending; scripts pass --yes (--json never asks).
+    confirm = (len(config.methods) > 1 and not args.yes and not args.json and defaults is not DEMO_DEFAULTS
+               and sys.stdin.isatty())
+    _before_run(config, args.run_id, defaults, confirm=confirm)
     began = time.perf_counter()
     with stopping_on_signals(), showing_progress():
         summary = run_pipeline(config, run_id=args.run_id)

@@ -1,0 +1,104 @@
+"""Three private-prompting methods in one run (`dpicl run --methods tang,pate,dpsgd`) on the tiny model:
+one plan over every method, charged in one transaction, whose composed epsilon is what the ledger
+charges; the results name each method on the same test split; a plan over budget is refused before
+anything runs (exit 3), although each method alone would fit."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pipeline_support import mini_agnews, prefect_harness, share_tiny_model, tiny_config  # noqa: F401
+
+from dpcore.ledger import Ledger
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+METHOD_FIELDS = dict(
+    methods=["tang", "pate", "dpsgd"], epsilons=[4.0], audit=False, audit_reference=False, baselines=["zero-shot"],
+    seeds=1, test_size=6, seed=11,
+    pate_teachers=6, pate_queries=10, pate_sigma1=1.0, pate_sigma2=2.0, pate_repeats=1, pate_public="ood",
+    pate_student_candidates=3,
+    dpsgd_length=2, dpsgd_steps=2, dpsgd_batch_size=8, dpsgd_validation_size=10,
+)
+
+
+def _argv(dataset_id: str, *extra: str) -> list[str]:
+    data_path, spec_path, _, _ = mini_agnews()
+    argv = ["run", "--task-spec", spec_path, "--data-path", data_path, "--dataset", "agnews-mini",
+            "--dataset-id", dataset_id, "--model", "tiny-random", "--methods", "tang,pate,dpsgd", "--epsilons", "4",
+            "--no-audit", "--no-audit-reference", "--baselines", "zero-shot", "--seeds", "1", "--test-size", "6",
+            "--seed", "11", "--pate-teachers", "6", "--pate-queries", "10", "--pate-sigma1", "1",
+            "--pate-sigma2", "2", "--pate-repeats", "1", "--pate-public", "ood", "--pate-student-candidates", "3",
+            "--dpsgd-length", "2", "--dpsgd-steps", "2", "--dpsgd-batch-size", "8", "--dpsgd-validation-size", "10",
+            "--num-subsets", "2", "--subset-size", "1", "--top-k", "20", "--max-tokens", "4", "--shots", "4"]
+    return argv + list(extra)
+
+
+def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
+    from flows.cli import main
+    from tasks.charge import planned_cost, run_spends
+
+    share_tiny_model(tiny_lm)
+    config = tiny_config(dataset_id="compare-json", **METHOD_FIELDS)
+    spends, _ = run_spends(config, "compare-run")
+    cost = planned_cost(spends)
+    assert set(cost["methods"]) == {"dp", "pate", "dpsgd"}
+    # composition is subadditive here, never larger than the sum of the parts
+    assert max(cost["methods"].values()) < cost["epsilon"] <= sum(cost["methods"].values()) + 1e-6
+
+    assert main(_argv("compare-json", "--run-id", "compare-run", "--json")) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert "plan: epsilon" in captured.err
+    assert summary["methods"] == ["tang", "pate", "dpsgd"]
+    assert math.isclose(summary["planned_cost"]["epsilon"], cost["epsilon"], rel_tol=1e-9)
+    # one transaction charged every method's spends; the ledger's composed spend is the plan's
+    assert summary["ledger"]["charged"] == len(spends)
+    spent = Ledger().spend("compare-json", delta=cost["delta"])
+    assert math.isclose(spent.epsilon, cost["epsilon"], rel_tol=1e-6)
+    assert {e.purpose for e in spent.entries} == {"pipeline", "pate", "dpsgd"}
+
+    methods = {row["method"] for row in summary["results"]}
+    assert {"tang", "pate", "dpsgd", "zero-shot"} <= methods
+    rows = {row["method"]: row for row in summary["results"]}
+    assert rows["tang"]["epsilon"] == 4.0 and rows["dpsgd"]["epsilon"] == 4.0
+    assert rows["pate"]["epsilon"] > 0 and rows["pate"]["epsilon_reported"] is not None
+    assert all(rows[m]["n"] == 6 for m in ("tang", "pate", "dpsgd", "zero-shot"))  # the same test items
+    assert all(rows[m]["wall_seconds"] > 0 for m in ("tang", "pate", "dpsgd"))
+    run_dir = Path(summary["run_dir"])
+    table = pd.read_parquet(run_dir / "comparison.parquet")
+    assert list(table["method"]).count("zero-shot") == 1
+    assert (run_dir / "comparison.png").stat().st_size > 0
+    assert {"pate_results.parquet", "dpsgd_results.parquet", "demos.parquet"} <= {p.name for p in run_dir.iterdir()}
+
+
+def test_a_plan_over_budget_is_refused_before_anything_runs(tiny_lm, capsys):
+    from flows.cli import main
+    from tasks.charge import planned_cost, run_spends
+
+    share_tiny_model(tiny_lm)
+    config = tiny_config(dataset_id="compare-budget", **METHOD_FIELDS)
+    cost = planned_cost(run_spends(config)[0])
+    # every method alone fits the budget; all three together do not
+    budget = (max(cost["methods"].values()) + cost["epsilon"]) / 2
+    Ledger().set_budget("compare-budget", budget, cost["delta"])
+    assert main(_argv("compare-budget", "--yes")) == 3
+    assert "budget" in capsys.readouterr().err.lower()
+    assert not Ledger().entries("compare-budget")
+
+
+def test_only_the_named_methods_run(tiny_lm, capsys):
+    from flows.pipeline import run_pipeline
+
+    share_tiny_model(tiny_lm)
+    fields = {**METHOD_FIELDS, "methods": ["pate"]}
+    summary = run_pipeline(tiny_config(dataset_id="compare-pate-only", **fields), run_id="compare-pate-only")
+    assert {row["method"] for row in summary["results"]} == {"pate", "zero-shot"}
+    assert {e.purpose for e in Ledger().entries("compare-pate-only")} == {"pate"}
+    run_dir = Path(summary["run_dir"])
+    assert not (run_dir / "demos.parquet").exists()
+    assert summary["audit"] == {"ran": False}
