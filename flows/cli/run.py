@@ -19,10 +19,13 @@ from pydantic import ValidationError
 from dpcore.config import RunConfig
 from dpcore.errors import ConfigError
 
-# `dpicl demo`: AG News on the embedded SmolLM2-135M, sized to finish in about 10 minutes on 2 CPU cores.
+# `dpicl demo`: the three private-prompting methods on AG News at epsilon 8 on the embedded SmolLM2-135M,
+# sized to finish in about 10 minutes on 2 CPU cores.
 DEMO_DEFAULTS = {
+    "methods": "tang,pate,dpsgd",
     "dataset": "agnews",
-    "epsilons": "1,8",
+    "epsilons": "8",
+    # DP few-shot generation (Tang et al.)
     "num_subsets": 3,      # M
     "subset_size": 1,      # N (q = MN/|D_y| = 3/30000)
     "top_k": 100,          # K (RVP on)
@@ -33,9 +36,9 @@ DEMO_DEFAULTS = {
     "audit": True,
     # The audit of the run's own DP demos (members: the private split they were generated from;
     # non-members: held-out test records): nothing regenerated or charged. 4 demos x 8 trials of
-    # 20 members vs 20 non-members per epsilon (the same candidates at every epsilon), each
-    # candidate's first 12 tokens, the three attacks without OUT prompts (LiRA needs extra passes):
-    # the interval's half-width is about 0.042-0.047 (98.3% per attack), under the 0.05 band.
+    # 20 members vs 20 non-members, each candidate's first 12 tokens, the three attacks without OUT
+    # prompts (LiRA needs extra passes): the interval's half-width is about 0.042-0.047 (98.3% per
+    # attack), under the 0.05 band.
     "audit_mode": "run-demos",
     "audit_trials": 8,
     "audit_demo_sets": 1,
@@ -45,6 +48,18 @@ DEMO_DEFAULTS = {
     # ... and, for contrast, the non-private reference audit (real records as 1-shot demos: Duan et al.'s
     # leaky setting), an infinite spend like the non-private baselines below.
     "audit_reference": True,
+    # PromptPATE (Duan et al. Section 4.2): a flock of 10 one-shot teachers on the public split's queries,
+    # labelling until epsilon 8 is reached (sigma1 = 5 from the AG News YAML, sigma2 = 3: 10 queries).
+    "pate_teachers": 10,
+    "pate_queries": 20,
+    "pate_sigma2": 3.0,
+    "pate_target_epsilon": 8.0,
+    "pate_repeats": 1,
+    "pate_student_candidates": 5,
+    "pate_baselines": "zero-shot",
+    # PromptDPSGD (Duan et al. Section 4.1): a soft prompt of 10 positions, 10 DP-SGD steps of expected batch
+    # 16 (the CPU preset's shape, fewer steps).
+    "dpsgd_steps": 10,
     "seed": None,          # cryptographically seeded noise (a real run)
     # AG News is a shipped public benchmark: the demo opts in to the non-private baselines for contrast
     # (charged to ledger id agnews as infinite spends). `dpicl run` includes them only when asked.
@@ -239,7 +254,20 @@ def _run(args, defaults: dict | None = None) -> int:
     else:
         print(format_results(summary))
         print(f"wall time:       {summary['wall_seconds']:.0f} s")
+        print(format_next(summary))
     return 0
+
+
+def format_next(summary: dict) -> str:
+    """Where to look next: the UIs, the run folder, the audited release."""
+    return "\n".join([
+        "next:",
+        "  dpicl ui                                 # Prefect (http://127.0.0.1:4200): this flow run, its "
+        "artifacts; MLflow (http://127.0.0.1:5000): its runs",
+        f"  ls {summary['run_dir']}   # tables, plots, manifest.json",
+        f"  dpicl release --run {summary['run_id']}   # the audited release (refused for a seeded run or a failed audit)",
+        f"  dpicl ledger show --dataset {(summary.get('ledger') or {}).get('dataset_id', summary['dataset'])}",
+    ])
 
 
 def _demo(args) -> int:
