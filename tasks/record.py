@@ -11,6 +11,7 @@ from the public run folder (a private path, or a per-record table such as `predi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -105,6 +106,10 @@ def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: lis
     write_table(table, folder / "comparison.parquet")
     plots.comparison_curve(table, folder / "comparison.png", title=f"{dataset}: private prompts compared",
                            calibrated=calibrated)
+    # the manifest covers every file of the run folder: written again with the comparison's files in it
+    manifest = folder / "manifest.json"
+    kept = json.loads(manifest.read_text()) if manifest.exists() else {"run_id": run_id}
+    write_manifest(folder, extra={k: v for k, v in kept.items() if k != "files"})
     create_markdown_artifact(markdown=comparison_markdown(run_id, table, cost), key=COMPARISON_ARTIFACT_KEY,
                              description=f"private-prompting methods compared, run {run_id}")
     return jsonable_rows(table)

@@ -101,7 +101,7 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
 
     members, non_members = split_members(agnews_sample, seed=0)
     assert len(members) == 4000 and set(members["id"]).isdisjoint(non_members["id"])
-    config = AuditConfig(trials=10, demo_sets=2, members=40, non_members=40, reference_prompts=2,
+    config = AuditConfig(trials=12, demo_sets=2, members=40, non_members=40, reference_prompts=2,
                          max_record_tokens=16)
     gen = GenerationConfig(num_subsets=4, subset_size=1, max_tokens=6, top_k=20)
     events = []
@@ -123,14 +123,14 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
         low, high = result.auc_ci
         covered += low <= 0.5 <= high
         flagged += any("AUC" in reason and "outside" in reason for reason in result.reasons)
-        assert result.trials == 20 and result.demo_sets == 2 and result.setting == "dp"
+        assert result.trials == 24 and result.demo_sets == 2 and result.setting == "dp"
         assert high - low <= 2 * config.auc_tolerance  # large enough to be conclusive
         assert result.epsilon_lower_bound < 1.0
         assert result.max_overlap_tokens < 8
     assert covered >= runs - 1 and flagged == 0
     assert events[:4] == ["charge 0", "generate", "charge 1", "generate"]  # the ledger hook runs first
     scores = result.mia_scores
-    assert len(scores) == len(ATTACKS) * 2 * 10 * 80
+    assert len(scores) == len(ATTACKS) * 2 * 12 * 80
     assert scores.groupby(["attack", "demo_set", "trial"])["member"].sum().unique().tolist() == [40]
     for attack in result.attacks:  # every attack, not only the gate's, stays in the band
         assert abs(attack.auc - 0.5) <= config.auc_tolerance and 0 <= attack.auc_ci[0] <= attack.auc_ci[1] <= 1

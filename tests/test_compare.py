@@ -74,6 +74,11 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     assert list(table["method"]).count("zero-shot") == 1
     assert (run_dir / "comparison.png").stat().st_size > 0
     assert {"pate_results.parquet", "dpsgd_results.parquet", "demos.parquet"} <= {p.name for p in run_dir.iterdir()}
+    from dpcore.artifacts import verify_manifest
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert {"comparison.parquet", "comparison.png", "pate_results.parquet", "demos.parquet"} <= set(manifest["files"])
+    assert manifest["run_id"] == "compare-run" and not verify_manifest(run_dir)
 
 
 def test_a_plan_over_budget_is_refused_before_anything_runs(tiny_lm, capsys):
