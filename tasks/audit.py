@@ -54,6 +54,8 @@ from tasks.common import (
 AUDIT_MODULES = ("dpcore.audit", "dpcore.audit_statistics", "dpcore.audit_gate", "dpcore.overlap", "dpcore.mia_attacks",
                  "dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.icl", "dpcore.prefix_cache",
                  "dpcore.accounting")
+# The non-private audit's demos ARE records (dpcore adds them to the overlap pool), so its overlap figure is
+# exact on any pool; above this size a random sample keeps the check cheap (the pipeline and `dpicl audit`).
 REFERENCE_OVERLAP_SAMPLE = 2000
 AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_config", "model", "dtype", "seed",
                     "noise_scope", "demo_keys", "non_private_reference", "delta")

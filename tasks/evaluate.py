@@ -92,10 +92,10 @@ def evaluate(
     out = stage_dir("evaluate", key)
     result = {"key": key, "method": method, "epsilon": float(epsilon), "seconds": seconds}
     if method == RANDOM_REAL:
-        real = predictions.groupby("seed", sort=True)["demo_ids"].first().reset_index()
-        real.insert(0, "method", method)
+        # real records' ids go to their own private table; an extraction task's answers, which may copy
+        # the real records' words, are blanked like `dpicl evaluate` blanks them (one split for both)
+        predictions, real = icl.split_private_demo_ids(predictions, free_text=spec.kind != "classification")
         real_path = write_table(real, stage_dir("evaluate", key, private=True) / "real_demos.parquet")
-        predictions = predictions.assign(demo_ids=[[] for _ in range(len(predictions))])
         result["real_demos_path"] = str(real_path)
     private_out = stage_dir("evaluate", key, private=True)
     result["predictions_path"] = str(write_table(predictions, private_out / "predictions.parquet"))

@@ -54,9 +54,6 @@ CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", 
                 "seed", "audit_demo_sets", "audit_members", "audit_reference_prompts", "audit_max_record_tokens",
                 "auc_tolerance", "overlap_threshold"]
 NON_PRIVATE_TRIALS = 100  # Duan et al. Section 3 / Tang et al. Appendix F
-# The non-private audit's demos ARE records (dpcore adds them to the overlap pool), so its
-# overlap figure is exact on any pool; above this size a random sample keeps the check cheap.
-REFERENCE_OVERLAP_SAMPLE = 5000
 JSON_KEYS = ("setting", "dataset", "model", "epsilon", "noise_multiplier", "delta", "attack", "auc", "auc_ci",
              "auc_ci_method", "attacks",
              "pooled_auc", "tpr_at_1pct_fpr", "tpr_at_01pct_fpr", "epsilon_lower_bound",
@@ -226,6 +223,8 @@ def _run_audit(args) -> int:
         ledger_entries += _charge_real_records(config, dataset, run_id, delta)
 
     reference = None
+    from tasks.audit import REFERENCE_OVERLAP_SAMPLE
+
     overlap_pool = train.sample(n=min(len(train), REFERENCE_OVERLAP_SAMPLE), random_state=seed % 2**32)
     if args.non_private:
         result = mia.non_private_audit(lm, spec, train, audit_config, seed=seed, delta=delta, thresholds=thresholds,

@@ -143,16 +143,9 @@ def _demos_from_file(path: str, method_filter: str | None, epsilon_flag: float |
 
 
 def _instruction_only_pool(lm, spec, dataset, config):
+    from dpcore import generation
     from dpcore.config import demos_per_label
-    from dpcore.errors import ConfigError
 
-    try:
-        from dpcore import generation
-    except ImportError:
-        generation = None
-    if generation is None or not hasattr(generation, "instruction_only_demos"):
-        raise ConfigError("--baseline instruction-only: dpcore.generation.instruction_only_demos is not available "
-                          "in this installation")
     labels = spec.label_names if spec.kind == "classification" else dataset.labels[: max(1, config.shots)]
     gen_config = config.generation_config().model_copy(
         update={"demos_per_label": demos_per_label(config.shots, len(labels))})
