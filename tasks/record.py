@@ -91,9 +91,10 @@ def record(*, flat_config: dict[str, str], info: dict) -> dict:
 @task(name="record-comparison", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
       retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
 def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: list[dict], pate_results_path: str | None,
-                      dpsgd_rows: list[dict], wall_seconds: dict[str, float], cost: dict, calibrated: bool) -> list[dict]:
+                      dpsgd_rows: list[dict], wall_seconds: dict[str, float], cost: dict, calibrated: bool) -> dict:
     """The methods of one run side by side (`dpcore.summary.comparison_table`): `comparison.parquet` and
-    `comparison.png` in the public run folder and a Prefect markdown artifact. Public rows only."""
+    `comparison.png` in the public run folder, a Prefect markdown artifact and an MLflow parent run with a
+    nested run per (method, epsilon). Public rows only."""
     from prefect.artifacts import create_markdown_artifact
 
     from dpcore import plots
@@ -112,4 +113,6 @@ def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: lis
     write_manifest(folder, extra={k: v for k, v in kept.items() if k != "files"})
     create_markdown_artifact(markdown=comparison_markdown(run_id, table, cost), key=COMPARISON_ARTIFACT_KEY,
                              description=f"private-prompting methods compared, run {run_id}")
-    return jsonable_rows(table)
+    mlflow_run_id = tracking.log_comparison(dataset, run_id, table, cost, [folder / "comparison.parquet",
+                                                                            folder / "comparison.png"])
+    return {"rows": jsonable_rows(table), "mlflow_run_id": mlflow_run_id}

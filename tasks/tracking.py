@@ -144,3 +144,32 @@ def log_run(client, exp: str, info: dict, flat_config: dict[str, str], table: pd
         client.set_terminated(parent_id, status="FAILED")
         raise
     return parent_id
+
+
+def log_comparison(dataset: str, run_id: str, table: pd.DataFrame, cost: dict, files: list[Path]) -> str:
+    """The methods of one run compared: a parent MLflow run `<run-id>-comparison` (the planned cost) with a
+    nested run per (method, epsilon) row and the comparison files as artifacts. Returns the parent's id."""
+    client = mlflow_client()
+    exp = experiment_id(client, dataset)
+    tags = {"dataset": dataset, "dpicl_run_id": run_id, "kind": "comparison"}
+    parent_id = client.create_run(exp, run_name=f"{run_id}-comparison", tags=tags).info.run_id
+    try:
+        log_batch(client, parent_id, params={"methods": ",".join(cost.get("methods", {}))},
+                  metrics={"planned_epsilon": cost.get("epsilon"), "planned_delta": cost.get("delta"),
+                           **{f"planned_epsilon_{m}": e for m, e in cost.get("methods", {}).items()}})
+        for row in table.to_dict(orient="records"):
+            name = f"{row['method']}-eps{epsilon_text(row['epsilon'])}"
+            child = client.create_run(exp, run_name=name, tags={**tags, "mlflow.parentRunId": parent_id,
+                                                                "method": row["method"],
+                                                                "epsilon": epsilon_text(row["epsilon"])})
+            log_batch(client, child.info.run_id, metrics={k: row[k] for k in row if k != "method"})
+            client.set_terminated(child.info.run_id)
+        for path in files:
+            if is_private_path(path):
+                raise PermissionError(f"record: refusing to log private file {path.name} to MLflow")
+            client.log_artifact(parent_id, str(path))
+        client.set_terminated(parent_id)
+    except BaseException:
+        client.set_terminated(parent_id, status="FAILED")
+        raise
+    return parent_id

@@ -79,6 +79,15 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert {"comparison.parquet", "comparison.png", "pate_results.parquet", "demos.parquet"} <= set(manifest["files"])
     assert manifest["run_id"] == "compare-run" and not verify_manifest(run_dir)
+    # MLflow: a parent comparison run with a nested run per (method, epsilon) row
+    from tasks.tracking import mlflow_client
+
+    client = mlflow_client()
+    parent = client.get_run(summary["mlflow_comparison_run_id"])
+    assert parent.data.metrics["planned_epsilon"] == pytest.approx(cost["epsilon"])
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert {c.info.run_name for c in children} >= {"tang-eps4", "dpsgd-eps4", "zero-shot-eps0"}
 
 
 def test_a_plan_over_budget_is_refused_before_anything_runs(tiny_lm, capsys):
