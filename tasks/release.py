@@ -270,8 +270,11 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     done = read_table(audit_path) if audit_path.exists() else None
     if (done is not None and ((done["artifact"] == artifact.name) & (done["audit_config"] == key)).any()
             and (not teacher_reference or teacher_path.exists())):
-        row = done[(done["artifact"] == artifact.name) & (done["audit_config"] == key)].iloc[-1].to_dict()
-        return {"artifact": artifact.name, "reused": True, "audit": _audit_summary(row)}
+        row = done[(done["artifact"] == artifact.name) & (done["audit_config"] == key)].iloc[-1]
+        out = {"artifact": artifact.name, "reused": True, "audit": json.loads(row["summary"])}
+        if teacher_reference:
+            out["teacher_reference"] = json.loads(read_table(teacher_path).iloc[-1]["summary"])
+        return out
     lm = language_model(artifact.info["model"], device, dtype)
     past = None
     if method == "dpsgd":
@@ -301,9 +304,10 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     logger.info("audit of %s %s: AUC %.3f (%s attack), %s", method, artifact.name, result.auc, result.attack,
                 "passed" if result.passed else "FAILED")
     results = [result]
-    frame = result.audit_frame().assign(artifact=artifact.name, method=method, audit_config=key)
-    _merge_rows(audit_path, frame, artifact.name)
     out = {"artifact": artifact.name, "reused": False, "audit": public_summary(result)}
+    frame = result.audit_frame().assign(artifact=artifact.name, method=method, audit_config=key,
+                                        summary=json.dumps(out["audit"]))
+    _merge_rows(audit_path, frame, artifact.name)
     if teacher_reference and method == "pate":
         reference = mia.teacher_audit(lm, spec, gate.teacher_prompts(train, assignment), held_out, audit_config,
                                       seed=derive_seed(split_seed, "teachers"), delta=artifact.delta,
@@ -313,8 +317,9 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
         logger.info("non-private contrast (single teachers' prompts): AUC %.3f (%s attack)", reference.auc,
                     reference.attack)
         results.append(reference)
-        write_table(reference.audit_frame().assign(artifact="teacher", method=method, audit_config=key), teacher_path)
         out["teacher_reference"] = public_summary(reference)
+        write_table(reference.audit_frame().assign(artifact="teacher", method=method, audit_config=key,
+                                                   summary=json.dumps(out["teacher_reference"])), teacher_path)
     scores = [r.mia_scores.assign(artifact=artifact.name if r is result else "teacher") for r in results]
     import pandas as pd
 

@@ -149,6 +149,11 @@ def test_pate_student_prompt_is_audited_released_and_answers(pate_run, tiny_lm, 
     queries = set(pd.read_parquet(Path(pate_run["run_dir"]) / "pate_queries.parquet")["text"])
     assert {d["text"] for d in manifest["demos"]} <= queries and len(manifest["demos"]) == 1
     assert set(students["text"]) <= queries
+    # a later audit of the same artifact under the same configuration is reused: not rerun, not charged again
+    again = release(run_id=run_id, method="pate", audit_config=TINY_AUDIT, teacher_reference=True, audit_only=True)
+    assert again["reused"] is True and again["audit"]["auc"] == pytest.approx(audit["auc"])
+    assert again["teacher_reference"]["auc"] == pytest.approx(teacher["auc"])
+    assert len(Ledger().entries("release-pate")) == len(after)
     mia_scores = pd.read_parquet(next((home() / "private").rglob(f"*{run_id}/mia_scores_pate.parquet")))
     for _, group in mia_scores.groupby("artifact"):
         assert not set(group.loc[group["member"], "record_id"]) & set(group.loc[~group["member"], "record_id"])
