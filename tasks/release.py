@@ -282,8 +282,6 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
 
         past = trained_prompt_cache(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
                                     artifact.info["model"])
-    if teacher_reference and method == "pate":  # real records in prompts: charged before they are read
-        _charge_real_records(artifact)
     logger = get_run_logger()
     records = read_table(records_path)
     train = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
@@ -309,6 +307,7 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
                                         summary=json.dumps(out["audit"]))
     _merge_rows(audit_path, frame, artifact.name)
     if teacher_reference and method == "pate":
+        _charge_real_records(artifact)  # real records in prompts: charged before any teacher prompt is built
         reference = mia.teacher_audit(lm, spec, gate.teacher_prompts(train, assignment), held_out, audit_config,
                                       seed=derive_seed(split_seed, "teachers"), delta=artifact.delta,
                                       thresholds=thresholds,
