@@ -295,3 +295,64 @@ def test_no_private_text_or_ids_in_public_files_after_the_releases(pate_run):
     ids = set(records["id"].astype(str))
     assert {str(p): found for p in public_audits if (found := _id_leaks(_file_text(p), ids))} == {}
     assert {str(p): found for p in public_audits if (found := _per_record_problems(p))} == {}
+
+
+# --------------------------------------------------------------------------- the gate on a method's plan
+
+
+def _pate_artifact(run_id: str, **change) -> gate.Artifact:
+    from dpcore.pate_privacy import pate_plan
+
+    plan = pate_plan(epsilon_target=None, delta=1e-3, queries=24, threshold_sigma=1.0, vote_sigma=2.0, teachers=16,
+                     threshold=10).to_dict()
+    values = dict(method="pate", run_id=run_id, path=Path("."), name="student-r0", epsilon=plan["epsilon"],
+                  delta=plan["delta"], spends=tuple(plan["spends"]), seeded_noise=False,
+                  info={"dataset_id": "gate-units"}, demos=(("a public query", "World"),))
+    values.update(change)
+    return gate.Artifact(**values)
+
+
+PASSING_AUDIT = pd.DataFrame([{"artifact": "student-r0", "passed": True, "reasons": ""}])
+
+
+def test_every_spend_of_the_plan_must_be_charged_to_the_run():
+    from dpcore.ledger import Ledger
+
+    artifact = _pate_artifact("gate-units-run")
+    threshold, votes = artifact.spends
+    book = Ledger()
+    book.charge("gate-units", "h", "gate-units-run", "gaussian", threshold["noise_multiplier"], 1.0,
+                threshold["steps"], artifact.delta, "pate")
+    evidence = gate.artifact_evidence(artifact, PASSING_AUDIT, book.entries_for_run("gate-units-run"))
+    assert not evidence.ledger_entry_present  # the GNMax spend is missing
+    assert any("no privacy-ledger entry" in f for f in gate.release_failures(evidence))
+    book.charge("gate-units", "h", "gate-units-run", "gaussian", votes["noise_multiplier"], 1.0, votes["steps"],
+                artifact.delta, "pate")
+    evidence = gate.artifact_evidence(artifact, PASSING_AUDIT, book.entries_for_run("gate-units-run"))
+    assert evidence.ledger_entry_present and evidence.crosscheck_agreed
+    assert gate.release_failures(evidence) == []
+    # the same spends under another purpose (an audit, a baseline) do not cover the release
+    other = gate.artifact_evidence(_pate_artifact("gate-units-run", spends=tuple({**s, "purpose": "dpsgd"}
+                                                                                for s in artifact.spends)),
+                                   PASSING_AUDIT, book.entries_for_run("gate-units-run"))
+    assert not other.ledger_entry_present
+
+
+def test_an_audit_of_another_artifact_or_a_failed_one_does_not_pass_the_gate():
+    artifact = _pate_artifact("gate-units-audit")
+    other = gate.artifact_evidence(artifact, PASSING_AUDIT.assign(artifact="student-r1"), [])
+    assert not other.audit_ran
+    failed = gate.artifact_evidence(artifact, PASSING_AUDIT.assign(passed=False, reasons="AUC 0.8 outside"), [])
+    assert any("audit failed: AUC 0.8" in f for f in gate.release_failures(failed))
+    empty = gate.artifact_evidence(_pate_artifact("gate-units-audit", demos=()), PASSING_AUDIT, [])
+    assert any("no PromptPATE student prompt" in f for f in gate.release_failures(empty))
+
+
+def test_a_non_private_trained_prompt_is_refused():
+    spend = {"mechanism": "gaussian", "noise_multiplier": 0.0, "sampling_rate": 0.3, "steps": 10, "purpose": "dpsgd"}
+    artifact = gate.Artifact(method="dpsgd", run_id="gate-units-inf", path=Path("."), name="dpsgd-epsinf-0",
+                             epsilon=float("inf"), delta=1e-3, spends=(spend,), seeded_noise=False,
+                             info={}, prompt_path=Path(__file__))
+    failures = gate.release_failures(gate.artifact_evidence(
+        artifact, PASSING_AUDIT.assign(artifact="dpsgd-epsinf-0"), []))
+    assert any("epsilon = inf" in f for f in failures) and any("cross-check" in f for f in failures)
