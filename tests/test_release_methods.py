@@ -230,6 +230,12 @@ def test_dpsgd_prompt_is_audited_released_and_answers_on_its_model_only(tiny_lm,
     scores = pd.read_parquet(next((home() / "private").rglob(f"*{run_id}/mia_scores_dpsgd.parquet")))
     members = set(scores.loc[scores["member"], "record_id"])
     assert members and not members & set(scores.loc[~scores["member"], "record_id"])
+    from dpcore.dpsgd import split_validation
+
+    records = pd.read_parquet(next((home() / "private").rglob(f"*{run_id}/records.parquet")))
+    train = records[records["split"] == "train"].reset_index(drop=True)
+    validation = set(train["id"].astype(str).iloc[split_validation(len(train), 20)[1]])
+    assert members <= set(train["id"].astype(str)) and not members & validation  # trained-on records only
 
     queries = tmp_path / "queries.jsonl"
     queries.write_text('{"text": "The striker scored twice in the final."}\n')
