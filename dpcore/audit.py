@@ -564,6 +564,9 @@ def prompt_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: 
     _check_disjoint(members, non_members)
     if spec.kind != "classification":
         raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
+    if len(members) < config.members:
+        raise ConfigError(f"audit_members: {config.members} members per trial but the prompt's mechanism read "
+                          f"{len(members)} private records; audit with fewer members per trial")
     rng = _rng(seed)
     candidates, out_demos = _candidates(rng, non_members, config)
     if len(candidates) < config.non_members:
