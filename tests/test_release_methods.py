@@ -169,17 +169,36 @@ def test_pate_student_prompt_is_audited_released_and_answers(pate_run, tiny_lm, 
     assert "no further privacy cost" in capsys.readouterr().err
 
 
-def test_a_seeded_pate_run_is_refused(tiny_lm, capsys):
+@pytest.fixture(scope="module")
+def seeded_pate_run(tiny_lm):
     from flows.cli import main
-    from flows.release import release
 
     share_tiny_model(tiny_lm)
     assert main(_pate_args("release-pate-seeded", "--seed", "7")) == 0
-    capsys.readouterr()
-    run = _latest_pate_run("release-pate-seeded")
+    return _latest_pate_run("release-pate-seeded")
+
+
+def test_a_seeded_pate_run_is_refused(seeded_pate_run):
+    from flows.release import release
+
     with pytest.raises(ReleaseRefusedError) as info:
-        release(run_id=run["run_id"], method="pate", audit_config=TINY_AUDIT)
+        release(run_id=seeded_pate_run["run_id"], method="pate", audit_config=TINY_AUDIT)
     assert "fixed seed" in str(info.value) and "no privacy-ledger entry" not in str(info.value)
+
+
+def test_the_teacher_contrast_is_refused_over_budget_before_any_teacher_prompt(seeded_pate_run, capsys):
+    from dpcore.ledger import Ledger
+    from flows.cli import main
+
+    book = Ledger()
+    book.set_budget("release-pate-seeded", 1000.0, 1e-2)  # finite: the infinite spend of real records exceeds it
+    before = len(book.entries("release-pate-seeded"))
+    capsys.readouterr()
+    code = main(["release", "--run", seeded_pate_run["run_id"], "--method", "pate", "--teacher-reference",
+                 "--audit-only", "--trials", "40", "--audit-members", "5", "--audit-reference-prompts", "2"])
+    assert code == 3 and "budget" in capsys.readouterr().err.lower()
+    assert len(book.entries("release-pate-seeded")) == before
+    assert not (Path(seeded_pate_run["run_dir"]) / gate.TEACHER_AUDIT_FILE).exists()
 
 
 def test_a_pate_run_without_its_ledger_entries_is_refused(pate_run):
@@ -274,6 +293,8 @@ def test_bad_release_requests_are_named(pate_run):
         release(run_id=pate_run["run_id"], method="dpsgd", audit_config=TINY_AUDIT)
     with pytest.raises(ConfigError, match="--repeat 5"):
         release(run_id=pate_run["run_id"], method="pate", repeat=5, audit_config=TINY_AUDIT)
+    with pytest.raises(ConfigError, match="audit_members: 500 members per trial but the prompt's mechanism read 30"):
+        release(run_id=pate_run["run_id"], method="pate", audit_config=AuditConfig(members=500, non_members=5))
 
 
 # --------------------------------------------------------------------------- privacy boundary
