@@ -323,7 +323,18 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     import pandas as pd
 
     _merge_rows(private / f"mia_scores_{method}.parquet", pd.concat(scores, ignore_index=True), artifact.name)
+    _reseal(artifact)
     return out
+
+
+def _reseal(artifact: gate.Artifact) -> None:
+    """The run folder's manifest extended to the audit tables just written, so an edited audit is caught by
+    the gate's tamper check; a folder with a file changed since its run is never re-sealed."""
+    if artifact.changed_files:
+        return
+    kept = json.loads((artifact.path / "manifest.json").read_text())
+    kept.pop("files", None)
+    write_manifest(artifact.path, extra=kept)
 
 
 def _charge_real_records(artifact: gate.Artifact) -> dict:

@@ -201,6 +201,29 @@ def test_the_teacher_contrast_is_refused_over_budget_before_any_teacher_prompt(s
     assert not (Path(seeded_pate_run["run_dir"]) / gate.TEACHER_AUDIT_FILE).exists()
 
 
+def test_an_edited_audit_table_is_refused(pate_run):
+    from dpcore.artifacts import write_table
+    from dpcore.ledger import Ledger
+    from flows.release import release
+
+    copy = Path(pate_run["run_dir"]).parent / "pate-edited-audit"
+    shutil.copytree(pate_run["run_dir"], copy)
+    private = next((home() / "private").rglob(f"*/{pate_run['run_id']}"))
+    shutil.copytree(private, private.parent / "pate-edited-audit")
+    for spend in pate_run["plan"]["plan"]["spends"]:  # its plan charged to the copy's run id
+        Ledger().charge("release-pate", pate_run["plan"]["data_hash"], "pate-edited-audit", spend["mechanism"],
+                        spend["noise_multiplier"], spend["sampling_rate"], spend["steps"],
+                        pate_run["plan"]["plan"]["delta"], spend["purpose"])
+    strict = AuditConfig(trials=40, members=5, non_members=5, reference_prompts=2)  # the default 0.05 band
+    release(run_id="pate-edited-audit", method="pate", audit_config=strict, audit_only=True)
+    assert gate.AUDIT_FILES["pate"] in json.loads((copy / "manifest.json").read_text())["files"]
+    audit = pd.read_parquet(copy / gate.AUDIT_FILES["pate"])
+    audit["passed"], audit["reasons"] = True, ""
+    write_table(audit, copy / gate.AUDIT_FILES["pate"])
+    with pytest.raises(ReleaseRefusedError, match="changed since the run finished: audit_pate.parquet"):
+        release(run_id="pate-edited-audit", method="pate", audit_config=strict)
+
+
 def test_a_pate_run_without_its_ledger_entries_is_refused(pate_run):
     from flows.release import release
 
