@@ -406,3 +406,13 @@ def test_a_non_private_trained_prompt_is_refused():
     failures = gate.release_failures(gate.artifact_evidence(
         artifact, PASSING_AUDIT.assign(artifact="dpsgd-epsinf-0"), []))
     assert any("epsilon = inf" in f for f in failures) and any("cross-check" in f for f in failures)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--audit-only"], "apply to --method pate or dpsgd"),
+    (["--method", "dpsgd", "--teacher-reference"], "PromptPATE's (--method pate)"),
+    (["--method", "pate", "--trials", "0"], "audit flags"),
+])
+def test_bad_release_flags_are_named(cli, flags, needle):
+    code, _, err = cli(["release", "--run", "any-run", *flags])
+    assert code == 2 and needle in err
