@@ -391,14 +391,30 @@ def plan_crosscheck(spends: tuple[dict, ...], delta: float) -> bool:
     return bool(composition.compose(events, delta).crosscheck_agreed)
 
 
+LEDGER_ENTRY_KEYS = ("id", "run_id", "purpose", "mechanism", "noise_multiplier", "sampling_rate", "steps", "delta",
+                     "created_at")
+
+
+def covering_entries(entries, artifact: Artifact) -> list:
+    """For every spend of the artifact's plan, a ledger entry of its run recording it (mechanism, sigma, q, T,
+    delta, purpose: `ledger_covers`), in plan order; empty when any spend is unrecorded."""
+    entries = list(entries)
+    found = []
+    for spend in artifact.spends:
+        row = {**spend, "delta": artifact.delta}
+        match = [e for e in entries if ledger_covers([e], artifact.run_id, row, purposes=(str(spend["purpose"]),))]
+        if not match:
+            return []
+        found.append(match[0])
+    return found
+
+
 def artifact_evidence(artifact: Artifact, audit: pd.DataFrame | None, entries) -> ReleaseEvidence:
     """The gate's evidence for one artifact: its audit row(s), every spend of its plan charged to its run,
     the cross-check on the plan's events, its seeded flag and sampler (DP-SGD: Poisson; PATE: none, q = 1)."""
     rows = audit[audit["artifact"] == artifact.name] if audit is not None and "artifact" in audit.columns else None
     ran, passed, reasons = audit_verdict(rows)
-    covered = bool(artifact.spends) and all(
-        ledger_covers(entries, artifact.run_id, {**s, "delta": artifact.delta}, purposes=(str(s["purpose"]),))
-        for s in artifact.spends)
+    covered = bool(covering_entries(entries, artifact))
     present = len(artifact.demos) if artifact.method == "pate" else int(bool(artifact.prompt_path
                                                                              and artifact.prompt_path.exists()))
     return ReleaseEvidence(
@@ -441,15 +457,17 @@ def teacher_prompts(train: pd.DataFrame, assignment: pd.DataFrame) -> list[pd.Da
 
 def artifact_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256: str, audit_summary: dict,
                       code_version: str, accountant_versions: dict, version: int, ledger_spend: dict | None,
-                      task_spec: dict) -> dict:
+                      task_spec: dict, ledger_entries: list | None = None) -> dict:
     """The release record of a PromptPATE student prompt or a PromptDPSGD trained prompt: its method,
-    guarantee (epsilon at delta of the plan the ledger charged, the spends), public parameters, the audit
-    verdict, the ledger's composed spend of the dataset and what the guarantee assumes."""
+    guarantee (epsilon at delta of the plan the ledger charged, the spends and the ledger entries recording
+    them), public parameters, the audit verdict, the ledger's composed spend of the dataset and what the
+    guarantee assumes."""
     manifest = {
         "release_version": version, "method": artifact.method, "run_id": artifact.run_id,
         "artifact_name": artifact.name, "dataset": artifact.info.get("dataset"), "dataset_id": artifact.dataset_id,
         "artifact": {"file": artifact_file, "sha256": artifact_sha256},
         "epsilon": artifact.epsilon, "delta": artifact.delta, "spends": [dict(s) for s in artifact.spends],
+        "ledger_entries": [{k: getattr(e, k) for k in LEDGER_ENTRY_KEYS} for e in ledger_entries or []],
         "parameters": dict(artifact.info.get("parameters") or {}), "model": artifact.info.get("model"),
         "accountant_versions": accountant_versions, "code_version": code_version, "audit": audit_summary,
         "ledger": ledger_spend, "assumptions": list(ARTIFACT_ASSUMPTIONS[artifact.method]), "task_spec": task_spec,

@@ -399,7 +399,8 @@ def register_artifact(run_id: str, method: str, epsilon: float | None = None, tr
         artifact, artifact_file=path.name, artifact_sha256=file_sha256(path), audit_summary=_audit_summary(audit_row),
         code_version=code_version(), accountant_versions=accountant_versions(), version=version,
         ledger_spend=_ledger_spend(Ledger(), artifact.dataset_id),
-        task_spec=load_task_spec(artifact.info["task_spec"]).model_dump(mode="json"))
+        task_spec=load_task_spec(artifact.info["task_spec"]).model_dump(mode="json"),
+        ledger_entries=gate.covering_entries(Ledger().entries_for_run(run_id), artifact))
     write_json_atomic(folder / "release.json", manifest)
     tags = {"dpicl_run_id": run_id, "method": method, "artifact": artifact.name,
             "epsilon": f"{artifact.epsilon:g}", "delta": str(artifact.delta), "dataset_id": artifact.dataset_id,

@@ -144,6 +144,8 @@ def test_pate_student_prompt_is_audited_released_and_answers(pate_run, tiny_lm, 
     manifest = json.loads((Path(result["release_dir"]) / "release.json").read_text())
     assert manifest["method"] == "pate" and manifest["audit"]["passed"] is True
     assert [s["purpose"] for s in manifest["spends"]] == ["pate", "pate"]
+    assert [(e["run_id"], e["purpose"], e["noise_multiplier"], e["steps"]) for e in manifest["ledger_entries"]] == [
+        (run_id, "pate", s["noise_multiplier"], s["steps"]) for s in manifest["spends"]]
     assert manifest["epsilon"] == pate_run["plan"]["plan"]["epsilon"] and manifest["delta"] > 0
     students = pd.read_parquet(Path(pate_run["run_dir"]) / "pate_students.parquet")
     queries = set(pd.read_parquet(Path(pate_run["run_dir"]) / "pate_queries.parquet")["text"])
