@@ -162,8 +162,9 @@ def _finish(thresholds: GateThresholds, scores: pd.DataFrame, *, confidence: flo
 
 
 def membership_scores(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], texts: Sequence[str],
-                      labels: Sequence[str], batch_size: int = 16) -> np.ndarray:
-    """Duan et al. Section 3: p(true label | prompt(demos), x), normalised over the task's labels."""
+                      labels: Sequence[str], batch_size: int = 16, past=None) -> np.ndarray:
+    """Duan et al. Section 3: p(true label | prompt(demos), x), normalised over the task's labels.
+    `past`: a trained prompt's cache before the prompt (PromptDPSGD, `icl.label_logprobs(past=...)`)."""
     label_names = spec.label_names
     index = {name: i for i, name in enumerate(label_names)}
     unknown = sorted(set(labels) - set(index))
@@ -172,7 +173,8 @@ def membership_scores(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], text
                                   f"{spec.name!r}")
     from dpcore.icl import label_logprobs, normalise_probs
 
-    probs = normalise_probs(label_logprobs(lm, spec, list(demos), list(texts), label_names, batch_size=batch_size))
+    probs = normalise_probs(label_logprobs(lm, spec, list(demos), list(texts), label_names, batch_size=batch_size,
+                                         past=past))
     return probs[np.arange(len(texts)), [index[label] for label in labels]]
 
 
@@ -223,8 +225,8 @@ def _out_rows(rng: np.random.Generator, pool: np.ndarray, count: int) -> np.ndar
 
 
 def _attack_scores(lm, spec: TaskSpec, prompt, texts: list[str], labels: list[str], refs,
-                   batch_size: int) -> dict[str, np.ndarray]:
-    target = mia_attacks.prompt_scores(lm, spec, prompt, texts, labels, batch_size=batch_size)
+                   batch_size: int, past=None) -> dict[str, np.ndarray]:
+    target = mia_attacks.prompt_scores(lm, spec, prompt, texts, labels, batch_size=batch_size, past=past)
     return mia_attacks.attack_scores(target, refs.zero, refs.out)
 
 
@@ -348,24 +350,37 @@ def _audit_prompt(lm, spec: TaskSpec, prompt, label: str, pools: _LabelPools, rn
     label_members, label_non_members, out_demos = pools.get(label)
     picks = list(zip(trial_samples(rng, len(label_members), config.members, config.trials),
                      trial_samples(rng, len(label_non_members), config.non_members, config.trials), strict=True))
+    return _scored_trials(lm, spec, prompt, label_members, label_non_members, out_demos, picks, config,
+                          setting=setting, epsilon=epsilon, demo_set=demo_set, batch_size=batch_size, cache=cache)
+
+
+def _scored_trials(lm, spec: TaskSpec, prompt, members: pd.DataFrame, non_members: pd.DataFrame, out_demos,
+                   picks, config: AuditConfig, *, setting: str, epsilon: float, demo_set: int, batch_size: int,
+                   cache: dict | None, past=None, first_trial: int | None = None) -> list[pd.DataFrame]:
+    """Trials (member rows, non-member rows) of `picks` against one fixed prompt (`prompt` demos after
+    `past`, a trained prompt's cache): each distinct record scored once with every attack, each record
+    with its own label."""
     m_unique = np.unique(np.concatenate([p[0] for p in picks]))
     n_unique = np.unique(np.concatenate([p[1] for p in picks]))
-    texts = (label_members["text"].astype(str).to_numpy()[m_unique].tolist()
-             + label_non_members["text"].astype(str).to_numpy()[n_unique].tolist())
+    texts = (members["text"].astype(str).to_numpy()[m_unique].tolist()
+             + non_members["text"].astype(str).to_numpy()[n_unique].tolist())
     texts = mia_attacks.truncate_texts(lm, texts, config.max_record_tokens)
-    ids = np.concatenate([label_members["id"].astype(str).to_numpy()[m_unique],
-                          label_non_members["id"].astype(str).to_numpy()[n_unique]])
-    query_labels = [label] * len(texts)
+    ids = np.concatenate([members["id"].astype(str).to_numpy()[m_unique],
+                          non_members["id"].astype(str).to_numpy()[n_unique]])
+    query_labels = (members["label"].astype(str).to_numpy()[m_unique].tolist()
+                    + non_members["label"].astype(str).to_numpy()[n_unique].tolist())
     refs = mia_attacks.reference_scores(lm, spec, texts, query_labels, out_demos, batch_size, cache)
-    scores = _attack_scores(lm, spec, prompt, texts, query_labels, refs, batch_size)
+    scores = _attack_scores(lm, spec, prompt, texts, query_labels, refs, batch_size, past=past)
     m_pos = {int(r): i for i, r in enumerate(m_unique)}
     n_pos = {int(r): len(m_unique) + i for i, r in enumerate(n_unique)}
     frames = []
     for trial, (m_rows, n_rows) in enumerate(picks):
         local = [m_pos[int(r)] for r in m_rows] + [n_pos[int(r)] for r in n_rows]
+        number = trial if first_trial is None else first_trial + trial
+        overall = demo_set * config.trials + trial if first_trial is None else number
         frames.append(_trial_frame({name: values[local] for name, values in scores.items()}, ids[local],
-                                   len(m_rows), setting=setting, epsilon=epsilon, demo_set=demo_set, trial=trial,
-                                   global_trial=demo_set * config.trials + trial))
+                                   len(m_rows), setting=setting, epsilon=epsilon, demo_set=demo_set, trial=number,
+                                   global_trial=overall))
     return frames
 
 
@@ -506,6 +521,119 @@ def demos_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: p
         max_overlap_tokens=max_overlap, overlapping_records=overlapping,
         overlap_threshold=config.overlap_threshold, crosscheck_agreed=crosscheck_agreed, model=lm.name,
         dataset=spec.name, seconds=time.perf_counter() - began, overlap_tokenizer="model",
+    )
+
+
+def _check_disjoint(members: pd.DataFrame, non_members: pd.DataFrame) -> None:
+    shared = set(members["id"].astype(str)) & set(non_members["id"].astype(str))
+    if shared:
+        raise DataValidationError(f"audit: {len(shared)} record id(s) are both members and non-members")
+
+
+def _candidates(rng, non_members: pd.DataFrame, config: AuditConfig) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """(the non-member candidates, the LiRA OUT prompts): `config.reference_prompts` non-members kept out of
+    the candidates as 1-shot OUT prompts (fewer than 2: no LiRA)."""
+    reserve = config.reference_prompts if config.reference_prompts >= 2 else 0
+    rows = np.arange(len(non_members))
+    out = _out_rows(rng, rows, max(0, min(reserve, len(rows) - config.non_members)))
+    out_demos = [(str(t), str(y)) for t, y in zip(non_members["text"].to_numpy()[out],
+                                                  non_members["label"].to_numpy()[out], strict=True)]
+    return non_members.iloc[np.setdiff1d(rows, out)].reset_index(drop=True), out_demos
+
+
+def prompt_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: pd.DataFrame,
+                 non_members: pd.DataFrame, config: AuditConfig, seed=None, *, setting: str, epsilon: float,
+                 noise_multiplier: float | None, delta: float, crosscheck_agreed: bool | None, past=None,
+                 thresholds: GateThresholds | None = None, batch_size: int = 16, cache: dict | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> AuditResult:
+    """The membership audit of one released prompt (Duan et al. Section 3's attack and the others of
+    `dpcore.mia_attacks`): PromptPATE's student prompt (`demos`: public queries with noisy labels) or a
+    PromptDPSGD trained prompt (`past`: its cache, `soft_prompt.TrainablePrompt.cache_layers`; `demos`
+    usually empty).
+
+    `members`: the private records the prompt's mechanism read (the teachers' records; the DP-SGD
+    training records); `non_members`: records it never read (held-out test records), disjoint from
+    the members (checked). `config.trials` trials each draw `config.members` members and
+    `config.non_members` non-members over all labels (disjoint across trials when the pools allow;
+    each record scored with its own label), every attack, AUC per trial, averaged. The LiRA OUT
+    prompts are 1-shot prompts of `config.reference_prompts` non-members kept out of the candidates.
+    The verbatim check runs on the prompt's demonstrations against the members."""
+    began = time.perf_counter()
+    _check_split(members, "members")
+    _check_split(non_members, "non_members")
+    _check_disjoint(members, non_members)
+    if spec.kind != "classification":
+        raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
+    if len(members) < config.members:
+        raise ConfigError(f"audit_members: {config.members} members per trial but the prompt's mechanism read "
+                          f"{len(members)} private records; audit with fewer members per trial")
+    rng = _rng(seed)
+    candidates, out_demos = _candidates(rng, non_members, config)
+    if len(candidates) < config.non_members:
+        raise ConfigError(f"audit_members: {config.non_members} non-members per trial but only {len(candidates)} "
+                          "held-out records (after the LiRA OUT prompts)")
+    picks = list(zip(trial_samples(rng, len(members), config.members, config.trials),
+                     trial_samples(rng, len(candidates), config.non_members, config.trials), strict=True))
+    if progress is not None:
+        progress(0, 1)
+    prompt = [(str(t), str(y)) for t, y in demos]
+    frames = _scored_trials(lm, spec, prompt, members, candidates, out_demos, picks, config, setting=setting,
+                            epsilon=float(epsilon), demo_set=0, batch_size=batch_size, cache=cache, past=past)
+    overlap = verbatim_overlap([t for t, _ in prompt], members["text"].astype(str).tolist(),
+                               threshold=config.overlap_threshold, tokenize=model_tokenize(lm))
+    return _finish(
+        thresholds or GateThresholds.from_config(config), pd.concat(frames, ignore_index=True),
+        confidence=config.confidence, delta=delta, members_per_trial=config.members,
+        non_members_per_trial=config.non_members, setting=setting, epsilon=float(epsilon),
+        noise_multiplier=noise_multiplier, demo_sets=1, max_overlap_tokens=overlap.max_overlap,
+        overlapping_records=overlap.overlapping_records, overlap_threshold=config.overlap_threshold,
+        crosscheck_agreed=crosscheck_agreed, model=lm.name, dataset=spec.name, seconds=time.perf_counter() - began,
+        overlap_tokenizer=overlap.tokenizer,
+    )
+
+
+def teacher_audit(lm, spec: TaskSpec, teachers: Sequence[pd.DataFrame], non_members: pd.DataFrame,
+                  config: AuditConfig, seed=None, *, delta: float, thresholds: GateThresholds | None = None,
+                  batch_size: int = 16, cache: dict | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> AuditResult:
+    """The non-private contrast of a PromptPATE audit: single teachers' prompts (real private records,
+    Duan et al. Section 3's leaky setting). Trial t attacks teacher t's prompt (its k records as the
+    demonstrations, in order): its k records are the members, `config.non_members` held-out records
+    the non-members; up to `config.trials` teachers. Leaky by design: its gate fails (no accountant,
+    verbatim copies)."""
+    began = time.perf_counter()
+    if not teachers:
+        raise ConfigError("audit: no teacher prompt to audit")
+    for frame in teachers:
+        _check_split(frame, "teacher")
+        _check_disjoint(frame, non_members)
+    _check_split(non_members, "non_members")
+    if spec.kind != "classification":
+        raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
+    rng = _rng(seed)
+    candidates, out_demos = _candidates(rng, non_members, config)
+    chosen = [teachers[i] for i in np.sort(rng.permutation(len(teachers))[:config.trials])]
+    n_picks = trial_samples(rng, len(candidates), config.non_members, len(chosen))
+    frames, demos = [], []
+    for trial, (teacher, n_rows) in enumerate(zip(chosen, n_picks, strict=True)):
+        if progress is not None:
+            progress(trial, len(chosen))
+        prompt = [(str(t), str(y)) for t, y in zip(teacher["text"], teacher["label"], strict=True)]
+        demos += prompt
+        frames += _scored_trials(lm, spec, prompt, teacher.reset_index(drop=True), candidates, out_demos,
+                                 [(np.arange(len(teacher)), n_rows)], config, setting="non-private",
+                                 epsilon=math.inf, demo_set=-1, batch_size=batch_size, cache=cache,
+                                 first_trial=trial)
+    members = pd.concat(chosen, ignore_index=True)
+    overlap = verbatim_overlap([t for t, _ in demos], members["text"].astype(str).tolist(),
+                               threshold=config.overlap_threshold, tokenize=model_tokenize(lm))
+    return _finish(
+        thresholds or GateThresholds.from_config(config), pd.concat(frames, ignore_index=True),
+        confidence=config.confidence, delta=delta, members_per_trial=int(max(len(t) for t in chosen)),
+        non_members_per_trial=config.non_members, setting="non-private", epsilon=math.inf, noise_multiplier=None,
+        demo_sets=0, max_overlap_tokens=overlap.max_overlap, overlapping_records=overlap.overlapping_records,
+        overlap_threshold=config.overlap_threshold, crosscheck_agreed=None, model=lm.name, dataset=spec.name,
+        seconds=time.perf_counter() - began, overlap_tokenizer=overlap.tokenizer,
     )
 
 

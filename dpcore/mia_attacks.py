@@ -94,7 +94,7 @@ def _encode_with_span(lm, prompt: str, start: int, end: int) -> tuple[list[int],
 
 
 def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[str], labels: Sequence[str],
-                  batch_size: int = 16) -> PromptScores:
+                  batch_size: int = 16, past=None) -> PromptScores:
     """Label and text log-probabilities of each record (x, y) under the prompt `demos`: one pass.
 
     The prompt's shared prefix (instruction + demonstrations) runs once (`dpcore.prefix_cache.PrefixCache`),
@@ -102,7 +102,9 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
     inside the batch. Per batch, the query tokens run once with logits at every position:
     the record's tokens give the text log-probability, the last position the first token of
     every label; labels of several tokens continue from the cache (as `icl.label_logprobs`,
-    whose scores these equal).
+    whose scores these equal). `past`: a trained prompt's per-layer cache
+    (`dpcore.soft_prompt.TrainablePrompt.cache_layers`) before the text prompt, as in
+    `icl.label_logprobs(past=...)`: the scores of a PromptDPSGD prompt.
     """
     from dpcore.icl import label_token_ids
     from dpcore.prefix_cache import PrefixCache, common_prefix_length
@@ -123,7 +125,7 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
     contexts = [e[0] for e in encoded]
     shared = common_prefix_length(contexts, reserve=1)
     shared = max(0, min([shared] + [e[1] - 1 for e in encoded]))
-    prefix = PrefixCache(lm, contexts[0][:shared])
+    prefix = PrefixCache(lm, contexts[0][:shared], past=past)
     first = torch.as_tensor([ids[0] for ids in label_ids], dtype=torch.long, device=lm.device)
     multi = [j for j, ids in enumerate(label_ids) if len(ids) > 1]
     label_lp = np.zeros((n, len(label_names)))

@@ -32,3 +32,17 @@ def answer(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], queries: Sequen
         probs = icl.calibrate_probs(probs, content_free)
     return [{"prediction": labels[int(row.argmax())], "probabilities": dict(zip(labels, map(float, row), strict=True))}
             for row in probs]
+
+
+def trained_prompt_cache(lm, prompt_path, weights_sha256: str, trained_on: str):
+    """The cache of a PromptDPSGD trained prompt (`soft_prompt.load_prompt(...).cache_layers(lm)`), refused
+    unless `lm` holds the weights it was trained on (`soft_prompt.weights_hash`): a trained prompt means
+    nothing on another model."""
+    from dpcore.errors import ConfigError
+    from dpcore.soft_prompt import load_prompt, weights_hash
+
+    if weights_hash(lm.model) != weights_sha256:
+        raise ConfigError(f"model {lm.name!r}: a PromptDPSGD prompt answers only on the model it was trained on "
+                          f"({trained_on}, weight sha256 {weights_sha256[:12]}...)")
+    prompt, _ = load_prompt(prompt_path, lm.device)
+    return prompt.cache_layers(lm)

@@ -157,6 +157,12 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     results = pd.DataFrame(rows, columns=pate_stage.RESULT_COLUMNS)
     results_path = write_table(results, paths.public / "pate_results.parquet")
     seeded = bool(teachers["seeded_noise"] or aggregate["seeded_noise"])
+    from tasks.release import seal_pate_run  # the plan and seeded flag `dpicl release --method pate` reads
+
+    seal_pate_run(paths.public, plan=plans[0].to_dict(), run_id=run_id, dataset=config.dataset,
+                  dataset_id=config.ledger_id, data_hash=ingested["data_hash"], model=config.model,
+                  task_spec=ingested["task_spec"], seeded_noise=seeded,
+                  best_repeat=max(students, key=lambda s: s["validation_accuracy"])["repeat"] if students else None)
     recorded = pate_stage.record_pate(flat_config=config.flat(), results_path=str(results_path),
                                       parameters=dict(plans[0].parameters), info={
                                           "run_id": run_id, "dataset": config.dataset,

@@ -1,7 +1,9 @@
-"""Audited release: gate a finished run, then register its DP demonstrations as `production`.
+"""Audited release: gate a finished run, then register its DP artifact as `production`.
 
-    release gate (audit passed, no seeded noise, ledger entry, cross-check agreed)
-      -> release folder + manifest -> MLflow registry version, alias moved
+    DP few-shot demos (tang):    release gate (the run's audit passed, no seeded noise, ledger entry,
+                                 cross-check agreed) -> release folder + manifest -> MLflow registry version
+    PromptPATE student prompt /  membership-inference audit of the artifact (and, opt-in, the single-teacher
+    PromptDPSGD trained prompt:  contrast) -> the same gate -> release folder + manifest -> registry version
 
 A refused release raises `ReleaseRefusedError` listing every failed condition.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 from prefect import flow
 from prefect.states import Failed
 
+from dpcore.config import AuditConfig
 from dpcore.errors import ReleaseRefusedError
 from tasks import release as release_stage
 
@@ -18,21 +21,40 @@ REFUSED = "Refused"
 
 
 @flow(name="audited-release", retries=0, persist_result=False,
-      description="Release a run's DP demonstrations after the membership-inference audit gate.")
-def audited_release(run_id: str, epsilon: float | None = None, alias: str = release_stage.DEFAULT_ALIAS):
-    """Release run `run_id` (its smallest DP epsilon unless `epsilon` is given) under `alias`.
+      description="Release a run's DP demonstrations, PromptPATE student prompt or PromptDPSGD prompt after the "
+                  "membership-inference audit gate.")
+def audited_release(run_id: str, epsilon: float | None = None, alias: str = release_stage.DEFAULT_ALIAS,
+                    method: str = "tang", audit_config: AuditConfig | None = None, teacher_reference: bool = False,
+                    audit_only: bool = False, training: int = 0, repeat: int | None = None,
+                    device: str = "auto", dtype: str = "auto"):
+    """Release run `run_id` under `alias`: `method` tang (its smallest DP epsilon unless `epsilon` is given),
+    pate (the student prompt of `repeat`, default the run's chosen one) or dpsgd (the prompt of `epsilon`,
+    default the smallest, and `training`). For pate and dpsgd the artifact's audit runs first
+    (`audit_only`: and nothing more; the flow returns the audit).
 
     A refusal ends the flow run Failed, in a state named "Refused" whose message
     lists the gate's reasons (shown in the UI), with no stored result to clutter the artifacts."""
-    checked = release_stage.check_gate(run_id, epsilon)
+    if method == "tang":
+        checked = release_stage.check_gate(run_id, epsilon)
+        if checked["refused"]:
+            return Failed(name=REFUSED, message=checked["refused"])
+        return release_stage.register(run_id, checked["epsilon"], alias)
+    selector = dict(epsilon=epsilon, training=training, repeat=repeat)
+    audited = release_stage.audit_artifact(run_id, method, audit_config or AuditConfig(), **selector,
+                                           teacher_reference=teacher_reference, device=device, dtype=dtype)
+    if audit_only:
+        return {"run_id": run_id, "method": method, **audited}
+    checked = release_stage.check_artifact_gate(run_id, method, **selector)
     if checked["refused"]:
         return Failed(name=REFUSED, message=checked["refused"])
-    return release_stage.register(run_id, checked["epsilon"], alias)
+    return {**release_stage.register_artifact(run_id, method, **selector, alias=alias),
+            **({"teacher_reference": audited["teacher_reference"]} if "teacher_reference" in audited else {})}
 
 
-def release(run_id: str, epsilon: float | None = None, alias: str = release_stage.DEFAULT_ALIAS) -> dict:
+def release(run_id: str, epsilon: float | None = None, alias: str = release_stage.DEFAULT_ALIAS,
+            method: str = "tang", **options) -> dict:
     """Run the release flow; a refusal raises `ReleaseRefusedError` listing every failed condition."""
-    state = audited_release(run_id=run_id, epsilon=epsilon, alias=alias, return_state=True)
+    state = audited_release(run_id=run_id, epsilon=epsilon, alias=alias, method=method, return_state=True, **options)
     if state.name == REFUSED:
         raise ReleaseRefusedError(state.message or f"release of run {run_id} refused")
     return state.result()

@@ -208,13 +208,13 @@ def audit(
         "mia_scores_path": str(write_table(scores, private_out / "mia_scores.parquet")),
         "audit_path": str(write_table(table, out / "audit.parquet")),
         "roc_path": str(roc_plot(results, out / "roc.png", title=title)) if results else None,
-        "summary": [_public_summary(r) for r in results],
+        "summary": [public_summary(r) for r in results],
     }
     if reference is not None:
         result["reference_roc_path"] = str(roc_plot(results + [reference], private_out / "roc_reference.png",
                                                     title=title))
         result["reference_path"] = str(write_table(reference.audit_frame(), out / "audit_reference.parquet"))
-        result["reference"] = _public_summary(reference)
+        result["reference"] = public_summary(reference)
     return result
 
 
@@ -225,7 +225,7 @@ def _log_result(logger, eps: float, result) -> None:
                 result.max_overlap_tokens, "passed" if result.passed else "FAILED")
 
 
-def _public_summary(result) -> dict:
+def public_summary(result) -> dict:
     summary = result.summary()
     return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in summary.items()
             if k in ("setting", "epsilon", "noise_multiplier", "attack", "attacks", "auc", "auc_ci", "tpr_at_1pct_fpr",

@@ -1,9 +1,19 @@
 """Release stage: the audit gate over a finished run, the release manifest, and the MLflow registry.
 
-Thin wrappers: the gate conditions live in `dpcore.release`; this module reads the ledger,
-writes the release folder `$DPICL_HOME/releases/<dataset-id>/v<N>/` (demos + `release.json`)
-and registers it as a new version of the registered model `dpicl-<dataset-id>` with the
-alias `production` (earlier versions are kept; the alias moves).
+Thin wrappers: the gate conditions live in `dpcore.release`, the audits in `dpcore.audit`; this
+module reads the ledger, writes the release folder `$DPICL_HOME/releases/<dataset-id>/v<N>/`
+(`release.json` and the artifact: `demos.parquet` for DP few-shot demos and PromptPATE's student
+prompt, `prompt.safetensors` for a PromptDPSGD prompt) and registers it as a new version of the
+registered model `dpicl-<dataset-id>` with the alias `production` (earlier versions are kept; the
+alias moves).
+
+`audit_artifact` is the membership-inference audit of a PromptPATE student prompt or a PromptDPSGD
+trained prompt (`dpcore.audit.prompt_audit`): members are the private records the mechanism read,
+non-members the held-out test records; nothing is generated and nothing is charged (like the
+run-demos audit). The opt-in single-teacher contrast (`dpcore.audit.teacher_audit`) puts real
+records in prompts: it is charged first as an infinite spend (`tasks.charge.real_records_spend`,
+like the non-private audit reference). Public: `audit_<method>.parquet` (one row per audited
+artifact) and `audit_pate_teacher.parquet`; private: `mia_scores_<method>.parquet`.
 """
 
 from __future__ import annotations
@@ -15,10 +25,10 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from dpcore import release as gate
-from dpcore.artifacts import file_sha256, write_json_atomic, write_table
+from dpcore.artifacts import file_sha256, read_table, write_json_atomic, write_manifest, write_table
 from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, subdir
-from tasks.common import code_version, safe_name
+from tasks.common import code_version, derive_seed, language_model, report_progress, safe_name
 from tasks.tracking import mlflow_client
 
 DEFAULT_ALIAS = "production"
@@ -60,6 +70,25 @@ def check_gate(run_id: str, epsilon: float | None = None) -> dict:
     return {"run_id": run_id, "epsilon": chosen, "run_dir": str(run.path), "refused": refused}
 
 
+def _registry_version(client, dataset_id: str) -> tuple[str, int]:
+    """(registered model name, the next version number); the registered model is created on first use."""
+    name = registered_model_name(dataset_id)
+    try:
+        client.get_registered_model(name)
+    except Exception:
+        client.create_registered_model(name, description=f"dpicl DP prompts of dataset {dataset_id}")
+    return name, 1 + max((int(v.version) for v in client.search_model_versions(f"name = '{name}'")), default=0)
+
+
+def _publish(client, name: str, folder: Path, run_id: str, tags: dict, description: str, alias: str) -> int:
+    """A registry version pointing at the release folder, the alias moved to it."""
+    model_version = client.create_model_version(name, source=folder.as_uri(), run_id=_mlflow_parent_run(client, run_id),
+                                                tags=tags, description=description)
+    client.set_registered_model_alias(name, alias, model_version.version)
+    get_run_logger().info("released run %s as %s version %s (alias %s)", run_id, name, model_version.version, alias)
+    return int(model_version.version)
+
+
 @task(name="release-register", retries=1)
 def register(run_id: str, epsilon: float, alias: str = DEFAULT_ALIAS) -> dict:
     """Write the release folder and manifest, register it in MLflow, move the alias to it."""
@@ -76,17 +105,10 @@ def register(run_id: str, epsilon: float, alias: str = DEFAULT_ALIAS) -> dict:
                        for k, v in (calibration.iloc[0].to_dict() if len(calibration) else {}).items()}
     audit_summary = {}
     if run.audit is not None and len(run.audit):
-        row = run.audit.iloc[0].to_dict()
-        audit_summary = {k: row.get(k) for k in ("auc", "auc_ci_low", "auc_ci_high", "tpr_at_1pct_fpr",
-                                                 "epsilon_lower_bound", "max_overlap_tokens", "passed")}
+        audit_summary = _audit_summary(run.audit.iloc[0].to_dict())
 
     client = mlflow_client()
-    name = registered_model_name(dataset_id)
-    try:
-        client.get_registered_model(name)
-    except Exception:
-        client.create_registered_model(name, description=f"dpicl DP demonstrations of dataset {dataset_id}")
-    version = 1 + max((int(v.version) for v in client.search_model_versions(f"name = '{name}'")), default=0)
+    name, version = _registry_version(client, dataset_id)
     folder = subdir("releases") / safe_name(dataset_id) / f"v{version}"
     demos_path = write_table(demos, folder / "demos.parquet")
     from dpcore.taskspec import load_task_spec
@@ -98,20 +120,25 @@ def register(run_id: str, epsilon: float, alias: str = DEFAULT_ALIAS) -> dict:
         code_version=code_version(), accountant_versions=accountant_versions(), version=version,
         ledger_spend=_ledger_spend(Ledger(), dataset_id),
     )
+    manifest["method"] = "tang"
     manifest["task_spec"] = spec.model_dump(mode="json")
     write_json_atomic(folder / "release.json", manifest)
-    tags = {"dpicl_run_id": run_id, "epsilon": f"{epsilon:g}", "delta": str(calibration_row.get("delta")),
-            "dataset_id": dataset_id, "demos_sha256": manifest["demos_sha256"], "model": manifest["model"],
+    tags = {"dpicl_run_id": run_id, "method": "tang", "epsilon": f"{epsilon:g}",
+            "delta": str(calibration_row.get("delta")), "dataset_id": dataset_id,
+            "demos_sha256": manifest["demos_sha256"], "model": manifest["model"],
             "code_version": manifest["code_version"]}
-    model_version = client.create_model_version(
-        name, source=folder.as_uri(), run_id=_mlflow_parent_run(client, run_id), tags=tags,
-        description=f"run {run_id}, epsilon {epsilon:g}",
-    )
-    client.set_registered_model_alias(name, alias, model_version.version)
-    get_run_logger().info("released run %s as %s version %s (alias %s)", run_id, name, model_version.version, alias)
-    return {"registered_model": name, "version": int(model_version.version), "alias": alias,
+    number = _publish(client, name, folder, run_id, tags, f"run {run_id}, epsilon {epsilon:g}", alias)
+    return {"registered_model": name, "version": number, "alias": alias, "method": "tang",
             "release_dir": str(folder), "demos_sha256": manifest["demos_sha256"], "epsilon": epsilon,
             "delta": calibration_row.get("delta"), "run_id": run_id}
+
+
+AUDIT_SUMMARY_KEYS = ("auc", "auc_ci_low", "auc_ci_high", "tpr_at_1pct_fpr", "epsilon_lower_bound",
+                      "max_overlap_tokens", "passed")
+
+
+def _audit_summary(row: dict) -> dict:
+    return {k: row.get(k) for k in AUDIT_SUMMARY_KEYS}
 
 
 def _ledger_spend(book, dataset_id: str) -> dict:
@@ -162,6 +189,225 @@ def load_release(alias_or_version: str = DEFAULT_ALIAS, dataset_id: str | None =
                           f"({', '.join(v.name for v in found)}); pass --dataset-id")
     folder = Path(found[0].source.removeprefix("file://"))
     manifest = json.loads((folder / "release.json").read_text())
-    if file_sha256(folder / "demos.parquet") != manifest["demos_sha256"]:
-        raise ConfigError(f"release {found[0].name} v{found[0].version}: demos.parquet does not match its manifest")
-    return manifest
+    artifact = manifest.get("artifact") or {"file": "demos.parquet", "sha256": manifest["demos_sha256"]}
+    if file_sha256(folder / artifact["file"]) != artifact["sha256"]:
+        raise ConfigError(f"release {found[0].name} v{found[0].version}: {artifact['file']} does not match its "
+                          "manifest")
+    return {**manifest, "release_dir": str(folder)}
+
+
+# --------------------------------------------------------------------------- PromptPATE and PromptDPSGD artifacts
+
+
+def seal_pate_run(public_dir, *, plan: dict, run_id: str, dataset: str, dataset_id: str, data_hash: str, model: str,
+                  task_spec: str, seeded_noise: bool, best_repeat: int | None) -> None:
+    """A finished PromptPATE run's public `pate_plan.json` (its plan as charged, ledger id, seeded flag and the
+    chosen student repeat: what `dpicl release --method pate` reads) and the folder's `manifest.json`."""
+    public = Path(public_dir)
+    write_json_atomic(public / gate.PATE_PLAN_FILE, {
+        "method": "pate", "run_id": run_id, "dataset": dataset, "dataset_id": dataset_id, "data_hash": data_hash,
+        "model": model, "task_spec": task_spec, "seeded_noise": bool(seeded_noise), "best_repeat": best_repeat,
+        "plan": plan})
+    write_manifest(public, extra={"run_id": run_id, "dataset": dataset, "data_hash": data_hash, "model": model,
+                                  "method": "pate", "seeded_noise": bool(seeded_noise), "code_version": code_version()})
+
+
+def load_artifact(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
+                  repeat: int | None = None) -> gate.Artifact:
+    """The PromptPATE student prompt or PromptDPSGD trained prompt of a finished run (public files only)."""
+    if method == "pate":
+        if epsilon is not None:
+            raise ConfigError("--epsilon: a PromptPATE run has one student prompt per repeat (its epsilon is the "
+                              "plan's); use --repeat")
+        return gate.load_pate_artifact(run_id, dpicl_home(), repeat)
+    if method == "dpsgd":
+        return gate.load_dpsgd_artifact(run_id, dpicl_home(), epsilon, training)
+    raise ConfigError(f"--method: one of {', '.join(gate.METHODS)}, got {method!r}")
+
+
+def _private_folder(artifact: gate.Artifact) -> Path:
+    """The run's private folder (`$DPICL_HOME/private/runs/<same path as the public one>`)."""
+    from dpcore.home import private_dir
+
+    return private_dir() / artifact.path.relative_to(dpicl_home())
+
+
+def _merge_rows(path: Path, frame, name: str):
+    """`frame` (rows of artifact `name`) in the table at `path`, replacing that artifact's earlier rows."""
+    import pandas as pd
+
+    if path.exists():
+        kept = read_table(path)
+        kept = kept[kept["artifact"] != name] if "artifact" in kept.columns else kept[:0]
+        frame = pd.concat([kept, frame], ignore_index=True)
+    return write_table(frame, path)
+
+
+@task(name="release-audit", tags=["gpu"], retries=0, persist_result=False)
+def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None = None, training: int = 0,
+                   repeat: int | None = None, teacher_reference: bool = False, device: str = "auto",
+                   dtype: str = "auto", seed: int | None = None) -> dict:
+    """The membership-inference audit of a PromptPATE student prompt or a PromptDPSGD trained prompt (and,
+    when asked, of single PromptPATE teachers: non-private, charged as an infinite spend first). An audit
+    row of the same artifact under the same audit configuration is reused. Returns public summaries."""
+    from dpcore import audit as mia
+    from dpcore.audit_gate import GateThresholds
+    from dpcore.taskspec import load_task_spec
+    from tasks.audit import public_summary
+
+    artifact = load_artifact(run_id, method, epsilon, training, repeat)
+    if method == "pate" and not artifact.demos:
+        raise ConfigError(f"run {run_id}: {gate.NOTHING_RELEASABLE['pate']}")
+    private = _private_folder(artifact)
+    records_path = private / "records.parquet"
+    assignment_path = private / "teacher_assignments.parquet"
+    for needed in [records_path] + ([assignment_path] if method == "pate" else []):
+        if not needed.exists():
+            raise ConfigError(f"run {run_id}: {needed} is missing (the audit needs the run's private records)")
+    audit_path = artifact.path / gate.AUDIT_FILES[method]
+    teacher_path = artifact.path / gate.TEACHER_AUDIT_FILE
+    key = audit_config.model_dump_json()
+    done = read_table(audit_path) if audit_path.exists() else None
+    if (done is not None and ((done["artifact"] == artifact.name) & (done["audit_config"] == key)).any()
+            and (not teacher_reference or teacher_path.exists())):
+        row = done[(done["artifact"] == artifact.name) & (done["audit_config"] == key)].iloc[-1]
+        out = {"artifact": artifact.name, "reused": True, "audit": json.loads(row["summary"])}
+        if teacher_reference:
+            out["teacher_reference"] = json.loads(read_table(teacher_path).iloc[-1]["summary"])
+        return out
+    lm = language_model(artifact.info["model"], device, dtype)
+    past = None
+    if method == "dpsgd":
+        from dpcore.predict import trained_prompt_cache
+
+        past = trained_prompt_cache(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
+                                    artifact.info["model"])
+    logger = get_run_logger()
+    records = read_table(records_path)
+    train = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
+    held_out = records[records["split"] == "test"][["id", "text", "label"]].reset_index(drop=True)
+    assignment = read_table(assignment_path) if method == "pate" else None
+    members = gate.audit_members(artifact, train, assignment["id"].astype(str).tolist() if assignment is not None
+                                 else None)
+    spec = load_task_spec(artifact.info["task_spec"])
+    split_seed = derive_seed(seed if seed is not None else int(str(artifact.info["data_hash"])[:15], 16),
+                             "release-audit")
+    thresholds = GateThresholds.from_config(audit_config)
+    noise = artifact.spends[0]["noise_multiplier"] if method == "dpsgd" else None
+    result = mia.prompt_audit(
+        lm, spec, list(artifact.demos), members, held_out, audit_config, seed=split_seed, setting="dp",
+        epsilon=artifact.epsilon, noise_multiplier=None if noise is None else float(noise), delta=artifact.delta,
+        crosscheck_agreed=gate.plan_crosscheck(artifact.spends, artifact.delta), past=past, thresholds=thresholds,
+        progress=lambda done, total: report_progress(f"audit {artifact.name}", done, total))
+    logger.info("audit of %s %s: AUC %.3f (%s attack), %s", method, artifact.name, result.auc, result.attack,
+                "passed" if result.passed else "FAILED")
+    results = [result]
+    out = {"artifact": artifact.name, "reused": False, "audit": public_summary(result)}
+    frame = result.audit_frame().assign(artifact=artifact.name, method=method, audit_config=key,
+                                        summary=json.dumps(out["audit"]))
+    _merge_rows(audit_path, frame, artifact.name)
+    if teacher_reference and method == "pate":
+        _charge_real_records(artifact)  # real records in prompts: charged before any teacher prompt is built
+        reference = mia.teacher_audit(lm, spec, gate.teacher_prompts(train, assignment), held_out, audit_config,
+                                      seed=derive_seed(split_seed, "teachers"), delta=artifact.delta,
+                                      thresholds=thresholds,
+                                      progress=lambda done, total: report_progress("audit single teachers", done,
+                                                                                   total))
+        logger.info("non-private contrast (single teachers' prompts): AUC %.3f (%s attack)", reference.auc,
+                    reference.attack)
+        results.append(reference)
+        out["teacher_reference"] = public_summary(reference)
+        write_table(reference.audit_frame().assign(artifact="teacher", method=method, audit_config=key,
+                                                   summary=json.dumps(out["teacher_reference"])), teacher_path)
+    scores = [r.mia_scores.assign(artifact=artifact.name if r is result else "teacher") for r in results]
+    import pandas as pd
+
+    _merge_rows(private / f"mia_scores_{method}.parquet", pd.concat(scores, ignore_index=True), artifact.name)
+    _reseal(artifact)
+    return out
+
+
+def _reseal(artifact: gate.Artifact) -> None:
+    """The run folder's manifest extended to the audit tables just written, so an edited audit is caught by
+    the gate's tamper check; a folder with a file changed since its run is never re-sealed."""
+    if artifact.changed_files:
+        return
+    kept = json.loads((artifact.path / "manifest.json").read_text())
+    kept.pop("files", None)
+    write_manifest(artifact.path, extra=kept)
+
+
+def _charge_real_records(artifact: gate.Artifact) -> dict:
+    """The single-teacher contrast's infinite spend (real records in prompts), one transaction, under the run id."""
+    from dpcore.config import RunConfig
+    from tasks.charge import AUDIT_REFERENCE, charge_spends, real_records_spend
+
+    config = RunConfig(dataset=str(artifact.info.get("dataset") or artifact.dataset_id), dataset_id=artifact.dataset_id)
+    request = real_records_spend(config, str(artifact.info["data_hash"]), artifact.run_id, artifact.delta)
+    return charge_spends(artifact.dataset_id, [(AUDIT_REFERENCE, math.inf, request)])
+
+
+@task(name="release-gate-artifact", retries=0)
+def check_artifact_gate(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
+                        repeat: int | None = None) -> dict:
+    """Every release condition of a PromptPATE or PromptDPSGD artifact (`refused`: every failing one, or None)."""
+    from dpcore.ledger import Ledger
+
+    artifact = load_artifact(run_id, method, epsilon, training, repeat)
+    audit_path = artifact.path / gate.AUDIT_FILES[method]
+    evidence = gate.artifact_evidence(artifact, read_table(audit_path) if audit_path.exists() else None,
+                                      Ledger().entries_for_run(run_id))
+    failures = gate.release_failures(evidence)
+    if artifact.changed_files:
+        failures.append(f"run files changed since the run finished: {', '.join(artifact.changed_files)}")
+    refused = (f"release of run {run_id} ({method} {artifact.name}, epsilon {artifact.epsilon:g}) refused:\n"
+               + "\n".join(f"- {line}" for line in failures) if failures else None)
+    if refused is None:
+        get_run_logger().info("release gate passed for run %s (%s %s)", run_id, method, artifact.name)
+    return {"run_id": run_id, "method": method, "artifact": artifact.name, "epsilon": artifact.epsilon,
+            "run_dir": str(artifact.path), "refused": refused}
+
+
+@task(name="release-register-artifact", retries=1)
+def register_artifact(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
+                      repeat: int | None = None, alias: str = DEFAULT_ALIAS) -> dict:
+    """Write the release folder (the student prompt as `demos.parquet`, or the trained prompt as
+    `prompt.safetensors` + `prompt.json`) and `release.json`, register it, move the alias."""
+    import shutil
+
+    import pandas as pd
+
+    from dpcore.accounting import accountant_versions
+    from dpcore.ledger import Ledger
+    from dpcore.taskspec import load_task_spec
+
+    artifact = load_artifact(run_id, method, epsilon, training, repeat)
+    client = mlflow_client()
+    name, version = _registry_version(client, artifact.dataset_id)
+    folder = subdir("releases") / safe_name(artifact.dataset_id) / f"v{version}"
+    if method == "pate":
+        path = write_table(pd.DataFrame([{"text": t, "label": y} for t, y in artifact.demos]), folder / "demos.parquet")
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "prompt.safetensors"
+        shutil.copyfile(artifact.prompt_path, folder / ".prompt.safetensors.tmp")
+        (folder / ".prompt.safetensors.tmp").replace(path)
+        write_json_atomic(folder / "prompt.json", json.loads(artifact.prompt_path.with_suffix(".json").read_text()))
+    audit = read_table(artifact.path / gate.AUDIT_FILES[method])
+    audit_row = audit[audit["artifact"] == artifact.name].iloc[-1].to_dict()
+    manifest = gate.artifact_manifest(
+        artifact, artifact_file=path.name, artifact_sha256=file_sha256(path), audit_summary=_audit_summary(audit_row),
+        code_version=code_version(), accountant_versions=accountant_versions(), version=version,
+        ledger_spend=_ledger_spend(Ledger(), artifact.dataset_id),
+        task_spec=load_task_spec(artifact.info["task_spec"]).model_dump(mode="json"),
+        ledger_entries=gate.covering_entries(Ledger().entries_for_run(run_id), artifact))
+    write_json_atomic(folder / "release.json", manifest)
+    tags = {"dpicl_run_id": run_id, "method": method, "artifact": artifact.name,
+            "epsilon": f"{artifact.epsilon:g}", "delta": str(artifact.delta), "dataset_id": artifact.dataset_id,
+            "artifact_sha256": manifest["artifact"]["sha256"], "model": str(manifest["model"]),
+            "code_version": manifest["code_version"]}
+    number = _publish(client, name, folder, run_id, tags, f"run {run_id}, {method} {artifact.name}, epsilon "
+                      f"{artifact.epsilon:g}", alias)
+    return {"registered_model": name, "version": number, "alias": alias, "method": method,
+            "artifact": artifact.name, "release_dir": str(folder), "artifact_sha256": manifest["artifact"]["sha256"],
+            "epsilon": artifact.epsilon, "delta": artifact.delta, "run_id": run_id, "audit": manifest["audit"]}

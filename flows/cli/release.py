@@ -10,14 +10,45 @@ from pathlib import Path
 from flows.cli.common import print_json
 
 
+def _audit_config(args):
+    from dpcore.config import AuditConfig
+    from dpcore.errors import ConfigError
+
+    updates = {k: v for k, v in (("trials", args.trials), ("members", args.audit_members),
+                                 ("non_members", args.audit_members), ("reference_prompts", args.audit_reference_prompts),
+                                 ("max_record_tokens", args.audit_max_record_tokens)) if v is not None}
+    try:
+        return AuditConfig(**updates)
+    except ValueError as exc:
+        raise ConfigError(f"audit flags: {exc}") from None
+
+
 def _release(args) -> int:
+    from dpcore.errors import ConfigError
     from flows.release import release
 
-    result = release(run_id=args.run, epsilon=args.epsilon, alias=args.alias)
+    if args.method == "tang" and (args.teacher_reference or args.audit_only or args.repeat is not None):
+        raise ConfigError("--teacher-reference, --audit-only and --repeat apply to --method pate or dpsgd")
+    if args.teacher_reference and args.method != "pate":
+        raise ConfigError("--teacher-reference: the single-teacher contrast is PromptPATE's (--method pate)")
+    options = {} if args.method == "tang" else dict(
+        audit_config=_audit_config(args), teacher_reference=args.teacher_reference, audit_only=args.audit_only,
+        training=args.training, repeat=args.repeat, device=args.device)
+    if args.teacher_reference:
+        print("WARNING: the single-teacher contrast puts real private records in prompts: it is charged to the "
+              "run's ledger id as an infinite spend (epsilon = inf) before any record is read.", file=sys.stderr)
+    result = release(run_id=args.run, epsilon=args.epsilon, alias=args.alias, method=args.method, **options)
     if args.json:
         print_json(result)
+    elif args.audit_only:
+        for name, audit in (("artifact " + result["artifact"], result["audit"]),
+                            ("single teachers (non-private)", result.get("teacher_reference"))):
+            if audit:
+                print(f"audit of {name}: AUC {audit['auc']:.3f} ({audit.get('attack', 'duan')} attack), "
+                      f"{'passed' if audit['passed'] else 'FAILED'}")
     else:
-        print(f"released run {result['run_id']} at epsilon {result['epsilon']:g} as {result['registered_model']} "
+        what = "" if args.method == "tang" else f"{args.method} {result['artifact']} "
+        print(f"released run {result['run_id']} {what}at epsilon {result['epsilon']:g} as {result['registered_model']} "
               f"version {result['version']} (alias {result['alias']})")
         print(f"release folder: {result['release_dir']}")
     return 0
@@ -51,7 +82,11 @@ def _predict(args) -> int:
     spec = TaskSpec.model_validate(manifest["task_spec"])
     lm = language_model(args.model or manifest["model"], device=args.device)
     demos = [(d["text"], d["label"]) for d in manifest["demos"]]
-    answers = predict.answer(lm, spec, demos, [q["text"] for q in queries], calibrate=not args.no_calibration)
+    past = (predict.trained_prompt_cache(lm, Path(manifest["release_dir"]) / manifest["artifact"]["file"],
+                                         manifest["model_weights_sha256"], manifest["model"])
+            if manifest.get("method") == "dpsgd" else None)
+    answers = predict.answer(lm, spec, demos, [q["text"] for q in queries], calibrate=not args.no_calibration,
+                             past=past)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
         for query, answer in zip(queries, answers, strict=True):
@@ -71,7 +106,26 @@ def _predict(args) -> int:
 def register(subparsers) -> None:
     release = subparsers.add_parser("release", help="gate a finished run and release its DP demos as production")
     release.add_argument("--run", required=True, help="the run id printed by `dpicl run`")
-    release.add_argument("--epsilon", type=float, default=None, help="which DP epsilon of the run (default: smallest)")
+    release.add_argument("--method", choices=("tang", "pate", "dpsgd"), default="tang",
+                         help="what to release: tang (DP few-shot demos, default), pate (the PromptPATE student "
+                              "prompt) or dpsgd (a PromptDPSGD trained prompt); pate and dpsgd are audited first")
+    release.add_argument("--epsilon", type=float, default=None,
+                         help="which DP epsilon of the run (tang, dpsgd; default: smallest)")
+    release.add_argument("--training", type=int, default=0, help="dpsgd: which training of that epsilon (default 0)")
+    release.add_argument("--repeat", type=int, default=None,
+                         help="pate: which repeat's student prompt (default: the run's best on public validation)")
+    release.add_argument("--teacher-reference", action="store_true",
+                         help="pate: also audit single teachers' prompts (real records: non-private, charged as an "
+                              "infinite spend)")
+    release.add_argument("--audit-only", action="store_true", help="pate, dpsgd: run the audit and stop")
+    release.add_argument("--trials", type=int, default=None, help="pate, dpsgd: audit trials (default 20)")
+    release.add_argument("--audit-members", type=int, default=None,
+                         help="pate, dpsgd: members (and as many non-members) per trial (default 50)")
+    release.add_argument("--audit-reference-prompts", type=int, default=None,
+                         help="pate, dpsgd: LiRA OUT prompts (default 4; below 2: no LiRA)")
+    release.add_argument("--audit-max-record-tokens", type=int, default=None,
+                         help="pate, dpsgd: score each record's first N tokens only")
+    release.add_argument("--device", default="auto", help="pate, dpsgd: the audit's device (default: auto)")
     release.add_argument("--alias", default="production", help="registry alias to move (default: production)")
     release.add_argument("--json", action="store_true", help="print one JSON object")
     release.set_defaults(handler=_release)
