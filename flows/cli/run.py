@@ -265,7 +265,10 @@ def format_next(summary: dict) -> str:
         "  dpicl ui                                 # Prefect (http://127.0.0.1:4200): this flow run, its "
         "artifacts; MLflow (http://127.0.0.1:5000): its runs",
         f"  ls {summary['run_dir']}   # tables, plots, manifest.json",
-        f"  dpicl release --run {summary['run_id']}   # the audited release (refused for a seeded run or a failed audit)",
+        f"  dpicl release --run {summary['run_id']}"
+        + (f" [--method {'|'.join(m for m in ('tang', 'pate', 'dpsgd') if m in summary.get('methods', ['tang']))}]"
+           if len(summary.get("methods", ["tang"])) > 1 else "")
+        + "   # the audited release (refused for a seeded run or a failed audit)",
         f"  dpicl ledger show --dataset {(summary.get('ledger') or {}).get('dataset_id', summary['dataset'])}",
     ])
 
