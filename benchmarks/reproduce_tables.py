@@ -267,7 +267,7 @@ def _commands(cells: list[Cell], walls: dict) -> list[str]:
     return lines
 
 
-def tang_section(cells: list[Cell], walls: dict) -> list[str]:
+def tang_section(cells: list[Cell], walls: dict, model: str) -> list[str]:
     columns = ["zero-shot", "instruction-only", *[float(e) for e in TANG_EPSILONS], "sigma-zero", "random-real"]
     heads = ["0-shot", "ε = 0 (instruction-only)", *[f"ε = {e}" for e in TANG_EPSILONS], "ε = ∞ (σ = 0)",
              "ε = ∞ (random real)"]
@@ -277,11 +277,11 @@ def tang_section(cells: list[Cell], walls: dict) -> list[str]:
              "| dataset | source | δ | " + " | ".join(heads) + " |", "|---" * (len(heads) + 3) + "|"]
     for cell in cells:
         if cell.result is None:
-            lines.append(f"| {cell.dataset} | this run | - | " + " | ".join(["not finished"] * len(heads)) + " |")
+            lines.append(f"| {cell.dataset} | {model} (this run) | - | " + " | ".join(["not finished"] * len(heads)) + " |")
         else:
             points = tang_points(cell.result)
             values = [_pct(*points[c][:2]) if c in points else "-" for c in columns]
-            lines.append(f"| {cell.dataset} | {cell.result.get('model', '')} (this run) | "
+            lines.append(f"| {cell.dataset} | {model} (this run) | "
                          f"{cell.result.get('delta', 0):.3g} | " + " | ".join(values) + " |")
         paper = TANG_PAPER.get(cell.dataset)
         if paper:
@@ -296,7 +296,7 @@ def tang_section(cells: list[Cell], walls: dict) -> list[str]:
     return lines + _commands(cells, walls)
 
 
-def pate_section(cells: list[Cell], walls: dict) -> list[str]:
+def pate_section(cells: list[Cell], walls: dict, model: str) -> list[str]:
     lines = ["## Duan et al. Table 2: PromptPATE (`dpicl pate`)", "",
              "Accuracy in %, student mean ± std over repeats (calibrated votes and accuracies); ε: what the ledger "
              "charged (data-independent, all repeats) / the data-dependent bound (Papernot et al. 2018, not itself "
@@ -310,7 +310,7 @@ def pate_section(cells: list[Cell], walls: dict) -> list[str]:
     for dataset, pair in by_dataset.items():
         iid, ood = (pair.get(p).result if pair.get(p) else None for p in ("iid", "ood"))
         base = (iid or ood or {}).get("baselines", {})
-        row = [dataset, "this run" if (iid or ood) else "not finished", _pct(base.get("zero-shot")),
+        row = [dataset, f"{model} (this run)", _pct(base.get("zero-shot")),
                _pct((iid or {}).get("baselines", {}).get("ensemble")),
                _pct((iid or {}).get("baselines", {}).get("upper-bound"))]
         for result in (iid, ood):
@@ -333,7 +333,7 @@ def pate_section(cells: list[Cell], walls: dict) -> list[str]:
     return lines + _commands(cells, walls)
 
 
-def dpsgd_section(cells: list[Cell], walls: dict) -> list[str]:
+def dpsgd_section(cells: list[Cell], walls: dict, model: str) -> list[str]:
     keys = [(kind, eps) for kind in DPSGD_KINDS for eps in DPSGD_EPSILONS]
     lines = ["## Duan et al. Table 1: PromptDPSGD (`dpicl tune`)", "",
              "Test accuracy in %, mean ± std over trainings (calibrated accuracy in brackets); ε = ∞ trains without "
@@ -352,7 +352,7 @@ def dpsgd_section(cells: list[Cell], walls: dict) -> list[str]:
             else:
                 acc, cal = result["accuracy"], result.get("calibrated_accuracy", {})
                 values.append(f"{_pct(acc.get('mean'), acc.get('std'))} [{_pct(cal.get('mean'))}]")
-        lines.append(f"| {dataset} | this run | " + " | ".join(values) + " |")
+        lines.append(f"| {dataset} | {model} (this run) | " + " | ".join(values) + " |")
         paper = DPSGD_PAPER.get(dataset)
         if paper:
             lines.append(f"| {dataset} | paper (RoBERTa-base) | " + " | ".join(_paper(paper.get(k)) for k in keys) + " |")
@@ -374,8 +374,11 @@ def write_markdown(cells: list[Cell], walls: dict, args, out: Path) -> Path:
     for table, section in sections.items():
         chosen = [c for c in cells if c.table == table]
         if chosen:
-            lines += section(chosen, walls) + [""]
-    lines += [f"Plots: {', '.join(f'`accuracy_{d}.png`' for d in dict.fromkeys(c.dataset for c in cells))}.", ""]
+            lines += section(chosen, walls, args.model) + [""]
+    plotted = [d for d in dict.fromkeys(c.dataset for c in cells) if (out / f"accuracy_{d}.png").exists()]
+    if plotted:
+        lines += ["Plots (accuracy against the epsilon charged, a line per method, references as horizontal lines): "
+                  + ", ".join(f"`accuracy_{d}.png`" for d in plotted) + ".", ""]
     return write_text_atomic(out / "tables.md", "\n".join(lines))
 
 
@@ -429,9 +432,13 @@ def write_plot(dataset: str, cells: list[Cell], model: str, out: Path) -> Path |
         axis.axhline(value, color=f"C{(i + len(lines)) % 10}", linestyle=(":", "--", "-.")[i % 3], linewidth=1,
                      label=f"{label}: {value:.3f}")
     if lines:
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
         axis.set_xscale("log")
+        axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axis.xaxis.set_minor_formatter(NullFormatter())
     axis.set_xlabel("epsilon charged (log scale)")
-    axis.set_ylabel("test accuracy")
+    axis.set_ylabel("test accuracy (Tang et al.: calibrated)")
     axis.set_ylim(0.0, 1.0)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
