@@ -33,6 +33,7 @@ preset (Duan et al. Table 6); the whole test split.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import io
@@ -448,6 +449,33 @@ def write_plot(dataset: str, cells: list[Cell], model: str, out: Path) -> Path |
     return write_bytes_atomic(out / f"accuracy_{dataset}.png", buffer.getvalue())
 
 
+@contextlib.contextmanager
+def _grid_bar(total: int):
+    """A bar over the grid's cells on stderr (a terminal only; the `[i/N]` lines on stdout always show progress).
+
+    Yields `advance(name, skipped)`: called as a cell starts (or is skipped), and once at the end."""
+    if not sys.stderr.isatty():
+        yield lambda name, skipped: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(file=sys.stderr))
+    task = bar.add_task("cells", total=total)
+    state = {"started": 0}
+
+    def advance(name: str, skipped: bool) -> None:
+        bar.update(task, completed=state["started"], description=f"cells ({name})" if name else "cells")
+        if name:
+            state["started"] += 1
+            if skipped:
+                bar.update(task, completed=state["started"])
+
+    with bar:
+        yield advance
+
+
 def main(argv=None) -> int:
     from dpcore.home import dpicl_home
 
@@ -464,17 +492,22 @@ def main(argv=None) -> int:
     walls: dict[str, float] = {}
     failed = 0
     began = time.perf_counter()
-    for i, cell in enumerate(cells, 1):
-        record = _finished(cells_dir / f"{cell.name}.json", cell)
-        if record is not None:
-            cell.result, walls[cell.name] = record["result"], float(record.get("wall_seconds", 0))
-            print(f"[{i}/{len(cells)}] {cell.name}: skipped, finished {record.get('finished_utc', '?')}", flush=True)
-            continue
-        print(f"[{i}/{len(cells)}] {cell.name}: running {cell.command}", flush=True)
-        status, walls[cell.name] = run_cell(cell, cells_dir)
-        failed += status.startswith("FAILED")
-        print(f"[{i}/{len(cells)}] {cell.name}: {status} in {_wall(walls[cell.name])}", flush=True)
-        write_markdown(cells, walls, args, out)  # the tables so far: a stopped grid still leaves them
+    with _grid_bar(len(cells)) as advance:
+        for i, cell in enumerate(cells, 1):
+            record = _finished(cells_dir / f"{cell.name}.json", cell)
+            if record is not None:
+                cell.result, walls[cell.name] = record["result"], float(record.get("wall_seconds", 0))
+                print(f"[{i}/{len(cells)}] {cell.name}: skipped, finished {record.get('finished_utc', '?')}",
+                      flush=True)
+                advance(cell.name, skipped=True)
+                continue
+            print(f"[{i}/{len(cells)}] {cell.name}: running {cell.command}", flush=True)
+            advance(cell.name, skipped=False)
+            status, walls[cell.name] = run_cell(cell, cells_dir)
+            failed += status.startswith("FAILED")
+            print(f"[{i}/{len(cells)}] {cell.name}: {status} in {_wall(walls[cell.name])}", flush=True)
+            write_markdown(cells, walls, args, out)  # the tables so far: a stopped grid still leaves them
+        advance("", skipped=True)
     for dataset in dict.fromkeys(c.dataset for c in cells):
         write_plot(dataset, [c for c in cells if c.dataset == dataset], args.model, out)
     path = write_markdown(cells, walls, args, out)
