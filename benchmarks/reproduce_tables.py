@@ -237,7 +237,8 @@ def _pct(mean, std=None) -> str:
 
 
 def _paper(mean, std=None) -> str:
-    return "-" if mean is None else f"{mean:.1f}" + (f" ± {std:.1f}" if std is not None else "")
+    """A published number as printed in the paper (its own precision)."""
+    return "-" if mean is None else f"{mean}" + (f" ± {std}" if std is not None else "")
 
 
 def _eps(value) -> str:
@@ -283,13 +284,13 @@ def tang_section(cells: list[Cell], walls: dict, model: str) -> list[str]:
             points = tang_points(cell.result)
             values = [_pct(*points[c][:2]) if c in points else "-" for c in columns]
             lines.append(f"| {cell.dataset} | {model} (this run) | "
-                         f"{cell.result.get('delta', 0):.3g} | " + " | ".join(values) + " |")
+                         f"{_eps(cell.result.get('delta'))} | " + " | ".join(values) + " |")
         paper = TANG_PAPER.get(cell.dataset)
         if paper:
             values = [_paper(*paper[c]) if c in paper else "" for c in columns[:6]]
             values += [_paper(*paper[INF]) + " (best of both)", "(see σ = 0)"]
             lines.append(f"| {cell.dataset} | paper (GPT-3 Babbage) | 1/\\|D\\| | " + " | ".join(values) + " |")
-    sigmas = [f"{c.dataset}: " + ", ".join(f"ε {e:g} σ {tang_points(c.result)[float(e)][2]:.3f}"
+    sigmas = [f"{c.dataset}: " + ", ".join(f"ε {e:g} σ {_eps(tang_points(c.result)[float(e)][2])}"
                                            for e in TANG_EPSILONS if float(e) in tang_points(c.result))
               for c in cells if c.result is not None]
     if sigmas:
@@ -357,8 +358,8 @@ def dpsgd_section(cells: list[Cell], walls: dict, model: str) -> list[str]:
         paper = DPSGD_PAPER.get(dataset)
         if paper:
             lines.append(f"| {dataset} | paper (RoBERTa-base) | " + " | ".join(_paper(paper.get(k)) for k in keys) + " |")
-    details = [f"{c.name}: δ {c.result['delta']:.3g}, σ {c.result['noise_multiplier']:.3g}, q {c.result['sampling_rate']:.3g}, "
-               f"T {c.result['steps']}" for c in cells if c.result is not None]
+    details = [f"{c.name}: δ {_eps(c.result.get('delta'))}, σ {_eps(c.result.get('noise_multiplier'))}, "
+               f"q {_eps(c.result.get('sampling_rate'))}, T {c.result.get('steps')}" for c in cells if c.result is not None]
     if details:
         lines += ["", "Trainings: " + "; ".join(details) + "."]
     return lines + _commands(cells, walls)
