@@ -14,7 +14,7 @@ COMMAND_MODULES = ["accounting", "generate", "evaluate", "audit", "ledger", "run
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dpicl", description="Differentially private few-shot demonstrations for in-context learning."
+        prog="dpicl", description="Privacy-preserving in-context learning: DP few-shot generation, PromptPATE and PromptDPSGD on one ledger."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
