@@ -134,16 +134,22 @@ def log_run(client, exp: str, info: dict, flat_config: dict[str, str], table: pd
             }
             log_batch(client, child.info.run_id, params=params, metrics=child_metrics)
             client.set_terminated(child.info.run_id)
-        for path in sorted(run_dir.iterdir()):
-            if path.is_file() and not path.name.startswith(".") and path.suffix in (".parquet", ".png", ".json"):
-                if is_private_path(path) or path.stem in PRIVATE_TABLES:
-                    raise PermissionError(f"record: refusing to log private file {path.name} to MLflow")
-                client.log_artifact(parent_id, str(path))
-        client.set_terminated(parent_id)
+        log_public_files(client, parent_id, [path for path in sorted(run_dir.iterdir()) if path.is_file()
+                                             and not path.name.startswith(".")
+                                             and path.suffix in (".parquet", ".png", ".json")])
     except BaseException:
         client.set_terminated(parent_id, status="FAILED")
         raise
     return parent_id
+
+
+def log_public_files(client, run_id: str, files: list[Path]) -> None:
+    """The files as the run's artifacts (a private one is refused), then the run is terminated."""
+    for path in files:
+        if is_private_path(path) or path.stem in PRIVATE_TABLES:
+            raise PermissionError(f"record: refusing to log private file {path.name} to MLflow")
+        client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id)
 
 
 def log_comparison(dataset: str, run_id: str, table: pd.DataFrame, cost: dict, files: list[Path]) -> str:
@@ -164,11 +170,7 @@ def log_comparison(dataset: str, run_id: str, table: pd.DataFrame, cost: dict, f
                                                                 "epsilon": epsilon_text(row["epsilon"])})
             log_batch(client, child.info.run_id, metrics={k: row[k] for k in row if k != "method"})
             client.set_terminated(child.info.run_id)
-        for path in files:
-            if is_private_path(path):
-                raise PermissionError(f"record: refusing to log private file {path.name} to MLflow")
-            client.log_artifact(parent_id, str(path))
-        client.set_terminated(parent_id)
+        log_public_files(client, parent_id, files)
     except BaseException:
         client.set_terminated(parent_id, status="FAILED")
         raise
