@@ -130,3 +130,14 @@ def parse_epsilon(text: str) -> float:
     if math.isnan(value) or value < 0:
         raise argparse.ArgumentTypeError(f"epsilon must be >= 0 or inf, got {text!r}")
     return value
+
+
+def fmt_value(value, spec: str = ".3f") -> str:
+    """A number for a terminal table: `-` for none, `inf`, a string as it is, else `format(value, spec)`."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return format(value, spec)

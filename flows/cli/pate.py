@@ -12,12 +12,12 @@ the README ("PromptPATE").
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 
 from dpcore.config import RunConfig
 from dpcore.errors import ConfigError
+from flows.cli.common import fmt_value as _fmt
 
 # RunConfig fields `dpicl pate` takes, and the short spellings of the PromptPATE ones.
 FIELDS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta", "seed",
@@ -68,14 +68,6 @@ def check_before_run(config: RunConfig, run_id: str | None) -> dict:
     plans, per_repeat = privacy_plans(config, settings, delta)
     charge_plans(config.ledger_id, data.content_hash, run_id or "dry-run", plans, dry_run=True)
     return {"plans": plans, "queries": per_repeat, "delta": delta}
-
-
-def _fmt(value, spec: str = ".3f") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    return format(value, spec)
 
 
 def format_summary(summary: dict) -> str:

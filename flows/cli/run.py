@@ -10,7 +10,6 @@ $DPICL_HOME/prefect (the same database `dpicl ui` serves, so past runs show up t
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 
@@ -18,6 +17,7 @@ from pydantic import ValidationError
 
 from dpcore.config import RunConfig
 from dpcore.errors import ConfigError
+from flows.cli.common import fmt_value as _fmt
 
 # `dpicl demo`: the three private-prompting methods on AG News at epsilon 8 on the embedded SmolLM2-135M,
 # sized to finish in about 10 minutes on 2 CPU cores.
@@ -103,16 +103,6 @@ def _config(args, defaults: dict | None = None) -> RunConfig:
         raise ConfigError(problems or str(exc)) from None
     except ValueError as exc:  # an integer flag that is not an integer
         raise ConfigError(f"an integer flag has a non-integer value ({exc})") from None
-
-
-def _fmt(value, spec=".3f") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    return format(value, spec)
 
 
 def format_results(summary: dict) -> str:

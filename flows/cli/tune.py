@@ -30,6 +30,9 @@ from flows.cli.common import (
     print_json,
     validation_problems,
 )
+from flows.cli.common import (
+    fmt_value as _fmt,
+)
 
 CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta",
                 "seed", "test_size", "calibrate"]
@@ -63,14 +66,6 @@ def _config(args) -> RunConfig:
         return config_from_args(args, epsilons=[args.epsilon], methods=["dpsgd"])
     except ValidationError as exc:
         raise ConfigError(validation_problems(exc)) from None
-
-
-def _fmt(value, spec: str = ".3f") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    return format(value, spec)
 
 
 def run_tune(args) -> int:
