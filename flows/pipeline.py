@@ -205,9 +205,10 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     if non_private_warning(config):  # a deployment run has no CLI to say it: the flow log does
         logger.warning(non_private_warning(config))
     ledger_entry = charge_spends(config.ledger_id, spends)
+    cost = planned_cost(spends)
     logger.info("ledger %s: %d spend(s) charged, %d replayed from earlier attempts of run %s; planned cost epsilon "
                 "%s; dataset total epsilon %s at delta %.3g", ledger_entry["dataset_id"], ledger_entry["charged"],
-                ledger_entry["replayed"], run_id, planned_cost(spends)["epsilon"], ledger_entry.get("total_epsilon"),
+                ledger_entry["replayed"], run_id, cost["epsilon"], ledger_entry.get("total_epsilon"),
                 ledger_entry.get("delta") or delta)
     tang_summary = _dp_fewshot(config, run_id, ingested, paths, calibration, plan, generation_config,
                                ledger_entry, flow_run_id) if tang else None
@@ -246,7 +247,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         run_dir=str(paths.public), run_id=run_id, dataset=config.dataset,
         tang_rows=recorded["results"] if tang else [],
         pate_results_path=str(paths.public / "pate_results.parquet") if "pate" in others else None,
-        dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), wall_seconds=wall, cost=planned_cost(spends),
+        dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), wall_seconds=wall, cost=cost,
         calibrated=config.calibrate) if others else None
     seeded_noise = bool((tang_summary or {}).get("seeded_noise")) or any(o["seeded_noise"] for o in others.values())
     return {
@@ -267,7 +268,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         "audit": audit,
         "seeded_noise": seeded_noise,
         "generation_workers": (tang_summary or {}).get("generation_workers", []),
-        "planned_cost": planned_cost(spends),
+        "planned_cost": cost,
         "ledger": ledger_entry,
         "ledger_after": ledger_report(config.ledger_id, run_id),  # audit charges included
         "epsilons": ["inf" if math.isinf(e) else e for e in config.epsilons],
