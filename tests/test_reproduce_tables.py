@@ -61,6 +61,7 @@ def test_a_cell_runs_once_and_a_rerun_skips_it(tables, capsys, dpicl_home, tmp_p
             "--seeds", "1", "--out", str(tmp_path),
             f"--extra-args=--task-spec {spec_path} --data-path {data_path} --num-subsets 2 --subset-size 1 "
             "--top-k 20 --max-tokens 4"]
+    before = len(Ledger().entries("agnews-mini"))  # other tests of the session may have charged it
     assert tables.main(argv) == 0
     out = capsys.readouterr().out
     assert "[1/1] tang-agnews-mini: running dpicl run --json --methods tang" in out
@@ -72,7 +73,7 @@ def test_a_cell_runs_once_and_a_rerun_skips_it(tables, capsys, dpicl_home, tmp_p
     assert {r["method"] for r in rows} >= {"zero-shot", "instruction-only", "sigma-zero", "random-real"}
     # charged to the dedicated ledger id only
     assert {e.purpose for e in Ledger().entries("agnews-mini-tables")} == {"pipeline", "baseline"}
-    assert not Ledger().entries("agnews-mini")
+    assert len(Ledger().entries("agnews-mini")) == before
     markdown = (tmp_path / "tables.md").read_text()
     assert "Tang et al. Table 1" in markdown and record["command"] in markdown
     ours = next(line for line in markdown.splitlines() if line.startswith("| agnews-mini | tiny-random"))
