@@ -2,8 +2,10 @@
 
 Every method turns its privacy parameters into the same typed, frozen `PrivacyPlan`:
 
-- DP few-shot generation (Tang et al., Algorithm 1): one spend of T Poisson-sampled token steps
-  (Gaussian or report-noisy-max at sigma, rate q = MN/|D_y|).
+- DP few-shot generation (Tang et al., Algorithm 1; `dpcore.fewshot_plan`): one plan per charged
+  row of the run, named by the row: "dp" at each epsilon (T Poisson-sampled token steps,
+  Gaussian or report-noisy-max at sigma, rate q = MN/|D_y|), and the non-private rows opted into
+  ("sigma-zero", "random-real", "audit-reference": infinite spends).
 - PromptPATE (Duan et al. Section 4.2; Papernot et al. 2018 Confident-GNMax): the threshold test
   on every public query and GNMax on every query, each a Gaussian on the vote histogram (q = 1).
 - PromptDPSGD (Duan et al. Section 4.1, App. C.1 Algorithm 1): T Poisson-sampled Gaussian steps
@@ -27,6 +29,10 @@ from typing import Any
 from dpcore.config import MECHANISMS, METHODS
 from dpcore.errors import ConfigError
 from dpcore.events import DpEvent, dp_fewshot_event
+
+# What a plan may be named: a method, or one of DP few-shot generation's charged rows (`dpcore.fewshot_plan`).
+FEWSHOT_ROWS: tuple[str, ...] = ("dp", "sigma-zero", "random-real", "audit-reference")
+PLAN_NAMES: tuple[str, ...] = METHODS + FEWSHOT_ROWS
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,8 @@ class PrivacyPlan:
     parameters: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.method not in PLAN_NAMES:
+            raise ConfigError(f"method must be one of {', '.join(PLAN_NAMES)}, got {self.method!r}")
         if math.isnan(self.epsilon) or self.epsilon < 0:
             raise ConfigError(f"epsilon must be >= 0 or inf, got {self.epsilon}")
         if not 0.0 < self.delta < 1.0:
