@@ -139,11 +139,10 @@ class FewShotPlan(BaseModel):
                 continue
             what = "Algorithm 1 token steps" if method == DP else "Algorithm 1 token steps without noise"
             plans.append(self._plan(method, eps, sigma, self.sampling_rate, self.steps, what))
-        if RANDOM_REAL in self.baselines:
-            plans.append(self._plan(RANDOM_REAL, math.inf, 0.0, 1.0, 1, "real private records as demonstrations"))
-        if self.audit_reference:
-            plans.append(self._plan(AUDIT_REFERENCE, math.inf, 0.0, 1.0, 1,
-                                    "the audit's non-private reference: real records as 1-shot demonstrations"))
+        for name in ((RANDOM_REAL,) if RANDOM_REAL in self.baselines else ()) + (
+                (AUDIT_REFERENCE,) if self.audit_reference else ()):
+            plans.append(real_records_plan(name, self.mechanism, self.delta, self.purpose or BASELINE_PURPOSE,
+                                           self.repeats))
         return plans
 
     def _plan(self, method: str, epsilon: float, sigma: float, q: float, steps: int, what: str) -> PrivacyPlan:
@@ -154,6 +153,20 @@ class FewShotPlan(BaseModel):
                            parameters={"noise_multiplier": float(sigma), "sampling_rate": float(q),
                                        "steps": int(steps), "mechanism": self.mechanism,
                                        "num_subsets": self.num_subsets, "subset_size": self.subset_size})
+
+
+REAL_RECORDS_WHAT = {RANDOM_REAL: "real private records as demonstrations",
+                     AUDIT_REFERENCE: "the audit's non-private reference: real records as 1-shot demonstrations"}
+
+
+def real_records_plan(name: str, mechanism: str, delta: float, purpose: str = BASELINE_PURPOSE,
+                      repeats: int = 1) -> PrivacyPlan:
+    """Real private records placed in prompts with no noise (`random-real` demonstrations, the audit's
+    non-private reference): an infinite spend (sigma = 0; q = 1, T = 1 only name the event)."""
+    spend = PlannedSpend(mechanism=mechanism, noise_multiplier=0.0, sampling_rate=1.0, steps=1, purpose=purpose,
+                         what=REAL_RECORDS_WHAT[name])
+    return PrivacyPlan(method=name, epsilon=math.inf, delta=delta, spends=(spend,) * repeats,
+                       parameters={"noise_multiplier": 0.0, "mechanism": mechanism})
 
 
 def _instruction_only(generation: GenerationConfig, steps: int, delta: float) -> Calibration:
@@ -209,11 +222,14 @@ def fewshot_plan(epsilons: Sequence[float], label_counts: Mapping[str, int], gen
     if int(repeats) < 1:
         raise ConfigError(f"repeats: must be >= 1, got {repeats}")
     steps = accounting.total_steps(generation.max_tokens, generation.demos_per_label)
-    q = run_sampling_rate(label_counts, generation.num_subsets, generation.subset_size)
+    targets = sorted({float(e) for e in epsilons})
+    if any(math.isnan(eps) or eps < 0 for eps in targets):
+        raise ConfigError(f"epsilons: each must be >= 0 or inf, got {', '.join(map(str, targets))}")
+    # q only matters to a row that samples private records (instruction-only reads none)
+    samples = any(eps > 0 for eps in targets) or SIGMA_ZERO in baselines
+    q = run_sampling_rate(label_counts, generation.num_subsets, generation.subset_size) if samples else 0.0
     calibrations = []
-    for eps in sorted({float(e) for e in epsilons}):
-        if math.isnan(eps) or eps < 0:
-            raise ConfigError(f"epsilons: each must be >= 0 or inf, got {eps}")
+    for eps in targets:
         calibrations.append(_instruction_only(generation, steps, delta) if eps == 0
                             else _calibrated(eps, label_counts, generation, steps, delta))
     return FewShotPlan(mechanism=generation.mechanism, num_subsets=generation.num_subsets,

@@ -39,7 +39,8 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.callables import get_call_parameters
 
 from dpcore.artifacts import read_table, write_table
-from dpcore.config import RunConfig, demos_per_label
+from dpcore.config import RunConfig
+from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, default_delta
 from dpcore.home import configure_environment
 from tasks import audit as audit_stage
 from tasks import calibrate as calibrate_stage
@@ -57,10 +58,10 @@ from tasks.charge import (
     non_private_warning,
     plan_spends,
     planned_cost,
-    planned_spends,
     preflight,
 )
 from tasks.common import RunPaths, noise_scope, publish
+from tasks.generate import GenerationItem, Shard
 
 FLOW_NAME = "dp-fewshot"
 
@@ -122,7 +123,7 @@ def _concat(paths: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _write_generation_stats(shards: list[dict], path: Path) -> None:
+def _write_generation_stats(shards: list[Shard], path: Path) -> None:
     """The generation counters that depend on the private records (prompt tokens, padding, timings), per
     shard, into the private run folder (a benchmark's or an operator's figures, never published)."""
     import json
@@ -131,9 +132,8 @@ def _write_generation_stats(shards: list[dict], path: Path) -> None:
 
     rows = []
     for shard in shards:
-        stats_path = shard.get("private_stats_path")
-        if stats_path and Path(stats_path).exists():
-            rows.append(json.loads(Path(stats_path).read_text()))
+        if Path(shard.private_stats_path).exists():
+            rows.append(json.loads(Path(shard.private_stats_path).read_text()))
     write_json_atomic(path, rows)
 
 
@@ -171,27 +171,21 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
     labels = list(ingested["labels"])
     tang = "tang" in config.methods
-    from dpcore import accounting
-
-    delta = config.delta if config.delta is not None else accounting.default_delta(ingested["num_private_records"])
+    delta = config.delta if config.delta is not None else default_delta(ingested["num_private_records"])
     spends = []
-    calibration, plan, generation_config = [], [], None  # DP few-shot generation's, when the run names it
+    fewshot, items, generation_config = None, [], None  # DP few-shot generation's, when the run names it
     if tang:
         label_counts = ingest_stage.partition(ingested)["label_counts"]
-        # 3. calibration: one sigma per epsilon (largest q over labels)
-        dpl = demos_per_label(config.shots, len(labels))
-        generation_config = config.generation_config().model_copy(update={"demos_per_label": dpl})
-        steps = accounting.total_steps(config.max_tokens, dpl)
-        calibration = calibrate_stage.calibrate(
-            epsilons=list(config.epsilons), label_counts=label_counts, num_subsets=config.num_subsets,
-            subset_size=config.subset_size, steps=steps, delta=delta, mechanism=config.mechanism,
-        )
-        write_table(pd.DataFrame(calibration, columns=calibrate_stage.CALIBRATION_COLUMNS),
+        # 3. the privacy plan: one sigma per epsilon (largest q over labels), what is charged
+        arguments = calibrate_stage.plan_arguments(config, label_counts, delta)
+        generation_config = arguments["generation"]
+        fewshot = calibrate_stage.calibrate(**arguments)
+        write_table(pd.DataFrame([c.row() for c in fewshot.calibrations], columns=CALIBRATION_COLUMNS),
                     paths.public / "calibration.parquet")
         # --test-size and the longest group prompt against the model's context: checked before any charge
         checks_after_ingest(config, ingested["num_test"], labels, generation_config)
-        plan = generate_stage.generation_plan(labels, calibration, list(config.baselines), config.seed)
-        spends += planned_spends(config, ingested["data_hash"], run_id, plan, calibration)
+        items = generate_stage.generation_plan(labels, fewshot, config.seed)
+        spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id, fewshot.privacy_plans())
     # PromptPATE's and PromptDPSGD's plans, after their own checks on the ingested data (and, for
     # PromptDPSGD, that its prompt fits the model)
     spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id,
@@ -210,8 +204,8 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
                 "%s; dataset total epsilon %s at delta %.3g", ledger_entry["dataset_id"], ledger_entry["charged"],
                 ledger_entry["replayed"], run_id, cost["epsilon"], ledger_entry.get("total_epsilon"),
                 ledger_entry.get("delta") or delta)
-    tang_summary = _dp_fewshot(config, run_id, ingested, paths, calibration, plan, generation_config,
-                               ledger_entry, flow_run_id) if tang else None
+    tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, items, generation_config,
+                               ledger_entry) if tang else None
     others = {}
     wall = {}
     if "pate" in config.methods:
@@ -277,8 +271,8 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     }
 
 
-def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, calibration: list[dict],
-                plan: list[dict], generation_config, ledger_entry: dict, flow_run_id: str) -> dict:
+def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, fewshot: FewShotPlan,
+                items: list[GenerationItem], generation_config, ledger_entry: dict) -> dict:
     """DP few-shot generation's stages 4-6 (Tang et al. Algorithm 1): generation, evaluation and the audit,
     on the charge already made; tables written to the run folders."""
     began = time.perf_counter()
@@ -287,36 +281,26 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
     with make_task_runner(config.task_runner) as runner:
         # 4. generation, one task per (method, label, epsilon)
         shards = _run_all(runner, generate_stage.generate, [
-            dict(records_path=None if item["method"] == generate_stage.INSTRUCTION_ONLY else ingested["records_path"],
-                 data_hash=ingested["data_hash"], task_spec=ingested["task_spec"], method=item["method"],
-                 label=item["label"], epsilon=item["epsilon"], noise_multiplier=item["noise_multiplier"],
-                 generation=generation_config, model=config.model, device=config.device, dtype=config.dtype,
-                 seed=item["seed"], noise_scope=scope,
-                 noise_charged=noise_charged(ledger_entry, item["method"], item["epsilon"]))
-            for item in plan
-        ], exists=generate_stage.shard_exists)
-        public_shards = [s["path"] for s in shards if not s["private"]]
-        private_shards = [s["path"] for s in shards if s["private"]]
+            generate_stage.generate_call(item, ingested, generation_config, config, scope,
+                                         noise_charged(ledger_entry, item.method, item.epsilon))
+            for item in items
+        ], exists=Shard.exists)
+        public_shards = [s.path for s in shards if not s.private]
+        private_shards = [s.path for s in shards if s.private]
         demos = _concat(public_shards)
         write_table(demos, paths.public / "demos.parquet")
         if private_shards:
             write_table(_concat(private_shards), paths.private / "sigma_zero_demos.parquet")
-        seeded_noise = any(s["seeded_noise"] for s in shards if s["method"] != generate_stage.INSTRUCTION_ONLY)
+        seeded_noise = any(s.seeded_noise for s in shards if s.method != generate_stage.INSTRUCTION_ONLY)
         _write_generation_stats(shards, paths.private / "generation_stats.json")
 
         # 5-6. evaluation of every method, and the audit, submitted together (they only need the demos)
-        eval_config = config.eval_config()
-        eval_calls = [
-            dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
-                 task_spec=ingested["task_spec"], method=item["method"], epsilon=item["epsilon"],
-                 demo_paths=item["demo_paths"], demo_keys=item["demo_keys"], eval_config=eval_config,
-                 labels=labels, model=config.model, device=config.device, dtype=config.dtype)
-            for item in evaluate_stage.evaluation_plan(list(config.baselines), shards)
-        ]
+        eval_calls = [evaluate_stage.evaluate_call(demo_set, ingested, config, labels)
+                      for demo_set in evaluate_stage.evaluation_plan(list(config.baselines), shards)]
         eval_futures = _submit_all(runner, evaluate_stage.evaluate, eval_calls)
         audit_calls, audit_futures = [], []
         if config.audit:
-            audit_calls = [audit_stage.audit_call(config, ingested, calibration, shards, generation_config, scope)]
+            audit_calls = [audit_stage.audit_call(config, ingested, fewshot, shards, generation_config, scope)]
             audit_futures = _submit_all(runner, audit_stage.audit, audit_calls)
 
         evaluations = _collect(runner, evaluate_stage.evaluate, eval_calls, eval_futures,
@@ -347,7 +331,7 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
             audit_reference = audit_result.get("reference")
 
     return {"seeded_noise": seeded_noise, "audit_summary": audit_summary, "audit_reference": audit_reference,
-            "generation_workers": sorted({s["worker"] for s in shards}),
+            "generation_workers": sorted({s.worker for s in shards}),
             "wall_seconds": time.perf_counter() - began}
 
 

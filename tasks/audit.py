@@ -24,8 +24,12 @@ records of their label; an overlap at or above the threshold fails that epsilon'
 
 Outputs: public aggregates `audit`, `audit_reference` and `roc.png` (DP audits only); private
 (record ids and per-record scores) `mia_scores` and `roc_reference.png` (with the non-private curve).
-The audit's DP generations read private records: they are charged to the privacy ledger
-(when `dpcore.ledger` exists) before each generation, through dp_audit's `charge` hook.
+The audit's DP generations read private records: they are charged to the privacy ledger before
+each generation, through dp_audit's `charge` hook, from the audit's own plan (`audit_plan`:
+`dpcore.fewshot_plan` on the members' label counts, purpose "audit").
+
+The pieces `dpicl audit` shares with this task (`flows.standalone`): the member split, the audit's
+plan, the DP audit at one epsilon, the non-private reference and the writing of the tables.
 """
 
 from __future__ import annotations
@@ -34,26 +38,16 @@ import math
 from pathlib import Path
 
 import pandas as pd
-from prefect import get_run_logger, task
 
 from dpcore.artifacts import read_table, write_table
 from dpcore.config import AuditConfig, GenerationConfig, RunConfig
 from dpcore.errors import ConfigError
-from tasks.common import (
-    RETRIES,
-    RETRY_DELAY_SECONDS,
-    cache_key_on,
-    derive_seed,
-    language_model,
-    report_progress,
-    stage_dir,
-    stage_key,
-    transient_only,
-)
+from dpcore.fewshot_plan import Calibration, FewShotPlan, fewshot_plan
+from tasks.common import cached_task, derive_seed, open_stage, report_progress, stage_dir, stage_logger
 
 AUDIT_MODULES = ("dpcore.audit", "dpcore.audit_statistics", "dpcore.audit_gate", "dpcore.overlap", "dpcore.mia_attacks",
                  "dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.icl", "dpcore.prefix_cache",
-                 "dpcore.accounting")
+                 "dpcore.accounting", "dpcore.fewshot_plan")
 # The non-private audit's demos ARE records (dpcore adds them to the overlap pool), so its overlap figure is
 # exact on any pool; above this size a random sample keeps the check cheap (the pipeline and `dpicl audit`).
 REFERENCE_OVERLAP_SAMPLE = 2000
@@ -61,20 +55,17 @@ AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_co
                     "noise_scope", "demo_keys", "non_private_reference", "delta")
 
 
-def audit_call(config: RunConfig, ingested: dict, calibration: list[dict], shards: list[dict],
-               generation_config: GenerationConfig, noise_scope: str) -> dict:
-    """The keyword arguments of the `audit` task for a pipeline run."""
-    targets = [{"epsilon": float(row["epsilon"]), "crosscheck_agreed": bool(row["crosscheck_agreed"]),
-                "noise_multiplier": None if row.get("noise_multiplier") is None else float(row["noise_multiplier"])}
-               for row in calibration if row["method"] == "dp"]
-    dp_shards = sorted((s for s in shards if s["method"] == "dp"), key=lambda s: (s["epsilon"], s["label"]))
-    delta = next((float(row["delta"]) for row in calibration if row.get("delta") is not None), None)
+def audit_call(config: RunConfig, ingested: dict, plan: FewShotPlan, shards: list, generation_config: GenerationConfig,
+               noise_scope: str) -> dict:
+    """The keyword arguments of the `audit` task for a pipeline run: its DP epsilons (`FewShotPlan.dp`) and
+    the run's own DP demos (`tasks.generate.Shard`s)."""
+    dp_shards = sorted((s for s in shards if s.method == "dp"), key=lambda s: (s.epsilon, s.label))
     return dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
-                task_spec=ingested["task_spec"], targets=targets, generation=generation_config,
+                task_spec=ingested["task_spec"], targets=plan.dp(), generation=generation_config,
                 audit_config=config.audit_config(), model=config.model, device=config.device, dtype=config.dtype,
-                seed=config.seed, noise_scope=noise_scope, demo_paths=[s["path"] for s in dp_shards],
-                demo_keys=[s["key"] for s in dp_shards], non_private_reference=config.audit_reference,
-                delta=delta, dataset_id=config.ledger_id, run_id=ingested["paths"]["run_id"])
+                seed=config.seed, noise_scope=noise_scope, demo_paths=[s.path for s in dp_shards],
+                demo_keys=[s.key for s in dp_shards], non_private_reference=config.audit_reference,
+                delta=plan.delta, dataset_id=config.ledger_id, run_id=ingested["paths"]["run_id"])
 
 
 def _progress(what: str):
@@ -85,15 +76,84 @@ def outputs_exist(result: dict) -> bool:
     return all(Path(result[name]).exists() for name in ("mia_scores_path", "audit_path"))
 
 
-@task(name="audit", tags=["gpu"], cache_key_fn=cache_key_on("audit", AUDIT_KEY_FIELDS, AUDIT_MODULES),
-      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=transient_only)
+# --------------------------------------------------------------------------- shared with `dpicl audit`
+
+
+def audit_members(train: pd.DataFrame, seed: int, labels: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Tang et al. Appendix F: (members, non-members, the members' count per label) of a seeded split."""
+    from dpcore.audit import split_members
+
+    members, non_members = split_members(train, seed=seed)
+    counts = members["label"].astype(str).value_counts().to_dict()
+    return members, non_members, {label: int(counts.get(label, 0)) for label in labels}
+
+
+def audit_plan(generation: GenerationConfig, member_counts: dict[str, int], epsilon: float, delta: float,
+               demo_sets: int) -> FewShotPlan:
+    """The audit's own plan at one epsilon: sigma calibrated on the members' label counts (the audit
+    generates from half the data, so its q is larger), one demo per set (T = max_tokens), each of the
+    `demo_sets` generations charged (purpose "audit")."""
+    return fewshot_plan([epsilon], member_counts, generation.model_copy(update={"demos_per_label": 1}), delta,
+                        purpose="audit", repeats=demo_sets)
+
+
+def dp_audit_at(lm, spec, members: pd.DataFrame, non_members: pd.DataFrame, audit_config: AuditConfig,
+                generation: GenerationConfig, calibration: Calibration, *, seed: int, noise_seed: int | None,
+                crosscheck_agreed: bool, thresholds, charge=None, cache: dict | None = None, what: str):
+    """`dpcore.audit.dp_audit` at one calibrated epsilon (epsilon 0: instruction-only demos, sigma reported
+    as inf: no noise calibrated)."""
+    from dpcore import audit as mia
+
+    sigma = math.inf if not calibration.reads_private_data else calibration.noise_multiplier
+    return mia.dp_audit(lm, spec, members, non_members, audit_config, generation, sigma, seed=seed,
+                        epsilon=calibration.epsilon, delta=calibration.delta, crosscheck_agreed=crosscheck_agreed,
+                        noise_seed=noise_seed, charge=charge, thresholds=thresholds, cache=cache,
+                        progress=_progress(what))
+
+
+def reference_audit(lm, spec, train: pd.DataFrame, audit_config: AuditConfig, *, seed: int, sample_seed: int,
+                    delta: float, thresholds, what: str):
+    """The non-private reference (real records as 1-shot demos, Duan et al.'s leaky setting). Its demos are
+    real records (verbatim copies by construction): the overlap check runs on a sample of the records only."""
+    from dpcore import audit as mia
+
+    sample = train.sample(n=min(len(train), REFERENCE_OVERLAP_SAMPLE), random_state=sample_seed % (2**32))
+    return mia.non_private_audit(lm, spec, train, audit_config, seed=seed, delta=delta, thresholds=thresholds,
+                                 overlap_records=sample, progress=_progress(what))
+
+
+def write_audit(results: list, reference, public: Path, private: Path, title: str,
+                private_roc: str = "roc.png") -> dict:
+    """The audit's tables: per-record scores (record ids, membership bits, scores: a function of private
+    records) to the private folder; `audit` (and `audit_reference`) aggregates and the ROC of the DP audits
+    at a finite epsilon to the public one; a ROC drawn with any other audit goes to the private folder."""
+    from dpcore.plots import roc_plot
+
+    audits = results + ([reference] if reference is not None else [])
+    scores = pd.concat([r.mia_scores for r in audits], ignore_index=True)
+    table = (pd.concat([r.audit_frame() for r in results], ignore_index=True) if results
+             else pd.DataFrame(columns=["setting", "epsilon", "passed"]))
+    dp = [r for r in audits if r.setting != "non-private" and math.isfinite(r.epsilon)]
+    paths = {"mia_scores_path": str(write_table(scores, private / "mia_scores.parquet")),
+             "audit_path": str(write_table(table, public / "audit.parquet")),
+             "roc_path": str(roc_plot(dp, public / "roc.png", title=title)) if dp else None}
+    if len(dp) < len(audits):
+        paths["reference_roc_path"] = str(roc_plot(audits, private / private_roc, title=title))
+    if reference is not None:
+        paths["reference_path"] = str(write_table(reference.audit_frame(), public / "audit_reference.parquet"))
+    return paths
+
+
+# --------------------------------------------------------------------------- the pipeline's task
+
+
+@cached_task("audit", AUDIT_KEY_FIELDS, AUDIT_MODULES, tags=["gpu"])
 def audit(
     *,
     records_path: str,
     data_hash: str,
     task_spec: str,
-    targets: list[dict],
+    targets: list[Calibration],
     generation: GenerationConfig,
     audit_config: AuditConfig,
     model: str,
@@ -109,35 +169,31 @@ def audit(
     run_id: str | None = None,
 ) -> dict:
     """Audit every DP epsilon of a run; returns stage paths and the per-epsilon summaries (public)."""
-    from dpcore import accounting
     from dpcore import audit as mia
     from dpcore.audit_gate import GateThresholds
+    from dpcore.fewshot_plan import default_delta
     from dpcore.overlap import model_tokenize
-    from dpcore.plots import roc_plot
-    from dpcore.taskspec import load_task_spec
     from tasks.charge import audit_charge_hook
+    from tasks.ingest import private_split
 
-    logger = get_run_logger()
-    key = stage_key("audit", {name: value for name, value in locals().items() if name in AUDIT_KEY_FIELDS},
-                    AUDIT_MODULES)
-    spec = load_task_spec(task_spec)
-    lm = language_model(model, device, dtype)
-    records = read_table(Path(records_path))
-    train = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
-    delta = delta if delta is not None else accounting.default_delta(len(train))
+    logger = stage_logger()
+    key, spec, lm = open_stage("audit", locals(), AUDIT_KEY_FIELDS, AUDIT_MODULES, task_spec=task_spec, model=model,
+                               device=device, dtype=dtype)
+    train = private_split(records_path, "train")
+    delta = delta if delta is not None else default_delta(len(train))
     # The member split is an audit design choice, not privacy noise: reproducible from the data hash.
     split_seed = derive_seed(seed if seed is not None else int(data_hash[:15], 16), "audit-split")
     demos = pd.concat([read_table(Path(p)) for p in demo_paths or []], ignore_index=True) if demo_paths else None
     thresholds = GateThresholds.from_config(audit_config)
     cache: dict = {}  # reference scores of a candidate, shared by the epsilons (same OUT prompts)
 
-    results, rows = [], []
+    results = []
     if audit_config.mode == "run-demos":
-        held_out = records[records["split"] != "train"][["id", "text", "label"]].reset_index(drop=True)
+        held_out = private_split(records_path, "test")
         if held_out.empty:
             raise ConfigError("audit: the run-demos audit needs held-out (test) records as non-members")
         for target in targets:
-            eps = float(target["epsilon"])
+            eps = float(target.epsilon)
             own = demos[demos["epsilon"] == eps] if demos is not None else pd.DataFrame(columns=["text", "label"])
             if own.empty:
                 logger.warning("audit at epsilon %g: the run has no DP demonstration to audit", eps)
@@ -146,74 +202,46 @@ def audit(
             result = mia.demos_audit(
                 lm, spec, list(zip(own["text"].astype(str), own["label"].astype(str), strict=True)), train,
                 held_out, audit_config, seed=derive_seed(split_seed, "audit-trials"), epsilon=eps,
-                noise_multiplier=target.get("noise_multiplier"), delta=delta,
-                crosscheck_agreed=target["crosscheck_agreed"], thresholds=thresholds, cache=cache,
+                noise_multiplier=target.noise_multiplier, delta=delta,
+                crosscheck_agreed=target.crosscheck_agreed, thresholds=thresholds, cache=cache,
                 progress=_progress(f"audit demos eps={eps:g}"),
             )
             results.append(result)
-            rows.append(result.audit_frame())
             _log_result(logger, eps, result)
     else:
-        members, non_members = mia.split_members(train, seed=split_seed)
-        member_counts = members["label"].astype(str).value_counts().to_dict()
-        member_counts = {label: int(member_counts.get(label, 0)) for label in spec.label_names}
-        steps = accounting.total_steps(generation.max_tokens, 1)
+        members, non_members, member_counts = audit_members(train, split_seed, spec.label_names)
         tokenize = model_tokenize(lm)
         pool_tokens: dict = {}
         for target in targets:
-            eps = float(target["epsilon"])
-            calibrated = accounting.calibrate_for_labels(eps, member_counts, generation.num_subsets,
-                                                         generation.subset_size, steps, delta,
-                                                         mechanism=generation.mechanism)
-            sigma = float(calibrated["noise_multiplier"])
-            q = float(calibrated["sampling_rate"])  # the members' largest q (the audit's own spend)
-            hook = audit_charge_hook(dataset_id, data_hash, run_id, sigma, q, steps, delta, generation.mechanism)
-            result = mia.dp_audit(
-                lm, spec, members, non_members, audit_config, generation, sigma,
-                seed=derive_seed(split_seed, "audit-trials", eps), epsilon=eps, delta=delta,
-                crosscheck_agreed=target["crosscheck_agreed"],
-                noise_seed=derive_seed(seed, "audit-noise", eps), charge=hook, thresholds=thresholds, cache=cache,
-                progress=_progress(f"audit demo sets eps={eps:g}"),
-            )
+            eps = float(target.epsilon)
+            plan = audit_plan(generation, member_counts, eps, delta, audit_config.demo_sets)
+            (charged,) = plan.privacy_plans()
+            result = dp_audit_at(
+                lm, spec, members, non_members, audit_config, generation, plan.calibration(eps),
+                seed=derive_seed(split_seed, "audit-trials", eps), noise_seed=derive_seed(seed, "audit-noise", eps),
+                crosscheck_agreed=target.crosscheck_agreed, thresholds=thresholds,
+                charge=audit_charge_hook(dataset_id, data_hash, run_id, charged), cache=cache,
+                what=f"audit demo sets eps={eps:g}")
             own = demos[demos["epsilon"] == eps] if demos is not None else None
             if own is not None and len(own):  # the run's own DP demos, against their labels' records
                 found = mia.demo_overlap(tokenize, own["text"].tolist(), own["label"].tolist(), train,
                                          result.overlap_threshold, pool_tokens)
                 result = mia.with_demo_overlap(result, *found, thresholds)
             results.append(result)
-            rows.append(result.audit_frame())
             _log_result(logger, eps, result)
 
     reference = None
     if non_private_reference:
-        # Its demos are real records (verbatim copies by construction): the overlap check runs on a
-        # sample of the records only, to keep the reference cheap on large datasets.
-        sample = train.sample(n=min(len(train), REFERENCE_OVERLAP_SAMPLE), random_state=split_seed % (2**32))
-        reference = mia.non_private_audit(lm, spec, train, audit_config, seed=derive_seed(split_seed, "reference"),
-                                          delta=delta, thresholds=thresholds, overlap_records=sample,
-                                          progress=_progress("audit non-private reference trials"))
+        reference = reference_audit(lm, spec, train, audit_config, seed=derive_seed(split_seed, "reference"),
+                                    sample_seed=split_seed, delta=delta, thresholds=thresholds,
+                                    what="audit non-private reference trials")
         logger.info("non-private reference audit (real 1-shot demos): AUC %.3f (%s attack; %s)", reference.auc,
                     reference.attack, ", ".join(f"{a.attack} {a.auc:.3f}" for a in reference.attacks))
 
-    out = stage_dir("audit", key)
-    # Per-record scores (record ids, membership bits, scores) are a function of private records: private
-    # store only. The public ROC is an aggregate of the DP audits; one drawn with the non-private
-    # reference goes to the private store too.
-    private_out = stage_dir("audit", key, private=True)
-    scores = pd.concat([r.mia_scores for r in results + ([reference] if reference else [])], ignore_index=True)
-    table = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["setting", "epsilon", "passed"])
-    title = f"{spec.name}: membership inference ROC"
-    result = {
-        "key": key,
-        "mia_scores_path": str(write_table(scores, private_out / "mia_scores.parquet")),
-        "audit_path": str(write_table(table, out / "audit.parquet")),
-        "roc_path": str(roc_plot(results, out / "roc.png", title=title)) if results else None,
-        "summary": [public_summary(r) for r in results],
-    }
+    paths = write_audit(results, reference, stage_dir("audit", key), stage_dir("audit", key, private=True),
+                        f"{spec.name}: membership inference ROC", private_roc="roc_reference.png")
+    result = {"key": key, **paths, "summary": [public_summary(r) for r in results]}
     if reference is not None:
-        result["reference_roc_path"] = str(roc_plot(results + [reference], private_out / "roc_reference.png",
-                                                    title=title))
-        result["reference_path"] = str(write_table(reference.audit_frame(), out / "audit_reference.parquet"))
         result["reference"] = public_summary(reference)
     return result
 

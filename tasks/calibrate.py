@@ -1,88 +1,51 @@
-"""Stage 3: the noise multiplier sigma for each requested epsilon (`dpcore.accounting`).
+"""Stage 3: DP few-shot generation's privacy plan (`dpcore.fewshot_plan`): sigma for each requested epsilon.
 
 One sigma per epsilon for the whole run, calibrated at the largest per-label sampling
 rate q = MN/|D_y| (labels are disjoint, so the run's epsilon is the maximum over labels:
 parallel composition). T = max_tokens x demos per label. Epsilon 0 means instruction-only
 demos (no private data, sigma unused); epsilon = inf means sigma = 0 (no noise).
 
-The `calibration` table: one row per requested epsilon. `epsilon` is the requested bound
-(the guarantee the run claims), `epsilon_upper` the accountant's upper bound at the chosen
-sigma (at most `epsilon`), with lower bound, estimate and the dp-accounting cross-check.
+The task's result is the run's `FewShotPlan` (cached); its `calibrations` are the rows of the
+public `calibration` table (`dpcore.fewshot_plan.CALIBRATION_COLUMNS`) and its `privacy_plans()`
+what the run charges. `plan_arguments` gives the plan's inputs from a `RunConfig`, so the pipeline
+and the dry run before `dpicl run` (`tasks.charge.run_spends`) plan the same thing.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
-from prefect import get_run_logger, task
+from dpcore.config import GenerationConfig, RunConfig, demos_per_label
+from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, fewshot_plan
+from tasks.common import cached_task, stage_logger
 
-from tasks.common import RETRIES, RETRY_DELAY_SECONDS, cache_key_on, transient_only
-
-CALIBRATION_COLUMNS = [
-    "epsilon", "method", "mechanism", "noise_multiplier", "sampling_rate", "steps", "delta", "epsilon_upper",
-    "epsilon_lower", "epsilon_estimate", "epsilon_crosscheck", "crosscheck_agreed", "num_subsets", "subset_size",
-    "warnings",
-]
-CALIBRATE_KEY_FIELDS = ("epsilons", "label_counts", "num_subsets", "subset_size", "steps", "delta", "mechanism")
+__all__ = ["CALIBRATION_COLUMNS", "calibrate", "generation_config", "plan_arguments"]
+CALIBRATE_KEY_FIELDS = ("epsilons", "label_counts", "generation", "delta", "baselines", "audit_reference")
 
 
-def _report_fields(report) -> dict:
-    if report is None:
-        return {}
-    get = (lambda name: report.get(name)) if isinstance(report, dict) else (lambda name: getattr(report, name, None))
-    fields = {
-        "noise_multiplier": get("noise_multiplier"),
-        "sampling_rate": get("sampling_rate"),
-        "steps": get("steps"),
-        "delta": get("delta"),
-        "epsilon_upper": get("epsilon"),
-        "epsilon_lower": get("epsilon_lower"),
-        "epsilon_estimate": get("epsilon_estimate"),
-        "epsilon_crosscheck": get("epsilon_crosscheck"),
-        "crosscheck_agreed": get("crosscheck_agreed"),
-        "warnings": "\n".join(get("warnings") or ()),
-    }
-    return {k: v for k, v in fields.items() if v is not None}
+def generation_config(config: RunConfig, num_labels: int) -> GenerationConfig:
+    """Algorithm 1's parameters for a run: `demos_per_label(shots, labels)` demos of each label."""
+    return config.generation_config().model_copy(update={"demos_per_label": demos_per_label(config.shots, num_labels)})
 
 
-def _run_fields(calibrated: dict) -> dict:
-    """Row fields from `calibrate_for_labels`: the run-level report (the label with the largest q),
-    with the run's cross-check verdict and warnings over all labels."""
-    fields = _report_fields(calibrated["report"])
-    fields.update(noise_multiplier=calibrated["noise_multiplier"], epsilon_upper=calibrated["epsilon"],
-                  sampling_rate=calibrated["sampling_rate"], crosscheck_agreed=calibrated["crosscheck_agreed"],
-                  warnings="\n".join(calibrated.get("warnings") or ()))
-    return fields
+def plan_arguments(config: RunConfig, label_counts: Mapping[str, int], delta: float) -> dict:
+    """The keyword arguments of `calibrate` (and of `dpcore.fewshot_plan.fewshot_plan`) for a run."""
+    return {"epsilons": sorted({float(e) for e in config.epsilons}), "label_counts": dict(label_counts),
+            "generation": generation_config(config, len(label_counts)), "delta": float(delta),
+            "baselines": list(config.baselines), "audit_reference": bool(config.audit and config.audit_reference)}
 
 
-@task(name="calibrate", cache_key_fn=cache_key_on("calibrate", CALIBRATE_KEY_FIELDS, ("dpcore.accounting",)),
-      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=transient_only)
-def calibrate(*, epsilons: list[float], label_counts: dict[str, int], num_subsets: int, subset_size: int,
-              steps: int, delta: float, mechanism: str = "gaussian") -> list[dict]:
-    """Rows of the `calibration` table (public aggregates)."""
-    from dpcore import accounting
-
-    logger = get_run_logger()
-    q = max(accounting.sampling_rate(num_subsets, subset_size, count) for count in label_counts.values())
-    rows = []
-    for eps in sorted(set(float(e) for e in epsilons)):
-        row = {"epsilon": eps, "mechanism": mechanism, "num_subsets": num_subsets, "subset_size": subset_size,
-               "sampling_rate": q, "steps": steps, "delta": delta, "crosscheck_agreed": True, "warnings": ""}
-        if eps == 0:
-            row.update(method="instruction-only", noise_multiplier=0.0, sampling_rate=0.0, epsilon_upper=0.0,
-                       epsilon_lower=0.0, epsilon_estimate=0.0, epsilon_crosscheck=0.0)
-        elif math.isinf(eps):
-            report = accounting.epsilon_for(0.0, q, steps, delta, mechanism=mechanism)
-            row.update(method="sigma-zero", **_report_fields(report))
-            row.update(noise_multiplier=0.0, epsilon_upper=math.inf)
-        else:
-            calibrated = accounting.calibrate_for_labels(eps, label_counts, num_subsets, subset_size, steps, delta,
-                                                         mechanism=mechanism)
-            row.update(method="dp", **_run_fields(calibrated))
-        row["epsilon"] = eps
-        rows.append({name: row.get(name) for name in CALIBRATION_COLUMNS})
+@cached_task("calibrate", CALIBRATE_KEY_FIELDS, ("dpcore.accounting", "dpcore.fewshot_plan"))
+def calibrate(*, epsilons: list[float], label_counts: dict[str, int], generation: GenerationConfig, delta: float,
+              baselines: list[str], audit_reference: bool) -> FewShotPlan:
+    """The run's `FewShotPlan` (public: parameters and accountant aggregates only)."""
+    plan = fewshot_plan(epsilons, label_counts, generation, delta, baselines=baselines,
+                        audit_reference=audit_reference)
+    logger = stage_logger()
+    for row in plan.calibrations:
         logger.info("epsilon %s: sigma %.4f (q=%.3g, T=%d, delta=%.3g, accountant upper %s, cross-check %s)",
-                    "inf" if math.isinf(eps) else f"{eps:g}", row["noise_multiplier"], row["sampling_rate"], steps,
-                    delta, row.get("epsilon_upper"), "agreed" if row.get("crosscheck_agreed") else "DISAGREED")
-    return rows
+                    "inf" if math.isinf(row.epsilon) else f"{row.epsilon:g}", row.noise_multiplier,
+                    row.sampling_rate, row.steps, row.delta, row.epsilon_upper,
+                    "agreed" if row.crosscheck_agreed else "DISAGREED")
+    return plan

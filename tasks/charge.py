@@ -1,18 +1,21 @@
-"""The privacy-ledger hooks of the pipeline (`dpcore.ledger`).
+"""The privacy-ledger hooks: the one place plans are charged (`dpcore.ledger`).
 
-- `planned_spends`: every spend the run's plan will draw noise for, as ledger requests: one
-  per DP epsilon (mechanism, sigma, q, T, delta; purpose "pipeline"), and, only when the
-  user opted into them, the non-private baselines as sigma = 0 spends (infinite; purpose
-  "baseline"): `sigma-zero` (the run's q and T) and `random-real` (real private records in
-  the prompts: q = 1, T = 1) and the audit's non-private reference (`audit_reference`, the same).
-- `preflight`: the checks that could fail after the charge, run before it (the model
-  resolves and its context holds `max_tokens`; the task runner spec parses).
-- `charge_run`: charges, in ONE all-or-nothing transaction, each planned spend the ledger
-  does not already hold for this run id (`Ledger.charge_unrecorded`: matched on the spend's
-  parameters and the data's content hash, never on the run id alone). A retry that replays
-  exactly the recorded spends is free; anything new is charged, or the run refused
+- `charge_plans` / `charge_spends`: charges, in ONE all-or-nothing transaction, each planned
+  spend the ledger does not already hold for this run id (`Ledger.charge_unrecorded`: matched
+  on the spend's parameters and the data's content hash, never on the run id alone). A retry
+  that replays exactly the recorded spends is free; anything new is charged, or the run refused
   (`BudgetExceededError`, exit 3) before any generation. `dry_run=True` checks the budget
-  without recording (the CLI's refusal before any model loads).
+  without recording (the CLI's refusal before any model loads). `fresh=True` charges every
+  spend anew (a command that always draws fresh noise: `dpicl generate`, `dpicl audit`,
+  `dpicl evaluate --baseline random-real`; never a replay).
+- The plans: DP few-shot generation's come from its `FewShotPlan` (`dpcore.fewshot_plan`: one
+  per DP epsilon, purpose "pipeline", and, only when the user opted into them, the non-private
+  baselines as sigma = 0 spends, purpose "baseline": `sigma-zero`, `random-real` and the audit's
+  non-private reference `audit-reference`); PromptPATE's and PromptDPSGD's from their modules
+  (`method_plans`).
+- `preflight` / `checks_after_ingest`: the checks that could fail after the charge, run before
+  it (the model resolves and its context holds `max_tokens`; the task runner spec parses; the
+  test size and the longest group prompt fit).
 - `noise_charged`: which generation tasks may draw noise: those whose spend was charged by
   this attempt. A replayed spend may only be served from the cached draw; an unseeded
   generation whose cached draw is gone is refused by the generate task (never redrawn under
@@ -24,7 +27,7 @@
   what the CLI shows and dry-runs before anything starts, and what the pipeline charges in one
   transaction after ingest.
 - `audit_charge_hook`: the `charge(demo_set)` callback `dpcore.audit.dp_audit` calls before
-  each of its DP generations from the audit's members (purpose "audit").
+  each of its DP generations from the audit's members (the audit's plan, purpose "audit").
 
 Instruction-only generation reads no private record and is never charged. There is no
 fail-open path: a run without the ledger is an error.
@@ -37,62 +40,19 @@ from collections.abc import Callable
 
 from dpcore import ledger
 from dpcore.errors import ConfigError
+from dpcore.fewshot_plan import AUDIT_REFERENCE, RANDOM_REAL, SIGMA_ZERO, real_records_plan
 
-DP = "dp"
-SIGMA_ZERO = "sigma-zero"
-RANDOM_REAL = "random-real"
-INSTRUCTION_ONLY = "instruction-only"
-AUDIT_REFERENCE = "audit-reference"
+__all__ = ["AUDIT_REFERENCE", "RANDOM_REAL", "SIGMA_ZERO", "audit_charge_hook", "charge_plans", "charge_spends",
+           "method_plans", "noise_charged", "plan_spends", "planned_cost", "preflight", "real_records_spend",
+           "run_spends"]
 NON_PRIVATE_BASELINES = (SIGMA_ZERO, RANDOM_REAL)
 TINY_CONTEXT_LENGTH = 2048  # LanguageModel.tiny_random's max_position_embeddings
 
 
-def _spend_of(item_method: str, sigma: float, q: float, steps: int, delta: float, config, data_hash: str,
-              run_id: str) -> ledger.ChargeRequest:
-    purpose = "pipeline" if item_method == DP else "baseline"
-    return ledger.ChargeRequest(dataset_id=config.ledger_id, content_hash=data_hash, run_id=run_id,
-                                mechanism=config.mechanism, noise_multiplier=float(sigma), sampling_rate=float(q),
-                                steps=int(steps), delta=float(delta), purpose=purpose)
-
-
-def _run_parameters(calibration: list[dict]) -> tuple[float, int, float]:
-    """(q, T, delta) of the run from its calibration rows (q = 1 if only epsilon 0 was asked: then
-    only sigma = 0 baselines can be charged, which are infinite whatever q)."""
-    if not calibration:
-        raise ConfigError("calibration: no calibration rows; nothing can be charged")
-    with_q = [r for r in calibration if r.get("sampling_rate")]
-    row = with_q[0] if with_q else calibration[0]
-    q = float(row["sampling_rate"]) if with_q else 1.0
-    return q, int(row["steps"]), float(row["delta"])
-
-
-def planned_spends(config, data_hash: str, run_id: str, plan: list[dict], calibration: list[dict]
-                   ) -> list[tuple[str, float, ledger.ChargeRequest]]:
-    """(method, epsilon, request) for every spend of the run's plan that touches private data."""
-    q, steps, delta = _run_parameters(calibration)
-    seen: dict[tuple[str, float], tuple[str, float, ledger.ChargeRequest]] = {}
-    for item in plan:
-        method = item["method"]
-        if method == INSTRUCTION_ONLY:
-            continue
-        key = (method, float(item["epsilon"]))
-        if key in seen:
-            continue
-        sigma = 0.0 if method == SIGMA_ZERO else float(item["noise_multiplier"])
-        seen[key] = (method, float(item["epsilon"]), _spend_of(method, sigma, q, steps, delta, config, data_hash,
-                                                                 run_id))
-    spends = sorted(seen.values(), key=lambda s: (s[0], s[1]))
-    if RANDOM_REAL in config.baselines:  # real private records as demonstrations: no privacy at all
-        spends.append((RANDOM_REAL, math.inf, real_records_spend(config, data_hash, run_id, delta)))
-    if config.audit and config.audit_reference:  # the audit's non-private reference: real records as demos
-        spends.append((AUDIT_REFERENCE, math.inf, real_records_spend(config, data_hash, run_id, delta)))
-    return spends
-
-
 def real_records_spend(config, data_hash: str, run_id: str, delta: float) -> ledger.ChargeRequest:
     """Real private records placed in prompts with no noise (random-real demos, the non-private reference
-    audit): an infinite spend (sigma = 0; q = 1, T = 1 only name the event), purpose "baseline"."""
-    return _spend_of(RANDOM_REAL, 0.0, 1.0, 1, delta, config, data_hash, run_id)
+    audit): an infinite spend (`dpcore.fewshot_plan.real_records_plan`), purpose "baseline"."""
+    return real_records_plan(RANDOM_REAL, config.mechanism, delta).requests(config.ledger_id, data_hash, run_id)[0]
 
 
 def non_private_baselines(config) -> list[str]:
@@ -151,20 +111,14 @@ def check_max_tokens(max_tokens: int, limit: int, model: str) -> None:
                           f"({limit} positions, shared with the prompt); use --max-tokens below {limit}")
 
 
-def charge_run(config, data_hash: str, run_id: str, plan: list[dict], calibration: list[dict],
-               dry_run: bool = False) -> dict:
-    """Charge the DP few-shot run's unrecorded private-data spends (one transaction); returns a
-    public summary (`charge_spends`)."""
-    return charge_spends(config.ledger_id, planned_spends(config, data_hash, run_id, plan, calibration),
-                         dry_run=dry_run)
-
-
-def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: bool = False) -> dict:
+def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: bool = False,
+                 fresh: bool = False) -> dict:
     """Charge every `dpcore.plan.PrivacyPlan` of a run (any method) in one transaction: each plan's
-    spends the ledger does not already hold for this run id. `noise_charged` then lists the
-    (method, epsilon) of the plans charged by this call; a plan with no spends reads no private
-    record and is never charged."""
-    return charge_spends(dataset_id, plan_spends(dataset_id, data_hash, run_id, plans), dry_run=dry_run)
+    spends the ledger does not already hold for this run id (`fresh`: every spend). `noise_charged`
+    then lists the (method, epsilon) of the plans charged by this call; a plan with no spends reads
+    no private record and is never charged."""
+    return charge_spends(dataset_id, plan_spends(dataset_id, data_hash, run_id, plans), dry_run=dry_run,
+                         fresh=fresh)
 
 
 def plan_spends(dataset_id: str, data_hash: str, run_id: str, plans) -> list[tuple[str, float, ledger.ChargeRequest]]:
@@ -175,7 +129,7 @@ def plan_spends(dataset_id: str, data_hash: str, run_id: str, plans) -> list[tup
 def method_plans(config, data, delta: float) -> list:
     """The `PrivacyPlan`s of the run's PromptPATE and PromptDPSGD, each after its own checks on the data
     (`tasks.pate.check_inputs`: the flock size, the public queries; `tasks.tune.plans`: batch within the
-    training records). DP few-shot generation's spends come from its calibration (`planned_spends`)."""
+    training records). DP few-shot generation's come from its `FewShotPlan` (`tasks.calibrate`)."""
     plans = []
     if "pate" in config.methods:
         from tasks.pate import check_inputs, privacy_plans
@@ -226,16 +180,23 @@ def planned_cost(spends: list[tuple[str, float, ledger.ChargeRequest]]) -> dict:
 
 
 def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeRequest]],
-                  dry_run: bool = False) -> dict:
+                  dry_run: bool = False, fresh: bool = False) -> dict:
     """The one charging path: (method, epsilon, request) spends, charged in ONE all-or-nothing
-    transaction (`Ledger.charge_unrecorded`), or refused (`BudgetExceededError`, exit 3) before
-    anything is recorded. Returns a public summary.
+    transaction (`Ledger.charge_unrecorded`; `fresh`: `Ledger.charge_many`, every spend anew), or
+    refused (`BudgetExceededError`, exit 3) before anything is recorded. Returns a public summary
+    (`ledger_entries`: the entries this call recorded).
 
     `noise_charged` lists the (method, epsilon) with a spend this call charged: only those may
     draw fresh noise; the others replay a recorded spend and must come from the cached draw.
     """
     book = ledger.Ledger()
-    outcome = book.charge_unrecorded([request for _, _, request in spends], dry_run=dry_run)
+    requests = [request for _, _, request in spends]
+    if not fresh:
+        outcome = book.charge_unrecorded(requests, dry_run=dry_run)
+    elif dry_run:
+        outcome = book.check_charge(requests)
+    else:
+        outcome = ledger.ChargeOutcome(tuple(book.charge_many(requests)), (), tuple(requests))
     pending = list(outcome.new_requests)
     is_new = []
     for _, _, request in spends:
@@ -256,6 +217,7 @@ def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeR
         "entries": [{"method": m, "epsilon": "inf" if math.isinf(e) else e, "purpose": r.purpose,
                      "noise_multiplier": r.noise_multiplier, "sampling_rate": r.sampling_rate, "steps": r.steps,
                      "delta": r.delta, "new": new} for (m, e, r), new in zip(spends, is_new, strict=True)],
+        "ledger_entries": [entry.to_dict() for entry in outcome.charged],
     }
     if not dry_run:
         spend = book.spend(dataset_id)
@@ -286,19 +248,18 @@ def ledger_report(dataset_id: str, run_id: str) -> dict:
     }
 
 
-def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None, noise_multiplier: float,
-                      sampling_rate: float, steps: int, delta: float, mechanism: str) -> Callable[[int], None]:
-    """The `charge(demo_set)` callback of `dp_audit`. A missing dataset id or run id is an error:
-    an audit's DP generations always spend privacy."""
+def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None, plan) -> Callable[[int], None]:
+    """The `charge(demo_set)` callback of `dp_audit`: demo set i charges the i-th spend of the audit's
+    `PrivacyPlan` (always anew: each demo set draws fresh noise). A missing dataset id or run id is an
+    error: an audit's DP generations always spend privacy."""
     if not dataset_id or not run_id:
         raise ConfigError(f"audit: cannot charge the audit's DP generations to the ledger without a dataset id "
                           f"and a run id (got dataset_id={dataset_id!r}, run_id={run_id!r})")
+    requests = plan.requests(dataset_id, data_hash, run_id)
     book = ledger.Ledger()
 
     def charge(demo_set: int) -> None:
-        book.charge(dataset_id=dataset_id, content_hash=data_hash, run_id=run_id, mechanism=mechanism,
-                    noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps, delta=delta,
-                    purpose="audit")
+        book.charge_many([requests[demo_set]])
 
     return charge
 
@@ -306,32 +267,17 @@ def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None
 def run_spends(config, run_id: str | None = None) -> tuple[list[tuple[str, float, ledger.ChargeRequest]], object]:
     """Every spend the run will charge, for every method it names, from the data and the accountant
     alone (no model, no Prefect server, nothing written): (spends, the loaded dataset). DP few-shot
-    generation's sigma per epsilon is calibrated as the pipeline's calibration task does."""
-    from dpcore import accounting
-    from dpcore.config import demos_per_label
+    generation's plan is the one the pipeline's calibration stage makes (`tasks.calibrate.plan_arguments`)."""
     from dpcore.datasets import load_dataset
+    from dpcore.fewshot_plan import default_delta, fewshot_plan
     from dpcore.taskspec import load_task_spec
-    from tasks.generate import generation_plan
+    from tasks.calibrate import plan_arguments
 
     data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
     run_id = run_id or "dry-run"
-    delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))
-    spends = []
+    delta = config.delta if config.delta is not None else default_delta(len(data.train))
+    plans = []
     if "tang" in config.methods:
-        label_counts = data.label_counts()
-        steps = accounting.total_steps(config.max_tokens, demos_per_label(config.shots, len(data.labels)))
-        q = max(accounting.sampling_rate(config.num_subsets, config.subset_size, n) for n in label_counts.values() if n)
-        rows = []
-        for eps in sorted({float(e) for e in config.epsilons}):
-            row = {"epsilon": eps, "sampling_rate": q, "steps": steps, "delta": delta, "noise_multiplier": 0.0}
-            if eps == 0:
-                row["sampling_rate"] = 0.0
-            elif math.isfinite(eps):
-                row["noise_multiplier"] = float(accounting.calibrate_for_labels(
-                    eps, label_counts, config.num_subsets, config.subset_size, steps, delta,
-                    mechanism=config.mechanism)["noise_multiplier"])
-            rows.append(row)
-        plan = generation_plan(list(data.labels), rows, list(config.baselines), config.seed)
-        spends += planned_spends(config, data.content_hash, run_id, plan, rows)
-    spends += plan_spends(config.ledger_id, data.content_hash, run_id, method_plans(config, data, delta))
-    return spends, data
+        plans += fewshot_plan(**plan_arguments(config, data.label_counts(), delta)).privacy_plans()
+    plans += method_plans(config, data, delta)
+    return plan_spends(config.ledger_id, data.content_hash, run_id, plans), data

@@ -34,7 +34,7 @@ from dpcore.errors import DpiclError, RunStopped
 from dpcore.home import dpicl_home, private_dir
 
 # Bump to invalidate every cached stage result (a change of the stage-folder layout).
-CACHE_LAYOUT_VERSION = "2"  # 2: per-record tables and generation counters moved to the private stage folders
+CACHE_LAYOUT_VERSION = "3"  # 3: typed stage results (Shard, FewShotPlan); 2: per-record tables moved to private folders
 # Model names resolved here (not in dpcore.lm): a tiny randomly initialised Llama for tests and smoke runs.
 TINY_MODEL_NAMES = frozenset({"tiny-random", "tiny-random-llama"})
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -212,6 +212,40 @@ RETRIES = 2
 RETRY_DELAY_SECONDS = 1
 
 
+def cached_task(name: str, key_fields: tuple[str, ...], modules: tuple[str, ...] = (), **options):
+    """A Prefect task whose JSON result is persisted under its cache key (`cache_key_on(name, key_fields,
+    modules)`: public parameters and the dpcore code it runs), retried on transient failures only."""
+    from prefect import task
+
+    return task(name=name, cache_key_fn=cache_key_on(name, key_fields, modules), persist_result=True,
+                result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
+                retry_condition_fn=transient_only, **options)
+
+
+def uncached_task(name: str, **options):
+    """A Prefect task that runs every time (its result is not persisted), retried on transient failures only."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    return task(name=name, cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
+                retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only, **options)
+
+
+def stage_logger():
+    """The running Prefect task's logger; outside a task run (a CLI command calling a stage's function
+    directly), the `dpicl` logger."""
+    import logging
+
+    from prefect.exceptions import MissingContextError
+
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("dpicl.stage")
+
+
 # --------------------------------------------------------------------------- versions
 
 
@@ -256,6 +290,16 @@ def language_model(name: str, device: str = "auto", dtype: str = "auto"):
             else:
                 _MODELS[key] = LanguageModel.load(name, device=device, dtype=dtype)
         return _MODELS[key]
+
+
+def open_stage(stage: str, parameters: dict[str, Any], key_fields: tuple[str, ...], modules: tuple[str, ...],
+               *, task_spec: str, model: str, device: str = "auto", dtype: str = "auto") -> tuple[str, Any, Any]:
+    """What every model stage starts with: (its cache key from the named `parameters`, the task spec,
+    the language model)."""
+    from dpcore.taskspec import load_task_spec
+
+    key = stage_key(stage, {name: value for name, value in parameters.items() if name in key_fields}, modules)
+    return key, load_task_spec(task_spec), language_model(model, device, dtype)
 
 
 def remove_tree(path: Path) -> None:

@@ -1,12 +1,14 @@
 """Stage 5: ICL evaluation of every method through `dpcore.icl.evaluate`.
 
-One task per (method, epsilon): 0-shot, instruction-only demos (epsilon = 0), sigma = 0
-demos and random real demos (epsilon = infinity (a) and (b)), and the DP demos at each
-epsilon. Outputs: `metrics` (public: accuracies aggregated per method, epsilon and seed) and
-`predictions` (PRIVATE: each test item's id, gold label and label probabilities are per-record
-functions of the test split, which comes from the private data; private stage folder). The
-random-real baseline's real demonstrations stay private too: the ids of the chosen records go
-to the private `real_demos` table and are blanked in `predictions`.
+One task per (method, epsilon) (`DemoSet`s of `evaluation_plan`): 0-shot, instruction-only demos
+(epsilon = 0), sigma = 0 demos and random real demos (epsilon = infinity (a) and (b)), and the DP
+demos at each epsilon. Outputs: `metrics` (public: accuracies aggregated per method, epsilon and
+seed) and `predictions` (PRIVATE: each test item's id, gold label and label probabilities are
+per-record functions of the test split, which comes from the private data; private stage folder).
+`evaluate_pool` is the evaluation itself, shared with `dpicl evaluate` (`flows.standalone`): the
+random-real baseline's real demonstrations stay private there and here alike: the ids of the
+chosen records go to the private `real_demos` table and are blanked in `predictions`, and an
+extraction task's answers (which may copy the real records' words) are blanked too.
 """
 
 from __future__ import annotations
@@ -16,32 +18,52 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from prefect import get_run_logger, task
+from pydantic import BaseModel, ConfigDict
 
 from dpcore.artifacts import read_table, write_table
 from dpcore.config import EvalConfig
-from tasks.common import (
-    RETRIES,
-    RETRY_DELAY_SECONDS,
-    cache_key_on,
-    language_model,
-    report_progress,
-    stage_dir,
-    stage_key,
-    transient_only,
-)
+from dpcore.fewshot_plan import RANDOM_REAL
+from tasks.common import cached_task, open_stage, report_progress, stage_dir, stage_logger
 
 EVAL_MODULES = ("dpcore.icl", "dpcore.prefix_cache", "dpcore.taskspec", "dpcore.lm", "dpcore.soft_prompt")
 EVALUATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "epsilon", "demo_keys", "eval_config", "labels",
                        "model", "dtype")
-RANDOM_REAL = "random-real"
 ZERO_SHOT = "zero-shot"
 DPSGD = "dpsgd"  # demo_paths = [the trained prompt's safetensors], demo_keys = [its sha256]
 
 
-@task(name="evaluate", cache_key_fn=cache_key_on("evaluate", EVALUATE_KEY_FIELDS, EVAL_MODULES),
-      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=transient_only, task_run_name="evaluate-{method}-eps{epsilon}")
+class DemoSet(BaseModel):
+    """What one evaluation task scores: a method at one epsilon and its demos (paths and cache keys)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    method: str
+    epsilon: float
+    demo_paths: tuple[str, ...] = ()
+    demo_keys: tuple[str, ...] = ()
+
+
+def evaluate_pool(lm, spec, test: pd.DataFrame, pool, method: str, epsilon: float, eval_config: EvalConfig,
+                  labels: list[str] | None, *, past=None, batch_size: int = 16, max_new_tokens: int = 12
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """(predictions, metrics, the random-real baseline's private demo ids or None) of one method.
+
+    Predictions and demo ids are private (per-record functions of the data); metrics are aggregates."""
+    from dpcore import icl
+
+    what = f"evaluate {method} eps={'inf' if math.isinf(epsilon) else f'{epsilon:g}'}: test items"
+    predictions, metrics = icl.evaluate(lm, spec, test, pool, method, epsilon, eval_config,
+                                        labels=labels if spec.kind == "classification" else None,
+                                        batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                        items_progress=lambda done, total: report_progress(what, done, total),
+                                        past=past)
+    real = None
+    if method == RANDOM_REAL:
+        predictions, real = icl.split_private_demo_ids(predictions, free_text=spec.kind != "classification")
+    return predictions, metrics, real
+
+
+@cached_task("evaluate", EVALUATE_KEY_FIELDS, EVAL_MODULES, task_run_name="evaluate-{method}-eps{epsilon}")
 def evaluate(
     *,
     records_path: str,
@@ -58,16 +80,11 @@ def evaluate(
     dtype: str = "auto",
 ) -> dict:
     """Evaluate one method; returns the stage paths and its per-seed metrics (aggregates)."""
-    from dpcore import icl
-    from dpcore.taskspec import load_task_spec
-    from tasks.ingest import public_test_split
+    from tasks.ingest import private_split
 
-    logger = get_run_logger()
-    key = stage_key("evaluate", {name: value for name, value in locals().items() if name in EVALUATE_KEY_FIELDS},
-                    EVAL_MODULES)
-    spec = load_task_spec(task_spec)
-    lm = language_model(model, device, dtype)
-    test = public_test_split(records_path)
+    key, spec, lm = open_stage("evaluate", locals(), EVALUATE_KEY_FIELDS, EVAL_MODULES, task_spec=task_spec,
+                               model=model, device=device, dtype=dtype)
+    test = private_split(records_path, "test")
     past = None
     if method == ZERO_SHOT:
         pool = None
@@ -77,31 +94,22 @@ def evaluate(
         pool = None
         past = load_prompt(demo_paths[0], lm.device)[0].cache_layers(lm)
     elif method == RANDOM_REAL:
-        records = read_table(Path(records_path))
-        pool = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
+        pool = private_split(records_path, "train")
     else:
         frames = [read_table(Path(p)) for p in demo_paths]
         pool = pd.concat(frames, ignore_index=True)[["text", "label"]] if frames else None
     began = time.perf_counter()
-    what = f"evaluate {method} eps={'inf' if math.isinf(epsilon) else f'{epsilon:g}'}"
-    predictions, metrics = icl.evaluate(lm, spec, test, pool, method, epsilon, eval_config,
-                                        labels=labels if spec.kind == "classification" else None,
-                                        items_progress=lambda done, total: report_progress(what, done, total),
-                                        past=past)
+    predictions, metrics, real = evaluate_pool(lm, spec, test, pool, method, epsilon, eval_config, labels, past=past)
     seconds = time.perf_counter() - began
     out = stage_dir("evaluate", key)
-    result = {"key": key, "method": method, "epsilon": float(epsilon), "seconds": seconds}
-    if method == RANDOM_REAL:
-        # real records' ids go to their own private table; an extraction task's answers, which may copy
-        # the real records' words, are blanked like `dpicl evaluate` blanks them (one split for both)
-        predictions, real = icl.split_private_demo_ids(predictions, free_text=spec.kind != "classification")
-        real_path = write_table(real, stage_dir("evaluate", key, private=True) / "real_demos.parquet")
-        result["real_demos_path"] = str(real_path)
     private_out = stage_dir("evaluate", key, private=True)
+    result = {"key": key, "method": method, "epsilon": float(epsilon), "seconds": seconds}
+    if real is not None:
+        result["real_demos_path"] = str(write_table(real, private_out / "real_demos.parquet"))
     result["predictions_path"] = str(write_table(predictions, private_out / "predictions.parquet"))
     result["metrics_path"] = str(write_table(metrics, out / "metrics.parquet"))
     result["metrics"] = metrics[["seed", "n", "accuracy", "calibrated_accuracy"]].to_dict(orient="records")
-    logger.info(
+    stage_logger().info(
         "evaluated %s at epsilon %s: accuracy %.3f, calibrated %.3f (mean over %d seeds, n=%d) in %.1f s",
         method, "inf" if math.isinf(epsilon) else f"{epsilon:g}", metrics["accuracy"].mean(),
         metrics["calibrated_accuracy"].mean(), len(metrics), int(metrics["n"].max()), seconds,
@@ -109,18 +117,28 @@ def evaluate(
     return result
 
 
-def evaluation_plan(baselines: list[str], generated: list[dict]) -> list[dict]:
-    """One evaluation per (method, epsilon): the requested baselines and every generated demo set."""
-    plan: list[dict] = []
+def evaluation_plan(baselines: list[str], generated) -> list[DemoSet]:
+    """One evaluation per (method, epsilon): the requested baselines and every generated demo set
+    (`tasks.generate.Shard`s, grouped by method and epsilon, labels in order)."""
+    plan: list[DemoSet] = []
     if ZERO_SHOT in baselines:
-        plan.append({"method": ZERO_SHOT, "epsilon": 0.0, "demo_paths": [], "demo_keys": []})
-    groups: dict[tuple[str, float], list[dict]] = {}
+        plan.append(DemoSet(method=ZERO_SHOT, epsilon=0.0))
+    groups: dict[tuple[str, float], list] = {}
     for shard in generated:
-        groups.setdefault((shard["method"], float(shard["epsilon"])), []).append(shard)
+        groups.setdefault((shard.method, float(shard.epsilon)), []).append(shard)
     for (method, eps), shards in sorted(groups.items()):
-        shards = sorted(shards, key=lambda s: s["label"])
-        plan.append({"method": method, "epsilon": eps, "demo_paths": [s["path"] for s in shards],
-                     "demo_keys": [s["key"] for s in shards]})
+        shards = sorted(shards, key=lambda s: s.label)
+        plan.append(DemoSet(method=method, epsilon=eps, demo_paths=tuple(s.path for s in shards),
+                            demo_keys=tuple(s.key for s in shards)))
     if RANDOM_REAL in baselines:
-        plan.append({"method": RANDOM_REAL, "epsilon": math.inf, "demo_paths": [], "demo_keys": []})
+        plan.append(DemoSet(method=RANDOM_REAL, epsilon=math.inf))
     return plan
+
+
+def evaluate_call(demo_set: DemoSet, ingested: dict, config, labels: list[str]) -> dict:
+    """The keyword arguments of the `evaluate` task for one demo set of a pipeline run."""
+    return dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+                task_spec=ingested["task_spec"], method=demo_set.method, epsilon=demo_set.epsilon,
+                demo_paths=list(demo_set.demo_paths), demo_keys=list(demo_set.demo_keys),
+                eval_config=config.eval_config(), labels=labels, model=config.model, device=config.device,
+                dtype=config.dtype)

@@ -77,12 +77,18 @@ def partition(ingested: dict) -> dict:
     return {"label_counts": label_counts}
 
 
-def records_by_label(records_path: str, labels: list[str] | None = None) -> dict[str, list[str]]:
-    """D_y for each label from the private `records` table (read inside a task, never returned from one)."""
+def private_split(records_path: str, split: str = "train") -> pd.DataFrame:
+    """One split (id, text, label) of the private `records` table: "train" (D_priv) or "test" (read inside a
+    task or a command's process, never returned from a task)."""
     from pathlib import Path
 
     records = read_table(Path(records_path))
-    train = records[records["split"] == "train"]
+    return records[records["split"] == split][["id", "text", "label"]].reset_index(drop=True)
+
+
+def records_by_label(records_path: str, labels: list[str] | None = None) -> dict[str, list[str]]:
+    """D_y for each label from the private `records` table (read inside a task, never returned from one)."""
+    train = private_split(records_path, "train")
     wanted = labels if labels is not None else sorted(train["label"].unique())
     return {label: train.loc[train["label"] == label, "text"].tolist() for label in wanted}
 
@@ -92,7 +98,4 @@ def public_test_split(records_path: str) -> pd.DataFrame:
 
     Its rows are held out of generation (not covered by the DP guarantee): per-item outputs computed
     from them (predictions) stay private; only aggregates over them (accuracy) are published."""
-    from pathlib import Path
-
-    records = read_table(Path(records_path))
-    return records[records["split"] == "test"][["id", "text", "label"]].reset_index(drop=True)
+    return private_split(records_path, "test")

@@ -178,7 +178,7 @@ def test_generate_task_result_and_logs_are_identical_for_neighbouring_datasets(t
     config = GenerationConfig(num_subsets=3, subset_size=3, top_k=20, max_tokens=4)
 
     @flow(name="side-channel-generate")
-    def one(records_path: str, data_hash: str) -> dict:
+    def one(records_path: str, data_hash: str):
         return generate_stage.generate(
             records_path=records_path, data_hash=data_hash, task_spec="agnews", method="dp", label="World",
             epsilon=1.0, noise_multiplier=20.0, generation=config, model="tiny-random", seed=3,
@@ -202,6 +202,7 @@ def test_generate_task_result_and_logs_are_identical_for_neighbouring_datasets(t
         logs.append([re.sub(r"about \d+ s", "about N s", r.getMessage()) for r in captured.records
                      if r.name.startswith("dpcore.generation")
                      or "generate-" in str(getattr(r, "task_run_name", ""))])
+    results = [r.model_dump() for r in results]  # the task's result: a `tasks.generate.Shard`
     assert pd.read_parquet(results[0]["path"])["text"].tolist() == pd.read_parquet(results[1]["path"])["text"].tolist()
     varying = ("key", "path", "private_stats_path", "seconds", "worker")
     a, b = ({k: v for k, v in r.items() if k not in varying} for r in results)

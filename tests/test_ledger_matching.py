@@ -107,46 +107,52 @@ def test_a_dry_run_refuses_like_the_charge_and_records_nothing(book):
 # --------------------------------------------------------------------------- the pipeline's planned spends
 
 
-CALIBRATION = [{"epsilon": 0.0, "sampling_rate": 0.0, "steps": 4, "delta": DELTA, "noise_multiplier": 0.0},
-               {"epsilon": 2.0, "sampling_rate": 0.02, "steps": 4, "delta": DELTA, "noise_multiplier": 0.8}]
+COUNTS = {"a": 100, "b": 100}
+SMALL = {"max_tokens": 2, "num_subsets": 2, "subset_size": 1}
 
 
 def _plan(config):
-    from tasks.generate import generation_plan
+    """The run's plan as the pipeline's calibration stage makes it (`tasks.calibrate.plan_arguments`)."""
+    from dpcore.fewshot_plan import fewshot_plan
+    from tasks.calibrate import plan_arguments
 
-    return generation_plan(["a", "b"], CALIBRATION, list(config.baselines), config.seed)
+    return fewshot_plan(**plan_arguments(config.model_copy(update=SMALL), COUNTS, DELTA))
+
+
+def _spends(config, run_id="run-a"):
+    from tasks.charge import plan_spends
+
+    return plan_spends(config.ledger_id, "h1", run_id, _plan(config).privacy_plans())
 
 
 def test_default_baselines_read_no_private_record_and_are_not_charged():
-    from tasks.charge import non_private_warning, planned_spends
+    from tasks.charge import non_private_warning
 
     config = RunConfig(epsilons=[0, 2])
     assert config.baselines == ["zero-shot", "instruction-only"]
-    spends = planned_spends(config, "h1", "run-a", _plan(config), CALIBRATION)
-    assert [(m, e, r.noise_multiplier, r.purpose) for m, e, r in spends] == [("dp", 2.0, 0.8, "pipeline")]
+    sigma = _plan(config).calibration(2.0).noise_multiplier
+    assert [(m, e, r.noise_multiplier, r.purpose) for m, e, r in _spends(config)] == [("dp", 2.0, sigma, "pipeline")]
     assert non_private_warning(config) is None
 
 
 def test_the_non_private_reference_audit_is_opt_in_and_an_infinite_spend():
     from tasks.audit import audit_call
-    from tasks.charge import non_private_warning, planned_spends
+    from tasks.charge import non_private_warning
 
     config = RunConfig(epsilons=[2], audit=True)
     assert not config.audit_reference
-    assert [m for m, _, _ in planned_spends(config, "h1", "run-a", _plan(config), CALIBRATION)] == ["dp"]
+    assert [m for m, _, _ in _spends(config)] == ["dp"]
     ingested = {"records_path": "r", "data_hash": "h1", "task_spec": "agnews", "paths": {"run_id": "run-a"}}
-    rows = [{**row, "method": "dp" if row["epsilon"] else "instruction-only", "crosscheck_agreed": True}
-            for row in CALIBRATION]
-    assert audit_call(config, ingested, rows, [], config.generation_config(), "")[
+    assert audit_call(config, ingested, _plan(config), [], config.generation_config(), "")[
         "non_private_reference"] is False
     opted = RunConfig(epsilons=[2], audit=True, audit_reference=True, dataset_id="ref-ds")
-    spends = {m: r for m, _, r in planned_spends(opted, "h1", "run-a", _plan(opted), CALIBRATION)}
+    spends = {m: r for m, _, r in _spends(opted)}
     assert set(spends) == {"dp", "audit-reference"}
     assert spends["audit-reference"].noise_multiplier == 0 and spends["audit-reference"].purpose == "baseline"
     assert "audit-reference" in non_private_warning(opted)
-    assert audit_call(opted, ingested, rows, [], opted.generation_config(), "")["non_private_reference"]
+    assert audit_call(opted, ingested, _plan(opted), [], opted.generation_config(), "")["non_private_reference"]
     without_audit = RunConfig(epsilons=[2], audit=False, audit_reference=True)
-    assert [m for m, _, _ in planned_spends(without_audit, "h1", "r", _plan(without_audit), CALIBRATION)] == ["dp"]
+    assert [m for m, _, _ in _spends(without_audit, "r")] == ["dp"]
 
 
 def test_opted_in_non_private_baselines_are_infinite_spends_with_a_warning(book, monkeypatch):
@@ -154,8 +160,7 @@ def test_opted_in_non_private_baselines_are_infinite_spends_with_a_warning(book,
 
     config = RunConfig(epsilons=[2], dataset_id="baselines-ds",
                        baselines=["zero-shot", "sigma-zero", "random-real"])
-    spends = charge.planned_spends(config, "h1", "run-a", _plan(config), CALIBRATION)
-    kinds = {m: r for m, _, r in spends}
+    kinds = {m: r for m, _, r in _spends(config)}
     assert set(kinds) == {"dp", "sigma-zero", "random-real"}
     assert kinds["sigma-zero"].noise_multiplier == 0 and kinds["sigma-zero"].purpose == "baseline"
     assert kinds["random-real"].noise_multiplier == 0 and kinds["random-real"].purpose == "baseline"
@@ -167,16 +172,31 @@ def test_opted_in_non_private_baselines_are_infinite_spends_with_a_warning(book,
     book.set_budget("baselines-ds", 100.0, DELTA)
     only_real = RunConfig(epsilons=[2], dataset_id="baselines-ds", baselines=["random-real"])
     with pytest.raises(BudgetExceededError, match="infinite"):
-        charge.charge_run(only_real, "h1", "run-a", _plan(only_real), CALIBRATION)
+        charge.charge_plans(only_real.ledger_id, "h1", "run-a", _plan(only_real).privacy_plans())
     assert book.entries("baselines-ds") == []
 
 
 def test_audit_hook_never_fails_open():
+    from dpcore.plan import PlannedSpend, PrivacyPlan
     from tasks.charge import audit_charge_hook
 
+    plan = PrivacyPlan("dp", 2.0, DELTA, (PlannedSpend("gaussian", 1.0, 0.1, 4, "audit"),))
     for dataset_id, run_id in ((None, "r"), ("ds", None)):
         with pytest.raises(ConfigError, match="audit"):
-            audit_charge_hook(dataset_id, "h1", run_id, 1.0, 0.1, 4, DELTA, "gaussian")
+            audit_charge_hook(dataset_id, "h1", run_id, plan)
+
+
+def test_every_audit_demo_set_is_charged_anew(book, monkeypatch):
+    """A retried audit draws fresh noise for each demo set: each is charged, never replayed."""
+    from dpcore.plan import PlannedSpend, PrivacyPlan
+    from tasks import charge
+
+    monkeypatch.setattr(charge.ledger, "Ledger", lambda: book)
+    spend = PlannedSpend("gaussian", 1.0, 0.1, 4, "audit")
+    hook = charge.audit_charge_hook("ds", "h1", "r", PrivacyPlan("dp", 2.0, DELTA, (spend, spend)))
+    for demo_set in (0, 1, 0, 1):
+        hook(demo_set)
+    assert len(book.entries("ds")) == 4
 
 
 def test_the_pipeline_has_no_fail_open_ledger_path():
