@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -47,6 +49,25 @@ def write_bytes_atomic(path: Path, data: bytes) -> Path:
 
 def write_text_atomic(path: Path, text: str) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def jsonable(value: Any) -> Any:
+    """Infinity is written as the string "inf" (JSON has no infinity); NaN as null."""
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if math.isnan(value):
+            return None
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "model_dump"):
+        return jsonable(value.model_dump())
+    if hasattr(value, "item") and callable(value.item):
+        return jsonable(value.item())
+    return value
 
 
 def write_json_atomic(path: Path, obj) -> Path:

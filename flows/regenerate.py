@@ -17,10 +17,9 @@ from flows.pipeline import dp_fewshot_pipeline
 @task(name="fingerprint-source", retries=2, retry_delay_seconds=5)
 def fingerprint(config: RunConfig) -> dict:
     """The content hash of the private records the pipeline would read (public: a hash)."""
-    from dpcore.datasets import load_dataset
-    from dpcore.taskspec import load_task_spec
+    from tasks.ingest import load_data
 
-    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
+    data = load_data(config)
     decision = refresh.decide(config.ledger_id, data.content_hash)
     return {"content_hash": decision.content_hash, "last_hash": decision.last_hash,
             "last_run_id": decision.last_run_id, "changed": decision.changed}

@@ -80,28 +80,38 @@ def preflight(config) -> dict:
     """Checks that could otherwise fail after the charge: the task runner spec, the model (resolvable
     without loading its weights) and `max_tokens` within its context. Returns {"context_length": n}."""
     from dpcore.config import check_task_runner
+
+    check_task_runner(config.task_runner)
+    return {"context_length": check_context(config)}
+
+
+def check_context(config) -> int:
+    """T_max token steps need room in the model's context next to the prompt (instruction and records);
+    the model is resolved, its weights not loaded. Returns the context length."""
     from dpcore.models import context_length
     from tasks.common import TINY_MODEL_NAMES
 
-    check_task_runner(config.task_runner)
-    if config.model in TINY_MODEL_NAMES:
-        limit = TINY_CONTEXT_LENGTH
-    else:
-        limit = context_length(config.model)
+    limit = TINY_CONTEXT_LENGTH if config.model in TINY_MODEL_NAMES else context_length(config.model)
     check_max_tokens(config.max_tokens, limit, config.model)
-    return {"context_length": limit}
+    return limit
 
 
 def checks_after_ingest(config, num_test: int, labels: list[str], generation_config) -> None:
     """The checks that need the ingested data, run before the charge: `--test-size` within the test
-    split, and the longest group prompt (N records at the public cap) within the model's context
-    (tokenizer and config only, no weights)."""
+    split, and the longest group prompt (N records at the public cap) within the model's context."""
     from dpcore.icl import check_test_size
-    from dpcore.records import check_model_budget
     from dpcore.taskspec import load_task_spec
 
     check_test_size(config.test_size, num_test)
-    check_model_budget(config.model, load_task_spec(config.task_spec or config.dataset), labels, generation_config)
+    check_group_prompt(config.model, load_task_spec(config.task_spec or config.dataset), labels, generation_config)
+
+
+def check_group_prompt(model: str, spec, labels: list[str], generation_config) -> None:
+    """The longest group prompt (N records at the public cap, and T_max tokens) fits the model's context
+    (tokenizer and config only, no weights)."""
+    from dpcore.records import check_model_budget
+
+    check_model_budget(model, spec, labels, generation_config)
 
 
 def check_max_tokens(max_tokens: int, limit: int, model: str) -> None:
@@ -150,13 +160,12 @@ def method_plans(config, data, delta: float) -> list:
 
 def ingested_method_plans(config, ingested: dict, delta: float) -> list:
     """`method_plans` on the data a pipeline run ingested (refused if the file changed since)."""
-    from dpcore.datasets import load_dataset
     from dpcore.errors import DpiclError
-    from dpcore.taskspec import load_task_spec
+    from tasks.ingest import load_data
 
     if not set(config.methods) - {"tang"}:
         return []
-    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
+    data = load_data(config)
     if data.content_hash != ingested["data_hash"]:
         raise DpiclError("methods: the dataset changed since it was ingested (content hash differs); run again")
     return method_plans(config, data, delta)
@@ -268,12 +277,11 @@ def run_spends(config, run_id: str | None = None) -> tuple[list[tuple[str, float
     """Every spend the run will charge, for every method it names, from the data and the accountant
     alone (no model, no Prefect server, nothing written): (spends, the loaded dataset). DP few-shot
     generation's plan is the one the pipeline's calibration stage makes (`tasks.calibrate.plan_arguments`)."""
-    from dpcore.datasets import load_dataset
     from dpcore.fewshot_plan import default_delta, fewshot_plan
-    from dpcore.taskspec import load_task_spec
     from tasks.calibrate import plan_arguments
+    from tasks.ingest import load_data
 
-    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
+    data = load_data(config)
     run_id = run_id or "dry-run"
     delta = config.delta if config.delta is not None else default_delta(len(data.train))
     plans = []

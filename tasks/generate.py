@@ -35,8 +35,8 @@ from dpcore.config import GenerationConfig
 from dpcore.fewshot_plan import DP, INSTRUCTION_ONLY, SIGMA_ZERO, FewShotPlan
 from tasks.common import cached_task, derive_seed, open_stage, report_progress, stage_dir, stage_logger
 
-__all__ = ["DP", "INSTRUCTION_ONLY", "SIGMA_ZERO", "GenerationItem", "Shard", "empty_demos_note", "generate",
-           "generate_call", "generate_for", "generation_plan"]
+__all__ = ["DP", "INSTRUCTION_ONLY", "SIGMA_ZERO", "GenerationItem", "Shard", "check_generation", "empty_demos_note",
+           "generate", "generate_call", "generate_for", "generation_plan"]
 GENERATION_MODULES = ("dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.taskspec", "dpcore.lm")
 # Public inputs that determine a generation task's output (the records themselves enter through data_hash).
 GENERATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "label", "epsilon", "noise_multiplier", "generation",
@@ -101,6 +101,18 @@ def generate_call(item: GenerationItem, ingested: dict, generation: GenerationCo
                 label=item.label, epsilon=item.epsilon, noise_multiplier=item.noise_multiplier,
                 generation=generation, model=config.model, device=config.device, dtype=config.dtype, seed=item.seed,
                 noise_scope=noise_scope, noise_charged=noise_charged)
+
+
+def check_generation(generation: GenerationConfig, *, label_counts: dict[str, int] | None = None,
+                     vocab_size: int | None = None) -> None:
+    """Algorithm 1's parameter checks (`dpcore.generation.validate_generation`), before anything is charged:
+    with `label_counts`, every label holds N records and q <= 1; with `vocab_size`, K within the model's
+    vocabulary (after the model loads)."""
+    import sys
+
+    from dpcore.generation import validate_generation
+
+    validate_generation(generation, 0.0, vocab_size or sys.maxsize, label_counts)
 
 
 def generate_for(lm, spec, method: str, labels: list[str], generation: GenerationConfig, noise_multiplier: float,

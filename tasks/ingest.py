@@ -19,6 +19,12 @@ from dpcore.taskspec import load_task_spec
 from tasks.common import RETRIES, RETRY_DELAY_SECONDS, run_paths, transient_only
 
 
+def load_data(config):
+    """The run's dataset (`RunConfig`: a shipped task or a user's file with its task YAML), validated:
+    read only, nothing written (the checks and dry runs before a run or a command)."""
+    return load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
+
+
 @task(name="ingest", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
       retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
 def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: str | None = None,

@@ -119,10 +119,9 @@ NON_PRIVATE_BASELINES = ("ensemble", "upper-bound")
 def pate_inputs(*, config, ingested: dict, planned: int) -> dict:
     """The public queries (checked; the first `planned` of them, what the plan covers, in the public run
     folder) and the run's Confident-GNMax settings."""
-    from dpcore.datasets import load_dataset
-    from dpcore.taskspec import load_task_spec
+    from tasks.ingest import load_data
 
-    data = load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
+    data = load_data(config)
     if data.content_hash != ingested["data_hash"]:
         raise DpiclError("pate: the dataset changed since it was ingested (content hash differs); run again")
     queries, where, settings = check_inputs(config, data)

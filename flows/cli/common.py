@@ -13,7 +13,11 @@ import sys
 import typing
 from typing import Any
 
+from dpcore.artifacts import jsonable
 from dpcore.config import RunConfig
+
+__all__ = ["add_config_flags", "checked_config", "config_from_args", "fmt_value", "jsonable", "parse_epsilon",
+           "print_json", "say"]
 
 # CLI spellings that differ from the RunConfig field name (documented in the README).
 FLAG_ALIASES = {"rvp": "--no-rvp"}
@@ -91,29 +95,30 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     return RunConfig.model_validate(values)
 
 
+def checked_config(args: argparse.Namespace, **overrides: Any) -> RunConfig:
+    """`config_from_args`, a bad value a `ConfigError` naming the field (`num_subsets: Input should be ...`)."""
+    from pydantic import ValidationError
+
+    from dpcore.errors import ConfigError
+
+    try:
+        return config_from_args(args, **overrides)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+                                    for err in exc.errors())) from None
+    except ValueError as exc:  # an int flag that is not an int
+        raise ConfigError(str(exc)) from None
+
+
+def say(line: str) -> None:
+    """A line a person must read before anything is spent (a warning), on stderr at once."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def validation_problems(exc) -> str:
     """A pydantic ValidationError of RunConfig as one line naming each flag (`--dpsgd-clip: ...`)."""
     return "; ".join(f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
                      for err in exc.errors()) or str(exc)
-
-
-def jsonable(value: Any) -> Any:
-    """Infinity is written as the string "inf" (JSON has no infinity); NaN as null."""
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        if math.isnan(value):
-            return None
-        return value
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if hasattr(value, "model_dump"):
-        return jsonable(value.model_dump())
-    if hasattr(value, "item") and callable(value.item):
-        return jsonable(value.item())
-    return value
 
 
 def print_json(obj: Any) -> None:

@@ -1,0 +1,399 @@
+"""The pipeline's stages for one command, run in this process without a Prefect server:
+`dpicl generate`, `dpicl audit` and `dpicl evaluate`.
+
+Each composes the task functions the pipeline runs: the data (`tasks.ingest.load_data`), the
+privacy plan (`dpcore.fewshot_plan` through `tasks.calibrate` / `tasks.audit.audit_plan`), the
+checks and the charge (`tasks.charge`, fresh: each command draws fresh noise and is charged anew,
+never replayed), the model cache (`tasks.common.language_model`), generation
+(`tasks.generate.generate_for`), evaluation (`tasks.evaluate.evaluate_pool`) and the audit's pieces
+(`tasks.audit`). Every check that could fail runs before the charge, and the charge (or its
+refusal, exit 3) before any private record is read; a budget refusal comes before the model loads.
+
+A command writes its public folder (`--out DIR` or `$DPICL_HOME/runs/<dataset>/<hash12>/<kind>-<UTC
+time>-<hex>/`, sealed with a manifest) and its private counterpart under `$DPICL_HOME/private/`, and
+returns a public summary; `say` receives the lines a person must read before anything is spent
+(warnings). Nothing here parses arguments or prints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dpcore.artifacts import jsonable, write_json_atomic, write_manifest, write_table
+from dpcore.config import AuditConfig, RunConfig
+from dpcore.errors import ConfigError, DataValidationError
+from dpcore.fewshot_plan import (
+    AUDIT_REFERENCE,
+    INSTRUCTION_ONLY,
+    RANDOM_REAL,
+    default_delta,
+    real_records_plan,
+)
+from dpcore.home import dpicl_home, private_dir
+from tasks.charge import charge_plans
+from tasks.common import language_model
+from tasks.ingest import load_data
+
+Say = Callable[[str], None]
+# The `--json` keys of `dpicl audit` taken from the audit's summary (README "dpicl audit").
+AUDIT_KEYS = ("setting", "dataset", "model", "epsilon", "noise_multiplier", "delta", "attack", "auc", "auc_ci",
+              "auc_ci_method", "attacks", "pooled_auc", "tpr_at_1pct_fpr", "tpr_at_01pct_fpr", "epsilon_lower_bound",
+              "epsilon_lower_bound_method", "confidence", "max_overlap_tokens", "overlapping_records",
+              "overlap_threshold", "crosscheck_agreed", "trials", "demo_sets", "members_per_trial",
+              "non_members_per_trial", "passed", "reasons", "seconds")
+
+
+# --------------------------------------------------------------------------- folders
+
+
+def check_out(out: Path) -> Path:
+    """`--out` must be a folder this process can write, checked before anything is charged (nothing is
+    created here: the first existing ancestor must be a writable folder)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder")
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--out {out}: {probe} is a file, so the folder cannot be created")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {probe} is not writable")
+    return out
+
+
+def folders(data, out: Path | None, kind: str) -> tuple[Path, Path]:
+    """(the command's public folder, its private counterpart); the folder's name is the run id."""
+    if out is None:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        out = dpicl_home() / "runs" / data.spec.name / data.content_hash[:12] / f"{kind}-{stamp}-{secrets.token_hex(2)}"
+    check_out(out)
+    return out, private_dir() / "runs" / data.spec.name / data.content_hash[:12] / out.name
+
+
+def _delta(config: RunConfig, data) -> float:
+    return config.delta if config.delta is not None else default_delta(len(data.train))
+
+
+def _charge(config: RunConfig, data, run_id: str, plans, dry_run: bool = False) -> list[dict]:
+    """Every spend of `plans` charged anew (each command draws fresh noise); the entries recorded."""
+    if not plans:
+        return []
+    return charge_plans(config.ledger_id, data.content_hash, run_id, plans, dry_run=dry_run,
+                        fresh=True)["ledger_entries"]
+
+
+def _real_records(config: RunConfig, data, run_id: str, name: str, say: Say, warning: str) -> list:
+    """Real records in prompts: an infinite spend, said and budget-checked before the model loads."""
+    say(warning)
+    plans = [real_records_plan(name, config.mechanism, _delta(config, data))]
+    _charge(config, data, run_id, plans, dry_run=True)
+    return plans
+
+
+# --------------------------------------------------------------------------- dpicl generate
+
+
+def _generation_privacy(calibration) -> dict:
+    """The privacy fields of `dpicl generate`'s summary (epsilon 0: no private record, no noise calibrated)."""
+    if not calibration.reads_private_data:
+        return {"epsilon": 0.0, "delta": 0.0, "noise_multiplier": math.inf, "sampling_rate": 0.0,
+                "steps": calibration.steps, "mechanism": calibration.mechanism, "warnings": []}
+    return {"epsilon": calibration.epsilon_upper, "target_epsilon": calibration.epsilon, "delta": calibration.delta,
+            "noise_multiplier": calibration.noise_multiplier, "sampling_rate": calibration.sampling_rate,
+            "steps": calibration.steps, "mechanism": calibration.mechanism,
+            "limiting_label": calibration.limiting_label, "per_label_epsilon": dict(calibration.per_label_epsilon),
+            "epsilon_lower": calibration.epsilon_lower, "epsilon_crosscheck": calibration.epsilon_crosscheck,
+            "crosscheck_agreed": calibration.crosscheck_agreed, "warnings": list(calibration.warnings)}
+
+
+def generate(config: RunConfig, epsilon: float, out: Path | None, say: Say) -> tuple[dict, list]:
+    """DP few-shot generation alone (Tang et al. Algorithm 1) for every label at one epsilon ('inf': sigma 0;
+    0: instruction-only): (the public summary written to `generation.json`, the demos)."""
+    from dpcore.fewshot_plan import fewshot_plan
+    from dpcore.generation import demos_frame
+    from tasks.calibrate import generation_config
+    from tasks.charge import check_context, check_group_prompt
+    from tasks.common import report_progress
+    from tasks.generate import check_generation, empty_demos_note, generate_for
+
+    began = time.perf_counter()
+    if out is not None:
+        check_out(out)
+    data = load_data(config)
+    labels, counts = data.labels, data.label_counts()
+    generation = generation_config(config, len(labels))
+    reads_private = epsilon > 0
+    # Every check that can fail runs before the charge; the budget refusal before the model loads.
+    check_generation(generation, label_counts=counts if reads_private else None)
+    if reads_private:  # the longest group prompt fits the model's context (tokenizer only)
+        check_group_prompt(config.model, data.spec, labels, generation)
+    plan = fewshot_plan([epsilon], counts, generation, _delta(config, data), purpose="generate")
+    calibration = plan.calibration(epsilon)
+    out, private_out = folders(data, out, "generate")
+    run_id = out.name
+    if math.isinf(epsilon):
+        say(f"WARNING: --epsilon inf generates without noise (sigma = 0): charged to ledger id '{config.ledger_id}' "
+            "as an infinite spend; the demos carry no privacy guarantee.")
+    _charge(config, data, run_id, plan.privacy_plans(), dry_run=True)  # BudgetExceededError (exit 3), in seconds
+    check_context(config)
+    lm = language_model(config.model, config.device, config.dtype)
+    check_generation(generation, vocab_size=lm.vocab_size)
+
+    def progress(info: dict) -> None:  # public counters only (tokens/s depends on the records' lengths)
+        report_progress(f"generate eps={epsilon:g}: token steps", info["step"], info["max_steps"])
+
+    # ---- PRIVACY LEDGER: the spend is charged (or refused, exit 3) BEFORE any private record is read.
+    entries = _charge(config, data, run_id, plan.privacy_plans())
+    records = {label: data.records_for(label) for label in labels} if reads_private else None  # private, in memory
+    result = generate_for(lm, data.spec, calibration.method, labels, generation, calibration.noise_multiplier,
+                          records_by_label=records, seed=config.seed, progress=progress)
+    frame = demos_frame(result.demos)
+    note = empty_demos_note(frame, "generated")
+    if note:
+        say(f"WARNING: {note}")
+    write_table(frame, out / "demos.parquet")
+    wall_seconds = time.perf_counter() - began
+    write_json_atomic(private_out / "generation_stats.json",
+                      jsonable({"run_id": run_id, "wall_seconds": wall_seconds, "stats": result.stats,
+                                 "private_stats": result.private_stats}))
+    summary = {
+        "run_id": run_id, "dataset": data.spec.name, "content_hash": data.content_hash, "model": config.model,
+        **_generation_privacy(calibration), "seeded_noise": result.seeded_noise,
+        "demos_per_label": generation.demos_per_label, "labels": labels, "config": generation.model_dump(),
+        "stats": result.stats, "ledger_entry": entries[0] if entries else None,
+        # Wall time depends on the records' lengths (a weak timing channel): whole seconds only.
+        "wall_seconds": round(wall_seconds),
+    }
+    write_json_atomic(out / "generation.json", jsonable(summary))
+    write_manifest(out, {"run_id": run_id, "kind": "generate"})
+    return {**summary, "out": str(out)}, result.demos
+
+
+# --------------------------------------------------------------------------- dpicl audit
+
+
+def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, reference: bool, out: Path | None,
+          say: Say) -> tuple[object, object, dict]:
+    """The membership-inference audit of one setting (Duan et al. 2023; Tang et al. Appendix F):
+    `epsilon=None` real records as 1-shot demos (non-private); else DP demo sets generated at `epsilon`
+    from half the private records (the members; each set charged), and with `reference` the non-private
+    audit beside it. Returns (the audit, the reference or None, the public summary written to `audit.json`)."""
+    from tasks.audit import audit_members, audit_plan, dp_audit_at, reference_audit, write_audit
+    from tasks.charge import check_group_prompt
+    from tasks.generate import check_generation
+
+    began = time.perf_counter()
+    data = load_data(config)
+    if data.spec.kind != "classification":
+        raise ConfigError(f"dataset: task {data.spec.name!r} is {data.spec.kind}; the membership audit scores "
+                          "class labels")
+    train, spec, delta = data.train, data.spec, _delta(config, data)
+    # The member/non-member split and the trial draws: an audit design choice, not privacy noise.
+    # Reproducible: --seed when given, else derived from the data's content hash.
+    seed = int(config.seed) if config.seed is not None else int(data.content_hash[:15], 16)
+    out, private_out = folders(data, out, "audit")
+    run_id = out.name
+
+    plans, calibration, privacy = [], None, None
+    if epsilon is not None:
+        members, non_members, member_counts = audit_members(train, seed, data.labels)
+        generation = config.generation_config().model_copy(update={"demos_per_label": 1})
+        # Parameter errors before anything expensive (the vocabulary check follows the model load).
+        check_generation(generation, label_counts=member_counts if epsilon > 0 else None)
+        if epsilon > 0:  # the longest group prompt fits the model's context (tokenizer only, before the charge)
+            check_group_prompt(config.model, spec, data.labels, generation)
+        plan = audit_plan(generation, member_counts, epsilon, delta, audit_config.demo_sets)
+        calibration, plans = plan.calibration(epsilon), plan.privacy_plans()
+        privacy = {"epsilon": calibration.epsilon_upper,
+                   "noise_multiplier": calibration.noise_multiplier if calibration.reads_private_data else math.inf,
+                   "sampling_rate": calibration.sampling_rate, "steps": calibration.steps, "delta": delta,
+                   "crosscheck_agreed": calibration.crosscheck_agreed, "warnings": list(calibration.warnings)}
+        _charge(config, data, run_id, plans, dry_run=True)  # all demo sets at once: the refusal before the model
+    real = []
+    if epsilon is None or reference:
+        real = _real_records(config, data, run_id, AUDIT_REFERENCE, say,
+                             "WARNING: the non-private audit puts real private records in prompts: it is charged to "
+                             f"ledger id '{config.ledger_id}' as an infinite spend (epsilon = inf); a budget on it "
+                             "refuses the audit.")
+    lm = language_model(config.model, config.device, config.dtype)
+    entries = _charge(config, data, run_id, real)
+
+    result, ref = None, None
+    if epsilon is None:
+        result = reference_audit(lm, spec, train, audit_config, seed=seed, sample_seed=seed, delta=delta,
+                                 what="audit: trials")
+    else:
+        check_generation(generation, vocab_size=lm.vocab_size)
+        # ---- PRIVACY LEDGER: every demo set's generation from the members, charged at once before any is made
+        entries += _charge(config, data, run_id, plans)
+        result = dp_audit_at(lm, spec, members, non_members, audit_config, generation, calibration, seed=seed,
+                             noise_seed=config.seed, crosscheck_agreed=calibration.crosscheck_agreed,
+                             what="audit: demo sets")
+        if reference:
+            ref = reference_audit(lm, spec, train, audit_config, seed=seed + 1, sample_seed=seed, delta=delta,
+                                  what="audit: non-private reference trials")
+    # Per-record scores (record ids, membership bits) and any ROC drawn from a non-private audit stay
+    # private; the public folder keeps aggregates and the ROC of DP audits only.
+    write_audit([result], ref, out, private_out, f"{spec.name}: membership inference ROC")
+    summary = {key: result.summary()[key] for key in AUDIT_KEYS}
+    summary.update(run_id=run_id, out=str(out), content_hash=data.content_hash,
+                   wall_seconds=time.perf_counter() - began, privacy=privacy, ledger_entries=len(entries),
+                   seeded_noise=config.seed is not None)
+    if ref is not None:
+        summary["reference"] = {key: ref.summary()[key] for key in AUDIT_KEYS}
+    write_json_atomic(out / "audit.json", jsonable(summary))
+    write_manifest(out, {"run_id": run_id, "kind": "audit"})
+    return result, ref, summary
+
+
+# --------------------------------------------------------------------------- dpicl evaluate
+
+
+def demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | None, data, delta: float | None,
+                    say: Say) -> tuple[list, str, float]:
+    """(pool, method, epsilon) from a demos Parquet written by `dpcore.generation.demos_frame`: its epsilon
+    column, else inf for sigma-zero / random-real and 0 for instruction-only, else accounted from the demos'
+    noise multiplier and generation settings (`dpcore.fewshot_plan.demos_epsilon`; NaN when the file lacks a
+    setting or used a sampler the accountant does not cover)."""
+    import pandas as pd
+
+    from dpcore.config import DEMO_SOURCES
+
+    file = Path(path)
+    if not file.exists():
+        raise DataValidationError(f"{file}: demos file not found")
+    try:
+        frame = pd.read_parquet(file)
+    except Exception as exc:  # pyarrow raises several types for a bad file
+        raise DataValidationError(f"{file}: not a readable Parquet file ({type(exc).__name__})") from None
+    for column in ("label", "text"):
+        if column not in frame.columns:
+            raise DataValidationError(f"{file}: missing column {column!r} (found: {', '.join(frame.columns)})")
+    if method_filter is not None:
+        if "method" not in frame.columns:
+            raise ConfigError(f"--method: {file} has no method column")
+        frame = frame[frame["method"] == method_filter]
+    methods = sorted(set(frame["method"].astype(str))) if "method" in frame.columns else ["dp"]
+    if len(methods) > 1:
+        raise ConfigError(f"--demos: {file} holds demos of several methods ({', '.join(methods)}); pass --method")
+    if not len(frame):
+        raise DataValidationError(f"{file}: no demos" + (f" of method {method_filter!r}" if method_filter else ""))
+    method = methods[0]
+    if method not in DEMO_SOURCES:
+        raise DataValidationError(f"{file}: column 'method': unknown method {method!r}")
+    for column in ("epsilon", "noise_multiplier"):
+        if column in frame.columns and frame[column].nunique(dropna=False) > 1:
+            raise ConfigError(f"--demos: {file} mixes several values of {column}; split the file per epsilon")
+    if epsilon_flag is not None:
+        epsilon = epsilon_flag
+    elif "epsilon" in frame.columns:
+        epsilon = float(frame["epsilon"].iloc[0])
+    elif method in ("sigma-zero", RANDOM_REAL) or (
+            "noise_multiplier" in frame.columns and float(frame["noise_multiplier"].iloc[0]) == 0.0
+            and method != INSTRUCTION_ONLY):
+        epsilon = math.inf
+    elif method == INSTRUCTION_ONLY:
+        epsilon = 0.0
+    else:
+        delta = delta if delta is not None else default_delta(len(data.train))
+        epsilon = _epsilon_of_demos(frame, data, delta)
+        if math.isnan(epsilon):
+            say(f"dpicl evaluate: warning: {file} records no epsilon and not enough generation settings to "
+                "account for it; pass --epsilon E to label the results")
+        else:
+            say(f"dpicl evaluate: epsilon {epsilon:.3f} accounted from the demos' noise multiplier "
+                f"(delta {delta:.3g}; --epsilon overrides)")
+    pool = [(str(t), str(lab), f"{lab}/{i}") for i, (t, lab) in enumerate(zip(frame["text"], frame["label"],
+                                                                            strict=True))]
+    return pool, method, epsilon
+
+
+def _epsilon_of_demos(frame, data, delta: float) -> float:
+    from dpcore.fewshot_plan import demos_epsilon
+    from dpcore.sampling import ACCOUNTED_SAMPLERS
+
+    needed = ("noise_multiplier", "num_subsets", "subset_size", "max_tokens", "shot")
+    if any(column not in frame.columns for column in needed):
+        return math.nan
+    if "sampler" in frame.columns and not set(frame["sampler"].astype(str)) <= set(ACCOUNTED_SAMPLERS):
+        return math.nan
+    first = frame.iloc[0]
+    shots = {str(label): int(rows["shot"].max()) + 1 for label, rows in frame.groupby("label")}
+    return demos_epsilon(float(first["noise_multiplier"]), data.label_counts(), shots, int(first["num_subsets"]),
+                         int(first["subset_size"]), int(first["max_tokens"]), delta,
+                         str(first["mechanism"]) if "mechanism" in frame.columns else "gaussian")
+
+
+def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilon: float | None,
+             baseline: str | None, out: Path | None, batch_size: int, max_new_tokens: int, say: Say) -> dict:
+    """ICL accuracy (raw and calibrated) of a demos file or of one baseline (zero-shot, instruction-only,
+    random-real) over the run's seeds; returns the public summary written to `summary.json`."""
+    import numpy as np
+
+    from dpcore.config import demos_per_label
+    from tasks.evaluate import evaluate_pool
+    from tasks.generate import generate_for
+
+    data = load_data(config)
+    spec = data.spec
+    pool = None
+    if demos:
+        pool, method, epsilon = demos_from_file(demos, method, epsilon, data, config.delta, say)
+    out, private_out = folders(data, out, "evaluate")
+    real = []
+    if baseline == RANDOM_REAL:  # real private records in the prompts: an infinite spend, charged first
+        real = _real_records(config, data, out.name, RANDOM_REAL, say,
+                             "WARNING: --baseline random-real uses real private records as demonstrations: charged "
+                             f"to ledger id '{config.ledger_id}' as an infinite spend (epsilon = inf).")
+        _charge(config, data, out.name, real)
+    lm = language_model(config.model, config.device, config.dtype)
+    if baseline == "zero-shot":
+        method, epsilon = "zero-shot", 0.0
+    elif baseline == INSTRUCTION_ONLY:
+        method, epsilon = INSTRUCTION_ONLY, 0.0
+        labels = spec.label_names if spec.kind == "classification" else data.labels[: max(1, config.shots)]
+        generation = config.generation_config().model_copy(
+            update={"demos_per_label": demos_per_label(config.shots, len(labels))})
+        made = generate_for(lm, spec, INSTRUCTION_ONLY, labels, generation, 0.0, records_by_label=None,
+                            seed=config.seed).demos
+        pool = [(d.text, d.label, f"{d.label}/{d.shot}") for d in made]
+    elif baseline == RANDOM_REAL:
+        method, epsilon = RANDOM_REAL, math.inf
+        pool = data.train[["id", "text", "label"]]  # PRIVATE: only ids leave, into the private store
+    labels = spec.label_names if spec.kind == "classification" else None
+    began = time.perf_counter()
+    predictions, metrics, real_ids = evaluate_pool(lm, spec, data.test, pool, method, epsilon, config.eval_config(),
+                                                   labels, batch_size=batch_size, max_new_tokens=max_new_tokens)
+    seconds = time.perf_counter() - began
+    if real_ids is not None:
+        write_table(real_ids, private_out / "real_demos.parquet")
+    # Per-item predictions are private (test ids, gold labels, probabilities); the public side keeps metrics.
+    write_table(predictions, private_out / "predictions.parquet")
+    write_table(metrics, out / "metrics.parquet")
+
+    def stats(values) -> dict:
+        values = [float(v) for v in values]
+        return {"mean": float(np.mean(values)), "std": float(np.std(values)), "per_seed": values}
+
+    from dpcore.icl import seconds_per_100_items
+
+    summary = {
+        "dataset": spec.name, "model": config.model, "method": method, "epsilon": float(epsilon),
+        "shots": int(metrics["shots"].max()), "seeds": int(len(metrics)), "n": int(metrics["n"].max()),
+        "accuracy": stats(metrics["accuracy"]), "calibrated_accuracy": stats(metrics["calibrated_accuracy"]),
+        "calibrated": bool(metrics["calibrated"].all()), "seconds": seconds,
+        "seconds_per_100_items": seconds_per_100_items(metrics),
+        "data_hash": data.content_hash, "demos": str(demos) if demos else None,
+        "out": str(out), "private_out": str(private_out),
+    }
+    write_json_atomic(out / "summary.json", jsonable(summary))
+    write_manifest(out)
+    return summary
