@@ -186,6 +186,7 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
     `epsilon=None` real records as 1-shot demos (non-private); else DP demo sets generated at `epsilon`
     from half the private records (the members; each set charged), and with `reference` the non-private
     audit beside it. Returns (the audit, the reference or None, the public summary written to `audit.json`)."""
+    from dpcore.audit_gate import GateThresholds
     from tasks.audit import audit_members, audit_plan, dp_audit_at, reference_audit, write_audit
     from tasks.charge import check_group_prompt
     from tasks.generate import check_generation
@@ -199,6 +200,7 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
     # The member/non-member split and the trial draws: an audit design choice, not privacy noise.
     # Reproducible: --seed when given, else derived from the data's content hash.
     seed = int(config.seed) if config.seed is not None else int(data.content_hash[:15], 16)
+    thresholds = GateThresholds.from_config(audit_config)
     out, private_out = folders(data, out, "audit")
     run_id = out.name
 
@@ -229,17 +231,17 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
     result, ref = None, None
     if epsilon is None:
         result = reference_audit(lm, spec, train, audit_config, seed=seed, sample_seed=seed, delta=delta,
-                                 what="audit: trials")
+                                 thresholds=thresholds, what="audit: trials")
     else:
         check_generation(generation, vocab_size=lm.vocab_size)
         # ---- PRIVACY LEDGER: every demo set's generation from the members, charged at once before any is made
         entries += _charge(config, data, run_id, plans)
         result = dp_audit_at(lm, spec, members, non_members, audit_config, generation, calibration, seed=seed,
                              noise_seed=config.seed, crosscheck_agreed=calibration.crosscheck_agreed,
-                             what="audit: demo sets")
+                             thresholds=thresholds, what="audit: demo sets")
         if reference:
             ref = reference_audit(lm, spec, train, audit_config, seed=seed + 1, sample_seed=seed, delta=delta,
-                                  what="audit: non-private reference trials")
+                                  thresholds=thresholds, what="audit: non-private reference trials")
     # Per-record scores (record ids, membership bits) and any ROC drawn from a non-private audit stay
     # private; the public folder keeps aggregates and the ROC of DP audits only.
     write_audit([result], ref, out, private_out, f"{spec.name}: membership inference ROC")

@@ -28,6 +28,10 @@
   transaction after ingest.
 - `audit_charge_hook`: the `charge(demo_set)` callback `dpcore.audit.dp_audit` calls before
   each of its DP generations from the audit's members (the audit's plan, purpose "audit").
+- `ledger_spends` / `set_budget` / `record_spend`: what `dpicl ledger` shows and changes (the
+  composed spend per dataset id, a budget, a spend made outside dpicl); `epsilon_report` /
+  `sigma_report`: the accountant's answer for one spend or one target epsilon (`dpicl epsilon`,
+  `dpicl calibrate`).
 
 Instruction-only generation reads no private record and is never charged. There is no
 fail-open path: a run without the ledger is an error.
@@ -43,8 +47,9 @@ from dpcore.errors import ConfigError
 from dpcore.fewshot_plan import AUDIT_REFERENCE, RANDOM_REAL, SIGMA_ZERO, real_records_plan
 
 __all__ = ["AUDIT_REFERENCE", "RANDOM_REAL", "SIGMA_ZERO", "audit_charge_hook", "charge_plans", "charge_spends",
-           "method_plans", "noise_charged", "plan_spends", "planned_cost", "preflight", "real_records_spend",
-           "run_spends"]
+           "epsilon_report", "ledger_spends", "method_plans", "noise_charged", "plan_spends", "planned_cost", "preflight",
+           "real_records_spend", "record_spend", "run_spends", "set_budget", "sigma_report"]
+PURPOSES = ledger.PURPOSES  # what may spend privacy (the ledger's `purpose` column)
 NON_PRIVATE_BASELINES = (SIGMA_ZERO, RANDOM_REAL)
 TINY_CONTEXT_LENGTH = 2048  # LanguageModel.tiny_random's max_position_embeddings
 
@@ -289,3 +294,51 @@ def run_spends(config, run_id: str | None = None) -> tuple[list[tuple[str, float
         plans += fewshot_plan(**plan_arguments(config, data.label_counts(), delta)).privacy_plans()
     plans += method_plans(config, data, delta)
     return plan_spends(config.ledger_id, data.content_hash, run_id, plans), data
+
+
+# --------------------------------------------------------------------------- `dpicl ledger`
+
+
+def ledger_spends(path: str | None, dataset_id: str | None = None, delta: float | None = None) -> tuple[str, list]:
+    """(the ledger file, the composed `dpcore.ledger.Spend` of `dataset_id`, or of every dataset id the ledger
+    holds), composed at `delta` (None: the budget's delta, else the smallest entry delta)."""
+    book = ledger.Ledger(path)
+    known = book.dataset_ids()
+    if dataset_id and dataset_id not in known:
+        raise ConfigError(f"--dataset {dataset_id}: unknown dataset id; the ledger {book.path} holds "
+                          + (", ".join(known) if known else "no dataset yet"))
+    return str(book.path), [book.spend(one, delta=delta) for one in ([dataset_id] if dataset_id else known)]
+
+
+def set_budget(path: str | None, dataset_id: str, epsilon: float, delta: float) -> tuple:
+    """Set or replace a dataset id's (epsilon, delta) budget: (the budget, the dataset's composed spend)."""
+    book = ledger.Ledger(path)
+    budget = book.set_budget(dataset_id, epsilon, delta)
+    return budget, book.spend(dataset_id)
+
+
+def record_spend(path: str | None, request: dict) -> tuple:
+    """Record a spend made outside dpicl (a `dpcore.ledger.ChargeRequest`'s fields), refused beyond the
+    budget (`BudgetExceededError`, exit 3): (the entry, the dataset's composed spend)."""
+    book = ledger.Ledger(path)
+    entry = book.charge_many([ledger.ChargeRequest(**request)])[0]
+    return entry, book.spend(request["dataset_id"])
+
+
+def epsilon_report(noise_multiplier: float, sampling_rate: float, steps: int, delta: float, mechanism: str,
+                   cache: bool = True):
+    """The `dpcore.accounting.PrivacyReport` of T Poisson-sampled steps at (sigma, q), at delta
+    (`cache=False`: neither read nor write the accounting cache)."""
+    from dpcore import accounting
+
+    return accounting.epsilon_for(noise_multiplier, sampling_rate, steps, delta, mechanism=mechanism,
+                                  cache_dir=None if cache else False)
+
+
+def sigma_report(target_epsilon: float, sampling_rate: float, steps: int, delta: float, mechanism: str,
+                 cache: bool = True):
+    """The smallest sigma whose upper-bound epsilon is at most `target_epsilon`, as a `PrivacyReport`."""
+    from dpcore import accounting
+
+    return accounting.calibrate(target_epsilon, sampling_rate, steps, delta, mechanism=mechanism,
+                                cache_dir=None if cache else False)

@@ -10,13 +10,12 @@ counts |D_y| are treated as public, as in Tang et al. (they set the sampling rat
 from __future__ import annotations
 
 import pandas as pd
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger
 
 from dpcore.artifacts import read_table, write_table
 from dpcore.datasets import load_dataset
 from dpcore.taskspec import load_task_spec
-from tasks.common import RETRIES, RETRY_DELAY_SECONDS, run_paths, transient_only
+from tasks.common import run_paths, uncached_task
 
 
 def load_data(config):
@@ -25,8 +24,7 @@ def load_data(config):
     return load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
 
 
-@task(name="ingest", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
-      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+@uncached_task("ingest")
 def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: str | None = None,
            test_path: str | None = None) -> dict:
     """Load + validate the dataset; write the private `records` table. Returns paths and aggregates only.
@@ -61,8 +59,7 @@ def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: s
     }
 
 
-@task(name="partition", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
-      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+@uncached_task("partition")
 def partition(ingested: dict) -> dict:
     """Split D_priv by label: private `partitions` (label, position, id) and public `label_counts`."""
     from pathlib import Path

@@ -19,21 +19,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger
 
 from dpcore.artifacts import read_table, write_json_atomic, write_table
 from dpcore.errors import DpiclError
 from tasks.common import (
-    RETRIES,
-    RETRY_DELAY_SECONDS,
-    cache_key_on,
+    cached_task,
     derive_seed,
     language_model,
     report_progress,
     stage_dir,
     stage_key,
-    transient_only,
+    uncached_task,
 )
 
 PATE_MODULES = ("dpcore.pate_teachers", "dpcore.gnmax", "dpcore.flock", "dpcore.icl", "dpcore.public_queries",
@@ -111,11 +108,31 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
 NON_PRIVATE_BASELINES = ("ensemble", "upper-bound")
 
 
+def check_before_run(config, run_id: str | None) -> dict:
+    """Every check and the budget's dry run before `dpicl pate` writes a file or loads a model (over budget:
+    `BudgetExceededError`, exit 3): {"plans", "queries" (Q per repeat), "delta"}."""
+    from dpcore import accounting
+    from dpcore.errors import ConfigError
+    from dpcore.taskspec import load_task_spec
+    from tasks.charge import charge_plans, preflight
+    from tasks.ingest import load_data
+
+    preflight(config)
+    spec = load_task_spec(config.task_spec or config.dataset)
+    if spec.kind != "classification":
+        raise ConfigError(f"pate: PromptPATE votes on labels; task {spec.name!r} is not a classification task")
+    data = load_data(config)
+    _, _, settings = check_inputs(config, data)
+    delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))
+    plans, per_repeat = privacy_plans(config, settings, delta)
+    charge_plans(config.ledger_id, data.content_hash, run_id or "dry-run", plans, dry_run=True)
+    return {"plans": plans, "queries": per_repeat, "delta": delta}
+
+
 # --------------------------------------------------------------------------- tasks
 
 
-@task(name="pate-inputs", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
-      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+@uncached_task("pate-inputs")
 def pate_inputs(*, config, ingested: dict, planned: int) -> dict:
     """The public queries (checked; the first `planned` of them, what the plan covers, in the public run
     folder) and the run's Confident-GNMax settings."""
@@ -134,9 +151,7 @@ def pate_inputs(*, config, ingested: dict, planned: int) -> dict:
             "texts": queries["text"].tolist()}), "source": where, "settings": settings}
 
 
-@task(name="pate-teachers", cache_key_fn=cache_key_on("pate-teachers", TEACHERS_KEY, PATE_MODULES),
-      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=transient_only)
+@cached_task("pate-teachers", TEACHERS_KEY, PATE_MODULES)
 def pate_teachers(*, records_path: str, data_hash: str, teachers: int, shots: int, seed: int | None,
                   noise_scope: str, noise_charged: bool) -> dict:
     """E disjoint k-shot teachers (`dpcore.pate_teachers`); the assignment table is private."""
@@ -153,9 +168,7 @@ def pate_teachers(*, records_path: str, data_hash: str, teachers: int, shots: in
     return {"key": key, "assignment_path": str(path), "seeded_noise": seeded}
 
 
-@task(name="pate-flock", tags=["gpu"], cache_key_fn=cache_key_on("pate-flock", FLOCK_KEY, PATE_MODULES),
-      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=transient_only, task_run_name="pate-flock-{split}-{first}-{last}")
+@cached_task("pate-flock", FLOCK_KEY, PATE_MODULES, tags=["gpu"], task_run_name="pate-flock-{split}-{first}-{last}")
 def pate_flock(*, records_path: str, data_hash: str, assignment_path: str, assignment_key: str, queries_path: str,
                queries_key: str, task_spec: str, labels: list[str], first: int, last: int, calibrate: bool,
                split: str = "public", test_size: int | None = None, model: str, device: str = "auto",
@@ -203,9 +216,7 @@ def load_votes(block_paths: list[str], lm, spec, labels: list[str], mode: str) -
     return np.concatenate(parts, axis=0)
 
 
-@task(name="pate-aggregate", cache_key_fn=cache_key_on("pate-aggregate", AGGREGATE_KEY, PATE_MODULES),
-      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=transient_only)
+@cached_task("pate-aggregate", AGGREGATE_KEY, PATE_MODULES)
 def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[str], task_spec: str,
                    labels: list[str], vote_mode: str, threshold: float, sigma1: float, sigma2: float, repeats: int,
                    queries: int, delta: float, model: str, device: str = "auto", dtype: str = "auto",
@@ -254,9 +265,7 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
             "epsilon_data_dependent_per_repeat": [r["epsilon_data_dependent"] for r in reports]}
 
 
-@task(name="pate-student", tags=["gpu"], cache_key_fn=cache_key_on("pate-student", STUDENT_KEY, PATE_MODULES),
-      persist_result=True, result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=transient_only, task_run_name="pate-student-{repeat}")
+@cached_task("pate-student", STUDENT_KEY, PATE_MODULES, tags=["gpu"], task_run_name="pate-student-{repeat}")
 def pate_student(*, queries_path: str, labels_path: str, labels_key: str, repeat: int, task_spec: str,
                  labels: list[str], shots: int, candidates: int, calibrate: bool, model: str, device: str = "auto",
                  dtype: str = "auto") -> dict:
@@ -290,8 +299,7 @@ def pate_student(*, queries_path: str, labels_path: str, labels_key: str, repeat
             "prompt": [{"text": t, "label": lab} for t, lab in zip(student["text"], student["label"], strict=True)]}
 
 
-@task(name="pate-baselines", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
-      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+@uncached_task("pate-baselines")
 def pate_test_baselines(*, records_path: str, scores_paths: list[str], task_spec: str, labels: list[str],
                         vote_mode: str, test_size: int | None, model: str, device: str = "auto",
                         dtype: str = "auto") -> dict:
@@ -321,8 +329,7 @@ RESULT_COLUMNS = ["method", "epsilon", "epsilon_data_dependent", "delta", "accur
                   "calibrated_accuracy_mean", "calibrated_accuracy_std", "n", "repeats", "queries", "answered_mean"]
 
 
-@task(name="pate-record", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
-      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+@uncached_task("pate-record")
 def record_pate(*, flat_config: dict[str, str], info: dict, results_path: str, parameters: dict) -> dict:
     """MLflow (tasks.record's store and experiment): a parent run for the PromptPATE run and a nested run per
     result row (epsilon data-independent and data-dependent, answered count, accuracy); a Prefect table

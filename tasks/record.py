@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger
 
 from dpcore.artifacts import read_table, write_manifest, write_table
 from dpcore.home import dpicl_home, is_private_path
@@ -28,7 +27,7 @@ from dpcore.summary import (
     summary_markdown,
 )
 from tasks import tracking
-from tasks.common import RETRIES, RETRY_DELAY_SECONDS, code_version, transient_only
+from tasks.common import code_version, uncached_task
 
 SUMMARY_ARTIFACT_KEY = "dp-fewshot-summary"
 TABLE_ARTIFACT_KEY = "dp-fewshot-results"
@@ -38,8 +37,7 @@ COMPARISON_ARTIFACT_KEY = "private-prompts-compared"
 # --------------------------------------------------------------------------- the task
 
 
-@task(name="record", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
-      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+@uncached_task("record")
 def record(*, flat_config: dict[str, str], info: dict) -> dict:
     """Plots, MLflow runs, Prefect artifacts and the manifests of a finished run.
 
@@ -88,8 +86,7 @@ def record(*, flat_config: dict[str, str], info: dict) -> dict:
             "results": jsonable_rows(table), "audit": verdict, "home": str(dpicl_home())}
 
 
-@task(name="record-comparison", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
-      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+@uncached_task("record-comparison")
 def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: list[dict], pate_results_path: str | None,
                       dpsgd_rows: list[dict], wall_seconds: dict[str, float], cost: dict, calibrated: bool) -> dict:
     """The methods of one run side by side (`dpcore.summary.comparison_table`): `comparison.parquet` and

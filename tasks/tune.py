@@ -29,21 +29,18 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger
 
 from dpcore.artifacts import read_table, write_bytes_atomic, write_json_atomic, write_manifest, write_table
 from dpcore.config import RunConfig
 from dpcore.plan import PrivacyPlan
 from tasks.common import (
-    RETRIES,
-    RETRY_DELAY_SECONDS,
     code_version,
     derive_seed,
     digest,
     language_model,
     report_progress,
-    transient_only,
+    uncached_task,
 )
 
 METHOD = "dpsgd"
@@ -129,9 +126,7 @@ def _examples(lm, spec, records_path: str, validation_size: int):
     return [examples[i] for i in train_pos], [examples[i] for i in val_pos]
 
 
-@task(name="train-prompt", tags=["gpu"], cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
-      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only,
-      task_run_name="train-prompt-eps{epsilon}-{training}")
+@uncached_task("train-prompt", tags=["gpu"], task_run_name="train-prompt-eps{epsilon}-{training}")
 def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dict, epsilon: float, training: int,
                  config: RunConfig, public_dir: str, private_dir: str, noise_charged: bool) -> dict:
     """Train one prompt (Algorithm 1); returns public paths, the validation curve and whole seconds."""
@@ -256,8 +251,7 @@ def summary_rows(plans_: list[PrivacyPlan], metrics: pd.DataFrame) -> list[dict]
     return rows
 
 
-@task(name="record-tuning", cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
-      retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only)
+@uncached_task("record-tuning")
 def record_tuning(*, config: RunConfig, info: dict, rows: list[dict], trained: list[dict]) -> dict:
     """Public tables, the run folder's manifest, and MLflow: one run per epsilon with the plan's parameters,
     epsilon, accuracy, the validation loss and epsilon-spent curves (per step) and the prompts as artifacts."""

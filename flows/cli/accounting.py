@@ -14,7 +14,6 @@ import math
 import sys
 import time
 
-from dpcore import accounting
 from dpcore.config import MECHANISMS
 from flows.cli.common import print_json
 
@@ -50,27 +49,27 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _cache(args) -> bool | None:
-    return False if args.no_cache else None
-
-
 def _epsilon(args) -> int:
+    from tasks.charge import epsilon_report
+
     started = time.perf_counter()
-    report = accounting.epsilon_for(args.noise_multiplier, args.sampling_rate, args.steps, args.delta,
-                                    mechanism=args.mechanism, cache_dir=_cache(args))
+    report = epsilon_report(args.noise_multiplier, args.sampling_rate, args.steps, args.delta, args.mechanism,
+                            cache=not args.no_cache)
     _emit(args, "epsilon", report, time.perf_counter() - started)
     return 0
 
 
 def _calibrate(args) -> int:
+    from tasks.charge import sigma_report
+
     started = time.perf_counter()
-    report = accounting.calibrate(args.target_epsilon, args.sampling_rate, args.steps, args.delta,
-                                  mechanism=args.mechanism, cache_dir=_cache(args))
+    report = sigma_report(args.target_epsilon, args.sampling_rate, args.steps, args.delta, args.mechanism,
+                          cache=not args.no_cache)
     _emit(args, "calibrate", report, time.perf_counter() - started, target=args.target_epsilon)
     return 0
 
 
-def _emit(args, command: str, report: accounting.PrivacyReport, seconds: float, target: float | None = None) -> None:
+def _emit(args, command: str, report, seconds: float, target: float | None = None) -> None:
     payload = {"command": command, **report.to_dict(), "seconds": round(seconds, 3)}
     if target is not None:
         payload["target_epsilon"] = float(target)

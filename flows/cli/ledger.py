@@ -16,8 +16,8 @@ import argparse
 import math
 
 from dpcore.config import MECHANISMS
-from dpcore.ledger import PURPOSES, Ledger, Spend
 from flows.cli.common import print_json
+from tasks.charge import PURPOSES, ledger_spends, record_spend, set_budget
 
 
 def register(subparsers) -> None:
@@ -71,7 +71,7 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _summary(spend: Spend) -> str:
+def _summary(spend) -> str:
     line = f"dataset {spend.dataset_id}: epsilon {_fmt(spend.epsilon)} at delta {_fmt(spend.delta)}"
     if spend.budget is None:
         line += " (no budget set: charges are recorded, never refused)"
@@ -81,7 +81,7 @@ def _summary(spend: Spend) -> str:
     return line + f", {len(spend.entries)} entries"
 
 
-def delta_note(spend: Spend) -> str | None:
+def delta_note(spend) -> str | None:
     """Said whenever entries were calibrated at a delta other than the one the total is composed at."""
     others = sorted({e.delta for e in spend.entries if e.delta != spend.delta})
     if not others:
@@ -91,7 +91,7 @@ def delta_note(spend: Spend) -> str | None:
             f"add up to the total (pass --delta D to compose at another delta)")
 
 
-def _print_spend(spend: Spend) -> None:
+def _print_spend(spend) -> None:
     print(_summary(spend))
     note = delta_note(spend)
     if note:
@@ -112,30 +112,20 @@ def _print_spend(spend: Spend) -> None:
 
 
 def _show(args) -> int:
-    ledger = Ledger(args.ledger_path)
-    known = ledger.dataset_ids()
-    if args.dataset_id and args.dataset_id not in known:
-        from dpcore.errors import ConfigError
-
-        raise ConfigError(f"--dataset {args.dataset_id}: unknown dataset id; the ledger {ledger.path} holds "
-                          + (", ".join(known) if known else "no dataset yet"))
-    ids = [args.dataset_id] if args.dataset_id else known
-    spends = [ledger.spend(dataset_id, delta=args.delta) for dataset_id in ids]
+    path, spends = ledger_spends(args.ledger_path, args.dataset_id, args.delta)
     if args.json:
         dicts = [{**s.to_dict(), "delta_note": delta_note(s)} for s in spends]
         print_json(dicts[0] if args.dataset_id else {"datasets": dicts})
         return 0
     if not spends:
-        print(f"the ledger {ledger.path} has no entries and no budgets")
+        print(f"the ledger {path} has no entries and no budgets")
     for spend in spends:
         _print_spend(spend)
     return 0
 
 
 def _set_budget(args) -> int:
-    ledger = Ledger(args.ledger_path)
-    budget = ledger.set_budget(args.dataset_id, args.epsilon, args.delta)
-    spend = ledger.spend(args.dataset_id)
+    budget, spend = set_budget(args.ledger_path, args.dataset_id, args.epsilon, args.delta)
     if args.json:
         print_json(spend.to_dict())
         return 0
@@ -147,10 +137,10 @@ def _set_budget(args) -> int:
 
 
 def _charge(args) -> int:
-    ledger = Ledger(args.ledger_path)
-    entry = ledger.charge(args.dataset_id, args.content_hash, args.run_id, args.mechanism, args.noise_multiplier,
-                          args.sampling_rate, args.steps, args.delta, args.purpose)
-    spend = ledger.spend(args.dataset_id)
+    entry, spend = record_spend(args.ledger_path, {
+        "dataset_id": args.dataset_id, "content_hash": args.content_hash, "run_id": args.run_id,
+        "mechanism": args.mechanism, "noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
+        "steps": args.steps, "delta": args.delta, "purpose": args.purpose})
     if args.json:
         print_json({"entry": entry.to_dict(), **{k: v for k, v in spend.to_dict().items() if k != "entries"}})
         return 0

@@ -50,26 +50,6 @@ def _config(args) -> RunConfig:
         raise ConfigError(problems or str(exc)) from None
 
 
-def check_before_run(config: RunConfig, run_id: str | None) -> dict:
-    """Every check and the budget's dry run, before any file is written or any model loads."""
-    from dpcore import accounting
-    from dpcore.datasets import load_dataset
-    from dpcore.taskspec import load_task_spec
-    from tasks.charge import charge_plans, preflight
-    from tasks.pate import check_inputs, privacy_plans
-
-    preflight(config)
-    spec = load_task_spec(config.task_spec or config.dataset)
-    if spec.kind != "classification":
-        raise ConfigError(f"pate: PromptPATE votes on labels; task {spec.name!r} is not a classification task")
-    data = load_dataset(spec, config.data_path, config.test_path)
-    _, _, settings = check_inputs(config, data)
-    delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))
-    plans, per_repeat = privacy_plans(config, settings, delta)
-    charge_plans(config.ledger_id, data.content_hash, run_id or "dry-run", plans, dry_run=True)
-    return {"plans": plans, "queries": per_repeat, "delta": delta}
-
-
 def format_summary(summary: dict) -> str:
     accuracy = summary["accuracy"]
     lines = [
@@ -93,6 +73,7 @@ def _pate(args) -> int:
     from flows.cli.common import print_json
     from flows.cli.progress import showing_progress, stopping_on_signals
     from flows.pate import pate_flow
+    from tasks.pate import check_before_run
 
     config = _config(args)
     checked = check_before_run(config, args.run_id)
