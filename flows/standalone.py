@@ -32,6 +32,7 @@ from dpcore.fewshot_plan import (
     AUDIT_REFERENCE,
     INSTRUCTION_ONLY,
     RANDOM_REAL,
+    SIGMA_ZERO,
     default_delta,
     real_records_plan,
 )
@@ -106,11 +107,13 @@ def _generation_privacy(calibration) -> dict:
     if not calibration.reads_private_data:
         return {"epsilon": 0.0, "delta": 0.0, "noise_multiplier": math.inf, "sampling_rate": 0.0,
                 "steps": calibration.steps, "mechanism": calibration.mechanism, "warnings": []}
-    return {"epsilon": calibration.epsilon_upper, "target_epsilon": calibration.epsilon, "delta": calibration.delta,
-            "noise_multiplier": calibration.noise_multiplier, "sampling_rate": calibration.sampling_rate,
-            "steps": calibration.steps, "mechanism": calibration.mechanism,
-            "limiting_label": calibration.limiting_label, "per_label_epsilon": dict(calibration.per_label_epsilon),
-            "epsilon_lower": calibration.epsilon_lower, "epsilon_crosscheck": calibration.epsilon_crosscheck,
+    privacy = {"epsilon": calibration.epsilon_upper, "target_epsilon": calibration.epsilon, "delta": calibration.delta,
+               "noise_multiplier": calibration.noise_multiplier, "sampling_rate": calibration.sampling_rate,
+               "steps": calibration.steps, "mechanism": calibration.mechanism,
+               "limiting_label": calibration.limiting_label, "per_label_epsilon": dict(calibration.per_label_epsilon)}
+    if calibration.method == SIGMA_ZERO:  # sigma = 0: nothing calibrated, no accountant figures to report
+        return {**privacy, "crosscheck_agreed": True, "warnings": []}
+    return {**privacy, "epsilon_lower": calibration.epsilon_lower, "epsilon_crosscheck": calibration.epsilon_crosscheck,
             "crosscheck_agreed": calibration.crosscheck_agreed, "warnings": list(calibration.warnings)}
 
 
@@ -341,6 +344,7 @@ def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilo
     import numpy as np
 
     from dpcore.config import demos_per_label
+    from dpcore.icl import seconds_per_100_items
     from tasks.evaluate import evaluate_pool
     from tasks.generate import generate_for
 
@@ -384,8 +388,6 @@ def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilo
     def stats(values) -> dict:
         values = [float(v) for v in values]
         return {"mean": float(np.mean(values)), "std": float(np.std(values)), "per_seed": values}
-
-    from dpcore.icl import seconds_per_100_items
 
     summary = {
         "dataset": spec.name, "model": config.model, "method": method, "epsilon": float(epsilon),

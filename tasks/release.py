@@ -199,6 +199,23 @@ def load_release(alias_or_version: str = DEFAULT_ALIAS, dataset_id: str | None =
 # --------------------------------------------------------------------------- PromptPATE and PromptDPSGD artifacts
 
 
+def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, model: str | None = None,
+                   device: str = "auto", calibrate: bool = True) -> tuple[dict, str, list[dict]]:
+    """`dpicl predict`: ICL answers to `texts` with a release's demos (or its trained prompt) only, post-processing
+    of a DP release (no privacy cost): (the release manifest, the model's name, one answer per text)."""
+    from dpcore import predict
+    from dpcore.taskspec import TaskSpec
+
+    manifest = load_release(release, dataset_id)
+    spec = TaskSpec.model_validate(manifest["task_spec"])
+    lm = language_model(model or manifest["model"], device=device)
+    demos = [(d["text"], d["label"]) for d in manifest["demos"]]
+    past = (predict.trained_prompt_cache(lm, Path(manifest["release_dir"]) / manifest["artifact"]["file"],
+                                         manifest["model_weights_sha256"], manifest["model"])
+            if manifest.get("method") == "dpsgd" else None)
+    return manifest, lm.name, predict.answer(lm, spec, demos, texts, calibrate=calibrate, past=past)
+
+
 def seal_pate_run(public_dir, *, plan: dict, run_id: str, dataset: str, dataset_id: str, data_hash: str, model: str,
                   task_spec: str, seeded_noise: bool, best_repeat: int | None) -> None:
     """A finished PromptPATE run's public `pate_plan.json` (its plan as charged, ledger id, seeded flag and the

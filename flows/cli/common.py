@@ -16,8 +16,8 @@ from typing import Any
 from dpcore.artifacts import jsonable
 from dpcore.config import RunConfig
 
-__all__ = ["add_config_flags", "checked_config", "config_from_args", "fmt_value", "jsonable", "parse_epsilon",
-           "print_json", "say"]
+__all__ = ["add_config_flags", "checked_config", "config_from_args", "fmt_value", "parse_epsilon", "print_json",
+           "say"]
 
 # CLI spellings that differ from the RunConfig field name (documented in the README).
 FLAG_ALIASES = {"rvp": "--no-rvp"}

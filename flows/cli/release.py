@@ -68,25 +68,16 @@ def _read_queries(path: Path) -> list[dict]:
 
 
 def _predict(args) -> int:
-    from dpcore import predict
     from dpcore.errors import DataValidationError
-    from dpcore.taskspec import TaskSpec
-    from tasks.common import language_model
-    from tasks.release import load_release
+    from tasks.release import answer_queries
 
     path = Path(args.input)
     if not path.exists():
         raise DataValidationError(f"{path}: file not found")
     queries = _read_queries(path)
-    manifest = load_release(args.release, args.dataset_id)
-    spec = TaskSpec.model_validate(manifest["task_spec"])
-    lm = language_model(args.model or manifest["model"], device=args.device)
-    demos = [(d["text"], d["label"]) for d in manifest["demos"]]
-    past = (predict.trained_prompt_cache(lm, Path(manifest["release_dir"]) / manifest["artifact"]["file"],
-                                         manifest["model_weights_sha256"], manifest["model"])
-            if manifest.get("method") == "dpsgd" else None)
-    answers = predict.answer(lm, spec, demos, [q["text"] for q in queries], calibrate=not args.no_calibration,
-                             past=past)
+    manifest, model_name, answers = answer_queries(args.release, args.dataset_id, [q["text"] for q in queries],
+                                                   model=args.model, device=args.device,
+                                                   calibrate=not args.no_calibration)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
         for query, answer in zip(queries, answers, strict=True):
@@ -99,7 +90,7 @@ def _predict(args) -> int:
     eps = manifest.get("epsilon")
     print(f"answered {len(queries)} queries with release v{manifest['release_version']} of {manifest['dataset_id']} "
           f"(epsilon {eps if eps is None or not math.isinf(float(eps)) else 'inf'}, delta {manifest.get('delta')}; "
-          f"post-processing: no further privacy cost) on model {lm.name}", file=sys.stderr)
+          f"post-processing: no further privacy cost) on model {model_name}", file=sys.stderr)
     return 0
 
 
