@@ -107,6 +107,27 @@ def test_every_flag_has_help():
     assert missing == []
 
 
+def test_the_cli_reaches_the_model_the_engine_the_ledger_and_the_accountant_only_through_tasks():
+    """Every command parses arguments, calls the tasks or flows the pipeline uses, and formats output: no
+    module of `flows/cli/` imports the language model, the generation engine, the ledger or the accountant."""
+    import ast
+
+    forbidden = {"dpcore.lm", "dpcore.generation", "dpcore.ledger", "dpcore.composition", "dpcore.accounting",
+                 "dpcore.events", "transformers", "torch"}
+    found = []
+    for path in sorted((REPO / "flows" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            found += [f"{path.name}: {name}" for name in names
+                      if any(name == bad or name.startswith(bad + ".") for bad in forbidden)]
+    assert found == []
+
+
 def test_bad_numbers_name_their_flag(capsys):
     from flows.cli import main
 
