@@ -186,16 +186,17 @@ def _check_split(frame: pd.DataFrame, name: str) -> None:
 
 def trial_samples(rng: np.random.Generator, pool_size: int, per_trial: int, trials: int) -> list[np.ndarray]:
     """Row indices for each trial: disjoint across trials when the pool allows (one permutation, sliced),
-    so trials are independent samples given the prompt and the interval over trials is honest;
-    otherwise independent draws per trial (records then recur across trials: the interval is optimistic,
-    a warning is logged)."""
+    so trials are independent samples given the prompt; otherwise independent draws per trial (records
+    then recur across trials, and the interval counts only the disjoint trials the pool could fill:
+    `audit_statistics.independent_trials`; a warning is logged)."""
     if per_trial > pool_size:
         raise ConfigError(f"audit_members: {per_trial} records per trial but only {pool_size} in the pool")
     if per_trial * trials <= pool_size:
         order = rng.permutation(pool_size)
         return [order[t * per_trial:(t + 1) * per_trial] for t in range(trials)]
-    log.warning("audit: %d trials x %d records exceed the pool of %d: records recur across trials, the AUC "
-                "interval is optimistic (fewer trials or more records)", trials, per_trial, pool_size)
+    log.warning("audit: %d trials x %d records exceed the pool of %d: records recur across trials, so the AUC "
+                "interval counts only %d independent trial(s) (fewer records per trial or a larger pool narrow it)",
+                trials, per_trial, pool_size, max(1, pool_size // per_trial))
     return [rng.choice(pool_size, size=per_trial, replace=False) for _ in range(trials)]
 
 

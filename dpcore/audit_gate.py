@@ -69,8 +69,12 @@ def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[
     wide = [a for a in attacks if math.isnan(a.auc_ci[0]) or a.auc_ci[1] - a.auc_ci[0] > 2 * tol]
     if wide:
         widest = max(wide, key=lambda a: math.inf if math.isnan(a.auc_ci[0]) else a.auc_ci[1] - a.auc_ci[0])
+        recurring = widest.independent_trials is not None and widest.independent_trials < len(widest.trial_aucs)
+        remedy = (f"its {len(widest.trial_aucs)} trials re-score the same records (only "
+                  f"{widest.independent_trials} independent trial(s)): the prompt's mechanism read too few records "
+                  "to audit with this many members per trial" if recurring else "run more trials or demo sets")
         reasons.append(f"audit inconclusive: the {level} CI of the AUC {_ci_text(widest.auc_ci)} ({widest.attack} "
-                       f"attack) is wider than the band 0.5 +/- {tol:g}; run more trials or demo sets")
+                       f"attack) is wider than the band 0.5 +/- {tol:g}; {remedy}")
     if result.max_overlap_tokens >= thresholds.overlap_threshold:
         reasons.append(f"verbatim overlap: a demonstration shares {result.max_overlap_tokens} consecutive tokens "
                        f"with a private record ({result.overlapping_records} record(s) at >= "

@@ -243,14 +243,18 @@ def null_auc_variance(members: int, non_members: int) -> float:
     return (members + non_members + 1) / (12.0 * members * non_members)
 
 
-def auc_mean_ci(trial_aucs, members: int, non_members: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Two-sided Student-t interval for the mean of per-trial AUCs (n - 1 degrees of freedom).
+def auc_mean_ci(trial_aucs, members: int, non_members: int, confidence: float = 0.95,
+                independent: int | None = None) -> tuple[float, float]:
+    """Two-sided Student-t interval for the mean of per-trial AUCs.
 
     The per-trial variance is the sample variance, floored at the Hanley-McNeil variance of
     an AUC under no leakage for the trial's sizes (`null_auc_variance`): a handful of
     trials that happen to agree cannot make the interval falsely narrow. Trials are
-    independent given the prompt when they use disjoint records (the audits draw them so);
-    under leakage, demo sets differ, and that shows in the sample variance. Fewer than two
+    independent given the prompt when they use disjoint records; when records recur across
+    trials (a pool too small to fill them disjointly) only `independent` trials' worth of
+    records was drawn (`independent_trials`), and the interval counts that many samples
+    (n - 1 degrees of freedom; with one, the normal interval of a single trial's AUC), so
+    trials re-scoring the same few members cannot make it narrow either. Fewer than two
     trials: (nan, nan).
 
     An AUC lies in [0, 1], so the interval is intersected with [0, 1] (with few trials the
@@ -260,10 +264,29 @@ def auc_mean_ci(trial_aucs, members: int, non_members: int, confidence: float = 
     values = np.asarray(trial_aucs, dtype=float)
     if len(values) < 2:
         return (math.nan, math.nan)
+    samples = len(values) if independent is None else int(independent)
+    if not 1 <= samples <= len(values):
+        raise ConfigError(f"independent: must be between 1 and the {len(values)} trials, got {independent}")
     variance = max(float(values.var(ddof=1)), null_auc_variance(members, non_members))
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1)) * math.sqrt(variance / len(values))
+    quantile = (stats.t.ppf(0.5 + confidence / 2, samples - 1) if samples >= 2
+                else stats.norm.ppf(0.5 + confidence / 2))
+    half = float(quantile) * math.sqrt(variance / samples)
     mean = float(values.mean())
     return (max(0.0, mean - half), min(1.0, mean + half))
+
+
+def independent_trials(scores: pd.DataFrame) -> int:
+    """How many disjoint trials the scored records could fill: min(trials, distinct members //
+    members per trial, distinct non-members // non-members per trial), at least 1. Equal to the
+    number of trials when every trial drew fresh records (`dpcore.audit.trial_samples` does when
+    the pool allows); smaller when records recur (a prompt whose mechanism read few records)."""
+    trials = int(scores["global_trial"].nunique())
+    counts = []
+    for is_member in (True, False):
+        side = scores.loc[scores["member"].to_numpy(dtype=bool) == is_member]
+        per_trial = int(side.groupby("global_trial")["record_id"].nunique().max())
+        counts.append(int(side["record_id"].nunique()) // per_trial)
+    return max(1, min(trials, *counts))
 
 
 def family_confidence(confidence: float, tests: int) -> float:
@@ -288,11 +311,13 @@ class AttackMetrics:
     tpr_at_1pct_fpr: float  # pooled over trials
     tpr_at_01pct_fpr: float
     epsilon_lower_bound: float
+    independent_trials: int | None = None  # the samples `auc_ci` counts (None: every trial)
 
     def summary(self) -> dict:
         return {"attack": self.attack, "auc": self.auc, "auc_ci": list(self.auc_ci), "pooled_auc": self.pooled_auc,
                 "tpr_at_1pct_fpr": self.tpr_at_1pct_fpr, "tpr_at_01pct_fpr": self.tpr_at_01pct_fpr,
-                "epsilon_lower_bound": self.epsilon_lower_bound}
+                "epsilon_lower_bound": self.epsilon_lower_bound,
+                "independent_trials": self.independent_trials or len(self.trial_aucs)}
 
 
 def strongest_attack(attacks: Sequence):
@@ -306,24 +331,25 @@ def strongest_attack(attacks: Sequence):
 def attack_metrics(scores: pd.DataFrame, members: int, non_members: int, confidence: float,
                    delta: float) -> tuple[AttackMetrics, ...]:
     """Per attack (in order of appearance): per-trial AUCs (`global_trial` groups), their mean and
-    interval, pooled TPR at 1% / 0.1% FPR, pooled AUC and the empirical epsilon bound. Intervals and
+    interval (over `independent_trials` samples when records recur across trials), pooled TPR at 1% / 0.1% FPR, pooled AUC and the empirical epsilon bound. Intervals and
     bounds are at the Bonferroni level over the attacks (`family_confidence`)."""
     names = list(dict.fromkeys(scores["attack"].tolist()))
     level = family_confidence(confidence, len(names))
     out = []
     for name in names:
         sub = scores.loc[scores["attack"] == name]
-        aucs = []
+        aucs, independent = [], independent_trials(sub)
         for _, trial in sub.groupby("global_trial", sort=True):
             member = trial["member"].to_numpy(dtype=bool)
             values = trial["score"].to_numpy(dtype=float)
             aucs.append(roc_auc(values[member], values[~member]))
         pooled = _pooled_metrics(sub, level, delta)
         out.append(AttackMetrics(
-            attack=name, auc=float(np.mean(aucs)), auc_ci=auc_mean_ci(aucs, members, non_members, level),
+            attack=name, auc=float(np.mean(aucs)),
+            auc_ci=auc_mean_ci(aucs, members, non_members, level, min(independent, len(aucs))),
             trial_aucs=tuple(float(a) for a in aucs), pooled_auc=pooled["pooled_auc"],
             tpr_at_1pct_fpr=pooled["tpr_at_1pct_fpr"], tpr_at_01pct_fpr=pooled["tpr_at_01pct_fpr"],
-            epsilon_lower_bound=pooled["epsilon_lower_bound"],
+            epsilon_lower_bound=pooled["epsilon_lower_bound"], independent_trials=min(independent, len(aucs)),
         ))
     return tuple(out)
 

@@ -68,3 +68,20 @@ def test_gate_reads_the_strongest_attack():
     assert not passed and reasons[0].startswith("audit inconclusive") and "lira-text" in reasons[0]
     fine = (_metrics("duan", 0.5, (0.48, 0.52)), _metrics("lira-text", 0.51, (0.47, 0.55)))
     assert gate(result(fine))[0]
+
+
+def test_an_audit_that_re_scores_the_same_records_says_so():
+    """A prompt whose mechanism read 10 records, audited with 10 members in each of 20 trials: one
+    independent trial's worth, so more trials cannot make it conclusive, and the reason says why."""
+    def result(attack):
+        return SimpleNamespace(auc=attack.auc, auc_ci=attack.auc_ci, confidence=0.95, max_overlap_tokens=0,
+                               overlapping_records=0, crosscheck_agreed=True, attacks=(attack,))
+
+    recurring = AttackMetrics("duan", 0.55, (0.29, 0.81), (0.55,) * 20, 0.55, 0.0, 0.0, 0.0, independent_trials=1)
+    passed, reasons = gate(result(recurring))
+    assert not passed and reasons[-1].startswith("audit inconclusive")
+    assert "20 trials re-score the same records (only 1 independent trial(s))" in reasons[-1]
+    assert recurring.summary()["independent_trials"] == 1
+    fresh = AttackMetrics("duan", 0.52, (0.40, 0.64), (0.52,) * 20, 0.52, 0.0, 0.0, 0.0, independent_trials=20)
+    assert gate(result(fresh))[1][-1].endswith("run more trials or demo sets")
+    assert fresh.summary()["independent_trials"] == 20

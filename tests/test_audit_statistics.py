@@ -6,6 +6,7 @@ import math
 from itertools import product
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 
@@ -16,6 +17,7 @@ from dpcore.audit_statistics import (
     empirical_epsilon_lower_bound,
     epsilon_bounds_at,
     family_confidence,
+    independent_trials,
     null_auc_variance,
     roc_auc,
     roc_curve,
@@ -165,6 +167,44 @@ def test_auc_interval():
         low, high = auc_mean_ci(aucs, 30, 30, 0.95)
         covered += low <= 0.5 <= high
     assert covered >= 0.92 * 200
+
+
+def _null_trials(rng, member_ids, non_member_pool: int, per_trial: int, trials: int) -> pd.DataFrame:
+    """Scores with no leakage (one distribution per record): `member_ids` in every trial, fresh non-members."""
+    score = dict(enumerate(rng.normal(size=len(member_ids) + non_member_pool)))
+    rows = []
+    for trial in range(trials):
+        others = rng.choice(non_member_pool, size=per_trial, replace=False) + len(member_ids)
+        rows += [(trial, True, int(i), score[int(i)]) for i in member_ids]
+        rows += [(trial, False, int(i), score[int(i)]) for i in others]
+    return pd.DataFrame(rows, columns=["global_trial", "member", "record_id", "score"]).assign(attack="a")
+
+
+def test_trials_that_reuse_the_same_members_count_once():
+    """A prompt that read 10 records, audited with 10 members in each of 20 trials: the trials are not
+    independent samples. Counted as 20 the interval covers no-leakage far too rarely; counted as the one
+    sample they are, it covers at the stated level."""
+    rng = np.random.default_rng(11)
+    covered = {"as 20": 0, "independent": 0}
+    for _ in range(300):
+        scores = _null_trials(rng, np.arange(10), 200, 10, 20)
+        assert independent_trials(scores) == 1
+        aucs = [roc_auc(t.loc[t.member, "score"], t.loc[~t.member, "score"]) for _, t in scores.groupby("global_trial")]
+        low, high = auc_mean_ci(aucs, 10, 10, 0.95)
+        covered["as 20"] += low <= 0.5 <= high
+        low, high = auc_mean_ci(aucs, 10, 10, 0.95, independent=independent_trials(scores))
+        covered["independent"] += low <= 0.5 <= high
+    assert covered["independent"] >= 0.93 * 300
+    assert covered["as 20"] <= 0.85 * 300
+    # disjoint trials count in full; a pool that fills 3 disjoint trials counts 3
+    fresh = _null_trials(rng, np.arange(10), 200, 10, 1)
+    disjoint = pd.concat([fresh.assign(global_trial=t, record_id=fresh.record_id + 1000 * t) for t in range(5)])
+    assert independent_trials(disjoint) == 5
+    cycled = pd.concat([_null_trials(rng, np.arange(10) + 10 * (t % 3), 200, 10, 1).assign(global_trial=t)
+                        for t in range(8)])  # 8 trials cycling through 3 disjoint member sets
+    assert independent_trials(cycled) == 3
+    with pytest.raises(ConfigError, match="independent"):
+        auc_mean_ci([0.5, 0.6], 10, 10, independent=3)
 
 
 def test_auc_interval_stays_within_bounds():
