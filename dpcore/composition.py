@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dpcore.errors import ConfigError
+from dpcore.errors import ConfigError, check_positive
 
 logger = logging.getLogger(__name__)
 
@@ -569,12 +569,7 @@ def calibrate(family: Callable[[float], Any], target_epsilon: float, delta: floa
     upper end is returned, so the guarantee holds, and family(sigma - tolerance) breaks the target.
     sigma is searched in [sigma_min, sigma_max]. Raises ConfigError for a bad input or an
     unreachable target."""
-    try:
-        target = float(target_epsilon)
-    except (TypeError, ValueError):
-        raise ConfigError(f"target_epsilon must be a number, got {target_epsilon!r}") from None
-    if not (math.isfinite(target) and target > 0):
-        raise ConfigError(f"target_epsilon must be a finite number > 0, got {target}")
+    target = check_positive("target_epsilon", target_epsilon)
     d = _check_delta(delta)
     started = time.perf_counter()
     margin = 1.2 * _prv_eps_error(target)  # prv's upper bound sits about eps_error above the estimate

@@ -1,5 +1,7 @@
-"""Error types shared by dpcore. Messages name files, rows, columns and parameters,
-never a private record's text."""
+"""Error types shared by dpcore, and the one check of a positive parameter. Messages name files,
+rows, columns and parameters, never a private record's text."""
+
+import math
 
 
 class DpiclError(Exception):
@@ -41,3 +43,14 @@ class RunStopped(DpiclError):
 
     exit_code = 130
     kind = "stopped"
+
+
+def check_positive(name: str, value) -> float:
+    """`value` as a finite float > 0, else a ConfigError naming the parameter `name`."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number > 0, got {value!r}") from None
+    if not (math.isfinite(number) and number > 0):
+        raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+    return number

@@ -49,7 +49,7 @@ from dp_accounting.dp_event import (
     SelfComposedDpEvent,
 )
 
-from dpcore.errors import ConfigError
+from dpcore.errors import ConfigError, check_positive
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
@@ -68,8 +68,7 @@ def gaussian_event(standard_deviation: float, sensitivity: float) -> DpEvent:
     std, sens = float(standard_deviation), float(sensitivity)
     if not (math.isfinite(std) and std >= 0):
         raise ConfigError(f"standard_deviation must be a finite number >= 0, got {standard_deviation}")
-    if not (math.isfinite(sens) and sens > 0):
-        raise ConfigError(f"sensitivity must be a finite number > 0, got {sensitivity}")
+    check_positive("sensitivity", sens)
     return NonPrivateDpEvent() if std == 0 else GaussianDpEvent(std / sens)
 
 

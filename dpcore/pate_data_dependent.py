@@ -49,8 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import log_ndtr
 
-from dpcore.errors import ConfigError
-from dpcore.pate_privacy import check_positive
+from dpcore.errors import ConfigError, check_positive
 
 # Renyi orders searched (lambda > 1): fine below 100, geometric up to 1000.
 DEFAULT_ORDERS: np.ndarray = np.concatenate((np.array([1.25, 1.5, 1.75]), np.arange(2.0, 100.0, 0.5),

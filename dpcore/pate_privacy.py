@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from dpcore.errors import ConfigError
+from dpcore.errors import ConfigError, check_positive
 from dpcore.events import gaussian_event
 from dpcore.plan import PlannedSpend, PrivacyPlan
 
@@ -41,17 +41,6 @@ THRESHOLD_SENSITIVITY = 1.0         # |max_j n_j - max_j n'_j| <= 1 under add/re
 VOTE_SENSITIVITY = math.sqrt(2.0)   # ||n - n'||_2 <= sqrt(2): one teacher's vote moves to another class
 PURPOSE = "pate"                    # the ledger purpose of both spends
 MAX_QUERIES = 10**9                 # `max_queries_within` searches no further
-
-
-def check_positive(name: str, value) -> float:
-    """`value` as a finite float > 0, else a ConfigError naming `name`."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number > 0, got {value!r}") from None
-    if not (math.isfinite(number) and number > 0):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value}")
-    return number
 
 
 def _count(name: str, value, minimum: int = 1) -> int:
@@ -156,7 +145,7 @@ def pate_plan(*, epsilon_target: float | None, delta: float, queries: int, thres
 
 
 __all__ = [
-    "MAX_QUERIES", "PURPOSE", "THRESHOLD_SENSITIVITY", "VOTE_SENSITIVITY", "check_positive",
+    "MAX_QUERIES", "PURPOSE", "THRESHOLD_SENSITIVITY", "VOTE_SENSITIVITY",
     "data_independent_epsilon", "max_queries_within", "pate_plan", "pate_spends", "threshold_noise_multiplier",
     "vote_noise_multiplier",
 ]

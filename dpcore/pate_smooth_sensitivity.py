@@ -58,8 +58,7 @@ import numpy as np
 from scipy.special import erfc, erfcinv
 
 from dpcore import pate_data_dependent as dd
-from dpcore.errors import ConfigError
-from dpcore.pate_privacy import check_positive
+from dpcore.errors import ConfigError, check_positive
 
 _CONDITION_GRID = 4000   # points of the numerical check of conditions C5, C6
 _CONDITION_SLACK = 1e-12  # relative decrease tolerated as rounding in that check

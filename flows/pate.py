@@ -45,7 +45,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     charged `tasks.pate.privacy_plans` with the pipeline's other methods in one transaction (this flow
     then charges nothing itself).
     """
-    from flows.pipeline import _collect, _run_all, _submit_all, default_run_id, make_task_runner
+    from flows.pipeline import default_run_id, make_task_runner, map_calls, results
 
     configure_environment()
     logger = get_run_logger()
@@ -97,8 +97,8 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
             eval_calls.append(dict(method="zero-shot", epsilon=0.0, demo_paths=[], demo_keys=[],
                                    eval_config=EvalConfig(shots=0, seeds=1, test_size=config.test_size,
                                                           calibrate=config.calibrate), **eval_common))
-        zero_futures = _submit_all(runner, evaluate_stage.evaluate, eval_calls)
-        blocks_done = _run_all(runner, pate_stage.pate_flock, flock_calls, exists=lambda r: Path(r["scores_path"]).exists())
+        zero_futures = map_calls(runner, evaluate_stage.evaluate, eval_calls)
+        blocks_done = results(map_calls(runner, pate_stage.pate_flock, flock_calls))
         public_blocks = [b for b in blocks_done if b["split"] == "public"]
         aggregate = pate_stage.pate_aggregate(
             data_hash=ingested["data_hash"], votes_paths=[b["scores_path"] for b in public_blocks],
@@ -110,16 +110,13 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                               labels_key=aggregate["key"], repeat=r, shots=settings["shots"],
                               candidates=config.pate_student_candidates, calibrate=config.calibrate, **common)
                          for r in range(settings["repeats"]) if aggregate["labelled"][r] > settings["shots"]]
-        students = _run_all(runner, pate_stage.pate_student, student_calls,
-                            exists=lambda r: Path(r["student_path"]).exists())
+        students = results(map_calls(runner, pate_stage.pate_student, student_calls))
         student_eval = EvalConfig(shots=settings["shots"], seeds=1, test_size=config.test_size,
                                   calibrate=config.calibrate)
         student_calls_eval = [dict(method="dp", epsilon=float(plans[0].epsilon), demo_paths=[s["student_path"]],
                                    demo_keys=[s["key"]], eval_config=student_eval, **eval_common) for s in students]
-        evaluations = _run_all(runner, evaluate_stage.evaluate, student_calls_eval,
-                               exists=lambda r: Path(r["predictions_path"]).exists())
-        zero = _collect(runner, evaluate_stage.evaluate, eval_calls, zero_futures,
-                        exists=lambda r: Path(r["predictions_path"]).exists())
+        evaluations = results(map_calls(runner, evaluate_stage.evaluate, student_calls_eval))
+        zero = results(zero_futures)
         test_rows = {}
         if test_baselines:
             test_blocks = [b for b in blocks_done if b["split"] == "test"]

@@ -36,7 +36,6 @@ import pandas as pd
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
-from prefect.utilities.callables import get_call_parameters
 
 from dpcore.artifacts import read_table, write_table
 from dpcore.config import RunConfig
@@ -94,28 +93,22 @@ def make_task_runner(spec: str = "threads"):
     raise ConfigError(f"task_runner: {spec!r} is not threads, dask, dask:N or a Dask scheduler address")
 
 
-def _submit(runner, task, **kwargs):
-    return runner.submit(task, get_call_parameters(task.fn, (), kwargs))
+def map_calls(runner, task, calls: list[dict]) -> list:
+    """One run of `task` per call (each a dict of its parameters), through the runner's mapping.
+
+    Prefect's cache decides what runs: a stage whose folder is gone took its cached result with it
+    (`tasks.common.cache_key_on`). Returns the futures, in the order of `calls`.
+    """
+    if not calls:
+        return []
+    names = list(calls[0])
+    if any(list(call) != names for call in calls):
+        raise ValueError(f"{task.name}: every mapped call must name the same parameters")
+    return list(runner.map(task, {name: [call[name] for call in calls] for name in names}))
 
 
-def _submit_all(runner, task, calls: list[dict]) -> list:
-    return [_submit(runner, task, **call) for call in calls]
-
-
-def _collect(runner, task, calls: list[dict], futures: list, exists) -> list[dict]:
-    """Wait for submitted calls; re-run (cache refreshed) any cached result whose files are gone."""
-    results = [future.result() for future in futures]
-    stale = [i for i, result in enumerate(results) if not exists(result)]
-    if stale:
-        refreshed = task.with_options(refresh_cache=True)
-        again = [_submit(runner, refreshed, **calls[i]) for i in stale]
-        for i, future in zip(stale, again, strict=True):
-            results[i] = future.result()
-    return results
-
-
-def _run_all(runner, task, calls: list[dict], exists) -> list[dict]:
-    return _collect(runner, task, calls, _submit_all(runner, task, calls), exists)
+def results(futures: list) -> list:
+    return [future.result() for future in futures]
 
 
 def _concat(paths: list[str]) -> pd.DataFrame:
@@ -280,11 +273,11 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
     scope = noise_scope(config.seed, run_id)
     with make_task_runner(config.task_runner) as runner:
         # 4. generation, one task per (method, label, epsilon)
-        shards = _run_all(runner, generate_stage.generate, [
+        shards = results(map_calls(runner, generate_stage.generate, [
             generate_stage.generate_call(item, ingested, generation_config, config, scope,
                                          noise_charged(ledger_entry, item.method, item.epsilon))
             for item in items
-        ], exists=Shard.exists)
+        ]))
         public_shards = [s.path for s in shards if not s.private]
         private_shards = [s.path for s in shards if s.private]
         demos = _concat(public_shards)
@@ -297,15 +290,13 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
         # 5-6. evaluation of every method, and the audit, submitted together (they only need the demos)
         eval_calls = [evaluate_stage.evaluate_call(demo_set, ingested, config, labels)
                       for demo_set in evaluate_stage.evaluation_plan(list(config.baselines), shards)]
-        eval_futures = _submit_all(runner, evaluate_stage.evaluate, eval_calls)
-        audit_calls, audit_futures = [], []
+        eval_futures = map_calls(runner, evaluate_stage.evaluate, eval_calls)
+        audit_futures = []
         if config.audit:
-            audit_calls = [audit_stage.audit_call(config, ingested, fewshot, shards, generation_config, scope)]
-            audit_futures = _submit_all(runner, audit_stage.audit, audit_calls)
+            audit_futures = map_calls(runner, audit_stage.audit, [
+                audit_stage.audit_call(config, ingested, fewshot, shards, generation_config, scope)])
 
-        evaluations = _collect(runner, evaluate_stage.evaluate, eval_calls, eval_futures,
-                               exists=lambda r: Path(r["predictions_path"]).exists()
-                               and Path(r["metrics_path"]).exists())
+        evaluations = results(eval_futures)
         # Per-item predictions (test ids, gold labels, probabilities) are private; metrics are aggregates.
         write_table(_concat([e["predictions_path"] for e in evaluations]), paths.private / "predictions.parquet")
         write_table(_concat([e["metrics_path"] for e in evaluations]), paths.public / "metrics.parquet")
@@ -314,9 +305,8 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
             write_table(_concat(real), paths.private / "real_demos.parquet")
 
         audit_summary, audit_reference = None, None
-        if audit_calls:
-            audit_result = _collect(runner, audit_stage.audit, audit_calls, audit_futures,
-                                    exists=audit_stage.outputs_exist)[0]
+        if audit_futures:
+            audit_result = audit_futures[0].result()
             # Per-record membership scores stay private; the public side gets the aggregates and the
             # ROC of the DP audits (the one drawn with the non-private reference stays private).
             publish(audit_result["mia_scores_path"], paths.private, "mia_scores.parquet")

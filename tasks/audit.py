@@ -72,10 +72,6 @@ def _progress(what: str):
     return lambda done, total: report_progress(what, done, total)
 
 
-def outputs_exist(result: dict) -> bool:
-    return all(Path(result[name]).exists() for name in ("mia_scores_path", "audit_path"))
-
-
 # --------------------------------------------------------------------------- shared with `dpicl audit`
 
 
@@ -147,7 +143,7 @@ def write_audit(results: list, reference, public: Path, private: Path, title: st
 # --------------------------------------------------------------------------- the pipeline's task
 
 
-@cached_task("audit", AUDIT_KEY_FIELDS, AUDIT_MODULES, tags=["gpu"])
+@cached_task("audit", AUDIT_KEY_FIELDS, AUDIT_MODULES, private_outputs=True, tags=["gpu"])
 def audit(
     *,
     records_path: str,

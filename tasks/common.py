@@ -1,7 +1,7 @@
 """Plumbing shared by the pipeline's Prefect tasks: run folders, cache keys, seeds, the model cache.
 
 Rules every task follows (the privacy boundary):
-- a task RESULT (what Prefect persists under $PREFECT_HOME/storage) holds only paths,
+- a task RESULT (what Prefect persists, `RESULT_RECORD` in the public stage folder) holds only paths,
   ids, public configuration, DP outputs and aggregates, never a private record;
 - private tables are written only under `$DPICL_HOME/private/`;
 - log lines carry counts, hashes and parameters, never a record's text.
@@ -10,7 +10,9 @@ Cached tasks write their outputs once into a content-addressed stage folder
 (`$DPICL_HOME/cache/stages/<stage>/<key>/`, or `$DPICL_HOME/private/cache/stages/...`
 for private outputs) whose name is the task's cache key; the flow then copies them
 into the run folder with `publish`. So a cache hit (a retried flow, an unchanged
-re-run with the same seed) costs a file copy, and never draws new noise.
+re-run with the same seed) costs a file copy, and never draws new noise. Prefect
+keeps the cached result (`RESULT_RECORD`) inside that same public folder: removing a
+stage's folder removes its cache entry, and Prefect's own caching runs the stage again.
 """
 
 from __future__ import annotations
@@ -72,10 +74,19 @@ def run_paths(dataset: str, data_hash: str, run_id: str) -> RunPaths:
     return RunPaths(dataset, data_hash, run_id, public, private)
 
 
+def stages_root(private: bool = False) -> Path:
+    """Where the cached stages' folders live (public, or in the private store)."""
+    return (private_dir() if private else dpicl_home()) / "cache" / "stages"
+
+
+def stage_path(stage: str, key: str, private: bool = False) -> Path:
+    """The content-addressed folder of one cached stage result (not created)."""
+    return stages_root(private) / safe_name(stage) / key
+
+
 def stage_dir(stage: str, key: str, private: bool = False) -> Path:
-    """The content-addressed folder of one cached stage result."""
-    root = (private_dir() / "cache" / "stages") if private else (dpicl_home() / "cache" / "stages")
-    path = root / safe_name(stage) / key
+    """The content-addressed folder of one cached stage result, created."""
+    path = stage_path(stage, key, private)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -135,14 +146,31 @@ def stage_key(stage: str, fields: dict[str, Any], modules: tuple[str, ...] = ())
     return f"{safe_name(stage)}-{digest({'stage': stage, 'code': module_fingerprint(*modules), 'fields': fields})[:32]}"
 
 
-def cache_key_on(stage: str, names: tuple[str, ...], modules: tuple[str, ...] = ()):
+# Prefect's persisted result of a cached stage, inside the stage's public folder (see the module docstring).
+RESULT_RECORD = "prefect-result.json"
+
+
+def result_record(stage: str, key: str) -> Path:
+    return stage_path(stage, key) / RESULT_RECORD
+
+
+def cache_key_on(stage: str, names: tuple[str, ...], modules: tuple[str, ...] = (), private_outputs: bool = False):
     """A Prefect `cache_key_fn` hashing the named task parameters (nothing else) with the stage code.
 
+    The key it returns is the path of the result record inside the stage's folder (relative to
+    `stages_root()`, the tasks' result storage), so the record goes wherever the stage's public
+    outputs go. A stage with `private_outputs` also writes to its private folder: when that folder
+    is gone (the private store was cleared) the record is dropped too, so the cache misses and the
+    stage runs again rather than answering with paths to files that no longer exist.
     The parameters named here must be public: paths, hashes, configuration, seeds, run ids.
     """
 
     def key_fn(context, parameters: dict[str, Any]) -> str:
-        return stage_key(stage, {name: parameters.get(name) for name in names}, modules)
+        key = stage_key(stage, {name: parameters.get(name) for name in names}, modules)
+        record = result_record(stage, key)
+        if private_outputs and not stage_path(stage, key, private=True).exists():
+            record.unlink(missing_ok=True)
+        return record.relative_to(stages_root()).as_posix()
 
     key_fn.__name__ = f"cache_key_{safe_name(stage)}"
     return key_fn
@@ -212,14 +240,21 @@ RETRIES = 2
 RETRY_DELAY_SECONDS = 1
 
 
-def cached_task(name: str, key_fields: tuple[str, ...], modules: tuple[str, ...] = (), **options):
+def cached_task(name: str, key_fields: tuple[str, ...], modules: tuple[str, ...] = (), *,
+                private_outputs: bool = False, **options):
     """A Prefect task whose JSON result is persisted under its cache key (`cache_key_on(name, key_fields,
-    modules)`: public parameters and the dpcore code it runs), retried on transient failures only."""
+    modules)`: public parameters and the dpcore code it runs), in its stage folder, retried on transient
+    failures only. `private_outputs`: the stage also writes to its private folder (`stage_dir(...,
+    private=True)`) on every run.
+
+    The result storage is `stages_root()` as this process starts, like Prefect's own PREFECT_HOME.
+    """
     from prefect import task
 
-    return task(name=name, cache_key_fn=cache_key_on(name, key_fields, modules), persist_result=True,
-                result_serializer="json", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS,
-                retry_condition_fn=transient_only, **options)
+    return task(name=name, cache_key_fn=cache_key_on(name, key_fields, modules, private_outputs),
+                persist_result=True, result_storage=stages_root(), result_serializer="json",
+                retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only,
+                **options)
 
 
 def uncached_task(name: str, **options):

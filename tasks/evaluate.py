@@ -63,7 +63,8 @@ def evaluate_pool(lm, spec, test: pd.DataFrame, pool, method: str, epsilon: floa
     return predictions, metrics, real
 
 
-@cached_task("evaluate", EVALUATE_KEY_FIELDS, EVAL_MODULES, task_run_name="evaluate-{method}-eps{epsilon}")
+@cached_task("evaluate", EVALUATE_KEY_FIELDS, EVAL_MODULES, private_outputs=True,
+             task_run_name="evaluate-{method}-eps{epsilon}")
 def evaluate(
     *,
     records_path: str,

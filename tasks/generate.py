@@ -26,7 +26,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
@@ -75,9 +74,6 @@ class Shard(BaseModel):
     seeded_noise: bool
     worker: str
     private_stats_path: str
-
-    def exists(self) -> bool:
-        return Path(self.path).exists()
 
 
 def demos_are_private(method: str) -> bool:
@@ -139,7 +135,7 @@ def empty_demos_note(frame, what: str) -> str | None:
             "a larger epsilon, top_k (--top-k) or another model may help")
 
 
-@cached_task("generate", GENERATE_KEY_FIELDS, GENERATION_MODULES, tags=["gpu"],
+@cached_task("generate", GENERATE_KEY_FIELDS, GENERATION_MODULES, private_outputs=True, tags=["gpu"],
              task_run_name="generate-{method}-{label}-eps{epsilon}")
 def generate(
     *,

@@ -151,7 +151,7 @@ def pate_inputs(*, config, ingested: dict, planned: int) -> dict:
             "texts": queries["text"].tolist()}), "source": where, "settings": settings}
 
 
-@cached_task("pate-teachers", TEACHERS_KEY, PATE_MODULES)
+@cached_task("pate-teachers", TEACHERS_KEY, PATE_MODULES, private_outputs=True)
 def pate_teachers(*, records_path: str, data_hash: str, teachers: int, shots: int, seed: int | None,
                   noise_scope: str, noise_charged: bool) -> dict:
     """E disjoint k-shot teachers (`dpcore.pate_teachers`); the assignment table is private."""
@@ -168,7 +168,8 @@ def pate_teachers(*, records_path: str, data_hash: str, teachers: int, shots: in
     return {"key": key, "assignment_path": str(path), "seeded_noise": seeded}
 
 
-@cached_task("pate-flock", FLOCK_KEY, PATE_MODULES, tags=["gpu"], task_run_name="pate-flock-{split}-{first}-{last}")
+@cached_task("pate-flock", FLOCK_KEY, PATE_MODULES, private_outputs=True, tags=["gpu"],
+             task_run_name="pate-flock-{split}-{first}-{last}")
 def pate_flock(*, records_path: str, data_hash: str, assignment_path: str, assignment_key: str, queries_path: str,
                queries_key: str, task_spec: str, labels: list[str], first: int, last: int, calibrate: bool,
                split: str = "public", test_size: int | None = None, model: str, device: str = "auto",
@@ -216,7 +217,7 @@ def load_votes(block_paths: list[str], lm, spec, labels: list[str], mode: str) -
     return np.concatenate(parts, axis=0)
 
 
-@cached_task("pate-aggregate", AGGREGATE_KEY, PATE_MODULES)
+@cached_task("pate-aggregate", AGGREGATE_KEY, PATE_MODULES, private_outputs=True)
 def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[str], task_spec: str,
                    labels: list[str], vote_mode: str, threshold: float, sigma1: float, sigma2: float, repeats: int,
                    queries: int, delta: float, model: str, device: str = "auto", dtype: str = "auto",

@@ -204,6 +204,40 @@ def test_identical_rerun_is_cached_and_does_no_generation(run, generation_calls)
     assert again["results"] == run["results"]
 
 
+def test_a_stage_whose_folder_is_gone_runs_again_and_no_other(run, generation_calls):
+    """Prefect keeps a cached stage's result in the stage's own folder: removing that folder (or the
+    private folder of a stage with private outputs) makes that stage run again, and only it."""
+    import shutil
+
+    from flows.pipeline import run_pipeline
+    from tasks.common import RESULT_RECORD, stage_path, stages_root
+
+    def folders(stage: str) -> set[Path]:
+        root = stages_root() / stage
+        return set(root.iterdir()) if root.exists() else set()
+
+    before = {stage: folders(stage) for stage in ("generate", "evaluate")}
+    config = tiny_config(seed=4242, audit=False, baselines=["zero-shot"], seeds=1)
+    first = run_pipeline(config)
+    assert len(generation_calls) == 4  # one task per label
+    drawn = sorted(folders("generate") - before["generate"])
+    evaluated = sorted(folders("evaluate") - before["evaluate"])
+    assert len(drawn) == 4 and len(evaluated) == 2  # dp and zero-shot
+    for folder in drawn:  # the record sits beside the outputs it names
+        assert {p.name for p in folder.iterdir()} == {RESULT_RECORD, "demos.parquet"}
+    assert all((folder / RESULT_RECORD).exists() for folder in evaluated)
+
+    shutil.rmtree(drawn[0])
+    shutil.rmtree(stage_path("evaluate", evaluated[0].name, private=True))
+    stamp = (evaluated[1] / RESULT_RECORD).stat().st_mtime_ns
+    again = run_pipeline(config)
+    assert len(generation_calls) == 5  # the one removed shard, drawn again from the same seed
+    assert (drawn[0] / "demos.parquet").exists()
+    assert stage_path("evaluate", evaluated[0].name, private=True).exists()
+    assert (evaluated[1] / RESULT_RECORD).stat().st_mtime_ns == stamp  # untouched: served from the cache
+    assert again["results"] == first["results"]
+
+
 def test_retry_of_a_run_reuses_its_noise_and_a_new_run_draws_fresh_noise(run, generation_calls):
     """Cryptographic noise (seed None): the generation cache is scoped to the run id."""
     from flows.pipeline import run_pipeline
