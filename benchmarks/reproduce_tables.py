@@ -121,6 +121,9 @@ def _parse(argv):
     parser.add_argument("--test-size", type=int, default=None, help="test items (default: 100; --full: all)")
     parser.add_argument("--seeds", type=int, default=None,
                         help="evaluation seeds (tang), repeats (pate), trainings (dpsgd); default 2 (--full: 5, 3, 1)")
+    parser.add_argument("--dpsgd-steps", type=int, default=int(DPSGD_CPU_STEPS),
+                        help=f"DP-SGD steps of each CPU-preset training (default {DPSGD_CPU_STEPS}; --full: the GPU "
+                             "preset's 100 epochs)")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--full", action="store_true", help="the papers' sizes (a GPU job)")
     parser.add_argument("--dry-run", action="store_true", help="print the cells and their commands, run nothing")
@@ -168,7 +171,7 @@ def build_cells(args) -> list[Cell]:
                 cells.append(Cell(f"pate-{public}-{dataset}", "pate", dataset, argv, key=(public,)))
         if "dpsgd" in tables:
             trainings = args.seeds or (1 if args.full else 2)
-            preset = ["--preset", "gpu"] if args.full else ["--preset", "cpu", "--steps", DPSGD_CPU_STEPS]
+            preset = ["--preset", "gpu"] if args.full else ["--preset", "cpu", "--steps", str(args.dpsgd_steps)]
             for kind in DPSGD_KINDS:
                 for eps in DPSGD_EPSILONS:
                     argv = ["tune", "--json", *head, "--kind", kind, "--epsilon", eps, *preset,

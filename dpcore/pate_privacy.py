@@ -108,6 +108,28 @@ def max_queries_within(epsilon: float, delta: float, sigma1: float, sigma2: floa
     return lo
 
 
+def labelling_checkpoints(epsilons, delta: float, sigma1: float, sigma2: float, *, repeats: int,
+                          queries: int) -> list[tuple[float, int, float]]:
+    """Smaller epsilons read off one labelling: (requested epsilon, Q_i per repeat, its data-independent
+    epsilon) for each finite requested epsilon whose most affordable R x Q_i queries are fewer than the
+    run's R x Q (and at least one per repeat), in increasing order.
+
+    Confident-GNMax answers the queries of each repeat in order, each from its own histogram and its own
+    noise, so the first Q_i answers of every repeat are exactly a run of R x Q_i queries: a student
+    built from them is (data_independent_epsilon(R x Q_i), delta)-DP. As a function of the whole
+    labelling it costs nothing beyond the run's own charge (post-processing), which is why a run can
+    report PromptPATE at every epsilon of a comparison and be charged for the largest only."""
+    n_repeats = _count("repeats", repeats)
+    per_repeat = _count("queries", queries)
+    checkpoints = []
+    for requested in sorted({float(e) for e in epsilons if 0.0 < float(e) < math.inf}):
+        prefix = max_queries_within(requested, delta, sigma1, sigma2, limit=per_repeat * n_repeats) // n_repeats
+        if 1 <= prefix < per_repeat:
+            checkpoints.append((requested, prefix, data_independent_epsilon(sigma1, sigma2, prefix * n_repeats,
+                                                                            delta)))
+    return checkpoints
+
+
 def pate_plan(*, epsilon_target: float | None, delta: float, queries: int, threshold_sigma: float,
               vote_sigma: float, teachers: int, threshold: float) -> PrivacyPlan:
     """PromptPATE's privacy plan (method "pate"): the spends of `pate_spends` for Q queries.
@@ -146,6 +168,6 @@ def pate_plan(*, epsilon_target: float | None, delta: float, queries: int, thres
 
 __all__ = [
     "MAX_QUERIES", "PURPOSE", "THRESHOLD_SENSITIVITY", "VOTE_SENSITIVITY",
-    "data_independent_epsilon", "max_queries_within", "pate_plan", "pate_spends", "threshold_noise_multiplier",
-    "vote_noise_multiplier",
+    "data_independent_epsilon", "labelling_checkpoints", "max_queries_within", "pate_plan", "pate_spends",
+    "threshold_noise_multiplier", "vote_noise_multiplier",
 ]

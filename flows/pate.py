@@ -37,13 +37,16 @@ FLOW_NAME = "prompt-pate"
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
       description="PromptPATE (Duan et al.): a private discrete prompt from a flock of teacher prompts.")
 def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
-              ingested: dict | None = None, charge: dict | None = None) -> dict:
+              ingested: dict | None = None, charge: dict | None = None,
+              checkpoint_epsilons: list[float] | None = None) -> dict:
     """Run PromptPATE for one configuration; returns a public summary (the `dpicl pate --json` object).
 
     `ingested`: the pipeline's `tasks.ingest.ingest` result, so both methods use the same ingested data
     and run folder; None ingests here. `charge`: the summary of a `charge_spends` call that already
     charged `tasks.pate.privacy_plans` with the pipeline's other methods in one transaction (this flow
-    then charges nothing itself).
+    then charges nothing itself). `checkpoint_epsilons`: smaller epsilons to report from prefixes of the
+    same labelling (`dpcore.pate_privacy.labelling_checkpoints`; a comparison run's `--epsilons`): a
+    student and a result row for each, at no charge beyond the run's.
     """
     from flows.pipeline import default_run_id, make_task_runner, map_calls, results
 
@@ -66,6 +69,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     delta = config.delta if config.delta is not None else accounting.default_delta(ingested["num_private_records"])
     plans, per_repeat = pate_stage.privacy_plans(config, settings, delta)
     inputs = pate_stage.pate_inputs(config=config, ingested=ingested, planned=per_repeat)  # every check
+    checkpoints = pate_stage.checkpoints(checkpoint_epsilons or [], settings, per_repeat, delta)
     # The ledger: charged before any teacher sees a query (all plans in one transaction, or refused: exit 3).
     ledger_entry = charge if charge is not None else charge_plans(config.ledger_id, ingested["data_hash"], run_id,
                                                                   plans)
@@ -105,17 +109,28 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
             votes_keys=[b["key"] for b in public_blocks], vote_mode=settings["vote_mode"],
             threshold=settings["threshold"], sigma1=settings["sigma1"], sigma2=settings["sigma2"],
             repeats=settings["repeats"], queries=per_repeat, delta=delta, seed=config.seed, noise_scope=scope,
-            noise_charged=fresh, **common)
+            noise_charged=fresh, checkpoints=[c["queries"] for c in checkpoints] or None, **common)
         student_calls = [dict(queries_path=inputs["queries_path"], labels_path=aggregate["labels_path"],
                               labels_key=aggregate["key"], repeat=r, shots=settings["shots"],
                               candidates=config.pate_student_candidates, calibrate=config.calibrate, **common)
                          for r in range(settings["repeats"]) if aggregate["labelled"][r] > settings["shots"]]
         students = results(map_calls(runner, pate_stage.pate_student, student_calls))
+        for checkpoint, prefix in zip(checkpoints, aggregate["checkpoints"], strict=True):
+            checkpoint["answered"] = prefix["answered"]
+            checkpoint["epsilon_data_dependent"] = prefix["epsilon_data_dependent"]
+            checkpoint["students"] = results(map_calls(runner, pate_stage.pate_student, [
+                {**call, "queries_limit": checkpoint["queries"]} for call in student_calls
+                if prefix["labelled"][call["repeat"]] > settings["shots"]]))
         student_eval = EvalConfig(shots=settings["shots"], seeds=1, test_size=config.test_size,
                                   calibrate=config.calibrate)
         student_calls_eval = [dict(method="dp", epsilon=float(plans[0].epsilon), demo_paths=[s["student_path"]],
                                    demo_keys=[s["key"]], eval_config=student_eval, **eval_common) for s in students]
         evaluations = results(map_calls(runner, evaluate_stage.evaluate, student_calls_eval))
+        for checkpoint in checkpoints:
+            checkpoint["evaluations"] = results(map_calls(runner, evaluate_stage.evaluate, [
+                dict(method="dp", epsilon=checkpoint["epsilon"], demo_paths=[s["student_path"]],
+                     demo_keys=[s["key"]], eval_config=student_eval, **eval_common)
+                for s in checkpoint["students"]]))
         zero = results(zero_futures)
         test_rows = {}
         if test_baselines:
@@ -131,12 +146,18 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
             "pate_data_dependent.json")
     publish(aggregate["labels_path"], paths.public, "pate_noisy_labels.parquet")
     if evaluations:
-        predictions = pd.concat([pd.read_parquet(e["predictions_path"]) for e in evaluations + zero],
-                                ignore_index=True)
+        predictions = pd.concat([pd.read_parquet(e["predictions_path"]) for e in evaluations + zero
+                                 + [e for c in checkpoints for e in c["evaluations"]]], ignore_index=True)
         write_table(predictions, paths.private / "pate_predictions.parquet")
     student_table = pd.concat([pd.read_parquet(s["student_path"]).assign(repeat=s["repeat"]) for s in students],
                               ignore_index=True) if students else pd.DataFrame(columns=["repeat", "text", "label"])
     write_table(student_table, paths.public / "pate_students.parquet")
+    if checkpoints:  # DP outputs (prefixes of the labelling), public like the run's own students
+        write_table(pd.DataFrame([{"epsilon": c["epsilon"], "queries": c["queries"], "repeat": s["repeat"],
+                                   "position": i, "text": d["text"], "label": d["label"]}
+                                  for c in checkpoints for s in c["students"] for i, d in enumerate(s["prompt"])],
+                                 columns=["epsilon", "queries", "repeat", "position", "text", "label"]),
+                    paths.public / "pate_students_checkpoints.parquet")
 
     eps_dd = aggregate["epsilon_data_dependent"]
     n_test = int(zero[0]["metrics"][0]["n"]) if zero else (int(evaluations[0]["metrics"][0]["n"]) if evaluations
@@ -146,6 +167,12 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     calibrated = [e["metrics"][0]["calibrated_accuracy"] for e in evaluations]
     rows = [_row("pate", plans[0].epsilon, eps_dd, delta, raw, calibrated, n_test,
                  settings["repeats"], per_repeat, float(np.mean(aggregate["answered"])))]
+    for checkpoint in checkpoints:  # the same labelling's prefixes, at the smaller epsilons asked for
+        done = checkpoint["evaluations"]
+        rows.append(_row("pate", checkpoint["epsilon"], checkpoint["epsilon_data_dependent"], delta,
+                         [e["metrics"][0]["accuracy"] for e in done],
+                         [e["metrics"][0]["calibrated_accuracy"] for e in done], n_test, settings["repeats"],
+                         checkpoint["queries"], float(np.mean(checkpoint["answered"]))))
     for z in zero:
         m = z["metrics"][0]
         rows.append(_row("zero-shot", 0.0, 0.0, delta, [m["accuracy"]], [m["calibrated_accuracy"]], n_test, 1, 0, 0))
@@ -191,7 +218,11 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         "student_prompt": students[int(np.argmax([s["validation_accuracy"] for s in students]))]["prompt"]
         if students else [],
         "baselines": {row["method"]: row["calibrated_accuracy_mean" if config.calibrate else "accuracy_mean"]
-                      for row in rows[1:]},
+                      for row in rows[1:] if row["method"] != "pate"},
+        "checkpoints": [{"epsilon": c["epsilon"], "epsilon_data_independent": c["epsilon_data_independent"],
+                         "epsilon_data_dependent": c["epsilon_data_dependent"], "queries": c["queries"],
+                         "answered": c["answered"], "accuracy": _accuracy(c["evaluations"], config.calibrate)}
+                        for c in checkpoints],
         "parameters": {**settings, "public_source": inputs["source"], "student_candidates":
                        config.pate_student_candidates, "test_size": config.test_size},
         **{k: settings[k] for k in ("teachers", "shots", "threshold", "sigma1", "sigma2", "vote_mode", "repeats")},
@@ -203,6 +234,12 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         "ledger_after": ledger_report(config.ledger_id, run_id),
         **recorded,
     }
+
+
+def _accuracy(evaluations: list[dict], calibrated: bool) -> dict:
+    values = [e["metrics"][0]["calibrated_accuracy" if calibrated else "accuracy"] for e in evaluations]
+    return {"mean": float(np.mean(values)) if values else None, "std": float(np.std(values)) if values else None,
+            "per_repeat": values}
 
 
 def _per_repeat_epsilon(settings: dict, queries: int, delta: float) -> float:

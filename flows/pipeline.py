@@ -205,7 +205,9 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         from flows.pate import pate_flow
 
         began = time.perf_counter()
-        others["pate"] = pate_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry)
+        # PromptPATE at the run's smaller epsilons too: prefixes of its one labelling, charged once
+        others["pate"] = pate_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry,
+                                   checkpoint_epsilons=list(config.epsilons))
         wall["pate"] = time.perf_counter() - began
     if "dpsgd" in config.methods:
         from flows.tune import dpsgd_flow

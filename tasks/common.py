@@ -201,7 +201,7 @@ def noise_scope(run_seed: int | None, run_id: str) -> str:
 
 # (what, done, total): a stage's progress, public counters only. The CLI of this process installs
 # its progress display here; a remote worker has none (its log lines remain).
-ProgressSink = Callable[[str, int, int], None]
+ProgressSink = Callable[[str, int, int, str], None]  # (what, done, total, detail)
 _PROGRESS_SINKS: list[ProgressSink] = []
 # Set by the CLI on Ctrl-C / SIGTERM: every stage stops at its next progress report.
 STOP_REQUESTED = threading.Event()
@@ -216,12 +216,13 @@ def remove_progress_sink(sink: ProgressSink) -> None:
         _PROGRESS_SINKS.remove(sink)
 
 
-def report_progress(what: str, done: int, total: int) -> None:
-    """A stage's progress (steps, items, trials: public counts), and the point where it stops when asked."""
+def report_progress(what: str, done: int, total: int, detail: str = "") -> None:
+    """A stage's progress (steps, items, trials: public counts, and an optional `detail` of public
+    aggregates such as a validation loss), and the point where it stops when asked."""
     if STOP_REQUESTED.is_set():
         raise RunStopped(f"{what}: stopped on request at {done}/{total}")
     for sink in list(_PROGRESS_SINKS):
-        sink(what, int(done), int(total))
+        sink(what, int(done), int(total), detail)
 
 
 # --------------------------------------------------------------------------- retries

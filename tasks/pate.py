@@ -39,8 +39,9 @@ TEACHERS_KEY = ("data_hash", "teachers", "shots", "seed", "noise_scope")
 FLOCK_KEY = ("data_hash", "assignment_key", "queries_key", "task_spec", "labels", "first", "last", "calibrate",
              "split", "test_size", "model", "dtype")
 AGGREGATE_KEY = ("data_hash", "votes_keys", "labels", "vote_mode", "threshold", "sigma1", "sigma2", "repeats",
-                 "delta", "seed", "noise_scope")
-STUDENT_KEY = ("labels_key", "repeat", "task_spec", "labels", "shots", "candidates", "calibrate", "model", "dtype")
+                 "delta", "seed", "noise_scope", "checkpoints")
+STUDENT_KEY = ("labels_key", "repeat", "task_spec", "labels", "shots", "candidates", "calibrate", "model", "dtype",
+               "queries_limit")
 
 
 # --------------------------------------------------------------------------- inputs and checks (no task)
@@ -106,6 +107,16 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
 
 
 NON_PRIVATE_BASELINES = ("ensemble", "upper-bound")
+
+
+def checkpoints(epsilons: list[float], settings: dict, per_repeat: int, delta: float) -> list[dict]:
+    """The smaller epsilons a run reports from prefixes of its labelling
+    (`dpcore.pate_privacy.labelling_checkpoints`): epsilon, Q_i per repeat, its data-independent epsilon."""
+    from dpcore.pate_privacy import labelling_checkpoints
+
+    return [{"epsilon": eps, "queries": prefix, "epsilon_data_independent": bound}
+            for eps, prefix, bound in labelling_checkpoints(epsilons, delta, settings["sigma1"], settings["sigma2"],
+                                                           repeats=settings["repeats"], queries=per_repeat)]
 
 
 def check_before_run(config, run_id: str | None) -> dict:
@@ -221,9 +232,13 @@ def load_votes(block_paths: list[str], lm, spec, labels: list[str], mode: str) -
 def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[str], task_spec: str,
                    labels: list[str], vote_mode: str, threshold: float, sigma1: float, sigma2: float, repeats: int,
                    queries: int, delta: float, model: str, device: str = "auto", dtype: str = "auto",
-                   seed: int | None, noise_scope: str, noise_charged: bool) -> dict:
+                   seed: int | None, noise_scope: str, noise_charged: bool, checkpoints: list[int] | None = None
+                   ) -> dict:
     """Vote histograms (private) and R independent Confident-GNMax labellings of the first Q queries (public),
-    with each repeat's data-dependent epsilon (Papernot et al. 2018; NOT DP by itself, marked as such)."""
+    with each repeat's data-dependent epsilon (Papernot et al. 2018; NOT DP by itself, marked as such).
+    `checkpoints`: query counts Q_i < Q per repeat whose prefixes are reported too
+    (`dpcore.pate_privacy.labelling_checkpoints`): their answered and labelled counts and data-dependent
+    epsilon over the R prefixes."""
     from dpcore import gnmax
     from dpcore.flock import vote_classes
     from dpcore.mechanisms import noise_generator
@@ -238,12 +253,18 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
     histograms = gnmax.vote_histograms(votes, classes)
     rng, seeded = noise_generator(derive_seed(seed, "pate-gnmax"))
     names = list(labels) + ["other"]
+    prefixes = sorted({int(c) for c in checkpoints or ()})
     rows, reports, total_rdp = [], [], None
+    prefix_rdp: dict[int, np.ndarray] = {}
     for repeat in range(repeats):
         answers = gnmax.confident_gnmax(histograms, threshold, sigma1, sigma2, rng)
         report = data_dependent_epsilon(histograms, threshold, sigma1, sigma2, delta, answered=answers >= 0)
         reports.append({"repeat": repeat, "epsilon_data_dependent": report.epsilon, "order": report.order})
         total_rdp = report.rdp if total_rdp is None else total_rdp + report.rdp  # RDP adds up over repeats
+        for prefix in prefixes:  # the first Q_i answers are a run of Q_i queries of their own
+            part = data_dependent_epsilon(histograms[:prefix], threshold, sigma1, sigma2, delta,
+                                          answered=answers[:prefix] >= 0)
+            prefix_rdp[prefix] = part.rdp if prefix not in prefix_rdp else prefix_rdp[prefix] + part.rdp
         usable = (answers >= 0) & (answers < len(labels))  # "other" (black-box) gives no label
         rows.append(pd.DataFrame({"repeat": repeat, "query_index": np.arange(len(answers)),
                                   "answered": answers >= 0, "labelled": usable,
@@ -259,19 +280,25 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
                               "pate_noisy_labels.parquet")
     answered = [int(frame["answered"].sum()) for frame in rows]
     labelled = [int(frame["labelled"].sum()) for frame in rows]
+    prefix_reports = [{"queries": prefix, "epsilon_data_dependent": epsilon_from_rdp(report.orders, prefix_rdp[prefix],
+                                                                                     delta)[0],
+                       "answered": [int(f["answered"].iloc[:prefix].sum()) for f in rows],
+                       "labelled": [int(f["labelled"].iloc[:prefix].sum()) for f in rows]} for prefix in prefixes]
     get_run_logger().info("PromptPATE: %d queries, answered per repeat %s (of %d)", queries, answered, queries)
     return {"key": key, "labels_path": str(labels_path), "histograms_path": str(hist_path),
             "answered": answered, "labelled": labelled, "seeded_noise": seeded,
             "epsilon_data_dependent": epsilon_all,
-            "epsilon_data_dependent_per_repeat": [r["epsilon_data_dependent"] for r in reports]}
+            "epsilon_data_dependent_per_repeat": [r["epsilon_data_dependent"] for r in reports],
+            "checkpoints": prefix_reports}
 
 
 @cached_task("pate-student", STUDENT_KEY, PATE_MODULES, tags=["gpu"], task_run_name="pate-student-{repeat}")
 def pate_student(*, queries_path: str, labels_path: str, labels_key: str, repeat: int, task_spec: str,
                  labels: list[str], shots: int, candidates: int, calibrate: bool, model: str, device: str = "auto",
-                 dtype: str = "auto") -> dict:
+                 dtype: str = "auto", queries_limit: int | None = None) -> dict:
     """The student prompt of one repeat: candidates of k answered queries, each labelling the other answered
-    queries; the best on these public validation labels wins (`dpcore.pate_student`). Public throughout."""
+    queries; the best on these public validation labels wins (`dpcore.pate_student`). Public throughout.
+    `queries_limit`: only the first Q_i queries of the labelling (a smaller epsilon's prefix)."""
     from dpcore import flock
     from dpcore.pate_student import select_student, student_candidates
     from dpcore.taskspec import load_task_spec
@@ -280,7 +307,10 @@ def pate_student(*, queries_path: str, labels_path: str, labels_key: str, repeat
     spec = load_task_spec(task_spec)
     queries = read_table(Path(queries_path))
     noisy = read_table(Path(labels_path))
-    noisy = noisy[(noisy["repeat"] == repeat) & noisy["labelled"]].merge(queries, on="query_index")
+    noisy = noisy[(noisy["repeat"] == repeat) & noisy["labelled"]]
+    if queries_limit is not None:
+        noisy = noisy[noisy["query_index"] < int(queries_limit)]
+    noisy = noisy.merge(queries, on="query_index")
     texts, names = noisy["text"].tolist(), noisy["noisy_label"].tolist()
     groups = student_candidates(len(texts), shots, candidates, np.random.default_rng(repeat))
     prompts = [[(texts[i], names[i]) for i in group] for group in groups]

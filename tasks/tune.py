@@ -178,7 +178,10 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
 
     def progress(step: int, steps: int, info: dict) -> None:
         last.update(info)
-        report_progress(what, step, steps)
+        # the bar's detail: the last evaluation's public aggregates (the training loss stays private)
+        shown = (("val_loss", "val loss {:.3f}"), ("epsilon", "epsilon {:.2f}"), ("examples_per_s", "{:.1f} ex/s"))
+        detail = ", ".join(form.format(last[key]) for key, form in shown if last.get(key) is not None)
+        report_progress(what, step, steps, detail)
         if "epsilon" in info:
             logger.info("%s step %d/%d: validation loss %.4f, epsilon spent %.3f, %.1f examples/s (expected)",
                         name, step, steps, info["val_loss"], info["epsilon"], info["examples_per_s"])

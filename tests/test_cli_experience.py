@@ -149,7 +149,7 @@ def test_progress_reports_reach_the_sinks_and_a_stop_request_ends_the_stage():
     from tasks.common import STOP_REQUESTED, add_progress_sink, remove_progress_sink, report_progress
 
     seen = []
-    sink = lambda what, done, total: seen.append((what, done, total))  # noqa: E731
+    sink = lambda what, done, total, detail="": seen.append((what, done, total))  # noqa: E731
     add_progress_sink(sink)
     try:
         report_progress("generate dp World eps=1", 3, 40)

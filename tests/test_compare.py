@@ -116,3 +116,44 @@ def test_only_the_named_methods_run(tiny_lm, capsys):
     run_dir = Path(summary["run_dir"])
     assert not (run_dir / "demos.parquet").exists()
     assert summary["audit"] == {"ran": False}
+
+
+def test_pate_reports_every_smaller_epsilon_from_one_labelling_charged_once(tiny_lm):
+    """A comparison at epsilons 1, 2, 3, 8: PromptPATE labels its queries once (charged for all of them) and
+    reports each smaller epsilon from the first Q_i answers of every repeat, Q_i the most that epsilon
+    affords; a checkpoint's students use only those queries. Epsilons at or above the run's own, or that
+    afford no query per repeat, get no row."""
+    from dpcore.composition import compose
+    from dpcore.pate_privacy import data_independent_epsilon
+    from flows.pipeline import run_pipeline
+
+    share_tiny_model(tiny_lm)
+    fields = {**METHOD_FIELDS, "methods": ["pate"], "epsilons": [1.0, 2.0, 3.0, 8.0], "pate_sigma1": 5.0,
+              "pate_sigma2": 5.0, "pate_threshold": 0.0, "pate_repeats": 2}
+    summary = run_pipeline(tiny_config(dataset_id="compare-pate-checkpoints", **fields),
+                           run_id="compare-pate-checkpoints")
+    pate = summary["method_summaries"]["pate"]
+    delta = pate["delta"]
+    assert pate["queries"] == 10 and pate["epsilon"] == pytest.approx(data_independent_epsilon(5, 5, 20, delta))
+    assert 3.0 < pate["epsilon"] < 8.0
+    checkpoints = {c["epsilon"]: c for c in pate["checkpoints"]}
+    assert set(checkpoints) == {2.0, 3.0}  # 1 affords no query per repeat; 8 is above the run's own epsilon
+    for eps, c in checkpoints.items():
+        assert c["epsilon_data_independent"] == pytest.approx(data_independent_epsilon(5, 5, 2 * c["queries"], delta))
+        assert c["epsilon_data_independent"] <= eps < data_independent_epsilon(5, 5, 2 * (c["queries"] + 1), delta)
+        assert len(c["answered"]) == 2 and all(a <= c["queries"] for a in c["answered"])
+    rows = [r for r in summary["results"] if r["method"] == "pate"]
+    assert sorted(r["epsilon"] for r in rows) == pytest.approx([2.0, 3.0, pate["epsilon"]], rel=1e-6)
+
+    # charged once, for the whole labelling: the two Gaussian spends of 2 x 10 queries
+    entries = Ledger().entries("compare-pate-checkpoints")
+    assert len(entries) == 2 and {e.steps for e in entries} == {20}
+    assert compose([e.event() for e in entries], delta).epsilon == pytest.approx(pate["epsilon"])
+
+    run_dir = Path(summary["run_dir"])
+    queries = pd.read_parquet(run_dir / "pate_queries.parquet").reset_index(drop=True)
+    students = pd.read_parquet(run_dir / "pate_students_checkpoints.parquet")
+    assert set(students["epsilon"]) <= {2.0, 3.0} and len(students)
+    for (eps, _repeat), prompt in students.groupby(["epsilon", "repeat"]):
+        first = set(queries["text"].iloc[:checkpoints[eps]["queries"]])
+        assert set(prompt["text"]) <= first

@@ -313,10 +313,20 @@ def test_tune_json_contract_and_no_private_text_outside_the_private_store(tiny_l
     from flows.cli import main
     from tasks.tracking import mlflow_client
 
+    from tasks.common import add_progress_sink, remove_progress_sink
+
     share_tiny_model(tiny_lm)
     capsys.readouterr()
-    assert main(_tune_args("--epsilon", "8", "--json", dataset_id="tune-json")) == 0
+    details = []
+    sink = lambda what, done, total, detail="": details.append(detail)  # noqa: E731
+    add_progress_sink(sink)
+    try:
+        assert main(_tune_args("--epsilon", "8", "--json", dataset_id="tune-json")) == 0
+    finally:
+        remove_progress_sink(sink)
     out, err = capsys.readouterr()
+    # the bar's detail: step, validation loss, epsilon spent so far, examples/s (public aggregates only)
+    assert any(d.startswith("val loss ") and ", epsilon " in d and d.endswith(" ex/s") for d in details), details
     result = json.loads(out.strip().splitlines()[-1])
     for key in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps", "accuracy", "prompt", "params",
                 "kind", "length", "clip", "batch_size", "lr", "epochs", "run_id", "seeded_noise"):
@@ -341,7 +351,7 @@ def test_tune_json_contract_and_no_private_text_outside_the_private_store(tiny_l
     files = _scanned_files(root)
     leaks = {str(p.relative_to(root)): found for p in files if (found := _leaks(_file_text(p), needles))}
     assert leaks == {}
-    assert _leaks(out + err, needles) == []
+    assert _leaks(out + err, needles) == [] and _leaks(" ".join(details), needles) == []
     import pandas as pd
 
     private_records = pd.read_parquet(next((root / "private" / "runs").rglob(f"*{result['run_id']}*/records.parquet")))

@@ -27,6 +27,7 @@ from dpcore.pate_privacy import (
     THRESHOLD_SENSITIVITY,
     VOTE_SENSITIVITY,
     data_independent_epsilon,
+    labelling_checkpoints,
     max_queries_within,
     pate_plan,
     pate_spends,
@@ -186,3 +187,19 @@ def test_data_independent_epsilon_is_within_the_pate_2018_rdp_figure(sigma1, sig
     # Same mechanisms and sensitivities; the PLD/PRV composition is tighter than RDP's conversion, not far off.
     ours = data_independent_epsilon(sigma1, sigma2, queries, delta)
     assert 0.75 * reference <= ours <= reference
+
+
+def test_labelling_checkpoints_are_the_largest_prefixes_each_epsilon_affords():
+    """A smaller epsilon's prefix: Q_i queries per repeat whose R x Q_i composition fits it and R x (Q_i + 1)
+    does not; none where no query per repeat fits or where the whole labelling already does."""
+    delta, repeats, queries = 1e-5, 3, 40
+    full = data_independent_epsilon(4.0, 6.0, repeats * queries, delta)
+    wanted = [0.05, 1.0, 2.5, full / 2, full, 2 * full, math.inf, 0.0]
+    checkpoints = labelling_checkpoints(wanted, delta, 4.0, 6.0, repeats=repeats, queries=queries)
+    assert [eps for eps, _, _ in checkpoints] == sorted(e for e in set(wanted) if 0 < e < full
+                                                        and max_queries_within(e, delta, 4.0, 6.0) >= repeats)
+    assert checkpoints and checkpoints[-1][0] == full / 2
+    for eps, prefix, bound in checkpoints:
+        assert 1 <= prefix < queries
+        assert bound == data_independent_epsilon(4.0, 6.0, repeats * prefix, delta) <= eps
+        assert data_independent_epsilon(4.0, 6.0, repeats * (prefix + 1), delta) > eps

@@ -387,3 +387,54 @@ def test_seeds_keys_and_the_publish_guard(tmp_path):
     with pytest.raises(PermissionError):
         publish(secret, tmp_path)
     assert publish(secret, private_dir() / "test-publish-copy").read_bytes() == b"private"
+
+
+def test_sigma_follows_the_plan_from_calibration_to_the_mechanism(run, monkeypatch):
+    """One sigma per epsilon, decided once: the calibration table, the ledger's entries for the run, the
+    demos and every call of the aggregation mechanism (Algorithm 1 lines 12 / 14-15) carry the sigma that
+    `dpcore.fewshot_plan` calibrates for that epsilon, and the composed spend is that of the same events."""
+    from dpcore import generation
+    from dpcore.composition import compose
+    from dpcore.fewshot_plan import fewshot_plan
+    from dpcore.ledger import Ledger
+    from flows.pipeline import run_pipeline
+    from tasks.calibrate import plan_arguments
+
+    seen = []
+    real = generation.aggregate
+
+    def spy(mechanism, group_probs, noise_multiplier, rng):
+        seen.append((mechanism, float(noise_multiplier)))
+        return real(mechanism, group_probs, noise_multiplier, rng)
+
+    monkeypatch.setattr(generation, "aggregate", spy)
+    config = tiny_config(seed=9091, epsilons=[1.0, 4.0], audit=False, baselines=["zero-shot"], seeds=1)
+    result = run_pipeline(config, run_id="sigma-trace")
+    run_dir = Path(result["run_dir"])
+
+    calibration = pd.read_parquet(run_dir / "calibration.parquet").set_index("epsilon")
+    label_counts = pd.read_parquet(run_dir / "label_counts.parquet")
+    counts = dict(zip(label_counts["label"], label_counts["records"], strict=True))
+    direct = fewshot_plan(**plan_arguments(config, counts, float(calibration["delta"].iloc[0])))
+    planned = {c.epsilon: c.noise_multiplier for c in direct.calibrations if c.method == "dp"}
+    assert set(planned) == {1.0, 4.0} and planned[1.0] > planned[4.0] > 0
+    for epsilon, sigma in planned.items():
+        assert calibration.loc[epsilon, "noise_multiplier"] == sigma
+
+    demos = pd.read_parquet(run_dir / "demos.parquet")
+    dp_demos = demos[demos["method"] == "dp"]
+    assert {e: set(g["noise_multiplier"]) for e, g in dp_demos.groupby("epsilon")} == {e: {s} for e, s in planned.items()}
+    # every mechanism call used one of the planned sigmas, and both were used
+    assert seen and {sigma for _, sigma in seen} == set(planned.values())
+    assert {mechanism for mechanism, _ in seen} == {config.mechanism}
+
+    entries = [e for e in Ledger().entries_for_run("sigma-trace") if e.purpose == "pipeline"]
+    assert sorted(e.noise_multiplier for e in entries) == sorted(planned.values())
+    for entry in entries:
+        row = calibration.loc[[e for e, s in planned.items() if s == entry.noise_multiplier][0]]
+        assert (entry.sampling_rate, entry.steps, entry.delta) == (row["sampling_rate"], row["steps"], row["delta"])
+    delta = entries[0].delta
+    ledger_spend = compose([e.event() for e in entries], delta)
+    plan_spend = compose([spend.event() for p in direct.privacy_plans() for spend in p.spends
+                          if p.method == "dp"], delta)
+    assert ledger_spend.epsilon == plan_spend.epsilon

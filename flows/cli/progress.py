@@ -39,15 +39,16 @@ def showing_progress(enabled: bool = True) -> Iterator[None]:
     )
 
     bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("left"), TimeRemainingColumn(), console=Console(file=sys.stderr), transient=False)
+                    TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[detail]}"),
+                    console=Console(file=sys.stderr), transient=False)
     tasks: dict[str, int] = {}
     lock = threading.Lock()
 
-    def sink(what: str, done: int, total: int) -> None:
+    def sink(what: str, done: int, total: int, detail: str = "") -> None:
         with lock:
             if what not in tasks:
-                tasks[what] = bars.add_task(what, total=max(total, 1))
-            bars.update(tasks[what], completed=done, total=max(total, 1))
+                tasks[what] = bars.add_task(what, total=max(total, 1), detail=detail)
+            bars.update(tasks[what], completed=done, total=max(total, 1), **({"detail": detail} if detail else {}))
 
     add_progress_sink(sink)
     try:
