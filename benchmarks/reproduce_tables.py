@@ -21,6 +21,7 @@ dataset (accuracy against epsilon, a line per method) are written to `--out`.
     python benchmarks/reproduce_tables.py --datasets sst2 --tables pate --test-size 50 --seeds 1
     python benchmarks/reproduce_tables.py --full --extra-args="--device cuda"   # the papers' sizes (a GPU job)
     python benchmarks/reproduce_tables.py --dry-run             # the cells and their commands only
+    python benchmarks/reproduce_tables.py --report-only         # the tables of the cells finished so far
 
 CPU defaults: DP few-shot generation with M=3, N=1, K=100, T_max=20 (`dpicl demo`'s), no audit;
 PromptPATE with E=20 one-shot teachers, Q=50, sigma2=2 (Table 7's 20 scaled to E=20), 10 candidate students,
@@ -127,6 +128,8 @@ def _parse(argv):
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--full", action="store_true", help="the papers' sizes (a GPU job)")
     parser.add_argument("--dry-run", action="store_true", help="print the cells and their commands, run nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write tables.md and the PNGs from the cells finished so far; run no cell")
     parser.add_argument("--extra-args", default="",
                         help='flags appended to every cell\'s command, e.g. --extra-args="--device cuda" '
                              "(write it with =, the value starts with dashes)")
@@ -503,6 +506,10 @@ def main(argv=None) -> int:
                 cell.result, walls[cell.name] = record["result"], float(record.get("wall_seconds", 0))
                 print(f"[{i}/{len(cells)}] {cell.name}: skipped, finished {record.get('finished_utc', '?')}",
                       flush=True)
+                advance(cell.name, skipped=True)
+                continue
+            if args.report_only:
+                print(f"[{i}/{len(cells)}] {cell.name}: not finished (--report-only: not run)", flush=True)
                 advance(cell.name, skipped=True)
                 continue
             print(f"[{i}/{len(cells)}] {cell.name}: running {cell.command}", flush=True)

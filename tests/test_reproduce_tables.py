@@ -98,3 +98,12 @@ def test_a_failed_cell_is_retried_by_the_next_run(tables, capsys, dpicl_home, tm
     assert "not finished" in (tmp_path / "tables.md").read_text()
     assert tables.main(argv) == 1
     assert "tang-no-such-task: running" in capsys.readouterr().out
+
+
+def test_report_only_writes_the_tables_and_runs_no_cell(tables, capsys, dpicl_home, tmp_path):
+    argv = ["--datasets", "never-run", "--tables", "tang,pate", "--out", str(tmp_path), "--report-only"]
+    assert tables.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "tang-never-run: not finished (--report-only: not run)" in out and "running" not in out
+    assert not (dpicl_home / "benchmarks" / "tables" / "logs" / "tang-never-run.log").exists()
+    assert "not finished" in (tmp_path / "tables.md").read_text()
