@@ -162,6 +162,17 @@ COMPARISON_COLUMNS = ["method", "epsilon", "epsilon_reported", "delta", "noise_m
 _METHOD_OF_ROW = {"dp": "tang", "pate": "pate", "dpsgd": "dpsgd"}
 
 
+def with_audit_auc(rows: list[dict], audits: list[dict]) -> list[dict]:
+    """`rows` of one method's results with `mia_auc` set on the row each audit ({method, epsilon, auc}) names
+    (same method, epsilon within 1e-9 relative): the strongest attack's AUC on that artifact."""
+    out = []
+    for row in rows:
+        found = [a["auc"] for a in audits if a["method"] == row.get("method") and row.get("epsilon") is not None
+                 and math.isclose(float(a["epsilon"]), float(row["epsilon"]), rel_tol=1e-9)]
+        out.append({**row, "mia_auc": found[-1]} if found else dict(row))
+    return out
+
+
 def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: list[dict],
                      wall_seconds: dict[str, float], delta: float | None = None) -> pd.DataFrame:
     """One row per (method, epsilon) over the three private-prompting methods run on the same test split:

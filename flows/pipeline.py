@@ -232,12 +232,15 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         recorded = {"mlflow_run_id": first.get("mlflow_run_id"), "mlflow_experiment_id":
                     first.get("mlflow_experiment_id"), "tracking_uri": tracking.tracking_uri(), "results": []}
         audit = {"ran": False}
+    # the membership audit of the other methods' artifacts (PromptPATE's student, PromptDPSGD's prompts):
+    # nothing generated, nothing charged; their AUC joins the comparison beside the DP demos' audit
+    method_audits = _audit_method_artifacts(config, run_id, others) if config.audit and others else []
     comparison = record_stage.record_comparison(
         run_dir=str(paths.public), run_id=run_id, dataset=config.dataset,
         tang_rows=recorded["results"] if tang else [],
         pate_results_path=str(paths.public / "pate_results.parquet") if "pate" in others else None,
         dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), wall_seconds=wall, cost=cost,
-        calibrated=config.calibrate) if others else None
+        calibrated=config.calibrate, method_audits=method_audits) if others else None
     seeded_noise = bool((tang_summary or {}).get("seeded_noise")) or any(o["seeded_noise"] for o in others.values())
     return {
         "run_id": run_id,
@@ -254,6 +257,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         "results": comparison["rows"] if comparison is not None else recorded["results"],
         "mlflow_comparison_run_id": comparison["mlflow_run_id"] if comparison is not None else None,
         "method_summaries": others,
+        "method_audits": method_audits,
         "audit": audit,
         "seeded_noise": seeded_noise,
         "generation_workers": (tang_summary or {}).get("generation_workers", []),
@@ -264,6 +268,26 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         "delta": delta,
         "method_wall_seconds": {m: round(w, 1) for m, w in wall.items()},
     }
+
+
+def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> list[dict]:
+    """The release audit (`tasks.release.audit_artifact`) of PromptPATE's chosen student and of PromptDPSGD's
+    first training at each epsilon: [{method, epsilon, auc, passed}] (public summaries)."""
+    from tasks import release as release_stage
+
+    targets = []
+    if (others.get("pate") or {}).get("student_prompt"):
+        targets.append(("pate", others["pate"]["epsilon"], None))
+    dpsgd_epsilons = {float(r["epsilon"]) for r in (others.get("dpsgd") or {}).get("results", [])
+                      if r.get("method") == "dpsgd"}
+    targets += [("dpsgd", epsilon, epsilon) for epsilon in sorted(dpsgd_epsilons)]
+    audits = []
+    for method, epsilon, selected in targets:
+        audited = release_stage.audit_artifact(run_id, method, config.audit_config(), epsilon=selected,
+                                               device=config.device, dtype=config.dtype, seed=config.seed)
+        audits.append({"method": method, "epsilon": epsilon, "auc": audited["audit"]["auc"],
+                       "attack": audited["audit"].get("attack"), "passed": audited["audit"].get("passed")})
+    return audits
 
 
 def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, fewshot: FewShotPlan,

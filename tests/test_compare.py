@@ -157,3 +157,27 @@ def test_pate_reports_every_smaller_epsilon_from_one_labelling_charged_once(tiny
     for (eps, _repeat), prompt in students.groupby(["epsilon", "repeat"]):
         first = set(queries["text"].iloc[:checkpoints[eps]["queries"]])
         assert set(prompt["text"]) <= first
+
+
+def test_an_audited_comparison_gives_every_method_its_membership_auc(tiny_lm):
+    """With the audit on, PromptPATE's student and PromptDPSGD's prompts are audited like the DP demos (the
+    release audit: nothing generated, nothing charged) and their AUC fills the comparison's MIA column."""
+    from flows.pipeline import run_pipeline
+
+    share_tiny_model(tiny_lm)
+    fields = {**METHOD_FIELDS, "methods": ["pate", "dpsgd"], "pate_threshold": 0.0, "audit": True,
+              "audit_trials": 4, "audit_members": 5, "audit_reference": False}
+    summary = run_pipeline(tiny_config(dataset_id="compare-audited", **fields), run_id="compare-audited")
+    audits = {(a["method"], a["epsilon"]): a for a in summary["method_audits"]}
+    assert set(audits) == {("pate", summary["method_summaries"]["pate"]["epsilon"]), ("dpsgd", 4.0)}
+    assert all(0.0 <= a["auc"] <= 1.0 for a in audits.values())
+    rows = {(r["method"], r["epsilon"]): r for r in summary["results"] if r["method"] in ("pate", "dpsgd")}
+    assert rows[("dpsgd", 4.0)]["mia_auc"] == pytest.approx(audits[("dpsgd", 4.0)]["auc"], abs=1e-6)
+    pate_row = next(r for (m, _), r in rows.items() if m == "pate")
+    assert pate_row["mia_auc"] == pytest.approx(audits[next(k for k in audits if k[0] == "pate")]["auc"], abs=1e-6)
+    # the audit spent nothing: the ledger holds the methods' own spends only
+    assert {e.purpose for e in Ledger().entries("compare-audited")} == {"pate", "dpsgd"}
+    run_dir = Path(summary["run_dir"])
+    assert {"audit_pate.parquet", "audit_dpsgd.parquet"} <= {p.name for p in run_dir.iterdir()}
+    assert {"audit_pate.parquet", "audit_dpsgd.parquet"} <= set(json.loads((run_dir / "manifest.json").read_text())
+                                                                ["files"])
