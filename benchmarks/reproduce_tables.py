@@ -497,7 +497,7 @@ def main(argv=None) -> int:
     cells_dir.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     walls: dict[str, float] = {}
-    failed = 0
+    failed = not_run = 0
     began = time.perf_counter()
     with _grid_bar(len(cells)) as advance:
         for i, cell in enumerate(cells, 1):
@@ -510,6 +510,7 @@ def main(argv=None) -> int:
                 continue
             if args.report_only:
                 print(f"[{i}/{len(cells)}] {cell.name}: not finished (--report-only: not run)", flush=True)
+                not_run += 1
                 advance(cell.name, skipped=True)
                 continue
             print(f"[{i}/{len(cells)}] {cell.name}: running {cell.command}", flush=True)
@@ -522,7 +523,7 @@ def main(argv=None) -> int:
     for dataset in dict.fromkeys(c.dataset for c in cells):
         write_plot(dataset, [c for c in cells if c.dataset == dataset], args.model, out)
     path = write_markdown(cells, walls, args, out)
-    print(f"{len(cells) - failed}/{len(cells)} cells finished in {_wall(time.perf_counter() - began)}; "
+    print(f"{len(cells) - failed - not_run}/{len(cells)} cells finished in {_wall(time.perf_counter() - began)}; "
           f"tables: {path}" + (f"; {failed} failed (rerun to retry them)" if failed else ""), flush=True)
     return 1 if failed else 0
 

@@ -105,5 +105,6 @@ def test_report_only_writes_the_tables_and_runs_no_cell(tables, capsys, dpicl_ho
     assert tables.main(argv) == 0
     out = capsys.readouterr().out
     assert "tang-never-run: not finished (--report-only: not run)" in out and "running" not in out
+    assert "0/3 cells finished" in out
     assert not (dpicl_home / "benchmarks" / "tables" / "logs" / "tang-never-run.log").exists()
     assert "not finished" in (tmp_path / "tables.md").read_text()
