@@ -263,10 +263,13 @@ def _merge_rows(path: Path, frame, name: str):
 @task(name="release-audit", tags=["gpu"], retries=0, persist_result=False)
 def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None = None, training: int = 0,
                    repeat: int | None = None, teacher_reference: bool = False, device: str = "auto",
-                   dtype: str = "auto", seed: int | None = None) -> dict:
+                   dtype: str = "auto", seed: int | None = None, fit_members: bool = False) -> dict:
     """The membership-inference audit of a PromptPATE student prompt or a PromptDPSGD trained prompt (and,
     when asked, of single PromptPATE teachers: non-private, charged as an infinite spend first). An audit
-    row of the same artifact under the same audit configuration is reused. Returns public summaries."""
+    row of the same artifact under the same audit configuration is reused. Returns public summaries.
+    `fit_members`: draw at most as many members per trial as the mechanism read (E x k teacher records,
+    the N training records: public counts) and as many non-members as there are held-out records, instead
+    of refusing a configuration sized for another method (a pipeline's audit settings)."""
     from dpcore import audit as mia
     from dpcore.audit_gate import GateThresholds
     from dpcore.taskspec import load_task_spec
@@ -281,6 +284,16 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     for needed in [records_path] + ([assignment_path] if method == "pate" else []):
         if not needed.exists():
             raise ConfigError(f"run {run_id}: {needed} is missing (the audit needs the run's private records)")
+    records = read_table(records_path)
+    train = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
+    held_out = records[records["split"] == "test"][["id", "text", "label"]].reset_index(drop=True)
+    assignment = read_table(assignment_path) if method == "pate" else None
+    members = gate.audit_members(artifact, train, assignment["id"].astype(str).tolist() if assignment is not None
+                                 else None)
+    if fit_members:
+        audit_config = audit_config.model_copy(update={"members": max(1, min(audit_config.members, len(members))),
+                                                       "non_members": max(1, min(audit_config.non_members,
+                                                                                 len(held_out)))})
     audit_path = artifact.path / gate.AUDIT_FILES[method]
     teacher_path = artifact.path / gate.TEACHER_AUDIT_FILE
     key = audit_config.model_dump_json()
@@ -300,12 +313,6 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
         past = trained_prompt_cache(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
                                     artifact.info["model"])
     logger = get_run_logger()
-    records = read_table(records_path)
-    train = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
-    held_out = records[records["split"] == "test"][["id", "text", "label"]].reset_index(drop=True)
-    assignment = read_table(assignment_path) if method == "pate" else None
-    members = gate.audit_members(artifact, train, assignment["id"].astype(str).tolist() if assignment is not None
-                                 else None)
     spec = load_task_spec(artifact.info["task_spec"])
     split_seed = derive_seed(seed if seed is not None else int(str(artifact.info["data_hash"])[:15], 16),
                              "release-audit")

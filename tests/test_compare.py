@@ -165,8 +165,9 @@ def test_an_audited_comparison_gives_every_method_its_membership_auc(tiny_lm):
     from flows.pipeline import run_pipeline
 
     share_tiny_model(tiny_lm)
+    # 8 members per trial, more than PromptPATE's 6 one-shot teachers read: its audit draws the 6 it read
     fields = {**METHOD_FIELDS, "methods": ["pate", "dpsgd"], "pate_threshold": 0.0, "audit": True,
-              "audit_trials": 4, "audit_members": 5, "audit_reference": False}
+              "audit_trials": 4, "audit_members": 8, "audit_reference": False}
     summary = run_pipeline(tiny_config(dataset_id="compare-audited", **fields), run_id="compare-audited")
     audits = {(a["method"], a["epsilon"]): a for a in summary["method_audits"]}
     assert set(audits) == {("pate", summary["method_summaries"]["pate"]["epsilon"]), ("dpsgd", 4.0)}
@@ -179,5 +180,8 @@ def test_an_audited_comparison_gives_every_method_its_membership_auc(tiny_lm):
     assert {e.purpose for e in Ledger().entries("compare-audited")} == {"pate", "dpsgd"}
     run_dir = Path(summary["run_dir"])
     assert {"audit_pate.parquet", "audit_dpsgd.parquet"} <= {p.name for p in run_dir.iterdir()}
+    members = {m: json.loads(pd.read_parquet(run_dir / f"audit_{m}.parquet")["audit_config"].iloc[-1])["members"]
+               for m in ("pate", "dpsgd")}
+    assert members == {"pate": 6, "dpsgd": 8}
     assert {"audit_pate.parquet", "audit_dpsgd.parquet"} <= set(json.loads((run_dir / "manifest.json").read_text())
                                                                 ["files"])
