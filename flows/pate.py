@@ -115,22 +115,28 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                               candidates=config.pate_student_candidates, calibrate=config.calibrate, **common)
                          for r in range(settings["repeats"]) if aggregate["labelled"][r] > settings["shots"]]
         students = results(map_calls(runner, pate_stage.pate_student, student_calls))
+        # the smaller epsilons' students: one mapped batch over every (checkpoint, repeat) with a prefix to learn from
+        prefix_calls = []
         for checkpoint, prefix in zip(checkpoints, aggregate["checkpoints"], strict=True):
-            checkpoint["answered"] = prefix["answered"]
-            checkpoint["epsilon_data_dependent"] = prefix["epsilon_data_dependent"]
-            checkpoint["students"] = results(map_calls(runner, pate_stage.pate_student, [
-                {**call, "queries_limit": checkpoint["queries"]} for call in student_calls
-                if prefix["labelled"][call["repeat"]] > settings["shots"]]))
+            checkpoint.update(answered=prefix["answered"], epsilon_data_dependent=prefix["epsilon_data_dependent"],
+                              students=[], evaluations=[])
+            prefix_calls += [(checkpoint, {**call, "queries_limit": checkpoint["queries"]}) for call in student_calls
+                             if prefix["labelled"][call["repeat"]] > settings["shots"]]
+        for (checkpoint, _), student in zip(prefix_calls, results(map_calls(
+                runner, pate_stage.pate_student, [call for _, call in prefix_calls])), strict=True):
+            checkpoint["students"].append(student)
         student_eval = EvalConfig(shots=settings["shots"], seeds=1, test_size=config.test_size,
                                   calibrate=config.calibrate)
         student_calls_eval = [dict(method="dp", epsilon=float(plans[0].epsilon), demo_paths=[s["student_path"]],
                                    demo_keys=[s["key"]], eval_config=student_eval, **eval_common) for s in students]
-        evaluations = results(map_calls(runner, evaluate_stage.evaluate, student_calls_eval))
-        for checkpoint in checkpoints:
-            checkpoint["evaluations"] = results(map_calls(runner, evaluate_stage.evaluate, [
-                dict(method="dp", epsilon=checkpoint["epsilon"], demo_paths=[s["student_path"]],
-                     demo_keys=[s["key"]], eval_config=student_eval, **eval_common)
-                for s in checkpoint["students"]]))
+        prefix_evals = [(checkpoint, dict(method="dp", epsilon=checkpoint["epsilon"], demo_paths=[s["student_path"]],
+                                          demo_keys=[s["key"]], eval_config=student_eval, **eval_common))
+                        for checkpoint in checkpoints for s in checkpoint["students"]]
+        evaluations = results(map_calls(runner, evaluate_stage.evaluate,
+                                        student_calls_eval + [call for _, call in prefix_evals]))
+        for (checkpoint, _), evaluation in zip(prefix_evals, evaluations[len(student_calls_eval):], strict=True):
+            checkpoint["evaluations"].append(evaluation)
+        evaluations = evaluations[:len(student_calls_eval)]
         zero = results(zero_futures)
         test_rows = {}
         if test_baselines:
@@ -162,17 +168,16 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     eps_dd = aggregate["epsilon_data_dependent"]
     n_test = int(zero[0]["metrics"][0]["n"]) if zero else (int(evaluations[0]["metrics"][0]["n"]) if evaluations
                                                            else int(test_rows.get("n", 0)))
-    accuracy = [e["metrics"][0]["calibrated_accuracy" if config.calibrate else "accuracy"] for e in evaluations]
-    raw = [e["metrics"][0]["accuracy"] for e in evaluations]
-    calibrated = [e["metrics"][0]["calibrated_accuracy"] for e in evaluations]
-    rows = [_row("pate", plans[0].epsilon, eps_dd, delta, raw, calibrated, n_test,
-                 settings["repeats"], per_repeat, float(np.mean(aggregate["answered"])))]
-    for checkpoint in checkpoints:  # the same labelling's prefixes, at the smaller epsilons asked for
-        done = checkpoint["evaluations"]
-        rows.append(_row("pate", checkpoint["epsilon"], checkpoint["epsilon_data_dependent"], delta,
-                         [e["metrics"][0]["accuracy"] for e in done],
-                         [e["metrics"][0]["calibrated_accuracy"] for e in done], n_test, settings["repeats"],
-                         checkpoint["queries"], float(np.mean(checkpoint["answered"]))))
+    accuracy = _accuracy(evaluations, config.calibrate)
+    # the run's row, then the same labelling's prefixes at the smaller epsilons asked for
+    rows = []
+    for epsilon, epsilon_dd, done, queries, answered in (
+            [(plans[0].epsilon, eps_dd, evaluations, per_repeat, aggregate["answered"])]
+            + [(c["epsilon"], c["epsilon_data_dependent"], c["evaluations"], c["queries"], c["answered"])
+               for c in checkpoints]):
+        rows.append(_row("pate", epsilon, epsilon_dd, delta, _metric(done, "accuracy"),
+                         _metric(done, "calibrated_accuracy"), n_test, settings["repeats"], queries,
+                         float(np.mean(answered))))
     for z in zero:
         m = z["metrics"][0]
         rows.append(_row("zero-shot", 0.0, 0.0, delta, [m["accuracy"]], [m["calibrated_accuracy"]], n_test, 1, 0, 0))
@@ -193,7 +198,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                                           "data_hash": ingested["data_hash"], "model": config.model,
                                           "seeded_noise": seeded})
     logger.info("PromptPATE: answered %s of %d queries per repeat; student accuracy %s; epsilon %.4g "
-                "(data-dependent %.4g)", aggregate["answered"], per_repeat, [round(a, 3) for a in accuracy],
+                "(data-dependent %.4g)", aggregate["answered"], per_repeat, [round(a, 3) for a in accuracy["per_repeat"]],
                 plans[0].epsilon, eps_dd)
     return {
         "method": "pate",
@@ -210,9 +215,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         "queries": per_repeat,
         "queries_requested": config.pate_queries,
         "answered": aggregate["answered"],
-        "accuracy": {"mean": float(np.mean(accuracy)) if accuracy else None,
-                     "std": float(np.std(accuracy)) if accuracy else None, "per_repeat": accuracy,
-                     "calibrated": bool(config.calibrate), "n": n_test},
+        "accuracy": {**accuracy, "calibrated": bool(config.calibrate), "n": n_test},
         "student_prompts": [{"repeat": s["repeat"], "validation_accuracy": s["validation_accuracy"],
                              "demos": s["prompt"]} for s in students],
         "student_prompt": students[int(np.argmax([s["validation_accuracy"] for s in students]))]["prompt"]
@@ -236,8 +239,13 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     }
 
 
+def _metric(evaluations: list[dict], name: str) -> list[float]:
+    """One evaluation metric (accuracy, calibrated_accuracy) of each student."""
+    return [e["metrics"][0][name] for e in evaluations]
+
+
 def _accuracy(evaluations: list[dict], calibrated: bool) -> dict:
-    values = [e["metrics"][0]["calibrated_accuracy" if calibrated else "accuracy"] for e in evaluations]
+    values = _metric(evaluations, "calibrated_accuracy" if calibrated else "accuracy")
     return {"mean": float(np.mean(values)) if values else None, "std": float(np.std(values)) if values else None,
             "per_repeat": values}
 

@@ -264,7 +264,7 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
         for prefix in prefixes:  # the first Q_i answers are a run of Q_i queries of their own
             part = data_dependent_epsilon(histograms[:prefix], threshold, sigma1, sigma2, delta,
                                           answered=answers[:prefix] >= 0)
-            prefix_rdp[prefix] = part.rdp if prefix not in prefix_rdp else prefix_rdp[prefix] + part.rdp
+            prefix_rdp[prefix] = prefix_rdp.get(prefix, 0.0) + part.rdp
         usable = (answers >= 0) & (answers < len(labels))  # "other" (black-box) gives no label
         rows.append(pd.DataFrame({"repeat": repeat, "query_index": np.arange(len(answers)),
                                   "answered": answers >= 0, "labelled": usable,

@@ -311,9 +311,8 @@ def test_tune_json_contract_and_no_private_text_outside_the_private_store(tiny_l
     )
 
     from flows.cli import main
-    from tasks.tracking import mlflow_client
-
     from tasks.common import add_progress_sink, remove_progress_sink
+    from tasks.tracking import mlflow_client
 
     share_tiny_model(tiny_lm)
     capsys.readouterr()
