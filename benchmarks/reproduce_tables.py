@@ -4,11 +4,13 @@ Three tables, each cell one `dpicl` command run in a subprocess (the CLI does al
 only orchestrates and formats):
 
 - Tang et al. Table 1 (DP few-shot generation): per dataset one
-  `dpicl run --json --methods tang --epsilons 1,2,4,8 --baselines zero-shot,instruction-only,sigma-zero,random-real`
-  (0-shot, epsilon 0 = instruction-only demos, epsilon 1/2/4/8, epsilon inf = sigma 0, random real demos);
+  `dpicl run --json --methods tang --epsilons 1,2,3,4,8 --baselines zero-shot,instruction-only,sigma-zero,random-real`
+  (0-shot, epsilon 0 = instruction-only demos, epsilon 1/2/4/8 and Duan Table 1's 3, epsilon inf = sigma 0,
+  random real demos);
 - Duan et al. Table 2 (PromptPATE): `dpicl pate --json --public iid` (with the zero-shot, ensemble and
   upper-bound baselines) and `--public ood`; epsilon charged (data-independent) beside the data-dependent bound;
-- Duan et al. Table 1 (PromptDPSGD): `dpicl tune --json` for a soft prompt and a prefix at epsilon 3, 8 and inf.
+- Duan et al. Table 1 (PromptDPSGD): `dpicl tune --json` for a soft prompt and a prefix at epsilon 3, 8 and inf,
+  beside the same dataset's zero-shot and DP few-shot generation at epsilon 3 and 8 (from its Tang cell).
 
 Every cell charges the ledger id `<dataset>-tables` (`--dataset-id`), so a user's budget on `<dataset>` is
 untouched (the non-private baselines are infinite spends on that id). A finished cell's JSON is kept in
@@ -17,7 +19,7 @@ unchanged, and retries a cell that failed (its stderr is in `logs/<cell>.log` th
 mean +/- std in %, epsilon, each cell's command, the papers' published numbers beside) and one PNG per
 dataset (accuracy against epsilon, a line per method) are written to `--out`.
 
-    python benchmarks/reproduce_tables.py                       # CPU sizes: 100 test items, 2 seeds, small flock
+    python benchmarks/reproduce_tables.py                       # CPU sizes: 100 test items, small flock
     python benchmarks/reproduce_tables.py --datasets sst2 --tables pate --test-size 50 --seeds 1
     python benchmarks/reproduce_tables.py --full --extra-args="--device cuda"   # the papers' sizes (a GPU job)
     python benchmarks/reproduce_tables.py --dry-run             # the cells and their commands only
@@ -25,7 +27,8 @@ dataset (accuracy against epsilon, a line per method) are written to `--out`.
 
 CPU defaults: DP few-shot generation with M=3, N=1, K=100, T_max=20 (`dpicl demo`'s), no audit;
 PromptPATE with E=20 one-shot teachers, Q=50, sigma2=2 (Table 7's 20 scaled to E=20), 10 candidate students,
-delta 1e-6; PromptDPSGD with the CPU preset and 20 steps. `--full`: Tang et al. Table 9 (AG News M=10, N=2,
+delta 1e-6, 2 repeats; PromptDPSGD with the CPU preset, 20 steps and 32 validation examples, 3 trainings;
+3 evaluation seeds for DP few-shot generation. `--full`: Tang et al. Table 9 (AG News M=10, N=2,
 RVP, T_max=100; TREC M=80, N=1, no RVP, T_max=15; SST-2, absent from the paper, as AG News), 5 seeds;
 PromptPATE E=200, Q=500 (TREC: its 492 public rows), sigma2=20, 50 candidates, 3 repeats; PromptDPSGD's GPU
 preset (Duan et al. Table 6); the whole test split.
@@ -53,7 +56,7 @@ sys.path.insert(0, str(REPO))
 
 DATASETS = ("sst2", "agnews", "trec")
 TABLES = ("tang", "pate", "dpsgd")
-TANG_EPSILONS = (1, 2, 4, 8)
+TANG_EPSILONS = (1, 2, 3, 4, 8)  # Tang Table 1's 1, 2, 4, 8 and Duan Table 1's 3
 TANG_BASELINES = "zero-shot,instruction-only,sigma-zero,random-real"
 DPSGD_KINDS = ("soft-prompt", "prefix")
 DPSGD_EPSILONS = ("3", "8", "inf")
@@ -94,6 +97,11 @@ TANG_FULL = {  # Tang et al. Table 9
 PATE_CPU = ["--teachers", "20", "--shots", "1", "--queries", "50", "--sigma2", "2", "--student-candidates", "10"]
 PATE_FULL_QUERIES = {"trec": "492"}  # the TREC public split holds 492 rows (the paper's Q is 500)
 DPSGD_CPU_STEPS = "20"
+# Private examples held out for a CPU training's loss curve: half the CPU preset's 64, since the curve is
+# evaluated at every fifth of the steps and on a short run costs about as much as the training itself.
+DPSGD_CPU_VALIDATION = "32"
+# Evaluation seeds (tang), repeats (pate), trainings (dpsgd) when --seeds is not given: CPU and --full.
+DEFAULT_SEEDS = {"tang": (3, 5), "pate": (2, 3), "dpsgd": (3, 1)}
 
 
 @dataclass
@@ -121,7 +129,8 @@ def _parse(argv):
     parser.add_argument("--tables", default=",".join(TABLES), help="tang,pate,dpsgd (default: all three)")
     parser.add_argument("--test-size", type=int, default=None, help="test items (default: 100; --full: all)")
     parser.add_argument("--seeds", type=int, default=None,
-                        help="evaluation seeds (tang), repeats (pate), trainings (dpsgd); default 2 (--full: 5, 3, 1)")
+                        help="evaluation seeds (tang), repeats (pate), trainings (dpsgd) (default: 3, 2, 3; --full: "
+                             "5, 3, 1)")
     parser.add_argument("--dpsgd-steps", type=int, default=int(DPSGD_CPU_STEPS),
                         help=f"DP-SGD steps of each CPU-preset training (default {DPSGD_CPU_STEPS}; --full: the GPU "
                              "preset's 100 epochs)")
@@ -147,6 +156,10 @@ def _names(text: str, allowed: tuple | None, flag: str) -> list[str]:
     return names
 
 
+def _seeds(args, table: str) -> int:
+    return args.seeds or DEFAULT_SEEDS[table][1 if args.full else 0]
+
+
 def build_cells(args) -> list[Cell]:
     """Every cell of the grid, in run order, with its exact `dpicl` arguments."""
     datasets = _names(args.datasets, None, "--datasets")
@@ -158,14 +171,14 @@ def build_cells(args) -> list[Cell]:
     for dataset in datasets:
         head = ["--dataset", dataset, "--dataset-id", f"{dataset}-tables"]
         if "tang" in tables:
-            seeds = args.seeds or (5 if args.full else 2)
+            seeds = _seeds(args, "tang")
             sizes = TANG_FULL.get(dataset, TANG_FULL["agnews"]) if args.full else TANG_CPU
             argv = ["run", "--json", "--methods", "tang", "--epsilons", ",".join(map(str, TANG_EPSILONS)),
                     "--baselines", TANG_BASELINES, *head, "--no-audit", "--seeds", str(seeds), *sizes,
                     *common_tail, *extra]
             cells.append(Cell(f"tang-{dataset}", "tang", dataset, argv))
         if "pate" in tables:
-            repeats = args.seeds or (3 if args.full else 2)
+            repeats = _seeds(args, "pate")
             sizes = (["--teachers", "200", "--shots", "1", "--queries", PATE_FULL_QUERIES.get(dataset, "500"),
                       "--sigma2", "20", "--student-candidates", "50"] if args.full else PATE_CPU)
             for public, baselines in (("iid", "zero-shot,ensemble,upper-bound"), ("ood", "zero-shot")):
@@ -173,8 +186,9 @@ def build_cells(args) -> list[Cell]:
                         "--delta", "1e-6", "--baselines", baselines, *common_tail, *extra]
                 cells.append(Cell(f"pate-{public}-{dataset}", "pate", dataset, argv, key=(public,)))
         if "dpsgd" in tables:
-            trainings = args.seeds or (1 if args.full else 2)
-            preset = ["--preset", "gpu"] if args.full else ["--preset", "cpu", "--steps", str(args.dpsgd_steps)]
+            trainings = _seeds(args, "dpsgd")
+            preset = ["--preset", "gpu"] if args.full else ["--preset", "cpu", "--steps", str(args.dpsgd_steps),
+                                                            "--validation-size", DPSGD_CPU_VALIDATION]
             for kind in DPSGD_KINDS:
                 for eps in DPSGD_EPSILONS:
                     argv = ["tune", "--json", *head, "--kind", kind, "--epsilon", eps, *preset,
@@ -293,7 +307,7 @@ def tang_section(cells: list[Cell], walls: dict, model: str) -> list[str]:
                          f"{_eps(cell.result.get('delta'))} | " + " | ".join(values) + " |")
         paper = TANG_PAPER.get(cell.dataset)
         if paper:
-            values = [_paper(*paper[c]) if c in paper else "" for c in columns[:6]]
+            values = [_paper(*paper[c]) if c in paper else "" for c in columns[:-2]]
             values += [_paper(*paper[INF]) + " (best of both)", "(see σ = 0)"]
             lines.append(f"| {cell.dataset} | paper (GPT-3 Babbage) | 1/\\|D\\| | " + " | ".join(values) + " |")
     sigmas = [f"{c.dataset}: " + ", ".join(f"ε {e:g} σ {_eps(tang_points(c.result)[float(e)][2])}"
@@ -341,18 +355,33 @@ def pate_section(cells: list[Cell], walls: dict, model: str) -> list[str]:
     return lines + _commands(cells, walls)
 
 
-def dpsgd_section(cells: list[Cell], walls: dict, model: str) -> list[str]:
+def _raw_calibrated(result: dict | None, method: str, epsilon: float | None) -> str:
+    """`raw ± std [calibrated]` of one row of a tang cell's results (`-` when the cell or row is missing)."""
+    for row in (result or {}).get("results", []):
+        if row["method"] == method and (epsilon is None or _num(row["epsilon"]) == epsilon):
+            return (f"{_pct(row.get('accuracy_mean'), row.get('accuracy_std'))} "
+                    f"[{_pct(row.get('calibrated_accuracy_mean'))}]")
+    return "-"
+
+
+def dpsgd_section(cells: list[Cell], walls: dict, model: str, tang_cells: list[Cell] = ()) -> list[str]:
     keys = [(kind, eps) for kind in DPSGD_KINDS for eps in DPSGD_EPSILONS]
+    references = [e for e in DPSGD_EPSILONS if e != "inf"]
+    heads = ["0-shot", *[f"DP few-shot generation ε = {e}" for e in references],
+             *[f"{k} ε = {'∞' if e == 'inf' else e}" for k, e in keys]]
     lines = ["## Duan et al. Table 1: PromptDPSGD (`dpicl tune`)", "",
              "Test accuracy in %, mean ± std over trainings (calibrated accuracy in brackets); ε = ∞ trains without "
-             "noise. Paper: RoBERTa-base, δ = 1/N, ε = 3 from its appendix table.", "",
-             "| dataset | source | " + " | ".join(f"{k} ε = {'∞' if e == 'inf' else e}" for k, e in keys) + " |",
-             "|---" * (len(keys) + 2) + "|"]
+             "noise. Beside them, on the same test items, the dataset's zero-shot prompt and DP few-shot generation "
+             "at the same ε from its Tang cell (mean ± std over its evaluation seeds; δ = 1/|D| there as here). "
+             "Paper: RoBERTa-base, δ = 1/N, ε = 3 from its appendix table.", "",
+             "| dataset | source | " + " | ".join(heads) + " |", "|---" * (len(heads) + 2) + "|"]
     by_dataset: dict[str, dict] = {}
     for cell in cells:
         by_dataset.setdefault(cell.dataset, {})[cell.key] = cell
     for dataset, found in by_dataset.items():
-        values = []
+        tang = next((t.result for t in tang_cells if t.dataset == dataset and t.result is not None), None)
+        values = [_raw_calibrated(tang, "zero-shot", None)] + [_raw_calibrated(tang, "dp", float(e))
+                                                                for e in references]
         for key in keys:
             result = found[key].result if key in found else None
             if result is None:
@@ -363,7 +392,8 @@ def dpsgd_section(cells: list[Cell], walls: dict, model: str) -> list[str]:
         lines.append(f"| {dataset} | {model} (this run) | " + " | ".join(values) + " |")
         paper = DPSGD_PAPER.get(dataset)
         if paper:
-            lines.append(f"| {dataset} | paper (RoBERTa-base) | " + " | ".join(_paper(paper.get(k)) for k in keys) + " |")
+            lines.append(f"| {dataset} | paper (RoBERTa-base) | " + " | ".join(["-"] * (1 + len(references)))
+                         + " | " + " | ".join(_paper(paper.get(k)) for k in keys) + " |")
     details = [f"{c.name}: δ {_eps(c.result.get('delta'))}, σ {_eps(c.result.get('noise_multiplier'))}, "
                f"q {_eps(c.result.get('sampling_rate'))}, T {c.result.get('steps')}" for c in cells if c.result is not None]
     if details:
@@ -382,7 +412,8 @@ def write_markdown(cells: list[Cell], walls: dict, args, out: Path) -> Path:
     for table, section in sections.items():
         chosen = [c for c in cells if c.table == table]
         if chosen:
-            lines += section(chosen, walls, args.model) + [""]
+            extra = {"tang_cells": [c for c in cells if c.table == "tang"]} if table == "dpsgd" else {}
+            lines += section(chosen, walls, args.model, **extra) + [""]
     plotted = [d for d in dict.fromkeys(c.dataset for c in cells) if (out / f"accuracy_{d}.png").exists()]
     if plotted:
         lines += ["Plots (accuracy against the epsilon charged, a line per method, references as horizontal lines): "

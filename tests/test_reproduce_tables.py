@@ -36,14 +36,18 @@ def test_the_dry_run_lists_every_cell_and_its_command(tables, capsys, dpicl_home
     assert len(lines) == 3 * (1 + 2 + 6)
     by_name = {line.split(": ", 1)[0].split("] ", 1)[1]: line.split(": ", 1)[1] for line in lines}
     tang = by_name["tang-trec"]
-    assert tang.startswith("dpicl run --json --methods tang --epsilons 1,2,4,8 "
+    # Tang Table 1's epsilons and Duan Table 1's 3, for the PromptDPSGD table's DP few-shot column
+    assert tang.startswith("dpicl run --json --methods tang --epsilons 1,2,3,4,8 "
                            "--baselines zero-shot,instruction-only,sigma-zero,random-real")
+    assert "--seeds 3 " in tang
     assert "--dataset trec --dataset-id trec-tables" in tang and "--test-size 100 " in tang + " "
     assert "--public iid" in by_name["pate-iid-sst2"] and "ensemble,upper-bound" in by_name["pate-iid-sst2"]
     assert "--public ood" in by_name["pate-ood-agnews"] and "--teachers 20" in by_name["pate-ood-agnews"]
     assert "--sigma2 2" in by_name["pate-ood-agnews"]
     assert by_name["dpsgd-prefix-epsinf-sst2"].startswith("dpicl tune --json")
-    assert "--kind prefix --epsilon inf --preset cpu --steps 20" in by_name["dpsgd-prefix-epsinf-sst2"]
+    assert ("--kind prefix --epsilon inf --preset cpu --steps 20 --validation-size 32 --seeds 3 "
+            in by_name["dpsgd-prefix-epsinf-sst2"])
+    assert "--repeats 2 " in by_name["pate-iid-trec"]
     assert all(f"--dataset-id {name.rsplit('-', 1)[1]}-tables" in command for name, command in by_name.items())
     assert not (dpicl_home / "benchmarks" / "tables").exists()  # a dry run writes nothing
 
@@ -69,7 +73,7 @@ def test_a_cell_runs_once_and_a_rerun_skips_it(tables, capsys, dpicl_home, tmp_p
     cell = dpicl_home / "benchmarks" / "tables" / "tang-agnews-mini.json"
     record = json.loads(cell.read_text())
     rows = record["result"]["results"]
-    assert sorted(r["epsilon"] for r in rows if r["method"] == "dp") == [1.0, 2.0, 4.0, 8.0]
+    assert sorted(r["epsilon"] for r in rows if r["method"] == "dp") == [1.0, 2.0, 3.0, 4.0, 8.0]
     assert {r["method"] for r in rows} >= {"zero-shot", "instruction-only", "sigma-zero", "random-real"}
     # charged to the dedicated ledger id only
     assert {e.purpose for e in Ledger().entries("agnews-mini-tables")} == {"pipeline", "baseline"}
@@ -77,7 +81,7 @@ def test_a_cell_runs_once_and_a_rerun_skips_it(tables, capsys, dpicl_home, tmp_p
     markdown = (tmp_path / "tables.md").read_text()
     assert "Tang et al. Table 1" in markdown and record["command"] in markdown
     ours = next(line for line in markdown.splitlines() if line.startswith("| agnews-mini | tiny-random"))
-    assert ours.count("±") == 8  # 0-shot, eps 0, eps 1/2/4/8, sigma 0, random real
+    assert ours.count("±") == 9  # 0-shot, eps 0, eps 1/2/3/4/8, sigma 0, random real
     assert (tmp_path / "accuracy_agnews-mini.png").stat().st_size > 0
 
     stamp = cell.stat().st_mtime_ns
@@ -108,3 +112,34 @@ def test_report_only_writes_the_tables_and_runs_no_cell(tables, capsys, dpicl_ho
     assert "0/3 cells finished" in out
     assert not (dpicl_home / "benchmarks" / "tables" / "logs" / "tang-never-run.log").exists()
     assert "not finished" in (tmp_path / "tables.md").read_text()
+
+
+def test_the_dpsgd_table_puts_zero_shot_and_dp_fewshot_at_the_same_epsilon_beside_it(tables):
+    """Duan et al. Table 1's structure: each dataset's trained prompts next to its zero-shot prompt and DP
+    few-shot generation at epsilon 3 and 8, read from the same dataset's Tang cell."""
+    tang = tables.Cell("tang-sst2", "tang", "sst2", ["run"])
+    tang.result = {"results": [
+        {"method": "zero-shot", "epsilon": 0.0, "accuracy_mean": 0.5, "accuracy_std": 0.0,
+         "calibrated_accuracy_mean": 0.8},
+        {"method": "dp", "epsilon": 3.0, "accuracy_mean": 0.61, "accuracy_std": 0.02, "calibrated_accuracy_mean": 0.7},
+        {"method": "dp", "epsilon": 8.0, "accuracy_mean": 0.66, "accuracy_std": 0.04, "calibrated_accuracy_mean": 0.75},
+    ]}
+    cells = []
+    for kind in tables.DPSGD_KINDS:
+        for eps in tables.DPSGD_EPSILONS:
+            cell = tables.Cell(f"dpsgd-{kind}-eps{eps}-sst2", "dpsgd", "sst2", ["tune"], key=(kind, eps))
+            cell.result = {"accuracy": {"mean": 0.9, "std": 0.01}, "calibrated_accuracy": {"mean": 0.91},
+                           "delta": 1e-5, "noise_multiplier": 0.3, "sampling_rate": 1e-4, "steps": 10}
+            cells.append(cell)
+    lines = tables.dpsgd_section(cells, {}, "m", tang_cells=[tang])
+    header = next(line for line in lines if line.startswith("| dataset"))
+    assert header.split(" | ")[2:5] == ["0-shot", "DP few-shot generation ε = 3", "DP few-shot generation ε = 8"]
+    ours = next(line for line in lines if line.startswith("| sst2 | m"))
+    cols = [c.strip() for c in ours.strip("|").split("|")]
+    assert cols[2:5] == ["50.0 ± 0.0 [80.0]", "61.0 ± 2.0 [70.0]", "66.0 ± 4.0 [75.0]"]
+    assert cols[5:] == ["90.0 ± 1.0 [91.0]"] * 6
+    paper = next(line for line in lines if line.startswith("| sst2 | paper"))
+    assert len(paper.strip("|").split("|")) == len(cols)
+    # without a finished Tang cell the reference columns say so instead of failing
+    ours = next(line for line in tables.dpsgd_section(cells, {}, "m") if line.startswith("| sst2 | m"))
+    assert [c.strip() for c in ours.strip("|").split("|")][2:5] == ["-", "-", "-"]
