@@ -159,6 +159,9 @@ class RunConfig(_Frozen):
     audit_reference: bool = Field(False, description="also run the non-private reference audit (real records as "
                                   "1-shot demos, Duan et al.'s leaky setting) for contrast: an infinite spend, "
                                   "charged to the ledger")
+    audit_methods: bool = Field(True, description="with audit on, also the release audit of PromptPATE's chosen "
+                                "student and each PromptDPSGD prompt (nothing generated or charged; `dpicl release "
+                                "--audit-only` runs it later)")
     audit_reference_prompts: int = Field(4, ge=0, description="LiRA reference prompts built from non-members "
                                          "(0: no LiRA attacks)")
     audit_max_record_tokens: int | None = Field(None, ge=1, description="score only each record's first tokens "

@@ -206,8 +206,12 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         from flows.pate import pate_flow
 
         began = time.perf_counter()
+        # the zero-shot row, when DP few-shot generation evaluated it on the same test items, is not run twice
+        pate_config = (config.model_copy(update={"pate_baselines": [b for b in config.pate_baselines
+                                                                    if b != "zero-shot"]})
+                       if tang and "zero-shot" in config.baselines else config)
         # PromptPATE at the run's smaller epsilons too: prefixes of its one labelling, charged once
-        others["pate"] = pate_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry,
+        others["pate"] = pate_flow(config=pate_config, run_id=run_id, ingested=ingested, charge=ledger_entry,
                                    checkpoint_epsilons=list(config.epsilons))
         wall["pate"] = time.perf_counter() - began
     if "dpsgd" in config.methods:
@@ -235,7 +239,8 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         audit = {"ran": False}
     # the membership audit of the other methods' artifacts (PromptPATE's student, PromptDPSGD's prompts):
     # nothing generated, nothing charged; their AUC joins the comparison beside the DP demos' audit
-    method_audits = _audit_method_artifacts(config, run_id, others) if config.audit and others else []
+    method_audits = (_audit_method_artifacts(config, run_id, others)
+                     if config.audit and config.audit_methods and others else [])
     comparison = record_stage.record_comparison(
         run_dir=str(paths.public), run_id=run_id, dataset=config.dataset,
         tang_rows=recorded["results"] if tang else [],

@@ -72,6 +72,8 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     run_dir = Path(summary["run_dir"])
     table = pd.read_parquet(run_dir / "comparison.parquet")
     assert list(table["method"]).count("zero-shot") == 1
+    # DP few-shot generation evaluated zero-shot on these test items: PromptPATE did not evaluate it again
+    assert "zero-shot" not in summary["method_summaries"]["pate"].get("baselines", {})
     assert (run_dir / "comparison.png").stat().st_size > 0
     assert {"pate_results.parquet", "dpsgd_results.parquet", "demos.parquet"} <= {p.name for p in run_dir.iterdir()}
     from dpcore.artifacts import verify_manifest
@@ -109,9 +111,13 @@ def test_only_the_named_methods_run(tiny_lm, capsys):
     from flows.pipeline import run_pipeline
 
     share_tiny_model(tiny_lm)
-    fields = {**METHOD_FIELDS, "methods": ["pate"]}
+    # the audit on, the method audits off (`dpicl demo`'s choice): nothing is audited
+    fields = {**METHOD_FIELDS, "methods": ["pate"], "audit": True, "audit_methods": False}
     summary = run_pipeline(tiny_config(dataset_id="compare-pate-only", **fields), run_id="compare-pate-only")
+    # without DP few-shot generation, PromptPATE evaluates the zero-shot row itself
     assert {row["method"] for row in summary["results"]} == {"pate", "zero-shot"}
+    assert summary["method_audits"] == []
+    assert not (Path(summary["run_dir"]) / "audit_pate.parquet").exists()
     assert {e.purpose for e in Ledger().entries("compare-pate-only")} == {"pate"}
     run_dir = Path(summary["run_dir"])
     assert not (run_dir / "demos.parquet").exists()

@@ -352,6 +352,9 @@ def test_run_and_demo_flags_cover_the_run_config(run):
     assert demo.test_size == 50 and demo.epsilons == [2.0, math.inf]
     assert demo.num_subsets == DEMO_DEFAULTS["num_subsets"] and demo.max_tokens == DEMO_DEFAULTS["max_tokens"]
     assert demo.seed is None and demo.model == "smollm2-135m"
+    # the demo's one non-private contrast is real demos; its conclusive audit is the DP demos' own
+    assert demo.baselines == ["zero-shot", "random-real"] and demo.audit and not demo.audit_methods
+    assert demo.methods == ["tang", "pate", "dpsgd"] and demo.dpsgd_validation_size == 32
 
     table = format_results(run)
     assert "MLflow run id:   " + run["mlflow_run_id"] in table and run["run_dir"] in table
