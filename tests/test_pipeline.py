@@ -358,6 +358,12 @@ def test_run_and_demo_flags_cover_the_run_config(run):
 
     table = format_results(run)
     assert "MLflow run id:   " + run["mlflow_run_id"] in table and run["run_dir"] in table
+    from flows.cli.run import format_next
+
+    # where to look next names the run; a method whose prompt was not audited gets the audit's command
+    unaudited = format_next({**run, "methods": ["tang", "pate", "dpsgd"], "method_audits": [{"method": "pate"}]})
+    assert f"dpicl release --run {run['run_id']} --method dpsgd --audit-only" in unaudited
+    assert "--method pate --audit-only" not in unaudited and "--audit-only" not in format_next(run)
     assert table.splitlines()[0].split()[:2] == ["method", "epsilon"]
 
     assert make_task_runner("threads:3")._max_workers == 3

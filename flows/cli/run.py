@@ -257,6 +257,8 @@ def _run(args, defaults: dict | None = None) -> int:
 
 def format_next(summary: dict) -> str:
     """Where to look next: the UIs, the run folder, the audited release."""
+    audited = {a["method"] for a in summary.get("method_audits") or []}
+    unaudited = [m for m in ("pate", "dpsgd") if m in summary.get("methods", []) and m not in audited]
     return "\n".join([
         "next:",
         "  dpicl ui                                 # Prefect (http://127.0.0.1:4200): this flow run, its "
@@ -266,6 +268,8 @@ def format_next(summary: dict) -> str:
         + (f" [--method {'|'.join(m for m in ('tang', 'pate', 'dpsgd') if m in summary.get('methods', ['tang']))}]"
            if len(summary.get("methods", ["tang"])) > 1 else "")
         + "   # the audited release (refused for a seeded run or a failed audit)",
+        *([f"  dpicl release --run {summary['run_id']} --method {'|'.join(unaudited)} --audit-only"
+           "   # the membership audit of that method's prompt (20 trials of 50 members)"] if unaudited else []),
         f"  dpicl ledger show --dataset {(summary.get('ledger') or {}).get('dataset_id', summary['dataset'])}",
     ])
 
