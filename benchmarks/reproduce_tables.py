@@ -307,7 +307,7 @@ def tang_section(cells: list[Cell], walls: dict, model: str) -> list[str]:
                          f"{_eps(cell.result.get('delta'))} | " + " | ".join(values) + " |")
         paper = TANG_PAPER.get(cell.dataset)
         if paper:
-            values = [_paper(*paper[c]) if c in paper else "" for c in columns[:-2]]
+            values = [_paper(*paper[c]) if c in paper else "-" for c in columns[:-2]]
             values += [_paper(*paper[INF]) + " (best of both)", "(see σ = 0)"]
             lines.append(f"| {cell.dataset} | paper (GPT-3 Babbage) | 1/\\|D\\| | " + " | ".join(values) + " |")
     sigmas = [f"{c.dataset}: " + ", ".join(f"ε {e:g} σ {_eps(tang_points(c.result)[float(e)][2])}"
