@@ -144,7 +144,7 @@ def test_cli_run_warns_before_non_private_baselines(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["demo", "--model", "tiny-random"])
     err = capsys.readouterr().err
-    assert "demo: AG News is a public benchmark" in err and "sigma-zero and random-real" in err
+    assert "demo: AG News is a public benchmark" in err and "random-real and audit-reference" in err
 
 
 # --------------------------------------------------------------------------- dpicl generate
