@@ -35,7 +35,7 @@ AuditMode = Literal["regenerate", "run-demos"]
 # Where an evaluated prompt's demonstrations come from (the rows of Tang et al. Table 1):
 # none, instruction-only (epsilon = 0), sigma = 0, real records, DP demonstrations, or (`dpsgd`)
 # no demonstration but a trained PromptDPSGD prompt in front.
-DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "dp", "dpsgd"]
+DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "dp", "pate", "dpsgd"]
 DEMO_SOURCES: tuple[str, ...] = get_args(DemoSource)
 # The demo sources run beside the DP demonstrations for comparison.
 Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]

@@ -127,9 +127,9 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
             checkpoint["students"].append(student)
         student_eval = EvalConfig(shots=settings["shots"], seeds=1, test_size=config.test_size,
                                   calibrate=config.calibrate)
-        student_calls_eval = [dict(method="dp", epsilon=float(plans[0].epsilon), demo_paths=[s["student_path"]],
+        student_calls_eval = [dict(method="pate", epsilon=float(plans[0].epsilon), demo_paths=[s["student_path"]],
                                    demo_keys=[s["key"]], eval_config=student_eval, **eval_common) for s in students]
-        prefix_evals = [(checkpoint, dict(method="dp", epsilon=checkpoint["epsilon"], demo_paths=[s["student_path"]],
+        prefix_evals = [(checkpoint, dict(method="pate", epsilon=checkpoint["epsilon"], demo_paths=[s["student_path"]],
                                           demo_keys=[s["key"]], eval_config=student_eval, **eval_common))
                         for checkpoint in checkpoints for s in checkpoint["students"]]
         evaluations = results(map_calls(runner, evaluate_stage.evaluate,

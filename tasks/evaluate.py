@@ -64,7 +64,7 @@ def evaluate_pool(lm, spec, test: pd.DataFrame, pool, method: str, epsilon: floa
 
 
 @cached_task("evaluate", EVALUATE_KEY_FIELDS, EVAL_MODULES, private_outputs=True,
-             task_run_name="evaluate-{method}-eps{epsilon}")
+             task_run_name="evaluate-{method}-eps{epsilon:g}")
 def evaluate(
     *,
     records_path: str,

@@ -136,7 +136,7 @@ def empty_demos_note(frame, what: str) -> str | None:
 
 
 @cached_task("generate", GENERATE_KEY_FIELDS, GENERATION_MODULES, private_outputs=True, tags=["gpu"],
-             task_run_name="generate-{method}-{label}-eps{epsilon}")
+             task_run_name="generate-{method}-{label}-eps{epsilon:g}")
 def generate(
     *,
     records_path: str | None,

@@ -126,7 +126,7 @@ def _examples(lm, spec, records_path: str, validation_size: int):
     return [examples[i] for i in train_pos], [examples[i] for i in val_pos]
 
 
-@uncached_task("train-prompt", tags=["gpu"], task_run_name="train-prompt-eps{epsilon}-{training}")
+@uncached_task("train-prompt", tags=["gpu"], task_run_name="train-prompt-eps{epsilon:g}-{training}")
 def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dict, epsilon: float, training: int,
                  config: RunConfig, public_dir: str, private_dir: str, noise_charged: bool) -> dict:
     """Train one prompt (Algorithm 1); returns public paths, the validation curve and whole seconds."""

@@ -57,6 +57,8 @@ def test_pate_cli_json_contract_and_private_tables(tiny_lm, capsys):
     assert not {"teacher_assignments.parquet", "vote_histograms.parquet"} & {p.name for p in public.iterdir()}
     results = pd.read_parquet(public / "pate_results.parquet")
     assert results["method"].tolist() == ["pate", "zero-shot", "ensemble", "upper-bound"]
+    # the students' test predictions are labelled as PromptPATE's, not as DP few-shot generation's demos
+    assert set(pd.read_parquet(private / "pate_predictions.parquet")["method"]) == {"pate", "zero-shot"}
     # the student prompt is made of public queries with their noisy labels
     queries = set(pd.read_parquet(public / "pate_queries.parquet")["text"])
     assert {d["text"] for d in summary["student_prompt"]} <= queries
