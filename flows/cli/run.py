@@ -269,7 +269,8 @@ def format_next(summary: dict) -> str:
            if len(summary.get("methods", ["tang"])) > 1 else "")
         + "   # the audited release (refused for a seeded run or a failed audit)",
         *([f"  dpicl release --run {summary['run_id']} --method {'|'.join(unaudited)} --audit-only"
-           "   # the membership audit of that method's prompt (20 trials of 50 members)"] if unaudited else []),
+           "   # the membership audit of that method's prompt (20 trials; members: at most 50, and no more than "
+           "the records its mechanism read)"] if unaudited else []),
         f"  dpicl ledger show --dataset {(summary.get('ledger') or {}).get('dataset_id', summary['dataset'])}",
     ])
 
