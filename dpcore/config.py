@@ -33,8 +33,9 @@ Sampler = Literal["poisson", "fixed"]
 SAMPLERS: tuple[str, ...] = get_args(Sampler)
 AuditMode = Literal["regenerate", "run-demos"]
 # Where an evaluated prompt's demonstrations come from (the rows of Tang et al. Table 1):
-# none, instruction-only (epsilon = 0), sigma = 0, real records, DP demonstrations, or (`dpsgd`)
-# no demonstration but a trained PromptDPSGD prompt in front.
+# none, instruction-only (epsilon = 0), sigma = 0, real records, DP demonstrations, a PromptPATE
+# student (`pate`: public queries with noisy labels), or (`dpsgd`) no demonstration but a trained
+# PromptDPSGD prompt in front.
 DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "dp", "pate", "dpsgd"]
 DEMO_SOURCES: tuple[str, ...] = get_args(DemoSource)
 # The demo sources run beside the DP demonstrations for comparison.

@@ -127,10 +127,13 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
             checkpoint["students"].append(student)
         student_eval = EvalConfig(shots=settings["shots"], seeds=1, test_size=config.test_size,
                                   calibrate=config.calibrate)
-        student_calls_eval = [dict(method="pate", epsilon=float(plans[0].epsilon), demo_paths=[s["student_path"]],
-                                   demo_keys=[s["key"]], eval_config=student_eval, **eval_common) for s in students]
-        prefix_evals = [(checkpoint, dict(method="pate", epsilon=checkpoint["epsilon"], demo_paths=[s["student_path"]],
-                                          demo_keys=[s["key"]], eval_config=student_eval, **eval_common))
+
+        def student_call(student: dict, epsilon: float) -> dict:
+            return dict(method="pate", epsilon=float(epsilon), demo_paths=[student["student_path"]],
+                        demo_keys=[student["key"]], eval_config=student_eval, **eval_common)
+
+        student_calls_eval = [student_call(s, plans[0].epsilon) for s in students]
+        prefix_evals = [(checkpoint, student_call(s, checkpoint["epsilon"]))
                         for checkpoint in checkpoints for s in checkpoint["students"]]
         evaluations = results(map_calls(runner, evaluate_stage.evaluate,
                                         student_calls_eval + [call for _, call in prefix_evals]))

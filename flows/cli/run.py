@@ -15,7 +15,7 @@ import time
 
 from pydantic import ValidationError
 
-from dpcore.config import RunConfig
+from dpcore.config import AuditConfig, RunConfig
 from dpcore.errors import ConfigError
 from flows.cli.common import fmt_value as _fmt
 
@@ -259,6 +259,8 @@ def format_next(summary: dict) -> str:
     """Where to look next: the UIs, the run folder, the audited release."""
     audited = {a["method"] for a in summary.get("method_audits") or []}
     unaudited = [m for m in ("pate", "dpsgd") if m in summary.get("methods", []) and m not in audited]
+    # `dpicl release --audit-only` audits with AuditConfig's defaults, members capped by the mechanism
+    trials, members = AuditConfig.model_fields["trials"].default, AuditConfig.model_fields["members"].default
     return "\n".join([
         "next:",
         "  dpicl ui                                 # Prefect (http://127.0.0.1:4200): this flow run, its "
@@ -269,8 +271,8 @@ def format_next(summary: dict) -> str:
            if len(summary.get("methods", ["tang"])) > 1 else "")
         + "   # the audited release (refused for a seeded run or a failed audit)",
         *([f"  dpicl release --run {summary['run_id']} --method {'|'.join(unaudited)} --audit-only"
-           "   # the membership audit of that method's prompt (20 trials; members: at most 50, and no more than "
-           "the records its mechanism read)"] if unaudited else []),
+           f"   # the membership audit of that method's prompt ({trials} trials; members: at most {members}, and "
+           "no more than the records its mechanism read)"] if unaudited else []),
         f"  dpicl ledger show --dataset {(summary.get('ledger') or {}).get('dataset_id', summary['dataset'])}",
     ])
 
