@@ -217,9 +217,12 @@ class RunConfig(_Frozen):
     dpsgd_lr: float | None = Field(None, gt=0, description="learning rate (AdamW, linear decay to 0)")
     dpsgd_physical_batch_size: int | None = Field(None, ge=1, description="examples per forward/backward "
                                                   "(memory only; default: the preset's)")
-    dpsgd_validation_size: int | None = Field(None, ge=0, description="private examples held out of training for "
-                                              "the loss curve, never trained on nor used for selection (default: "
-                                              "the preset's, 64 on CPU, 500 on GPU)")
+    dpsgd_validation_size: int | None = Field(None, ge=0, description="public labelled examples for the loss "
+                                              "curve (never private records; default: the preset's, 64 on CPU, "
+                                              "500 on GPU)")
+    dpsgd_validation_path: str | None = Field(None, description="a labelled file you declare public (the data "
+                                              "file's columns) for the loss curve of your own data; a shipped "
+                                              "task uses its public split; without either, no curve")
     dpsgd_seeds: int = Field(1, ge=1, description="independent trainings (accuracy mean +/- std over them); "
                              "each is charged to the ledger")
 

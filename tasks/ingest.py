@@ -35,8 +35,11 @@ def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: s
     spec = load_task_spec(task_spec or dataset)
     data = load_dataset(spec, data_path, test_path)
     paths = run_paths(dataset, data.content_hash, run_id)
+    # `public`: a shipped source's public split (public rows, kept beside the others for PromptDPSGD's
+    # public loss curve); never present for a user's file
     records = pd.concat(
-        [data.train.assign(split="train"), data.test.assign(split="test")], ignore_index=True
+        [data.train.assign(split="train"), data.test.assign(split="test"), data.public.assign(split="public")],
+        ignore_index=True,
     )[["split", "id", "text", "label"]]
     records["id"] = records["id"].astype(str)
     records_path = write_table(records, paths.private / "records.parquet")

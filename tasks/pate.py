@@ -60,8 +60,8 @@ def pate_settings(config, spec) -> dict:
 
 def check_inputs(config, data) -> tuple[pd.DataFrame, str, dict]:
     """Every PromptPATE check that needs the data, before anything is written or charged: E*k within the
-    private records, T in [0, E], sigmas > 0, the public source readable and non-empty, no public text in the
-    private or test split, Q within the public set, --test-size within the test split. Returns (the Q
+    private records, T in [0, E], sigmas > 0, the public source readable and non-empty (never compared with the
+    private records: that would be a free query on them), Q within the public set, --test-size within the test split. Returns (the Q
     queries, where they come from, the settings)."""
     from dpcore import public_queries
     from dpcore.gnmax import check_gnmax_parameters
@@ -73,8 +73,7 @@ def check_inputs(config, data) -> tuple[pd.DataFrame, str, dict]:
     check_gnmax_parameters(settings["threshold"], settings["sigma1"], settings["sigma2"], config.pate_teachers)
     check_test_size(config.test_size, len(data.test))
     texts, where = public_queries.public_texts(data, config.pate_public, config.pate_public_path,
-                                               config.pate_public_column, shipped=config.data_path is None)
-    public_queries.check_no_overlap(texts, list(data.train["text"]) + list(data.test["text"]), where)
+                                               config.pate_public_column)
     queries = public_queries.select_queries(texts, config.pate_queries, where)
     return queries, where, settings
 

@@ -249,6 +249,14 @@ def _private_folder(artifact: gate.Artifact) -> Path:
     return private_dir() / artifact.path.relative_to(dpicl_home())
 
 
+def _sampled_ids(private: Path, artifact: gate.Artifact) -> list[str] | None:
+    """The ids of the records a DP-SGD training's Poisson batches drew (its private training record)."""
+    path = private / "training" / f"{artifact.name}.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get("sampled_ids")
+
+
 def _merge_rows(path: Path, frame, name: str):
     """`frame` (rows of artifact `name`) in the table at `path`, replacing that artifact's earlier rows."""
     import pandas as pd
@@ -289,7 +297,7 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     held_out = records[records["split"] == "test"][["id", "text", "label"]].reset_index(drop=True)
     assignment = read_table(assignment_path) if method == "pate" else None
     members = gate.audit_members(artifact, train, assignment["id"].astype(str).tolist() if assignment is not None
-                                 else None)
+                                 else _sampled_ids(private, artifact))
     if fit_members:
         audit_config = audit_config.model_copy(update={"members": max(1, min(audit_config.members, len(members))),
                                                        "non_members": max(1, min(audit_config.non_members,

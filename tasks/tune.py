@@ -4,8 +4,7 @@ Thin Prefect tasks over `dpcore.dpsgd` and `dpcore.soft_prompt`; evaluation is t
 `tasks.evaluate.evaluate` (method "dpsgd": the trained prompt's cache before every test prompt).
 
 - `plans`: one `PrivacyPlan` per positive epsilon of the run (sigma calibrated for T steps at rate
-  q = batch / N, N = the private training examples left after the validation split; delta = 1/N unless
-  given); `dpsgd_seeds` independent trainings each, each a spend.
+  q = batch / N, N = every private record; delta = 1/N unless given); `dpsgd_seeds` independent trainings each, each a spend.
 - `check_model`: the checks that need the model (a soft prompt needs input embeddings; a prefix a
   per-layer key/value cache), run before the charge.
 - `train_prompt` (tag `gpu`): Algorithm 1 for one (epsilon, training). Resumable: a checkpoint (P,
@@ -15,9 +14,10 @@ Thin Prefect tasks over `dpcore.dpsgd` and `dpcore.soft_prompt`; evaluation is t
   whose spend this attempt did not charge (a replay) and that has neither a finished prompt nor a
   checkpoint is refused: fresh noise is never drawn under an old charge.
 - Public outputs (run folder): `prompts/dpsgd-eps<E>-<i>.safetensors` and its `.json` manifest (model id
-  and weight hash, kind, length, epsilon, delta, sigma, q, T, C, accountant versions), the validation
-  loss curve (an aggregate over held-out private rows, like test accuracy). Private (private run
-  folder): checkpoints and the per-step training losses (a non-DP function of the sampled batches).
+  and weight hash, kind, length, epsilon, delta, sigma, q, T, C, accountant versions), the loss curve on
+  PUBLIC labelled examples (`public_validation`: post-processing of the DP prompt). Private (private run
+  folder): checkpoints, the per-step training losses (a non-DP function of the sampled batches) and the
+  ids of the records the Poisson batches drew (the release audit's members).
 """
 
 from __future__ import annotations
@@ -52,10 +52,8 @@ def _eps_name(epsilon: float) -> str:
 
 
 def training_count(config: RunConfig, num_private_records: int) -> int:
-    """N: the private examples trained on (the validation examples held out)."""
-    from dpcore.dpsgd import split_validation
-
-    return len(split_validation(num_private_records, config.dpsgd_config().validation_size)[0])
+    """N: the private examples trained on: every private record (the loss curve is on public examples)."""
+    return int(num_private_records)
 
 
 def plans(config: RunConfig, num_private_records: int) -> list[PrivacyPlan]:
@@ -114,16 +112,33 @@ def accountant_versions() -> dict[str, str]:
     return versions
 
 
-def _examples(lm, spec, records_path: str, validation_size: int):
-    """(train, validation) examples from the private records (in memory only)."""
-    from dpcore.dpsgd import split_validation
+def public_validation(spec, records_path: str, validation_path: str | None, size: int) -> pd.DataFrame:
+    """The loss curve's labelled examples, all PUBLIC: a file the user declares public, else the shipped
+    task's public split (rows `public` of the records table, written for a shipped source only); the first
+    `size` in id order (a public rule). Empty: no curve."""
+    from dpcore.datasets import load_test_file
+
+    if size < 1:
+        return pd.DataFrame(columns=["id", "text", "label"])
+    if validation_path:
+        frame = load_test_file(spec, validation_path)
+    else:
+        records = read_table(Path(records_path))
+        frame = records[records["split"] == "public"][["id", "text", "label"]]
+    return frame.sort_values("id", kind="stable").head(size).reset_index(drop=True)
+
+
+def _examples(lm, spec, records_path: str, validation: pd.DataFrame):
+    """(train, validation) examples: every private record is trained on (in memory only); the validation
+    examples are public."""
     from dpcore.soft_prompt import encode_examples
 
     records = read_table(Path(records_path))
     train = records[records["split"] == "train"].reset_index(drop=True)
-    train_pos, val_pos = split_validation(len(train), validation_size)
     examples = encode_examples(lm, spec, train["text"].astype(str).tolist(), train["label"].astype(str).tolist())
-    return [examples[i] for i in train_pos], [examples[i] for i in val_pos]
+    public = encode_examples(lm, spec, validation["text"].astype(str).tolist(),
+                             validation["label"].astype(str).tolist()) if len(validation) else []
+    return examples, list(public), train["id"].astype(str).tolist()
 
 
 @uncached_task("train-prompt", tags=["gpu"], task_run_name="train-prompt-eps{epsilon:g}-{training}")
@@ -164,7 +179,8 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
                           "nor its checkpoint exists; fresh noise is never drawn under an old charge: start a new "
                           "run id")
     spec = load_task_spec(task_spec)
-    train_examples, val_examples = _examples(lm, spec, records_path, dp_config.validation_size)
+    validation = public_validation(spec, records_path, config.dpsgd_validation_path, dp_config.validation_size)
+    train_examples, val_examples, train_ids = _examples(lm, spec, records_path, validation)
     noise_gen, sampling_gen, seeded = dpsgd.generators(seed, lm.device)
     prompt = init_prompt(lm, dp_config.kind, dp_config.length, dp_config.init, sampling_gen).to(lm.device)
 
@@ -178,13 +194,15 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
 
     def progress(step: int, steps: int, info: dict) -> None:
         last.update(info)
-        # the bar's detail: the last evaluation's public aggregates (the training loss stays private)
-        shown = (("val_loss", "val loss {:.3f}"), ("epsilon", "epsilon {:.2f}"), ("examples_per_s", "{:.1f} ex/s"))
-        detail = ", ".join(form.format(last[key]) for key, form in shown if last.get(key) is not None)
+        # the bar's detail: public values only (the loss on public examples, epsilon spent); no per-step
+        # timing, which would reveal the Poisson batch sizes and the records' lengths
+        shown = (("val_loss", "public val loss {:.3f}"), ("epsilon", "epsilon {:.2f}"))
+        detail = ", ".join(form.format(last[key]) for key, form in shown
+                           if last.get(key) is not None and math.isfinite(last[key]))
         report_progress(what, step, steps, detail)
         if "epsilon" in info:
-            logger.info("%s step %d/%d: validation loss %.4f, epsilon spent %.3f, %.1f examples/s (expected)",
-                        name, step, steps, info["val_loss"], info["epsilon"], info["examples_per_s"])
+            logger.info("%s step %d/%d: public validation loss %.4f, epsilon spent %.3f", name, step, steps,
+                        info["val_loss"], info["epsilon"])
 
     result = dpsgd.train(lm, prompt, train_examples, val_examples, noise_multiplier=spend["noise_multiplier"],
                          sampling_rate=spend["sampling_rate"], steps=spend["steps"], clip=dp_config.clip,
@@ -206,9 +224,10 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
     }
     save_prompt(result.prompt, prompt_path, manifest)
     write_json_atomic(Path(private_dir) / "training" / f"{name}.json",
-                      {"training_losses": result.private_losses, "seconds": result.seconds})
+                      {"training_losses": result.private_losses, "seconds": result.seconds,
+                       "sampled_ids": [train_ids[i] for i in sorted(result.sampled)]})
     checkpoint_path.unlink(missing_ok=True)
-    logger.info("%s: %d steps in %d s, final validation loss %s", name, spend["steps"], round(result.seconds),
+    logger.info("%s: %d steps in %d s, final public validation loss %s", name, spend["steps"], round(result.seconds),
                 f"{result.curve[-1]['val_loss']:.4f}" if result.curve else "-")
     return {"epsilon": epsilon, "training": training, "prompt_path": str(prompt_path), "curve": result.curve,
             "seeded_noise": seeded, "seconds": round(result.seconds), "reused": False}

@@ -5,7 +5,7 @@ SPEC_YAML = """
 name: tickets
 kind: classification
 source: {type: file, path: unused.csv, text_column: body, label_column: topic, id_column: ticket_id}
-split: {test_size: 2, seed: 3}
+split: {test_size: 0.34, seed: 1}
 labels: {billing: Billing, outage: Outage}
 generation: {instruction: Write a ticket., label_prefix: "Topic: ", text_prefix: "Ticket:"}
 icl: {instruction: Classify tickets., input_prefix: "Ticket:", output_prefix: "Topic:"}
