@@ -288,8 +288,9 @@ def normalise_records(
                 label = label_map[int(label)]
             else:
                 raise DataValidationError(
-                    f"{_row_name(frame, i, where)}: column {label_column!r}: unknown label {label!r} "
-                    f"(expected one of {', '.join(spec.label_names)})"
+                    f"{_row_name(frame, i, where)}: column {label_column!r}: not a label of the task "
+                    f"(expected one of {', '.join(spec.label_names)}; the cell's value is not shown: it may be "
+                    "private)"
                 )
         texts.append(text.strip())
         labels.append(label)
@@ -299,7 +300,7 @@ def normalise_records(
         for i, value in enumerate(ids):
             if value in seen:
                 raise DataValidationError(
-                    f"{_row_name(frame, i, where)}: column {id_column!r}: duplicate id {value!r} "
+                    f"{_row_name(frame, i, where)}: column {id_column!r}: duplicate id "
                     f"(first at {_row_name(frame, seen[value], where).split(': ', 1)[1]})"
                 )
             seen[value] = i

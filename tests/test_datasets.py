@@ -186,7 +186,7 @@ def test_unknown_label_and_no_private_text_in_message(tmp_path, tickets_spec):
     rows = [dict(r) for r in GOOD_ROWS]
     rows[4]["topic"] = "sales"
     message, _ = _bad(tmp_path, tickets_spec, rows, fmt="jsonl")
-    assert "line 5" in message and "unknown label 'sales'" in message
+    assert "line 5" in message and "not a label of the task" in message and "sales" not in message
     assert all(r["body"] not in message for r in GOOD_ROWS)
 
 
@@ -200,7 +200,7 @@ def test_duplicate_ids(tmp_path, tickets_spec):
     rows = [dict(r) for r in GOOD_ROWS]
     rows[5]["ticket_id"] = "t2"
     message, _ = _bad(tmp_path, tickets_spec, rows)
-    assert "duplicate id 't2'" in message and "line 7" in message and "line 3" in message
+    assert "duplicate id" in message and "t2" not in message and "line 7" in message and "line 3" in message
 
 
 def test_missing_column(tmp_path, tickets_spec):

@@ -49,7 +49,7 @@ def test_a_separate_test_file_is_the_test_split_and_every_data_row_is_private(ti
 
 @pytest.mark.parametrize("rows, match", [
     ([{"ticket_id": "q1", "body": "printer on fire", "subject": "billing"}], "missing column 'topic'"),
-    ([{"ticket_id": "q1", "body": "printer on fire", "topic": "hardware"}], "line 1: column 'topic': unknown label"),
+    ([{"ticket_id": "q1", "body": "printer on fire", "topic": "hardware"}], "line 1: column 'topic': not a label of the task"),
     ([{"ticket_id": "q1", "body": "  ", "topic": "billing"}], "line 1: column 'body': empty text"),
     ([{"ticket_id": "q1", "body": "a", "topic": "billing"}, {"ticket_id": "q1", "body": "b", "topic": "outage"}],
      "line 2: column 'ticket_id': duplicate id"),
