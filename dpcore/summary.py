@@ -153,7 +153,7 @@ def jsonable_rows(table: pd.DataFrame) -> list[dict]:
     return rows
 
 
-COMPARISON_COLUMNS = ["method", "epsilon", "epsilon_reported", "delta", "noise_multiplier", "accuracy_mean",
+COMPARISON_COLUMNS = ["method", "epsilon", "delta", "noise_multiplier", "accuracy_mean",
                       "accuracy_std", "calibrated_accuracy_mean", "calibrated_accuracy_std", "n", "mia_auc",
                       "wall_seconds"]
 # The name of each private-prompting method's own rows in the comparison (DP few-shot generation's DP
@@ -178,8 +178,8 @@ def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: l
     """One row per (method, epsilon) over the three private-prompting methods run on the same test split:
     DP few-shot generation (`tang`, Tang et al.), PromptPATE (`pate`) and PromptDPSGD (`dpsgd`, Duan et
     al.), beside the references (zero-shot once, the non-private baselines). `epsilon` is what the
-    ledger charged (data-independent); `epsilon_reported` is PromptPATE's data-dependent bound (Papernot
-    et al. 2018, not itself DP) and equals `epsilon` for the other methods. `wall_seconds` is per method
+    ledger charged (PromptPATE's data-dependent bound is a non-DP statistic of the votes and stays in the
+    private store). `wall_seconds` is per method
     (its own stages; None for references)."""
     rows, seen = [], set()
     for source, source_rows in (("tang", tang_rows), ("pate", pate_rows), ("dpsgd", dpsgd_rows)):
@@ -190,10 +190,8 @@ def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: l
             if key in seen:  # zero-shot is evaluated by several methods on the same items: listed once
                 continue
             seen.add(key)
-            reported = row.get("epsilon_data_dependent")
             rows.append({
                 "method": method, "epsilon": epsilon,
-                "epsilon_reported": float(reported) if reported is not None and method == "pate" else epsilon,
                 "delta": float(row["delta"]) if row.get("delta") is not None else delta,
                 "noise_multiplier": row.get("noise_multiplier"),
                 **{k: finite_or_none(row.get(k)) for k in ("accuracy_mean", "accuracy_std",
@@ -209,10 +207,10 @@ def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: l
 def comparison_markdown(run_id: str, table: pd.DataFrame, cost: dict | None = None) -> str:
     """The comparison table as markdown (the Prefect artifact of a multi-method run)."""
     lines = [f"# Private prompts compared, run `{run_id}`", "",
-             "| method | epsilon | reported epsilon | accuracy | calibrated | MIA AUC | wall s |",
-             "|---|---|---|---|---|---|---|"]
+             "| method | epsilon | accuracy | calibrated | MIA AUC | wall s |",
+             "|---|---|---|---|---|---|"]
     for r in table.to_dict(orient="records"):
-        lines.append(f"| {r['method']} | {epsilon_text(r['epsilon'])} | {epsilon_text(r['epsilon_reported'])} | "
+        lines.append(f"| {r['method']} | {epsilon_text(r['epsilon'])} | "
                      f"{_fmt(r['accuracy_mean'])} +/- {_fmt(r['accuracy_std'])} | "
                      f"{_fmt(r['calibrated_accuracy_mean'])} +/- {_fmt(r['calibrated_accuracy_std'])} | "
                      f"{_fmt(r['mia_auc'])} | {_fmt(r['wall_seconds'], '.0f')} |")

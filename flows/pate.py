@@ -118,8 +118,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         # the smaller epsilons' students: one mapped batch over every (checkpoint, repeat) with a prefix to learn from
         prefix_calls = []
         for checkpoint, prefix in zip(checkpoints, aggregate["checkpoints"], strict=True):
-            checkpoint.update(answered=prefix["answered"], epsilon_data_dependent=prefix["epsilon_data_dependent"],
-                              students=[], evaluations=[])
+            checkpoint.update(answered=prefix["answered"], students=[], evaluations=[])
             prefix_calls += [(checkpoint, {**call, "queries_limit": checkpoint["queries"]}) for call in student_calls
                              if prefix["labelled"][call["repeat"]] > settings["shots"]]
         for (checkpoint, _), student in zip(prefix_calls, results(map_calls(
@@ -168,24 +167,22 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                                  columns=["epsilon", "queries", "repeat", "position", "text", "label"]),
                     paths.public / "pate_students_checkpoints.parquet")
 
-    eps_dd = aggregate["epsilon_data_dependent"]
     n_test = int(zero[0]["metrics"][0]["n"]) if zero else (int(evaluations[0]["metrics"][0]["n"]) if evaluations
                                                            else int(test_rows.get("n", 0)))
     accuracy = _accuracy(evaluations, config.calibrate)
     # the run's row, then the same labelling's prefixes at the smaller epsilons asked for
     rows = []
-    for epsilon, epsilon_dd, done, queries, answered in (
-            [(plans[0].epsilon, eps_dd, evaluations, per_repeat, aggregate["answered"])]
-            + [(c["epsilon"], c["epsilon_data_dependent"], c["evaluations"], c["queries"], c["answered"])
-               for c in checkpoints]):
-        rows.append(_row("pate", epsilon, epsilon_dd, delta, _metric(done, "accuracy"),
+    for epsilon, done, queries, answered in (
+            [(plans[0].epsilon, evaluations, per_repeat, aggregate["answered"])]
+            + [(c["epsilon"], c["evaluations"], c["queries"], c["answered"]) for c in checkpoints]):
+        rows.append(_row("pate", epsilon, delta, _metric(done, "accuracy"),
                          _metric(done, "calibrated_accuracy"), n_test, settings["repeats"], queries,
                          float(np.mean(answered))))
     for z in zero:
         m = z["metrics"][0]
-        rows.append(_row("zero-shot", 0.0, 0.0, delta, [m["accuracy"]], [m["calibrated_accuracy"]], n_test, 1, 0, 0))
+        rows.append(_row("zero-shot", 0.0, delta, [m["accuracy"]], [m["calibrated_accuracy"]], n_test, 1, 0, 0))
     for name in test_baselines:
-        rows.append(_row(name, math.inf, math.inf, delta, [test_rows[name]], [test_rows[name]], n_test, 1, 0, 0))
+        rows.append(_row(name, math.inf, delta, [test_rows[name]], [test_rows[name]], n_test, 1, 0, 0))
     results = pd.DataFrame(rows, columns=pate_stage.RESULT_COLUMNS)
     results_path = write_table(results, paths.public / "pate_results.parquet")
     seeded = bool(teachers["seeded_noise"] or aggregate["seeded_noise"])
@@ -200,9 +197,8 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                                           "run_id": run_id, "dataset": config.dataset,
                                           "data_hash": ingested["data_hash"], "model": config.model,
                                           "seeded_noise": seeded})
-    logger.info("PromptPATE: answered %s of %d queries per repeat; student accuracy %s; epsilon %.4g "
-                "(data-dependent %.4g)", aggregate["answered"], per_repeat, [round(a, 3) for a in accuracy["per_repeat"]],
-                plans[0].epsilon, eps_dd)
+    logger.info("PromptPATE: answered %s of %d queries per repeat; student accuracy %s; epsilon %.4g",
+                aggregate["answered"], per_repeat, [round(a, 3) for a in accuracy["per_repeat"]], plans[0].epsilon)
     return {
         "method": "pate",
         "run_id": run_id,
@@ -210,10 +206,6 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         "data_hash": ingested["data_hash"],
         "epsilon": plans[0].epsilon,
         "epsilon_per_repeat": _per_repeat_epsilon(settings, per_repeat, delta),
-        "epsilon_data_dependent": eps_dd,
-        "epsilon_data_dependent_per_repeat": aggregate["epsilon_data_dependent_per_repeat"],
-        "epsilon_data_dependent_note": "data-dependent (Papernot et al. 2018 RDP bound on this run's vote "
-                                       "histograms): reported as the paper does, not itself differentially private",
         "delta": delta,
         "queries": per_repeat,
         "queries_requested": config.pate_queries,
@@ -226,7 +218,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         "baselines": {row["method"]: row["calibrated_accuracy_mean" if config.calibrate else "accuracy_mean"]
                       for row in rows[1:] if row["method"] != "pate"},
         "checkpoints": [{"epsilon": c["epsilon"], "epsilon_data_independent": c["epsilon_data_independent"],
-                         "epsilon_data_dependent": c["epsilon_data_dependent"], "queries": c["queries"],
+                         "queries": c["queries"],
                          "answered": c["answered"], "accuracy": _accuracy(c["evaluations"], config.calibrate)}
                         for c in checkpoints],
         "parameters": {**settings, "public_source": inputs["source"], "student_candidates":
@@ -259,8 +251,8 @@ def _per_repeat_epsilon(settings: dict, queries: int, delta: float) -> float:
     return data_independent_epsilon(settings["sigma1"], settings["sigma2"], queries, delta)
 
 
-def _row(method, epsilon, epsilon_dd, delta, raw, calibrated, n, repeats, queries, answered) -> dict:
-    return {"method": method, "epsilon": float(epsilon), "epsilon_data_dependent": float(epsilon_dd),
+def _row(method, epsilon, delta, raw, calibrated, n, repeats, queries, answered) -> dict:
+    return {"method": method, "epsilon": float(epsilon),
             "delta": float(delta), "accuracy_mean": float(np.mean(raw)) if raw else math.nan,
             "accuracy_std": float(np.std(raw)) if raw else math.nan,
             "calibrated_accuracy_mean": float(np.mean(calibrated)) if calibrated else math.nan,

@@ -233,11 +233,11 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
                    queries: int, delta: float, model: str, device: str = "auto", dtype: str = "auto",
                    seed: int | None, noise_scope: str, noise_charged: bool, checkpoints: list[int] | None = None
                    ) -> dict:
-    """Vote histograms (private) and R independent Confident-GNMax labellings of the first Q queries (public),
-    with each repeat's data-dependent epsilon (Papernot et al. 2018; NOT DP by itself, marked as such).
+    """Vote histograms (private) and R independent Confident-GNMax labellings of the first Q queries (public).
+    Each repeat's data-dependent epsilon (Papernot et al. 2018) is a non-DP function of the vote histograms:
+    it is written to the private store only, never returned (a task's result is public).
     `checkpoints`: query counts Q_i < Q per repeat whose prefixes are reported too
-    (`dpcore.pate_privacy.labelling_checkpoints`): their answered and labelled counts and data-dependent
-    epsilon over the R prefixes."""
+    (`dpcore.pate_privacy.labelling_checkpoints`): their answered and labelled counts (DP outputs)."""
     from dpcore import gnmax
     from dpcore.flock import vote_classes
     from dpcore.mechanisms import noise_generator
@@ -274,21 +274,20 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
     hist.insert(0, "query_index", np.arange(len(hist)))
     hist_path = write_table(hist, private / "vote_histograms.parquet")
     epsilon_all = epsilon_from_rdp(report.orders, total_rdp, delta)[0]
-    write_json_atomic(private / "data_dependent.json", {"repeats": reports, "epsilon_data_dependent": epsilon_all})
+    write_json_atomic(private / "data_dependent.json", {
+        "note": "PRIVATE: a non-DP function of the vote histograms (Papernot et al. 2018); never published raw",
+        "repeats": reports, "epsilon_data_dependent": epsilon_all,
+        "checkpoints": [{"queries": prefix, "epsilon_data_dependent": epsilon_from_rdp(
+            report.orders, prefix_rdp[prefix], delta)[0]} for prefix in prefixes]})
     labels_path = write_table(pd.concat(rows, ignore_index=True), stage_dir("pate-aggregate", key) /
                               "pate_noisy_labels.parquet")
     answered = [int(frame["answered"].sum()) for frame in rows]
     labelled = [int(frame["labelled"].sum()) for frame in rows]
-    prefix_reports = [{"queries": prefix, "epsilon_data_dependent": epsilon_from_rdp(report.orders, prefix_rdp[prefix],
-                                                                                     delta)[0],
-                       "answered": [int(f["answered"].iloc[:prefix].sum()) for f in rows],
+    prefix_reports = [{"queries": prefix, "answered": [int(f["answered"].iloc[:prefix].sum()) for f in rows],
                        "labelled": [int(f["labelled"].iloc[:prefix].sum()) for f in rows]} for prefix in prefixes]
     get_run_logger().info("PromptPATE: %d queries, answered per repeat %s (of %d)", queries, answered, queries)
     return {"key": key, "labels_path": str(labels_path), "histograms_path": str(hist_path),
-            "answered": answered, "labelled": labelled, "seeded_noise": seeded,
-            "epsilon_data_dependent": epsilon_all,
-            "epsilon_data_dependent_per_repeat": [r["epsilon_data_dependent"] for r in reports],
-            "checkpoints": prefix_reports}
+            "answered": answered, "labelled": labelled, "seeded_noise": seeded, "checkpoints": prefix_reports}
 
 
 @cached_task("pate-student", STUDENT_KEY, PATE_MODULES, tags=["gpu"], task_run_name="pate-student-{repeat}")
@@ -355,14 +354,14 @@ def _refuse_redraw(stage: str, seed: int | None, noise_charged: bool, noise_scop
                          "new run (a new --run-id): it is charged afresh.")
 
 
-RESULT_COLUMNS = ["method", "epsilon", "epsilon_data_dependent", "delta", "accuracy_mean", "accuracy_std",
+RESULT_COLUMNS = ["method", "epsilon", "delta", "accuracy_mean", "accuracy_std",
                   "calibrated_accuracy_mean", "calibrated_accuracy_std", "n", "repeats", "queries", "answered_mean"]
 
 
 @uncached_task("pate-record")
 def record_pate(*, flat_config: dict[str, str], info: dict, results_path: str, parameters: dict) -> dict:
     """MLflow (tasks.record's store and experiment): a parent run for the PromptPATE run and a nested run per
-    result row (epsilon data-independent and data-dependent, answered count, accuracy); a Prefect table
+    result row (the charged epsilon, answered count, accuracy); a Prefect table
     artifact. Everything logged is public (configuration, DP outputs, aggregates)."""
     from prefect.artifacts import create_table_artifact
 

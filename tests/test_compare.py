@@ -66,7 +66,7 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     assert {"tang", "pate", "dpsgd", "zero-shot"} <= methods
     rows = {row["method"]: row for row in summary["results"]}
     assert rows["tang"]["epsilon"] == 4.0 and rows["dpsgd"]["epsilon"] == 4.0
-    assert rows["pate"]["epsilon"] > 0 and rows["pate"]["epsilon_reported"] is not None
+    assert rows["pate"]["epsilon"] > 0 and "epsilon_reported" not in rows["pate"]
     assert all(rows[m]["n"] == 6 for m in ("tang", "pate", "dpsgd", "zero-shot"))  # the same test items
     assert all(rows[m]["wall_seconds"] > 0 for m in ("tang", "pate", "dpsgd"))
     run_dir = Path(summary["run_dir"])

@@ -39,9 +39,11 @@ def test_pate_cli_json_contract_and_private_tables(tiny_lm, capsys):
     out = capsys.readouterr().out
     assert code == 0
     summary = json.loads(out)
-    for key in ("epsilon", "epsilon_data_dependent", "delta", "queries", "answered", "accuracy", "student_prompt",
+    for key in ("epsilon", "delta", "queries", "answered", "accuracy", "student_prompt",
                 "teachers", "shots", "threshold", "sigma1", "sigma2", "vote_mode", "repeats", "public", "baselines"):
         assert key in summary
+    # the data-dependent epsilon is a non-DP statistic of the votes: private store only, nowhere public
+    assert "data_dependent" not in out and "data-dependent" not in out
     assert summary["teachers"] == 6 and summary["threshold"] == 5 and summary["queries"] == 12
     assert set(summary["accuracy"]) >= {"mean", "std"} and len(summary["answered"]) == 2
     assert summary["epsilon"] > summary["epsilon_per_repeat"] > 0 and summary["seeded_noise"] is True
@@ -57,6 +59,8 @@ def test_pate_cli_json_contract_and_private_tables(tiny_lm, capsys):
     assert not {"teacher_assignments.parquet", "vote_histograms.parquet"} & {p.name for p in public.iterdir()}
     results = pd.read_parquet(public / "pate_results.parquet")
     assert results["method"].tolist() == ["pate", "zero-shot", "ensemble", "upper-bound"]
+    assert not [c for c in results.columns if "dependent" in c]
+    assert json.loads((private / "pate_data_dependent.json").read_text())["epsilon_data_dependent"] > 0
     # the students' test predictions are labelled as PromptPATE's, not as DP few-shot generation's demos
     assert set(pd.read_parquet(private / "pate_predictions.parquet")["method"]) == {"pate", "zero-shot"}
     # the student prompt is made of public queries with their noisy labels

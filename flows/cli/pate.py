@@ -61,7 +61,7 @@ def format_summary(summary: dict) -> str:
         f"repeat(s), {accuracy['n']} test items",
         *[f"baseline {name}: accuracy {_fmt(value)}" for name, value in summary["baselines"].items()],
         f"epsilon {_fmt(summary['epsilon'], '.4g')} (charged, data-independent, all repeats) at delta "
-        f"{summary['delta']:.3g}; data-dependent {_fmt(summary['epsilon_data_dependent'], '.4g')} (not itself DP)",
+        f"{summary['delta']:.3g}",
         "student prompt: " + " | ".join(f"{d['text']!r} -> {d['label']}" for d in summary["student_prompt"]),
         f"noise: {'FIXED SEED (experiment, never releasable)' if summary['seeded_noise'] else 'cryptographically seeded'}",
         f"run id: {summary['run_id']}    artifact folder: {summary['run_dir']}",

@@ -117,7 +117,7 @@ def format_results(summary: dict) -> str:
     compared = len(summary.get("methods", ["tang"])) > 1 or summary.get("methods", ["tang"]) != ["tang"]
     header = f"{'method':<17} {'epsilon':>7} {'sigma':>7} {'accuracy':>15} {'calibrated':>15} {'MIA AUC':>8}"
     if compared:
-        header += f" {'reported eps':>12} {'wall s':>7}"
+        header += f" {'wall s':>7}"
     lines = [header, "-" * len(header)]
     for row in summary["results"]:
         eps = row["epsilon"]
@@ -128,7 +128,7 @@ def format_results(summary: dict) -> str:
             f"{_fmt(row.get('mia_auc')):>8}"
         )
         if compared:
-            line += f" {_fmt(row.get('epsilon_reported'), '.4g'):>12} {_fmt(row.get('wall_seconds'), '.0f'):>7}"
+            line += f" {_fmt(row.get('wall_seconds'), '.0f'):>7}"
         lines.append(line)
     verdict = summary["audit"]
     ledger_line = format_ledger(summary.get("ledger_after"))
@@ -150,8 +150,6 @@ def format_results(summary: dict) -> str:
     over = f"{seeds} seed(s)" if seeds else "seeds, repeats or trainings"
     lines += [
         f"(accuracy: mean +/- std over {over}, {n} test items; delta = {summary['delta']:.3g})",
-        *(["(reported eps: PromptPATE's data-dependent bound, not itself DP; the ledger charged eps)"]
-          if compared and "pate" in summary.get("methods", []) else []),
         audit_line,
         *([ledger_line] if ledger_line else []),
         *([summary["delta_note"]] if summary.get("delta_note") else []),
