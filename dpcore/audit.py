@@ -73,6 +73,18 @@ EPSILON_LB_METHOD = "holdout"  # threshold chosen on even trials, bounded on odd
 # =========================================================================== result
 
 
+# The audit's public face (`AuditResult.public_summary`): design and verdict, no statistic of the records.
+PUBLIC_AUDIT_FIELDS = ("setting", "epsilon", "noise_multiplier", "delta", "trials", "demo_sets", "members_per_trial",
+                       "non_members_per_trial", "confidence", "passed", "reasons")
+
+
+def verdict_word(passed: bool, reasons) -> str:
+    """passed | inconclusive | failed: an audit that cannot tell is not a failure of the prompt."""
+    if passed:
+        return "passed"
+    return "inconclusive" if reasons and all(str(r).startswith("audit inconclusive") for r in reasons) else "failed"
+
+
 @dataclass(frozen=True)
 class AuditResult:
     """One audit: metrics, verdict and the per-record scores (`mia_scores`: ids and scores, no text).
@@ -123,8 +135,26 @@ class AuditResult:
         out["attacks"] = [a.summary() for a in self.attacks]
         return out
 
+    def public_summary(self) -> dict:
+        """What of the audit may leave the private store: the design (setting, epsilon, sizes, confidence)
+        and the gate's verdict with its figure-free reasons. The AUCs, intervals, TPRs, epsilon lower
+        bounds, overlap lengths, the strongest attack's name and the audit's timing are non-DP statistics
+        of the private records: an operator's diagnostic, kept in the private audit table."""
+        out = {name: getattr(self, name) for name in PUBLIC_AUDIT_FIELDS if name != "reasons"}
+        out["reasons"] = list(self.reasons)
+        out["verdict"] = verdict_word(self.passed, self.reasons)
+        return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in out.items()}
+
+    def public_frame(self) -> pd.DataFrame:
+        """The one-row public `audit` table: `public_summary` with `reasons` one per line (what the release
+        gate reads)."""
+        row = {name: getattr(self, name) for name in PUBLIC_AUDIT_FIELDS}
+        row.update(reasons="\n".join(self.reasons), verdict=verdict_word(self.passed, self.reasons),
+                   noise_multiplier=math.nan if self.noise_multiplier is None else self.noise_multiplier)
+        return pd.DataFrame([row])
+
     def audit_frame(self) -> pd.DataFrame:
-        """The one-row `audit` table; `reasons` one per line (what dpcore.release reads); each attack's
+        """The one-row PRIVATE `audit` table (the operator's diagnostic); `reasons` one per line (what dpcore.release reads); each attack's
         AUC, interval, TPR at 1% FPR and epsilon bound as `<figure>_<attack>` columns."""
         row = self.summary()
         low, high = row.pop("auc_ci")

@@ -4,7 +4,9 @@ An audit passes when every attack's mean AUC stays within 0.5 +/- tolerance with
 interval narrow enough to tell (family-wise over the attacks, `dpcore.audit_statistics`),
 no demonstration copies `overlap_threshold` consecutive tokens of a private record
 (`dpcore.overlap`), and the two accountants agreed (`dpcore.composition`'s cross-check).
-The reasons name figures and counts only, never a record's text.
+The reasons name no figure: the AUCs, intervals, TPRs, overlap lengths and even which attack was
+strongest are non-DP statistics of the private records, so they stay in the private audit table (an
+operator's diagnostic). What reaches the public side is the verdict and these figure-free reasons.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpcore.audit_statistics import AttackMetrics, strongest_attack
+from dpcore.audit_statistics import AttackMetrics
 from dpcore.config import AuditConfig
 
 
@@ -29,11 +31,6 @@ class GateThresholds:
         return cls(auc_tolerance=config.auc_tolerance, overlap_threshold=config.overlap_threshold)
 
 
-def _ci_text(ci) -> str:
-    low, high = ci
-    return "undefined" if math.isnan(low) else f"[{low:.3f}, {high:.3f}]"
-
-
 def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[str, ...]]:
     """Pass/fail of an audit and every failing reason (one line each; empty when it passes).
 
@@ -42,10 +39,9 @@ def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[
     `attacks` (AttackMetrics, one per attack) when several attacks ran, otherwise its own
     auc/auc_ci is the one attack. Conditions, over EVERY attack (the worst case):
     1. each attack's averaged AUC lies within 0.5 +/- auc_tolerance (two-sided: a score that
-       ranks members LOWER is a distinguisher too); the reason names the strongest attack
-       (largest |AUC - 0.5|) with its CI, and the others outside the band;
-    2. each attack's CI (`auc_mean_ci`, at the family-wise level) is no wider than the band
-       (hi - lo <= 2 tolerance); otherwise the audit is too small to tell (inconclusive).
+       ranks members LOWER is a distinguisher too);
+    2. each attack's CI (`auc_mean_ci`, at the family-wise level) lies inside the band
+       [0.5 - tolerance, 0.5 + tolerance]; otherwise the audit cannot tell (inconclusive).
        Under no leakage each AUC estimate then leaves the band with probability <= (1 -
        confidence) / attacks (about), so the gate's false-alarm rate stays <= 1 - confidence;
     3. no demo shares `overlap_threshold` or more consecutive tokens with a private record;
@@ -61,24 +57,23 @@ def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[
     level = f"{100 * result.confidence:g}%" + (f" simultaneous over {len(attacks)} attacks" if len(attacks) > 1 else "")
     outside = [a for a in attacks if not abs(a.auc - 0.5) <= tol]
     if outside:
-        worst = strongest_attack(outside)
-        others = [a for a in outside if a is not worst]
-        reasons.append(f"membership-inference AUC {worst.auc:.3f} ({level} CI {_ci_text(worst.auc_ci)}) of the "
-                       f"{worst.attack} attack is outside 0.5 +/- {tol:g}"
-                       + (f" (also outside: {', '.join(f'{a.attack} {a.auc:.3f}' for a in others)})" if others else ""))
+        reasons.append(f"membership inference: an attack's AUC is outside 0.5 +/- {tol:g} (the figures are in "
+                       "the private audit table)")
     wide = [a for a in attacks if math.isnan(a.auc_ci[0]) or a.auc_ci[1] - a.auc_ci[0] > 2 * tol]
-    if wide:
-        widest = max(wide, key=lambda a: math.inf if math.isnan(a.auc_ci[0]) else a.auc_ci[1] - a.auc_ci[0])
-        recurring = widest.independent_trials is not None and widest.independent_trials < len(widest.trial_aucs)
-        remedy = (f"its {len(widest.trial_aucs)} trials re-score the same records (only "
-                  f"{widest.independent_trials} independent trial(s)): the prompt's mechanism read too few records "
-                  "to audit with this many members per trial" if recurring else "run more trials or demo sets")
-        reasons.append(f"audit inconclusive: the {level} CI of the AUC {_ci_text(widest.auc_ci)} ({widest.attack} "
-                       f"attack) is wider than the band 0.5 +/- {tol:g}; {remedy}")
+    # Two-sided: the interval itself must lie inside the band, not only the mean (an interval that
+    # straddles the band's edge cannot tell a leak from chance).
+    straddling = [a for a in attacks if a not in wide and abs(a.auc - 0.5) <= tol
+                  and not (0.5 - tol <= a.auc_ci[0] and a.auc_ci[1] <= 0.5 + tol)]
+    if wide or straddling:
+        recurring = any(a.independent_trials is not None and a.independent_trials < len(a.trial_aucs)
+                        for a in wide + straddling)
+        remedy = ("its trials re-score the same records: the prompt's mechanism read too few records to audit "
+                  "with this many members per trial" if recurring else "run more trials or demo sets")
+        reasons.append(f"audit inconclusive: the {level} interval of the AUC does not lie inside the band "
+                       f"0.5 +/- {tol:g}; {remedy}")
     if result.max_overlap_tokens >= thresholds.overlap_threshold:
-        reasons.append(f"verbatim overlap: a demonstration shares {result.max_overlap_tokens} consecutive tokens "
-                       f"with a private record ({result.overlapping_records} record(s) at >= "
-                       f"{thresholds.overlap_threshold} tokens)")
+        reasons.append(f"verbatim overlap: a demonstration shares {thresholds.overlap_threshold} or more "
+                       "consecutive tokens with a private record")
     if thresholds.require_crosscheck:
         if result.crosscheck_agreed is None:
             reasons.append("no privacy accountant: the prompt is not differentially private (real records)")

@@ -274,14 +274,15 @@ PATE_PLAN_FILE = "pate_plan.json"  # public: the PromptPATE run's plan, ledger i
 AUDIT_FILES = {"pate": "audit_pate.parquet", "dpsgd": "audit_dpsgd.parquet"}  # public, one row per artifact
 TEACHER_AUDIT_FILE = "audit_pate_teacher.parquet"  # public: the non-private single-teacher contrast
 ARTIFACT_ASSUMPTIONS = {
-    "pate": ("the public queries are public data (the run refused any that occur in the private or test split)",
+    "pate": ("the public queries are public data: a shipped source's public split, a shipped out-of-distribution "
+             "set, or a file the user declared public (never compared with the private records)",
              "the epsilon is the data-independent bound the ledger charged (threshold test and GNMax on every "
-             "query of every repeat); the data-dependent bound is reported by the run, not released",
+             "query of every repeat); the data-dependent bound is a non-DP statistic kept in the private store",
              ASSUMPTIONS[1]),
     "dpsgd": ("the trained prompt means something only on the model whose weight sha256 the manifest names; "
               "`dpicl predict` refuses any other model",
-              "add/remove neighbours over the DP-SGD training records; the held-out validation records gave the "
-              "public loss curve only (not covered by the guarantee)",
+              "add/remove neighbours over the DP-SGD training records (every private record); the loss curve "
+              "was computed on public examples only",
               ASSUMPTIONS[1]),
 }
 

@@ -30,7 +30,7 @@ def epsilon_text(epsilon: float) -> str:
 
 
 def results_table(metrics: pd.DataFrame, calibration: pd.DataFrame, audit: pd.DataFrame | None) -> pd.DataFrame:
-    """One row per (method, epsilon): accuracy mean/std (raw and calibrated), sigma, and the audit's AUC."""
+    """One row per (method, epsilon): accuracy mean/std (raw and calibrated), sigma, and the audit's verdict."""
     summary = summarise_metrics(metrics)
     sigma = {float(r.epsilon): r for r in calibration.itertuples(index=False)}
     rows = []
@@ -56,7 +56,8 @@ def results_table(metrics: pd.DataFrame, calibration: pd.DataFrame, audit: pd.Da
 
 
 def audit_metrics(audit: pd.DataFrame | None, method: str, epsilon: float) -> dict:
-    """MIA AUC and TPR at low FPR of the audit row matching (method, epsilon), if any."""
+    """The public audit verdict (passed | inconclusive | failed) of the row matching (method, epsilon), if
+    any: the audit's figures are statistics of private records and stay in the private audit table."""
     if audit is None or not len(audit) or "epsilon" not in audit.columns:
         return {}
     rows = audit[audit["epsilon"].astype(float) == float(epsilon)]
@@ -67,14 +68,10 @@ def audit_metrics(audit: pd.DataFrame | None, method: str, epsilon: float) -> di
     if not len(rows):
         return {}
     row = rows.iloc[0]
-    out = {}
-    for source, target in (("auc", "mia_auc"), ("tpr_at_1pct_fpr", "tpr_at_1pct_fpr"),
-                           ("tpr_at_01pct_fpr", "tpr_at_0.1pct_fpr"), ("tpr_at_0_1pct_fpr", "tpr_at_0.1pct_fpr"),
-                           ("epsilon_lower_bound", "empirical_epsilon_lower_bound"),
-                           ("max_overlap_tokens", "max_overlap_tokens")):
-        if source in row.index and finite_or_none(row[source]) is not None:
-            out[target] = float(row[source])
-    return out
+    verdict = row.get("verdict")
+    if verdict is None or (isinstance(verdict, float) and math.isnan(verdict)):
+        verdict = "passed" if bool(row.get("passed")) else "failed"
+    return {"audit": str(verdict)}
 
 
 def audit_verdict(audit: pd.DataFrame | None) -> dict:
@@ -124,12 +121,12 @@ def summary_markdown(info: dict, table: pd.DataFrame, calibration: pd.DataFrame,
             f"| {'agreed' if r.crosscheck_agreed else 'DISAGREED'} |"
         )
     lines += ["", "## Accuracy (mean +/- std over seeds)", "",
-              "| method | epsilon | accuracy | calibrated accuracy | MIA AUC |", "|---|---|---|---|---|"]
+              "| method | epsilon | accuracy | calibrated accuracy | audit |", "|---|---|---|---|---|"]
     for r in table.to_dict(orient="records"):
         lines.append(
             f"| {r['method']} | {epsilon_text(r['epsilon'])} | {_fmt(r['accuracy_mean'])} +/- {_fmt(r['accuracy_std'])} "
             f"| {_fmt(r['calibrated_accuracy_mean'])} +/- {_fmt(r['calibrated_accuracy_std'])} "
-            f"| {_fmt(r.get('mia_auc'))} |"
+            f"| {r.get('audit') or '-'} |"
         )
     lines += ["", "## Audit", ""]
     if not verdict["ran"]:
@@ -154,7 +151,7 @@ def jsonable_rows(table: pd.DataFrame) -> list[dict]:
 
 
 COMPARISON_COLUMNS = ["method", "epsilon", "delta", "noise_multiplier", "accuracy_mean",
-                      "accuracy_std", "calibrated_accuracy_mean", "calibrated_accuracy_std", "n", "mia_auc",
+                      "accuracy_std", "calibrated_accuracy_mean", "calibrated_accuracy_std", "n", "audit",
                       "wall_seconds"]
 # The name of each private-prompting method's own rows in the comparison (DP few-shot generation's DP
 # demonstrations are `dp` in its results table); every other row is a reference (zero-shot, the
@@ -162,14 +159,14 @@ COMPARISON_COLUMNS = ["method", "epsilon", "delta", "noise_multiplier", "accurac
 _METHOD_OF_ROW = {"dp": "tang", "pate": "pate", "dpsgd": "dpsgd"}
 
 
-def with_audit_auc(rows: list[dict], audits: list[dict]) -> list[dict]:
-    """`rows` of one method's results with `mia_auc` set on the row each audit ({method, epsilon, auc}) names
-    (same method, epsilon within 1e-9 relative): the strongest attack's AUC on that artifact."""
+def with_audit_verdict(rows: list[dict], audits: list[dict]) -> list[dict]:
+    """`rows` of one method's results with `audit` set on the row each audit ({method, epsilon, verdict})
+    names (same method, epsilon within 1e-9 relative)."""
     out = []
     for row in rows:
-        found = [a["auc"] for a in audits if a["method"] == row.get("method") and row.get("epsilon") is not None
+        found = [a["verdict"] for a in audits if a["method"] == row.get("method") and row.get("epsilon") is not None
                  and math.isclose(float(a["epsilon"]), float(row["epsilon"]), rel_tol=1e-9)]
-        out.append({**row, "mia_auc": found[-1]} if found else dict(row))
+        out.append({**row, "audit": found[-1]} if found else dict(row))
     return out
 
 
@@ -197,7 +194,7 @@ def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: l
                 **{k: finite_or_none(row.get(k)) for k in ("accuracy_mean", "accuracy_std",
                                                            "calibrated_accuracy_mean", "calibrated_accuracy_std")},
                 "n": int(row["n"]) if row.get("n") is not None else None,
-                "mia_auc": finite_or_none(row.get("mia_auc")),
+                "audit": row.get("audit"),
                 "wall_seconds": round(float(wall_seconds[source]), 1) if method == source and source in wall_seconds
                 else None,
             })
@@ -207,13 +204,13 @@ def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: l
 def comparison_markdown(run_id: str, table: pd.DataFrame, cost: dict | None = None) -> str:
     """The comparison table as markdown (the Prefect artifact of a multi-method run)."""
     lines = [f"# Private prompts compared, run `{run_id}`", "",
-             "| method | epsilon | accuracy | calibrated | MIA AUC | wall s |",
+             "| method | epsilon | accuracy | calibrated | audit | wall s |",
              "|---|---|---|---|---|---|"]
     for r in table.to_dict(orient="records"):
         lines.append(f"| {r['method']} | {epsilon_text(r['epsilon'])} | "
                      f"{_fmt(r['accuracy_mean'])} +/- {_fmt(r['accuracy_std'])} | "
                      f"{_fmt(r['calibrated_accuracy_mean'])} +/- {_fmt(r['calibrated_accuracy_std'])} | "
-                     f"{_fmt(r['mia_auc'])} | {_fmt(r['wall_seconds'], '.0f')} |")
+                     f"{r['audit'] or '-'} | {_fmt(r['wall_seconds'], '.0f')} |")
     if cost:
         lines += ["", f"Planned cost of every method, composed as the ledger composes it: epsilon "
                       f"{_fmt(cost.get('epsilon'), '.4g')} at delta {_fmt(cost.get('delta'), '.3g')}."]

@@ -238,7 +238,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
                     first.get("mlflow_experiment_id"), "tracking_uri": tracking.tracking_uri(), "results": []}
         audit = {"ran": False}
     # the membership audit of the other methods' artifacts (PromptPATE's student, PromptDPSGD's prompts):
-    # nothing generated, nothing charged; their AUC joins the comparison beside the DP demos' audit
+    # nothing generated, nothing charged; their verdict joins the comparison beside the DP demos' audit
     method_audits = (_audit_method_artifacts(config, run_id, others)
                      if config.audit and config.audit_methods and others else [])
     comparison = record_stage.record_comparison(
@@ -278,7 +278,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
 
 def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> list[dict]:
     """The release audit (`tasks.release.audit_artifact`) of PromptPATE's chosen student and of PromptDPSGD's
-    first training at each epsilon: [{method, epsilon, auc, passed}] (public summaries)."""
+    first training at each epsilon: [{method, epsilon, verdict, passed}] (public summaries)."""
     from tasks import release as release_stage
 
     targets = []
@@ -297,8 +297,8 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
             get_run_logger().warning("no membership audit of the %s artifact at epsilon %s: %s", method, epsilon,
                                      error)
             continue
-        audits.append({"method": method, "epsilon": epsilon, "auc": audited["audit"]["auc"],
-                       "attack": audited["audit"].get("attack"), "passed": audited["audit"].get("passed")})
+        audits.append({"method": method, "epsilon": epsilon, "verdict": audited["audit"]["verdict"],
+                       "passed": audited["audit"].get("passed")})
     return audits
 
 
@@ -345,15 +345,15 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
         audit_summary, audit_reference = None, None
         if audit_futures:
             audit_result = audit_futures[0].result()
-            # Per-record membership scores stay private; the public side gets the aggregates and the
-            # ROC of the DP audits (the one drawn with the non-private reference stays private).
+            # Every figure of the audit (scores, AUCs, intervals, ROC) is a statistic of private records:
+            # the private folder keeps them (the operator's diagnostic); the public side gets the verdict.
             publish(audit_result["mia_scores_path"], paths.private, "mia_scores.parquet")
+            publish(audit_result["private_audit_path"], paths.private, "audit.parquet")
             publish(audit_result["audit_path"], paths.public, "audit.parquet")
             if audit_result.get("roc_path"):
-                publish(audit_result["roc_path"], paths.public, "roc.png")
-            if audit_result.get("reference_roc_path"):
-                publish(audit_result["reference_roc_path"], paths.private, "roc_reference.png")
+                publish(audit_result["roc_path"], paths.private, "roc.png")
             if audit_result.get("reference_path"):
+                publish(audit_result["private_reference_path"], paths.private, "audit_reference.parquet")
                 publish(audit_result["reference_path"], paths.public, "audit_reference.parquet")
             audit_summary = audit_result.get("summary")
             audit_reference = audit_result.get("reference")

@@ -42,12 +42,15 @@ from tasks.common import language_model
 from tasks.ingest import load_data
 
 Say = Callable[[str], None]
-# The `--json` keys of `dpicl audit` taken from the audit's summary (README "dpicl audit").
-AUDIT_KEYS = ("setting", "dataset", "model", "epsilon", "noise_multiplier", "delta", "attack", "auc", "auc_ci",
-              "auc_ci_method", "attacks", "pooled_auc", "tpr_at_1pct_fpr", "tpr_at_01pct_fpr", "epsilon_lower_bound",
-              "epsilon_lower_bound_method", "confidence", "max_overlap_tokens", "overlapping_records",
-              "overlap_threshold", "crosscheck_agreed", "trials", "demo_sets", "members_per_trial",
-              "non_members_per_trial", "passed", "reasons", "seconds")
+# The `--json` keys of `dpicl audit` (docs/json.md): the design and the verdict. The figures (AUCs,
+# intervals, TPRs, epsilon lower bounds, overlap, the strongest attack) are statistics of private
+# records: they go to the private folder's `audit.json` (the operator's diagnostic), never to --json.
+AUDIT_KEYS = ("setting", "dataset", "model", "epsilon", "noise_multiplier", "delta", "confidence", "crosscheck_agreed",
+              "trials", "demo_sets", "members_per_trial", "non_members_per_trial", "passed", "reasons")
+PRIVATE_AUDIT_KEYS = AUDIT_KEYS + ("attack", "auc", "auc_ci", "auc_ci_method", "attacks", "pooled_auc",
+                                   "tpr_at_1pct_fpr", "tpr_at_01pct_fpr", "epsilon_lower_bound",
+                                   "epsilon_lower_bound_method", "max_overlap_tokens", "overlapping_records",
+                                   "overlap_threshold", "seconds")
 
 
 # --------------------------------------------------------------------------- folders
@@ -245,15 +248,20 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
         if reference:
             ref = reference_audit(lm, spec, train, audit_config, seed=seed + 1, sample_seed=seed, delta=delta,
                                   thresholds=thresholds, what="audit: non-private reference trials")
-    # Per-record scores (record ids, membership bits) and any ROC drawn from a non-private audit stay
-    # private; the public folder keeps aggregates and the ROC of DP audits only.
+    # Every figure of the audit stays private (the operator's diagnostic); the public folder and --json
+    # keep the design and the verdict.
     write_audit([result], ref, out, private_out, f"{spec.name}: membership inference ROC")
     summary = {key: result.summary()[key] for key in AUDIT_KEYS}
-    summary.update(run_id=run_id, out=str(out), content_hash=data.content_hash,
-                   wall_seconds=time.perf_counter() - began, privacy=privacy, ledger_entries=len(entries),
+    summary.update(verdict=result.public_summary()["verdict"], run_id=run_id, out=str(out),
+                   private_out=str(private_out), content_hash=data.content_hash,
+                   wall_seconds=round(time.perf_counter() - began), privacy=privacy, ledger_entries=len(entries),
                    seeded_noise=config.seed is not None)
+    diagnostic = {key: result.summary()[key] for key in PRIVATE_AUDIT_KEYS}
     if ref is not None:
-        summary["reference"] = {key: ref.summary()[key] for key in AUDIT_KEYS}
+        summary["reference"] = {**{key: ref.summary()[key] for key in AUDIT_KEYS},
+                                "verdict": ref.public_summary()["verdict"]}
+        diagnostic["reference"] = {key: ref.summary()[key] for key in PRIVATE_AUDIT_KEYS}
+    write_json_atomic(private_out / "audit.json", jsonable(diagnostic))
     write_json_atomic(out / "audit.json", jsonable(summary))
     write_manifest(out, {"run_id": run_id, "kind": "audit"})
     return result, ref, summary

@@ -22,8 +22,10 @@ measured against a 2,000-record sample: its demos are real records by constructi
 The run's own DP demonstrations are also checked for verbatim overlap with the private
 records of their label; an overlap at or above the threshold fails that epsilon's gate.
 
-Outputs: public aggregates `audit`, `audit_reference` and `roc.png` (DP audits only); private
-(record ids and per-record scores) `mia_scores` and `roc_reference.png` (with the non-private curve).
+Outputs: public `audit` and `audit_reference` with the design and the gate's verdict only; private
+(the operator's diagnostic) the per-record scores `mia_scores`, the full `audit` tables (AUCs, intervals,
+TPRs, epsilon lower bounds, overlap) and the ROC plots: every figure of an audit is a non-DP statistic
+of private records.
 The audit's DP generations read private records: they are charged to the privacy ledger before
 each generation, through dp_audit's `charge` hook, from the audit's own plan (`audit_plan`:
 `dpcore.fewshot_plan` on the members' label counts, purpose "audit").
@@ -40,6 +42,7 @@ from pathlib import Path
 import pandas as pd
 
 from dpcore.artifacts import read_table, write_table
+from dpcore.audit import verdict_word
 from dpcore.config import AuditConfig, GenerationConfig, RunConfig
 from dpcore.errors import ConfigError
 from dpcore.fewshot_plan import Calibration, FewShotPlan, fewshot_plan
@@ -120,23 +123,24 @@ def reference_audit(lm, spec, train: pd.DataFrame, audit_config: AuditConfig, *,
 
 def write_audit(results: list, reference, public: Path, private: Path, title: str,
                 private_roc: str = "roc.png") -> dict:
-    """The audit's tables: per-record scores (record ids, membership bits, scores: a function of private
-    records) to the private folder; `audit` (and `audit_reference`) aggregates and the ROC of the DP audits
-    at a finite epsilon to the public one; a ROC drawn with any other audit goes to the private folder."""
+    """The audit's tables. Private (an operator's diagnostic: statistics of private records): per-record
+    scores, the full `audit` / `audit_reference` tables (AUCs, intervals, TPRs, overlap) and every ROC
+    plot. Public: `audit` (and `audit_reference`) with the design and the gate's verdict only."""
     from dpcore.plots import roc_plot
 
     audits = results + ([reference] if reference is not None else [])
     scores = pd.concat([r.mia_scores for r in audits], ignore_index=True)
-    table = (pd.concat([r.audit_frame() for r in results], ignore_index=True) if results
-             else pd.DataFrame(columns=["setting", "epsilon", "passed"]))
-    dp = [r for r in audits if r.setting != "non-private" and math.isfinite(r.epsilon)]
+    empty = pd.DataFrame(columns=["setting", "epsilon", "passed", "reasons"])
+    table = pd.concat([r.audit_frame() for r in results], ignore_index=True) if results else empty
+    verdicts = pd.concat([r.public_frame() for r in results], ignore_index=True) if results else empty
     paths = {"mia_scores_path": str(write_table(scores, private / "mia_scores.parquet")),
-             "audit_path": str(write_table(table, public / "audit.parquet")),
-             "roc_path": str(roc_plot(dp, public / "roc.png", title=title)) if dp else None}
-    if len(dp) < len(audits):
-        paths["reference_roc_path"] = str(roc_plot(audits, private / private_roc, title=title))
+             "private_audit_path": str(write_table(table, private / "audit.parquet")),
+             "audit_path": str(write_table(verdicts, public / "audit.parquet")),
+             "roc_path": str(roc_plot(audits, private / private_roc, title=title)) if audits else None}
     if reference is not None:
-        paths["reference_path"] = str(write_table(reference.audit_frame(), public / "audit_reference.parquet"))
+        paths["private_reference_path"] = str(write_table(reference.audit_frame(),
+                                                          private / "audit_reference.parquet"))
+        paths["reference_path"] = str(write_table(reference.public_frame(), public / "audit_reference.parquet"))
     return paths
 
 
@@ -231,8 +235,8 @@ def audit(
         reference = reference_audit(lm, spec, train, audit_config, seed=derive_seed(split_seed, "reference"),
                                     sample_seed=split_seed, delta=delta, thresholds=thresholds,
                                     what="audit non-private reference trials")
-        logger.info("non-private reference audit (real 1-shot demos): AUC %.3f (%s attack; %s)", reference.auc,
-                    reference.attack, ", ".join(f"{a.attack} {a.auc:.3f}" for a in reference.attacks))
+        logger.info("non-private reference audit (real 1-shot demos): %s",
+                    verdict_word(reference.passed, reference.reasons))
 
     paths = write_audit(results, reference, stage_dir("audit", key), stage_dir("audit", key, private=True),
                         f"{spec.name}: membership inference ROC", private_roc="roc_reference.png")
@@ -243,15 +247,9 @@ def audit(
 
 
 def _log_result(logger, eps: float, result) -> None:
-    logger.info("audit at epsilon %g: AUC %.3f (CI %.3f-%.3f, %s attack; %s), TPR@1%%FPR %.3f, max overlap %d "
-                "tokens: %s", eps, result.auc, result.auc_ci[0], result.auc_ci[1], result.attack,
-                ", ".join(f"{a.attack} {a.auc:.3f}" for a in result.attacks), result.tpr_at_1pct_fpr,
-                result.max_overlap_tokens, "passed" if result.passed else "FAILED")
+    """The verdict only: the audit's figures are statistics of private records (private audit table)."""
+    logger.info("audit at epsilon %g: %s", eps, verdict_word(result.passed, result.reasons))
 
 
 def public_summary(result) -> dict:
-    summary = result.summary()
-    return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in summary.items()
-            if k in ("setting", "epsilon", "noise_multiplier", "attack", "attacks", "auc", "auc_ci", "tpr_at_1pct_fpr",
-                     "tpr_at_01pct_fpr", "epsilon_lower_bound", "max_overlap_tokens", "passed", "reasons",
-                     "trials", "demo_sets")}
+    return result.public_summary()

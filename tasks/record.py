@@ -25,7 +25,7 @@ from dpcore.summary import (
     jsonable_rows,
     results_table,
     summary_markdown,
-    with_audit_auc,
+    with_audit_verdict,
 )
 from tasks import tracking
 from tasks.common import code_version, uncached_task
@@ -94,7 +94,7 @@ def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: lis
     """The methods of one run side by side (`dpcore.summary.comparison_table`): `comparison.parquet` and
     `comparison.png` in the public run folder, a Prefect markdown artifact and an MLflow parent run with a
     nested run per (method, epsilon). `method_audits`: the membership audits of PromptPATE's student and
-    PromptDPSGD's prompts ({method, epsilon, auc}), shown in their rows. Public rows only."""
+    PromptDPSGD's prompts ({method, epsilon, verdict}), shown in their rows. Public rows only."""
     from prefect.artifacts import create_markdown_artifact
 
     from dpcore import plots
@@ -103,7 +103,7 @@ def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: lis
     if is_private_path(folder):
         raise PermissionError("record: the public run folder may not lie in the private store")
     pate_rows = read_table(Path(pate_results_path)).to_dict(orient="records") if pate_results_path else []
-    pate_rows, dpsgd_rows = (with_audit_auc(rows, method_audits or []) for rows in (pate_rows, dpsgd_rows))
+    pate_rows, dpsgd_rows = (with_audit_verdict(rows, method_audits or []) for rows in (pate_rows, dpsgd_rows))
     table = comparison_table(tang_rows, pate_rows, dpsgd_rows, wall_seconds, delta=cost.get("delta"))
     write_table(table, folder / "comparison.parquet")
     plots.comparison_curve(table, folder / "comparison.png", title=f"{dataset}: private prompts compared",

@@ -133,8 +133,7 @@ def register(run_id: str, epsilon: float, alias: str = DEFAULT_ALIAS) -> dict:
             "delta": calibration_row.get("delta"), "run_id": run_id}
 
 
-AUDIT_SUMMARY_KEYS = ("auc", "auc_ci_low", "auc_ci_high", "tpr_at_1pct_fpr", "epsilon_lower_bound",
-                      "max_overlap_tokens", "passed")
+AUDIT_SUMMARY_KEYS = ("verdict", "passed", "trials", "members_per_trial", "non_members_per_trial", "confidence")
 
 
 def _audit_summary(row: dict) -> dict:
@@ -331,13 +330,13 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
         epsilon=artifact.epsilon, noise_multiplier=None if noise is None else float(noise), delta=artifact.delta,
         crosscheck_agreed=gate.plan_crosscheck(artifact.spends, artifact.delta), past=past, thresholds=thresholds,
         progress=lambda done, total: report_progress(f"audit {artifact.name}", done, total))
-    logger.info("audit of %s %s: AUC %.3f (%s attack), %s", method, artifact.name, result.auc, result.attack,
-                "passed" if result.passed else "FAILED")
-    results = [result]
     out = {"artifact": artifact.name, "reused": False, "audit": public_summary(result)}
-    frame = result.audit_frame().assign(artifact=artifact.name, method=method, audit_config=key,
-                                        summary=json.dumps(out["audit"]))
-    _merge_rows(audit_path, frame, artifact.name)
+    logger.info("audit of %s %s: %s", method, artifact.name, out["audit"]["verdict"])
+    results = [result]
+    # the figures (AUCs, intervals, overlap) to the private store; the public table holds the verdict
+    tags = dict(artifact=artifact.name, method=method, audit_config=key, summary=json.dumps(out["audit"]))
+    _merge_rows(private / gate.AUDIT_FILES[method], result.audit_frame().assign(**tags), artifact.name)
+    _merge_rows(audit_path, result.public_frame().assign(**tags), artifact.name)
     if teacher_reference and method == "pate":
         _charge_real_records(artifact)  # real records in prompts: charged before any teacher prompt is built
         reference = mia.teacher_audit(lm, spec, gate.teacher_prompts(train, assignment), held_out, audit_config,
@@ -345,12 +344,12 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
                                       thresholds=thresholds,
                                       progress=lambda done, total: report_progress("audit single teachers", done,
                                                                                    total))
-        logger.info("non-private contrast (single teachers' prompts): AUC %.3f (%s attack)", reference.auc,
-                    reference.attack)
-        results.append(reference)
         out["teacher_reference"] = public_summary(reference)
-        write_table(reference.audit_frame().assign(artifact="teacher", method=method, audit_config=key,
-                                                   summary=json.dumps(out["teacher_reference"])), teacher_path)
+        logger.info("non-private contrast (single teachers' prompts): %s", out["teacher_reference"]["verdict"])
+        results.append(reference)
+        tags = dict(artifact="teacher", method=method, audit_config=key, summary=json.dumps(out["teacher_reference"]))
+        write_table(reference.audit_frame().assign(**tags), private / gate.TEACHER_AUDIT_FILE)
+        write_table(reference.public_frame().assign(**tags), teacher_path)
     scores = [r.mia_scores.assign(artifact=artifact.name if r is result else "teacher") for r in results]
     import pandas as pd
 

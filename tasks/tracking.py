@@ -6,7 +6,7 @@ process and URI (no global MLflow state). `log_run` writes one parent run per pi
 and a nested run per (method, epsilon):
 - params: `RunConfig.flat()` plus sigma (`noise_multiplier`), q (`sampling_rate`), T (`steps`);
 - metrics: epsilon (requested bound) and the accountant's upper bound, delta, accuracy and
-  calibrated accuracy mean/std over seeds, MIA AUC, TPR at 1% / 0.1% FPR;
+  calibrated accuracy mean/std over seeds (the audit's verdict as a tag: its figures are private);
 - tags: data hash, model, code version, seeded-noise flag, dataset, run id, Prefect flow run id;
 - artifacts (parent): the public files of the run folder; a private path or a per-record table
   (`dpcore.artifacts.PRIVATE_TABLES`) is refused.
@@ -117,7 +117,7 @@ def log_run(client, exp: str, info: dict, flat_config: dict[str, str], table: pd
             child = client.create_run(
                 exp, run_name=f"{row['method']}-eps{epsilon_text(eps)}",
                 tags={**base_tags, "mlflow.parentRunId": parent_id, "method": row["method"],
-                      "epsilon": epsilon_text(eps)},
+                      "epsilon": epsilon_text(eps), **({"audit": str(row["audit"])} if row.get("audit") else {})},
             )
             params = dict(flat_config)
             params.update({"method": row["method"], "epsilon": epsilon_text(eps),
@@ -129,8 +129,7 @@ def log_run(client, exp: str, info: dict, flat_config: dict[str, str], table: pd
                 "delta": c["delta"] if c else None,
                 "noise_multiplier": c["noise_multiplier"] if c else None,
                 **{k: row.get(k) for k in ("accuracy_mean", "accuracy_std", "calibrated_accuracy_mean",
-                                            "calibrated_accuracy_std", "mia_auc", "tpr_at_1pct_fpr",
-                                            "tpr_at_0.1pct_fpr", "empirical_epsilon_lower_bound")},
+                                            "calibrated_accuracy_std")},
             }
             log_batch(client, child.info.run_id, params=params, metrics=child_metrics)
             client.set_terminated(child.info.run_id)

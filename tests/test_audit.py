@@ -176,19 +176,26 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir
                            "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--seed", "1",
                            "--dataset-id", "audit-cli-test", "--out", str(out), "--json"])
     summary = json.loads(stdout)
-    for key in ("auc", "tpr_at_1pct_fpr", "epsilon_lower_bound", "max_overlap_tokens", "passed", "reasons"):
+    for key in ("verdict", "passed", "reasons", "trials", "members_per_trial", "confidence"):
         assert key in summary
+    # every figure of the audit is a statistic of private records: never in --json or the public folder
+    for key in ("auc", "auc_ci", "attack", "attacks", "tpr_at_1pct_fpr", "epsilon_lower_bound", "max_overlap_tokens"):
+        assert key not in summary
     assert code == (0 if summary["passed"] else 1)
     assert not summary["passed"] and any("inconclusive" in r for r in summary["reasons"])  # 6 trials are too few
+    assert summary["verdict"] == "inconclusive"
     assert summary["privacy"]["noise_multiplier"] > 0 and summary["privacy"]["epsilon"] <= 4
-    assert {p.name for p in out.iterdir()} >= {"audit.parquet", "roc.png", "audit.json", "manifest.json"}
-    assert not (out / "mia_scores.parquet").exists()  # per-record scores: private store only
+    assert {p.name for p in out.iterdir()} >= {"audit.parquet", "audit.json", "manifest.json"}
+    assert not (out / "mia_scores.parquet").exists() and not (out / "roc.png").exists()  # private store only
     private = _private_folder(out)
     scores, audit = read_table(private / "mia_scores.parquet"), read_table(out / "audit.parquet")
     assert len(scores) == len(ATTACKS) * 2 * 3 * 20 and len(audit) == 1 and not audit["passed"].iloc[0]
-    assert set(scores["attack"]) == set(ATTACKS) and summary["attack"] in ATTACKS
-    assert [a["attack"] for a in summary["attacks"]] == list(ATTACKS)
-    assert {f"auc_{name.replace('-', '_')}" for name in ATTACKS} <= set(audit.columns)
+    assert not {"auc", "auc_ci_low", "tpr_at_1pct_fpr", "max_overlap_tokens", "attack"} & set(audit.columns)
+    diagnostic = json.loads((private / "audit.json").read_text())
+    assert set(scores["attack"]) == set(ATTACKS) and diagnostic["attack"] in ATTACKS
+    assert [a["attack"] for a in diagnostic["attacks"]] == list(ATTACKS)
+    assert {f"auc_{name.replace('-', '_')}" for name in ATTACKS} <= set(read_table(private / "audit.parquet").columns)
+    assert (private / "roc.png").exists()
     texts = records["text"].tolist()
     assert _no_text(scores, texts) and _no_text(audit, texts)
     assert not any(text in (out / "audit.json").read_text() for text in texts)
@@ -263,7 +270,7 @@ def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sa
     assert result.auc > 0.9 and result.auc_ci[0] > 0.55
     assert result.tpr_at_1pct_fpr > 0.5 and result.epsilon_lower_bound > 1.0
     assert not result.passed
-    assert result.reasons[0].startswith("membership-inference AUC") and "outside 0.5 +/- 0.05" in result.reasons[0]
+    assert result.reasons[0].startswith("membership inference:") and "outside 0.5 +/- 0.05" in result.reasons[0]
     assert any(r.startswith("verbatim overlap") for r in result.reasons)
 
 
@@ -307,7 +314,7 @@ def test_non_private_audit_attacks_on_a_toy_lm(tiny_lm, agnews, monkeypatch, lea
         for name in ("text-calibrated", "label-calibrated", "lira-text", "lira-label"):
             assert by_name[name].auc > 0.97 and by_name[name].tpr_at_1pct_fpr > 0.5, name
         assert result.auc > 0.97 and result.attack != "duan"
-        assert any(r.startswith("membership-inference AUC") for r in result.reasons)
+        assert any(r.startswith("membership inference:") for r in result.reasons)
     else:
         for attack in result.attacks:
             assert abs(attack.auc - 0.5) < 0.1, attack.attack

@@ -24,8 +24,10 @@ def test_gate_reasons_one_per_condition():
     passed, reasons = gate(_result(auc=0.81, auc_ci=(0.77, 0.85), max_overlap_tokens=42, overlapping_records=3,
                                    crosscheck_agreed=False))
     assert not passed and len(reasons) == 3
-    assert "AUC 0.810 (95% CI [0.770, 0.850]) of the duan attack is outside 0.5 +/- 0.05" in reasons[0]
-    assert "42 consecutive tokens" in reasons[1] and "3 record(s) at >= 8 tokens" in reasons[1]
+    assert "an attack's AUC is outside 0.5 +/- 0.05" in reasons[0]
+    assert "8 or more consecutive tokens" in reasons[1]
+    # the public reasons hold no figure of the private records: no AUC, no overlap length, no count
+    assert not any(figure in " ".join(reasons) for figure in ("0.81", "0.77", "0.85", "42", "3 record"))
     assert "cross-check disagreed" in reasons[2]
     assert all("\n" not in reason for reason in reasons)
     # a score ranking members LOWER is a distinguisher too
@@ -34,7 +36,11 @@ def test_gate_reasons_one_per_condition():
     passed, reasons = gate(_result(auc=0.52, auc_ci=(0.40, 0.64)))
     assert not passed and reasons[0].startswith("audit inconclusive")
     passed, reasons = gate(_result(auc_ci=(math.nan, math.nan)))
-    assert not passed and "undefined" in reasons[0]
+    assert not passed and reasons[0].startswith("audit inconclusive")
+    # two-sided: the mean inside the band is not enough, the interval must lie inside it too
+    passed, reasons = gate(_result(auc=0.54, auc_ci=(0.496, 0.589)))
+    assert not passed and reasons[0].startswith("audit inconclusive")
+    assert gate(_result(auc=0.53, auc_ci=(0.51, 0.549)))[0]
     # no accountant (real records in the prompt)
     passed, reasons = gate(_result(crosscheck_agreed=None))
     assert not passed and "not differentially private" in reasons[0]
@@ -60,12 +66,12 @@ def test_gate_reads_the_strongest_attack():
 
     passed, reasons = gate(result(attacks))
     assert not passed and len(reasons) == 1
-    assert "AUC 0.930" in reasons[0] and "text-calibrated attack" in reasons[0]
-    assert "also outside: lira-text 0.610" in reasons[0] and "simultaneous over 3 attacks" in reasons[0]
+    assert "outside 0.5 +/- 0.05" in reasons[0]
+    assert "0.93" not in reasons[0] and "text-calibrated" not in reasons[0]  # which attack won is private too
     # every attack must be conclusive: one wide interval makes the audit inconclusive
     calm = (_metrics("duan", 0.5, (0.48, 0.52)), _metrics("lira-text", 0.51, (0.40, 0.62)))
     passed, reasons = gate(result(calm))
-    assert not passed and reasons[0].startswith("audit inconclusive") and "lira-text" in reasons[0]
+    assert not passed and reasons[0].startswith("audit inconclusive")
     fine = (_metrics("duan", 0.5, (0.48, 0.52)), _metrics("lira-text", 0.51, (0.47, 0.55)))
     assert gate(result(fine))[0]
 
@@ -80,7 +86,7 @@ def test_an_audit_that_re_scores_the_same_records_says_so():
     recurring = AttackMetrics("duan", 0.55, (0.29, 0.81), (0.55,) * 20, 0.55, 0.0, 0.0, 0.0, independent_trials=1)
     passed, reasons = gate(result(recurring))
     assert not passed and reasons[-1].startswith("audit inconclusive")
-    assert "20 trials re-score the same records (only 1 independent trial(s))" in reasons[-1]
+    assert "its trials re-score the same records" in reasons[-1]
     assert recurring.summary()["independent_trials"] == 1
     fresh = AttackMetrics("duan", 0.52, (0.40, 0.64), (0.52,) * 20, 0.52, 0.0, 0.0, 0.0, independent_trials=20)
     assert gate(result(fresh))[1][-1].endswith("run more trials or demo sets")

@@ -21,11 +21,11 @@ members are scored against non-members (`--trials` default: --audit-trials, 20 p
 set). `--epsilon inf` audits sigma = 0 demos; `--epsilon 0` instruction-only demos.
 `--reference` also runs the non-private audit and draws both ROC curves.
 
-Writes `audit.parquet` (aggregates), `roc.png` (DP audits only), `audit.json` and a manifest under
-`--out DIR` or `$DPICL_HOME/runs/<dataset>/<content_hash[:12]>/audit-<timestamp>/`; the per-record
-`mia_scores.parquet` (record ids, membership, scores) and a ROC drawn with a non-private audit go to
-`$DPICL_HOME/private/runs/<dataset>/<hash12>/<same folder name>/`. Nothing public holds a record's
-text or a per-record value.
+Writes `audit.parquet` and `audit.json` (the design and the gate's verdict) and a manifest under
+`--out DIR` or `$DPICL_HOME/runs/<dataset>/<content_hash[:12]>/audit-<timestamp>/`. Every figure of
+the audit (AUC per attack, intervals, TPR, epsilon lower bounds, overlap, the ROC plot, the per-record
+scores) is a statistic of private records: it goes to `$DPICL_HOME/private/runs/<dataset>/<hash12>/<same
+folder name>/` (the operator's diagnostic), never to the public folder, --json or the logs.
 
 Exit code: 0 when the gate passes, 1 when it fails (CI can gate a release on
 `dpicl audit`), 2 on bad input, 3 when the ledger budget refuses the audit's generations.
@@ -100,21 +100,14 @@ def run_audit(args) -> int:
 
 
 def _print_text(result, reference, summary: dict) -> None:
-    level = f"{100 * result.confidence:g}%"
     name = "non-private (real 1-shot demos)" if result.setting == "non-private" else (
         f"{result.setting} demos at epsilon {result.epsilon:g} (sigma {result.noise_multiplier:.4g})")
     print(f"audit of {name}: {result.trials} trials, {result.members_per_trial} member(s) vs "
-          f"{result.non_members_per_trial} non-members each")
-    for item in [result] + ([reference] if reference else []):
-        tag = "" if item is result else "reference (non-private): "
-        for attack in item.attacks:
-            low, high = attack.auc_ci
-            mark = "  <- gate" if attack.attack == item.attack else ""
-            print(f"{tag}{attack.attack:<17} AUC {attack.auc:.3f} ([{low:.3f}, {high:.3f}]), "
-                  f"TPR@1%FPR {attack.tpr_at_1pct_fpr:.3f}, empirical epsilon >= {attack.epsilon_lower_bound:.2f}"
-                  f"{mark}")
-        print(f"{tag}max verbatim overlap {item.max_overlap_tokens} tokens "
-              f"(intervals: {level} simultaneous over the {len(item.attacks)} attacks)")
-    print(f"gate: {'PASSED' if result.passed else 'FAILED'} ({summary['wall_seconds']:.0f} s); wrote {summary['out']}")
+          f"{result.non_members_per_trial} non-members each, {100 * result.confidence:g}% intervals")
+    if reference is not None:
+        print(f"reference (non-private): {summary['reference']['verdict']}")
+    print(f"gate: {summary['verdict'].upper()} ({summary['wall_seconds']} s); wrote {summary['out']}")
     for reason in result.reasons:
         print(f"  - {reason}")
+    print(f"figures (AUC per attack, intervals, TPR, overlap): {summary['private_out']}/audit.json, in the private "
+          "store: statistics of private records, never published")

@@ -44,8 +44,8 @@ def _release(args) -> int:
         for name, audit in (("artifact " + result["artifact"], result["audit"]),
                             ("single teachers (non-private)", result.get("teacher_reference"))):
             if audit:
-                print(f"audit of {name}: AUC {audit['auc']:.3f} ({audit.get('attack', 'duan')} attack), "
-                      f"{'passed' if audit['passed'] else 'FAILED'}")
+                print(f"audit of {name}: {audit['verdict']}"
+                      + "".join(f"\n  - {reason}" for reason in audit.get("reasons", [])))
     else:
         what = "" if args.method == "tang" else f"{args.method} {result['artifact']} "
         print(f"released run {result['run_id']} {what}at epsilon {result['epsilon']:g} as {result['registered_model']} "

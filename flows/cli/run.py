@@ -115,7 +115,7 @@ def _config(args, defaults: dict | None = None) -> RunConfig:
 def format_results(summary: dict) -> str:
     """The results table: one line per (method, epsilon)."""
     compared = len(summary.get("methods", ["tang"])) > 1 or summary.get("methods", ["tang"]) != ["tang"]
-    header = f"{'method':<17} {'epsilon':>7} {'sigma':>7} {'accuracy':>15} {'calibrated':>15} {'MIA AUC':>8}"
+    header = f"{'method':<17} {'epsilon':>7} {'sigma':>7} {'accuracy':>15} {'calibrated':>15} {'audit':>12}"
     if compared:
         header += f" {'wall s':>7}"
     lines = [header, "-" * len(header)]
@@ -125,7 +125,7 @@ def format_results(summary: dict) -> str:
             f"{row['method']:<17} {_fmt(eps, 'g'):>7} {_fmt(row.get('noise_multiplier'), '.3f'):>7} "
             f"{_fmt(row['accuracy_mean']) + ' +/- ' + _fmt(row['accuracy_std']):>15} "
             f"{_fmt(row['calibrated_accuracy_mean']) + ' +/- ' + _fmt(row['calibrated_accuracy_std']):>15} "
-            f"{_fmt(row.get('mia_auc')):>8}"
+            f"{row.get('audit') or '-':>12}"
         )
         if compared:
             line += f" {_fmt(row.get('wall_seconds'), '.0f'):>7}"
@@ -137,14 +137,11 @@ def format_results(summary: dict) -> str:
     else:
         audit_line = "audit: " + ("PASSED" if verdict.get("passed") else "FAILED")
         audit_line += "".join(f"\n  - {reason}" for reason in verdict.get("reasons", []))
-        for dp in verdict.get("summary") or []:
-            audit_line += (f"\n  DP demos, epsilon {_fmt(dp.get('epsilon'), 'g')}: strongest attack {dp.get('attack')} "
-                           f"AUC {_fmt(dp.get('auc'))}, TPR at 1% FPR {_fmt(dp.get('tpr_at_1pct_fpr'))}")
         reference = verdict.get("reference")
         if reference:
-            audit_line += (f"\n  contrast, real records as demos (non-private): strongest attack "
-                           f"{reference.get('attack')} AUC {_fmt(reference.get('auc'))}, TPR at 1% FPR "
-                           f"{_fmt(reference.get('tpr_at_1pct_fpr'))}: the attack does see a real record")
+            audit_line += f"\n  contrast, real records as demos (non-private): {reference.get('verdict')}"
+        audit_line += ("\n  (the audit's figures are statistics of private records: the private run folder's "
+                       "audit.parquet, never published)")
     n = summary["results"][0]["n"] if summary["results"] else 0
     seeds = summary["results"][0].get("seeds") if summary["results"] else 0
     over = f"{seeds} seed(s)" if seeds else "seeds, repeats or trainings"
