@@ -37,12 +37,15 @@ microsoft/prv_accountant#36, fixed by microsoft/prv_accountant#38 after the 0.2.
 disagrees and the exact form exists, the cross-check passes only if the PLD agrees with the
 exact composition. Every failure or disagreement is a warning; nothing is hidden.
 
-Speed guards, each of which only makes the bound larger (never smaller) and adds a warning:
-beyond MAX_GROUPS distinct (kind, sigma, q) the groups are merged with sigma rounded down and q
-rounded up on a fine geometric grid (less noise and more sampling never make a mechanism more
-private); prv-accountant's eps_error is doubled (up to PRV_EPS_ERROR_LIMIT) while its grid would
-exceed PRV_MAX_GRID_POINTS, and prv-accountant is skipped beyond (the PLD answers); the PLD
-interval grows with the privacy-loss range.
+Every distinct (kind, sigma, q) group is composed as it is: no merging, no worst-case rounding (a
+ledger of months of scheduled regenerations is exactly the heterogeneous case, and a looser bound
+wastes the user's budget). dp-accounting's PLD composes heterogeneous groups directly (50 distinct
+groups in seconds, `benchmarks/bench_accounting.py`); prv-accountant composes them too and is the
+cross-check where it can answer (where it fails, the composition says so and is not marked
+agreed). Speed guards, each of which only makes the bound
+larger and adds a warning: prv-accountant's eps_error is doubled (up to PRV_EPS_ERROR_LIMIT) while
+its grid would exceed PRV_MAX_GRID_POINTS, and prv-accountant is skipped beyond (the PLD answers);
+the PLD interval grows with the privacy-loss range.
 
 This module imports prv-accountant and dp-accounting only when it computes.
 """
@@ -72,8 +75,6 @@ PLD_INTERVAL = 1e-3              # dp-accounting value discretisation interval
 PLD_INTERVAL_FINE_FACTOR = 10    # ... refined this much before a disagreement is declared
 PLD_INTERVAL_COARSE = 5e-3       # ... coarse, for the calibration's first pass only
 PLD_MAX_RANGE_POINTS = 40_000    # the interval grows with the privacy-loss range beyond this many points
-MAX_GROUPS = 6                   # more distinct (kind, sigma, q) are merged conservatively
-_COARSEN_RATIOS = (1.001, 1.002, 1.005, 1.01, 1.02, 1.05, 1.1, 1.25, 1.5, 2.0)
 SIGMA_TOLERANCE = 1e-3           # calibration: bisection until the sigma bracket is this narrow
 SIGMA_MIN, SIGMA_MAX = 0.01, 1e4  # calibration search range (sigma is never searched below SIGMA_MIN)
 
@@ -241,46 +242,6 @@ def groups(events: Iterable) -> tuple[Group, ...]:
     return tuple((m, s, q, n) for (m, s, q), n in sorted(totals.items()))
 
 
-def _grid_down(value: float, ratio: float) -> float:
-    return min(value, ratio ** math.floor(math.log(value) / math.log(ratio)))
-
-
-def _grid_up(value: float, ratio: float) -> float:
-    return min(1.0, max(value, ratio ** math.ceil(math.log(value) / math.log(ratio))))
-
-
-def _merge(groups, sigma_of, q_of) -> tuple[Group, ...]:
-    totals: dict[tuple[str, float, float], int] = {}
-    for kind, sigma, q, steps in groups:
-        key = (kind, sigma_of(kind, sigma), q_of(kind, q))
-        totals[key] = totals.get(key, 0) + steps
-    return tuple((m, s, q, n) for (m, s, q), n in sorted(totals.items()))
-
-
-def _coarsen(groups, max_groups: int, notes: list[str]) -> tuple[Group, ...]:
-    """At most `max_groups` groups whose composition dominates the given one.
-
-    Less noise and a larger sampling rate never make a mechanism more private (extra noise is
-    post-processing; subsampling at a lower rate is pre-processing), so rounding sigma down
-    and q up to a geometric grid (the finest grid that leaves at most `max_groups` groups)
-    gives a valid, slightly larger upper bound. Last resort: one group per kind with the
-    smallest sigma and the largest q.
-    """
-    if len(groups) <= max_groups:
-        return groups
-    for ratio in _COARSEN_RATIOS:
-        merged = _merge(groups, lambda m, s, r=ratio: _grid_down(s, r), lambda m, q, r=ratio: _grid_up(q, r))
-        if len(merged) <= max_groups:
-            notes.append(f"{len(groups)} distinct (mechanism, sigma, q) merged into {len(merged)} for speed: "
-                         f"sigma rounded down and q up by at most {100 * (ratio - 1):.3g}% (a larger, valid bound)")
-            return merged
-    smallest = {m: min(s for mm, s, _, _ in groups if mm == m) for m, _, _, _ in groups}
-    largest = {m: max(q for mm, _, q, _ in groups if mm == m) for m, _, _, _ in groups}
-    notes.append(f"{len(groups)} distinct (mechanism, sigma, q) composed as the worst sigma and q per mechanism "
-                 "(a larger, valid bound)")
-    return _merge(groups, lambda m, s: smallest[m], lambda m, q: largest[m])
-
-
 def _pure_epsilons(groups: Sequence[Group]) -> list[float] | None:
     """Per-group pure step epsilons, or None when some step is not pure DP."""
     values = []
@@ -424,7 +385,6 @@ def _compose_groups(groups: tuple[Group, ...], delta: float) -> Composition:
         return Composition(inf, delta, inf, inf, True, ("noise_multiplier = 0 (no noise): epsilon is infinite",),
                            epsilon_lower=inf, epsilon_estimate=inf, epsilon_exact=inf)
     notes: list[str] = []
-    groups = _coarsen(groups, MAX_GROUPS, notes)
     total = sum(n for *_, n in groups)
     pure_steps = _pure_epsilons(groups)
     pure = sum(e * n for e, (*_, n) in zip(pure_steps, groups, strict=True)) if pure_steps is not None else inf

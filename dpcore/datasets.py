@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from dpcore.errors import ConfigError, DataValidationError
+from dpcore.home import content_key
 from dpcore.splits import hash_split, split_key
 from dpcore.taskspec import TASKS_DIR, TaskSpec, is_shipped_spec
 
@@ -145,8 +146,10 @@ def normalise_text(text: str) -> str:
 
 
 def content_hash(frame: pd.DataFrame) -> str:
-    """sha256 over (id, label, text) rows in id order: the identity of a set of private records."""
-    digest = hashlib.sha256()
+    """The identity of a set of private records: a keyed BLAKE2b (the home's secret `content_key`) over
+    (id, label, text) rows in id order. Published (run folders, MLflow tags, manifests), it says only
+    whether two runs read the same records: unkeyed, it would let anyone test a guess of the records."""
+    digest = hashlib.blake2b(key=content_key(), digest_size=32)
     for row in frame.sort_values("id", kind="stable")[COLUMNS].itertuples(index=False):
         for value in row:
             encoded = str(value).encode("utf-8")

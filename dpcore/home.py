@@ -39,6 +39,25 @@ def private_dir() -> Path:
     return path
 
 
+def content_key() -> bytes:
+    """The secret key of this home's content hashes (`private/content.key`, made once, mode 0600).
+
+    A plain hash of the private records would be a public oracle: someone who knows all records but
+    one could test candidates for the last one against the published hash. Keyed, the hash only says
+    whether two runs read the same records."""
+    path = private_dir() / "content.key"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) == 32:
+            return key
+        raise RuntimeError(f"{path}: not a 32-byte key; remove it to make a new one (every data hash changes)") from None
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(os.urandom(32))
+    return path.read_bytes()
+
+
 def is_private_path(path: Path) -> bool:
     try:
         Path(path).resolve().relative_to(private_dir())

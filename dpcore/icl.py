@@ -472,7 +472,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
             "method": method, "epsilon": epsilon, "seed": seed, "n": n,
             "accuracy": float(np.mean(correct_raw)) if n else math.nan,
             "calibrated_accuracy": float(np.mean(correct_cal)) if n else math.nan,
-            "calibrated": calibrate, "shots": len(demos), "seconds": time.perf_counter() - began,
+            # whole seconds: a finer time of work on the test records is a timing channel on them
+            "calibrated": calibrate, "shots": len(demos), "seconds": round(time.perf_counter() - began),
             "reused": reused,
         })
         if items_progress is not None:

@@ -195,7 +195,7 @@ def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: l
                                                            "calibrated_accuracy_mean", "calibrated_accuracy_std")},
                 "n": int(row["n"]) if row.get("n") is not None else None,
                 "audit": row.get("audit"),
-                "wall_seconds": round(float(wall_seconds[source]), 1) if method == source and source in wall_seconds
+                "wall_seconds": round(float(wall_seconds[source])) if method == source and source in wall_seconds
                 else None,
             })
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)

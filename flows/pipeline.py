@@ -272,7 +272,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         "ledger_after": ledger_report(config.ledger_id, run_id),  # audit charges included
         "epsilons": ["inf" if math.isinf(e) else e for e in config.epsilons],
         "delta": delta,
-        "method_wall_seconds": {m: round(w, 1) for m, w in wall.items()},
+        "method_wall_seconds": {m: round(w) for m, w in wall.items()},  # whole seconds on the public side
     }
 
 

@@ -56,7 +56,7 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
                                        task_spec=ingested["task_spec"], plan=plan.to_dict(), epsilon=plan.epsilon,
                                        training=i, config=config, public_dir=paths["public"],
                                        private_dir=paths["private"],
-                                       noise_charged=noise_charged(charge, "dpsgd", plan.epsilon))
+                                       noise_charged=noise_charged(charge, "dpsgd", plan.epsilon, i))
                for plan in plans for i in range(len(plan.spends))]
     calls = tune_stage.evaluation_calls(config, ingested, trained)
     evaluations = [evaluate_stage.evaluate(**call) for call in calls]

@@ -200,8 +200,8 @@ def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeR
     refused (`BudgetExceededError`, exit 3) before anything is recorded. Returns a public summary
     (`ledger_entries`: the entries this call recorded).
 
-    `noise_charged` lists the (method, epsilon) with a spend this call charged: only those may
-    draw fresh noise; the others replay a recorded spend and must come from the cached draw.
+    `noise_charged` lists the (method, epsilon, k) of every spend this call charged: only their stages
+    may draw fresh noise; the others replay a recorded spend and must come from the cached draw.
     """
     book = ledger.Ledger()
     requests = [request for _, _, request in spends]
@@ -218,16 +218,21 @@ def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeR
         is_new.append(found is not None)
         if found is not None:
             pending.pop(found)
-    charged = []
+    # Each spend is named by (method, epsilon, k): the k-th spend of that method and epsilon in plan order
+    # (a DP-SGD training, a PromptPATE step, a generation), so a retry that adds spends (more trainings)
+    # never lets an old spend's stage draw fresh noise under its earlier charge.
+    charged, seen = [], {}
     for (m, e, _), new in zip(spends, is_new, strict=True):
-        if new and (m, e) not in charged:
-            charged.append((m, e))
+        k = seen.get((m, e), 0)
+        seen[(m, e)] = k + 1
+        if new:
+            charged.append((m, e, k))
     summary = {
         "dataset_id": dataset_id,
         "dry_run": dry_run,
         "charged": 0 if dry_run else len(outcome.charged),
         "replayed": len(outcome.recorded),
-        "noise_charged": [[m, "inf" if math.isinf(e) else e] for m, e in charged],
+        "noise_charged": [[m, "inf" if math.isinf(e) else e, k] for m, e, k in charged],
         "entries": [{"method": m, "epsilon": "inf" if math.isinf(e) else e, "purpose": r.purpose,
                      "noise_multiplier": r.noise_multiplier, "sampling_rate": r.sampling_rate, "steps": r.steps,
                      "delta": r.delta, "new": new} for (m, e, r), new in zip(spends, is_new, strict=True)],
@@ -240,10 +245,18 @@ def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeR
     return summary
 
 
-def noise_charged(summary: dict, method: str, epsilon: float) -> bool:
-    """Whether this attempt charged the spend of (method, epsilon): fresh noise may be drawn for it."""
+def noise_charged(summary: dict, method: str, epsilon: float, spend: int | None = None) -> bool:
+    """Whether this attempt charged the spend(s) a stage draws noise for, so fresh noise is covered:
+    `spend` k, the k-th spend of (method, epsilon) (a DP-SGD training); None, every spend of (method,
+    epsilon) (a stage that draws for the whole plan). Keyed on each spend, as the ledger is: seeded or
+    not, a stage never draws again under a charge an earlier attempt made."""
     eps = "inf" if math.isinf(epsilon) else float(epsilon)
-    return [method, eps] in summary["noise_charged"]
+    mine = [entry for entry in summary["entries"] if entry["method"] == method and entry["epsilon"] == eps]
+    if not mine:
+        return False
+    if spend is not None:
+        return [method, eps, spend] in summary["noise_charged"]
+    return all(entry["new"] for entry in mine)
 
 
 def ledger_report(dataset_id: str, run_id: str) -> dict:

@@ -163,13 +163,13 @@ def generate(
     from dpcore.generation import demos_frame
     from tasks.ingest import records_by_label
 
-    if method != INSTRUCTION_ONLY and seed is None and not noise_charged:
+    if method != INSTRUCTION_ONLY and not noise_charged:  # seeded or not: the charge covers one draw
         from dpcore.errors import DpiclError
 
         raise DpiclError(
             f"stage generate-{method}-{label}-eps{_eps_text(epsilon)} ({noise_scope}): the cached noise draw of this "
-            "run is missing (its stage folder or cache record is gone) and the run is not seeded; drawing fresh "
-            "noise would spend privacy the ledger charged only once. Start a new run (a new --run-id): it is "
+            "run is missing (its stage folder or cache record is gone); drawing fresh "
+            "noise (or a seeded draw for another configuration) would spend privacy the ledger charged only once. Start a new run (a new --run-id): it is "
             "charged afresh.")
     logger = stage_logger()
     key, spec, lm = open_stage("generate", locals(), GENERATE_KEY_FIELDS, GENERATION_MODULES, task_spec=task_spec,

@@ -348,9 +348,9 @@ def pate_test_baselines(*, records_path: str, scores_paths: list[str], task_spec
 
 
 def _refuse_redraw(stage: str, seed: int | None, noise_charged: bool, noise_scope: str) -> None:
-    if seed is None and not noise_charged:
-        raise DpiclError(f"stage {stage} ({noise_scope}): the cached noise draw of this run is missing and the run is "
-                         "not seeded; drawing fresh noise would spend privacy the ledger charged only once. Start a "
+    if not noise_charged:  # seeded or not: the charge covers one draw
+        raise DpiclError(f"stage {stage} ({noise_scope}): the cached noise draw of this run is missing; drawing "
+                         "fresh noise (or a seeded draw for another configuration) would spend privacy the ledger charged only once. Start a "
                          "new run (a new --run-id): it is charged afresh.")
 
 

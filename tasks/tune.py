@@ -174,7 +174,7 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
     if checkpoint_path.exists():
         resume = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
         dpsgd.check_resume(resume, fingerprint)
-    elif not noise_charged and seed is None:
+    elif not noise_charged:  # seeded or not: the charge covers one training
         raise ConfigError(f"{name}: its spend was charged by an earlier attempt of this run and neither its prompt "
                           "nor its checkpoint exists; fresh noise is never drawn under an old charge: start a new "
                           "run id")

@@ -87,7 +87,7 @@ def _pate(args) -> int:
     began = time.perf_counter()
     with stopping_on_signals(), showing_progress():
         summary = pate_flow(config=config, run_id=args.run_id)
-    summary["wall_seconds"] = round(time.perf_counter() - began, 1)
+    summary["wall_seconds"] = round(time.perf_counter() - began)
     if args.json:
         print_json(summary)
     else:

@@ -172,13 +172,17 @@ def format_ledger(report: dict | None) -> str | None:
     return line
 
 
-def delta_note(config: RunConfig, delta: float) -> str | None:
-    """The default delta = 1/|D| is the paper's choice and weak (a mechanism may then expose about one
-    record outright): said once, with the flag that changes it."""
+def delta_note(config: RunConfig, delta: float, records: int | None = None) -> str | None:
+    """What delta means for this run, in records: a mechanism at delta may fail outright with probability
+    delta, which over |D| records is delta * |D| records' worth of exposure. The default delta = 1/|D| (the
+    papers' choice, kept for comparability) covers one whole record: said with the flag that changes it."""
+    records = records if records is not None else (round(1.0 / delta) if config.delta is None else None)
     if config.delta is not None:
-        return None
-    return (f"note: delta = 1/|D| = {delta:.3g} (the paper's default, kept for comparability; it is weak: pass "
-            "--delta, e.g. 1/(10|D|) or smaller, for a stronger guarantee)")
+        if records is None:
+            return None
+        return f"note: delta = {delta:.3g} covers delta x |D| = {delta * records:.3g} record(s) of the {records}"
+    return (f"note: delta = 1/|D| = {delta:.3g} covers delta x |D| = 1 record of the {records} (the papers' default, "
+            "kept for comparability): pass --delta, e.g. 1/(100|D|), for a guarantee that covers 0.01 records")
 
 
 def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, confirm: bool = False) -> dict:
@@ -239,7 +243,7 @@ def _run(args, defaults: dict | None = None) -> int:
     began = time.perf_counter()
     with stopping_on_signals(), showing_progress():
         summary = run_pipeline(config, run_id=args.run_id)
-    summary["wall_seconds"] = round(time.perf_counter() - began, 1)
+    summary["wall_seconds"] = round(time.perf_counter() - began)
     summary["delta_note"] = delta_note(config, float(summary["delta"]))
     if args.json:
         print_json(summary)

@@ -40,7 +40,7 @@ CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", 
 SHORT_FLAGS = {"kind": "dpsgd_kind", "length": "dpsgd_length", "clip": "dpsgd_clip", "batch_size": "dpsgd_batch_size",
                "epochs": "dpsgd_epochs", "steps": "dpsgd_steps", "lr": "dpsgd_lr", "init": "dpsgd_init",
                "seeds": "dpsgd_seeds", "preset": "dpsgd_preset", "validation_size": "dpsgd_validation_size",
-               "physical_batch_size": "dpsgd_physical_batch_size"}
+               "physical_batch_size": "dpsgd_physical_batch_size", "validation_path": "dpsgd_validation_path"}
 
 
 def register(subparsers) -> None:
