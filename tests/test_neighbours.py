@@ -10,8 +10,12 @@ its log lines and Prefect artifacts) must then be the same, apart from what is d
   public examples, file digests of those);
 - `VOLATILE`: run ids, timings, timestamps and the keyed data hash (a version id of the records: it says
   only whether two runs read the same records);
+- `AUDIT_VERDICT`: the gate's verdict on a membership audit (passed, inconclusive or failed, with its
+  figure-free reasons): the one bit of an audit that reaches the public side, by design (the figures
+  stay in the private store);
 - `COUNTS`, for the added record only: the record counts the papers treat as public and what the
-  accountant derives from them (q, sigma).
+  accountant derives from them (q, sigma, the label with the fewest records); markdown artifacts,
+  rendered from those tables, are then compared with their numbers masked.
 
 A function of individual private records that reaches the public side (a raw statistic, a private
 validation loss, an audit AUC, an echo of a record) makes one of the comparisons fail. A new public
@@ -23,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -62,14 +65,19 @@ VOLATILE = frozenset({
     "metrics_path", "release_dir", "tracking_uri", "home", "generation_workers", "dataset_id", "mlflow.runName",
     "mlflow.user", "mlflow.source.name", "mlflow.source.type", "mlflow.parentRunId", "mlflow.source.git.commit",
 })
+# The gate's verdict: the public face of an audit whose figures stay private.
+AUDIT_VERDICT = frozenset({"verdict", "passed", "reasons", "audit", "audit_passed"})
 # The record counts the papers treat as public (|D|, |D_y|: they set q) and what the accountant derives
 # from them; they move when a record is added, never when one is changed.
 COUNTS = frozenset({
     "num_private_records", "train_size", "records", "label_counts", "sampling_rate", "noise_multiplier", "sigma",
     "epsilon_upper", "epsilon", "epsilon_alone", "total_epsilon", "training_records", "q", "epochs", "planned_cost",
     "methods", "remaining", "entries", "ledger", "ledger_after", "privacy", "ledger_entry", "spends",
-    "epsilon_per_repeat", "checkpoints", "steps",
+    "epsilon_per_repeat", "checkpoints", "steps", "epsilon_spent", "limiting_label", "per_label_epsilon", "planned_epsilon",
+    "planned_epsilon_dp", "planned_epsilon_pate", "planned_epsilon_dpsgd", "planned_delta",
 })
+VERDICT_WORD = re.compile(r"\b(passed|failed|inconclusive)\b")
+NUMBER = re.compile(r"\b\d+(\.\d+)?(e-?\d+)?\b")
 
 DATA_ROWS_PER_LABEL = 20
 LABELS = ("World", "Sports", "Business", "Technology")
@@ -115,6 +123,7 @@ def _data_flags(files: dict, variant: str) -> list[str]:
             "--test-path", files["test"], "--model", "tiny-random", "--delta", "1e-3", "--seed", "5"]
 
 
+COMMANDS = ("run", "generate", "pate", "tune", "evaluate", "audit", "release")
 GENERATION = ["--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--max-tokens", "3"]
 PATE = ["--pate-teachers", "8", "--pate-queries", "10", "--pate-sigma1", "50", "--pate-sigma2", "50",
         "--pate-threshold", "0", "--pate-repeats", "1", "--pate-student-candidates", "2"]
@@ -125,7 +134,7 @@ def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[str]]:
     """Every command that writes public output, with its arguments for one variant."""
     data = _data_flags(files, variant)
     ds = ["--dataset-id", f"nb-{variant}"]
-    demos = run_ids.get("demos_of_D")
+    demos = run_ids.get("demos_of_D", "")  # every variant evaluates D's generated (public, DP) demos
     return {
         "run": ["run", *data, *ds, "--methods", "tang,pate,dpsgd", "--epsilons", "1", "--run-id", f"nb-run-{variant}",
                 "--baselines", "zero-shot", "--seeds", "1", "--shots", "2", *GENERATION, *PATE,
@@ -136,9 +145,10 @@ def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[str]]:
                      "--out", str(Path(files["spec"]).parent / f"generate-{variant}"), "--json"],
         "pate": ["pate", *data, *ds, "--teachers", "8", "--queries", "10", "--sigma1", "50", "--sigma2", "50",
                  "--threshold", "0", "--repeats", "1", "--student-candidates", "2", "--public-path",
-                 files["queries"], "--test-size", "6", "--json"],
+                 files["queries"], "--test-size", "6", "--run-id", f"nb-pate-{variant}", "--json"],
         "tune": ["tune", *data, *ds, "--epsilon", "1", "--length", "2", "--steps", "2", "--batch-size", "8",
-                 "--validation-size", "6", "--validation-path", files["validation"], "--test-size", "6", "--json"],
+                 "--validation-size", "6", "--validation-path", files["validation"], "--test-size", "6",
+                 "--run-id", f"nb-tune-{variant}", "--json"],
         "evaluate": ["evaluate", *data, "--demos", demos, "--seeds", "1", "--shots", "2",
                      "--out", str(Path(files["spec"]).parent / f"evaluate-{variant}"), "--json"],
         "audit": ["audit", *data, *ds, "--epsilon", "1", *GENERATION, "--trials", "2", "--audit-members", "4",
@@ -155,11 +165,17 @@ HEX = re.compile(r"\b[0-9a-f]{12,64}\b")
 UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?(\+\d{2}:\d{2}|Z)?")
 SECONDS = re.compile(r"\b\d+(\.\d+)? ?s\b|\b\d+(\.\d+)?s/it|\d+:\d{2}(:\d{2})?")
-PUBLIC_SKIP = ("private", "models", "hf", "config", "prefect", "mlflow", "logs", "cache/xdg")
+# Not compared as files: the private store; library state (models, Prefect and MLflow databases: their
+# contents are compared through MLflow's API and the Prefect artifacts); the stage cache (copies of the
+# outputs compared here, keyed by content, and the accountant's cache of public parameters).
+PUBLIC_SKIP = ("private", "models", "hf", "config", "prefect", "mlflow", "logs", "cache")
+LOG_LINE = re.compile(r"\| (DEBUG|INFO|WARNING|ERROR|CRITICAL) +\||^\d{4}/\d{2}/\d{2} .*\b(DEBUG|INFO|WARNING)\b")
 
 
 def _text(value: str, variant: str) -> str:
-    value = value.replace(f"nb-run-{variant}", "<RUN>").replace(f"nb-{variant}", "<DS>")
+    for kind in ("run", "pate", "tune"):
+        value = value.replace(f"nb-{kind}-{variant}", f"<{kind.upper()}>")
+    value = value.replace(f"nb-{variant}", "<DS>")
     value = value.replace(f"generate-{variant}", "<OUT>").replace(f"evaluate-{variant}", "<OUT>")
     value = value.replace(f"audit-{variant}", "<OUT>").replace(f"{variant}.csv", "<DATA>.csv")
     value = UUID.sub("<UUID>", TIME.sub("<TIME>", value))
@@ -186,26 +202,47 @@ def _normal(value, variant: str, masked: frozenset):
     return value
 
 
-def _public_files(since: float) -> dict[str, object]:
-    """Every file written outside the private store since `since`, decoded (Parquet as records, JSON as
-    objects, images by name only)."""
+def _snapshot() -> dict[str, float]:
+    root = home()
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def _public_files(before: dict[str, float]) -> dict[str, object]:
+    """Every file written outside the private store since the `before` snapshot, decoded (Parquet as
+    records, JSON as objects, images by name only)."""
     root = home()
     found = {}
-    for path in root.rglob("*"):
-        rel = path.relative_to(root)
-        if not path.is_file() or rel.parts[0] in PUBLIC_SKIP or path.stat().st_mtime < since:
+    for rel, mtime in _snapshot().items():
+        path = root / rel
+        if before.get(rel) == mtime or Path(rel).parts[0] in PUBLIC_SKIP:
             continue
         if path.suffix in (".db", ".db-wal", ".db-shm", ".db-journal", ".lock", ".pt"):
             continue
         if path.suffix == ".parquet":
-            found[str(rel)] = pd.read_parquet(path).to_dict(orient="records")
+            found[rel] = pd.read_parquet(path).to_dict(orient="records")
         elif path.suffix == ".json":
-            found[str(rel)] = json.loads(path.read_text())
+            found[rel] = json.loads(path.read_text())
         elif path.suffix in (".png", ".safetensors"):
-            found[str(rel)] = "<binary DP output or plot of one>"
+            found[rel] = "<binary DP output or plot of one>"
         else:
-            found[str(rel)] = path.read_text(errors="replace")
+            found[rel] = path.read_text(errors="replace")
     return found
+
+
+def _markdown(text: str) -> str:
+    """A markdown table's `wall s` column is a timing: blanked (whole seconds, different on every run)."""
+    lines, wall = [], None
+    for line in text.splitlines():
+        cells = line.split("|")
+        if line.startswith("|") and "wall s" in cells[-2:][0]:
+            wall = len(cells) - 2
+        elif wall is not None and line.startswith("|") and len(cells) == wall + 2:
+            cells[wall] = " <T> "
+            cells = [VERDICT_WORD.sub("<VERDICT>", cell) for cell in cells]  # AUDIT_VERDICT in a table
+        elif not line.startswith("|"):
+            wall = None
+        lines.append("|".join(cells))
+    return "\n".join(lines)
 
 
 def _mlflow(run_id_tag: str | None) -> list[dict]:
@@ -220,13 +257,21 @@ def _mlflow(run_id_tag: str | None) -> list[dict]:
                     "tags": r.data.tags} for r in runs), key=lambda r: str(r["name"]))
 
 
-def _prefect_artifacts(since: float) -> list[dict]:
+def _artifact_ids() -> set:
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts()
-    return sorted(({"key": a.key, "type": a.type, "data": a.data, "description": a.description}
-                   for a in artifacts if a.created.timestamp() >= since), key=lambda a: str(a["key"]))
+        return {a.id for a in client.read_artifacts()}
+
+
+def _prefect_artifacts(before: set) -> list[dict]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        artifacts = [a for a in client.read_artifacts() if a.id not in before]
+    return sorted(({"key": a.key, "type": a.type, "data": _markdown(a.data) if isinstance(a.data, str) else a.data,
+                    "description": a.description}
+                   for a in artifacts), key=lambda a: str(a["key"]))
 
 
 def _logs(records) -> list[str]:
@@ -249,23 +294,23 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
     logging.getLogger().addHandler(handler)
     try:
         for variant in ("D", "added", "changed"):
-            for command, argv in _commands(files, variant, run_ids).items():
-                if command == "evaluate" and not run_ids.get("demos_of_D"):
-                    continue
-                since = time.time() - 1
+            for command in COMMANDS:  # built one at a time: evaluate reads the demos generate wrote for D
+                argv = _commands(files, variant, run_ids)[command]
+                before, artifacts_before = _snapshot(), _artifact_ids()
                 handler.records.clear()
                 code, out, err = _run(main, argv)
                 assert code in (0, 1), f"{command} on {variant}: exit {code}: {err[-2000:]}"
                 summary = json.loads(out) if out.strip().startswith("{") else {"stdout": out}
                 if command == "generate" and variant == "D":
                     run_ids["demos_of_D"] = str(Path(summary["out"]) / "demos.parquet")
-                run_tag = {"run": f"nb-run-{variant}", "pate": summary.get("run_id"),
-                           "tune": summary.get("run_id")}.get(command)
+                run_tag = {"run": f"nb-run-{variant}", "pate": f"nb-pate-{variant}",
+                           "tune": f"nb-tune-{variant}"}.get(command)
                 outputs.setdefault(command, {})[variant] = {
-                    "exit": code, "json": summary, "files": _public_files(since), "mlflow": _mlflow(run_tag),
-                    "artifacts": _prefect_artifacts(since), "logs": _logs(handler.records),
-                    "stderr": [SECONDS.sub("<T>", line) for line in err.splitlines() if "\r" not in line]}
-        # evaluate ran for D after generate; run it for the neighbours with the same (public) demos file
+                    "exit": code, "json": summary, "files": _public_files(before), "mlflow": _mlflow(run_tag),
+                    "artifacts": _prefect_artifacts(artifacts_before), "logs": _logs(handler.records),
+                    # the command's own lines (log lines are compared through the log records)
+                    "stderr": [SECONDS.sub("<T>", line) for line in err.splitlines()
+                               if "\r" not in line and not LOG_LINE.search(line)]}
     finally:
         logging.getLogger().removeHandler(handler)
     return outputs
@@ -294,8 +339,11 @@ def _compare(outputs: dict, variant: str, masked: frozenset) -> list[str]:
     """The public outputs of `variant` that differ from D's, once normalised: [] when none."""
     base, other = outputs["D"], outputs[variant]
     problems = []
+    counts_move = bool(masked & COUNTS)
     for part in ("exit", "json", "mlflow", "artifacts", "logs", "stderr"):
         a, b = _normal(base[part], "D", masked), _normal(other[part], variant, masked)
+        if counts_move and part in ("artifacts", "logs", "stderr"):  # counts inside rendered text
+            a, b = _numbers_masked(a), _numbers_masked(b)
         if a != b:
             problems.append(f"{part}: {_first_difference(a, b)}")
     a_files = {_text(k, "D"): _normal(v, "D", masked) for k, v in base["files"].items()}
@@ -307,6 +355,16 @@ def _compare(outputs: dict, variant: str, masked: frozenset) -> list[str]:
         if a_files[name] != b_files[name]:
             problems.append(f"file {name}: {_first_difference(a_files[name], b_files[name])}")
     return problems
+
+
+def _numbers_masked(value):
+    if isinstance(value, dict):
+        return {k: _numbers_masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers_masked(v) for v in value]
+    if isinstance(value, str):
+        return NUMBER.sub("<N>", value)
+    return "<N>" if isinstance(value, int | float) and not isinstance(value, bool) else value
 
 
 def _first_difference(a, b, where: str = "") -> str:
@@ -321,18 +379,15 @@ def _first_difference(a, b, where: str = "") -> str:
     return f"{where or 'value'}: {str(a)[:300]!r} != {str(b)[:300]!r}"
 
 
-COMMANDS = ("run", "generate", "pate", "tune", "evaluate", "audit", "release")
-
-
 @pytest.mark.parametrize("command", COMMANDS)
 def test_changing_one_record_changes_no_public_output_but_dp_outputs(neighbour_runs, command):
-    problems = _compare(neighbour_runs[command], "changed", DP_OUTPUTS | VOLATILE)
+    problems = _compare(neighbour_runs[command], "changed", DP_OUTPUTS | VOLATILE | AUDIT_VERDICT)
     assert not problems, f"dpicl {command}: a public output depends on a changed record:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_adding_one_record_changes_no_public_output_but_dp_outputs_and_counts(neighbour_runs, command):
-    problems = _compare(neighbour_runs[command], "added", DP_OUTPUTS | VOLATILE | COUNTS)
+    problems = _compare(neighbour_runs[command], "added", DP_OUTPUTS | VOLATILE | AUDIT_VERDICT | COUNTS)
     assert not problems, f"dpicl {command}: a public output depends on an added record:\n" + "\n".join(problems)
 
 
@@ -342,7 +397,7 @@ def test_the_scan_catches_a_planted_statistic(neighbour_runs):
     planted = json.loads(json.dumps(neighbour_runs["run"]))
     planted["D"]["json"]["private_loss"] = 1.2345
     planted["changed"]["json"]["private_loss"] = 1.2351
-    assert any("private_loss" in p for p in _compare(planted, "changed", DP_OUTPUTS | VOLATILE))
+    assert any("private_loss" in p for p in _compare(planted, "changed", DP_OUTPUTS | VOLATILE | AUDIT_VERDICT))
 
 
 def test_the_splits_put_the_neighbour_into_exactly_ds_splits_plus_the_record(tmp_path):
