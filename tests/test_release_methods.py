@@ -21,10 +21,9 @@ from dpcore.errors import ConfigError, DataValidationError, ReleaseRefusedError
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 # Tiny trials on a random model: the release mechanics are under test here; the gate's AUC band is
-# tested in test_audit_gate (and the measured AUCs are in the README).
-# Small trials: the 30 records the flock read and the ~36 held-out ones fill 15 independent trials
-# (`audit_statistics.independent_trials`), enough for a conclusive interval on the tiny model.
-TINY_AUDIT = AuditConfig(trials=30, members=2, non_members=2, reference_prompts=2, auc_tolerance=0.35)
+# tested in test_audit_gate. Small trials: the 30 records the flock read and the ~36 held-out ones fill
+# 15 independent trials (`audit_statistics.independent_trials`). A wide band: these tests check the release path, not the audit's power (its interval must lie inside the band)
+TINY_AUDIT = AuditConfig(trials=30, members=2, non_members=2, reference_prompts=2, auc_tolerance=0.49)
 AUC_FIELDS = ("auc", "auc_ci_low", "auc_ci_high", "pooled_auc", "auc_duan", "auc_label_calibrated",
               "auc_text_calibrated")
 
@@ -38,6 +37,16 @@ def _split(n_members: int = 30, n_non: int = 30):
 def _check_auc_fields(row: dict) -> None:
     for key in AUC_FIELDS:
         assert 0.0 <= float(row[key]) <= 1.0, key
+
+
+def _private_twin(public: Path) -> Path:
+    """The private store's copy of a public run file (the audit's figures live there)."""
+    return home() / "private" / public.relative_to(home())
+
+
+def _check_public_verdict_only(row: dict) -> None:
+    assert row["verdict"] in ("passed", "inconclusive", "failed")
+    assert not {key for key in row if key.startswith(("auc", "tpr", "epsilon_lower", "max_overlap", "pooled"))}
 
 
 # --------------------------------------------------------------------------- the audit of a fixed prompt
@@ -137,11 +146,11 @@ def test_pate_student_prompt_is_audited_released_and_answers(pate_run, tiny_lm, 
     after = Ledger().entries("release-pate")
     assert len(after) == len(before) + 1 and after[-1].noise_multiplier == 0.0 and after[-1].run_id == run_id
     teacher = result["teacher_reference"]
-    assert teacher["setting"] == "non-private" and not teacher["passed"] and 0 <= teacher["auc"] <= 1
-    audit = pd.read_parquet(Path(pate_run["run_dir"]) / gate.AUDIT_FILES["pate"]).iloc[-1].to_dict()
-    _check_auc_fields(audit)
-    teacher_row = pd.read_parquet(Path(pate_run["run_dir"]) / gate.TEACHER_AUDIT_FILE).iloc[0].to_dict()
-    _check_auc_fields(teacher_row)
+    assert teacher["setting"] == "non-private" and not teacher["passed"] and "auc" not in teacher
+    for name in (gate.AUDIT_FILES["pate"], gate.TEACHER_AUDIT_FILE):  # figures private, verdict public
+        public = Path(pate_run["run_dir"]) / name
+        _check_public_verdict_only(pd.read_parquet(public).iloc[-1].to_dict())
+        _check_auc_fields(pd.read_parquet(_private_twin(public)).iloc[-1].to_dict())
     # the manifest names the method, its plan's spends and the audit verdict; the student prompt is public
     manifest = json.loads((Path(result["release_dir"]) / "release.json").read_text())
     assert manifest["method"] == "pate" and manifest["audit"]["passed"] is True
@@ -155,8 +164,8 @@ def test_pate_student_prompt_is_audited_released_and_answers(pate_run, tiny_lm, 
     assert set(students["text"]) <= queries
     # a later audit of the same artifact under the same configuration is reused: not rerun, not charged again
     again = release(run_id=run_id, method="pate", audit_config=TINY_AUDIT, teacher_reference=True, audit_only=True)
-    assert again["reused"] is True and again["audit"]["auc"] == pytest.approx(audit["auc"])
-    assert again["teacher_reference"]["auc"] == pytest.approx(teacher["auc"])
+    assert again["reused"] is True and again["audit"]["verdict"] == result["audit"]["verdict"] == "passed"
+    assert again["teacher_reference"] == teacher
     assert len(Ledger().entries("release-pate")) == len(after)
     mia_scores = pd.read_parquet(next((home() / "private").rglob(f"*{run_id}/mia_scores_pate.parquet")))
     for _, group in mia_scores.groupby("artifact"):
@@ -271,17 +280,19 @@ def test_dpsgd_prompt_is_audited_released_and_answers_on_its_model_only(tiny_lm,
     assert manifest["spends"][0]["purpose"] == "dpsgd" and manifest["noise_multiplier"] > 0
     assert (folder / "prompt.safetensors").exists() and manifest["artifact"]["file"] == "prompt.safetensors"
     run_dir = next((home() / "runs").rglob(f"*/{run_id}"))
-    _check_auc_fields(pd.read_parquet(run_dir / gate.AUDIT_FILES["dpsgd"]).iloc[-1].to_dict())
+    _check_public_verdict_only(pd.read_parquet(run_dir / gate.AUDIT_FILES["dpsgd"]).iloc[-1].to_dict())
+    _check_auc_fields(pd.read_parquet(_private_twin(run_dir / gate.AUDIT_FILES["dpsgd"])).iloc[-1].to_dict())
     # members (the DP-SGD training records) and non-members (held-out test records) are disjoint
     scores = pd.read_parquet(next((home() / "private").rglob(f"*{run_id}/mia_scores_dpsgd.parquet")))
     members = set(scores.loc[scores["member"], "record_id"])
     assert members and not members & set(scores.loc[~scores["member"], "record_id"])
-    from dpcore.dpsgd import split_validation
-
+    # the members are records some Poisson batch drew (what the mechanism read), not every training record:
+    # with all N training records as members the attack is diluted by the ~99% never read
+    training = json.loads(next((home() / "private").rglob(f"*{run_id}/training/dpsgd-eps8-0.json")).read_text())
     records = pd.read_parquet(next((home() / "private").rglob(f"*{run_id}/records.parquet")))
-    train = records[records["split"] == "train"].reset_index(drop=True)
-    validation = set(train["id"].astype(str).iloc[split_validation(len(train), 20)[1]])
-    assert members <= set(train["id"].astype(str)) and not members & validation  # trained-on records only
+    train_ids = set(records.loc[records["split"] == "train", "id"].astype(str))
+    assert members <= set(training["sampled_ids"]) <= train_ids
+    assert 0 < len(training["sampled_ids"]) < len(train_ids)
 
     queries = tmp_path / "queries.jsonl"
     queries.write_text('{"text": "The striker scored twice in the final."}\n')
