@@ -192,6 +192,8 @@ def empirical_epsilon_lower_bound(member_scores, non_member_scores, delta: float
       the 2T one-sided bounds at level alpha/(2T). Uses all the data but the thresholds
       are data-dependent, so this is the customary approximation, not a strict bound.
 
+    Both orientations are tried (members scoring higher, or lower), each at half the error level.
+
     The Clopper-Pearson intervals assume independent outcomes. Scores of one trial share
     a prompt (and the trials of a DP demo set share its demos), so read the bound as an
     estimate at the stated confidence, not as a certificate. Returned epsilon is >= 0.
@@ -202,6 +204,19 @@ def empirical_epsilon_lower_bound(member_scores, non_member_scores, delta: float
         raise ConfigError(f"delta: must lie in [0, 1), got {delta}")
     members = _scores(member_scores, "member_scores")
     non_members = _scores(non_member_scores, "non_member_scores")
+    # Two-sided: a score that ranks members LOWER distinguishes them as well (DP's inequalities hold for
+    # every test, the reversed one too). Each orientation at half the error level (a union bound).
+    level = 1.0 - (1.0 - confidence) / 2
+    bounds = [(sign, _one_orientation_bound(sign * members, sign * non_members, delta, level, method,
+                                            member_groups, non_member_groups)) for sign in (1.0, -1.0)]
+    sign, best = max(bounds, key=lambda pair: pair[1].epsilon)
+    return EpsilonLowerBound(best.epsilon, confidence, delta, best.method, sign * best.threshold,
+                             best.thresholds_tried)
+
+
+def _one_orientation_bound(members, non_members, delta: float, confidence: float, method: str,
+                           member_groups, non_member_groups) -> EpsilonLowerBound:
+    """`empirical_epsilon_lower_bound` for the tests "member when the score is at least a threshold"."""
     alpha = 1.0 - confidence
     if method == "holdout":
         m_groups = np.arange(len(members)) if member_groups is None else np.asarray(member_groups)

@@ -123,9 +123,13 @@ def test_epsilon_bound_zero_for_identical_distributions():
 def test_epsilon_bound_large_for_separated_scores():
     members, non_members = np.linspace(1, 2, 1000), np.linspace(-1, 0, 1000)
     bound = empirical_epsilon_lower_bound(members, non_members, delta=0.0, confidence=0.95)
-    # each holdout half: 500 vs 500, all separated: log(0.025^(1/500) / (1 - 0.025^(1/500)))
-    q = 0.025 ** (1 / 500)
+    # each holdout half: 500 vs 500, all separated; two orientations at alpha/2 each, two Clopper-Pearson
+    # bounds at alpha/4 each: log(0.0125^(1/500) / (1 - 0.0125^(1/500)))
+    q = 0.0125 ** (1 / 500)
     assert bound.epsilon == pytest.approx(math.log(q / (1 - q)), rel=1e-6)
+    # two-sided: an attack that ranks members LOWER gets the same bound, not 0
+    reversed_ = empirical_epsilon_lower_bound(-members, -non_members, delta=0.0, confidence=0.95)
+    assert reversed_.epsilon == pytest.approx(bound.epsilon, rel=1e-9)
     bonferroni = empirical_epsilon_lower_bound(members, non_members, 0.0, 0.95, method="bonferroni")
     assert 3.5 < bonferroni.epsilon < bound.epsilon + 1
     # higher confidence, lower bound
