@@ -211,12 +211,14 @@ def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeR
         outcome = book.check_charge(requests)
     else:
         outcome = ledger.ChargeOutcome(tuple(book.charge_many(requests)), (), tuple(requests))
+    # Identical requests (trainings of one plan) are told apart by position: an earlier attempt charged
+    # the first ones, so the ledger's records replay the earliest and the new charges are the latest.
     pending = list(outcome.new_requests)
-    is_new = []
-    for _, _, request in spends:
-        found = next((i for i, r in enumerate(pending) if r == request), None)
-        is_new.append(found is not None)
+    is_new = [False] * len(spends)
+    for index in range(len(spends) - 1, -1, -1):
+        found = next((i for i, r in enumerate(pending) if r == spends[index][2]), None)
         if found is not None:
+            is_new[index] = True
             pending.pop(found)
     # Each spend is named by (method, epsilon, k): the k-th spend of that method and epsilon in plan order
     # (a DP-SGD training, a PromptPATE step, a generation), so a retry that adds spends (more trainings)

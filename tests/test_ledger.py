@@ -319,3 +319,26 @@ def test_cli_set_budget_show_and_refusal_exit_code(tmp_path, capsys):
     assert main(["ledger", "set-budget", "--dataset", "agnews", "--epsilon", "-1", "--delta", "1e-5",
                  "--ledger", path]) == 2
     assert "epsilon" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- fresh noise only under a fresh charge
+
+
+def test_noise_may_be_drawn_only_for_the_spends_this_attempt_charged():
+    """A retry that adds a spend (one more DP-SGD training) replays the first training's spend and charges
+    the second: only the second may draw fresh noise. Keyed on the (method, epsilon) pair, the first one
+    could redraw under its old charge."""
+    from dpcore.ledger import ChargeRequest
+    from tasks.charge import charge_spends, noise_charged
+
+    def request(run_id: str) -> ChargeRequest:
+        return ChargeRequest("redraw-ds", "hash-a", run_id, "gaussian", 0.8, 0.01, 20, DELTA, "dpsgd")
+
+    first = charge_spends("redraw-ds", [("dpsgd", 8.0, request("retry-run"))])
+    assert noise_charged(first, "dpsgd", 8.0, 0) and noise_charged(first, "dpsgd", 8.0)
+    # the retry asks for two trainings: the first is replayed from the ledger, the second charged
+    again = charge_spends("redraw-ds", [("dpsgd", 8.0, request("retry-run")), ("dpsgd", 8.0, request("retry-run"))])
+    assert again["charged"] == 1 and again["replayed"] == 1
+    assert not noise_charged(again, "dpsgd", 8.0, 0) and noise_charged(again, "dpsgd", 8.0, 1)
+    assert not noise_charged(again, "dpsgd", 8.0)  # a stage drawing for every spend of the pair: refused
+    assert not noise_charged(again, "pate", 8.0)   # nothing of another method was charged
