@@ -47,7 +47,7 @@ from dpcore.errors import ConfigError
 from dpcore.fewshot_plan import AUDIT_REFERENCE, RANDOM_REAL, SIGMA_ZERO, real_records_plan
 
 __all__ = ["AUDIT_REFERENCE", "RANDOM_REAL", "SIGMA_ZERO", "audit_charge_hook", "charge_plans", "charge_spends",
-           "epsilon_report", "ledger_spends", "method_plans", "noise_charged", "plan_spends", "planned_cost", "preflight",
+           "budget_delta", "epsilon_report", "ledger_spends", "method_plans", "noise_charged", "plan_spends", "planned_cost", "preflight",
            "real_records_spend", "record_spend", "run_spends", "set_budget", "sigma_report"]
 PURPOSES = ledger.PURPOSES  # what may spend privacy (the ledger's `purpose` column)
 NON_PRIVATE_BASELINES = (SIGMA_ZERO, RANDOM_REAL)
@@ -245,6 +245,12 @@ def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeR
         summary.update(total_epsilon="inf" if math.isinf(spend.epsilon) else spend.epsilon, delta=spend.delta,
                        budget=spend.budget.to_dict() if spend.budget else None)
     return summary
+
+
+def budget_delta(dataset_id: str) -> float | None:
+    """The delta of the dataset's budget, or None when no budget is set (the CLI's default delta)."""
+    budget = ledger.Ledger().get_budget(dataset_id)
+    return float(budget.delta) if budget is not None else None
 
 
 def noise_charged(summary: dict, method: str, epsilon: float, spend: int | None = None) -> bool:

@@ -231,3 +231,20 @@ def test_the_results_show_the_dp_audit_beside_its_non_private_contrast():
     assert "audit: PASSED" in text
     assert "DP demos, epsilon 1: strongest attack text-calibrated AUC 0.470" in text
     assert "real records as demos (non-private): strongest attack text-calibrated AUC 0.980" in text
+
+
+def test_a_runs_default_delta_is_its_budgets_delta(capsys):
+    """A budget set at delta 1e-5 and a run without --delta: the run is planned at 1e-5, not 1/|D| (which
+    would be charged at another delta and eat the budget); a --delta that differs is said before any charge."""
+    import argparse
+
+    from dpcore.ledger import Ledger
+    from flows.cli.common import config_from_args
+
+    Ledger().set_budget("delta-from-budget", 10.0, 1e-5)
+    config = config_from_args(argparse.Namespace(dataset="agnews", dataset_id="delta-from-budget"))
+    assert config.delta == 1e-5
+    assert "delta = 1e-05, the delta of the budget of ledger id 'delta-from-budget'" in capsys.readouterr().err
+    config = config_from_args(argparse.Namespace(dataset="agnews", dataset_id="delta-from-budget", delta=1e-3))
+    assert config.delta == 1e-3 and "differs from the delta 1e-05" in capsys.readouterr().err
+    assert config_from_args(argparse.Namespace(dataset="agnews", dataset_id="no-budget-here")).delta is None

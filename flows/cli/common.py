@@ -90,9 +90,23 @@ def add_config_flags(parser: argparse.ArgumentParser, fields: list[str], aliases
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
+    """The command's `RunConfig`; its delta, when not given, is the dataset's budget delta (if a budget is
+    set): a run composes with its budget at one delta. A --delta that differs from the budget's is said
+    here, before anything is charged."""
+    from tasks.charge import budget_delta
+
     values = {name: getattr(args, name) for name in RunConfig.model_fields if getattr(args, name, None) is not None}
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return RunConfig.model_validate(values)
+    config = RunConfig.model_validate(values)
+    budget = budget_delta(config.ledger_id)
+    if budget is not None and config.delta is None:
+        say(f"note: delta = {budget:.3g}, the delta of the budget of ledger id '{config.ledger_id}' (pass --delta "
+            "to choose another)")
+        return config.model_copy(update={"delta": budget})
+    if budget is not None and config.delta != budget:
+        say(f"note: --delta {config.delta:.3g} differs from the delta {budget:.3g} of the budget of ledger id "
+            f"'{config.ledger_id}': the budget check composes this run's spends at {budget:.3g}")
+    return config
 
 
 def checked_config(args: argparse.Namespace, **overrides: Any) -> RunConfig:
