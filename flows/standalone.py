@@ -61,6 +61,8 @@ def check_out(out: Path) -> Path:
     created here: the first existing ancestor must be a writable folder)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):  # its manifest would hash files this command did not write
+        raise ConfigError(f"--out {out}: the folder is not empty; name a new or empty folder")
     probe = out
     while not probe.exists():
         if probe.parent == probe:

@@ -168,9 +168,13 @@ def test_generate_checks_out_and_budget_before_the_charge_and_the_model(tiny_mod
     ledger = Ledger()
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    for out in (a_file, a_file / "below"):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "unrelated.txt").write_text("someone else's file")
+    for out in (a_file, a_file / "below", used):  # a non-empty folder: its manifest would hash others' files
         code, _, err = _generate([*base, "--epsilon", "4", "--out", str(out)], capsys)
         assert code == 2 and "--out" in err
+    assert "not empty" in err
     code, _, err = _generate([*base, "--epsilon", "4", "--max-tokens", "5000", "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "max_tokens" in err
     assert ledger.entries("generate-checks") == []
