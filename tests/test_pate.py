@@ -241,6 +241,10 @@ def test_target_epsilon_stops_labelling_within_the_budget():
     assert more[0].composed().epsilon > 2.0
     with pytest.raises(ConfigError, match="affords no query"):
         privacy_plans(config.model_copy(update={"pate_target_epsilon": 1e-4}), settings, 1e-6)
+    # a plan that can label at most one query per repeat can make no student: refused before any charge
+    one = config.model_copy(update={"pate_target_epsilon": None, "pate_queries": 1})
+    with pytest.raises(ConfigError, match="at most 1 public query per repeat, but a student prompt needs more than 1"):
+        privacy_plans(one, settings, 1e-6)
     baselines, _ = privacy_plans(config.model_copy(update={"pate_baselines": ["zero-shot", "ensemble"]}),
                                  settings, 1e-6)
     assert len(baselines) == 2 and baselines[1].spends[0].non_private and math.isinf(baselines[1].epsilon)
