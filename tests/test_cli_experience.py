@@ -217,20 +217,23 @@ def test_ctrl_c_stops_a_run_within_a_step_and_keeps_the_charge(tmp_path):
     assert [e.purpose for e in Ledger(ledger_path).entries("ctrl-c")] == ["pipeline"]  # the charge stays
 
 
-def test_the_results_show_the_dp_audit_beside_its_non_private_contrast():
+def test_the_results_show_the_audit_verdict_and_never_its_figures():
+    """The run's summary shows the gate's verdict beside the non-private contrast's; the figures (AUC, TPR,
+    the strongest attack) are statistics of private records and stay in the private audit table."""
     from flows.cli.run import format_results
 
     summary = {
         "results": [], "delta": 1e-5, "seeded_noise": False, "run_id": "r", "mlflow_run_id": "m",
         "tracking_uri": "sqlite://", "run_dir": "/x",
         "audit": {"ran": True, "passed": True, "reasons": [],
-                  "summary": [{"epsilon": 1.0, "attack": "text-calibrated", "auc": 0.47, "tpr_at_1pct_fpr": 0.01}],
-                  "reference": {"attack": "text-calibrated", "auc": 0.98, "tpr_at_1pct_fpr": 0.9}},
+                  "summary": [{"epsilon": 1.0, "verdict": "passed", "passed": True}],
+                  "reference": {"verdict": "failed", "passed": False}},
     }
     text = format_results(summary)
     assert "audit: PASSED" in text
-    assert "DP demos, epsilon 1: strongest attack text-calibrated AUC 0.470" in text
-    assert "real records as demos (non-private): strongest attack text-calibrated AUC 0.980" in text
+    assert "real records as demos (non-private): failed" in text
+    assert "AUC" not in text.replace("the audit's figures", "") and "text-calibrated" not in text
+    assert "private run folder's audit.parquet" in text
 
 
 def test_a_runs_default_delta_is_its_budgets_delta(capsys):
