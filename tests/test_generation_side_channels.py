@@ -86,21 +86,21 @@ def tiny_model_dir(tiny_lm, tmp_path_factory):
 
 
 def _user_dataset(folder: Path, longer: bool) -> tuple[Path, Path]:
-    """(data CSV, task YAML) of a small user dataset (4 rows held out as the test split); with `longer`,
+    """(data CSV, task YAML) of a small user dataset (a tenth held out as the test split); with `longer`,
     one training record of the first label is ten times longer."""
     folder.mkdir(parents=True, exist_ok=True)
     rows = [{"id": f"r{label[:2]}{i:02d}", "text": text, "label": label}
             for label, texts in _records(False).items() for i, text in enumerate(texts)]
     frame = pd.DataFrame(rows)
     spec = yaml.safe_load((TASKS_DIR / "agnews.yaml").read_text())
-    spec.update(name="side-channel", split={"test_size": 4, "seed": 0},
+    spec.update(name="side-channel", split={"test_size": 0.1, "seed": 0},
                 source={"type": "file", "path": str(folder / "data.csv"), "text_column": "text",
                         "label_column": "label", "id_column": "id"})
     (folder / "task.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    if longer:  # a record of the training split (the split is seeded on the ids: it does not move)
-        from dpcore.datasets import seeded_split
+    if longer:  # a record of the training split (the split is a keyed hash of the ids: it does not move)
+        from dpcore.datasets import record_split
 
-        train, _ = seeded_split(frame, 4, 0)
+        train, _ = record_split(frame, 0.1, 0, "test", "split.test_size")
         changed = train[train["label"] == LABELS[0]]["id"].iloc[0]
         frame.loc[frame["id"] == changed, "text"] = " ".join([frame.loc[frame["id"] == changed, "text"].iloc[0]] * 10)
     frame.to_csv(folder / "data.csv", index=False)

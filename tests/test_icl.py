@@ -234,7 +234,7 @@ def test_evaluate_zero_shot_is_scored_once_and_without_calibration(tiny_lm, agne
     assert metrics["reused"].tolist() == [False, True, True] and (metrics["shots"] == 0).all()
     assert metrics["accuracy"].nunique() == 1 and not metrics["calibrated"].any()
     assert (predictions["pred_raw"] == predictions["pred_calibrated"]).all()
-    assert icl.seconds_per_100_items(metrics) > 0
+    assert icl.seconds_per_100_items(metrics) >= 0  # whole seconds (public): a tiny model scores 4 items in < 1 s
 
 
 def test_evaluate_extraction_uses_exact_match(tiny_lm, movies_genre):

@@ -45,17 +45,17 @@ def test_a_reused_run_id_is_charged_for_what_it_spends(capsys):
     from flows.pipeline import run_pipeline
 
     ledger, dataset_id = Ledger(), "item1-budget"
-    delta = 1 / 400  # 1/|D| of the 400-record mini AG News
+    delta = 1 / 400  # the budget's delta, which the runs are planned at
     ledger.set_budget(dataset_id, 2.0, delta)
-    run_a = run_pipeline(_quick(epsilons=[1.0], dataset_id=dataset_id), run_id="item1-run-a")
+    run_a = run_pipeline(_quick(epsilons=[1.0], dataset_id=dataset_id, delta=delta), run_id="item1-run-a")
     assert run_a["ledger"]["charged"] == 1
     spent = ledger.spend(dataset_id).epsilon
     assert 0.9 < spent <= 1.0 + 1e-6
 
     with pytest.raises(BudgetExceededError, match="item1-run-b refused"):
-        run_pipeline(_quick(epsilons=[8.0], dataset_id=dataset_id), run_id="item1-run-b")
+        run_pipeline(_quick(epsilons=[8.0], dataset_id=dataset_id, delta=delta), run_id="item1-run-b")
     with pytest.raises(BudgetExceededError, match="item1-run-a refused"):
-        run_pipeline(_quick(epsilons=[8.0], dataset_id=dataset_id), run_id="item1-run-a")
+        run_pipeline(_quick(epsilons=[8.0], dataset_id=dataset_id, delta=delta), run_id="item1-run-a")
     assert len(ledger.entries(dataset_id)) == 1
 
     # the same through the CLI: refused by the dry run before the flow (or any model) starts
@@ -78,7 +78,7 @@ def test_a_reused_run_id_is_charged_for_what_it_spends(capsys):
     assert len(ledger.entries(dataset_id)) == 1
 
     # the genuine retry of run A (same spends, cached draws) is free
-    again = run_pipeline(_quick(epsilons=[1.0], dataset_id=dataset_id), run_id="item1-run-a")
+    again = run_pipeline(_quick(epsilons=[1.0], dataset_id=dataset_id, delta=delta), run_id="item1-run-a")
     assert again["ledger"]["charged"] == 0 and again["ledger"]["replayed"] == 1
     assert len(ledger.entries(dataset_id)) == 1
 

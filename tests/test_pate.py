@@ -16,7 +16,7 @@ import pytest
 from scipy.stats import norm
 
 from dpcore import flock, gnmax, public_queries
-from dpcore.datasets import load_dataset
+from dpcore.datasets import load_dataset, normalise_text
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.pate_student import select_student, student_candidates
 from dpcore.pate_teachers import Teachers, assign_teachers, check_flock_size
@@ -193,7 +193,9 @@ def test_iid_public_split_is_outside_the_private_and_test_splits():
     assert 400 < len(data.public) <= 500
     assert not set(data.public["id"]) & (set(data.train["id"]) | set(data.test["id"]))
     texts, where = public_queries.public_texts(data, "iid")
-    public_queries.check_no_overlap(texts, list(data.train["text"]) + list(data.test["text"]), where)
+    # the shipped source's public split drops its own duplicates of private or test texts (two public files)
+    private = {normalise_text(t) for t in list(data.train["text"]) + list(data.test["text"])}
+    assert not any(normalise_text(t) in private for t in texts)
     queries = public_queries.select_queries(texts, 50, where)
     assert len(queries) == 50 and list(queries.columns) == public_queries.QUERY_COLUMNS
 
@@ -202,7 +204,8 @@ def test_ood_public_texts_drop_the_tasks_own_sentences():
     data = load_dataset(load_task_spec("sst2"))
     texts, where = public_queries.public_texts(data, "ood")
     assert where.endswith("rotten_tomatoes.dataset") and len(texts) > 5000
-    public_queries.check_no_overlap(texts, list(data.train["text"]) + list(data.test["text"]), where)
+    source = {normalise_text(t) for t in list(data.train["text"]) + list(data.test["text"])}
+    assert not any(normalise_text(t) in source for t in texts)  # the shipped SST-2 file's own sentences dropped
 
 
 def test_public_file_errors(tmp_path, agnews):
@@ -216,10 +219,9 @@ def test_public_file_errors(tmp_path, agnews):
         public_queries.public_texts(agnews, "file", str(blank))
     leaking = tmp_path / "leak.parquet"
     pd.DataFrame({"text": ["a public sentence", agnews.train["text"].iloc[5].upper()]}).to_parquet(leaking)
+    # a declared public file is read as it is: never compared with the private records (a free oracle)
     texts, where = public_queries.public_texts(agnews, "file", str(leaking))
-    with pytest.raises(DataValidationError, match="1 public text") as info:
-        public_queries.check_no_overlap(texts, agnews.train["text"], where)
-    assert agnews.train["text"].iloc[5][:15] not in str(info.value)
+    assert len(texts) == 2
     with pytest.raises(ConfigError, match="only 2 distinct"):
         public_queries.select_queries(texts, 3, where)
 

@@ -25,7 +25,9 @@ from pipeline_support import (
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 PUBLIC_TABLES = {"calibration", "demos", "metrics", "audit", "audit_reference", "results", "label_counts"}
-PRIVATE_TABLES = {"records", "partitions", "sigma_zero_demos", "real_demos", "predictions", "mia_scores"}
+# the audit's figures (AUCs, intervals, TPRs, overlap): the private twins of the public verdict tables
+PRIVATE_TABLES = {"records", "partitions", "sigma_zero_demos", "real_demos", "predictions", "mia_scores", "audit",
+                  "audit_reference"}
 DEMO_COLUMNS = {"label", "shot", "text", "tokens", "stop_reason", "noise_multiplier", "num_subsets", "subset_size",
                 "top_k", "rvp", "max_tokens", "mechanism", "model", "seeded_noise", "method", "epsilon"}
 
@@ -66,10 +68,10 @@ def test_run_folders_hold_every_table_with_its_schema(run):
     tables, secret = _tables(public), _tables(private)
     assert set(tables) == PUBLIC_TABLES
     assert set(secret) == PRIVATE_TABLES
-    assert {"privacy_utility.png", "roc.png", "manifest.json"} <= {p.name for p in public.iterdir()}
+    assert {"privacy_utility.png", "manifest.json"} <= {p.name for p in public.iterdir()}
+    assert "roc.png" not in {p.name for p in public.iterdir()}  # a ROC is a statistic of private records
     private_files = {p.name for p in private.iterdir()}
-    assert {"generation_stats.json", "manifest.json"} <= private_files
-    assert ("roc_reference.png" in private_files) == ("audit_reference" in tables)  # the non-private ROC: private
+    assert {"generation_stats.json", "manifest.json", "roc.png"} <= private_files
 
     assert list(tables["calibration"].columns) == CALIBRATION_COLUMNS
     calib = tables["calibration"].iloc[0]
@@ -99,8 +101,10 @@ def test_run_folders_hold_every_table_with_its_schema(run):
 
     assert list(secret["mia_scores"].columns) == audit.MIA_SCORE_COLUMNS
     assert set(secret["mia_scores"]["setting"]) == {"dp", "non-private"}
-    assert {"setting", "epsilon", "auc", "auc_ci_low", "auc_ci_high", "tpr_at_1pct_fpr", "epsilon_lower_bound",
-            "max_overlap_tokens", "passed", "reasons"} <= set(tables["audit"].columns)
+    figures = {"auc", "auc_ci_low", "auc_ci_high", "tpr_at_1pct_fpr", "epsilon_lower_bound", "max_overlap_tokens"}
+    assert figures | {"setting", "epsilon", "passed", "reasons"} <= set(secret["audit"].columns)
+    assert {"setting", "epsilon", "passed", "verdict", "reasons"} <= set(tables["audit"].columns)
+    assert not figures & set(tables["audit"].columns) and not figures & set(tables["audit_reference"].columns)
     assert list(tables["audit"]["setting"]) == ["dp"] and list(tables["audit"]["epsilon"]) == [2.0]
     assert list(tables["audit_reference"]["setting"]) == ["non-private"]
 
@@ -111,9 +115,9 @@ def test_run_folders_hold_every_table_with_its_schema(run):
 
     results = tables["results"]
     assert {"method", "epsilon", "accuracy_mean", "accuracy_std", "calibrated_accuracy_mean",
-            "calibrated_accuracy_std", "mia_auc"} <= set(results.columns)
+            "calibrated_accuracy_std", "audit"} <= set(results.columns) and "mia_auc" not in results.columns
     assert len(results) == len(methods)
-    assert results.loc[results["method"] == "dp", "mia_auc"].notna().all()
+    assert results.loc[results["method"] == "dp", "audit"].isin(["passed", "inconclusive", "failed"]).all()
 
 
 def test_manifest_hashes_every_public_file(run):
@@ -147,7 +151,8 @@ def test_mlflow_parent_and_nested_runs(run):
     assert tags["data_hash"] == run["data_hash"] and tags["model"] == "tiny-random"
     assert tags["seeded_noise"] == "true" and tags["code_version"] and tags["dpicl_run_id"] == run["run_id"]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"demos.parquet", "metrics.parquet", "roc.png", "privacy_utility.png", "manifest.json"} <= artifacts
+    assert {"demos.parquet", "metrics.parquet", "privacy_utility.png", "manifest.json"} <= artifacts
+    assert "roc.png" not in artifacts
     assert not artifacts & {f"{name}.parquet" for name in PRIVATE_TABLES}
     location = Path(client.get_experiment(parent.info.experiment_id).artifact_location.removeprefix("file://"))
     assert location.is_relative_to(Path(run["tracking_uri"].removeprefix("sqlite:///")).parent / "artifacts")

@@ -26,7 +26,7 @@ def test_plan_charge_equals_direct_composition(tmp_path, monkeypatch):
     plan = _pate_like_plan()
     summary = charge_plans("ds", "hash", "run-1", [plan])
     assert summary["charged"] == 2
-    assert summary["noise_charged"] == [["pate", 8.0]]
+    assert summary["noise_charged"] == [["pate", 8.0, 0], ["pate", 8.0, 1]]  # each spend by its position
     spend = Ledger().spend("ds", delta=plan.delta)
     direct = composition.compose(plan.events(), plan.delta)
     assert spend.epsilon == pytest.approx(direct.epsilon, rel=1e-9)
