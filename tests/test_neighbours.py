@@ -278,12 +278,18 @@ RUN_NAME = re.compile(r"((?:sub)?flow run|[Tt]ask run) '[^']+'")
 LOGGERS = ("prefect.flow_runs", "prefect.task_runs", "dpicl", "tasks", "flows", "dpcore")
 
 
+# DP outputs and the audit's verdict inside log lines (the same declarations as DP_OUTPUTS, AUDIT_VERDICT)
+LOGGED_DP = re.compile(r"((?:answered|accuracy|validation loss)(?: per repeat)?)\s*(\[[^\]]*\]|[-\d.]+)")
+
+
 def _logs(records) -> list[str]:
     """The log lines, with Prefect's random run names and its cache-hit wording (a stage whose inputs
-    are public counts is served from the cache when the counts are unchanged) normalised."""
+    are public counts is served from the cache when the counts are unchanged) normalised, and the DP
+    outputs and verdicts they quote masked."""
     lines = set()
     for r in records:
         text = RUN_NAME.sub(r"\1 <NAME>", SECONDS.sub("<T>", r.getMessage()))
+        text = VERDICT_WORD.sub("<VERDICT>", LOGGED_DP.sub(r"\1 <DP>", text))
         lines.add(text.replace("Cached(type=COMPLETED)", "Completed()"))
     return sorted(lines)
 

@@ -267,7 +267,8 @@ def test_dpsgd_prompt_is_audited_released_and_answers_on_its_model_only(tiny_lm,
     from flows.release import release
 
     share_tiny_model(tiny_lm)
-    assert main(_tune_args("release-dpsgd", "--epsilon", "8")) == 0
+    # 12 steps: the audit's members are the records the batches drew, enough of them for a conclusive audit
+    assert main(_tune_args("release-dpsgd", "--epsilon", "8", "--steps", "12")) == 0
     run_id = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_id"]
     result = release(run_id=run_id, method="dpsgd", audit_config=TINY_AUDIT)
     assert result["method"] == "dpsgd" and result["artifact"] == "dpsgd-eps8-0" and result["epsilon"] == 8.0
@@ -310,6 +311,24 @@ def test_dpsgd_prompt_is_audited_released_and_answers_on_its_model_only(tiny_lm,
     assert main(["predict", "--release", "production", "--input", str(queries), "--dataset-id", "release-dpsgd",
                  "--model", str(other)]) == 2
     assert "only on the model it was trained on" in capsys.readouterr().err
+
+
+def test_a_non_private_soft_prompt_is_refused_by_the_gate(tiny_lm, capsys):
+    """A soft prompt trained with sigma = 0 (epsilon inf) never passes the release gate, whatever its audit
+    says: its plan has no finite guarantee for the accountants to agree on. Its audit reads the records its
+    batches drew, so it is not diluted by the records training never read."""
+    from flows.cli import main
+    from flows.release import release
+
+    share_tiny_model(tiny_lm)
+    assert main(_tune_args("release-dpsgd-nonprivate", "--epsilon", "inf")) == 0
+    run_id = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_id"]
+    with pytest.raises(ReleaseRefusedError) as info:
+        release(run_id=run_id, method="dpsgd", audit_config=TINY_AUDIT)
+    assert "cross-check" in str(info.value)
+    training = json.loads(next((home() / "private").rglob(f"*{run_id}/training/dpsgd-epsinf-0.json")).read_text())
+    scores = pd.read_parquet(next((home() / "private").rglob(f"*{run_id}/mia_scores_dpsgd.parquet")))
+    assert set(scores.loc[scores["member"], "record_id"]) <= set(training["sampled_ids"])
 
 
 def test_a_seeded_dpsgd_run_is_refused(tiny_lm, capsys):
