@@ -481,7 +481,7 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
         if progress is not None:
             row = metric_rows[-1]
             progress(f"{method} eps={epsilon:g} seed {seed}: accuracy {row['accuracy']:.3f}, "
-                     f"calibrated {row['calibrated_accuracy']:.3f} ({row['seconds']:.1f} s)")
+                     f"calibrated {row['calibrated_accuracy']:.3f} ({row['seconds']} s)")
     predictions = pd.concat(prediction_frames, ignore_index=True)[PREDICTION_COLUMNS]
     metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS)
     return predictions, metrics

@@ -403,7 +403,7 @@ def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilo
         "dataset": spec.name, "model": config.model, "method": method, "epsilon": float(epsilon),
         "shots": int(metrics["shots"].max()), "seeds": int(len(metrics)), "n": int(metrics["n"].max()),
         "accuracy": stats(metrics["accuracy"]), "calibrated_accuracy": stats(metrics["calibrated_accuracy"]),
-        "calibrated": bool(metrics["calibrated"].all()), "seconds": seconds,
+        "calibrated": bool(metrics["calibrated"].all()), "seconds": round(seconds),  # whole seconds (public)
         "seconds_per_100_items": seconds_per_100_items(metrics),
         "data_hash": data.content_hash, "demos": str(demos) if demos else None,
         "out": str(out), "private_out": str(private_out),

@@ -111,9 +111,9 @@ def evaluate(
     result["metrics_path"] = str(write_table(metrics, out / "metrics.parquet"))
     result["metrics"] = metrics[["seed", "n", "accuracy", "calibrated_accuracy"]].to_dict(orient="records")
     stage_logger().info(
-        "evaluated %s at epsilon %s: accuracy %.3f, calibrated %.3f (mean over %d seeds, n=%d) in %.1f s",
+        "evaluated %s at epsilon %s: accuracy %.3f, calibrated %.3f (mean over %d seeds, n=%d) in %d s",
         method, "inf" if math.isinf(epsilon) else f"{epsilon:g}", metrics["accuracy"].mean(),
-        metrics["calibrated_accuracy"].mean(), len(metrics), int(metrics["n"].max()), seconds,
+        metrics["calibrated_accuracy"].mean(), len(metrics), int(metrics["n"].max()), round(seconds),
     )
     return result
 

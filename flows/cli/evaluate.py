@@ -70,7 +70,7 @@ def format_table(summary: dict) -> str:
     lines.append(f"{'std':>6} {acc['std']:>9.3f} {cal['std']:>11.3f}")
     if not summary["calibrated"]:
         lines.append("(no calibration applied: calibrated = raw)")
-    lines.append(f"{summary['seconds']:.1f} s ({summary['seconds_per_100_items']:.1f} s per 100 items)")
+    lines.append(f"{summary['seconds']} s ({summary['seconds_per_100_items']:.0f} s per 100 items)")
     lines.append(f"output: {summary['out']}")
     return "\n".join(lines)
 
