@@ -11,11 +11,9 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from dpcore import composition
 from dpcore import ledger as ledger_module
 from dpcore.errors import BudgetExceededError, ConfigError
 from dpcore.ledger import ChargeRequest, Ledger, compose_epsilon, rnm_step_epsilon

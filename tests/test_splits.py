@@ -125,8 +125,8 @@ def test_a_public_file_is_never_compared_with_the_private_records(tmp_path, agne
     """The review's oracle: a public file holding one private text was refused with an overlap count, so
     anyone who can start a run could ask 'is this text private?' for free. Now the declared public file
     is read as it is, whatever it holds: the answer is the same for a member and a non-member."""
-    from tasks.pate import check_inputs
     from dpcore.config import RunConfig
+    from tasks.pate import check_inputs
 
     member = agnews.train["text"].iloc[0]
     outsider = "a sentence that is in no dataset at all"
