@@ -174,7 +174,7 @@ def pate_teachers(*, records_path: str, data_hash: str, teachers: int, shots: in
     from dpcore.mechanisms import noise_generator
     from dpcore.pate_teachers import assign_teachers
 
-    _refuse_redraw("pate-teachers", seed, noise_charged, noise_scope)
+    _refuse_redraw("pate-teachers", noise_charged, noise_scope)
     key = stage_key("pate-teachers", {k: v for k, v in locals().items() if k in TEACHERS_KEY}, PATE_MODULES)
     records = read_table(Path(records_path))
     train_ids = records.loc[records["split"] == "train", "id"].astype(str).tolist()
@@ -250,7 +250,7 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
     from dpcore.pate_data_dependent import data_dependent_epsilon, epsilon_from_rdp
     from dpcore.taskspec import load_task_spec
 
-    _refuse_redraw("pate-aggregate", seed, noise_charged, noise_scope)
+    _refuse_redraw("pate-aggregate", noise_charged, noise_scope)
     key = stage_key("pate-aggregate", {k: v for k, v in locals().items() if k in AGGREGATE_KEY}, PATE_MODULES)
     spec = load_task_spec(task_spec)
     votes = load_votes(votes_paths, language_model(model, device, dtype), spec, labels, vote_mode)[:, :queries]
@@ -353,7 +353,7 @@ def pate_test_baselines(*, records_path: str, scores_paths: list[str], task_spec
             "upper-bound": float(single_prompt_accuracies(votes, gold_index).max()), "n": len(gold)}
 
 
-def _refuse_redraw(stage: str, seed: int | None, noise_charged: bool, noise_scope: str) -> None:
+def _refuse_redraw(stage: str, noise_charged: bool, noise_scope: str) -> None:
     if not noise_charged:  # seeded or not: the charge covers one draw
         raise DpiclError(f"stage {stage} ({noise_scope}): the cached noise draw of this run is missing; drawing "
                          "fresh noise (or a seeded draw for another configuration) would spend privacy the ledger charged only once. Start a "
