@@ -123,6 +123,9 @@ class RunConfig(_Frozen):
     task_spec: str | None = Field(None, description="path of a task YAML for a user dataset")
     dataset_id: str | None = Field(None, description="ledger identity; default: the dataset name (with "
                                    "--task-spec and no --dataset: the task spec's name)")
+    new_budget_for_same_records: bool = Field(
+        False, description="charge even when another dataset id already spends privacy on (largely) these "
+        "records: a separate budget for the same records, knowingly (default: refused)")
     model: str = Field("smollm2-135m", description="the embedded model, a local model folder or a hub id")
     device: str = Field("auto", description="cpu, cuda or auto (CUDA when available)")
     dtype: str = Field("auto", description="float32, bfloat16, float16 or auto (bf16 on GPU, fp32 on CPU)")

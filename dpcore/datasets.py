@@ -28,6 +28,7 @@ import pandas as pd
 
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.home import content_key
+from dpcore.record_sets import RecordSet, record_set
 from dpcore.splits import hash_split, split_key
 from dpcore.taskspec import TASKS_DIR, TaskSpec, is_shipped_spec
 
@@ -123,6 +124,10 @@ class LoadedDataset:
         """Per-label record counts |D_y| (treated as public, as in Tang et al.)."""
         counts = self.train["label"].value_counts()
         return {label: int(counts.get(label, 0)) for label in self.labels}
+
+    def record_set(self) -> RecordSet:
+        """The private records' keyed sketch (`dpcore.record_sets`): which records a budget belongs to."""
+        return record_set(zip(self.train["label"], self.train["text"], strict=True), content_key())
 
     def records_for(self, label: str) -> list[str]:
         return self.train.loc[self.train["label"] == label, "text"].tolist()

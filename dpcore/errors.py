@@ -30,6 +30,13 @@ class BudgetExceededError(DpiclError):
     kind = "refused"
 
 
+class SameRecordsError(DpiclError):
+    """A charge under one dataset id on records another id already spends on (CLI exit code 3)."""
+
+    exit_code = 3
+    kind = "refused"
+
+
 class ReleaseRefusedError(DpiclError):
     """A release gate condition failed; the message lists every failed condition (CLI exit code 4)."""
 

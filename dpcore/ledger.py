@@ -1,15 +1,22 @@
 """The privacy budget ledger: every spend of a dataset's privacy, composed.
 
-One SQLite file (`$DPICL_HOME/ledger.db` unless a path is given) with two tables:
+One SQLite file (`$DPICL_HOME/ledger.db` unless a path is given) with three tables:
 
     budgets(dataset_id, epsilon, delta, set_at)       one budget per dataset id
     entries(id, dataset_id, content_hash, run_id, mechanism, noise_multiplier,
             sampling_rate, steps, delta, epsilon_upper, purpose, status, created_at)
+    record_sets(content_hash, records, sketch)        what each content hash's records are
 
 Identity. `dataset_id` is a stable name the user chooses (default: the dataset name,
 `RunConfig.ledger_id`). It names a population of people, not a file: a data refresh that
 keeps the same people keeps the same id, so composition continues across refreshes. The
-content hash of the private records is recorded per entry for the audit trail only.
+content hash of the private records is recorded per entry, and each hash's record set as a
+keyed sketch (`dpcore.record_sets`, written by `remember_records` when data is loaded). A
+budget belongs to the records: a charge under a new id on records that another id with a budget
+already spends on (the same content hash, or sketches sharing at least half of the smaller set) is refused
+(`SameRecordsError`) unless the caller says a separate budget is meant (`same_records_ok`).
+The check compares two record sets that both sit in this home's private store, so its answer
+tells the caller nothing they could not read there; it is said only to the caller.
 
 Entries. One entry per generation that touched private data (Tang et al. Algorithm 1,
 run for T = `steps` token steps with noise multiplier sigma at Poisson sampling rate
@@ -63,10 +70,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dpcore import composition
+from dpcore import composition, record_sets
 from dpcore.composition import Composition, rnm_step_epsilon
 from dpcore.config import Mechanism, check_mechanism
-from dpcore.errors import BudgetExceededError, ConfigError
+from dpcore.errors import BudgetExceededError, ConfigError, SameRecordsError
 
 if TYPE_CHECKING:
     from dp_accounting.dp_event import DpEvent
@@ -78,7 +85,7 @@ PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit", "baseline", "pate"
 STATUS_CHARGED = "charged"
 
 LEDGER_FILENAME = "ledger.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: record_sets (an older ledger gains the table when opened)
 # A writer may hold the lock while it composes (seconds, rarely tens of seconds): wait for it.
 LOCK_TIMEOUT_S = 600.0
 
@@ -108,6 +115,11 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 CREATE INDEX IF NOT EXISTS entries_by_dataset ON entries (dataset_id);
 CREATE INDEX IF NOT EXISTS entries_by_run ON entries (run_id);
+CREATE TABLE IF NOT EXISTS record_sets (
+    content_hash TEXT PRIMARY KEY,
+    records      INTEGER NOT NULL,
+    sketch       TEXT    NOT NULL
+);
 """
 
 _ENTRY_COLUMNS = ("id", "dataset_id", "content_hash", "run_id", "mechanism", "noise_multiplier",
@@ -454,6 +466,14 @@ class Ledger:
             budget = _read_budget(conn, dataset_id)
         return _spend(dataset_id, entries, budget, delta, extra=requests)
 
+    # -- records
+
+    def remember_records(self, content_hash: str, records: record_sets.RecordSet) -> None:
+        """Keep the sketch of the records behind `content_hash` (once; the hash fixes the records)."""
+        with self._connect() as conn:
+            conn.execute("INSERT OR IGNORE INTO record_sets (content_hash, records, sketch) VALUES (?, ?, ?)",
+                         (content_hash, records.records, records.to_text()))
+
     # -- charging
 
     def charge(self, dataset_id: str, content_hash: str, run_id: str, mechanism: str, noise_multiplier: float,
@@ -468,26 +488,31 @@ class Ledger:
                                 steps, delta, purpose)
         return self.charge_many([request])[0]
 
-    def charge_many(self, requests: Sequence[ChargeRequest]) -> list[LedgerEntry]:
+    def charge_many(self, requests: Sequence[ChargeRequest], same_records_ok: bool = False) -> list[LedgerEntry]:
         """Charge several generations of one dataset all-or-nothing (e.g. a run's epsilons and its
         audit's demo sets): refused as a whole when their composition with the dataset's entries
         would exceed its budget. Every request is charged, recorded or not (see `charge_unrecorded`)."""
-        return list(self._charge(requests, skip_recorded=False, dry_run=False).charged)
+        return list(self._charge(requests, skip_recorded=False, dry_run=False, same_records_ok=same_records_ok).charged)
 
-    def charge_unrecorded(self, requests: Sequence[ChargeRequest], dry_run: bool = False) -> ChargeOutcome:
+    def charge_unrecorded(self, requests: Sequence[ChargeRequest], dry_run: bool = False,
+                          same_records_ok: bool = False) -> ChargeOutcome:
         """Charge, in one transaction, each requested spend the ledger does not already hold
         (`unrecorded`, matched on the spend's parameters under the same run id): a retry that
         replays exactly the recorded spends charges nothing; any new spend is charged (or the
         whole batch refused, `BudgetExceededError`). `dry_run` checks the budget and returns what
-        would be charged without recording anything (a refusal before any model is loaded)."""
-        return self._charge(requests, skip_recorded=True, dry_run=dry_run)
+        would be charged without recording anything (a refusal before any model is loaded).
+        `same_records_ok`: charge even when another dataset id already spends on these records."""
+        return self._charge(requests, skip_recorded=True, dry_run=dry_run, same_records_ok=same_records_ok)
 
-    def check_charge(self, requests: Sequence[ChargeRequest], skip_recorded: bool = False) -> ChargeOutcome:
+    def check_charge(self, requests: Sequence[ChargeRequest], skip_recorded: bool = False,
+                     same_records_ok: bool = False) -> ChargeOutcome:
         """A dry run of `charge_many` (or of `charge_unrecorded` with `skip_recorded`): raises the same
-        `BudgetExceededError` the charge would, records nothing (a refusal before any model loads)."""
-        return self._charge(requests, skip_recorded=skip_recorded, dry_run=True)
+        `BudgetExceededError` (or `SameRecordsError`) the charge would, records nothing (a refusal before
+        any model loads)."""
+        return self._charge(requests, skip_recorded=skip_recorded, dry_run=True, same_records_ok=same_records_ok)
 
-    def _charge(self, requests: Sequence[ChargeRequest], skip_recorded: bool, dry_run: bool) -> ChargeOutcome:
+    def _charge(self, requests: Sequence[ChargeRequest], skip_recorded: bool, dry_run: bool,
+                same_records_ok: bool = False) -> ChargeOutcome:
         requests = [_check_request(r) for r in requests]
         if not requests:
             return ChargeOutcome((), (), (), dry_run)
@@ -516,6 +541,12 @@ class Ledger:
                 entries = _read_entries(conn, dataset_id)
                 budget = _read_budget(conn, dataset_id)
                 new, recorded = split(entries)
+                if new and not same_records_ok:
+                    for content_hash in sorted({r.content_hash for r in new}):
+                        owner = _records_owner(conn, dataset_id, content_hash)
+                        if owner is not None:
+                            conn.execute("ROLLBACK")
+                            raise SameRecordsError(_same_records_refusal(dataset_id, owner))
                 if budget is not None and new:
                     if precomputed is not None and entries == snapshot_entries and budget == snapshot_budget:
                         after = precomputed
@@ -545,7 +576,7 @@ class Ledger:
                                                 request.sampling_rate, request.steps, request.delta, epsilon_upper,
                                                 request.purpose, STATUS_CHARGED, created_at))
                 conn.execute("COMMIT")
-            except BudgetExceededError:
+            except (BudgetExceededError, SameRecordsError):
                 raise
             except BaseException:
                 if conn.in_transaction:
@@ -591,6 +622,34 @@ def _read_budget(conn: sqlite3.Connection, dataset_id: str) -> Budget | None:
     row = conn.execute("SELECT dataset_id, epsilon, delta, set_at FROM budgets WHERE dataset_id = ?",
                        (dataset_id,)).fetchone()
     return None if row is None else Budget(row[0], float(row[1]), float(row[2]), row[3])
+
+
+def _records_owner(conn: sqlite3.Connection, dataset_id: str, content_hash: str) -> str | None:
+    """Another dataset id with a budget that already spends on (largely) the records of `content_hash`,
+    when `dataset_id` itself has spent on none of them; else None. An id without a budget guards nothing
+    a new id could dodge (every spend stays recorded under it)."""
+    spent = conn.execute("SELECT DISTINCT e.dataset_id, e.content_hash FROM entries e "
+                         "LEFT JOIN budgets b ON b.dataset_id = e.dataset_id "
+                         "WHERE b.dataset_id IS NOT NULL OR e.dataset_id = ?", (dataset_id,)).fetchall()
+    sketches = {row[0]: record_sets.RecordSet.from_text(row[1], row[2])
+                for row in conn.execute("SELECT content_hash, records, sketch FROM record_sets")}
+
+    def same(other_hash: str) -> bool:
+        if other_hash == content_hash:
+            return True
+        a, b = sketches.get(content_hash), sketches.get(other_hash)
+        return a is not None and b is not None and record_sets.same_records(a, b)
+
+    if any(same(h) for d, h in spent if d == dataset_id):
+        return None  # this id already spends on these records: its budget is theirs
+    return next((d for d, h in sorted(spent) if d != dataset_id and same(h)), None)
+
+
+def _same_records_refusal(dataset_id: str, owner: str) -> str:
+    return (f"dataset id '{dataset_id}': these records are largely those that dataset id '{owner}' already "
+            f"spends privacy on, and a budget belongs to the records, not to a name; nothing charged. Run under "
+            f"--dataset-id {owner} to keep one budget, or pass --new-budget-for-same-records to start a separate "
+            f"budget for them knowingly (their privacy loss then adds up across both ids)")
 
 
 def _single_dataset(requests: Sequence[ChargeRequest]) -> str:

@@ -71,8 +71,8 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     inputs = pate_stage.pate_inputs(config=config, ingested=ingested, planned=per_repeat)  # every check
     checkpoints = pate_stage.checkpoints(checkpoint_epsilons or [], settings, per_repeat, delta)
     # The ledger: charged before any teacher sees a query (all plans in one transaction, or refused: exit 3).
-    ledger_entry = charge if charge is not None else charge_plans(config.ledger_id, ingested["data_hash"], run_id,
-                                                                  plans)
+    ledger_entry = charge if charge is not None else charge_plans(
+        config.ledger_id, ingested["data_hash"], run_id, plans, same_records_ok=config.new_budget_for_same_records)
     fresh = noise_charged(ledger_entry, "pate", plans[0].epsilon)
     scope = noise_scope(config.seed, run_id)
     logger.info("ledger %s: PromptPATE plan charged (%d new, %d replayed): epsilon %.4g at delta %.3g for %d x %d "

@@ -192,7 +192,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     # (all or nothing) before any method runs; a replayed spend may only be served from its cached draw
     if non_private_warning(config):  # a deployment run has no CLI to say it: the flow log does
         logger.warning(non_private_warning(config))
-    ledger_entry = charge_spends(config.ledger_id, spends)
+    ledger_entry = charge_spends(config.ledger_id, spends, same_records_ok=config.new_budget_for_same_records)
     cost = planned_cost(spends)
     logger.info("ledger %s: %d spend(s) charged, %d replayed from earlier attempts of run %s; planned cost epsilon "
                 "%s; dataset total epsilon %s at delta %.3g", ledger_entry["dataset_id"], ledger_entry["charged"],

@@ -93,7 +93,7 @@ def _charge(config: RunConfig, data, run_id: str, plans, dry_run: bool = False) 
     if not plans:
         return []
     return charge_plans(config.ledger_id, data.content_hash, run_id, plans, dry_run=dry_run,
-                        fresh=True)["ledger_entries"]
+                        fresh=True, same_records_ok=config.new_budget_for_same_records)["ledger_entries"]
 
 
 def _real_records(config: RunConfig, data, run_id: str, name: str, say: Say, warning: str) -> list:

@@ -47,7 +47,8 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
                                        config.test_path)
     plans = tune_stage.plans(config, ingested["num_private_records"])
     if charge is None:
-        charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans)
+        charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans,
+                              same_records_ok=config.new_budget_for_same_records)
     logger.info("ledger %s: %d spend(s) charged, %d replayed; dataset total epsilon %s; prompt %s",
                 charge["dataset_id"], charge["charged"], charge["replayed"], charge.get("total_epsilon"),
                 shape["shape"])

@@ -127,13 +127,13 @@ def check_max_tokens(max_tokens: int, limit: int, model: str) -> None:
 
 
 def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: bool = False,
-                 fresh: bool = False) -> dict:
+                 fresh: bool = False, same_records_ok: bool = False) -> dict:
     """Charge every `dpcore.plan.PrivacyPlan` of a run (any method) in one transaction: each plan's
     spends the ledger does not already hold for this run id (`fresh`: every spend). `noise_charged`
     then lists the (method, epsilon) of the plans charged by this call; a plan with no spends reads
     no private record and is never charged."""
     return charge_spends(dataset_id, plan_spends(dataset_id, data_hash, run_id, plans), dry_run=dry_run,
-                         fresh=fresh)
+                         fresh=fresh, same_records_ok=same_records_ok)
 
 
 def plan_spends(dataset_id: str, data_hash: str, run_id: str, plans) -> list[tuple[str, float, ledger.ChargeRequest]]:
@@ -194,11 +194,12 @@ def planned_cost(spends: list[tuple[str, float, ledger.ChargeRequest]]) -> dict:
 
 
 def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeRequest]],
-                  dry_run: bool = False, fresh: bool = False) -> dict:
+                  dry_run: bool = False, fresh: bool = False, same_records_ok: bool = False) -> dict:
     """The one charging path: (method, epsilon, request) spends, charged in ONE all-or-nothing
     transaction (`Ledger.charge_unrecorded`; `fresh`: `Ledger.charge_many`, every spend anew), or
     refused (`BudgetExceededError`, exit 3) before anything is recorded. Returns a public summary
-    (`ledger_entries`: the entries this call recorded).
+    (`ledger_entries`: the entries this call recorded). Records another dataset id already spends on are
+    refused (`SameRecordsError`, exit 3) unless `same_records_ok` (`--new-budget-for-same-records`).
 
     `noise_charged` lists the (method, epsilon, k) of every spend this call charged: only their stages
     may draw fresh noise; the others replay a recorded spend and must come from the cached draw.
@@ -206,11 +207,12 @@ def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeR
     book = ledger.Ledger()
     requests = [request for _, _, request in spends]
     if not fresh:
-        outcome = book.charge_unrecorded(requests, dry_run=dry_run)
+        outcome = book.charge_unrecorded(requests, dry_run=dry_run, same_records_ok=same_records_ok)
     elif dry_run:
-        outcome = book.check_charge(requests)
+        outcome = book.check_charge(requests, same_records_ok=same_records_ok)
     else:
-        outcome = ledger.ChargeOutcome(tuple(book.charge_many(requests)), (), tuple(requests))
+        outcome = ledger.ChargeOutcome(tuple(book.charge_many(requests, same_records_ok=same_records_ok)), (),
+                                       tuple(requests))
     # Identical requests (trainings of one plan) are told apart by position: an earlier attempt charged
     # the first ones, so the ledger's records replay the earliest and the new charges are the latest.
     pending = list(outcome.new_requests)

@@ -13,15 +13,24 @@ import pandas as pd
 from prefect import get_run_logger
 
 from dpcore.artifacts import read_table, write_table
-from dpcore.datasets import load_dataset
+from dpcore.datasets import LoadedDataset, load_dataset
+from dpcore.ledger import Ledger
 from dpcore.taskspec import load_task_spec
 from tasks.common import run_paths, uncached_task
 
 
-def load_data(config):
-    """The run's dataset (`RunConfig`: a shipped task or a user's file with its task YAML), validated:
-    read only, nothing written (the checks and dry runs before a run or a command)."""
-    return load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path, config.test_path)
+def load_data(config) -> LoadedDataset:
+    """The run's dataset (`RunConfig`: a shipped task or a user's file with its task YAML), validated (the
+    checks and dry runs before a run or a command). The one write: `remember_records`."""
+    return remember_records(load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path,
+                                         config.test_path))
+
+
+def remember_records(data: LoadedDataset) -> LoadedDataset:
+    """Keep the records' sketch beside the ledger's content hash, so a charge under another dataset id on
+    the same records is told apart from new records (`dpcore.ledger`: a budget belongs to the records)."""
+    Ledger().remember_records(data.content_hash, data.record_set())
+    return data
 
 
 @uncached_task("ingest")
@@ -33,7 +42,7 @@ def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: s
     private file by the task's seeded split. Either way the test rows are private too (records table).
     """
     spec = load_task_spec(task_spec or dataset)
-    data = load_dataset(spec, data_path, test_path)
+    data = remember_records(load_dataset(spec, data_path, test_path))
     paths = run_paths(dataset, data.content_hash, run_id)
     # `public`: a shipped source's public split (public rows, kept beside the others for PromptDPSGD's
     # public loss curve); never present for a user's file

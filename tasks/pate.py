@@ -141,7 +141,8 @@ def check_before_run(config, run_id: str | None) -> dict:
     _, _, settings = check_inputs(config, data)
     delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))
     plans, per_repeat = privacy_plans(config, settings, delta)
-    charge_plans(config.ledger_id, data.content_hash, run_id or "dry-run", plans, dry_run=True)
+    charge_plans(config.ledger_id, data.content_hash, run_id or "dry-run", plans, dry_run=True,
+                 same_records_ok=config.new_budget_for_same_records)
     return {"plans": plans, "queries": per_repeat, "delta": delta}
 
 

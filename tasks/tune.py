@@ -86,19 +86,20 @@ def precheck(config: RunConfig, run_id: str) -> dict:
     task, `--test-size` fits the test split, the plans (epsilon > 0, batch <= N, sigma reachable), the budget
     (a dry run of the charge: `BudgetExceededError`, exit 3, before any model loads) and the model. The data is
     loaded (never written) to know its size and content hash."""
-    from dpcore.datasets import load_dataset
     from dpcore.errors import ConfigError
     from dpcore.icl import check_test_size
     from dpcore.taskspec import load_task_spec
     from tasks.charge import charge_plans
+    from tasks.ingest import load_data
 
     spec = load_task_spec(config.task_spec or config.dataset)
     if spec.kind != "classification":
         raise ConfigError(f"dataset {config.dataset!r}: PromptDPSGD trains prompts for classification tasks")
-    data = load_dataset(spec, config.data_path, config.test_path)
+    data = load_data(config)
     check_test_size(config.test_size, len(data.test))
     planned = plans(config, len(data.train))
-    charge_plans(config.ledger_id, data.content_hash, run_id, planned, dry_run=True)
+    charge_plans(config.ledger_id, data.content_hash, run_id, planned, dry_run=True,
+                 same_records_ok=config.new_budget_for_same_records)
     return check_model(config)
 
 

@@ -36,6 +36,23 @@ def dpicl_home() -> Path:
     return Path(_HOME)
 
 
+@pytest.fixture(autouse=True)
+def budgets_end_with_their_test():
+    """The suite shares one home and its data: a budget a test sets on shared records would make every later
+    test's dataset id a second name for them (`SameRecordsError`). Budgets a test sets are its own."""
+    import sqlite3
+
+    from dpcore.ledger import Ledger
+
+    path = Ledger().path
+    with sqlite3.connect(path) as conn:
+        before = {row[0] for row in conn.execute("SELECT dataset_id FROM budgets")}
+    yield
+    with sqlite3.connect(path) as conn:
+        added = {row[0] for row in conn.execute("SELECT dataset_id FROM budgets")} - before
+        conn.executemany("DELETE FROM budgets WHERE dataset_id = ?", [(d,) for d in added])
+
+
 @pytest.fixture(scope="session")
 def embedded_lm():
     """The real embedded SmolLM2-135M-Instruct (converted once per session)."""

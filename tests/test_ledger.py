@@ -26,7 +26,9 @@ BUDGET_FOR_ONE = 2.0
 
 
 def _charge(ledger: Ledger, run_id: str, dataset_id: str = "ds", sigma: float = SIGMA, q: float = Q,
-            steps: int = T, mechanism: str = "gaussian", content_hash: str = "hash-a", purpose: str = "pipeline"):
+            steps: int = T, mechanism: str = "gaussian", content_hash: str | None = None, purpose: str = "pipeline"):
+    # each dataset id its own records unless a test says otherwise (a budget belongs to the records)
+    content_hash = f"hash-of-{dataset_id}" if content_hash is None else content_hash
     return ledger.charge(dataset_id, content_hash, run_id, mechanism, sigma, q, steps, DELTA, purpose)
 
 

@@ -5,7 +5,9 @@
   before the flow starts);
 - an unseeded retry whose cached noise draw is gone is refused, naming the stage;
 - the run summary shows the ledger's composed spend after the run, audit included;
-- `dpicl generate`: an unusable --out and a budget refusal come before the charge and the model.
+- `dpicl generate`: an unusable --out and a budget refusal come before the charge and the model; a
+  re-export of records another id with a budget spends on is refused under a new id (exit 3, before
+  the model, nothing charged) and charged with --new-budget-for-same-records.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pandas as pd
 import pytest
 from pipeline_support import (
     home,
@@ -248,3 +251,39 @@ def test_the_non_private_audit_cli_is_refused_under_a_budget_before_the_model_lo
     err = capsys.readouterr().err
     assert code == 3 and "infinite spend" in err and "refused" in err and loads == []
     assert ledger.entries("audit-np-budget") == []
+
+
+def test_generate_on_a_re_export_under_a_new_id_is_refused_before_the_model(tiny_model_dir, tmp_path, capsys,
+                                                                             monkeypatch):
+    from dpcore.lm import LanguageModel
+    from flows.cli import main
+
+    data_path, spec_path, _, _ = mini_agnews()
+    base = ["--task-spec", spec_path, "--model", str(tiny_model_dir), "--max-tokens", "2", "--num-subsets", "2",
+            "--seed", "1", "--epsilon", "4"]
+    book = Ledger()
+    book.set_budget("records-owner", 50.0, 1 / 400)
+    assert main(["generate", *base, "--data-path", data_path, "--dataset-id", "records-owner",
+                 "--out", str(tmp_path / "a")]) == 0
+    # The same records re-exported: renumbered ids, rows in another order, five new rows.
+    frame = pd.read_csv(data_path).sample(frac=1.0, random_state=3).reset_index(drop=True)
+    frame["id"] = [f"x{i}" for i in range(len(frame))]
+    extra = frame.head(5).assign(id=[f"new{i}" for i in range(5)], text=[f"a new story {i}" for i in range(5)])
+    export = tmp_path / "re-export.csv"
+    pd.concat([frame, extra]).to_csv(export, index=False)
+    capsys.readouterr()
+
+    loads = []
+    real_load = LanguageModel.load
+    monkeypatch.setattr(LanguageModel, "load", classmethod(lambda cls, *a, **k: loads.append(a) or 1 / 0))
+    code = main(["generate", *base, "--data-path", str(export), "--dataset-id", "records-renamed",
+                 "--out", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert code == 3 and "records-owner" in err and "--new-budget-for-same-records" in err and loads == []
+    assert book.entries("records-renamed") == []
+    assert "a new story" not in err and "x1" not in err
+
+    monkeypatch.setattr(LanguageModel, "load", real_load)
+    assert main(["generate", *base, "--data-path", str(export), "--dataset-id", "records-renamed",
+                 "--new-budget-for-same-records", "--out", str(tmp_path / "c")]) == 0
+    assert len(book.entries("records-renamed")) == 1

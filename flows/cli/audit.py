@@ -36,7 +36,7 @@ from __future__ import annotations
 from dpcore.errors import ConfigError
 from flows.cli.common import add_config_flags, checked_config, parse_epsilon, print_json, say
 
-CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta",
+CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta",
                 "mechanism", "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "max_record_tokens",
                 "seed", "audit_demo_sets", "audit_members", "audit_reference_prompts", "audit_max_record_tokens",
                 "auc_tolerance", "overlap_threshold"]

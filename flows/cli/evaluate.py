@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 
-EVAL_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "model", "device", "dtype", "shots", "seeds", "test_size",
+EVAL_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "shots", "seeds", "test_size",
               "calibrate", "seed", "delta", "max_tokens", "top_k", "rvp"]
 BASELINES = ("zero-shot", "instruction-only", "random-real")
 

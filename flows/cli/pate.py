@@ -20,7 +20,7 @@ from dpcore.errors import ConfigError
 from flows.cli.common import fmt_value as _fmt
 
 # RunConfig fields `dpicl pate` takes, and the short spellings of the PromptPATE ones.
-FIELDS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta", "seed",
+FIELDS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta", "seed",
           "test_size", "calibrate", "task_runner", "pate_teachers", "pate_shots", "pate_public_path",
           "pate_public_column", "pate_queries", "pate_threshold", "pate_sigma1", "pate_sigma2", "pate_vote_mode",
           "pate_target_epsilon", "pate_repeats", "pate_student_candidates", "pate_baselines", "pate_teacher_block"]

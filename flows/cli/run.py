@@ -211,7 +211,8 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
     cost = planned_cost(spends)
     if len(config.methods) > 1 or confirm:
         print(format_cost(cost), file=sys.stderr, flush=True)
-    charge_spends(config.ledger_id, spends, dry_run=True)  # over budget: BudgetExceededError, exit 3
+    # over budget: BudgetExceededError; records another dataset id spends on: SameRecordsError (exit 3)
+    charge_spends(config.ledger_id, spends, dry_run=True, same_records_ok=config.new_budget_for_same_records)
     if confirm and not _confirmed():
         raise ConfigError("run: not confirmed; nothing was charged (pass --yes to run without asking)")
     return cost

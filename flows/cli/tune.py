@@ -34,7 +34,7 @@ from flows.cli.common import (
     fmt_value as _fmt,
 )
 
-CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "model", "device", "dtype", "delta",
+CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta",
                 "seed", "test_size", "calibrate"]
 # Short spellings of the dpsgd_* fields (the long `--dpsgd-*` forms work too).
 SHORT_FLAGS = {"kind": "dpsgd_kind", "length": "dpsgd_length", "clip": "dpsgd_clip", "batch_size": "dpsgd_batch_size",
