@@ -43,7 +43,13 @@ from dpcore.taskspec import TaskSpec
 
 ATTACKS: tuple[str, ...] = ("duan", "label-calibrated", "text-calibrated", "lira-label", "lira-text")
 CALIBRATED_ATTACKS: tuple[str, ...] = ("duan", "label-calibrated", "text-calibrated")
-PER_EXAMPLE_VARIANCE_MIN_REFERENCES = 16  # below this many OUT prompts LiRA uses the pooled (global) variance
+PER_EXAMPLE_VARIANCE_MIN_REFERENCES = 16
+
+
+def attacks_run(reference_prompts: int) -> tuple[str, ...]:
+    """The attacks an audit runs: LiRA needs at least 2 OUT prompts."""
+    return ATTACKS if reference_prompts >= 2 else CALIBRATED_ATTACKS
+  # below this many OUT prompts LiRA uses the pooled (global) variance
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
                 "%s; dataset total epsilon %s at delta %.3g", ledger_entry["dataset_id"], ledger_entry["charged"],
                 ledger_entry["replayed"], run_id, cost["epsilon"], ledger_entry.get("total_epsilon"),
                 ledger_entry.get("delta") or delta)
-    tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, items, generation_config,
+    tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, items, generation_config, label_counts,
                                ledger_entry) if tang else None
     others = {}
     wall = {}
@@ -292,7 +292,7 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
         try:
             audited = release_stage.audit_artifact(run_id, method, config.audit_config(), epsilon=selected,
                                                    device=config.device, dtype=config.dtype, seed=config.seed,
-                                                   fit_members=True)
+                                                   size_to_pools=True)
         except DpiclError as error:  # the methods' results stand; `dpicl release --audit-only` can retry it
             get_run_logger().warning("no membership audit of the %s artifact at epsilon %s: %s", method, epsilon,
                                      error)
@@ -303,7 +303,8 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
 
 
 def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, fewshot: FewShotPlan,
-                items: list[GenerationItem], generation_config, ledger_entry: dict) -> dict:
+                items: list[GenerationItem], generation_config, label_counts: dict[str, int],
+                ledger_entry: dict) -> dict:
     """DP few-shot generation's stages 4-6 (Tang et al. Algorithm 1): generation, evaluation and the audit,
     on the charge already made; tables written to the run folders."""
     began = time.perf_counter()
@@ -331,8 +332,13 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
         eval_futures = map_calls(runner, evaluate_stage.evaluate, eval_calls)
         audit_futures = []
         if config.audit:
-            audit_futures = map_calls(runner, audit_stage.audit, [
-                audit_stage.audit_call(config, ingested, fewshot, shards, generation_config, scope)])
+            audit_config, _, note = audit_stage.run_audit_design(config, label_counts, ingested["num_test"])
+            if note:
+                get_run_logger().warning(note)
+            if audit_config is not None:
+                audit_futures = map_calls(runner, audit_stage.audit, [
+                    audit_stage.audit_call(config, ingested, fewshot, shards, generation_config, scope,
+                                           audit_config)])
 
         evaluations = results(eval_futures)
         # Per-item predictions (test ids, gold labels, probabilities) are private; metrics are aggregates.

@@ -43,6 +43,7 @@ import pandas as pd
 
 from dpcore.artifacts import read_table, write_table
 from dpcore.audit import verdict_word
+from dpcore.audit_design import AuditDesign
 from dpcore.config import AuditConfig, GenerationConfig, RunConfig
 from dpcore.errors import ConfigError
 from dpcore.fewshot_plan import Calibration, FewShotPlan, fewshot_plan
@@ -58,14 +59,63 @@ AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_co
                     "noise_scope", "demo_keys", "non_private_reference", "delta")
 
 
+def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size: int
+                     ) -> tuple[AuditConfig | None, AuditDesign, str | None]:
+    """The run's audit, planned from public counts before it runs (`dpcore.audit_design`): (the audit
+    configuration to run, or None to skip it; its design; one line to say, or None). Sizes the user did not
+    set (--audit-trials, --audit-members) are those of the cheapest design that concludes on the pools; an
+    audit that cannot conclude at the default sizes is skipped (minutes saved: the release gate needs a
+    conclusive audit anyway); sizes the user set run as asked, with the line."""
+    from dpcore import audit_design
+    from dpcore.mia_attacks import attacks_run
+
+    audit_config = config.audit_config()
+    reserve = audit_config.reference_prompts if audit_config.reference_prompts >= 2 else 0
+    sizes = dict(attacks=len(attacks_run(audit_config.reference_prompts)), confidence=audit_config.confidence,
+                 tolerance=audit_config.auc_tolerance)
+    if audit_config.mode == "run-demos":  # every private record a member, the test split the non-members
+        pools = (sum(label_counts.values()), max(0, test_size - reserve))
+
+        def planner(members, non_members, trials):
+            return audit_design.plan(*pools, members=members, non_members=non_members, trials=trials, **sizes)
+    else:  # Tang et al. App. F: half of each label's records are members (`dpcore.audit.split_members`)
+        member_pools = [int(round(0.5 * n)) for n in label_counts.values()]
+        non_member_pools = [max(0, n - m - reserve) for n, m in zip(label_counts.values(), member_pools, strict=True)]
+        pools = (sum(member_pools), sum(non_member_pools))
+
+        def planner(members, non_members, trials):
+            return audit_design.plan_by_label(member_pools, non_member_pools, demo_sets=audit_config.demo_sets,
+                                              members=members, non_members=non_members, trials=trials, **sizes)
+    asked = {"audit_trials", "audit_members"} & config.model_fields_set
+    if asked:
+        chosen = planner(audit_config.members, audit_config.non_members, audit_config.trials)
+    else:
+        chosen = audit_design.cheapest(planner, max(pools[0], 1), max(pools[1], 1))
+        audit_config = audit_config.model_copy(update={"members": chosen.members, "non_members": chosen.non_members,
+                                                       "trials": max(1, chosen.trials // (
+                                                           1 if audit_config.mode == "run-demos"
+                                                           else audit_config.demo_sets))})
+    refusal = audit_design.cannot_conclude(chosen, *pools, members_are="the audit's members",
+                                           non_members_are="its non-members")
+    if refusal is not None:
+        if asked:
+            return audit_config, chosen, f"audit: {refusal} (running it as asked)"
+        return None, chosen, (f"audit skipped: {refusal}; without a conclusive audit the release gate refuses the "
+                              "run's demos (--no-audit silences this)")
+    if not chosen.conclusive:
+        return audit_config, chosen, (f"audit: this design concludes with probability about "
+                                      f"{100 * chosen.conclusive_probability:.0f}% when nothing leaks")
+    return audit_config, chosen, None
+
+
 def audit_call(config: RunConfig, ingested: dict, plan: FewShotPlan, shards: list, generation_config: GenerationConfig,
-               noise_scope: str) -> dict:
+               noise_scope: str, audit_config: AuditConfig) -> dict:
     """The keyword arguments of the `audit` task for a pipeline run: its DP epsilons (`FewShotPlan.dp`) and
-    the run's own DP demos (`tasks.generate.Shard`s)."""
+    the run's own DP demos (`tasks.generate.Shard`s), with the audit as planned (`run_audit_design`)."""
     dp_shards = sorted((s for s in shards if s.method == "dp"), key=lambda s: (s.epsilon, s.label))
     return dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                 task_spec=ingested["task_spec"], targets=plan.dp(), generation=generation_config,
-                audit_config=config.audit_config(), model=config.model, device=config.device, dtype=config.dtype,
+                audit_config=audit_config, model=config.model, device=config.device, dtype=config.dtype,
                 seed=config.seed, noise_scope=noise_scope, demo_paths=[s.path for s in dp_shards],
                 demo_keys=[s.key for s in dp_shards], non_private_reference=config.audit_reference,
                 delta=plan.delta, dataset_id=config.ledger_id, run_id=ingested["paths"]["run_id"])

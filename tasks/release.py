@@ -267,16 +267,47 @@ def _merge_rows(path: Path, frame, name: str):
     return write_table(frame, path)
 
 
+def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_pools: bool):
+    """`audit_config`, sized to the cheapest conclusive design of these pools when `size_to_pools`; refused
+    (`ReleaseRefusedError`) when no audit of them can conclude (`dpcore.audit_design`)."""
+    from dpcore import audit_design
+    from dpcore.errors import ReleaseRefusedError
+    from dpcore.mia_attacks import attacks_run
+
+    reserve = audit_config.reference_prompts if audit_config.reference_prompts >= 2 else 0
+    pools = (member_pool, max(0, non_member_pool - reserve))
+    sizes = dict(attacks=len(attacks_run(audit_config.reference_prompts)), confidence=audit_config.confidence,
+                 tolerance=audit_config.auc_tolerance)
+    chosen = (audit_design.cheapest_conclusive(*pools, **sizes) if size_to_pools else
+              audit_design.plan(*pools, members=audit_config.members, non_members=audit_config.non_members,
+                                trials=audit_config.trials, **sizes))
+    refusal = audit_design.cannot_conclude(chosen, *pools, members_are="the records the mechanism read",
+                                           non_members_are="the held-out and unread records")
+    if refusal is not None:
+        raise ReleaseRefusedError(refusal)
+    if not chosen.conclusive:
+        get_run_logger().warning("audit design %d+%d records x %d trials concludes with probability about %.0f%% when "
+                                 "nothing leaks", chosen.members, chosen.non_members, chosen.trials,
+                                 100 * chosen.conclusive_probability)
+    if size_to_pools:
+        audit_config = audit_config.model_copy(update={"members": chosen.members, "non_members": chosen.non_members,
+                                                       "trials": chosen.trials})
+    return audit_config
+
+
 @task(name="release-audit", tags=["gpu"], retries=0, persist_result=False)
 def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None = None, training: int = 0,
                    repeat: int | None = None, teacher_reference: bool = False, device: str = "auto",
-                   dtype: str = "auto", seed: int | None = None, fit_members: bool = False) -> dict:
+                   dtype: str = "auto", seed: int | None = None, size_to_pools: bool = False) -> dict:
     """The membership-inference audit of a PromptPATE student prompt or a PromptDPSGD trained prompt (and,
     when asked, of single PromptPATE teachers: non-private, charged as an infinite spend first). An audit
     row of the same artifact under the same audit configuration is reused. Returns public summaries.
-    `fit_members`: draw at most as many members per trial as the mechanism read (E x k teacher records,
-    the N training records: public counts) and as many non-members as there are held-out records, instead
-    of refusing a configuration sized for another method (a pipeline's audit settings)."""
+
+    Members: the private records the mechanism read; non-members: the held-out records and the private
+    records it never read (a teacher never held them; no Poisson batch drew them). The design is planned
+    before the model loads (`dpcore.audit_design`): `size_to_pools` takes the cheapest design that
+    concludes on these pools instead of `audit_config`'s sizes; an audit that cannot conclude either way
+    is refused here (`ReleaseRefusedError`), with the pool that falls short, before minutes are spent."""
     from dpcore import audit as mia
     from dpcore.audit_gate import GateThresholds
     from dpcore.taskspec import load_task_spec
@@ -293,14 +324,14 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
             raise ConfigError(f"run {run_id}: {needed} is missing (the audit needs the run's private records)")
     records = read_table(records_path)
     train = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
-    held_out = records[records["split"] == "test"][["id", "text", "label"]].reset_index(drop=True)
     assignment = read_table(assignment_path) if method == "pate" else None
     members = gate.audit_members(artifact, train, assignment["id"].astype(str).tolist() if assignment is not None
                                  else _sampled_ids(private, artifact))
-    if fit_members:
-        audit_config = audit_config.model_copy(update={"members": max(1, min(audit_config.members, len(members))),
-                                                       "non_members": max(1, min(audit_config.non_members,
-                                                                                 len(held_out)))})
+    import pandas as pd
+
+    unread = train[~train["id"].astype(str).isin(set(members["id"].astype(str)))]
+    held_out = pd.concat([records[records["split"] == "test"][["id", "text", "label"]], unread], ignore_index=True)
+    audit_config = planned_audit(audit_config, len(members), len(held_out), size_to_pools)
     audit_path = artifact.path / gate.AUDIT_FILES[method]
     teacher_path = artifact.path / gate.TEACHER_AUDIT_FILE
     key = audit_config.model_dump_json()
@@ -351,8 +382,6 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
         write_table(reference.audit_frame().assign(**tags), private / gate.TEACHER_AUDIT_FILE)
         write_table(reference.public_frame().assign(**tags), teacher_path)
     scores = [r.mia_scores.assign(artifact=artifact.name if r is result else "teacher") for r in results]
-    import pandas as pd
-
     _merge_rows(private / f"mia_scores_{method}.parquet", pd.concat(scores, ignore_index=True), artifact.name)
     _reseal(artifact)
     return out

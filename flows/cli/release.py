@@ -16,7 +16,8 @@ def _audit_config(args):
 
     updates = {k: v for k, v in (("trials", args.trials), ("members", args.audit_members),
                                  ("non_members", args.audit_members), ("reference_prompts", args.audit_reference_prompts),
-                                 ("max_record_tokens", args.audit_max_record_tokens)) if v is not None}
+                                 ("max_record_tokens", args.audit_max_record_tokens),
+                                 ("auc_tolerance", args.auc_tolerance)) if v is not None}
     try:
         return AuditConfig(**updates)
     except ValueError as exc:
@@ -33,7 +34,8 @@ def _release(args) -> int:
         raise ConfigError("--teacher-reference: the single-teacher contrast is PromptPATE's (--method pate)")
     options = {} if args.method == "tang" else dict(
         audit_config=_audit_config(args), teacher_reference=args.teacher_reference, audit_only=args.audit_only,
-        training=args.training, repeat=args.repeat, device=args.device)
+        training=args.training, repeat=args.repeat, device=args.device,
+        size_to_pools=args.trials is None and args.audit_members is None)
     if args.teacher_reference:
         print("WARNING: the single-teacher contrast puts real private records in prompts: it is charged to the "
               "run's ledger id as an infinite spend (epsilon = inf) before any record is read.", file=sys.stderr)
@@ -109,13 +111,18 @@ def register(subparsers) -> None:
                          help="pate: also audit single teachers' prompts (real records: non-private, charged as an "
                               "infinite spend)")
     release.add_argument("--audit-only", action="store_true", help="pate, dpsgd: run the audit and stop")
-    release.add_argument("--trials", type=int, default=None, help="pate, dpsgd: audit trials (default 20)")
+    release.add_argument("--trials", type=int, default=None,
+                         help="pate, dpsgd: audit trials (default: with --audit-members unset, the cheapest design "
+                              "that concludes on the run's pools; else 20)")
     release.add_argument("--audit-members", type=int, default=None,
-                         help="pate, dpsgd: members (and as many non-members) per trial (default 50)")
+                         help="pate, dpsgd: members (and as many non-members) per trial (default: sized with "
+                              "--trials; else 50)")
     release.add_argument("--audit-reference-prompts", type=int, default=None,
                          help="pate, dpsgd: LiRA OUT prompts (default 4; below 2: no LiRA)")
     release.add_argument("--audit-max-record-tokens", type=int, default=None,
                          help="pate, dpsgd: score each record's first N tokens only")
+    release.add_argument("--auc-tolerance", type=float, default=None,
+                         help="pate, dpsgd: the gate's band, |AUC - 0.5| within this (default 0.05)")
     release.add_argument("--device", default="auto", help="pate, dpsgd: the audit's device (default: auto)")
     release.add_argument("--alias", default="production", help="registry alias to move (default: production)")
     release.add_argument("--json", action="store_true", help="print one JSON object")

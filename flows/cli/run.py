@@ -189,8 +189,9 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
     """What is said and checked before the pipeline starts: the non-private baselines the run will
     spend (a warning line), every check that could fail after the charge, the planned cost of every
     method the run names (composed as the ledger composes it; printed when the run names several, and
-    confirmed on a terminal when `confirm`), and a dry run of the charge against the dataset's budget
-    (a refusal comes here, before any model loads). Returns the planned cost."""
+    confirmed on a terminal when `confirm`), the audit's plan when it cannot conclude, and a dry run of the
+    charge against the dataset's budget (a refusal comes here, before any model loads). Returns the planned
+    cost."""
     from tasks.charge import (
         charge_spends,
         non_private_baselines,
@@ -207,7 +208,13 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
     if warning:
         print(warning, file=sys.stderr, flush=True)
     preflight(config)
-    spends, _ = run_spends(config, run_id)
+    spends, data = run_spends(config, run_id)
+    if config.audit and "tang" in config.methods:  # the audit planned from public counts, said before it runs
+        from tasks.audit import run_audit_design
+
+        note = run_audit_design(config, data.label_counts(), len(data.test))[2]
+        if note:
+            print(note, file=sys.stderr, flush=True)
     cost = planned_cost(spends)
     if len(config.methods) > 1 or confirm:
         print(format_cost(cost), file=sys.stderr, flush=True)
