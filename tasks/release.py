@@ -268,8 +268,9 @@ def _merge_rows(path: Path, frame, name: str):
 
 
 def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_pools: bool):
-    """`audit_config`, sized to the cheapest conclusive design of these pools when `size_to_pools`; refused
-    (`ReleaseRefusedError`) when no audit of them can conclude (`dpcore.audit_design`)."""
+    """The audit to run on these pools (`dpcore.audit_design`). `size_to_pools`: the cheapest design that
+    concludes, refused (`ReleaseRefusedError`) when none would; otherwise `audit_config`'s sizes (capped to
+    the pools), said in one line when they would not conclude, and run as asked."""
     from dpcore import audit_design
     from dpcore.errors import ReleaseRefusedError
     from dpcore.mia_attacks import attacks_run
@@ -278,14 +279,20 @@ def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_
     pools = (member_pool, max(0, non_member_pool - reserve))
     sizes = dict(attacks=len(attacks_run(audit_config.reference_prompts)), confidence=audit_config.confidence,
                  tolerance=audit_config.auc_tolerance)
-    chosen = (audit_design.cheapest_conclusive(*pools, **sizes) if size_to_pools else
-              audit_design.plan(*pools, members=audit_config.members, non_members=audit_config.non_members,
-                                trials=audit_config.trials, **sizes))
+    if size_to_pools:
+        chosen = audit_design.cheapest_conclusive(*pools, **sizes)
+    else:
+        audit_config = audit_config.model_copy(update={"members": max(1, min(audit_config.members, pools[0])),
+                                                       "non_members": max(1, min(audit_config.non_members, pools[1]))})
+        chosen = audit_design.plan(*pools, members=audit_config.members, non_members=audit_config.non_members,
+                                   trials=audit_config.trials, **sizes)
     refusal = audit_design.cannot_conclude(chosen, *pools, members_are="the records the mechanism read",
                                            non_members_are="the held-out and unread records")
-    if refusal is not None:
+    if refusal is not None and size_to_pools:
         raise ReleaseRefusedError(refusal)
-    if not chosen.conclusive:
+    if refusal is not None:
+        get_run_logger().warning("%s (running it with the sizes asked)", refusal)
+    elif not chosen.conclusive:
         get_run_logger().warning("audit design %d+%d records x %d trials concludes with probability about %.0f%% when "
                                  "nothing leaks", chosen.members, chosen.non_members, chosen.trials,
                                  100 * chosen.conclusive_probability)
