@@ -75,6 +75,7 @@ class CompletionEngine:
         self.max_logprobs = max_logprobs
         self.context = int(getattr(lm.model.config, "max_position_embeddings", 0) or 0)
         self._lock = threading.Lock()
+        self._texts: dict[int, str] = {}  # token id -> its text (top_logprobs keys)
 
     # ------------------------------------------------------------------ requests
 
@@ -161,18 +162,28 @@ class CompletionEngine:
         return whole[len(head):] if whole.startswith(head) else decode([token], skip_special_tokens=True)
 
     def _token_text(self, token: int) -> str:
-        return self.lm.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.lm.tokenizer.decode([token], skip_special_tokens=False,
+                                                                 clean_up_tokenization_spaces=False)
+        return text
 
-    def _top(self, logp: torch.Tensor, k: int, chosen: int) -> dict[str, float]:
+    def _top(self, values: list[float], ids: list[int]) -> dict[str, float]:
+        """{token text: log-probability} of the top tokens (two ids of one text keep the larger)."""
         top: dict[str, float] = {}
-        if k > 0:
-            values, ids = torch.topk(logp, k)
-            for value, token in zip(values.tolist(), ids.tolist(), strict=True):
-                text = self._token_text(token)
-                top[text] = max(top.get(text, -float("inf")), float(value))
-        else:
-            top[self._token_text(chosen)] = float(logp[chosen])
+        for value, token in zip(values, ids, strict=True):
+            text = self._token_text(token)
+            top[text] = max(top.get(text, -float("inf")), float(value))
         return top
+
+    def _tops(self, logp: torch.Tensor, k: int, chosen: list[int]) -> list[dict[str, float]]:
+        """The top-k dict of each row of `logp` [n, V] (k = 0: the chosen token's entry alone)."""
+        if k > 0:
+            values, ids = torch.topk(logp, k, dim=-1)
+            return [self._top(v, i) for v, i in zip(values.tolist(), ids.tolist(), strict=True)]
+        rows = torch.arange(len(chosen))
+        values = logp[rows, torch.as_tensor(chosen, dtype=torch.long)].tolist()
+        return [self._top([v], [c]) for v, c in zip(values, chosen, strict=True)]
 
     @torch.inference_mode()
     def _one(self, prompt, max_tokens: int, temperature: float, k: int | None, echo: bool, stops: list[str],
@@ -192,16 +203,16 @@ class CompletionEngine:
         out = model(input_ids=input_ids, use_cache=True, logits_to_keep=0 if echo else 1)
         if echo:
             logp_all = torch.log_softmax(out.logits[0].float(), dim=-1)
-            for i, token in enumerate(ids):
+            targets = torch.as_tensor(ids[1:], dtype=torch.long, device=logp_all.device)
+            chosen = logp_all[:-1].gather(1, targets[:, None])[:, 0].tolist()
+            tops = self._tops(logp_all[:-1], k or 0, ids[1:]) if k is not None else [None] * (len(ids) - 1)
+            for i in range(len(ids)):
                 end = offsets[i + 1] if i + 1 < len(ids) else len(text)
                 tokens.append(text[offsets[i]:end])
                 text_offset.append(offsets[i])
-                if i == 0:  # nothing predicts the first token
-                    token_logprobs.append(None)
-                    top_logprobs.append(None)
-                else:
-                    token_logprobs.append(float(logp_all[i - 1, token]))
-                    top_logprobs.append(self._top(logp_all[i - 1], k or 0, token))
+            # nothing predicts the first token
+            token_logprobs.extend([None] + chosen)
+            top_logprobs.extend([None] + tops)
             last = logp_all[-1]
         else:
             last = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
@@ -224,7 +235,7 @@ class CompletionEngine:
             if k is not None:
                 tokens.append(piece)
                 token_logprobs.append(float(last[token]))
-                top_logprobs.append(self._top(last, k, token))
+                top_logprobs.append(self._tops(last[None], k, [token])[0])
                 text_offset.append(len(text if echo else "") + len(completion))
             if cut is not None:
                 completion, finish = cut, "stop"

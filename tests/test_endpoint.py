@@ -274,19 +274,20 @@ def test_endpoint_without_echo_or_logprobs_on_the_embedded_model(embedded_lm, cl
     with common._MODELS_LOCK:
         common._MODELS[("smollm2-135m", "auto", "auto")] = embedded_lm
     register_tang("endpoint-embedded", "smollm2-135m")
-    local, _ = _predict(cli, tmp_path, "endpoint-embedded", name="local")
     raw, _ = _predict(cli, tmp_path, "endpoint-embedded", "--no-calibration", name="local-raw")
     with served(embedded_lm, "smollm2-135m", echo=False) as url:
-        first, err = _predict(cli, tmp_path, "endpoint-embedded", "--endpoint", url, name="first-token")
+        first, err = _predict(cli, tmp_path, "endpoint-embedded", "--endpoint", url, "--no-calibration",
+                              name="first-token")
         forced = cli(["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-embedded",
                       "--endpoint", url, "--scoring", "echo"])
     assert "scoring: logprobs" in err
     assert forced[0] == 2 and "--scoring echo is not supported" in forced[2] and "echo" in forced[2]
     # every label is one token of this tokenizer and among the top 20: first-token scores are the local scores
+    # (calibration is applied alike: the echo test checks it)
     assert all(r["scoring"] == "logprobs" and r["unscored_labels"] == [] for r in first)
-    assert [r["prediction"] for r in first] == [r["prediction"] for r in local]
+    assert [r["prediction"] for r in first] == [r["prediction"] for r in raw]
     got = np.array([[r["probabilities"][y] for y in LABELS] for r in first])
-    want = np.array([[r["probabilities"][y] for y in LABELS] for r in local])
+    want = np.array([[r["probabilities"][y] for y in LABELS] for r in raw])
     assert np.abs(got - want).max() < 1e-3
     with served(embedded_lm, "smollm2-135m", logprobs=False) as url:
         text, err = _predict(cli, tmp_path, "endpoint-embedded", "--endpoint", url, name="text")
@@ -363,7 +364,7 @@ def _listening_addresses(port: int) -> set[str]:
     return found
 
 
-def test_dpicl_serve_answers_openai_clients_on_loopback_only(tiny_model_dir, tiny_lm, tmp_path):
+def test_dpicl_serve_answers_openai_clients_on_loopback_only(tiny_model_dir, tiny_lm, cli):
     import openai
 
     port = free_port()
@@ -396,10 +397,9 @@ def test_dpicl_serve_answers_openai_clients_on_loopback_only(tiny_model_dir, tin
             client.completions.create(model="tiny", prompt=prompt, max_tokens=1, logprobs=50)
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="other", prompt=prompt, max_tokens=1)
-        # the port is taken now: a second server is refused in one line
-        second = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "--model", "tiny-random", "--port",
-                                 str(port)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        assert second.returncode == 2 and f"--port {port}: 127.0.0.1:{port} is already in use" in second.stderr
+        # the port is taken now: a second server is refused in one line, before any model is loaded
+        code, _, err = cli(["serve", "--model", "no-such-model", "--port", str(port)])
+        assert code == 2 and f"--port {port}: 127.0.0.1:{port} is already in use" in _one_clear_line(err)
     finally:
         proc.terminate()
         try:
