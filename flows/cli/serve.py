@@ -22,9 +22,8 @@ def _serve(args) -> int:
 
     import uvicorn
 
-    from dpcore.serve import CompletionEngine, create_app
     from flows.cli.ui import port_in_use
-    from tasks.common import language_model
+    from tasks.serve import completion_app
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port}: not a TCP port (1-65535)")
@@ -32,12 +31,11 @@ def _serve(args) -> int:
         raise ConfigError(f"--max-logprobs: must be >= 0, got {args.max_logprobs}")
     if port_in_use(HOST, args.port):
         raise ConfigError(f"--port {args.port}: {HOST}:{args.port} is already in use; pick a free port with --port")
-    lm = language_model(args.model, device=args.device)
     name = args.name or args.model
-    engine = CompletionEngine(lm, name, logprobs=not args.no_logprobs, echo=not args.no_echo,
-                              max_logprobs=args.max_logprobs)
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), host=HOST, port=args.port, log_config=None,
-                                           access_log=False, lifespan="off"))
+    app, loaded = completion_app(args.model, name=name, device=args.device, logprobs=not args.no_logprobs,
+                                 echo=not args.no_echo, max_logprobs=args.max_logprobs)
+    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=args.port, log_config=None, access_log=False,
+                                           lifespan="off"))
 
     def on_term(signum, frame):  # SIGTERM stops like Ctrl-C does
         server.should_exit = True
@@ -45,7 +43,7 @@ def _serve(args) -> int:
     previous = signal.signal(signal.SIGTERM, on_term)
     offers = ("no log-probabilities" if args.no_logprobs
               else f"log-probabilities (top {args.max_logprobs}{', no echo' if args.no_echo else ', echo'})")
-    print(f"serving model {lm.name} as {name!r} at http://{HOST}:{args.port}/v1 (OpenAI completions API, {offers}); "
+    print(f"serving model {loaded} as {name!r} at http://{HOST}:{args.port}/v1 (OpenAI completions API, {offers}); "
           "Ctrl-C stops it", file=sys.stderr, flush=True)
     try:
         server.run()
