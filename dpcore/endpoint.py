@@ -87,6 +87,10 @@ class Endpoint:
     served: tuple[str, ...] = field(default_factory=tuple)
 
 
+class NotFound(EndpointError):
+    """The server answered 404: a wrong URL path, or a model (or route) it does not have."""
+
+
 class Unsupported(Exception):
     """The server does not offer a scoring mode (it refused the request, or returned no log-probabilities)."""
 
@@ -112,7 +116,9 @@ def connect(config: EndpointConfig, known_model: str | None = None, client=None)
     probe = Endpoint(client, url, config.model or "", config)
     try:
         served = tuple(m.id for m in _call(probe, lambda: list(client.models.list())))
-    except Unsupported:  # a server without a model list: the model must be named
+    except (Unsupported, NotFound):  # a server without a model list: the model must be named
+        if config.model is None:
+            raise ConfigError(f"--model: {url} lists no models; name the model to ask for") from None
         served = ()
     model = config.model
     if model is None:
@@ -154,7 +160,7 @@ def _call(endpoint: Endpoint, request):
         raise EndpointError(f"endpoint {endpoint.url}: the server refused the API key (HTTP {exc.status_code}); "
                             "set OPENAI_API_KEY") from None
     except openai.NotFoundError as exc:
-        raise EndpointError(f"endpoint {endpoint.url}: HTTP 404 ({_error_message(exc)}); check --model and the "
+        raise NotFound(f"endpoint {endpoint.url}: HTTP 404 ({_error_message(exc)}); check --model and the "
                             "URL (an OpenAI-compatible server's base URL usually ends in /v1)") from None
     except (openai.BadRequestError, openai.UnprocessableEntityError) as exc:
         raise Unsupported(f"HTTP {exc.status_code}: {_error_message(exc)}") from None

@@ -334,7 +334,10 @@ def test_a_model_the_server_does_not_serve_and_stray_flags_are_named(tiny_releas
     with served(tiny_lm, "tiny") as url:
         code, _, err = cli(["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-tiny",
                             "--endpoint", url, "--model", "gpt-x"])
-    assert code == 2 and "no model 'gpt-x' (it serves tiny)" in _one_clear_line(err)
+        assert code == 2 and "no model 'gpt-x' (it serves tiny)" in _one_clear_line(err)
+        code, _, err = cli(["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-tiny",
+                            "--endpoint", url.removesuffix("/v1") + "/api", "--model", "tiny"])
+        assert code == 2 and "HTTP 404" in _one_clear_line(err) and "check --model and the URL" in err
     code, _, err = cli(["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-tiny",
                         "--timeout", "3"])
     assert code == 2 and "--timeout: apply to --endpoint only" in err
