@@ -78,7 +78,8 @@ class EndpointConfig:
 
 @dataclass
 class Endpoint:
-    """A connected server: its client (anything with the `openai.OpenAI` interface), base URL and model."""
+    """A connected server: its client (anything with the `openai.OpenAI` interface), base URL as messages show it
+    (without credentials) and model."""
 
     client: Any
     url: str
@@ -99,9 +100,15 @@ def base_url(url: str) -> str:
     """The client's base URL: `http://host:port` gets `/v1`; a URL with a path is kept as given."""
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"--endpoint {url!r}: expected an http(s) URL such as http://127.0.0.1:8000/v1")
+        raise ConfigError(f"--endpoint {shown_url(url)!r}: expected an http(s) URL such as http://127.0.0.1:8000/v1")
     path = parts.path.rstrip("/")
     return f"{parts.scheme}://{parts.netloc}{path or '/v1'}"
+
+
+def shown_url(url: str) -> str:
+    """`url` for a message: a `user:password@` part is left out."""
+    parts = urlsplit(url)
+    return url.replace(f"{parts.netloc}", parts.netloc.rsplit("@", 1)[-1], 1) if "@" in parts.netloc else url
 
 
 def connect(config: EndpointConfig, known_model: str | None = None, client=None) -> Endpoint:
@@ -109,9 +116,10 @@ def connect(config: EndpointConfig, known_model: str | None = None, client=None)
 
     The server's model list is read first, so a server that is down fails here with one clear error. The
     model is `config.model`, else the server's only model, else `known_model` when the server serves it."""
-    url = base_url(config.url)
+    full = base_url(config.url)
+    url = shown_url(full)
     if client is None:
-        client = openai.OpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY,
+        client = openai.OpenAI(base_url=full, api_key=os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY,
                                timeout=config.timeout, max_retries=config.retries)
     probe = Endpoint(client, url, config.model or "", config)
     try:

@@ -344,10 +344,10 @@ def test_a_model_the_server_does_not_serve_and_stray_flags_are_named(tiny_releas
     os.environ["OPENAI_API_KEY"] = "sk-secret-test-key"
     try:
         code, _, err = cli(["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-tiny",
-                            "--endpoint", f"http://127.0.0.1:{free_port()}", "--retries", "0"])
+                            "--endpoint", f"http://user:pw-secret@127.0.0.1:{free_port()}", "--retries", "0"])
     finally:
         del os.environ["OPENAI_API_KEY"]
-    assert code == 2 and "sk-secret" not in err
+    assert code == 2 and "unreachable" in err and "sk-secret" not in err and "pw-secret" not in err
 
 
 # --------------------------------------------------------------------------- the dpicl serve command

@@ -123,7 +123,9 @@ def _predict(args) -> int:
     where = f"on model {model_name}"
     if endpoint is not None:
         modes = sorted({a.get("scoring", "") for a in answers})
-        where = (f"through endpoint {endpoint.url} model {model_name}"
+        from dpcore.endpoint import base_url, shown_url
+
+        where = (f"through endpoint {shown_url(base_url(endpoint.url))} model {model_name}"
                  + (f" (scoring: {', '.join(modes)})" if modes else ""))
     print(f"answered {len(queries)} queries with release v{manifest['release_version']} of {manifest['dataset_id']} "
           f"(epsilon {eps if eps is None or not math.isinf(float(eps)) else 'inf'}, delta {manifest.get('delta')}; "
