@@ -23,6 +23,11 @@ class ModelNotFoundError(DpiclError, FileNotFoundError):
     """No model could be resolved from a name. The message lists everything that was tried."""
 
 
+class EndpointError(DpiclError):
+    """A model server cannot answer (unreachable, timed out, refused the request or the key); the message
+    names the endpoint and what to check, never the API key or a prompt."""
+
+
 class BudgetExceededError(DpiclError):
     """A run would spend more privacy than the dataset's budget (CLI exit code 3)."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -199,20 +200,42 @@ def load_release(alias_or_version: str = DEFAULT_ALIAS, dataset_id: str | None =
 
 
 def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, model: str | None = None,
-                   device: str = "auto", calibrate: bool = True) -> tuple[dict, str, list[dict]]:
+                   device: str = "auto", calibrate: bool = True, endpoint=None) -> tuple[dict, str, list[dict]]:
     """`dpicl predict`: ICL answers to `texts` with a release's demos (or its trained prompt) only, post-processing
-    of a DP release (no privacy cost): (the release manifest, the model's name, one answer per text)."""
+    of a DP release (no privacy cost): (the release manifest, the model's name, one answer per text).
+
+    `endpoint` (a `dpcore.endpoint.EndpointConfig`): answer through that OpenAI-compatible server instead of a
+    local model (`model` is then the served model's name); a PromptDPSGD release is refused (local only)."""
     from dpcore import predict
     from dpcore.taskspec import TaskSpec
 
     manifest = load_release(release, dataset_id)
     spec = TaskSpec.model_validate(manifest["task_spec"])
-    lm = language_model(model or manifest["model"], device=device)
     demos = [(d["text"], d["label"]) for d in manifest["demos"]]
+    if endpoint is not None:
+        from dpcore import endpoint as remote
+        from dpcore.export import local_only_reason
+
+        reason = local_only_reason(manifest, "it cannot be sent to an endpoint")
+        if reason:
+            raise ConfigError(reason)
+        config = endpoint if model is None else replace(endpoint, model=model)
+        connection = remote.connect(config, known_model=manifest.get("model"))
+        return manifest, connection.model, remote.answer(connection, spec, demos, texts, calibrate=calibrate)
+    lm = language_model(model or manifest["model"], device=device)
     past = (predict.trained_prompt_cache(lm, Path(manifest["release_dir"]) / manifest["artifact"]["file"],
                                          manifest["model_weights_sha256"], manifest["model"])
             if manifest.get("method") == "dpsgd" else None)
     return manifest, lm.name, predict.answer(lm, spec, demos, texts, calibrate=calibrate, past=past)
+
+
+def export_release(release: str, dataset_id: str | None, placeholder: str | None = None) -> tuple[dict, dict]:
+    """`dpicl export`: (the release manifest, its prompt template and guarantee, `dpcore.export.export`);
+    a PromptDPSGD release is refused (no text form)."""
+    from dpcore import export
+
+    manifest = load_release(release, dataset_id)
+    return manifest, export.export(manifest, placeholder or export.DEFAULT_PLACEHOLDER)
 
 
 def seal_pate_run(public_dir, *, plan: dict, run_id: str, dataset: str, dataset_id: str, data_hash: str, model: str,

@@ -9,7 +9,7 @@ import sys
 from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
 
-COMMAND_MODULES = ["accounting", "generate", "evaluate", "audit", "ledger", "run", "pate", "tune", "release", "ui"]
+COMMAND_MODULES = ["accounting", "generate", "evaluate", "audit", "ledger", "run", "pate", "tune", "release", "serve", "ui"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""CLI: `dpicl release` (the audited release gate) and `dpicl predict` (ICL with released demos only)."""
+"""CLI: `dpicl release` (the audited release gate), `dpicl predict` (ICL with released demos only, on a local
+model or through an OpenAI-compatible endpoint) and `dpicl export` (a release as a plain prompt template)."""
 
 from __future__ import annotations
 
@@ -69,17 +70,48 @@ def _read_queries(path: Path) -> list[dict]:
     return rows
 
 
+ENDPOINT_FLAGS = ("timeout", "retries", "scoring", "batch_size", "max_new_tokens")
+
+
+def _endpoint_config(args):
+    """The `EndpointConfig` of `--endpoint` and its flags (None without `--endpoint`; its flags alone are refused)."""
+    from dpcore.errors import ConfigError
+
+    given = [f"--{name.replace('_', '-')}" for name in ENDPOINT_FLAGS if getattr(args, name) is not None]
+    if args.endpoint is None:
+        if given:
+            raise ConfigError(f"{', '.join(given)}: apply to --endpoint only")
+        return None
+    if args.device != "auto":
+        raise ConfigError("--device: applies to a local model, not to --endpoint")
+    from dpcore.endpoint import EndpointConfig
+
+    values = {name: getattr(args, name) for name in ENDPOINT_FLAGS if getattr(args, name) is not None}
+    return EndpointConfig(url=args.endpoint, model=args.model, **values)
+
+
+def _quiet_client_logs() -> None:
+    """The HTTP client's debug lines hold request bodies (the queries): never logged, even with -v."""
+    import logging
+
+    for name in ("openai", "httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _predict(args) -> int:
     from dpcore.errors import DataValidationError
     from tasks.release import answer_queries
 
+    endpoint = _endpoint_config(args)
     path = Path(args.input)
     if not path.exists():
         raise DataValidationError(f"{path}: file not found")
     queries = _read_queries(path)
+    if endpoint is not None:
+        _quiet_client_logs()
     manifest, model_name, answers = answer_queries(args.release, args.dataset_id, [q["text"] for q in queries],
                                                    model=args.model, device=args.device,
-                                                   calibrate=not args.no_calibration)
+                                                   calibrate=not args.no_calibration, endpoint=endpoint)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
         for query, answer in zip(queries, answers, strict=True):
@@ -90,9 +122,41 @@ def _predict(args) -> int:
         if args.out:
             out.close()
     eps = manifest.get("epsilon")
+    where = f"on model {model_name}"
+    if endpoint is not None:
+        modes = sorted({a.get("scoring", "") for a in answers})
+        from dpcore.endpoint import base_url, shown_url
+
+        where = (f"through endpoint {shown_url(base_url(endpoint.url))} model {model_name}"
+                 + (f" (scoring: {', '.join(modes)})" if modes else ""))
     print(f"answered {len(queries)} queries with release v{manifest['release_version']} of {manifest['dataset_id']} "
           f"(epsilon {eps if eps is None or not math.isinf(float(eps)) else 'inf'}, delta {manifest.get('delta')}; "
-          f"post-processing: no further privacy cost) on model {model_name}", file=sys.stderr)
+          f"post-processing: no further privacy cost) {where}", file=sys.stderr)
+    return 0
+
+
+def _export(args) -> int:
+    from dpcore.artifacts import jsonable, write_bytes_atomic, write_json_atomic, write_text_atomic
+    from dpcore.export import guarantee_line
+    from tasks.release import export_release
+
+    manifest, exported = export_release(args.release, args.dataset_id, args.placeholder)
+    if args.format == "json":
+        if args.out:
+            write_json_atomic(Path(args.out), jsonable(exported))
+            print(f"wrote {args.out}", file=sys.stderr)
+        else:
+            print_json(exported)
+    elif args.out:
+        out = Path(args.out)
+        write_text_atomic(out, exported["template"])
+        guarantee_file = out.with_name(out.name + ".release.json")
+        write_bytes_atomic(guarantee_file, (Path(manifest["release_dir"]) / "release.json").read_bytes())
+        print(f"wrote {out} (placeholder {exported['placeholder']}) and {guarantee_file}", file=sys.stderr)
+    else:
+        sys.stdout.write(exported["template"])  # exactly the template: no newline added after the answer prefix
+        sys.stdout.flush()
+    print(guarantee_line(manifest), file=sys.stderr)
     return 0
 
 
@@ -132,8 +196,39 @@ def register(subparsers) -> None:
     predict.add_argument("--release", default="production", help="an alias or a version number")
     predict.add_argument("--input", required=True, help="JSONL with a `text` field per line (other fields are kept)")
     predict.add_argument("--dataset-id", default=None, help="which dataset's release, when several exist")
-    predict.add_argument("--model", default=None, help="any model (default: the model that generated the demos)")
+    predict.add_argument("--model", default=None,
+                         help="any model (default: the model that generated the demos); with --endpoint, the "
+                              "served model's name (default: the server's only model)")
     predict.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     predict.add_argument("--no-calibration", action="store_true", help="raw predictions (no contextual calibration)")
     predict.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
+    remote = predict.add_argument_group("answering through an OpenAI-compatible server (demos and student prompts "
+                                        "only; the API key is read from OPENAI_API_KEY)")
+    remote.add_argument("--endpoint", default=None, metavar="URL",
+                        help="the server's base URL, e.g. http://127.0.0.1:8000/v1 (vLLM, llama.cpp, Ollama, a hosted "
+                             "API, `dpicl serve`)")
+    remote.add_argument("--timeout", type=float, default=None, help="seconds per request (default 60)")
+    remote.add_argument("--retries", type=int, default=None,
+                        help="further attempts after a connection failure, timeout or 5xx answer (default 2)")
+    remote.add_argument("--scoring", choices=("auto", "echo", "logprobs", "text"), default=None,
+                        help="echo: full label log-probabilities from the echoed prompt; logprobs: the first label "
+                             "token among the top log-probabilities; text: greedy text matched to the labels; auto "
+                             "(default): the first the server supports")
+    remote.add_argument("--batch-size", type=int, default=None, help="prompts per request (default 8; 1 for servers "
+                                                                     "that take one prompt per request)")
+    remote.add_argument("--max-new-tokens", type=int, default=None, help="length of text answers (default 12)")
     predict.set_defaults(handler=_predict)
+
+    export = subparsers.add_parser(
+        "export", help="a release as a plain prompt template for any model (no privacy cost)",
+        description="The released demonstrations (method tang) or PromptPATE's student prompt (method pate) as the "
+                    "prompt dpicl builds, with a placeholder for the query, the labels and the release's guarantee. "
+                    "A PromptDPSGD trained prompt has no text form and is refused.")
+    export.add_argument("--release", default="production", help="an alias or a version number")
+    export.add_argument("--dataset-id", default=None, help="which dataset's release, when several exist")
+    export.add_argument("--format", choices=("json", "text"), default="json",
+                        help="json (default): one object (guarantee, template, labels, demos); text: the template "
+                             "alone (the guarantee on stderr, or in OUT.release.json with --out)")
+    export.add_argument("--placeholder", default=None, help="where the query goes in the template (default {text})")
+    export.add_argument("--out", default=None, help="write here instead of stdout")
+    export.set_defaults(handler=_export)
