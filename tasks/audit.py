@@ -73,28 +73,29 @@ def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size:
     reserve = audit_config.reference_prompts if audit_config.reference_prompts >= 2 else 0
     sizes = dict(attacks=len(attacks_run(audit_config.reference_prompts)), confidence=audit_config.confidence,
                  tolerance=audit_config.auc_tolerance)
-    if audit_config.mode == "run-demos":  # every private record a member, the test split the non-members
-        pools = (sum(label_counts.values()), max(0, test_size - reserve))
-
-        def planner(members, non_members, trials):
-            return audit_design.plan(*pools, members=members, non_members=non_members, trials=trials, **sizes)
+    if audit_config.mode == "run-demos":
+        # each of the run's demos (per seed, ceil(shots / labels) per label) against its label's records (every
+        # private record a member) and its label's share of the test split (taken as even: the split is public
+        # only as a total)
+        member_pools = list(label_counts.values())
+        non_member_pools = [max(0, test_size // len(label_counts) - reserve)] * len(label_counts)
+        demo_sets = config.seeds * len(label_counts) * math.ceil(config.shots / len(label_counts))
     else:  # Tang et al. App. F: half of each label's records are members (`dpcore.audit.split_members`)
         member_pools = [int(round(0.5 * n)) for n in label_counts.values()]
         non_member_pools = [max(0, n - m - reserve) for n, m in zip(label_counts.values(), member_pools, strict=True)]
-        pools = (sum(member_pools), sum(non_member_pools))
+        demo_sets = audit_config.demo_sets
+    pools = (sum(member_pools), sum(non_member_pools))
 
-        def planner(members, non_members, trials):
-            return audit_design.plan_by_label(member_pools, non_member_pools, demo_sets=audit_config.demo_sets,
-                                              members=members, non_members=non_members, trials=trials, **sizes)
+    def planner(members, non_members, trials):
+        return audit_design.plan_by_label(member_pools, non_member_pools, demo_sets=demo_sets, members=members,
+                                          non_members=non_members, trials=trials, **sizes)
     asked = {"audit_trials", "audit_members"} & config.model_fields_set
     if asked:
         chosen = planner(audit_config.members, audit_config.non_members, audit_config.trials)
     else:
         chosen = audit_design.cheapest(planner, max(pools[0], 1), max(pools[1], 1))
         audit_config = audit_config.model_copy(update={"members": chosen.members, "non_members": chosen.non_members,
-                                                       "trials": max(1, chosen.trials // (
-                                                           1 if audit_config.mode == "run-demos"
-                                                           else audit_config.demo_sets))})
+                                                       "trials": max(1, chosen.trials // demo_sets)})
     refusal = audit_design.cannot_conclude(chosen, *pools, members_are="the audit's members",
                                            non_members_are="its non-members")
     if refusal is not None:
