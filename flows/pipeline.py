@@ -293,7 +293,8 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
             audited = release_stage.audit_artifact(run_id, method, config.audit_config(), epsilon=selected,
                                                    device=config.device, dtype=config.dtype, seed=config.seed,
                                                    size_to_pools=not ({"audit_trials", "audit_members"}
-                                                                      & config.model_fields_set))
+                                                                      & config.model_fields_set),
+                                                   cap_to_pools=True)
         except DpiclError as error:  # the methods' results stand; `dpicl release --audit-only` can retry it
             get_run_logger().warning("no membership audit of the %s artifact at epsilon %s: %s", method, epsilon,
                                      error)

@@ -290,10 +290,12 @@ def _merge_rows(path: Path, frame, name: str):
     return write_table(frame, path)
 
 
-def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_pools: bool):
+def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_pools: bool,
+                  cap_to_pools: bool = False):
     """The audit to run on these pools (`dpcore.audit_design`). `size_to_pools`: the cheapest design that
     concludes, refused (`ReleaseRefusedError`) when none would; otherwise `audit_config`'s sizes (capped to
-    the pools), said in one line when they would not conclude, and run as asked."""
+    the pools when `cap_to_pools`: a pipeline's settings, sized for another method), said in one line when
+    they would not conclude, and run as asked."""
     from dpcore import audit_design
     from dpcore.errors import ReleaseRefusedError
     from dpcore.mia_attacks import attacks_run
@@ -305,8 +307,10 @@ def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_
     if size_to_pools:
         chosen = audit_design.cheapest_conclusive(*pools, **sizes)
     else:
-        audit_config = audit_config.model_copy(update={"members": max(1, min(audit_config.members, pools[0])),
-                                                       "non_members": max(1, min(audit_config.non_members, pools[1]))})
+        if cap_to_pools:
+            audit_config = audit_config.model_copy(update={
+                "members": max(1, min(audit_config.members, pools[0])),
+                "non_members": max(1, min(audit_config.non_members, pools[1]))})
         chosen = audit_design.plan(*pools, members=audit_config.members, non_members=audit_config.non_members,
                                    trials=audit_config.trials, **sizes)
     refusal = audit_design.cannot_conclude(chosen, *pools, members_are="the records the mechanism read",
@@ -328,16 +332,17 @@ def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_
 @task(name="release-audit", tags=["gpu"], retries=0, persist_result=False)
 def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None = None, training: int = 0,
                    repeat: int | None = None, teacher_reference: bool = False, device: str = "auto",
-                   dtype: str = "auto", seed: int | None = None, size_to_pools: bool = False) -> dict:
+                   dtype: str = "auto", seed: int | None = None, size_to_pools: bool = False,
+                   cap_to_pools: bool = False) -> dict:
     """The membership-inference audit of a PromptPATE student prompt or a PromptDPSGD trained prompt (and,
     when asked, of single PromptPATE teachers: non-private, charged as an infinite spend first). An audit
     row of the same artifact under the same audit configuration is reused. Returns public summaries.
 
     Members: the private records the mechanism read; non-members: the held-out records and the private
     records it never read (a teacher never held them; no Poisson batch drew them). The design is planned
-    before the model loads (`dpcore.audit_design`): `size_to_pools` takes the cheapest design that
-    concludes on these pools instead of `audit_config`'s sizes; an audit that cannot conclude either way
-    is refused here (`ReleaseRefusedError`), with the pool that falls short, before minutes are spent."""
+    before the model loads (`planned_audit`): `size_to_pools` takes the cheapest design that concludes on
+    these pools instead of `audit_config`'s sizes and refuses (`ReleaseRefusedError`), naming the pool that
+    falls short, when none would, before minutes are spent; `cap_to_pools` caps the sizes asked."""
     from dpcore import audit as mia
     from dpcore.audit_gate import GateThresholds
     from dpcore.taskspec import load_task_spec
@@ -361,7 +366,7 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
 
     unread = train[~train["id"].astype(str).isin(set(members["id"].astype(str)))]
     held_out = pd.concat([records[records["split"] == "test"][["id", "text", "label"]], unread], ignore_index=True)
-    audit_config = planned_audit(audit_config, len(members), len(held_out), size_to_pools)
+    audit_config = planned_audit(audit_config, len(members), len(held_out), size_to_pools, cap_to_pools)
     audit_path = artifact.path / gate.AUDIT_FILES[method]
     teacher_path = artifact.path / gate.TEACHER_AUDIT_FILE
     key = audit_config.model_dump_json()

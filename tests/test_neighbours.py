@@ -60,7 +60,7 @@ DP_OUTPUTS = frozenset({
 VOLATILE = frozenset({
     "run_id", "mlflow_run_id", "mlflow_run_ids", "mlflow_comparison_run_id", "mlflow_experiment_id", "flow_run_id",
     "prefect_flow_run_id", "dpicl_run_id", "created_at", "at", "timestamp", "wall_seconds", "seconds",
-    "method_wall_seconds", "data_hash", "content_hash", "fingerprint", "id", "ledger_entries", "entry_id",
+    "method_wall_seconds", "seconds_per_100_items", "data_hash", "content_hash", "fingerprint", "id", "ledger_entries", "entry_id",
     "out", "private_out", "run_dir", "private_run_dir", "manifest", "prompt", "prompts", "path", "prompt_path",
     "metrics_path", "release_dir", "tracking_uri", "home", "generation_workers", "dataset_id", "mlflow.runName",
     "mlflow.user", "mlflow.source.name", "mlflow.source.type", "mlflow.parentRunId", "mlflow.source.git.commit",
