@@ -270,7 +270,7 @@ class _Engine:
         20 draws (the shared prefix length changed), so CPU fp32 needs per-label passes too.
         Separate passes make "public" public bit for bit and each label's logits a function of its
         own records only;
-        the cost is measured by benchmarks/bench_generation.py (README, Benchmarks). Within a
+        the cost is measured by benchmarks/bench_generation.py (benchmarks/RESULTS.md). Within a
         label, its groups still share passes (they read the same D_y; each group's contribution
         is bounded by the sensitivity argument only up to float rounding, as in any
         floating-point DP implementation).

@@ -20,7 +20,7 @@ tables, plots, configuration, `manifest.json`) and `$DPICL_HOME/private/runs/<sa
 partitions, sigma = 0 demos, the random-real baseline's demo ids, and every per-record table
 computed from private data: `predictions`, `mia_scores`, the ROC with the non-private reference,
 and the generation counters that depend on the records in `generation_stats.json`; see the
-README's "Privacy boundary"). The run id defaults to `<UTC start>-<flow run id prefix>`, so a
+docs/privacy.md). The run id defaults to `<UTC start>-<flow run id prefix>`, so a
 retry of the same flow run reuses its folder and its cached noise draws.
 """
 

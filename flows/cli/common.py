@@ -19,7 +19,7 @@ from dpcore.config import RunConfig
 __all__ = ["add_config_flags", "checked_config", "config_from_args", "fmt_value", "parse_epsilon", "print_json",
            "say"]
 
-# CLI spellings that differ from the RunConfig field name (documented in the README).
+# CLI spellings that differ from the RunConfig field name (documented in docs/).
 FLAG_ALIASES = {"rvp": "--no-rvp"}
 
 

@@ -7,7 +7,7 @@ Before anything is written: every check (E*k within the private records, T in [0
 the public source non-empty, no public text in the private or test split, Q within the public set,
 --test-size within the test split) and a dry run of the charge against the dataset's budget
 (`BudgetExceededError`, exit 3). `--json` prints one object whose top-level keys are documented in
-the README ("PromptPATE").
+docs/json.md.
 """
 
 from __future__ import annotations
@@ -109,8 +109,7 @@ def register(subparsers) -> None:
                         help="public queries: iid (the task's public split), ood (the task YAML's OOD dataset) or a "
                              "CSV/JSONL/Parquet file with a text column (default: iid)")
     parser.add_argument("--run-id", default=None, help="name of the run folder (default: <UTC start>-<flow run id>)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (see the README's PromptPATE "
-                                                           "section for its keys)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (its keys: docs/json.md)")
     parser.set_defaults(handler=_pate)
 
 
