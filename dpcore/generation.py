@@ -386,8 +386,11 @@ class _Engine:
                 "elapsed_seconds": time.perf_counter() - began,
             },
         }
-        log.info("generation step %d/%d: %d sequences generating, %d/%d demos done",
-                 step, config.max_tokens, len(active), info["finished"], info["total"])
+        # DEBUG: the caller knows what is generated (method, labels, epsilon) and says it once per step
+        # through `progress` (a pipeline runs labels in parallel tasks: an unlabelled line is ambiguous).
+        log.debug("generation step %d/%d (%s): %d sequences generating, %d/%d demos done", step,
+                  config.max_tokens, ", ".join(dict.fromkeys(s.label for s in streams)), len(active),
+                  info["finished"], info["total"])
         if self.progress is not None:
             self.progress(info)
 

@@ -44,3 +44,82 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
     proc.wait(timeout=120)
     assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, err
     assert proc.returncode == 141, (proc.returncode, err)
+
+
+# --------------------------------------------------------------------------- one line per generation step
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not any(record is seen for seen in self.records):  # seen by two watched loggers
+            self.records.append(record)
+
+
+@pytest.fixture()
+def logs():
+    """Every log record of dpicl's loggers (a handler on each: Prefect's logging set-up may stop them from
+    propagating to the root logger, where caplog listens)."""
+    captured = _Collect()
+    watched = [logging.getLogger(name) for name in ("", "dpcore", "dpicl", "tasks", "flows", "prefect")]
+    levels = [logger.level for logger in watched]
+    for logger in watched:
+        logger.addHandler(captured)
+        logger.setLevel(logging.DEBUG)
+    try:
+        yield captured.records
+    finally:
+        for logger, level in zip(watched, levels, strict=True):
+            logger.removeHandler(captured)
+            logger.setLevel(level)
+
+
+def _step_lines(records, steps: int) -> dict[int, list[str]]:
+    """The INFO lines of each generation step k ("step k/steps"), from any logger."""
+    lines: dict[int, list[str]] = {k: [] for k in range(1, steps + 1)}
+    for record in records:
+        if record.levelno < logging.INFO:
+            continue
+        message = record.getMessage()
+        for k in lines:
+            if f"step {k}/{steps}" in message:
+                lines[k].append(message)
+    return lines
+
+
+def test_the_generate_stage_logs_each_step_once_with_its_label(tiny_lm, logs, one_thread):
+    """In a pipeline run, labels generate in parallel tasks: a step line that does not name its label (or two
+    lines for one step) cannot be told apart."""
+    import pandas as pd
+    from pipeline_support import share_tiny_model
+
+    from dpcore.artifacts import write_table
+    from dpcore.config import GenerationConfig
+    from dpcore.home import private_dir
+    from tasks import generate as generate_stage
+
+    share_tiny_model(tiny_lm)
+    rows = [{"split": "train", "id": f"{label}-{i}", "text": f"{label} record {i} about markets", "label": label}
+            for label in ("World", "Sports") for i in range(12)]
+    records = write_table(pd.DataFrame(rows), private_dir() / "tests" / "step-lines" / "records.parquet")
+    generate_stage.generate.fn(
+        records_path=str(records), data_hash="d" * 64, task_spec="agnews", method="dp", label="Sports",
+        epsilon=1.0, noise_multiplier=2.0, generation=GenerationConfig(num_subsets=2, subset_size=2, top_k=20,
+                                                                       max_tokens=4),
+        model="tiny-random", seed=3, noise_scope="seed:3", noise_charged=True)
+    lines = _step_lines(logs, 4)
+    assert all(len(found) == 1 for found in lines.values()), lines
+    assert all("Sports" in found[0] and "eps=1" in found[0] for found in lines.values()), lines
+
+
+def test_dpicl_generate_logs_each_step_once_with_the_labels(tiny_model_dir, cli, logs, one_thread):
+    code, out, err = cli(["generate", "--dataset", "agnews", "--dataset-id", "step-lines", "--epsilon", "2",
+                          "--model", str(tiny_model_dir), "--shots", "4", "--max-tokens", "3", "--num-subsets",
+                          "2", "--subset-size", "1", "--top-k", "20", "--seed", "1"])
+    assert code == 0, err
+    lines = _step_lines(logs, 3)
+    assert all(len(found) == 1 for found in lines.values()), lines
+    assert all("World" in found[0] and "Technology" in found[0] for found in lines.values()), lines
