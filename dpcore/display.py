@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["fmt_delta", "fmt_eps", "fmt_sigma"]
+__all__ = ["fmt_delta", "fmt_eps", "fmt_sigma", "steps_text"]
 
 
 def _number(value, spec: str) -> str:
@@ -41,3 +41,12 @@ def fmt_delta(value) -> str:
 def fmt_sigma(value) -> str:
     """A noise multiplier for a person: 4 significant digits (`0.3982`), `inf` for instruction-only."""
     return _number(value, ".4g")
+
+
+def steps_text(steps: int, max_tokens: int) -> str:
+    """What T counts, for a person: every mechanism step that reads a label's records, one per generated
+    token of each of its demos (`T = 40 mechanism steps (20 tokens per demo x 2 demos per label)`). A demo
+    that ends early takes fewer steps: T is what is accounted, the most a run can take."""
+    demos = max(1, int(steps) // max(1, int(max_tokens)))
+    return (f"T = {int(steps)} mechanism steps ({int(max_tokens)} tokens per demo x {demos} demo"
+            f"{'s' if demos != 1 else ''} per label)")

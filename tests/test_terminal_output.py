@@ -8,7 +8,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -117,9 +116,30 @@ def test_the_generate_stage_logs_each_step_once_with_its_label(tiny_lm, logs, on
 
 def test_dpicl_generate_logs_each_step_once_with_the_labels(tiny_model_dir, cli, logs, one_thread):
     code, out, err = cli(["generate", "--dataset", "agnews", "--dataset-id", "step-lines", "--epsilon", "2",
-                          "--model", str(tiny_model_dir), "--shots", "4", "--max-tokens", "3", "--num-subsets",
+                          "--model", str(tiny_model_dir), "--shots", "8", "--max-tokens", "3", "--num-subsets",
                           "2", "--subset-size", "1", "--top-k", "20", "--seed", "1"])
     assert code == 0, err
     lines = _step_lines(logs, 3)
     assert all(len(found) == 1 for found in lines.values()), lines
     assert all("World" in found[0] and "Technology" in found[0] for found in lines.values()), lines
+    # 8 shots over 4 labels: 2 demos per label of 3 tokens each, so 6 mechanism steps per label: said as such
+    first = out.splitlines()[0]
+    assert "T = 6 mechanism steps (3 tokens per demo x 2 demos per label)" in first, first
+
+
+# --------------------------------------------------------------------------- what T counts
+
+
+def test_the_calibration_log_says_what_t_counts_and_rounds_its_epsilons(logs):
+    """T is every mechanism step of a label: tokens per demo x demos per label, not the tokens of one demo."""
+    from dpcore.config import GenerationConfig
+    from tasks.calibrate import calibrate
+
+    calibrate.fn(epsilons=[3.0], label_counts={"a": 30000, "b": 30000},
+                 generation=GenerationConfig(num_subsets=10, subset_size=2, max_tokens=20, demos_per_label=2),
+                 delta=1e-5, baselines=[], audit_reference=False)
+    (line,) = [r.getMessage() for r in logs if r.getMessage().startswith("epsilon 3:")]
+    assert "T = 40 mechanism steps (20 tokens per demo x 2 demos per label)" in line, line
+    upper = line.split("accountant upper ")[1].split(",")[0]
+    assert len(upper.replace(".", "")) <= 4, line  # not 2.998361328681111
+    assert "delta 1e-05" in line, line
