@@ -23,6 +23,7 @@ from prefect import flow, get_run_logger
 
 from dpcore.artifacts import write_table
 from dpcore.config import EvalConfig, RunConfig
+from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.home import configure_environment
 from tasks import evaluate as evaluate_stage
@@ -197,8 +198,9 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                                           "run_id": run_id, "dataset": config.dataset,
                                           "data_hash": ingested["data_hash"], "model": config.model,
                                           "seeded_noise": seeded})
-    logger.info("PromptPATE: answered %s of %d queries per repeat; student accuracy %s; epsilon %.4g",
-                aggregate["answered"], per_repeat, [round(a, 3) for a in accuracy["per_repeat"]], plans[0].epsilon)
+    logger.info("PromptPATE: answered %s of %d queries per repeat; student %s accuracy %s; epsilon %s",
+                aggregate["answered"], per_repeat, "calibrated" if config.calibrate else "raw",
+                ", ".join(f"{a:.3f}" for a in accuracy["per_repeat"]) or "-", fmt_eps(plans[0].epsilon))
     return {
         "method": "pate",
         "run_id": run_id,

@@ -143,3 +143,46 @@ def test_the_calibration_log_says_what_t_counts_and_rounds_its_epsilons(logs):
     upper = line.split("accountant upper ")[1].split(",")[0]
     assert len(upper.replace(".", "")) <= 4, line  # not 2.998361328681111
     assert "delta 1e-05" in line, line
+
+
+# --------------------------------------------------------------------------- PromptPATE's accuracies
+
+
+def _pate_summary(calibrated: bool = True) -> dict:
+    return {"dataset": "agnews", "teachers": 10, "shots": 1, "threshold": 9.0, "sigma1": 5.0, "sigma2": 3.0,
+            "vote_mode": "calibrated", "public": "iid", "queries": 20, "answered": [12],
+            "accuracy": {"mean": 0.61, "std": 0.0, "per_repeat": [0.61], "n": 100, "calibrated": calibrated},
+            "baselines": {"zero-shot": 0.4}, "epsilon": 2.0570712345, "delta": 1e-5,
+            "student_prompt": [{"text": "public query", "label": "World"}], "seeded_noise": False,
+            "run_id": "r", "run_dir": "/runs/r"}
+
+
+def test_the_pate_summary_says_which_accuracy_it_shows():
+    from flows.cli.pate import format_summary
+
+    text = format_summary(_pate_summary(calibrated=True))
+    assert "student calibrated accuracy 0.610" in text and "baseline zero-shot: calibrated accuracy 0.400" in text
+    assert "epsilon 2.057 " in text and "2.05707" not in text and "delta 1e-05" in text
+    raw = format_summary(_pate_summary(calibrated=False))
+    assert "student raw accuracy 0.610" in raw and "baseline zero-shot: raw accuracy 0.400" in raw
+
+
+def test_the_run_table_names_raw_and_calibrated_accuracy_and_rounds_epsilons():
+    from flows.cli.run import format_cost, format_results
+
+    row = {"method": "pate", "epsilon": 2.0570712345, "noise_multiplier": None, "accuracy_mean": 0.5,
+           "accuracy_std": 0.01, "calibrated_accuracy_mean": 0.6, "calibrated_accuracy_std": 0.02, "n": 100,
+           "seeds": 1, "audit": None, "wall_seconds": 12}
+    summary = {"methods": ["tang", "pate"], "results": [row], "delta": 1.0e-5, "seeded_noise": False,
+               "run_id": "r", "mlflow_run_id": "m", "tracking_uri": "sqlite://", "run_dir": "/x",
+               "audit": {"ran": False},
+               "ledger_after": {"dataset_id": "agnews", "epsilon": 5.083062773, "delta": 1e-5, "entries_this_run": 2,
+                                "entries_total": 2, "purposes_this_run": ["pipeline"],
+                                "budget": {"epsilon": 10.0, "delta": 1e-5}}}
+    text = format_results(summary)
+    header = text.splitlines()[0]
+    assert "raw accuracy" in header and "calibrated accuracy" in header, header
+    assert "2.057" in text and "2.05707" not in text
+    assert "spent epsilon 5.083 at delta 1e-05" in text
+    plan = format_cost({"epsilon": 3.0253809462336254, "delta": 1e-5, "methods": {"tang": 1.0, "pate": 2.05707123}})
+    assert "epsilon 3.025 at delta 1e-05" in plan and "pate 2.057" in plan and "3.02538" not in plan
