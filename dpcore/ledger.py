@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING
 from dpcore import composition
 from dpcore.composition import Composition, rnm_step_epsilon
 from dpcore.config import Mechanism, check_mechanism
+from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import BudgetExceededError, ConfigError
 
 if TYPE_CHECKING:
@@ -272,9 +273,7 @@ def _check_request(request: ChargeRequest) -> ChargeRequest:
 
 
 def _fmt(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    return "inf" if math.isinf(value) else f"{value:.4g}"
+    return "n/a" if value is None else fmt_eps(value)
 
 
 def _now() -> str:
@@ -629,7 +628,7 @@ def _refusal(dataset_id: str, entries: list[LedgerEntry], requests: Sequence[Cha
         f"privacy budget of dataset '{dataset_id}' would be exceeded; run {runs} refused and nothing charged. "
         f"Current spend epsilon={_fmt(current)} ({len(entries)} entries), this run's cost "
         f"epsilon={_fmt(cost)} ({params}){why}, total after this run epsilon={_fmt(after.epsilon)} > "
-        f"budget epsilon={_fmt(budget.epsilon)} at delta={_fmt(budget.delta)} (set {budget.set_at}; "
+        f"budget epsilon={_fmt(budget.epsilon)} at delta={fmt_delta(budget.delta)} (set {budget.set_at}; "
         f"see `dpicl ledger show --dataset {dataset_id}`)."
     )
 

@@ -39,6 +39,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from dpcore.artifacts import read_table, write_table
 from dpcore.config import RunConfig
+from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import DpiclError
 from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, default_delta
 from dpcore.home import configure_environment
@@ -156,7 +157,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     ctx = FlowRunContext.get()
     flow_run_id = str(ctx.flow_run.id) if ctx and ctx.flow_run else ""
     logger.info("run %s: dataset %s, model %s, epsilons %s, task runner %s", run_id, config.dataset, config.model,
-                config.epsilons, config.task_runner)
+                ", ".join(fmt_eps(e) for e in config.epsilons), config.task_runner)
     preflight(config)  # checks that could fail after the charge (model, context, task runner) run before it
     tracking.warm_up()  # MLflow's import and SQLite store set-up (~10 s) overlap the run
 
@@ -194,10 +195,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         logger.warning(non_private_warning(config))
     ledger_entry = charge_spends(config.ledger_id, spends)
     cost = planned_cost(spends)
-    logger.info("ledger %s: %d spend(s) charged, %d replayed from earlier attempts of run %s; planned cost epsilon "
-                "%s; dataset total epsilon %s at delta %.3g", ledger_entry["dataset_id"], ledger_entry["charged"],
-                ledger_entry["replayed"], run_id, cost["epsilon"], ledger_entry.get("total_epsilon"),
-                ledger_entry.get("delta") or delta)
+    logger.info(charge_line(ledger_entry, cost, run_id, delta))
     tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, items, generation_config,
                                ledger_entry) if tang else None
     others = {}
@@ -276,6 +274,15 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     }
 
 
+def charge_line(ledger_entry: dict, cost: dict, run_id: str, delta: float) -> str:
+    """The flow's log line of the run's charge (`tasks.charge.charge_spends`' summary and `planned_cost`),
+    epsilons and delta rounded for people (the ledger keeps them exactly)."""
+    return (f"ledger {ledger_entry['dataset_id']}: {ledger_entry['charged']} spend(s) charged, "
+            f"{ledger_entry['replayed']} replayed from earlier attempts of run {run_id}; planned cost epsilon "
+            f"{fmt_eps(cost['epsilon'])}; dataset total epsilon {fmt_eps(ledger_entry.get('total_epsilon'))} at delta "
+            f"{fmt_delta(ledger_entry.get('delta') or delta)}")
+
+
 def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> list[dict]:
     """The release audit (`tasks.release.audit_artifact`) of PromptPATE's chosen student and of PromptDPSGD's
     first training at each epsilon: [{method, epsilon, verdict, passed}] (public summaries)."""
@@ -294,7 +301,7 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
                                                    device=config.device, dtype=config.dtype, seed=config.seed,
                                                    fit_members=True)
         except DpiclError as error:  # the methods' results stand; `dpicl release --audit-only` can retry it
-            get_run_logger().warning("no membership audit of the %s artifact at epsilon %s: %s", method, epsilon,
+            get_run_logger().warning("no membership audit of the %s artifact at epsilon %s: %s", method, fmt_eps(epsilon),
                                      error)
             continue
         audits.append({"method": method, "epsilon": epsilon, "verdict": audited["audit"]["verdict"],

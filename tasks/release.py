@@ -26,6 +26,7 @@ from prefect import get_run_logger, task
 
 from dpcore import release as gate
 from dpcore.artifacts import file_sha256, read_table, write_json_atomic, write_manifest, write_table
+from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, subdir
 from tasks.common import code_version, derive_seed, language_model, report_progress, safe_name
@@ -63,10 +64,10 @@ def check_gate(run_id: str, epsilon: float | None = None) -> dict:
     failures = gate.release_failures(evidence)
     if run.changed_files:
         failures.append(f"run files changed since the run finished: {', '.join(run.changed_files)}")
-    refused = (f"release of run {run_id} (epsilon {chosen:g}) refused:\n" + "\n".join(f"- {line}" for line in failures)
+    refused = (f"release of run {run_id} (epsilon {fmt_eps(chosen)}) refused:\n" + "\n".join(f"- {line}" for line in failures)
                if failures else None)
     if refused is None:
-        get_run_logger().info("release gate passed for run %s at epsilon %g", run_id, chosen)
+        get_run_logger().info("release gate passed for run %s at epsilon %s", run_id, fmt_eps(chosen))
     return {"run_id": run_id, "epsilon": chosen, "run_dir": str(run.path), "refused": refused}
 
 
@@ -391,7 +392,7 @@ def check_artifact_gate(run_id: str, method: str, epsilon: float | None = None, 
     failures = gate.release_failures(evidence)
     if artifact.changed_files:
         failures.append(f"run files changed since the run finished: {', '.join(artifact.changed_files)}")
-    refused = (f"release of run {run_id} ({method} {artifact.name}, epsilon {artifact.epsilon:g}) refused:\n"
+    refused = (f"release of run {run_id} ({method} {artifact.name}, epsilon {fmt_eps(artifact.epsilon)}) refused:\n"
                + "\n".join(f"- {line}" for line in failures) if failures else None)
     if refused is None:
         get_run_logger().info("release gate passed for run %s (%s %s)", run_id, method, artifact.name)

@@ -186,3 +186,42 @@ def test_the_run_table_names_raw_and_calibrated_accuracy_and_rounds_epsilons():
     assert "spent epsilon 5.083 at delta 1e-05" in text
     plan = format_cost({"epsilon": 3.0253809462336254, "delta": 1e-5, "methods": {"tang": 1.0, "pate": 2.05707123}})
     assert "epsilon 3.025 at delta 1e-05" in plan and "pate 2.057" in plan and "3.02538" not in plan
+
+
+# --------------------------------------------------------------------------- epsilons for people
+
+
+def test_display_rounding():
+    from dpcore.display import fmt_delta, fmt_eps, fmt_sigma
+
+    assert [fmt_eps(v) for v in (3.0253809462336254, 2.05707, 8.0, 0.5, float("inf"), None, "inf", 123456.7)] == [
+        "3.025", "2.057", "8", "0.5", "inf", "-", "inf", "123457"]
+    assert [fmt_delta(v) for v in (1e-5, 8.400067e-06, 0.001)] == ["1e-05", "8.4e-06", "0.001"]
+    assert fmt_sigma(0.39817777) == "0.3982"
+
+
+def test_the_pipelines_ledger_line_rounds_its_epsilons():
+    """`ledger agnews: ...; planned cost epsilon 3.0253809462336254; dataset total epsilon 3.5110404502515675`."""
+    from flows.pipeline import charge_line
+
+    line = charge_line({"dataset_id": "agnews", "charged": 1, "replayed": 0, "total_epsilon": 3.5110404502515675,
+                        "delta": 8.4e-06}, {"epsilon": 3.0253809462336254, "delta": 8.4e-06}, "run-1", 8.4e-06)
+    assert "planned cost epsilon 3.025;" in line and "dataset total epsilon 3.511 at delta 8.4e-06" in line, line
+    from flows.tune import charge_line as tune_line
+
+    line = tune_line({"dataset_id": "agnews", "charged": 2, "replayed": 0, "total_epsilon": 8.000123456}, "10 x 576")
+    assert "dataset total epsilon 8 " in line or "dataset total epsilon 8;" in line, line
+
+
+def test_release_and_audit_lines_round_epsilons(tmp_path):
+    from dpcore.errors import ConfigError
+    from dpcore.release import choose_release_epsilon
+
+    class Run:
+        run_id = "r"
+        demos = __import__("pandas").DataFrame({"method": ["dp", "dp"], "epsilon": [1.0, 2.0570712345]})
+
+    with pytest.raises(ConfigError) as refused:
+        choose_release_epsilon(Run(), 3.0)
+    assert "has DP demos at epsilon 1, 2.057" in str(refused.value), refused.value
+    assert choose_release_epsilon(Run(), 2.057) == 2.0570712345  # what the refusal showed is what a person types

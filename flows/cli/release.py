@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
+from dpcore.display import fmt_delta, fmt_eps
 from flows.cli.common import print_json
 
 
@@ -48,7 +48,7 @@ def _release(args) -> int:
                       + "".join(f"\n  - {reason}" for reason in audit.get("reasons", [])))
     else:
         what = "" if args.method == "tang" else f"{args.method} {result['artifact']} "
-        print(f"released run {result['run_id']} {what}at epsilon {result['epsilon']:g} as {result['registered_model']} "
+        print(f"released run {result['run_id']} {what}at epsilon {fmt_eps(result['epsilon'])} as {result['registered_model']} "
               f"version {result['version']} (alias {result['alias']})")
         print(f"release folder: {result['release_dir']}")
     return 0
@@ -89,7 +89,7 @@ def _predict(args) -> int:
             out.close()
     eps = manifest.get("epsilon")
     print(f"answered {len(queries)} queries with release v{manifest['release_version']} of {manifest['dataset_id']} "
-          f"(epsilon {eps if eps is None or not math.isinf(float(eps)) else 'inf'}, delta {manifest.get('delta')}; "
+          f"(epsilon {fmt_eps(eps)}, delta {fmt_delta(manifest.get('delta'))}; "
           f"post-processing: no further privacy cost) on model {model_name}", file=sys.stderr)
     return 0
 
