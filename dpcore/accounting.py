@@ -69,6 +69,7 @@ from typing import Any, Literal
 from dpcore import composition
 from dpcore.composition import SIGMA_MAX, SIGMA_MIN, SIGMA_TOLERANCE, rnm_step_epsilon
 from dpcore.config import Mechanism, check_mechanism
+from dpcore.display import fmt_delta, fmt_sigma
 from dpcore.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -213,8 +214,8 @@ def _report(sigma: float, q: float, steps: int, delta: float, mechanism: str,
     """A label's PrivacyReport from the composition of its event (sigma > 0)."""
     if result.epsilon_prv is None and result.epsilon_pld is None:
         raise ConfigError(
-            f"neither accountant could compute epsilon for noise_multiplier={sigma}, sampling_rate={q}, "
-            f"steps={steps}, delta={delta}: {'; '.join(result.warnings)}"
+            f"neither accountant could compute epsilon for noise_multiplier={fmt_sigma(sigma)}, sampling_rate={q:.3g}, "
+            f"steps={steps}, delta={fmt_delta(delta)}: {'; '.join(result.warnings)}"
         )
     nan = math.nan
     step_eps = rnm_step_epsilon(sigma, q) if mechanism == "rnm" else math.inf

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dpcore.artifacts import jsonable, write_json_atomic, write_manifest, write_table
 from dpcore.config import AuditConfig, RunConfig
+from dpcore.display import fmt_delta
 from dpcore.display import fmt_eps as _eps
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.fewshot_plan import (
@@ -330,8 +331,8 @@ def demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | 
             say(f"dpicl evaluate: warning: {file} records no epsilon and not enough generation settings to "
                 "account for it; pass --epsilon E to label the results")
         else:
-            say(f"dpicl evaluate: epsilon {epsilon:.3f} accounted from the demos' noise multiplier "
-                f"(delta {delta:.3g}; --epsilon overrides)")
+            say(f"dpicl evaluate: epsilon {_eps(epsilon)} accounted from the demos' noise multiplier "
+                f"(delta {fmt_delta(delta)}; --epsilon overrides)")
     pool = [(str(t), str(lab), f"{lab}/{i}") for i, (t, lab) in enumerate(zip(frame["text"], frame["label"],
                                                                             strict=True))]
     return pool, method, epsilon
