@@ -57,7 +57,7 @@ import pandas as pd
 from dpcore import mia_attacks
 from dpcore.audit_gate import GateThresholds, gate
 from dpcore.audit_statistics import AttackMetrics, attack_metrics, strongest_attack
-from dpcore.config import AuditConfig, GenerationConfig
+from dpcore.config import AuditConfig, GenerationConfig, flag
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.overlap import model_tokenize, verbatim_overlap, verbatim_overlap_tokens
 from dpcore.taskspec import TaskSpec
@@ -220,7 +220,7 @@ def trial_samples(rng: np.random.Generator, pool_size: int, per_trial: int, tria
     then recur across trials, and the interval counts only the disjoint trials the pool could fill:
     `audit_statistics.independent_trials`; a warning is logged)."""
     if per_trial > pool_size:
-        raise ConfigError(f"audit_members: {per_trial} records per trial but only {pool_size} in the pool")
+        raise ConfigError(f"{flag('audit_members')}: {per_trial} records per trial but only {pool_size} in the pool")
     if per_trial * trials <= pool_size:
         order = rng.permutation(pool_size)
         return [order[t * per_trial:(t + 1) * per_trial] for t in range(trials)]
@@ -285,7 +285,7 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
         raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
     n = len(records)
     if n < config.non_members + 1:
-        raise ConfigError(f"audit_members: {config.non_members} non-members + 1 member need more than the "
+        raise ConfigError(f"{flag('audit_members')}: {config.non_members} non-members + 1 member need more than the "
                           f"{n} private records")
     rng = _rng(seed)
     texts = records["text"].astype(str).to_numpy()
@@ -418,7 +418,7 @@ def _scored_trials(lm, spec: TaskSpec, prompt, members: pd.DataFrame, non_member
 def _usable_labels(spec: TaskSpec, pools: _LabelPools, config: AuditConfig) -> list[str]:
     labels = [y for y in spec.label_names if pools.usable(y)]
     if not labels:
-        raise ConfigError(f"audit_members: no label has {config.members} members and {config.non_members} "
+        raise ConfigError(f"{flag('audit_members')}: no label has {config.members} members and {config.non_members} "
                           f"non-members (+ {config.reference_prompts} OUT-prompt records) to query")
     return labels
 
@@ -596,12 +596,12 @@ def prompt_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: 
     if spec.kind != "classification":
         raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
     if len(members) < config.members:
-        raise ConfigError(f"audit_members: {config.members} members per trial but the prompt's mechanism read "
+        raise ConfigError(f"{flag('audit_members')}: {config.members} members per trial but the prompt's mechanism read "
                           f"{len(members)} private records; audit with fewer members per trial")
     rng = _rng(seed)
     candidates, out_demos = _candidates(rng, non_members, config)
     if len(candidates) < config.non_members:
-        raise ConfigError(f"audit_members: {config.non_members} non-members per trial but only {len(candidates)} "
+        raise ConfigError(f"{flag('audit_members')}: {config.non_members} non-members per trial but only {len(candidates)} "
                           "held-out records (after the LiRA OUT prompts)")
     picks = list(zip(trial_samples(rng, len(members), config.members, config.trials),
                      trial_samples(rng, len(candidates), config.non_members, config.trials), strict=True))

@@ -233,7 +233,7 @@ def compose_epsilon(charges: Iterable, delta: float) -> Composition:
 
 def _check_dataset_id(dataset_id) -> str:
     if not isinstance(dataset_id, str) or not _DATASET_ID.match(dataset_id):
-        raise ConfigError(f"dataset_id: {dataset_id!r} is not a valid dataset id (1-200 characters: letters, "
+        raise ConfigError(f"dataset id {dataset_id!r} is not valid (1-200 characters: letters, "
                           "digits and _.:/@+-, starting with a letter or digit)")
     return dataset_id
 
@@ -595,7 +595,7 @@ def _read_budget(conn: sqlite3.Connection, dataset_id: str) -> Budget | None:
 def _single_dataset(requests: Sequence[ChargeRequest]) -> str:
     ids = {r.dataset_id for r in requests}
     if len(ids) != 1:
-        raise ConfigError(f"dataset_id: one charge batch must name one dataset id, got {sorted(ids)}")
+        raise ConfigError(f"one charge batch must name one dataset id, got {sorted(ids)}")
     return ids.pop()
 
 

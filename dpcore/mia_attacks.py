@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dpcore.config import flag
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.taskspec import TaskSpec
 
@@ -288,7 +289,7 @@ def truncate_texts(lm, texts: Sequence[str], max_tokens: int | None) -> list[str
     if max_tokens is None:
         return texts
     if max_tokens < 1:
-        raise ConfigError(f"audit_max_record_tokens: must be >= 1, got {max_tokens}")
+        raise ConfigError(f"{flag('audit_max_record_tokens')}: must be >= 1, got {max_tokens}")
     ids = lm.encode_batch(texts)
     return [text if len(tokens) <= max_tokens else lm.decode(tokens[:max_tokens]).strip()
             for text, tokens in zip(texts, ids, strict=True)]

@@ -38,7 +38,7 @@ from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from dpcore.artifacts import read_table, write_table
-from dpcore.config import RunConfig
+from dpcore.config import RunConfig, flag
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import DpiclError
 from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, default_delta
@@ -92,7 +92,7 @@ def make_task_runner(spec: str = "threads"):
         return DaskTaskRunner(address=spec)
     from dpcore.errors import ConfigError
 
-    raise ConfigError(f"task_runner: {spec!r} is not threads, dask, dask:N or a Dask scheduler address")
+    raise ConfigError(f"{flag('task_runner')}: {spec!r} is not threads, dask, dask:N or a Dask scheduler address")
 
 
 def map_calls(runner, task, calls: list[dict]) -> list:

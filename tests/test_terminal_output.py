@@ -225,3 +225,58 @@ def test_release_and_audit_lines_round_epsilons(tmp_path):
         choose_release_epsilon(Run(), 3.0)
     assert "has DP demos at epsilon 1, 2.057" in str(refused.value), refused.value
     assert choose_release_epsilon(Run(), 2.057) == 2.0570712345  # what the refusal showed is what a person types
+
+
+# --------------------------------------------------------------------------- errors name the flag
+
+
+def _raised_texts(path: Path) -> list[tuple[int, str]]:
+    """(line, literal text) of every message an exception raised in `path` is built from (the literal parts
+    of f-strings: what the code spells out, not the values it formats in)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
+            continue
+        todo = [node.exc.args[0]]
+        while todo:
+            part = todo.pop()
+            if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                found.append((node.lineno, part.value))
+            elif isinstance(part, ast.JoinedStr):
+                todo += [value for value in part.values if isinstance(value, ast.Constant)]
+            elif isinstance(part, ast.BinOp):  # "..." + "..."
+                todo += [part.left, part.right]
+    return found
+
+
+def test_errors_name_flags_not_config_fields():
+    """A message naming a setting says the flag a person types (`--pate-queries (pate_queries)`, through
+    `dpcore.config.flag`), never a bare configuration field (`pate_queries: Q must be >= 1`)."""
+    import re
+
+    from dpcore.config import RunConfig
+
+    fields = sorted((name for name in RunConfig.model_fields if "_" in name), key=len, reverse=True)
+    bare = re.compile(r"(?<![-.\w])(" + "|".join(fields) + r")(?![-\w])")
+    offenders = []
+    for folder in ("dpcore", "tasks", "flows"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for line, text in _raised_texts(path):
+                if bare.search(text):
+                    offenders.append(f"{path.relative_to(REPO)}:{line}: {text.strip()[:80]}")
+    assert offenders == []
+
+
+def test_config_errors_name_the_flag_and_the_field(cli):
+    from dpcore.config import flag
+
+    assert flag("pate_queries") == "--pate-queries (pate_queries)"
+    assert flag("rvp") == "--no-rvp (rvp)"
+    assert flag("pate_public", "ood") == "--pate-public ood (pate_public: ood)"
+    code, out, err = cli(["run", "--dataset", "agnews", "--num-subsets", "0", "--yes"])
+    assert code == 2 and "--num-subsets (num_subsets):" in err, err
+    code, out, err = cli(["run", "--dataset", "agnews", "--methods", "pate", "--pate-public", "ood",
+                          "--pate-public-path", "queries.csv", "--yes"])
+    assert code == 2 and "--pate-public-path (pate_public_path)" in err and "--pate-public (pate_public)" in err, err

@@ -70,13 +70,13 @@ def _audit_config(args, config):
     updates = {}
     if args.trials is not None:
         if args.trials < 1:
-            raise ConfigError(f"trials: must be >= 1, got {args.trials}")
+            raise ConfigError(f"--trials: must be >= 1, got {args.trials}")
         updates["trials"] = args.trials
     elif args.non_private:
         updates["trials"] = NON_PRIVATE_TRIALS
     if args.confidence is not None:
         if not 0 < args.confidence < 1:
-            raise ConfigError(f"confidence: must lie in (0, 1), got {args.confidence}")
+            raise ConfigError(f"--confidence: must lie in (0, 1), got {args.confidence}")
         updates["confidence"] = args.confidence
     return config.audit_config().model_copy(update=updates)
 

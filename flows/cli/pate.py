@@ -35,7 +35,7 @@ ALIASES = {"pate_teachers": "--teachers", "pate_shots": "--shots", "pate_public_
 def _config(args) -> RunConfig:
     from pydantic import ValidationError
 
-    from flows.cli.common import config_from_args
+    from flows.cli.common import config_from_args, validation_problems
 
     overrides = {"methods": ["pate"]}
     if args.public is not None:
@@ -46,9 +46,7 @@ def _config(args) -> RunConfig:
     try:
         return config_from_args(args, **overrides)
     except ValidationError as exc:
-        problems = "; ".join((f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: " if err["loc"] else "")
-                             + err["msg"].removeprefix("Value error, ") for err in exc.errors())
-        raise ConfigError(problems or str(exc)) from None
+        raise ConfigError(validation_problems(exc)) from None
 
 
 def format_summary(summary: dict) -> str:

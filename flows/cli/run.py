@@ -97,7 +97,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def _config(args, defaults: dict | None = None) -> RunConfig:
     """RunConfig from the flags; `defaults` (the demo's) apply to the fields not given on the command line."""
-    from flows.cli.common import config_from_args
+    from flows.cli.common import config_from_args, validation_problems
 
     explicit = {name for name in _config_fields() if getattr(args, name, None) is not None}
     overrides = {k: v for k, v in (defaults or {}).items() if k not in explicit}
@@ -106,9 +106,7 @@ def _config(args, defaults: dict | None = None) -> RunConfig:
     try:
         return config_from_args(args, **overrides)
     except ValidationError as exc:
-        problems = "; ".join(f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
-                             for err in exc.errors())
-        raise ConfigError(problems or str(exc)) from None
+        raise ConfigError(validation_problems(exc)) from None
     except ValueError as exc:  # an integer flag that is not an integer
         raise ConfigError(f"an integer flag has a non-integer value ({exc})") from None
 
