@@ -280,3 +280,34 @@ def test_config_errors_name_the_flag_and_the_field(cli):
     code, out, err = cli(["run", "--dataset", "agnews", "--methods", "pate", "--pate-public", "ood",
                           "--pate-public-path", "queries.csv", "--yes"])
     assert code == 2 and "--pate-public-path (pate_public_path)" in err and "--pate-public (pate_public)" in err, err
+
+
+# --------------------------------------------------------------------------- the own-data guide
+
+
+def test_the_own_data_guide_is_linked_and_names_real_flags():
+    """The README points a user with their own data to docs/own-data.md; every flag either names is one a
+    dpicl command takes."""
+    import argparse
+    import re
+
+    from flows.cli import build_parser
+
+    known = set()
+
+    def walk(parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+            known.update(action.option_strings)
+
+    walk(build_parser())
+    readme = (REPO / "README.md").read_text()
+    guide = (REPO / "docs" / "own-data.md").read_text()
+    assert "docs/own-data.md" in readme
+    for text in (guide, readme.split("**Public data and delta for your own data**")[1].split("\n\n")[0]):
+        flags = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", text))
+        assert flags and flags <= known, flags - known
+    for needed in ("--pate-public-path", "--dpsgd-validation-path", "set-budget", "1/|D|"):
+        assert needed in guide
