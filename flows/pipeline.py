@@ -40,7 +40,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from dpcore.artifacts import read_table, write_table
 from dpcore.config import RunConfig, flag
 from dpcore.display import fmt_delta, fmt_eps
-from dpcore.errors import DpiclError
+from dpcore.errors import DpiclError, RunStopped
 from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, default_delta
 from dpcore.home import configure_environment
 from tasks import audit as audit_stage
@@ -300,6 +300,8 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
             audited = release_stage.audit_artifact(run_id, method, config.audit_config(), epsilon=selected,
                                                    device=config.device, dtype=config.dtype, seed=config.seed,
                                                    fit_members=True)
+        except RunStopped:  # a stop request ends the run, not just this audit
+            raise
         except DpiclError as error:  # the methods' results stand; `dpicl release --audit-only` can retry it
             get_run_logger().warning("no membership audit of the %s artifact at epsilon %s: %s", method, fmt_eps(epsilon),
                                      error)

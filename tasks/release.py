@@ -29,7 +29,7 @@ from dpcore.artifacts import file_sha256, read_table, write_json_atomic, write_m
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, subdir
-from tasks.common import code_version, derive_seed, language_model, report_progress, safe_name
+from tasks.common import code_version, derive_seed, language_model, report_progress, safe_name, stop_requested
 from tasks.tracking import mlflow_client
 
 DEFAULT_ALIAS = "production"
@@ -330,7 +330,8 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
         lm, spec, list(artifact.demos), members, held_out, audit_config, seed=split_seed, setting="dp",
         epsilon=artifact.epsilon, noise_multiplier=None if noise is None else float(noise), delta=artifact.delta,
         crosscheck_agreed=gate.plan_crosscheck(artifact.spends, artifact.delta), past=past, thresholds=thresholds,
-        progress=lambda done, total: report_progress(f"audit {artifact.name}", done, total))
+        progress=lambda done, total: report_progress(f"audit {artifact.name}", done, total),
+        should_stop=stop_requested)
     out = {"artifact": artifact.name, "reused": False, "audit": public_summary(result)}
     logger.info("audit of %s %s: %s", method, artifact.name, out["audit"]["verdict"])
     results = [result]
@@ -344,7 +345,8 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
                                       seed=derive_seed(split_seed, "teachers"), delta=artifact.delta,
                                       thresholds=thresholds,
                                       progress=lambda done, total: report_progress("audit single teachers", done,
-                                                                                   total))
+                                                                                   total),
+                                      should_stop=stop_requested)
         out["teacher_reference"] = public_summary(reference)
         logger.info("non-private contrast (single teachers' prompts): %s", out["teacher_reference"]["verdict"])
         results.append(reference)
