@@ -464,7 +464,7 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
     from dpcore import generation
 
     def step(info: dict) -> None:  # a generation's token step: the point where it stops when asked
-        stop_if_requested(should_stop, "audit")
+        stop_if_requested(should_stop, "the audit")
 
     began = time.perf_counter()
     _check_split(members, "members")

@@ -135,7 +135,7 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
     order = sorted(range(n), key=lambda i: len(contexts[i]))
     with torch.inference_mode():
         for begin in range(0, n, batch_size):
-            stop_if_requested(should_stop, "audit")
+            stop_if_requested(should_stop, "the audit")
             items = order[begin:begin + batch_size]
             suffixes = [contexts[i][shared:] for i in items]
             batch, logp = prefix.extend(prefix.start(len(items)), suffixes, keep="all")  # [B, W, V]

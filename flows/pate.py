@@ -49,7 +49,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     same labelling (`dpcore.pate_privacy.labelling_checkpoints`; a comparison run's `--epsilons`): a
     student and a result row for each, at no charge beyond the run's.
     """
-    from flows.pipeline import default_run_id, make_task_runner, map_calls, results
+    from flows.pipeline import default_run_id, map_calls, results, running
 
     configure_environment()
     logger = get_run_logger()
@@ -90,7 +90,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     eval_common = dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                        task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
                        dtype=config.dtype)
-    with make_task_runner(config.task_runner) as runner:
+    with running(config.task_runner) as runner:
         flock_calls = [dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                             assignment_path=teachers["assignment_path"], assignment_key=teachers["key"],
                             queries_path=inputs["queries_path"], queries_key=inputs["queries_key"], first=first,

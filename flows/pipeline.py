@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -93,6 +94,35 @@ def make_task_runner(spec: str = "threads"):
     from dpcore.errors import ConfigError
 
     raise ConfigError(f"{flag('task_runner')}: {spec!r} is not threads, dask, dask:N or a Dask scheduler address")
+
+
+@contextmanager
+def running(spec: str = "threads"):
+    """`make_task_runner(spec)`, entered. A flow body cut short by a stop (SIGTERM, which Prefect turns into
+    `TerminationSignal`; Ctrl-C's `KeyboardInterrupt`; a stage's `RunStopped`) asks every stage still running
+    to stop at its next step (`tasks.common.STOP_REQUESTED`) before the runner waits for them on the way out:
+    otherwise it would wait for the longest of them (the audit's scoring) to finish. A flag set here is
+    cleared once they have stopped (a later run in this process starts afresh)."""
+    from dpcore.errors import RunStopped
+    from tasks.common import STOP_REQUESTED
+
+    runner = make_task_runner(spec)
+    entered = runner.__enter__()
+    try:
+        yield entered
+    except BaseException as exc:
+        stop = isinstance(exc, RunStopped) or not isinstance(exc, Exception)
+        ours = stop and not STOP_REQUESTED.is_set()
+        if ours:
+            STOP_REQUESTED.set()
+        try:
+            if not runner.__exit__(type(exc), exc, exc.__traceback__):
+                raise
+        finally:
+            if ours:
+                STOP_REQUESTED.clear()
+    else:
+        runner.__exit__(None, None, None)
 
 
 def map_calls(runner, task, calls: list[dict]) -> list:
@@ -318,7 +348,7 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
     began = time.perf_counter()
     labels = list(ingested["labels"])
     scope = noise_scope(config.seed, run_id)
-    with make_task_runner(config.task_runner) as runner:
+    with running(config.task_runner) as runner:
         # 4. generation, one task per (method, label, epsilon)
         shards = results(map_calls(runner, generate_stage.generate, [
             generate_stage.generate_call(item, ingested, generation_config, config, scope,

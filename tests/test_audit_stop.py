@@ -111,7 +111,7 @@ def test_the_attack_scoring_asks_to_stop_before_every_forward_pass(tiny_lm, one_
         asked.append(1)
         return len(asked) >= 3
 
-    with pytest.raises(RunStopped, match="audit: stopped on request"):
+    with pytest.raises(RunStopped, match="the audit stopped on request"):
         prompt_scores(tiny_lm, spec, [("a demo", "World")], texts, labels, batch_size=8, should_stop=stop_at_third)
     assert len(asked) == 3  # two passes ran, the third was never started
     asked.clear()
@@ -141,3 +141,50 @@ def test_a_dp_audit_stops_during_its_generation(tiny_lm, one_thread):
                  should_stop=lambda: asked.append(1) or len(asked) > 2)
     assert charged == [0]  # the first demo set was charged before its generation began, and stays charged
     assert len(asked) == 3  # stopped at the generation's third token step
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_in_its_audit(tmp_path, tiny_model_dir):
+    """In `dpicl run` the audit is a Prefect task in a worker thread, and Prefect takes SIGTERM for itself
+    while its flow runs: the flow's task runner asks the running stages to stop before waiting for them."""
+    from dpcore.ledger import Ledger
+
+    data, task = _dataset(tmp_path)
+    home = tmp_path / "home"
+    argv = ["run", "--task-spec", str(task), "--data-path", str(data), "--dataset-id", "run-stop",
+            "--model", str(tiny_model_dir), "--epsilons", "2", "--max-tokens", "4", "--shots", "4", "--seeds", "1",
+            "--test-size", "20", "--num-subsets", "2", "--subset-size", "1", "--top-k", "20",
+            "--audit-demo-sets", str(DEMO_SETS), "--audit-members", "100", "--audit-trials", "10",
+            "--audit-reference-prompts", "20", "--seed", "1", "--yes"]
+    proc = subprocess.Popen(DPICL + argv, cwd=tmp_path, env=_env(home), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    drain = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    drain.start()
+    try:
+        deadline = time.monotonic() + 400
+        ledger = home / "ledger.db"
+        # the audit charges each demo set just before generating it from the members
+        while not (ledger.exists() and "audit" in [e.purpose for e in Ledger(ledger).entries("run-stop")]):
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "the audit never started:\n" + "".join(lines)
+            time.sleep(0.5)
+        time.sleep(8)
+        assert proc.poll() is None, "the run finished before it could be stopped:\n" + "".join(lines)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        waited = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    drain.join(timeout=10)
+    err = "".join(lines)
+    # a few seconds more than the audit alone: Prefect records the flow run's end with its server
+    assert waited < 15, f"took {waited:.0f} s to stop:\n{err}"
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("dpicl run: stopped:")], err
+    purposes = [e.purpose for e in Ledger(home / "ledger.db").entries("run-stop")]
+    assert purposes[0] == "pipeline" and set(purposes[1:]) == {"audit"} and len(purposes) <= 1 + DEMO_SETS
+    assert [p for p in home.rglob("*") if p.name.endswith(".tmp")] == []
+    assert not list((home / "runs").rglob("manifest.json"))  # the run did not finish: no manifest claims it did
