@@ -68,7 +68,8 @@ from typing import Any, Literal
 
 from dpcore import composition
 from dpcore.composition import SIGMA_MAX, SIGMA_MIN, SIGMA_TOLERANCE, rnm_step_epsilon
-from dpcore.config import Mechanism, check_mechanism
+from dpcore.config import Mechanism, check_mechanism, flag
+from dpcore.display import fmt_delta, fmt_sigma
 from dpcore.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -133,10 +134,10 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         else:
-            raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            raise ConfigError(f"{flag(name)} must be an integer >= {minimum}, got {value!r}")
     value = int(value)
     if value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value}")
+        raise ConfigError(f"{flag(name)} must be an integer >= {minimum}, got {value}")
     return value
 
 
@@ -175,8 +176,8 @@ def sampling_rate(num_subsets: int, subset_size: int, label_count: int) -> float
     count = _check_int("label_count", label_count, 1)
     if m * n > count:
         raise ConfigError(
-            f"num_subsets x subset_size = {m} x {n} = {m * n} exceeds the label's {count} private records "
-            "(sampling_rate > 1); lower num_subsets or subset_size"
+            f"{flag('num_subsets')} x {flag('subset_size')} = {m} x {n} = {m * n} exceeds the label's {count} "
+            "private records (sampling rate q > 1): lower either"
         )
     return m * n / count
 
@@ -213,8 +214,8 @@ def _report(sigma: float, q: float, steps: int, delta: float, mechanism: str,
     """A label's PrivacyReport from the composition of its event (sigma > 0)."""
     if result.epsilon_prv is None and result.epsilon_pld is None:
         raise ConfigError(
-            f"neither accountant could compute epsilon for noise_multiplier={sigma}, sampling_rate={q}, "
-            f"steps={steps}, delta={delta}: {'; '.join(result.warnings)}"
+            f"neither accountant could compute epsilon for noise_multiplier={fmt_sigma(sigma)}, sampling_rate={q:.3g}, "
+            f"steps={steps}, delta={fmt_delta(delta)}: {'; '.join(result.warnings)}"
         )
     nan = math.nan
     step_eps = rnm_step_epsilon(sigma, q) if mechanism == "rnm" else math.inf

@@ -57,8 +57,8 @@ import pandas as pd
 from dpcore import mia_attacks
 from dpcore.audit_gate import GateThresholds, gate
 from dpcore.audit_statistics import AttackMetrics, attack_metrics, strongest_attack
-from dpcore.config import AuditConfig, GenerationConfig
-from dpcore.errors import ConfigError, DataValidationError
+from dpcore.config import AuditConfig, GenerationConfig, flag
+from dpcore.errors import ConfigError, DataValidationError, stop_if_requested
 from dpcore.overlap import model_tokenize, verbatim_overlap, verbatim_overlap_tokens
 from dpcore.taskspec import TaskSpec
 
@@ -220,7 +220,7 @@ def trial_samples(rng: np.random.Generator, pool_size: int, per_trial: int, tria
     then recur across trials, and the interval counts only the disjoint trials the pool could fill:
     `audit_statistics.independent_trials`; a warning is logged)."""
     if per_trial > pool_size:
-        raise ConfigError(f"audit_members: {per_trial} records per trial but only {pool_size} in the pool")
+        raise ConfigError(f"{flag('audit_members')}: {per_trial} records per trial but only {pool_size} in the pool")
     if per_trial * trials <= pool_size:
         order = rng.permutation(pool_size)
         return [order[t * per_trial:(t + 1) * per_trial] for t in range(trials)]
@@ -256,15 +256,17 @@ def _out_rows(rng: np.random.Generator, pool: np.ndarray, count: int) -> np.ndar
 
 
 def _attack_scores(lm, spec: TaskSpec, prompt, texts: list[str], labels: list[str], refs,
-                   batch_size: int, past=None) -> dict[str, np.ndarray]:
-    target = mia_attacks.prompt_scores(lm, spec, prompt, texts, labels, batch_size=batch_size, past=past)
+                   batch_size: int, past=None, should_stop: Callable[[], bool] | None = None) -> dict[str, np.ndarray]:
+    target = mia_attacks.prompt_scores(lm, spec, prompt, texts, labels, batch_size=batch_size, past=past,
+                                       should_stop=should_stop)
     return mia_attacks.attack_scores(target, refs.zero, refs.out)
 
 
 def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditConfig, seed=None, *,
                       delta: float | None = None, overlap_records: pd.DataFrame | None = None,
                       thresholds: GateThresholds | None = None, batch_size: int = 16,
-                      cache: dict | None = None, progress: Callable[[int, int], None] | None = None) -> AuditResult:
+                      cache: dict | None = None, progress: Callable[[int, int], None] | None = None,
+                      should_stop: Callable[[], bool] | None = None) -> AuditResult:
     """Duan et al. Section 3 / Tang et al. Appendix F (eps = inf): real records as 1-shot demos.
 
     Each of `config.trials` trials draws one member record (the 1-shot demonstration) and
@@ -285,7 +287,7 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
         raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
     n = len(records)
     if n < config.non_members + 1:
-        raise ConfigError(f"audit_members: {config.non_members} non-members + 1 member need more than the "
+        raise ConfigError(f"{flag('audit_members')}: {config.non_members} non-members + 1 member need more than the "
                           f"{n} private records")
     rng = _rng(seed)
     texts = records["text"].astype(str).to_numpy()
@@ -297,7 +299,8 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
     out_rows = _out_rows(rng, np.setdiff1d(np.arange(n), used), config.reference_prompts)
     out_demos = [(texts[i], labels[i]) for i in out_rows]
     queries = mia_attacks.truncate_texts(lm, texts[used].tolist(), config.max_record_tokens)
-    refs = mia_attacks.reference_scores(lm, spec, queries, labels[used].tolist(), out_demos, batch_size, cache)
+    refs = mia_attacks.reference_scores(lm, spec, queries, labels[used].tolist(), out_demos, batch_size, cache,
+                                        should_stop=should_stop)
     position = {int(row): i for i, row in enumerate(used)}
     frames, member_rows = [], []
     for trial, chosen in enumerate(picks):
@@ -307,7 +310,7 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
         member_rows.append(member)
         local = [position[int(r)] for r in chosen]
         scores = _attack_scores(lm, spec, [(texts[member], labels[member])], [queries[i] for i in local],
-                                labels[chosen].tolist(), refs.take(local), batch_size)
+                                labels[chosen].tolist(), refs.take(local), batch_size, should_stop=should_stop)
         frames.append(_trial_frame(scores, ids[chosen], 1, setting="non-private", epsilon=math.inf, demo_set=-1,
                                    trial=trial, global_trial=trial))
         log.debug("non-private audit trial %d/%d done", trial + 1, config.trials)
@@ -374,7 +377,8 @@ class _LabelPools:
 
 
 def _audit_prompt(lm, spec: TaskSpec, prompt, label: str, pools: _LabelPools, rng, *, setting: str,
-                  epsilon: float, demo_set: int, batch_size: int, cache: dict | None) -> list[pd.DataFrame]:
+                  epsilon: float, demo_set: int, batch_size: int, cache: dict | None,
+                  should_stop: Callable[[], bool] | None = None) -> list[pd.DataFrame]:
     """`config.trials` trials of `config.members` members vs `config.non_members` non-members of
     `label` against one prompt; each distinct record is scored once (its prompt is fixed)."""
     config = pools.config
@@ -382,12 +386,14 @@ def _audit_prompt(lm, spec: TaskSpec, prompt, label: str, pools: _LabelPools, rn
     picks = list(zip(trial_samples(rng, len(label_members), config.members, config.trials),
                      trial_samples(rng, len(label_non_members), config.non_members, config.trials), strict=True))
     return _scored_trials(lm, spec, prompt, label_members, label_non_members, out_demos, picks, config,
-                          setting=setting, epsilon=epsilon, demo_set=demo_set, batch_size=batch_size, cache=cache)
+                          setting=setting, epsilon=epsilon, demo_set=demo_set, batch_size=batch_size, cache=cache,
+                          should_stop=should_stop)
 
 
 def _scored_trials(lm, spec: TaskSpec, prompt, members: pd.DataFrame, non_members: pd.DataFrame, out_demos,
                    picks, config: AuditConfig, *, setting: str, epsilon: float, demo_set: int, batch_size: int,
-                   cache: dict | None, past=None, first_trial: int | None = None) -> list[pd.DataFrame]:
+                   cache: dict | None, past=None, first_trial: int | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> list[pd.DataFrame]:
     """Trials (member rows, non-member rows) of `picks` against one fixed prompt (`prompt` demos after
     `past`, a trained prompt's cache): each distinct record scored once with every attack, each record
     with its own label."""
@@ -400,8 +406,10 @@ def _scored_trials(lm, spec: TaskSpec, prompt, members: pd.DataFrame, non_member
                           non_members["id"].astype(str).to_numpy()[n_unique]])
     query_labels = (members["label"].astype(str).to_numpy()[m_unique].tolist()
                     + non_members["label"].astype(str).to_numpy()[n_unique].tolist())
-    refs = mia_attacks.reference_scores(lm, spec, texts, query_labels, out_demos, batch_size, cache)
-    scores = _attack_scores(lm, spec, prompt, texts, query_labels, refs, batch_size, past=past)
+    refs = mia_attacks.reference_scores(lm, spec, texts, query_labels, out_demos, batch_size, cache,
+                                        should_stop=should_stop)
+    scores = _attack_scores(lm, spec, prompt, texts, query_labels, refs, batch_size, past=past,
+                            should_stop=should_stop)
     m_pos = {int(r): i for i, r in enumerate(m_unique)}
     n_pos = {int(r): len(m_unique) + i for i, r in enumerate(n_unique)}
     frames = []
@@ -418,7 +426,7 @@ def _scored_trials(lm, spec: TaskSpec, prompt, members: pd.DataFrame, non_member
 def _usable_labels(spec: TaskSpec, pools: _LabelPools, config: AuditConfig) -> list[str]:
     labels = [y for y in spec.label_names if pools.usable(y)]
     if not labels:
-        raise ConfigError(f"audit_members: no label has {config.members} members and {config.non_members} "
+        raise ConfigError(f"{flag('audit_members')}: no label has {config.members} members and {config.non_members} "
                           f"non-members (+ {config.reference_prompts} OUT-prompt records) to query")
     return labels
 
@@ -429,7 +437,7 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
              noise_seed: int | None = None, charge: Callable[[int], None] | None = None,
              progress: Callable[[int, int], None] | None = None,
              thresholds: GateThresholds | None = None, batch_size: int = 16,
-             cache: dict | None = None) -> AuditResult:
+             cache: dict | None = None, should_stop: Callable[[], bool] | None = None) -> AuditResult:
     """Tang et al. Appendix F: MIA against 1-shot ICL with DP demonstrations generated from `members` only.
 
     For each of `config.demo_sets` demo sets: one label y is taken (labels in a seeded
@@ -449,9 +457,14 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
     members' label counts; `epsilon`, `delta` and `crosscheck_agreed` describe it for the
     report and the gate. `noise_seed`: None draws cryptographically seeded noise per demo
     set; an int makes the audit reproducible (seed + demo set index). `charge(demo_set)`
-    is called BEFORE each generation touches the members (the privacy-ledger hook).
+    is called BEFORE each generation touches the members (the privacy-ledger hook). `should_stop()` is
+    asked at every token step of a generation and before every forward pass of the scoring: True ends
+    the audit with `RunStopped` (what `charge` recorded stays recorded).
     """
     from dpcore import generation
+
+    def step(info: dict) -> None:  # a generation's token step: the point where it stops when asked
+        stop_if_requested(should_stop, "the audit")
 
     began = time.perf_counter()
     _check_split(members, "members")
@@ -474,19 +487,21 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
         member_texts = label_members["text"].astype(str).tolist()
         set_seed = None if noise_seed is None else int(noise_seed) + demo_set
         if epsilon == 0:
-            produced = generation.instruction_only_demos(lm, spec, [label], gen_config, seed=set_seed)
+            produced = generation.instruction_only_demos(lm, spec, [label], gen_config, seed=set_seed,
+                                                         progress=step)
         else:
             # ---- PRIVACY LEDGER HOOK: this generation reads the members' records. The caller's
             # `charge` records its spend (sigma, q, T) BEFORE the records are touched.
             if charge is not None:
                 charge(demo_set)
             produced = generation.generate_demos(lm, spec, {label: member_texts}, gen_config, noise_multiplier,
-                                                 seed=set_seed, labels=[label])
+                                                 seed=set_seed, labels=[label], progress=step)
         demo = produced.demos[0]
         demo_texts.append(demo.text)
         demo_labels.append(label)
         frames += _audit_prompt(lm, spec, [(demo.text, demo.label)], label, pools, rng, setting=setting,
-                                epsilon=float(epsilon), demo_set=demo_set, batch_size=batch_size, cache=cache)
+                                epsilon=float(epsilon), demo_set=demo_set, batch_size=batch_size, cache=cache,
+                                should_stop=should_stop)
         log.info("DP audit demo set %d/%d (label %s) scored", demo_set + 1, config.demo_sets, label)
     scores = pd.concat(frames, ignore_index=True)
     max_overlap, overlapping = demo_overlap(model_tokenize(lm), demo_texts, demo_labels, members,
@@ -505,7 +520,8 @@ def demos_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: p
                 non_members: pd.DataFrame, config: AuditConfig, seed=None, *, epsilon: float,
                 noise_multiplier: float | None, delta: float, crosscheck_agreed: bool | None,
                 thresholds: GateThresholds | None = None, batch_size: int = 16,
-                cache: dict | None = None, progress: Callable[[int, int], None] | None = None) -> AuditResult:
+                cache: dict | None = None, progress: Callable[[int, int], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> AuditResult:
     """The membership audit of DP demonstrations that were already generated (a run's own demos).
 
     `demos`: (text, label) pairs generated from `members` (for a run's demos: the whole
@@ -539,7 +555,7 @@ def demos_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: p
         text, label = str(demo[0]), str(demo[1])
         audited.append((text, label))
         frames += _audit_prompt(lm, spec, [(text, label)], label, pools, rng, setting="dp", epsilon=float(epsilon),
-                                demo_set=index, batch_size=batch_size, cache=cache)
+                                demo_set=index, batch_size=batch_size, cache=cache, should_stop=should_stop)
     if not frames:
         raise ConfigError("audit: none of the demonstrations' labels has enough records to query")
     scores = pd.concat(frames, ignore_index=True)
@@ -576,7 +592,8 @@ def prompt_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: 
                  non_members: pd.DataFrame, config: AuditConfig, seed=None, *, setting: str, epsilon: float,
                  noise_multiplier: float | None, delta: float, crosscheck_agreed: bool | None, past=None,
                  thresholds: GateThresholds | None = None, batch_size: int = 16, cache: dict | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> AuditResult:
+                 progress: Callable[[int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> AuditResult:
     """The membership audit of one released prompt (Duan et al. Section 3's attack and the others of
     `dpcore.mia_attacks`): PromptPATE's student prompt (`demos`: public queries with noisy labels) or a
     PromptDPSGD trained prompt (`past`: its cache, `soft_prompt.TrainablePrompt.cache_layers`; `demos`
@@ -596,12 +613,12 @@ def prompt_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: 
     if spec.kind != "classification":
         raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
     if len(members) < config.members:
-        raise ConfigError(f"audit_members: {config.members} members per trial but the prompt's mechanism read "
+        raise ConfigError(f"{flag('audit_members')}: {config.members} members per trial but the prompt's mechanism read "
                           f"{len(members)} private records; audit with fewer members per trial")
     rng = _rng(seed)
     candidates, out_demos = _candidates(rng, non_members, config)
     if len(candidates) < config.non_members:
-        raise ConfigError(f"audit_members: {config.non_members} non-members per trial but only {len(candidates)} "
+        raise ConfigError(f"{flag('audit_members')}: {config.non_members} non-members per trial but only {len(candidates)} "
                           "held-out records (after the LiRA OUT prompts)")
     picks = list(zip(trial_samples(rng, len(members), config.members, config.trials),
                      trial_samples(rng, len(candidates), config.non_members, config.trials), strict=True))
@@ -609,7 +626,8 @@ def prompt_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: 
         progress(0, 1)
     prompt = [(str(t), str(y)) for t, y in demos]
     frames = _scored_trials(lm, spec, prompt, members, candidates, out_demos, picks, config, setting=setting,
-                            epsilon=float(epsilon), demo_set=0, batch_size=batch_size, cache=cache, past=past)
+                            epsilon=float(epsilon), demo_set=0, batch_size=batch_size, cache=cache, past=past,
+                            should_stop=should_stop)
     overlap = verbatim_overlap([t for t, _ in prompt], members["text"].astype(str).tolist(),
                                threshold=config.overlap_threshold, tokenize=model_tokenize(lm))
     return _finish(
@@ -626,7 +644,8 @@ def prompt_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: 
 def teacher_audit(lm, spec: TaskSpec, teachers: Sequence[pd.DataFrame], non_members: pd.DataFrame,
                   config: AuditConfig, seed=None, *, delta: float, thresholds: GateThresholds | None = None,
                   batch_size: int = 16, cache: dict | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> AuditResult:
+                  progress: Callable[[int, int], None] | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> AuditResult:
     """The non-private contrast of a PromptPATE audit: single teachers' prompts (real private records,
     Duan et al. Section 3's leaky setting). Trial t attacks teacher t's prompt (its k records as the
     demonstrations, in order): its k records are the members, `config.non_members` held-out records
@@ -654,7 +673,7 @@ def teacher_audit(lm, spec: TaskSpec, teachers: Sequence[pd.DataFrame], non_memb
         frames += _scored_trials(lm, spec, prompt, teacher.reset_index(drop=True), candidates, out_demos,
                                  [(np.arange(len(teacher)), n_rows)], config, setting="non-private",
                                  epsilon=math.inf, demo_set=-1, batch_size=batch_size, cache=cache,
-                                 first_trial=trial)
+                                 first_trial=trial, should_stop=should_stop)
     members = pd.concat(chosen, ignore_index=True)
     overlap = verbatim_overlap([t for t, _ in demos], members["text"].astype(str).tolist(),
                                threshold=config.overlap_threshold, tokenize=model_tokenize(lm))

@@ -50,6 +50,27 @@ DEFAULT_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only")
 NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
 
 
+# Command-line spellings that differ from `--field-name` (a switch that is on by default names its negation).
+FLAG_SPELLINGS = {"rvp": "--no-rvp"}
+
+
+def cli_flag(field: str) -> str:
+    """The command-line flag of a `RunConfig` field: `pate_queries` -> `--pate-queries`."""
+    return FLAG_SPELLINGS.get(field, "--" + field.replace("_", "-"))
+
+
+def flag(field: str, value=None) -> str:
+    """How a message names a `RunConfig` field: the flag a person types on the command line, then the
+    field a YAML configuration (prefect.yaml, a deployment's parameters) sets, since either may have set
+    it: `--pate-queries (pate_queries)`; with a value, `--pate-public ood (pate_public: ood)`.
+    A name that is no `RunConfig` field is returned as it is."""
+    if field not in RunConfig.model_fields:
+        return field if value is None else f"{field} {value}"
+    if value is None:
+        return f"{cli_flag(field)} ({field})"
+    return f"{cli_flag(field)} {value} ({field}: {value})"
+
+
 def check_mechanism(mechanism) -> str:
     """`mechanism` when it is one of `MECHANISMS`; otherwise a ConfigError naming them."""
     if mechanism not in MECHANISMS:
@@ -303,14 +324,15 @@ class RunConfig(_Frozen):
     @model_validator(mode="after")
     def _check_pate_public(self) -> RunConfig:
         if self.pate_public_path and self.pate_public != "file":
-            raise ValueError(f"pate_public_path is a public file, but pate_public is {self.pate_public!r}: give one "
-                             "of them")
+            raise ValueError(f"{flag('pate_public_path')} is a public file, but {flag('pate_public')} is "
+                             f"{self.pate_public!r}: give one of them")
         return self
 
     @model_validator(mode="after")
     def _check_sources(self) -> RunConfig:
         if self.data_path and not self.task_spec and self.dataset not in _EMBEDDED_SPEC_NAMES():
-            raise ValueError("data_path needs task_spec (a task YAML) unless dataset names a shipped spec")
+            raise ValueError(f"{flag('data_path')} needs {flag('task_spec')} (a task YAML) unless {flag('dataset')} "
+                             "names a shipped task")
         if self.shots == 0 and any(eps > 0 for eps in self.epsilons):
             raise ValueError(
                 "shots 0: ICL prompts hold no demonstrations, so there is nothing to generate and no privacy to "
@@ -383,14 +405,14 @@ def check_task_runner(spec: str | None) -> str:
     if head in ("threads", "dask"):
         if not sep or (tail.isdigit() and int(tail) >= 1):
             return text
-        raise ConfigError(f"task_runner: {text!r}: the worker count after {head}: must be an integer >= 1")
+        raise ConfigError(f"{flag('task_runner')}: {text!r}: the worker count after {head}: must be an integer >= 1")
     if "://" in text:
         scheme, _, rest = text.partition("://")
         if scheme in ("tcp", "tls", "inproc", "ucx", "ws", "wss") and rest:
             return text
     elif sep and head and tail.isdigit():
         return text
-    raise ConfigError(f"task_runner: {text!r} is not threads, threads:N, dask, dask:N or a Dask scheduler address "
+    raise ConfigError(f"{flag('task_runner')}: {text!r} is not threads, threads:N, dask, dask:N or a Dask scheduler address "
                      "(tcp://host:port)")
 
 

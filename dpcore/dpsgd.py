@@ -56,6 +56,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpcore import composition
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 from dpcore.events import DpEvent, dp_fewshot_event
 from dpcore.mechanisms import noise_seed_sequence
@@ -116,26 +117,27 @@ class DpsgdConfig(BaseModel):
     def check(self) -> DpsgdConfig:
         """Every parameter in range, or ConfigError naming it (before anything is charged)."""
         if self.kind not in PROMPT_KINDS:
-            raise ConfigError(f"dpsgd_kind: must be one of {', '.join(PROMPT_KINDS)}, got {self.kind!r}")
+            raise ConfigError(f"{flag('dpsgd_kind')}: must be one of {', '.join(PROMPT_KINDS)}, got {self.kind!r}")
         if self.init not in PROMPT_INITS:
-            raise ConfigError(f"dpsgd_init: must be one of {', '.join(PROMPT_INITS)}, got {self.init!r}")
+            raise ConfigError(f"{flag('dpsgd_init')}: must be one of {', '.join(PROMPT_INITS)}, got {self.init!r}")
         if self.length < 1:
-            raise ConfigError(f"dpsgd_length: the prompt needs at least one position, got {self.length}")
+            raise ConfigError(f"{flag('dpsgd_length')}: the prompt needs at least one position, got {self.length}")
         if not (math.isfinite(self.clip) and self.clip > 0):
-            raise ConfigError(f"dpsgd_clip: the clipping norm C must be a finite number > 0, got {self.clip}")
+            raise ConfigError(f"{flag('dpsgd_clip')}: the clipping norm C must be a finite number > 0, got {self.clip}")
         if self.batch_size < 1:
-            raise ConfigError(f"dpsgd_batch_size: must be >= 1, got {self.batch_size}")
+            raise ConfigError(f"{flag('dpsgd_batch_size')}: must be >= 1, got {self.batch_size}")
         if self.steps is None and (self.epochs is None or not (math.isfinite(self.epochs) and self.epochs > 0)):
-            raise ConfigError(f"dpsgd_epochs: must be a finite number > 0 (or give dpsgd_steps), got {self.epochs}")
+            raise ConfigError(f"{flag('dpsgd_epochs')}: must be a finite number > 0 (or give {flag('dpsgd_steps')}), "
+                              f"got {self.epochs}")
         if self.steps is not None and self.steps < 1:
-            raise ConfigError(f"dpsgd_steps: must be >= 1, got {self.steps}")
+            raise ConfigError(f"{flag('dpsgd_steps')}: must be >= 1, got {self.steps}")
         if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError(f"dpsgd_lr: must be a finite number > 0, got {self.lr}")
+            raise ConfigError(f"{flag('dpsgd_lr')}: must be a finite number > 0, got {self.lr}")
         for name in ("physical_batch_size", "checkpoint_every"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"dpsgd_{name}: must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{flag('dpsgd_' + name)}: must be >= 1, got {getattr(self, name)}")
         if self.validation_size < 0:
-            raise ConfigError(f"dpsgd_validation_size: must be >= 0, got {self.validation_size}")
+            raise ConfigError(f"{flag('dpsgd_validation_size')}: must be >= 0, got {self.validation_size}")
         return self
 
 
@@ -147,8 +149,8 @@ def sampling_rate(batch_size: int, num_records: int) -> float:
     if num_records < 1:
         raise ConfigError("training data: no private training example to train on")
     if batch_size > num_records:
-        raise ConfigError(f"dpsgd_batch_size: {batch_size} is larger than the {num_records} private training "
-                          "examples (q would exceed 1); use a smaller --batch-size")
+        raise ConfigError(f"{flag('dpsgd_batch_size')}: {batch_size} is larger than the {num_records} private "
+                          "training examples (q would exceed 1); use a smaller batch size")
     return batch_size / num_records
 
 

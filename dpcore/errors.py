@@ -2,6 +2,7 @@
 rows, columns and parameters, never a private record's text."""
 
 import math
+from collections.abc import Callable
 
 
 class DpiclError(Exception):
@@ -55,6 +56,13 @@ class RunStopped(DpiclError):
 
     exit_code = 130
     kind = "stopped"
+
+
+def stop_if_requested(should_stop: Callable[[], bool] | None, what: str) -> None:
+    """`RunStopped` when the caller's `should_stop()` says so. Long loops (the audit's forward passes) call it
+    between steps: dpcore never watches signals itself, its caller passes the question in."""
+    if should_stop is not None and should_stop():
+        raise RunStopped(f"{what} stopped on request")
 
 
 def check_positive(name: str, value) -> float:

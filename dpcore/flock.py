@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from dpcore import icl
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 from dpcore.prefix_cache import StackedPrefixes, common_prefix_length
 from dpcore.taskspec import TaskSpec
@@ -113,8 +114,9 @@ def verbalizer_first_tokens(lm, spec: TaskSpec, labels: Sequence[str]) -> list[i
     """The first token of each label's continuation; black-box votes need them distinct."""
     first = [ids[0] for ids in icl.label_token_ids(lm, spec, labels)]
     if len(set(first)) != len(first):
-        raise ConfigError("pate_vote_mode black-box: two labels' verbalizers start with the same token, so a "
-                          "single greedy token cannot tell them apart; use pate_vote_mode calibrated")
+        raise ConfigError(f"{flag('pate_vote_mode', 'black-box')}: two labels' verbalizers start with the same "
+                          f"token, so a single greedy token cannot tell them apart; use "
+                          f"{flag('pate_vote_mode', 'calibrated')}")
     return first
 
 
@@ -128,7 +130,7 @@ def votes(lm, spec: TaskSpec, scores: FlockScores, labels: Sequence[str], mode: 
         other = len(labels)
         return np.vectorize(lambda t: lookup.get(int(t), other), otypes=[np.int64])(scores.greedy) \
             if scores.greedy.size else scores.greedy.astype(np.int64)
-    raise ConfigError(f"pate_vote_mode: {mode!r} is not one of {', '.join(VOTE_MODES)}")
+    raise ConfigError(f"{flag('pate_vote_mode')}: {mode!r} is not one of {', '.join(VOTE_MODES)}")
 
 
 def vote_classes(labels: Sequence[str], mode: str) -> int:

@@ -54,7 +54,7 @@ import pandas as pd
 import torch
 
 from dpcore.batching import BatchedForward
-from dpcore.config import SAMPLERS, DemoSource, GenerationConfig, Mechanism, Sampler, check_mechanism
+from dpcore.config import SAMPLERS, DemoSource, GenerationConfig, Mechanism, Sampler, check_mechanism, flag
 from dpcore.errors import ConfigError
 from dpcore.mechanisms import (
     aggregate,
@@ -146,11 +146,11 @@ def validate_generation(config: GenerationConfig, noise_multiplier: float, vocab
     """ConfigError naming the parameter for anything Algorithm 1 cannot run with."""
     check_group_sizes(config.num_subsets, config.subset_size)
     if int(config.max_tokens) != config.max_tokens or config.max_tokens < 1:
-        raise ConfigError(f"max_tokens (T_max) must be an integer >= 1, got {config.max_tokens!r}")
+        raise ConfigError(f"{flag('max_tokens')} (T_max) must be an integer >= 1, got {config.max_tokens!r}")
     if int(config.demos_per_label) != config.demos_per_label or config.demos_per_label < 1:
         raise ConfigError(f"demos_per_label must be an integer >= 1, got {config.demos_per_label!r}")
     if config.rvp and (int(config.top_k) != config.top_k or not 1 <= config.top_k <= vocab_size):
-        raise ConfigError(f"top_k (K) must be an integer in [1, {vocab_size}] (the model's vocabulary), "
+        raise ConfigError(f"{flag('top_k')} (K) must be an integer in [1, {vocab_size}] (the model's vocabulary), "
                           f"got {config.top_k!r}")
     check_mechanism(config.mechanism)
     if config.sampler not in SAMPLERS:
@@ -159,12 +159,12 @@ def validate_generation(config: GenerationConfig, noise_multiplier: float, vocab
     needed = config.num_subsets * config.subset_size
     for label, count in (label_counts or {}).items():
         if count < config.subset_size:
-            raise ConfigError(f"label {label!r} has {count} private records, fewer than subset_size (N) = "
-                              f"{config.subset_size}")
+            raise ConfigError(f"label {label!r} has {count} private records, fewer than {flag('subset_size')} "
+                              f"(N) = {config.subset_size}")
         if needed > count:
             raise ConfigError(
-                f"label {label!r}: sampling rate q = num_subsets*subset_size/records = {needed}/{count} > 1; "
-                "lower --num-subsets or --subset-size"
+                f"label {label!r}: sampling rate q = M*N/records = {needed}/{count} > 1; lower "
+                f"{flag('num_subsets')} (M) or {flag('subset_size')} (N)"
             )
 
 
@@ -335,7 +335,8 @@ class _Engine:
                 if self.max_positions and any(len(p) > self.max_positions for p in prompts):
                     # Unreachable after `prompt_budget` and `fit_group`; no length in the message (private).
                     raise ConfigError(f"a prompt exceeds the model's context of {self.max_positions} positions: "
-                                      "lower max_tokens, subset_size (N) or max_record_tokens")
+                                      f"lower {flag('max_tokens')}, {flag('subset_size')} or "
+                                      f"{flag('max_record_tokens')}")
                 forward_began = time.perf_counter()
                 logits = self._forward(prompts, passes)  # ONE batched call for every active sequence
                 forward_seconds = time.perf_counter() - forward_began
@@ -386,8 +387,11 @@ class _Engine:
                 "elapsed_seconds": time.perf_counter() - began,
             },
         }
-        log.info("generation step %d/%d: %d sequences generating, %d/%d demos done",
-                 step, config.max_tokens, len(active), info["finished"], info["total"])
+        # DEBUG: the caller knows what is generated (method, labels, epsilon) and says it once per step
+        # through `progress` (a pipeline runs labels in parallel tasks: an unlabelled line is ambiguous).
+        log.debug("generation step %d/%d (%s): %d sequences generating, %d/%d demos done", step,
+                  config.max_tokens, ", ".join(dict.fromkeys(s.label for s in streams)), len(active),
+                  info["finished"], info["total"])
         if self.progress is not None:
             self.progress(info)
 

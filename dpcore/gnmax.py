@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 
 ABSTAIN = -1  # the answer bottom: the query gets no label
@@ -44,9 +45,9 @@ def check_gnmax_parameters(threshold: float, sigma1: float, sigma2: float, teach
     sigma1, sigma2 > 0 (zero noise is no privacy)."""
     for name, value in (("pate_sigma1", sigma1), ("pate_sigma2", sigma2)):
         if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-            raise ConfigError(f"{name}: the noise standard deviation must be a finite number > 0, got {value!r}")
+            raise ConfigError(f"{flag(name)}: the noise standard deviation must be a finite number > 0, got {value!r}")
     if not (math.isfinite(threshold) and 0 <= threshold <= teachers):
-        raise ConfigError(f"pate_threshold: T = {threshold:g} must lie in [0, E] = [0, {teachers}] (the largest "
+        raise ConfigError(f"{flag('pate_threshold')}: T = {threshold:g} must lie in [0, E] = [0, {teachers}] (the largest "
                           f"possible vote count is E); default: round(0.9 E) = {default_threshold(teachers):g}")
 
 

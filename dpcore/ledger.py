@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING
 from dpcore import composition, record_sets
 from dpcore.composition import Composition, rnm_step_epsilon
 from dpcore.config import Mechanism, check_mechanism
+from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import BudgetExceededError, ConfigError, SameRecordsError
 
 if TYPE_CHECKING:
@@ -244,7 +245,7 @@ def compose_epsilon(charges: Iterable, delta: float) -> Composition:
 
 def _check_dataset_id(dataset_id) -> str:
     if not isinstance(dataset_id, str) or not _DATASET_ID.match(dataset_id):
-        raise ConfigError(f"dataset_id: {dataset_id!r} is not a valid dataset id (1-200 characters: letters, "
+        raise ConfigError(f"dataset id {dataset_id!r} is not valid (1-200 characters: letters, "
                           "digits and _.:/@+-, starting with a letter or digit)")
     return dataset_id
 
@@ -284,9 +285,7 @@ def _check_request(request: ChargeRequest) -> ChargeRequest:
 
 
 def _fmt(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    return "inf" if math.isinf(value) else f"{value:.4g}"
+    return "n/a" if value is None else fmt_eps(value)
 
 
 def _now() -> str:
@@ -655,7 +654,7 @@ def _same_records_refusal(dataset_id: str, owner: str) -> str:
 def _single_dataset(requests: Sequence[ChargeRequest]) -> str:
     ids = {r.dataset_id for r in requests}
     if len(ids) != 1:
-        raise ConfigError(f"dataset_id: one charge batch must name one dataset id, got {sorted(ids)}")
+        raise ConfigError(f"one charge batch must name one dataset id, got {sorted(ids)}")
     return ids.pop()
 
 
@@ -688,7 +687,7 @@ def _refusal(dataset_id: str, entries: list[LedgerEntry], requests: Sequence[Cha
         f"privacy budget of dataset '{dataset_id}' would be exceeded; run {runs} refused and nothing charged. "
         f"Current spend epsilon={_fmt(current)} ({len(entries)} entries), this run's cost "
         f"epsilon={_fmt(cost)} ({params}){why}, total after this run epsilon={_fmt(after.epsilon)} > "
-        f"budget epsilon={_fmt(budget.epsilon)} at delta={_fmt(budget.delta)} (set {budget.set_at}; "
+        f"budget epsilon={_fmt(budget.epsilon)} at delta={fmt_delta(budget.delta)} (set {budget.set_at}; "
         f"see `dpicl ledger show --dataset {dataset_id}`)."
     )
 

@@ -47,7 +47,7 @@ import secrets
 import numpy as np
 import torch
 
-from dpcore.config import check_mechanism
+from dpcore.config import check_mechanism, flag
 from dpcore.errors import ConfigError
 
 # --------------------------------------------------------------------------- noise source
@@ -90,7 +90,7 @@ def public_top_k(public_probs: torch.Tensor, k: int) -> torch.Tensor:
     """
     vocab = public_probs.shape[-1]
     if int(k) != k or not 1 <= k <= vocab:
-        raise ConfigError(f"top_k (K) must be an integer in [1, {vocab}] (the vocabulary size), got {k!r}")
+        raise ConfigError(f"{flag('top_k')} (K) must be an integer in [1, {vocab}] (the vocabulary size), got {k!r}")
     return torch.topk(public_probs, int(k), dim=-1, sorted=True).indices
 
 

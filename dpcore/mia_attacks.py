@@ -32,13 +32,14 @@ here keeps a record's text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from dpcore.errors import ConfigError, DataValidationError
+from dpcore.config import flag
+from dpcore.errors import ConfigError, DataValidationError, stop_if_requested
 from dpcore.taskspec import TaskSpec
 
 ATTACKS: tuple[str, ...] = ("duan", "label-calibrated", "text-calibrated", "lira-label", "lira-text")
@@ -100,7 +101,7 @@ def _encode_with_span(lm, prompt: str, start: int, end: int) -> tuple[list[int],
 
 
 def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[str], labels: Sequence[str],
-                  batch_size: int = 16, past=None) -> PromptScores:
+                  batch_size: int = 16, past=None, should_stop: Callable[[], bool] | None = None) -> PromptScores:
     """Label and text log-probabilities of each record (x, y) under the prompt `demos`: one pass.
 
     The prompt's shared prefix (instruction + demonstrations) runs once (`dpcore.prefix_cache.PrefixCache`),
@@ -110,7 +111,8 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
     every label; labels of several tokens continue from the cache (as `icl.label_logprobs`,
     whose scores these equal). `past`: a trained prompt's per-layer cache
     (`dpcore.soft_prompt.TrainablePrompt.cache_layers`) before the text prompt, as in
-    `icl.label_logprobs(past=...)`: the scores of a PromptDPSGD prompt.
+    `icl.label_logprobs(past=...)`: the scores of a PromptDPSGD prompt. `should_stop()` is asked before
+    every batched forward pass: True ends the scoring with `RunStopped` (a clean stop within one pass).
     """
     from dpcore.icl import label_token_ids
     from dpcore.prefix_cache import PrefixCache, common_prefix_length
@@ -139,6 +141,7 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
     order = sorted(range(n), key=lambda i: len(contexts[i]))
     with torch.inference_mode():
         for begin in range(0, n, batch_size):
+            stop_if_requested(should_stop, "the audit")
             items = order[begin:begin + batch_size]
             suffixes = [contexts[i][shared:] for i in items]
             batch, logp = prefix.extend(prefix.start(len(items)), suffixes, keep="all")  # [B, W, V]
@@ -256,11 +259,13 @@ class References:
 
 
 def reference_scores(lm, spec: TaskSpec, texts: Sequence[str], labels: Sequence[str],
-                     out_demos: Sequence[tuple], batch_size: int = 16, cache: dict | None = None) -> References:
+                     out_demos: Sequence[tuple], batch_size: int = 16, cache: dict | None = None,
+                     should_stop: Callable[[], bool] | None = None) -> References:
     """The record-level references of every attack: one pass with no demonstration (the task's
     instruction only) and one pass per OUT prompt (a 1-shot prompt of each of `out_demos`, records
     that are not candidates). `cache` (a dict the caller keeps) reuses a record's references across
-    audits with the same OUT prompts (e.g. one candidate set audited at several epsilons)."""
+    audits with the same OUT prompts (e.g. one candidate set audited at several epsilons). `should_stop`:
+    as `prompt_scores`'s, asked before every forward pass."""
     key_out = tuple((str(d[0]), str(d[1])) for d in out_demos)
     keys = [(key_out, str(t), str(y)) for t, y in zip(texts, labels, strict=True)]
     cache = {} if cache is None else cache
@@ -269,8 +274,9 @@ def reference_scores(lm, spec: TaskSpec, texts: Sequence[str], labels: Sequence[
     if todo:
         t_texts = [distinct[i][1] for i in todo]
         t_labels = [distinct[i][2] for i in todo]
-        zero = prompt_scores(lm, spec, [], t_texts, t_labels, batch_size=batch_size)
-        outs = [prompt_scores(lm, spec, [demo], t_texts, t_labels, batch_size=batch_size) for demo in key_out]
+        zero = prompt_scores(lm, spec, [], t_texts, t_labels, batch_size=batch_size, should_stop=should_stop)
+        outs = [prompt_scores(lm, spec, [demo], t_texts, t_labels, batch_size=batch_size, should_stop=should_stop)
+                for demo in key_out]
         stacked = PromptScores.stack(outs) if len(outs) >= 2 else None
         for j, i in enumerate(todo):
             cache[distinct[i]] = (zero.take([j]), None if stacked is None else stacked.take([j]))
@@ -294,7 +300,7 @@ def truncate_texts(lm, texts: Sequence[str], max_tokens: int | None) -> list[str
     if max_tokens is None:
         return texts
     if max_tokens < 1:
-        raise ConfigError(f"audit_max_record_tokens: must be >= 1, got {max_tokens}")
+        raise ConfigError(f"{flag('audit_max_record_tokens')}: must be >= 1, got {max_tokens}")
     ids = lm.encode_batch(texts)
     return [text if len(tokens) <= max_tokens else lm.decode(tokens[:max_tokens]).strip()
             for text, tokens in zip(texts, ids, strict=True)]

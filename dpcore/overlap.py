@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 
 # =========================================================================== verbatim overlap
@@ -69,7 +70,7 @@ def verbatim_overlap_tokens(demo_tokens: Sequence[Sequence[int]], record_tokens:
     tokens x a few levels) memory and time; 100k records of ~50 tokens take seconds.
     """
     if threshold < 1:
-        raise ConfigError(f"overlap_threshold: must be >= 1, got {threshold}")
+        raise ConfigError(f"{flag('overlap_threshold')}: must be >= 1, got {threshold}")
     n_demos = len(demo_tokens)
     best = np.zeros(n_demos, dtype=np.int64)
     counts = np.zeros(n_demos, dtype=np.int64)

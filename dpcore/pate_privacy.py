@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from dpcore.config import flag
 from dpcore.errors import ConfigError, check_positive
 from dpcore.events import gaussian_event
 from dpcore.plan import PlannedSpend, PrivacyPlan
@@ -52,13 +53,13 @@ def _count(name: str, value, minimum: int = 1) -> int:
 
 def threshold_noise_multiplier(sigma1: float) -> float:
     """The threshold test's noise multiplier: sigma1 / THRESHOLD_SENSITIVITY."""
-    return float(gaussian_event(check_positive("threshold_sigma (sigma1)", sigma1), THRESHOLD_SENSITIVITY)
+    return float(gaussian_event(check_positive(flag("pate_sigma1"), sigma1), THRESHOLD_SENSITIVITY)
                  .noise_multiplier)
 
 
 def vote_noise_multiplier(sigma2: float) -> float:
     """GNMax's noise multiplier: sigma2 / VOTE_SENSITIVITY = sigma2 / sqrt(2)."""
-    return float(gaussian_event(check_positive("vote_sigma (sigma2)", sigma2), VOTE_SENSITIVITY).noise_multiplier)
+    return float(gaussian_event(check_positive(flag("pate_sigma2"), sigma2), VOTE_SENSITIVITY).noise_multiplier)
 
 
 def pate_spends(sigma1: float, sigma2: float, queries: int) -> tuple[PlannedSpend, PlannedSpend]:
@@ -139,23 +140,23 @@ def pate_plan(*, epsilon_target: float | None, delta: float, queries: int, thres
     queries (labelling stops when the budget is reached) and its epsilon is the target; a target
     that affords not even one query is a ConfigError. `parameters`: teachers, threshold, sigma1,
     sigma2, queries (planned), queries_requested, epsilon_data_independent, sensitivities."""
-    sigma1 = check_positive("threshold_sigma (sigma1)", threshold_sigma)
-    sigma2 = check_positive("vote_sigma (sigma2)", vote_sigma)
+    sigma1 = check_positive(flag("pate_sigma1"), threshold_sigma)
+    sigma2 = check_positive(flag("pate_sigma2"), vote_sigma)
     n_teachers = _count("teachers", teachers)
     requested = _count("queries", queries)
     try:
         t = float(threshold)
     except (TypeError, ValueError):
-        raise ConfigError(f"threshold must be a number, got {threshold!r}") from None
+        raise ConfigError(f"{flag('pate_threshold')} must be a number, got {threshold!r}") from None
     if not (math.isfinite(t) and 0.0 <= t <= n_teachers):
-        raise ConfigError(f"threshold must be in [0, teachers = {n_teachers}] (the largest vote count), "
+        raise ConfigError(f"{flag('pate_threshold')} must be in [0, teachers = {n_teachers}] (the largest vote count), "
                           f"got {threshold}")
     planned = requested
     if epsilon_target is not None:
-        target = check_positive("epsilon_target", epsilon_target)
+        target = check_positive(flag("pate_target_epsilon"), epsilon_target)
         planned = max_queries_within(target, delta, sigma1, sigma2, limit=requested)
         if planned == 0:
-            raise ConfigError(f"epsilon_target {target} affords not even one query at sigma1 = {sigma1:g}, "
+            raise ConfigError(f"{flag('pate_target_epsilon')} {target:g} affords not even one query at sigma1 = {sigma1:g}, "
                               f"sigma2 = {sigma2:g} (delta = {delta:g}): raise the noise or the target")
     spends = pate_spends(sigma1, sigma2, planned)
     epsilon = data_independent_epsilon(sigma1, sigma2, planned, delta)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 
 
@@ -31,9 +32,9 @@ class StudentChoice:
 def student_candidates(answered: int, shots: int, max_candidates: int, rng: np.random.Generator) -> list[list[int]]:
     """Disjoint groups of `shots` positions among `answered` labelled queries, at most `max_candidates`."""
     if shots < 1:
-        raise ConfigError(f"pate_shots: k must be >= 1, got {shots}")
+        raise ConfigError(f"{flag('pate_shots')}: k must be >= 1, got {shots}")
     if max_candidates < 1:
-        raise ConfigError(f"pate_student_candidates: must be >= 1, got {max_candidates}")
+        raise ConfigError(f"{flag('pate_student_candidates')}: must be >= 1, got {max_candidates}")
     if answered < shots + 1:
         return []  # no candidate with a validation query left: the caller reports no student
     order = rng.permutation(answered)
@@ -48,8 +49,8 @@ def select_student(predictions: np.ndarray, noisy_labels: np.ndarray, candidates
     predictions = np.asarray(predictions)
     noisy_labels = np.asarray(noisy_labels)
     if not candidates:
-        raise ConfigError("student: no candidate prompt (fewer answered queries than pate_shots + 1); "
-                          "lower pate_threshold or ask more pate_queries")
+        raise ConfigError(f"student: no candidate prompt (fewer answered queries than {flag('pate_shots')} + 1); "
+                          f"lower {flag('pate_threshold')} or ask more {flag('pate_queries')}")
     accuracies = []
     for c, members in enumerate(candidates):
         keep = np.ones(noisy_labels.shape[0], dtype=bool)

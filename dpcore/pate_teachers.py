@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 
 ASSIGNMENT_COLUMNS = ["teacher", "position", "id"]
@@ -58,11 +59,11 @@ class Teachers:
 def check_flock_size(teachers: int, shots: int, records: int) -> None:
     """E*k records are needed for E disjoint k-shot teachers (a public check: |D_priv| is public)."""
     if teachers < 1:
-        raise ConfigError(f"pate_teachers: E must be >= 1, got {teachers}")
+        raise ConfigError(f"{flag('pate_teachers')}: E must be >= 1, got {teachers}")
     if shots < 1:
-        raise ConfigError(f"pate_shots: k must be >= 1, got {shots}")
+        raise ConfigError(f"{flag('pate_shots')}: k must be >= 1, got {shots}")
     if teachers * shots > records:
-        raise ConfigError(f"pate_teachers x pate_shots: {teachers} teachers x {shots} shots = {teachers * shots} "
+        raise ConfigError(f"{flag('pate_teachers')} x {flag('pate_shots')}: {teachers} teachers x {shots} shots = {teachers * shots} "
                           f"records, but the private split has only {records}; use fewer teachers or shots")
 
 

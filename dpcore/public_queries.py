@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dpcore.config import flag
 from dpcore.datasets import LoadedDataset, normalise_text, read_table, restricted_load, staicc_file
 from dpcore.errors import ConfigError, DataValidationError
 
@@ -48,8 +49,9 @@ def ood_texts(data: LoadedDataset) -> tuple[list[str], str]:
     """The task's OOD public texts and their source name (`pate.ood_public` of the task YAML)."""
     name = data.spec.pate.ood_public
     if not name:
-        raise ConfigError(f"pate_public ood: task {data.spec.name!r} names no OOD public dataset (pate.ood_public "
-                          "in its task YAML); use pate_public iid or a pate_public_path file")
+        raise ConfigError(f"{flag('pate_public', 'ood')}: task {data.spec.name!r} names no OOD public dataset "
+                          f"(pate.ood_public in its task YAML); use {flag('pate_public', 'iid')} or a public file "
+                          f"({flag('pate_public_path')})")
     texts = [" ".join(parts) if isinstance(parts, list | tuple) else str(parts)
              for parts, _ in restricted_load(staicc_file(name))]
     if data.shipped:  # the records are the shipped public file itself: a function of two public files
@@ -64,7 +66,7 @@ def file_texts(path: str | Path, column: str = "text") -> tuple[list[str], str]:
     frame = read_table(path)  # errors: missing, unreadable, empty
     if column not in frame.columns:
         found = ", ".join(c for c in frame.columns if c != "__line__") or "none"
-        raise DataValidationError(f"{path}: missing column {column!r} (found: {found}); pass pate_public_column")
+        raise DataValidationError(f"{path}: missing column {column!r} (found: {found}); pass {flag('pate_public_column')}")
     unit = "row" if path.suffix.lower() == ".parquet" else "line"
     for i, text in enumerate(frame[column].tolist()):
         if not isinstance(text, str) or not text.strip():
@@ -77,27 +79,30 @@ def public_texts(data: LoadedDataset, source: str, path: str | None = None,
     """The public texts of a source (deduplicated) and where they come from."""
     if source == "iid":
         if not data.shipped:
-            raise ConfigError("--pate-public iid: public queries are never carved out of your own records file; "
-                              "pass --pate-public-path FILE (texts you declare public) or --pate-public ood")
+            raise ConfigError(f"{flag('pate_public', 'iid')}: public queries are never carved out of your own records "
+                              f"file; pass {flag('pate_public_path')} FILE (texts you declare public) or "
+                              f"{flag('pate_public', 'ood')}")
         if data.public.empty:
-            raise ConfigError(f"--pate-public iid: task {data.spec.name!r} holds out no public split (split.public_size "
-                              "in its task YAML); use --pate-public ood or --pate-public-path FILE")
+            raise ConfigError(f"{flag('pate_public', 'iid')}: task {data.spec.name!r} holds out no public split "
+                              f"(split.public_size in its task YAML); use {flag('pate_public', 'ood')} or "
+                              f"{flag('pate_public_path')} FILE")
         return _dedupe(data.public["text"].tolist()), f"{data.spec.name}:public split"
     if source == "ood":
         return ood_texts(data)
     if source == "file":
         if not path:
-            raise ConfigError("--pate-public file: pass --pate-public-path (a CSV/JSONL/Parquet file with a text column)")
+            raise ConfigError(f"{flag('pate_public', 'file')}: pass {flag('pate_public_path')} (a CSV/JSONL/Parquet "
+                              "file with a text column)")
         return file_texts(path, column)
-    raise ConfigError(f"pate_public: {source!r} is not one of {', '.join(PUBLIC_SOURCES)}")
+    raise ConfigError(f"{flag('pate_public')}: {source!r} is not one of {', '.join(PUBLIC_SOURCES)}")
 
 
 def select_queries(texts: list[str], queries: int, where: str, seed: int = 0) -> pd.DataFrame:
     """The first Q texts of a seeded shuffle: columns query_index, text (public)."""
     if queries < 1:
-        raise ConfigError(f"pate_queries: Q must be >= 1, got {queries}")
+        raise ConfigError(f"{flag('pate_queries')}: Q must be >= 1, got {queries}")
     if queries > len(texts):
-        raise ConfigError(f"pate_queries: Q = {queries} but {where} has only {len(texts)} distinct public texts; "
-                          "use a smaller pate_queries")
+        raise ConfigError(f"{flag('pate_queries')}: Q = {queries} but {where} has only {len(texts)} distinct "
+                          "public texts; ask for fewer queries")
     order = np.random.default_rng(seed).permutation(len(texts))[:queries]
     return pd.DataFrame({"query_index": np.arange(queries), "text": [texts[i] for i in order]})

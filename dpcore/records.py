@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 
 # Tokens allowed per record for merges across its boundaries inside a prompt (a record's
@@ -85,22 +86,24 @@ def prompt_budget(encode: Callable[[str], list[int]], context: int, spec, labels
         derived = (context - fixed) // n - overhead
     if cap is None:
         if derived is None:
-            raise ConfigError("max_record_tokens: the model states no context length; set max_record_tokens")
+            raise ConfigError(f"{flag('max_record_tokens')}: the model states no context length; set it")
         if derived < 1:
             raise ConfigError(
-                f"max_tokens (T_max) = {config.max_tokens} and subset_size (N) = {n} leave no room for records in "
+                f"{flag('max_tokens')} (T_max) = {config.max_tokens} and {flag('subset_size')} (N) = {n} leave no room "
+                f"for records in "
                 f"the model's context of {context} positions (instruction and label lines take {static}, "
-                f"each record's framing {overhead}): lower --max-tokens or --subset-size"
+                f"each record's framing {overhead}): lower either"
             )
         cap = derived
     elif int(cap) != cap or cap < 1:
-        raise ConfigError(f"max_record_tokens must be an integer >= 1, got {cap!r}")
+        raise ConfigError(f"{flag('max_record_tokens')} must be an integer >= 1, got {cap!r}")
     budget = PromptBudget(context=context, static_tokens=static, max_tokens=int(config.max_tokens),
                           per_record_overhead=overhead, subset_size=n, record_cap=int(cap))
     if context and budget.longest_prompt > context:
         raise ConfigError(
-            f"max_record_tokens = {cap}: a group prompt of the instruction, subset_size (N) = {n} records of "
-            f"{cap} tokens and max_tokens (T_max) = {config.max_tokens} generated tokens needs up to "
+            f"{flag('max_record_tokens')} = {cap}: a group prompt of the instruction, {flag('subset_size')} (N) = {n} "
+            f"records of {cap} tokens and {flag('max_tokens')} (T_max) = {config.max_tokens} generated tokens needs "
+            f"up to "
             f"{budget.longest_prompt} positions, more than the model's context of {context}; lower "
             f"--max-record-tokens (at most {max(derived or 0, 0)} here), --subset-size or --max-tokens"
         )

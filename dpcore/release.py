@@ -263,9 +263,22 @@ def choose_release_epsilon(run: RunFolder, epsilon: float | None) -> float:
         if not available:
             raise ConfigError(f"run {run.run_id}: no DP demonstrations to release")
         return available[0]
-    if float(epsilon) not in available:
-        raise ConfigError(f"--epsilon {epsilon}: run {run.run_id} has DP demos at {available or 'no epsilon'}")
-    return float(epsilon)
+    return _pick_epsilon(epsilon, available, f"run {run.run_id} has DP demos at")
+
+
+def _pick_epsilon(epsilon: float, available: list[float], where: str) -> float:
+    """The available epsilon asked for: exactly, or the one that reads the same rounded for people
+    (`dpcore.display.fmt_eps`: a refusal lists them rounded, and a person types what was shown)."""
+    from dpcore.display import fmt_eps
+    from dpcore.errors import ConfigError
+
+    if float(epsilon) in available:
+        return float(epsilon)
+    same = [e for e in available if fmt_eps(e) == fmt_eps(float(epsilon))]
+    if len(same) == 1:
+        return same[0]
+    shown = ", ".join(fmt_eps(e) for e in available) or "none"
+    raise ConfigError(f"--epsilon {fmt_eps(float(epsilon))}: {where} epsilon {shown}")
 
 
 # --------------------------------------------------------------------------- PromptPATE and PromptDPSGD artifacts
@@ -357,11 +370,15 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
     if not manifests:
         raise ConfigError(f"run {run_id!r}: no trained prompt under {path / 'prompts'} (not a PromptDPSGD run)")
     available = sorted({float(m["epsilon"]) for m in manifests.values()})
-    chosen = available[0] if epsilon is None else float(epsilon)
+    chosen = available[0] if epsilon is None else _pick_epsilon(epsilon, available,
+                                                                 f"run {run_id} has trained prompts at")
     found = [(p, m) for p, m in manifests.items() if float(m["epsilon"]) == chosen and int(m["training"]) == training]
     if not found:
-        raise ConfigError(f"--epsilon {epsilon} / --training {training}: run {run_id} has trained prompts at epsilon "
-                          f"{available}")
+        from dpcore.display import fmt_eps
+
+        trainings = sorted(int(m["training"]) for m in manifests.values() if float(m["epsilon"]) == chosen)
+        raise ConfigError(f"--epsilon {fmt_eps(chosen)} --training {training}: run {run_id} has trainings "
+                          f"{', '.join(map(str, trainings))} at that epsilon")
     json_path, m = found[0]
     run = _json(path / "manifest.json") if (path / "manifest.json").exists() else {}
     config = run.get("config", {})

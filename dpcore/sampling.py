@@ -56,7 +56,7 @@ import math
 
 import numpy as np
 
-from dpcore.config import SAMPLERS
+from dpcore.config import SAMPLERS, flag
 from dpcore.errors import ConfigError
 
 # Samplers whose privacy the Poisson accountant's bound covers (module docstring): the release gate
@@ -72,17 +72,17 @@ def sampling_rate(num_subsets: int, subset_size: int, num_records: int) -> float
     rate = num_subsets * subset_size / num_records
     if rate > 1:
         raise ConfigError(
-            f"sampling rate q = num_subsets*subset_size/records = {num_subsets}*{subset_size}/{num_records} "
-            f"= {rate:.3g} > 1: lower --num-subsets or --subset-size"
+            f"sampling rate q = M*N/records = {num_subsets}*{subset_size}/{num_records} = {rate:.3g} > 1: lower "
+            f"{flag('num_subsets')} (M) or {flag('subset_size')} (N)"
         )
     return rate
 
 
 def check_group_sizes(num_subsets: int, subset_size: int) -> None:
     if int(num_subsets) != num_subsets or num_subsets < 1:
-        raise ConfigError(f"num_subsets (M) must be an integer >= 1, got {num_subsets!r}")
+        raise ConfigError(f"{flag('num_subsets')} (M) must be an integer >= 1, got {num_subsets!r}")
     if int(subset_size) != subset_size or subset_size < 1:
-        raise ConfigError(f"subset_size (N) must be an integer >= 1, got {subset_size!r}")
+        raise ConfigError(f"{flag('subset_size')} (N) must be an integer >= 1, got {subset_size!r}")
 
 
 def poisson_groups(
@@ -120,7 +120,8 @@ def fixed_size_groups(
     total = num_subsets * subset_size
     if total > num_records:
         raise ConfigError(
-            f"fixed sampler: num_subsets*subset_size = {total} exceeds the label's {num_records} records"
+            f"fixed sampler: {flag('num_subsets')} x {flag('subset_size')} = {total} exceeds the label's "
+            f"{num_records} records"
         )
     chosen = rng.choice(num_records, size=total, replace=False).astype(np.int64)
     return [chosen[m * subset_size:(m + 1) * subset_size] for m in range(num_subsets)]

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from dpcore import icl
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 from dpcore.prefix_cache import right_pad
 from dpcore.taskspec import TaskSpec
@@ -116,9 +117,9 @@ def prefix_shape(lm, length: int) -> tuple[int, int, int, int, int]:
 def check_prompt(lm, kind: str, length: int) -> tuple[int, ...]:
     """The trainable tensor's shape, after every check that can fail (before anything is charged)."""
     if kind not in PROMPT_KINDS:
-        raise ConfigError(f"dpsgd_kind: must be one of {', '.join(PROMPT_KINDS)}, got {kind!r}")
+        raise ConfigError(f"{flag('dpsgd_kind')}: must be one of {', '.join(PROMPT_KINDS)}, got {kind!r}")
     if isinstance(length, bool) or int(length) != length or length < 1:
-        raise ConfigError(f"dpsgd_length: the prompt needs at least one position, got {length}")
+        raise ConfigError(f"{flag('dpsgd_length')}: the prompt needs at least one position, got {length}")
     _decoder(lm)
     if kind == "soft-prompt":
         return (int(length), int(_embeddings(lm).weight.shape[1]))
@@ -136,7 +137,7 @@ class TrainablePrompt(nn.Module):
     def __init__(self, kind: str, weight: torch.Tensor):
         super().__init__()
         if kind not in PROMPT_KINDS:
-            raise ConfigError(f"dpsgd_kind: must be one of {', '.join(PROMPT_KINDS)}, got {kind!r}")
+            raise ConfigError(f"{flag('dpsgd_kind')}: must be one of {', '.join(PROMPT_KINDS)}, got {kind!r}")
         self.kind = kind
         with torch.inference_mode(False):  # a normal tensor even when built from an inference tensor
             self.weight = nn.Parameter(weight.detach().float().clone())
@@ -162,7 +163,7 @@ def init_prompt(lm, kind: str, length: int, init: str, generator: torch.Generato
     """P_0 (Algorithm 1 line 2) from public randomness only (`generator`, on the CPU)."""
     shape = check_prompt(lm, kind, length)
     if init not in PROMPT_INITS:
-        raise ConfigError(f"dpsgd_init: must be one of {', '.join(PROMPT_INITS)}, got {init!r}")
+        raise ConfigError(f"{flag('dpsgd_init')}: must be one of {', '.join(PROMPT_INITS)}, got {init!r}")
     embed = _embeddings(lm)
     vocab = int(embed.weight.shape[0])
     tokens = torch.randint(0, min(VOCAB_INIT_TOKENS, vocab), (length,), generator=generator)

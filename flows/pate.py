@@ -23,6 +23,7 @@ from prefect import flow, get_run_logger
 
 from dpcore.artifacts import write_table
 from dpcore.config import EvalConfig, RunConfig
+from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.home import configure_environment
 from tasks import evaluate as evaluate_stage
@@ -48,7 +49,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     same labelling (`dpcore.pate_privacy.labelling_checkpoints`; a comparison run's `--epsilons`): a
     student and a result row for each, at no charge beyond the run's.
     """
-    from flows.pipeline import default_run_id, make_task_runner, map_calls, results
+    from flows.pipeline import default_run_id, map_calls, results, running
 
     configure_environment()
     logger = get_run_logger()
@@ -89,7 +90,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     eval_common = dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                        task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
                        dtype=config.dtype)
-    with make_task_runner(config.task_runner) as runner:
+    with running(config.task_runner) as runner:
         flock_calls = [dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                             assignment_path=teachers["assignment_path"], assignment_key=teachers["key"],
                             queries_path=inputs["queries_path"], queries_key=inputs["queries_key"], first=first,
@@ -197,8 +198,9 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                                           "run_id": run_id, "dataset": config.dataset,
                                           "data_hash": ingested["data_hash"], "model": config.model,
                                           "seeded_noise": seeded})
-    logger.info("PromptPATE: answered %s of %d queries per repeat; student accuracy %s; epsilon %.4g",
-                aggregate["answered"], per_repeat, [round(a, 3) for a in accuracy["per_repeat"]], plans[0].epsilon)
+    logger.info("PromptPATE: answered %s of %d queries per repeat; student %s accuracy %s; epsilon %s",
+                aggregate["answered"], per_repeat, "calibrated" if config.calibrate else "raw",
+                ", ".join(f"{a:.3f}" for a in accuracy["per_repeat"]) or "-", fmt_eps(plans[0].epsilon))
     return {
         "method": "pate",
         "run_id": run_id,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -38,8 +39,9 @@ from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from dpcore.artifacts import read_table, write_table
-from dpcore.config import RunConfig
-from dpcore.errors import DpiclError
+from dpcore.config import RunConfig, flag
+from dpcore.display import fmt_delta, fmt_eps
+from dpcore.errors import DpiclError, RunStopped
 from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, default_delta
 from dpcore.home import configure_environment
 from tasks import audit as audit_stage
@@ -91,7 +93,36 @@ def make_task_runner(spec: str = "threads"):
         return DaskTaskRunner(address=spec)
     from dpcore.errors import ConfigError
 
-    raise ConfigError(f"task_runner: {spec!r} is not threads, dask, dask:N or a Dask scheduler address")
+    raise ConfigError(f"{flag('task_runner')}: {spec!r} is not threads, dask, dask:N or a Dask scheduler address")
+
+
+@contextmanager
+def running(spec: str = "threads"):
+    """`make_task_runner(spec)`, entered. A flow body cut short by a stop (SIGTERM, which Prefect turns into
+    `TerminationSignal`; Ctrl-C's `KeyboardInterrupt`; a stage's `RunStopped`) asks every stage still running
+    to stop at its next step (`tasks.common.STOP_REQUESTED`) before the runner waits for them on the way out:
+    otherwise it would wait for the longest of them (the audit's scoring) to finish. A flag set here is
+    cleared once they have stopped (a later run in this process starts afresh)."""
+    from dpcore.errors import RunStopped
+    from tasks.common import STOP_REQUESTED
+
+    runner = make_task_runner(spec)
+    entered = runner.__enter__()
+    try:
+        yield entered
+    except BaseException as exc:
+        stop = isinstance(exc, RunStopped) or not isinstance(exc, Exception)
+        ours = stop and not STOP_REQUESTED.is_set()
+        if ours:
+            STOP_REQUESTED.set()
+        try:
+            if not runner.__exit__(type(exc), exc, exc.__traceback__):
+                raise
+        finally:
+            if ours:
+                STOP_REQUESTED.clear()
+    else:
+        runner.__exit__(None, None, None)
 
 
 def map_calls(runner, task, calls: list[dict]) -> list:
@@ -156,7 +187,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     ctx = FlowRunContext.get()
     flow_run_id = str(ctx.flow_run.id) if ctx and ctx.flow_run else ""
     logger.info("run %s: dataset %s, model %s, epsilons %s, task runner %s", run_id, config.dataset, config.model,
-                config.epsilons, config.task_runner)
+                ", ".join(fmt_eps(e) for e in config.epsilons), config.task_runner)
     preflight(config)  # checks that could fail after the charge (model, context, task runner) run before it
     tracking.warm_up()  # MLflow's import and SQLite store set-up (~10 s) overlap the run
 
@@ -194,10 +225,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         logger.warning(non_private_warning(config))
     ledger_entry = charge_spends(config.ledger_id, spends, same_records_ok=config.new_budget_for_same_records)
     cost = planned_cost(spends)
-    logger.info("ledger %s: %d spend(s) charged, %d replayed from earlier attempts of run %s; planned cost epsilon "
-                "%s; dataset total epsilon %s at delta %.3g", ledger_entry["dataset_id"], ledger_entry["charged"],
-                ledger_entry["replayed"], run_id, cost["epsilon"], ledger_entry.get("total_epsilon"),
-                ledger_entry.get("delta") or delta)
+    logger.info(charge_line(ledger_entry, cost, run_id, delta))
     tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, items, generation_config, label_counts,
                                ledger_entry) if tang else None
     others = {}
@@ -276,6 +304,15 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     }
 
 
+def charge_line(ledger_entry: dict, cost: dict, run_id: str, delta: float) -> str:
+    """The flow's log line of the run's charge (`tasks.charge.charge_spends`' summary and `planned_cost`),
+    epsilons and delta rounded for people (the ledger keeps them exactly)."""
+    return (f"ledger {ledger_entry['dataset_id']}: {ledger_entry['charged']} spend(s) charged, "
+            f"{ledger_entry['replayed']} replayed from earlier attempts of run {run_id}; planned cost epsilon "
+            f"{fmt_eps(cost['epsilon'])}; dataset total epsilon {fmt_eps(ledger_entry.get('total_epsilon'))} at delta "
+            f"{fmt_delta(ledger_entry.get('delta') or delta)}")
+
+
 def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> list[dict]:
     """The release audit (`tasks.release.audit_artifact`) of PromptPATE's chosen student and of PromptDPSGD's
     first training at each epsilon: [{method, epsilon, verdict, passed}] (public summaries)."""
@@ -295,8 +332,10 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
                                                    size_to_pools=not ({"audit_trials", "audit_members"}
                                                                       & config.model_fields_set),
                                                    cap_to_pools=True)
+        except RunStopped:  # a stop request ends the run, not just this audit
+            raise
         except DpiclError as error:  # the methods' results stand; `dpicl release --audit-only` can retry it
-            get_run_logger().warning("no membership audit of the %s artifact at epsilon %s: %s", method, epsilon,
+            get_run_logger().warning("no membership audit of the %s artifact at epsilon %s: %s", method, fmt_eps(epsilon),
                                      error)
             continue
         audits.append({"method": method, "epsilon": epsilon, "verdict": audited["audit"]["verdict"],
@@ -312,7 +351,7 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
     began = time.perf_counter()
     labels = list(ingested["labels"])
     scope = noise_scope(config.seed, run_id)
-    with make_task_runner(config.task_runner) as runner:
+    with running(config.task_runner) as runner:
         # 4. generation, one task per (method, label, epsilon)
         shards = results(map_calls(runner, generate_stage.generate, [
             generate_stage.generate_call(item, ingested, generation_config, config, scope,

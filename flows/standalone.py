@@ -17,6 +17,7 @@ returns a public summary; `say` receives the lines a person must read before any
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
@@ -27,6 +28,8 @@ from pathlib import Path
 
 from dpcore.artifacts import jsonable, write_json_atomic, write_manifest, write_table
 from dpcore.config import AuditConfig, RunConfig
+from dpcore.display import fmt_delta
+from dpcore.display import fmt_eps as _eps
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.fewshot_plan import (
     AUDIT_REFERENCE,
@@ -42,6 +45,7 @@ from tasks.common import language_model
 from tasks.ingest import load_data
 
 Say = Callable[[str], None]
+log = logging.getLogger(__name__)
 # The `--json` keys of `dpicl audit` (docs/json.md): the design and the verdict. The figures (AUCs,
 # intervals, TPRs, epsilon lower bounds, overlap, the strongest attack) are statistics of private
 # records: they go to the private folder's `audit.json` (the operator's diagnostic), never to --json.
@@ -130,7 +134,7 @@ def generate(config: RunConfig, epsilon: float, out: Path | None, say: Say) -> t
     from tasks.calibrate import generation_config
     from tasks.charge import check_context, check_group_prompt
     from tasks.common import report_progress
-    from tasks.generate import check_generation, empty_demos_note, generate_for
+    from tasks.generate import check_generation, empty_demos_note, generate_for, step_line
 
     began = time.perf_counter()
     if out is not None:
@@ -155,8 +159,11 @@ def generate(config: RunConfig, epsilon: float, out: Path | None, say: Say) -> t
     lm = language_model(config.model, config.device, config.dtype)
     check_generation(generation, vocab_size=lm.vocab_size)
 
+    what = f"generate {calibration.method} eps={_eps(epsilon)} ({', '.join(labels)})"
+
     def progress(info: dict) -> None:  # public counters only (tokens/s depends on the records' lengths)
-        report_progress(f"generate eps={epsilon:g}: token steps", info["step"], info["max_steps"])
+        report_progress(f"generate eps={_eps(epsilon)}: token steps", info["step"], info["max_steps"])
+        log.info(step_line(what, info))
 
     # ---- PRIVACY LEDGER: the spend is charged (or refused, exit 3) BEFORE any private record is read.
     entries = _charge(config, data, run_id, plan.privacy_plans())
@@ -324,8 +331,8 @@ def demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | 
             say(f"dpicl evaluate: warning: {file} records no epsilon and not enough generation settings to "
                 "account for it; pass --epsilon E to label the results")
         else:
-            say(f"dpicl evaluate: epsilon {epsilon:.3f} accounted from the demos' noise multiplier "
-                f"(delta {delta:.3g}; --epsilon overrides)")
+            say(f"dpicl evaluate: epsilon {_eps(epsilon)} accounted from the demos' noise multiplier "
+                f"(delta {fmt_delta(delta)}; --epsilon overrides)")
     pool = [(str(t), str(lab), f"{lab}/{i}") for i, (t, lab) in enumerate(zip(frame["text"], frame["label"],
                                                                             strict=True))]
     return pool, method, epsilon

@@ -17,6 +17,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from dpcore.config import RunConfig
+from dpcore.display import fmt_eps
 from dpcore.home import configure_environment
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
@@ -24,6 +25,12 @@ from tasks import tune as tune_stage
 from tasks.charge import charge_plans, ledger_report, noise_charged
 
 FLOW_NAME = "prompt-dpsgd"
+
+
+def charge_line(charge: dict, shape: str) -> str:
+    """The flow's log line of its charge (`tasks.charge.charge_spends`' summary), rounded for people."""
+    return (f"ledger {charge['dataset_id']}: {charge['charged']} spend(s) charged, {charge['replayed']} replayed; "
+            f"dataset total epsilon {fmt_eps(charge.get('total_epsilon'))}; prompt {shape}")
 
 
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
@@ -49,9 +56,7 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
     if charge is None:
         charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans,
                               same_records_ok=config.new_budget_for_same_records)
-    logger.info("ledger %s: %d spend(s) charged, %d replayed; dataset total epsilon %s; prompt %s",
-                charge["dataset_id"], charge["charged"], charge["replayed"], charge.get("total_epsilon"),
-                shape["shape"])
+    logger.info(charge_line(charge, shape["shape"]))
     paths = ingested["paths"]
     trained = [tune_stage.train_prompt(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                                        task_spec=ingested["task_spec"], plan=plan.to_dict(), epsilon=plan.epsilon,

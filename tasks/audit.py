@@ -47,7 +47,15 @@ from dpcore.audit_design import AuditDesign
 from dpcore.config import AuditConfig, GenerationConfig, RunConfig
 from dpcore.errors import ConfigError
 from dpcore.fewshot_plan import Calibration, FewShotPlan, fewshot_plan
-from tasks.common import cached_task, derive_seed, open_stage, report_progress, stage_dir, stage_logger
+from tasks.common import (
+    cached_task,
+    derive_seed,
+    open_stage,
+    report_progress,
+    stage_dir,
+    stage_logger,
+    stop_requested,
+)
 
 AUDIT_MODULES = ("dpcore.audit", "dpcore.audit_statistics", "dpcore.audit_gate", "dpcore.overlap", "dpcore.mia_attacks",
                  "dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.icl", "dpcore.prefix_cache",
@@ -158,7 +166,7 @@ def dp_audit_at(lm, spec, members: pd.DataFrame, non_members: pd.DataFrame, audi
     return mia.dp_audit(lm, spec, members, non_members, audit_config, generation, sigma, seed=seed,
                         epsilon=calibration.epsilon, delta=calibration.delta, crosscheck_agreed=crosscheck_agreed,
                         noise_seed=noise_seed, charge=charge, thresholds=thresholds, cache=cache,
-                        progress=_progress(what))
+                        progress=_progress(what), should_stop=stop_requested)
 
 
 def reference_audit(lm, spec, train: pd.DataFrame, audit_config: AuditConfig, *, seed: int, sample_seed: int,
@@ -169,7 +177,7 @@ def reference_audit(lm, spec, train: pd.DataFrame, audit_config: AuditConfig, *,
 
     sample = train.sample(n=min(len(train), REFERENCE_OVERLAP_SAMPLE), random_state=sample_seed % (2**32))
     return mia.non_private_audit(lm, spec, train, audit_config, seed=seed, delta=delta, thresholds=thresholds,
-                                 overlap_records=sample, progress=_progress(what))
+                                 overlap_records=sample, progress=_progress(what), should_stop=stop_requested)
 
 
 def write_audit(results: list, reference, public: Path, private: Path, title: str,
@@ -255,7 +263,7 @@ def audit(
                 held_out, audit_config, seed=derive_seed(split_seed, "audit-trials"), epsilon=eps,
                 noise_multiplier=target.noise_multiplier, delta=delta,
                 crosscheck_agreed=target.crosscheck_agreed, thresholds=thresholds, cache=cache,
-                progress=_progress(f"audit demos eps={eps:g}"),
+                progress=_progress(f"audit demos eps={eps:g}"), should_stop=stop_requested,
             )
             results.append(result)
             _log_result(logger, eps, result)

@@ -13,10 +13,10 @@ and the dry run before `dpicl run` (`tasks.charge.run_spends`) plan the same thi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from dpcore.config import GenerationConfig, RunConfig, demos_per_label
+from dpcore.display import fmt_delta, fmt_eps, fmt_sigma, steps_text
 from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, fewshot_plan
 from tasks.common import cached_task, stage_logger
 
@@ -44,8 +44,8 @@ def calibrate(*, epsilons: list[float], label_counts: dict[str, int], generation
                         audit_reference=audit_reference)
     logger = stage_logger()
     for row in plan.calibrations:
-        logger.info("epsilon %s: sigma %.4f (q=%.3g, T=%d, delta=%.3g, accountant upper %s, cross-check %s)",
-                    "inf" if math.isinf(row.epsilon) else f"{row.epsilon:g}", row.noise_multiplier,
-                    row.sampling_rate, row.steps, row.delta, row.epsilon_upper,
+        logger.info("epsilon %s: sigma %s (q %.3g, %s, delta %s, accountant upper %s, cross-check %s)",
+                    fmt_eps(row.epsilon), fmt_sigma(row.noise_multiplier), row.sampling_rate,
+                    steps_text(row.steps, generation.max_tokens), fmt_delta(row.delta), fmt_eps(row.epsilon_upper),
                     "agreed" if row.crosscheck_agreed else "DISAGREED")
     return plan

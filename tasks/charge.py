@@ -43,6 +43,7 @@ import math
 from collections.abc import Callable
 
 from dpcore import ledger
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 from dpcore.fewshot_plan import AUDIT_REFERENCE, RANDOM_REAL, SIGMA_ZERO, real_records_plan
 
@@ -122,8 +123,8 @@ def check_group_prompt(model: str, spec, labels: list[str], generation_config) -
 def check_max_tokens(max_tokens: int, limit: int, model: str) -> None:
     """T_max token steps need room in the model's context next to the prompt (instruction and records)."""
     if max_tokens >= limit:
-        raise ConfigError(f"max_tokens: {max_tokens} token steps do not fit the context of model {model!r} "
-                          f"({limit} positions, shared with the prompt); use --max-tokens below {limit}")
+        raise ConfigError(f"{flag('max_tokens')}: {max_tokens} token steps do not fit the context of model "
+                          f"{model!r} ({limit} positions, shared with the prompt); use fewer than {limit}")
 
 
 def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: bool = False,
@@ -291,7 +292,7 @@ def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None
     error: an audit's DP generations always spend privacy."""
     if not dataset_id or not run_id:
         raise ConfigError(f"audit: cannot charge the audit's DP generations to the ledger without a dataset id "
-                          f"and a run id (got dataset_id={dataset_id!r}, run_id={run_id!r})")
+                          f"and a run id (got dataset id {dataset_id!r}, run id {run_id!r})")
     requests = plan.requests(dataset_id, data_hash, run_id)
     book = ledger.Ledger()
 

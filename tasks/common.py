@@ -216,6 +216,12 @@ def remove_progress_sink(sink: ProgressSink) -> None:
         _PROGRESS_SINKS.remove(sink)
 
 
+def stop_requested() -> bool:
+    """Whether a stop was asked for (the `should_stop` that dpcore's long loops, the audit's forward passes,
+    ask between steps): they end with `RunStopped` as `report_progress` does."""
+    return STOP_REQUESTED.is_set()
+
+
 def report_progress(what: str, done: int, total: int, detail: str = "") -> None:
     """A stage's progress (steps, items, trials: public counts, and an optional `detail` of public
     aggregates such as a validation loss), and the point where it stops when asked."""

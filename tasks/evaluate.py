@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from dpcore.artifacts import read_table, write_table
 from dpcore.config import EvalConfig
+from dpcore.display import fmt_eps
 from dpcore.fewshot_plan import RANDOM_REAL
 from tasks.common import cached_task, open_stage, report_progress, stage_dir, stage_logger
 
@@ -112,7 +113,7 @@ def evaluate(
     result["metrics"] = metrics[["seed", "n", "accuracy", "calibrated_accuracy"]].to_dict(orient="records")
     stage_logger().info(
         "evaluated %s at epsilon %s: accuracy %.3f, calibrated %.3f (mean over %d seeds, n=%d) in %d s",
-        method, "inf" if math.isinf(epsilon) else f"{epsilon:g}", metrics["accuracy"].mean(),
+        method, fmt_eps(epsilon), metrics["accuracy"].mean(),
         metrics["calibrated_accuracy"].mean(), len(metrics), int(metrics["n"].max()), round(seconds),
     )
     return result

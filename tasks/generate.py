@@ -35,7 +35,7 @@ from dpcore.fewshot_plan import DP, INSTRUCTION_ONLY, SIGMA_ZERO, FewShotPlan
 from tasks.common import cached_task, derive_seed, open_stage, report_progress, stage_dir, stage_logger
 
 __all__ = ["DP", "INSTRUCTION_ONLY", "SIGMA_ZERO", "GenerationItem", "Shard", "check_generation", "empty_demos_note",
-           "generate", "generate_call", "generate_for", "generation_plan"]
+           "generate", "generate_call", "generate_for", "generation_plan", "step_line"]
 GENERATION_MODULES = ("dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.taskspec", "dpcore.lm")
 # Public inputs that determine a generation task's output (the records themselves enter through data_hash).
 GENERATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "label", "epsilon", "noise_multiplier", "generation",
@@ -126,6 +126,12 @@ def generate_for(lm, spec, method: str, labels: list[str], generation: Generatio
                                  progress=progress)
 
 
+def step_line(what: str, info: dict) -> str:
+    """The one log line of a generation step (`dpcore.generation`'s progress dict: public counters only):
+    `generate dp World eps=1: step 3/20, 0/1 demos done`."""
+    return f"{what}: step {info['step']}/{info['max_steps']}, {info['finished']}/{info['total']} demos done"
+
+
 def empty_demos_note(frame, what: str) -> str | None:
     """A DP output worth saying: demos the model ended at their first token (they add nothing to a prompt)."""
     empty = int((frame["tokens"] == 0).sum()) if "tokens" in frame else 0
@@ -176,11 +182,11 @@ def generate(
                                model=model, device=device, dtype=dtype)
     began = time.perf_counter()
 
-    def progress(info: dict) -> None:  # a Prefect log line every 10 steps (public counters only)
-        report_progress(f"generate {method} {label} eps={_eps_text(epsilon)}", info["step"], info["max_steps"])
-        if info["step"] % 10 == 0 or info["finished"] == info["total"]:
-            logger.info("%s %s eps=%s: step %d/%d, %d/%d demos done", method, label, _eps_text(epsilon),
-                        info["step"], info["max_steps"], info["finished"], info["total"])
+    what = f"generate {method} {label} eps={_eps_text(epsilon)}"
+
+    def progress(info: dict) -> None:  # one log line per step, naming its label (public counters only)
+        report_progress(what, info["step"], info["max_steps"])
+        logger.info(step_line(what, info))
 
     records = None if method == INSTRUCTION_ONLY else records_by_label(records_path, [label])
     result = generate_for(lm, spec, method, [label], generation, noise_multiplier, records_by_label=records,

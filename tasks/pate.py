@@ -22,6 +22,7 @@ import pandas as pd
 from prefect import get_run_logger
 
 from dpcore.artifacts import read_table, write_json_atomic, write_table
+from dpcore.config import flag
 from dpcore.errors import DpiclError
 from tasks.common import (
     cached_task,
@@ -93,14 +94,15 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
                                    limit=per_repeat * repeats)
         per_repeat = total // repeats
         if per_repeat < 1:
-            raise ConfigError(f"pate_target_epsilon {config.pate_target_epsilon:g} affords no query in each of "
+            raise ConfigError(f"{flag('pate_target_epsilon')} {config.pate_target_epsilon:g} affords no query in each of "
                               f"{repeats} repeats at sigma1 = {settings['sigma1']:g}, sigma2 = {settings['sigma2']:g}")
     if per_repeat <= settings["shots"]:  # refused before the charge: such a labelling can make no student
         raise ConfigError(
-            f"--pate-queries: the plan labels at most {per_repeat} public quer{'y' if per_repeat == 1 else 'ies'} "
-            f"per repeat, but a student prompt needs more than {settings['shots']} (its demonstrations and at least "
-            "one to choose them on); raise --pate-target-epsilon or --pate-queries, use fewer --pate-repeats, or "
-            "larger --pate-sigma1/--pate-sigma2")
+            f"{flag('pate_queries')}: the plan labels at most {per_repeat} public "
+            f"quer{'y' if per_repeat == 1 else 'ies'} per repeat, but a student prompt needs more than "
+            f"{settings['shots']} (its demonstrations and at least one to choose them on); raise "
+            f"{flag('pate_target_epsilon')} or {flag('pate_queries')}, use fewer {flag('pate_repeats')}, or larger "
+            f"{flag('pate_sigma1')} / {flag('pate_sigma2')}")
     plans = [pate_plan(epsilon_target=None, delta=delta, queries=per_repeat * repeats,
                        threshold_sigma=settings["sigma1"], vote_sigma=settings["sigma2"],
                        teachers=settings["teachers"], threshold=settings["threshold"])]

@@ -27,9 +27,10 @@ from prefect import get_run_logger, task
 
 from dpcore import release as gate
 from dpcore.artifacts import file_sha256, read_table, write_json_atomic, write_manifest, write_table
+from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, subdir
-from tasks.common import code_version, derive_seed, language_model, report_progress, safe_name
+from tasks.common import code_version, derive_seed, language_model, report_progress, safe_name, stop_requested
 from tasks.tracking import mlflow_client
 
 DEFAULT_ALIAS = "production"
@@ -64,10 +65,10 @@ def check_gate(run_id: str, epsilon: float | None = None) -> dict:
     failures = gate.release_failures(evidence)
     if run.changed_files:
         failures.append(f"run files changed since the run finished: {', '.join(run.changed_files)}")
-    refused = (f"release of run {run_id} (epsilon {chosen:g}) refused:\n" + "\n".join(f"- {line}" for line in failures)
+    refused = (f"release of run {run_id} (epsilon {fmt_eps(chosen)}) refused:\n" + "\n".join(f"- {line}" for line in failures)
                if failures else None)
     if refused is None:
-        get_run_logger().info("release gate passed for run %s at epsilon %g", run_id, chosen)
+        get_run_logger().info("release gate passed for run %s at epsilon %s", run_id, fmt_eps(chosen))
     return {"run_id": run_id, "epsilon": chosen, "run_dir": str(run.path), "refused": refused}
 
 
@@ -395,7 +396,8 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
         lm, spec, list(artifact.demos), members, held_out, audit_config, seed=split_seed, setting="dp",
         epsilon=artifact.epsilon, noise_multiplier=None if noise is None else float(noise), delta=artifact.delta,
         crosscheck_agreed=gate.plan_crosscheck(artifact.spends, artifact.delta), past=past, thresholds=thresholds,
-        progress=lambda done, total: report_progress(f"audit {artifact.name}", done, total))
+        progress=lambda done, total: report_progress(f"audit {artifact.name}", done, total),
+        should_stop=stop_requested)
     out = {"artifact": artifact.name, "reused": False, "audit": public_summary(result)}
     logger.info("audit of %s %s: %s", method, artifact.name, out["audit"]["verdict"])
     results = [result]
@@ -409,7 +411,8 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
                                       seed=derive_seed(split_seed, "teachers"), delta=artifact.delta,
                                       thresholds=thresholds,
                                       progress=lambda done, total: report_progress("audit single teachers", done,
-                                                                                   total))
+                                                                                   total),
+                                      should_stop=stop_requested)
         out["teacher_reference"] = public_summary(reference)
         logger.info("non-private contrast (single teachers' prompts): %s", out["teacher_reference"]["verdict"])
         results.append(reference)
@@ -455,7 +458,7 @@ def check_artifact_gate(run_id: str, method: str, epsilon: float | None = None, 
     failures = gate.release_failures(evidence)
     if artifact.changed_files:
         failures.append(f"run files changed since the run finished: {', '.join(artifact.changed_files)}")
-    refused = (f"release of run {run_id} ({method} {artifact.name}, epsilon {artifact.epsilon:g}) refused:\n"
+    refused = (f"release of run {run_id} ({method} {artifact.name}, epsilon {fmt_eps(artifact.epsilon)}) refused:\n"
                + "\n".join(f"- {line}" for line in failures) if failures else None)
     if refused is None:
         get_run_logger().info("release gate passed for run %s (%s %s)", run_id, method, artifact.name)

@@ -422,7 +422,7 @@ def test_prompt_budget_derives_the_cap_and_refuses_what_cannot_fit(tiny_lm, spec
     assert budget.record_cap > 300
     chosen = prompt_budget(tiny_lm.encode, 2048, spec, LABELS, config.model_copy(update={"max_record_tokens": 64}))
     assert chosen.record_cap == 64
-    with pytest.raises(ConfigError, match="max_record_tokens = 5000.*at most"):
+    with pytest.raises(ConfigError, match=r"--max-record-tokens \(max_record_tokens\) = 5000.*at most"):
         prompt_budget(tiny_lm.encode, 2048, spec, LABELS, config.model_copy(update={"max_record_tokens": 5000}))
     with pytest.raises(ConfigError, match="max_tokens"):
         prompt_budget(tiny_lm.encode, 2048, spec, LABELS, config.model_copy(update={"max_tokens": 2040}))
@@ -598,7 +598,7 @@ def test_bad_parameters_raise_config_error(tiny_lm, spec, records, overrides, si
 
 def test_label_with_fewer_than_n_records_is_refused(tiny_lm, spec, records):
     small = {**records, "Sports": ["only one"]}
-    with pytest.raises(ConfigError, match="'Sports' has 1 private records, fewer than subset_size"):
+    with pytest.raises(ConfigError, match=r"'Sports' has 1 private records, fewer than --subset-size \(subset_size\)"):
         generate_demos(tiny_lm, spec, small, _config(), 0.5, seed=0)
 
 

@@ -81,7 +81,7 @@ def test_pate_over_budget_is_refused_with_exit_3_and_nothing_written(tiny_lm, ca
 
 
 @pytest.mark.parametrize("extra, match", [
-    (["--teachers", "500"], "pate_teachers x pate_shots"),
+    (["--teachers", "500"], "--pate-teachers (pate_teachers) x --pate-shots (pate_shots)"),
     (["--queries", "100000"], "pate_queries"),
     (["--threshold", "7"], "pate_threshold"),
     (["--sigma2", "0"], "pate_sigma2"),

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
 
+# The exit status of a command whose reader closed stdout early (`dpicl ledger show | head`): 128 + SIGPIPE,
+# what the shell reports for any program ended by a closed pipe, so `set -o pipefail` scripts see that the
+# output was cut short (0 would claim it was all read). Nothing else is printed: the reader asked for no more.
+BROKEN_PIPE_EXIT = 141
 COMMAND_MODULES = ["accounting", "generate", "evaluate", "audit", "ledger", "run", "pate", "tune", "release", "serve", "ui"]
 
 
@@ -36,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         configure_cli_logging(args.verbose)
     try:
         code = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+    except BrokenPipeError:
+        _quiet_stdout()
+        return BROKEN_PIPE_EXIT
     except DpiclError as exc:
         print(f"dpicl {args.command}: {exc.kind}: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -43,6 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpicl {args.command}: interrupted", file=sys.stderr)
         return 130
     return int(code or 0)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's last flush of a closed pipe must not print a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # an in-process caller's stdout with no file descriptor
+        pass
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ Exit code: 0 when the gate passes, 1 when it fails (CI can gate a release on
 
 from __future__ import annotations
 
+from dpcore.display import fmt_eps, fmt_sigma
 from dpcore.errors import ConfigError
 from flows.cli.common import add_config_flags, checked_config, parse_epsilon, print_json, say
 
@@ -69,13 +70,13 @@ def _audit_config(args, config):
     updates = {}
     if args.trials is not None:
         if args.trials < 1:
-            raise ConfigError(f"trials: must be >= 1, got {args.trials}")
+            raise ConfigError(f"--trials: must be >= 1, got {args.trials}")
         updates["trials"] = args.trials
     elif args.non_private:
         updates["trials"] = NON_PRIVATE_TRIALS
     if args.confidence is not None:
         if not 0 < args.confidence < 1:
-            raise ConfigError(f"confidence: must lie in (0, 1), got {args.confidence}")
+            raise ConfigError(f"--confidence: must lie in (0, 1), got {args.confidence}")
         updates["confidence"] = args.confidence
     return config.audit_config().model_copy(update=updates)
 
@@ -101,7 +102,7 @@ def run_audit(args) -> int:
 
 def _print_text(result, reference, summary: dict) -> None:
     name = "non-private (real 1-shot demos)" if result.setting == "non-private" else (
-        f"{result.setting} demos at epsilon {result.epsilon:g} (sigma {result.noise_multiplier:.4g})")
+        f"{result.setting} demos at epsilon {fmt_eps(result.epsilon)} (sigma {fmt_sigma(result.noise_multiplier)})")
     print(f"audit of {name}: {result.trials} trials, {result.members_per_trial} member(s) vs "
           f"{result.non_members_per_trial} non-members each, {100 * result.confidence:g}% intervals")
     if reference is not None:

@@ -14,13 +14,13 @@ import typing
 from typing import Any
 
 from dpcore.artifacts import jsonable
-from dpcore.config import RunConfig
+from dpcore.config import FLAG_SPELLINGS, RunConfig, flag
 
 __all__ = ["add_config_flags", "checked_config", "config_from_args", "fmt_value", "parse_epsilon", "print_json",
            "say"]
 
 # CLI spellings that differ from the RunConfig field name (documented in docs/).
-FLAG_ALIASES = {"rvp": "--no-rvp"}
+FLAG_ALIASES = FLAG_SPELLINGS
 
 
 def _is_bool(annotation) -> bool:
@@ -118,8 +118,7 @@ def checked_config(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     try:
         return config_from_args(args, **overrides)
     except ValidationError as exc:
-        raise ConfigError("; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
-                                    for err in exc.errors())) from None
+        raise ConfigError(validation_problems(exc)) from None
     except ValueError as exc:  # an int flag that is not an int
         raise ConfigError(str(exc)) from None
 
@@ -130,9 +129,18 @@ def say(line: str) -> None:
 
 
 def validation_problems(exc) -> str:
-    """A pydantic ValidationError of RunConfig as one line naming each flag (`--dpsgd-clip: ...`)."""
-    return "; ".join(f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
-                     for err in exc.errors()) or str(exc)
+    """A pydantic ValidationError of RunConfig as one line naming each flag and its field
+    (`--dpsgd-clip (dpsgd_clip): Input should be greater than 0`)."""
+    problems = []
+    for err in exc.errors():
+        message = err["msg"].removeprefix("Value error, ")
+        field = str(err["loc"][0]) if err["loc"] else ""
+        if field in RunConfig.model_fields:
+            message = message.removeprefix(f"{field}: ")  # a validator that names its own field
+            problems.append(f"{flag(field)}: {message}")
+        else:
+            problems.append(f"{field}: {message}" if field else message)
+    return "; ".join(problems) or str(exc)
 
 
 def print_json(obj: Any) -> None:

@@ -20,7 +20,8 @@ ever printed.
 from __future__ import annotations
 
 import argparse
-import math
+
+from dpcore.display import fmt_eps
 
 EVAL_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "shots", "seeds", "test_size",
               "calibrate", "seed", "delta", "max_tokens", "top_k", "rvp"]
@@ -55,7 +56,7 @@ def register(subparsers) -> None:
 
 
 def _fmt_eps(epsilon: float) -> str:
-    return "inf" if math.isinf(epsilon) else ("?" if math.isnan(epsilon) else f"{epsilon:g}")
+    return fmt_eps(epsilon)
 
 
 def format_table(summary: dict) -> str:

@@ -21,8 +21,7 @@ the private records (prompt/forward/padded tokens, prompts, per-phase timings, t
 
 from __future__ import annotations
 
-import math
-
+from dpcore.display import fmt_delta, fmt_eps, fmt_sigma, steps_text
 from flows.cli.common import add_config_flags, checked_config, parse_epsilon, print_json, say
 
 CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta",
@@ -60,9 +59,9 @@ def run_generate(args) -> int:
         print_json({**summary, "demos": [{"label": d.label, "shot": d.shot, "text": d.text, "tokens": d.tokens,
                                           "stop_reason": d.stop_reason, "method": d.method} for d in demos]})
         return 0
-    eps_text = "inf" if math.isinf(summary["epsilon"]) else f"{summary['epsilon']:.3f}"
-    print(f"epsilon {eps_text} (delta {summary['delta']:.3g}), sigma {summary['noise_multiplier']:.4f}, "
-          f"q {summary['sampling_rate']:.3g}, T {summary['steps']}, {config.mechanism}"
+    print(f"epsilon {fmt_eps(summary['epsilon'])} (delta {fmt_delta(summary['delta'])}), sigma "
+          f"{fmt_sigma(summary['noise_multiplier'])}, q {summary['sampling_rate']:.3g}, "
+          f"{steps_text(summary['steps'], summary['config']['max_tokens'])}, {config.mechanism}"
           + ("  [seeded noise: experiment only, not releasable]" if summary["seeded_noise"] else ""))
     if config.delta is None and args.epsilon > 0:
         from flows.cli.run import delta_note

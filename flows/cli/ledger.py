@@ -13,9 +13,9 @@ Every subcommand takes `--ledger PATH` (default `$DPICL_HOME/ledger.db`).
 from __future__ import annotations
 
 import argparse
-import math
 
 from dpcore.config import MECHANISMS
+from dpcore.display import fmt_delta, fmt_eps
 from flows.cli.common import print_json
 from tasks.charge import PURPOSES, ledger_spends, record_spend, set_budget
 
@@ -64,19 +64,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "inf" if math.isinf(value) else f"{value:.4g}"
+    """An epsilon, sigma or q of the ledger view, rounded for people (`--json` keeps every digit)."""
+    if isinstance(value, float) or value is None:
+        return fmt_eps(value)
     return str(value)
 
 
 def _summary(spend) -> str:
-    line = f"dataset {spend.dataset_id}: epsilon {_fmt(spend.epsilon)} at delta {_fmt(spend.delta)}"
+    line = f"dataset {spend.dataset_id}: epsilon {_fmt(spend.epsilon)} at delta {fmt_delta(spend.delta)}"
     if spend.budget is None:
         line += " (no budget set: charges are recorded, never refused)"
     else:
-        line += (f" (budget epsilon {_fmt(spend.budget.epsilon)}, delta {_fmt(spend.budget.delta)};"
+        line += (f" (budget epsilon {_fmt(spend.budget.epsilon)}, delta {fmt_delta(spend.budget.delta)};"
                  f" remaining {_fmt(spend.remaining)})")
     return line + f", {len(spend.entries)} entries"
 
@@ -86,8 +85,8 @@ def delta_note(spend) -> str | None:
     others = sorted({e.delta for e in spend.entries if e.delta != spend.delta})
     if not others:
         return None
-    return (f"note: the total is composed at delta {_fmt(spend.delta)}, but entries were calibrated at delta "
-            f"{', '.join(_fmt(d) for d in others)}: each entry's epsilon_alone is at its own delta and does not "
+    return (f"note: the total is composed at delta {fmt_delta(spend.delta)}, but entries were calibrated at delta "
+            f"{', '.join(fmt_delta(d) for d in others)}: each entry's epsilon_alone is at its own delta and does not "
             f"add up to the total (pass --delta D to compose at another delta)")
 
 
@@ -101,7 +100,7 @@ def _print_spend(spend) -> None:
                   "epsilon_alone(own delta)", "content_hash")
         rows = [header] + [
             (str(e.id), e.created_at, e.run_id, e.purpose, e.mechanism, _fmt(e.noise_multiplier),
-             _fmt(e.sampling_rate), str(e.steps), _fmt(e.delta), _fmt(e.epsilon_upper), e.content_hash[:12])
+             _fmt(e.sampling_rate), str(e.steps), fmt_delta(e.delta), _fmt(e.epsilon_upper), e.content_hash[:12])
             for e in spend.entries
         ]
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -129,7 +128,7 @@ def _set_budget(args) -> int:
     if args.json:
         print_json(spend.to_dict())
         return 0
-    print(f"budget of dataset {budget.dataset_id} set: epsilon {_fmt(budget.epsilon)} at delta {_fmt(budget.delta)}")
+    print(f"budget of dataset {budget.dataset_id} set: epsilon {_fmt(budget.epsilon)} at delta {fmt_delta(budget.delta)}")
     print(_summary(spend))
     if spend.epsilon > budget.epsilon:
         print("  note: the current spend already exceeds this budget: every further charge is refused")
@@ -145,6 +144,6 @@ def _charge(args) -> int:
         print_json({"entry": entry.to_dict(), **{k: v for k, v in spend.to_dict().items() if k != "entries"}})
         return 0
     print(f"charged entry {entry.id} (run {entry.run_id}): epsilon {_fmt(entry.epsilon_upper)} alone "
-          f"at delta {_fmt(entry.delta)}")
+          f"at delta {fmt_delta(entry.delta)}")
     print(_summary(spend))
     return 0

@@ -16,6 +16,7 @@ import sys
 import time
 
 from dpcore.config import RunConfig
+from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
 from flows.cli.common import fmt_value as _fmt
 
@@ -34,7 +35,7 @@ ALIASES = {"pate_teachers": "--teachers", "pate_shots": "--shots", "pate_public_
 def _config(args) -> RunConfig:
     from pydantic import ValidationError
 
-    from flows.cli.common import config_from_args
+    from flows.cli.common import config_from_args, validation_problems
 
     overrides = {"methods": ["pate"]}
     if args.public is not None:
@@ -45,23 +46,23 @@ def _config(args) -> RunConfig:
     try:
         return config_from_args(args, **overrides)
     except ValidationError as exc:
-        problems = "; ".join((f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: " if err["loc"] else "")
-                             + err["msg"].removeprefix("Value error, ") for err in exc.errors())
-        raise ConfigError(problems or str(exc)) from None
+        raise ConfigError(validation_problems(exc)) from None
 
 
 def format_summary(summary: dict) -> str:
     accuracy = summary["accuracy"]
+    # the summary's accuracies are the calibrated ones when the run calibrates (--calibrate, the default)
+    which = "calibrated accuracy" if accuracy.get("calibrated", True) else "raw accuracy"
     lines = [
         f"PromptPATE on {summary['dataset']}: E={summary['teachers']} teachers x {summary['shots']} shot(s), "
         f"T={summary['threshold']:g}, sigma1={summary['sigma1']:g}, sigma2={summary['sigma2']:g}, "
         f"votes {summary['vote_mode']}, public {summary['public']}",
         f"queries {summary['queries']} per repeat; answered {summary['answered']}",
-        f"student accuracy {_fmt(accuracy['mean'])} +/- {_fmt(accuracy['std'])} over {len(accuracy['per_repeat'])} "
+        f"student {which} {_fmt(accuracy['mean'])} +/- {_fmt(accuracy['std'])} over {len(accuracy['per_repeat'])} "
         f"repeat(s), {accuracy['n']} test items",
-        *[f"baseline {name}: accuracy {_fmt(value)}" for name, value in summary["baselines"].items()],
-        f"epsilon {_fmt(summary['epsilon'], '.4g')} (charged, data-independent, all repeats) at delta "
-        f"{summary['delta']:.3g}",
+        *[f"baseline {name}: {which} {_fmt(value)}" for name, value in summary["baselines"].items()],
+        f"epsilon {fmt_eps(summary['epsilon'])} (charged, data-independent, all repeats) at delta "
+        f"{fmt_delta(summary['delta'])}",
         "student prompt: " + " | ".join(f"{d['text']!r} -> {d['label']}" for d in summary["student_prompt"]),
         f"noise: {'FIXED SEED (experiment, never releasable)' if summary['seeded_noise'] else 'cryptographically seeded'}",
         f"run id: {summary['run_id']}    artifact folder: {summary['run_dir']}",
@@ -78,7 +79,7 @@ def _pate(args) -> int:
     config = _config(args)
     checked = check_before_run(config, args.run_id)
     print(f"PromptPATE: {checked['queries']} queries x {config.pate_repeats} repeat(s) planned; the ledger is "
-          f"charged epsilon {checked['plans'][0].epsilon:.4g} at delta {checked['delta']:.3g} before any teacher "
+          f"charged epsilon {fmt_eps(checked['plans'][0].epsilon)} at delta {fmt_delta(checked['delta'])} before any teacher "
           "sees a query", file=sys.stderr, flush=True)
     if len(checked["plans"]) > 1:
         print(f"WARNING: non-private PromptPATE baseline(s) {', '.join(sorted(set(config.pate_baselines) - {'zero-shot'}))} "

@@ -6,9 +6,12 @@ Log lines printed meanwhile go above the bars (rich redirects stderr while they 
 stderr not a terminal (a pipe, CI, `--json` scripts) nothing is drawn.
 
 `stopping_on_signals()`: the first Ctrl-C or SIGTERM prints "stopping..." and asks every stage
-to stop at its next progress report (`tasks.common.STOP_REQUESTED`): the command then ends with
-`RunStopped` (exit 130) within a step, and what was charged to the ledger stays charged. A
-second Ctrl-C interrupts at once.
+to stop at its next progress report or forward pass (`tasks.common.STOP_REQUESTED`): the command
+then ends with `RunStopped` (exit 130) within a step, and what was charged to the ledger stays
+charged. A second Ctrl-C interrupts at once. While a Prefect flow runs, Prefect takes SIGTERM
+itself (it raises `TerminationSignal` in the flow, and hands the signal back to this handler once
+the flow has ended); the flow's task runner (`flows.pipeline.running`) then asks the running
+stages to stop, and the command ends the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from dpcore.errors import RunStopped
 from tasks.common import STOP_REQUESTED, add_progress_sink, remove_progress_sink
+
+
+def _is_termination(exc: BaseException) -> bool:
+    """Prefect's `TerminationSignal` (SIGTERM inside a flow run), without importing Prefect for commands
+    that never load it."""
+    exceptions = sys.modules.get("prefect.exceptions")
+    return exceptions is not None and isinstance(exc, exceptions.TerminationSignal)
 
 
 @contextmanager
@@ -65,9 +76,12 @@ def stopping_on_signals() -> Iterator[None]:
         yield
         return
 
+    received: list[int] = []
+
     def on_signal(signum, frame):
-        if STOP_REQUESTED.is_set():
+        if received:
             raise KeyboardInterrupt
+        received.append(signum)
         STOP_REQUESTED.set()
         print("\nstopping... running stages end at their next step (charges already made stay charged; "
               "Ctrl-C again to interrupt at once)", file=sys.stderr, flush=True)
@@ -76,6 +90,10 @@ def stopping_on_signals() -> Iterator[None]:
     STOP_REQUESTED.clear()
     try:
         yield
+    except BaseException as exc:
+        if _is_termination(exc):  # SIGTERM during a Prefect flow: its stages have stopped
+            raise RunStopped("SIGTERM: the running stages ended at their next step") from None
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -4,10 +4,10 @@ model or through an OpenAI-compatible endpoint) and `dpicl export` (a release as
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
+from dpcore.display import fmt_delta, fmt_eps
 from flows.cli.common import print_json
 
 
@@ -51,7 +51,7 @@ def _release(args) -> int:
                       + "".join(f"\n  - {reason}" for reason in audit.get("reasons", [])))
     else:
         what = "" if args.method == "tang" else f"{args.method} {result['artifact']} "
-        print(f"released run {result['run_id']} {what}at epsilon {result['epsilon']:g} as {result['registered_model']} "
+        print(f"released run {result['run_id']} {what}at epsilon {fmt_eps(result['epsilon'])} as {result['registered_model']} "
               f"version {result['version']} (alias {result['alias']})")
         print(f"release folder: {result['release_dir']}")
     return 0
@@ -130,7 +130,7 @@ def _predict(args) -> int:
         where = (f"through endpoint {shown_url(base_url(endpoint.url))} model {model_name}"
                  + (f" (scoring: {', '.join(modes)})" if modes else ""))
     print(f"answered {len(queries)} queries with release v{manifest['release_version']} of {manifest['dataset_id']} "
-          f"(epsilon {eps if eps is None or not math.isinf(float(eps)) else 'inf'}, delta {manifest.get('delta')}; "
+          f"(epsilon {fmt_eps(eps)}, delta {fmt_delta(manifest.get('delta'))}; "
           f"post-processing: no further privacy cost) {where}", file=sys.stderr)
     return 0
 

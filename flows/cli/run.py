@@ -16,6 +16,7 @@ import time
 from pydantic import ValidationError
 
 from dpcore.config import AuditConfig, RunConfig
+from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
 from flows.cli.common import fmt_value as _fmt
 
@@ -96,7 +97,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def _config(args, defaults: dict | None = None) -> RunConfig:
     """RunConfig from the flags; `defaults` (the demo's) apply to the fields not given on the command line."""
-    from flows.cli.common import config_from_args
+    from flows.cli.common import config_from_args, validation_problems
 
     explicit = {name for name in _config_fields() if getattr(args, name, None) is not None}
     overrides = {k: v for k, v in (defaults or {}).items() if k not in explicit}
@@ -105,9 +106,7 @@ def _config(args, defaults: dict | None = None) -> RunConfig:
     try:
         return config_from_args(args, **overrides)
     except ValidationError as exc:
-        problems = "; ".join(f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
-                             for err in exc.errors())
-        raise ConfigError(problems or str(exc)) from None
+        raise ConfigError(validation_problems(exc)) from None
     except ValueError as exc:  # an integer flag that is not an integer
         raise ConfigError(f"an integer flag has a non-integer value ({exc})") from None
 
@@ -115,16 +114,17 @@ def _config(args, defaults: dict | None = None) -> RunConfig:
 def format_results(summary: dict) -> str:
     """The results table: one line per (method, epsilon)."""
     compared = len(summary.get("methods", ["tang"])) > 1 or summary.get("methods", ["tang"]) != ["tang"]
-    header = f"{'method':<17} {'epsilon':>7} {'sigma':>7} {'accuracy':>15} {'calibrated':>15} {'audit':>12}"
+    header = (f"{'method':<17} {'epsilon':>7} {'sigma':>7} {'raw accuracy':>15} {'calibrated accuracy':>19} "
+              f"{'audit':>12}")
     if compared:
         header += f" {'wall s':>7}"
     lines = [header, "-" * len(header)]
     for row in summary["results"]:
         eps = row["epsilon"]
         line = (
-            f"{row['method']:<17} {_fmt(eps, 'g'):>7} {_fmt(row.get('noise_multiplier'), '.3f'):>7} "
+            f"{row['method']:<17} {fmt_eps(eps):>7} {_fmt(row.get('noise_multiplier'), '.3f'):>7} "
             f"{_fmt(row['accuracy_mean']) + ' +/- ' + _fmt(row['accuracy_std']):>15} "
-            f"{_fmt(row['calibrated_accuracy_mean']) + ' +/- ' + _fmt(row['calibrated_accuracy_std']):>15} "
+            f"{_fmt(row['calibrated_accuracy_mean']) + ' +/- ' + _fmt(row['calibrated_accuracy_std']):>19} "
             f"{row.get('audit') or '-':>12}"
         )
         if compared:
@@ -146,7 +146,7 @@ def format_results(summary: dict) -> str:
     seeds = summary["results"][0].get("seeds") if summary["results"] else 0
     over = f"{seeds} seed(s)" if seeds else "seeds, repeats or trainings"
     lines += [
-        f"(accuracy: mean +/- std over {over}, {n} test items; delta = {summary['delta']:.3g})",
+        f"(accuracies: mean +/- std over {over}, {n} test items; delta = {fmt_delta(summary['delta'])})",
         audit_line,
         *([ledger_line] if ledger_line else []),
         *([summary["delta_note"]] if summary.get("delta_note") else []),
@@ -162,13 +162,13 @@ def format_ledger(report: dict | None) -> str | None:
     """`ledger: dataset X spent epsilon E at delta D (N entries this run: ...; M in total)` after the run."""
     if not report:
         return None
-    line = (f"ledger: dataset {report['dataset_id']} spent epsilon {_fmt(report['epsilon'], '.4g')} at delta "
-            f"{_fmt(report['delta'], '.3g')} ({report['entries_this_run']} entries this run"
+    line = (f"ledger: dataset {report['dataset_id']} spent epsilon {fmt_eps(report['epsilon'])} at delta "
+            f"{fmt_delta(report['delta'])} ({report['entries_this_run']} entries this run"
             + (f": {', '.join(report['purposes_this_run'])}" if report.get("purposes_this_run") else "")
             + f"; {report['entries_total']} in total, composed)")
     budget = report.get("budget")
     if budget:
-        line += f"; budget epsilon {_fmt(budget['epsilon'], '.4g')} at delta {_fmt(budget['delta'], '.3g')}"
+        line += f"; budget epsilon {fmt_eps(budget['epsilon'])} at delta {fmt_delta(budget['delta'])}"
     return line
 
 
@@ -180,8 +180,9 @@ def delta_note(config: RunConfig, delta: float, records: int | None = None) -> s
     if config.delta is not None:
         if records is None:
             return None
-        return f"note: delta = {delta:.3g} covers delta x |D| = {delta * records:.3g} record(s) of the {records}"
-    return (f"note: delta = 1/|D| = {delta:.3g} covers delta x |D| = 1 record of the {records} (the papers' default, "
+        return (f"note: delta = {fmt_delta(delta)} covers delta x |D| = {delta * records:.3g} record(s) of the "
+                f"{records}")
+    return (f"note: delta = 1/|D| = {fmt_delta(delta)} covers delta x |D| = 1 record of the {records} (the papers' default, "
             "kept for comparability): pass --delta, e.g. 1/(100|D|), for a guarantee that covers 0.01 records")
 
 
@@ -227,8 +228,8 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
 
 def format_cost(cost: dict) -> str:
     """`plan: epsilon E at delta D over every method (tang 1.2, pate 3.4, dpsgd 8): charged before anything runs`."""
-    per_method = ", ".join(f"{method} {_fmt(eps, '.4g')}" for method, eps in cost["methods"].items())
-    return (f"plan: epsilon {_fmt(cost['epsilon'], '.4g')} at delta {_fmt(cost['delta'], '.3g')}, composed over "
+    per_method = ", ".join(f"{method} {fmt_eps(eps)}" for method, eps in cost["methods"].items())
+    return (f"plan: epsilon {fmt_eps(cost['epsilon'])} at delta {fmt_delta(cost['delta'])}, composed over "
             f"every spend of the run ({per_method}); charged to the ledger, all at once, before anything runs")
 
 

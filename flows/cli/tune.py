@@ -21,6 +21,7 @@ import time
 from pydantic import ValidationError
 
 from dpcore.config import RunConfig
+from dpcore.display import fmt_delta, fmt_eps, fmt_sigma
 from dpcore.errors import ConfigError
 from flows.cli.common import (
     _flag_type,
@@ -107,8 +108,8 @@ def run_tune(args) -> int:
         return 0
     print(f"PromptDPSGD {params['kind']} (length {params['length']}, {params['trainable_parameters']} parameters) on "
           f"{summary['model']}, dataset {summary['dataset']}")
-    print(f"epsilon {_fmt(row['epsilon'], 'g')} (delta {row['delta']:.3g}), sigma {row['noise_multiplier']:.4f}, "
-          f"q {row['sampling_rate']:.4g}, T {row['steps']} steps ({params['epochs']:.3g} epochs), C {params['clip']:g}, "
+    print(f"epsilon {fmt_eps(row['epsilon'])} (delta {fmt_delta(row['delta'])}), sigma {fmt_sigma(row['noise_multiplier'])}, "
+          f"q {row['sampling_rate']:.3g}, T {row['steps']} steps ({params['epochs']:.3g} epochs), C {params['clip']:g}, "
           f"lr {params['lr']:g}" + ("  [seeded noise: experiment only, not releasable]" if out["seeded_noise"] else ""))
     print(f"test accuracy {_fmt(row['accuracy_mean'])} +/- {_fmt(row['accuracy_std'])} over {row['trainings']} "
           f"training(s), {row['n']} test items (calibrated {_fmt(row['calibrated_accuracy_mean'])})")

@@ -1,0 +1,190 @@
+"""A stop request (SIGTERM, Ctrl-C) ends the membership audit within seconds, between forward passes, with
+the ledger and the output folders consistent: the audit's charges (made before it read a record) stay,
+nothing half-written is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from dpcore.taskspec import TASKS_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+DPICL = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
+LABELS = ["World", "Sports", "Business", "Technology"]
+DEMO_SETS = 2
+
+
+def _env(home: Path) -> dict:
+    env = dict(os.environ, DPICL_HOME=str(home), PYTHONPATH=str(REPO))
+    for key in ("PREFECT_HOME", "HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_LOGGING_SETTINGS_PATH"):
+        env.pop(key, None)
+    return env
+
+
+def _dataset(folder: Path, per_label: int = 2000) -> tuple[Path, Path]:
+    """A made-up user dataset large enough that the audit scores for minutes on the tiny model."""
+    words = ["market", "match", "election", "chip", "storm", "merger", "league", "rocket", "vote", "orbit"]
+    rng = np.random.default_rng(0)
+    rows = [{"id": f"{label[:2]}{i:05d}", "text": f"{label} note {i}: " + " ".join(rng.choice(words, size=12)),
+             "label": label} for label in LABELS for i in range(per_label)]
+    pd.DataFrame(rows).to_csv(folder / "data.csv", index=False)
+    spec = yaml.safe_load((TASKS_DIR / "agnews.yaml").read_text())
+    spec.update(name="audit-stop", split={"test_size": 0.05, "seed": 0},
+                source={"type": "file", "path": str(folder / "data.csv"), "text_column": "text",
+                        "label_column": "label", "id_column": "id"})
+    (folder / "task.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return folder / "data.csv", folder / "task.yaml"
+
+
+@pytest.mark.slow
+def test_sigterm_stops_an_audit_between_forward_passes(tmp_path, tiny_model_dir):
+    from dpcore.ledger import Ledger
+
+    data, task = _dataset(tmp_path)
+    home, out = tmp_path / "home", tmp_path / "audit-out"
+    argv = ["audit", "--task-spec", str(task), "--data-path", str(data), "--dataset-id", "audit-stop",
+            "--epsilon", "2", "--model", str(tiny_model_dir), "--max-tokens", "4", "--num-subsets", "2",
+            "--subset-size", "1", "--top-k", "20", "--audit-demo-sets", str(DEMO_SETS), "--audit-members", "100",
+            "--trials", "10", "--audit-reference-prompts", "20", "--seed", "1", "--out", str(out)]
+    proc = subprocess.Popen(DPICL + argv, cwd=tmp_path, env=_env(home), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    drain = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    drain.start()
+    try:
+        # The audit's demo sets are charged before any member record is read: then it generates (tiny: under a
+        # second) and scores members and non-members against each demo, batch after batch, for minutes.
+        deadline = time.monotonic() + 300
+        ledger = home / "ledger.db"
+        while not (ledger.exists() and Ledger(ledger).entries("audit-stop")):
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "the audit was never charged:\n" + "".join(lines)
+            time.sleep(0.5)
+        time.sleep(8)  # well into the scoring of the first demo set
+        assert proc.poll() is None, "the audit finished before it could be stopped:\n" + "".join(lines)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        waited = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    drain.join(timeout=10)
+    err = "".join(lines)
+    assert waited < 10, f"took {waited:.0f} s to stop:\n{err}"
+    assert proc.returncode == 130, err
+    assert "stopping..." in err and "Traceback" not in err, err
+    stopped = [line for line in err.splitlines() if line.startswith("dpicl audit: stopped:")]
+    assert len(stopped) == 1, err
+    # The ledger: the audit's demo sets were charged at once, before any was generated; they stay charged.
+    entries = Ledger(home / "ledger.db").entries("audit-stop")
+    assert [e.purpose for e in entries] == ["audit"] * DEMO_SETS
+    # Nothing half-written: no temporary file anywhere, no verdict for an audit that did not finish.
+    leftovers = [p for p in home.rglob("*") if p.name.endswith(".tmp")] + [p for p in out.rglob("*")]
+    assert leftovers == [], leftovers
+
+
+def test_the_attack_scoring_asks_to_stop_before_every_forward_pass(tiny_lm, one_thread):
+    """dpcore stays pure: the caller's `should_stop` is asked between batched forward passes, and a True ends
+    the scoring with RunStopped within one pass."""
+    from dpcore.errors import RunStopped
+    from dpcore.mia_attacks import prompt_scores, reference_scores
+    from dpcore.taskspec import load_task_spec
+
+    spec = load_task_spec("agnews")
+    texts = [f"record {i} about the market" for i in range(40)]
+    labels = [LABELS[i % 4] for i in range(40)]
+    asked = []
+
+    def stop_at_third() -> bool:
+        asked.append(1)
+        return len(asked) >= 3
+
+    with pytest.raises(RunStopped, match="the audit stopped on request"):
+        prompt_scores(tiny_lm, spec, [("a demo", "World")], texts, labels, batch_size=8, should_stop=stop_at_third)
+    assert len(asked) == 3  # two passes ran, the third was never started
+    asked.clear()
+    with pytest.raises(RunStopped):
+        reference_scores(tiny_lm, spec, texts, labels, [("out one", "World"), ("out two", "Sports")], batch_size=8,
+                         should_stop=stop_at_third)
+    scores = prompt_scores(tiny_lm, spec, [], texts[:4], labels[:4], should_stop=lambda: False)
+    assert len(scores) == 4
+
+
+def test_a_dp_audit_stops_during_its_generation(tiny_lm, one_thread):
+    from dpcore.audit import dp_audit
+    from dpcore.config import AuditConfig, GenerationConfig
+    from dpcore.errors import RunStopped
+    from dpcore.taskspec import load_task_spec
+
+    def records(prefix: str) -> pd.DataFrame:
+        return pd.DataFrame([{"id": f"{prefix}{label}{i}", "text": f"{label} {prefix} record {i}", "label": label}
+                             for label in LABELS for i in range(12)])
+
+    charged, asked = [], []
+    with pytest.raises(RunStopped):
+        dp_audit(tiny_lm, load_task_spec("agnews"), records("m"), records("n"),
+                 AuditConfig(trials=2, demo_sets=2, members=3, non_members=3, reference_prompts=0),
+                 GenerationConfig(num_subsets=2, subset_size=1, top_k=20, max_tokens=6), 1.0, seed=0,
+                 epsilon=2.0, delta=1e-5, crosscheck_agreed=True, charge=charged.append,
+                 should_stop=lambda: asked.append(1) or len(asked) > 2)
+    assert charged == [0]  # the first demo set was charged before its generation began, and stays charged
+    assert len(asked) == 3  # stopped at the generation's third token step
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_in_its_audit(tmp_path, tiny_model_dir):
+    """In `dpicl run` the audit is a Prefect task in a worker thread, and Prefect takes SIGTERM for itself
+    while its flow runs: the flow's task runner asks the running stages to stop before waiting for them."""
+    from dpcore.ledger import Ledger
+
+    data, task = _dataset(tmp_path)
+    home = tmp_path / "home"
+    argv = ["run", "--task-spec", str(task), "--data-path", str(data), "--dataset-id", "run-stop",
+            "--model", str(tiny_model_dir), "--epsilons", "2", "--max-tokens", "4", "--shots", "4", "--seeds", "1",
+            "--test-size", "20", "--num-subsets", "2", "--subset-size", "1", "--top-k", "20",
+            "--audit-demo-sets", str(DEMO_SETS), "--audit-members", "100", "--audit-trials", "10",
+            "--audit-reference-prompts", "20", "--seed", "1", "--yes"]
+    proc = subprocess.Popen(DPICL + argv, cwd=tmp_path, env=_env(home), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    drain = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    drain.start()
+    try:
+        deadline = time.monotonic() + 400
+        ledger = home / "ledger.db"
+        # the audit charges each demo set just before generating it from the members
+        while not (ledger.exists() and "audit" in [e.purpose for e in Ledger(ledger).entries("run-stop")]):
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "the audit never started:\n" + "".join(lines)
+            time.sleep(0.5)
+        time.sleep(8)
+        assert proc.poll() is None, "the run finished before it could be stopped:\n" + "".join(lines)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        waited = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    drain.join(timeout=10)
+    err = "".join(lines)
+    # a few seconds more than the audit alone: Prefect records the flow run's end with its server
+    assert waited < 15, f"took {waited:.0f} s to stop:\n{err}"
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("dpicl run: stopped:")], err
+    purposes = [e.purpose for e in Ledger(home / "ledger.db").entries("run-stop")]
+    assert purposes[0] == "pipeline" and set(purposes[1:]) == {"audit"} and len(purposes) <= 1 + DEMO_SETS
+    assert [p for p in home.rglob("*") if p.name.endswith(".tmp")] == []
+    assert not list((home / "runs").rglob("manifest.json"))  # the run did not finish: no manifest claims it did
