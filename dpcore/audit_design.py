@@ -57,18 +57,14 @@ class AuditDesign:
     tolerance: float
     half_width: float  # of each attack's interval when nothing leaks
     conclusive_probability: float  # P(every interval inside the band | no leak), a lower bound
+    scored_records: int = 0  # (record, prompt) pairs scored, each against every attack's prompts: its cost
 
     @property
     def conclusive(self) -> bool:
         return self.conclusive_probability >= TARGET_PROBABILITY
 
-    @property
-    def scored_records(self) -> int:
-        """Distinct records the design scores (each against every attack's prompts): its cost."""
-        return self.independent_trials * (self.members + self.non_members)
-
     def to_dict(self) -> dict:
-        return {**asdict(self), "conclusive": self.conclusive, "scored_records": self.scored_records}
+        return {**asdict(self), "conclusive": self.conclusive}
 
 
 def null_variance(members: int, non_members: int) -> float:
@@ -83,8 +79,9 @@ def _t_quantile(confidence: float, attacks: int, dof: int) -> float:
 
 
 def design(independent: int, *, members: int, non_members: int, trials: int, attacks: int, confidence: float,
-           tolerance: float) -> AuditDesign:
-    """The design of `trials` trials of `members` + `non_members` records, `independent` of them disjoint."""
+           tolerance: float, scored: int = 0) -> AuditDesign:
+    """The design of `trials` trials of `members` + `non_members` records, `independent` of them disjoint,
+    scoring `scored` (record, prompt) pairs."""
     for name, value in (("members", members), ("non_members", non_members), ("trials", trials),
                         ("attacks", attacks)):
         if value < 1:
@@ -97,7 +94,8 @@ def design(independent: int, *, members: int, non_members: int, trials: int, att
         margin = tolerance - half
         tail = 0.5 * math.erfc(margin / spread / math.sqrt(2))  # P(N(0, 1) > margin / spread)
         probability = 0.0 if margin <= 0 else max(0.0, 1.0 - attacks * 2.0 * tail)
-    return AuditDesign(members, non_members, trials, independent, attacks, confidence, tolerance, half, probability)
+    return AuditDesign(members, non_members, trials, independent, attacks, confidence, tolerance, half, probability,
+                       scored)
 
 
 def plan(member_pool: int, non_member_pool: int, *, members: int, non_members: int, trials: int, attacks: int,
@@ -105,7 +103,8 @@ def plan(member_pool: int, non_member_pool: int, *, members: int, non_members: i
     """`design` of trials drawn from one member pool and one non-member pool (a released prompt's audit:
     `dpcore.audit.prompt_audit`)."""
     return design(_fillable(member_pool, non_member_pool, members, non_members, trials), members=members,
-                  non_members=non_members, trials=trials, attacks=attacks, confidence=confidence, tolerance=tolerance)
+                  non_members=non_members, trials=trials, attacks=attacks, confidence=confidence, tolerance=tolerance,
+                  scored=_scored(member_pool, non_member_pool, members, non_members, trials))
 
 
 def plan_by_label(member_pools: Sequence[int], non_member_pools: Sequence[int], *, demo_sets: int, members: int,
@@ -115,12 +114,18 @@ def plan_by_label(member_pools: Sequence[int], non_member_pools: Sequence[int], 
     taken smallest pools first, so the figure holds whichever order the audit draws."""
     usable = sorted((min(m // members, n // non_members), m, n) for m, n in
                     zip(member_pools, non_member_pools, strict=True) if m >= members and n >= non_members)
-    independent = 0
+    independent, scored = 0, 0
     for position, (_, m, n) in enumerate(usable[:demo_sets]):
         uses = len(range(position, demo_sets, len(usable)))
         independent += _fillable(m, n, members, non_members, trials * uses)
+        scored += uses * _scored(m, n, members, non_members, trials)  # each demo set scores against its own prompt
     return design(independent, members=members, non_members=non_members, trials=trials * demo_sets,
-                  attacks=attacks, confidence=confidence, tolerance=tolerance)
+                  attacks=attacks, confidence=confidence, tolerance=tolerance, scored=scored)
+
+
+def _scored(member_pool: int, non_member_pool: int, members: int, non_members: int, trials: int) -> int:
+    """Distinct records the trials of one prompt draw (each scored once against it)."""
+    return min(trials * members, member_pool) + min(trials * non_members, non_member_pool)
 
 
 def _fillable(member_pool: int, non_member_pool: int, members: int, non_members: int, trials: int) -> int:
