@@ -67,8 +67,10 @@ def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[
     if wide or straddling:
         recurring = any(a.independent_trials is not None and a.independent_trials < len(a.trial_aucs)
                         for a in wide + straddling)
-        remedy = ("its trials re-score the same records: the prompt's mechanism read too few records to audit "
-                  "with this many members per trial" if recurring else "run more trials or demo sets")
+        # which pool ran short is the planner's to say (`dpcore.audit_design`); the gate only knows records recurred
+        remedy = ("its trials re-score the same records (a member or non-member pool holds fewer records than its "
+                  "trials draw); a design sized to the pools (`dpcore.audit_design`: leave the trial and member "
+                  "counts unset) or more records narrow it" if recurring else "run more trials or demo sets")
         reasons.append(f"audit inconclusive: the {level} interval of the AUC does not lie inside the band "
                        f"0.5 +/- {tol:g}; {remedy}")
     if result.max_overlap_tokens >= thresholds.overlap_threshold:

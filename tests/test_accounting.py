@@ -259,7 +259,7 @@ def test_calibrate_rejects_bad_or_unreachable_targets(target, match):
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: accounting.sampling_rate(10, 2, 5), "sampling_rate > 1"),
+    (lambda: accounting.sampling_rate(10, 2, 5), r"sampling rate q > 1"),
     (lambda: accounting.sampling_rate(10, 2, 0), "label_count"),
     (lambda: accounting.sampling_rate(0, 2, 100), "num_subsets"),
     (lambda: accounting.total_steps(0, 1), "max_tokens"),
@@ -268,7 +268,7 @@ def test_calibrate_rejects_bad_or_unreachable_targets(target, match):
     (lambda: accounting.calibrate_for_labels(1.0, {}, 10, 2, 10, 1e-5), "label_counts"),
     (lambda: accounting.calibrate_for_labels(1.0, {"a": -3}, 10, 2, 10, 1e-5), "label_counts"),
     (lambda: accounting.calibrate_for_labels(1.0, {"a": 0}, 10, 2, 10, 1e-5), "label_counts"),
-    (lambda: accounting.calibrate_for_labels(1.0, {"a": 100, "b": 15}, 10, 2, 10, 1e-5), "sampling_rate > 1"),
+    (lambda: accounting.calibrate_for_labels(1.0, {"a": 100, "b": 15}, 10, 2, 10, 1e-5), r"sampling rate q > 1"),
 ])
 def test_helpers_reject_bad_input(call, match):
     with pytest.raises(ConfigError, match=match):

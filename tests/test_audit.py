@@ -248,7 +248,7 @@ def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sa
 
     labels = agnews.spec.label_names
 
-    def copying_prompt_scores(lm, spec, demos, queries, labels_, batch_size=16, past=None):
+    def copying_prompt_scores(lm, spec, demos, queries, labels_, batch_size=16, past=None, should_stop=None):
         label_lp, text_lp = [], []
         for query, label in zip(queries, labels_, strict=True):
             if any(query == demo[0] for demo in demos):  # a member: the demo's label, confidently; its text copied
@@ -287,7 +287,7 @@ def _fake_scorer(leaky: bool):
     """A toy LM's scores: a record's difficulty (from its text), plus, when `leaky`, a large gain when
     the record IS a demonstration of the prompt (the copy a real LM makes)."""
 
-    def prompt_scores(lm, spec, demos, texts, labels, batch_size=16, past=None):
+    def prompt_scores(lm, spec, demos, texts, labels, batch_size=16, past=None, should_stop=None):
         base = np.array([zlib.crc32(t.encode()) % 1000 / 100.0 for t in texts])  # in [0, 10)
         prompt_noise = zlib.crc32(repr(demos).encode()) % 100 / 1000.0
         jitter = np.array([zlib.crc32((repr(demos) + t).encode()) % 100 / 200.0 for t in texts])

@@ -135,9 +135,9 @@ def test_reference_cache_and_truncation(tiny_lm, monkeypatch):
     calls = []
     original = mia_attacks.prompt_scores
 
-    def counting(lm, spec_, demos, texts, labels, batch_size=16):
+    def counting(lm, spec_, demos, texts, labels, batch_size=16, should_stop=None):
         calls.append(len(texts))
-        return original(lm, spec_, demos, texts, labels, batch_size=batch_size)
+        return original(lm, spec_, demos, texts, labels, batch_size=batch_size, should_stop=should_stop)
 
     monkeypatch.setattr(mia_attacks, "prompt_scores", counting)
     out_demos = [("first out record", "World"), ("second out record", "Sports")]
