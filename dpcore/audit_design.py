@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 
 from scipy import stats
 
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 
 # A no-leak audit should conclude at least this often: a release gate that a sound prompt fails one
@@ -171,7 +172,7 @@ def pool_needed(*, attacks: int, confidence: float, tolerance: float) -> int:
     while not cheapest_conclusive(high, high, attacks=attacks, confidence=confidence, tolerance=tolerance).conclusive:
         low, high = high, high * 2
         if high > 1_000_000:
-            raise ConfigError(f"auc_tolerance: {tolerance} is too narrow for any audit")
+            raise ConfigError(f"{flag('auc_tolerance')}: {tolerance} is too narrow for any audit")
     while high - low > max(1, low // 50):  # within 2%
         middle = (low + high) // 2
         if cheapest_conclusive(middle, middle, attacks=attacks, confidence=confidence,

@@ -82,7 +82,7 @@ def test_a_standalone_command_names_its_purpose_and_repeats_its_spend():
 
 
 @pytest.mark.parametrize("epsilons, counts, match", [
-    ([], COUNTS, "at least one"), ([-1.0], COUNTS, ">= 0"), ([2.0], {"a": 3}, "sampling_rate > 1"),
+    ([], COUNTS, "at least one"), ([-1.0], COUNTS, ">= 0"), ([2.0], {"a": 3}, r"sampling rate q > 1"),
     ([2.0], {"a": 0}, "no label"), ([1e-4], COUNTS, "unreachable")])
 def test_bad_plans_are_refused(epsilons, counts, match):
     with pytest.raises(ConfigError, match=match):

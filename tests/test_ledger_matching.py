@@ -143,14 +143,14 @@ def test_the_non_private_reference_audit_is_opt_in_and_an_infinite_spend():
     assert not config.audit_reference
     assert [m for m, _, _ in _spends(config)] == ["dp"]
     ingested = {"records_path": "r", "data_hash": "h1", "task_spec": "agnews", "paths": {"run_id": "run-a"}}
-    assert audit_call(config, ingested, _plan(config), [], config.generation_config(), "")[
+    assert audit_call(config, ingested, _plan(config), [], config.generation_config(), "", config.audit_config())[
         "non_private_reference"] is False
     opted = RunConfig(epsilons=[2], audit=True, audit_reference=True, dataset_id="ref-ds")
     spends = {m: r for m, _, r in _spends(opted)}
     assert set(spends) == {"dp", "audit-reference"}
     assert spends["audit-reference"].noise_multiplier == 0 and spends["audit-reference"].purpose == "baseline"
     assert "audit-reference" in non_private_warning(opted)
-    assert audit_call(opted, ingested, _plan(opted), [], opted.generation_config(), "")["non_private_reference"]
+    assert audit_call(opted, ingested, _plan(opted), [], opted.generation_config(), "", opted.audit_config())["non_private_reference"]
     without_audit = RunConfig(epsilons=[2], audit=False, audit_reference=True)
     assert [m for m, _, _ in _spends(without_audit, "r")] == ["dp"]
 

@@ -128,22 +128,22 @@ def test_target_epsilon_stops_labelling_at_the_budget():
                       teachers=200, threshold=180)
     assert small.parameters["queries"] == 3  # within the budget: all the queries asked
     assert max_queries_within(target, delta, sigma1, sigma2, limit=3) == 3
-    with pytest.raises(ConfigError, match="epsilon_target"):
+    with pytest.raises(ConfigError, match="--pate-target-epsilon"):
         pate_plan(epsilon_target=0.01, delta=delta, queries=10, threshold_sigma=1.0, vote_sigma=20.0, teachers=200,
                   threshold=180)
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(threshold_sigma=0.0), "threshold_sigma"),
-    (dict(threshold_sigma=-1.0), "threshold_sigma"),
-    (dict(vote_sigma=0.0), "vote_sigma"),
-    (dict(vote_sigma=math.nan), "vote_sigma"),
+    (dict(threshold_sigma=0.0), "--pate-sigma1"),
+    (dict(threshold_sigma=-1.0), "--pate-sigma1"),
+    (dict(vote_sigma=0.0), "--pate-sigma2"),
+    (dict(vote_sigma=math.nan), "--pate-sigma2"),
     (dict(threshold=201), "threshold"),
     (dict(threshold=-1), "threshold"),
     (dict(queries=0), "queries"),
     (dict(queries=2.5), "queries"),
     (dict(teachers=0), "teachers"),
-    (dict(epsilon_target=0.0), "epsilon_target"),
+    (dict(epsilon_target=0.0), "--pate-target-epsilon"),
     (dict(delta=0.0), "delta"),
 ])
 def test_plan_rejects_bad_parameters(kwargs, match):
