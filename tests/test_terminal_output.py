@@ -5,23 +5,11 @@ quiet exit on a closed pipe, PromptPATE's accuracies named for what they are, an
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-DPICL = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
-
-
-def _env(home: Path) -> dict:
-    env = dict(os.environ, DPICL_HOME=str(home), PYTHONPATH=str(REPO))
-    for key in ("PREFECT_HOME", "HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_LOGGING_SETTINGS_PATH"):
-        env.pop(key, None)
-    return env
-
+from test_cli_experience import DPICL, REPO, _env  # the subprocess harness of the CLI tests
 
 # --------------------------------------------------------------------------- a closed pipe
 
