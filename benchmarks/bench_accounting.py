@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpcore.config import MECHANISMS  # noqa: E402  (the names only: the accountants' import is timed below)
+from dpcore.names import MECHANISMS  # noqa: E402  (the names only: the accountants' import is timed below)
 
 
 def main(argv: list[str] | None = None) -> int:

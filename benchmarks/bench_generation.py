@@ -55,8 +55,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dpcore.batching import BatchedForward  # noqa: E402
-from dpcore.config import MECHANISMS, GenerationConfig  # noqa: E402
+from dpcore.config import GenerationConfig  # noqa: E402
 from dpcore.generation import generate_demos  # noqa: E402
+from dpcore.names import MECHANISMS  # noqa: E402
 
 # --------------------------------------------------------------------------- measurement helpers
 

@@ -67,10 +67,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dpcore import composition
+from dpcore.artifacts import write_json_atomic
 from dpcore.composition import SIGMA_MAX, SIGMA_MIN, SIGMA_TOLERANCE, rnm_step_epsilon
-from dpcore.config import Mechanism, check_mechanism, flag
+from dpcore.config import flag
 from dpcore.display import fmt_delta, fmt_sigma
 from dpcore.errors import ConfigError
+from dpcore.home import subdir
+from dpcore.names import Mechanism, check_mechanism
 
 logger = logging.getLogger(__name__)
 
@@ -258,8 +261,6 @@ def _cache_folder(cache_dir: CacheDir) -> Path | None:
     if cache_dir is False:
         return None
     if cache_dir is None:
-        from dpcore.home import subdir
-
         return subdir("cache/accounting")
     folder = Path(cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -296,7 +297,6 @@ def _cache_get(folder: Path | None, key: dict[str, Any]) -> PrivacyReport | None
 def _cache_put(folder: Path | None, key: dict[str, Any], report: PrivacyReport) -> None:
     if folder is None:
         return
-    from dpcore.artifacts import write_json_atomic
 
     try:
         write_json_atomic(_cache_path(folder, key), {"key": key, "report": report.to_dict()})

@@ -31,6 +31,7 @@ Only token ids pass through here; nothing is logged.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections import OrderedDict
@@ -121,7 +122,6 @@ def _varlen_function():
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    import inspect
 
     params = inspect.signature(varlen_attn).parameters
     if "window_size" in params:

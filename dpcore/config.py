@@ -14,41 +14,26 @@ the public token cap applied to every private record before generation (`dpcore.
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dpcore.errors import ConfigError
-
-# The private-prompting methods dpicl runs on the same data, test split and ledger:
-# tang = DP few-shot generation (Tang et al. Algorithm 1), pate = PromptPATE (Duan et al. Section 4.2),
-# dpsgd = PromptDPSGD soft prompts (Duan et al. Section 4.1).
-Method = Literal["tang", "pate", "dpsgd"]
-METHODS: tuple[str, ...] = get_args(Method)
-# Noise mechanisms the accountant composes (`dpcore.composition.STEP_KINDS`).
-Mechanism = Literal["gaussian", "rnm"]
-MECHANISMS: tuple[str, ...] = get_args(Mechanism)
-# How a label's records are subsampled into groups (`dpcore.sampling`).
-Sampler = Literal["poisson", "fixed"]
-SAMPLERS: tuple[str, ...] = get_args(Sampler)
-AuditMode = Literal["regenerate", "run-demos"]
-# Where an evaluated prompt's demonstrations come from (the rows of Tang et al. Table 1):
-# none, instruction-only (epsilon = 0), sigma = 0, real records, DP demonstrations, a PromptPATE
-# student (`pate`: public queries with noisy labels), or (`dpsgd`) no demonstration but a trained
-# PromptDPSGD prompt in front.
-DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "dp", "pate", "dpsgd"]
-DEMO_SOURCES: tuple[str, ...] = get_args(DemoSource)
-# The demo sources run beside the DP demonstrations for comparison.
-Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]
-PatePublic = Literal["iid", "ood", "file"]
-PateVoteMode = Literal["calibrated", "black-box"]
-PateBaseline = Literal["zero-shot", "ensemble", "upper-bound"]
-ALL_BASELINES: tuple[str, ...] = get_args(Baseline)
-# Baselines that read no private record: the default. `sigma-zero` (no noise) and `random-real`
-# (real records as demonstrations) are non-private: opt-in only, charged as infinite spends.
-DEFAULT_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only")
-NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
-
+from dpcore.names import (
+    DEFAULT_BASELINES,
+    METHODS,
+    AuditMode,
+    Baseline,
+    Mechanism,
+    Method,
+    PateBaseline,
+    PatePublic,
+    PateVoteMode,
+    PromptInit,
+    PromptKind,
+    Sampler,
+)
+from dpcore.taskspec import load_task_spec, shipped_task_names
 
 # Command-line spellings that differ from `--field-name` (a switch that is on by default names its negation).
 FLAG_SPELLINGS = {"rvp": "--no-rvp"}
@@ -69,13 +54,6 @@ def flag(field: str, value=None) -> str:
     if value is None:
         return f"{cli_flag(field)} ({field})"
     return f"{cli_flag(field)} {value} ({field}: {value})"
-
-
-def check_mechanism(mechanism) -> str:
-    """`mechanism` when it is one of `MECHANISMS`; otherwise a ConfigError naming them."""
-    if mechanism not in MECHANISMS:
-        raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
-    return mechanism
 
 
 class _Frozen(BaseModel):
@@ -223,14 +201,14 @@ class RunConfig(_Frozen):
     pate_teacher_block: int = Field(25, ge=1, description="teachers per mapped flock-scoring task")
 
     # --- PromptDPSGD (Duan et al. Section 4.1, App. C.1): fields named dpsgd_*
-    dpsgd_kind: Literal["soft-prompt", "prefix"] = Field(
+    dpsgd_kind: PromptKind = Field(
         "soft-prompt", description="trainable prompt: soft-prompt (s input embeddings) or prefix (keys and values "
         "at every layer, P-tuning v2)")
     dpsgd_preset: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="defaults of the unset dpsgd_* fields: gpu = Duan et al. Table 6 (C 0.1, batch 1024, "
         "length 10, 100 epochs, lr 0.005), cpu = minutes on the embedded model; auto: by device")
     dpsgd_length: int | None = Field(None, ge=1, description="s: prompt positions (default: the preset's, 10)")
-    dpsgd_init: Literal["vocab", "random"] = Field("vocab", description="P_0: embeddings of random vocabulary "
+    dpsgd_init: PromptInit = Field("vocab", description="P_0: embeddings of random vocabulary "
                                                   "tokens, or random")
     dpsgd_clip: float | None = Field(None, gt=0, description="C: per-example gradient norm bound (default: 0.1)")
     dpsgd_batch_size: int | None = Field(None, ge=1, description="expected Poisson batch size qN (default: "
@@ -258,8 +236,6 @@ class RunConfig(_Frozen):
         """A user dataset's identity comes from its task spec, never from the default dataset name:
         with `task_spec` and no `dataset`, `dataset` is the spec's `name`."""
         if isinstance(values, dict) and values.get("task_spec") and not values.get("dataset"):
-            from dpcore.taskspec import load_task_spec
-
             values = {**values, "dataset": load_task_spec(values["task_spec"]).name}
         return values
 
@@ -373,22 +349,6 @@ class RunConfig(_Frozen):
             mode=self.audit_mode,
         )
 
-    def dpsgd_config(self):
-        """`dpcore.dpsgd.DpsgdConfig` of this run: the preset (`dpsgd_preset`, by device when auto) with
-        every dpsgd_* field that is set on top; dpsgd_steps beats dpsgd_epochs beats the preset's length."""
-        from dpcore import dpsgd
-
-        values = dpsgd.preset("cuda" if self.dpsgd_preset == "gpu" else "cpu" if self.dpsgd_preset == "cpu"
-                              else self.device)
-        if self.dpsgd_epochs is not None:
-            values.update(epochs=self.dpsgd_epochs, steps=None)
-        if self.dpsgd_steps is not None:
-            values["steps"] = self.dpsgd_steps
-        for name in ("length", "clip", "batch_size", "lr", "physical_batch_size", "validation_size"):
-            if getattr(self, f"dpsgd_{name}") is not None:
-                values[name] = getattr(self, f"dpsgd_{name}")
-        return dpsgd.DpsgdConfig(kind=self.dpsgd_kind, init=self.dpsgd_init, **values).check()
-
     def flat(self) -> dict[str, str]:
         """Strings for MLflow params and manifests (public configuration only)."""
         out = {}
@@ -422,6 +382,4 @@ def demos_per_label(shots: int, num_labels: int) -> int:
 
 
 def _EMBEDDED_SPEC_NAMES() -> set[str]:
-    from dpcore.taskspec import shipped_task_names
-
     return set(shipped_task_names())

@@ -56,14 +56,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpcore import composition
-from dpcore.config import flag
+from dpcore.config import RunConfig, flag
 from dpcore.errors import ConfigError
 from dpcore.events import DpEvent, dp_fewshot_event
+from dpcore.lm import pick_device
 from dpcore.mechanisms import noise_seed_sequence
+from dpcore.names import PROMPT_INITS, PROMPT_KINDS
 from dpcore.plan import PlannedSpend, PrivacyPlan
 from dpcore.soft_prompt import (
-    PROMPT_INITS,
-    PROMPT_KINDS,
     Example,
     TrainablePrompt,
     mean_loss,
@@ -90,9 +90,22 @@ CPU_PRESET: dict[str, Any] = {"batch_size": 16, "length": 10, "clip": 0.1, "epoc
 
 def preset(device: str) -> dict[str, Any]:
     """The GPU preset (paper Table 6) on CUDA, the CPU preset otherwise."""
-    from dpcore.lm import pick_device
-
     return dict(GPU_PRESET if pick_device(device).type == "cuda" else CPU_PRESET)
+
+
+def dpsgd_config(config: RunConfig) -> DpsgdConfig:
+    """The run's `DpsgdConfig`: the preset (`dpsgd_preset`, by device when auto) with every dpsgd_* field
+    that is set on top; dpsgd_steps beats dpsgd_epochs beats the preset's length."""
+    values = preset("cuda" if config.dpsgd_preset == "gpu" else "cpu" if config.dpsgd_preset == "cpu"
+                    else config.device)
+    if config.dpsgd_epochs is not None:
+        values.update(epochs=config.dpsgd_epochs, steps=None)
+    if config.dpsgd_steps is not None:
+        values["steps"] = config.dpsgd_steps
+    for name in ("length", "clip", "batch_size", "lr", "physical_batch_size", "validation_size"):
+        if getattr(config, f"dpsgd_{name}") is not None:
+            values[name] = getattr(config, f"dpsgd_{name}")
+    return DpsgdConfig(kind=config.dpsgd_kind, init=config.dpsgd_init, **values).check()
 
 
 class DpsgdConfig(BaseModel):

@@ -54,7 +54,7 @@ import pandas as pd
 import torch
 
 from dpcore.batching import BatchedForward
-from dpcore.config import SAMPLERS, DemoSource, GenerationConfig, Mechanism, Sampler, check_mechanism, flag
+from dpcore.config import GenerationConfig, flag
 from dpcore.errors import ConfigError
 from dpcore.mechanisms import (
     aggregate,
@@ -64,6 +64,7 @@ from dpcore.mechanisms import (
     public_top_k,
     restricted_softmax,
 )
+from dpcore.names import SAMPLERS, DemoSource, Mechanism, Sampler, check_mechanism
 from dpcore.records import context_length, fit_group, prompt_budget, truncate_records
 from dpcore.sampling import check_group_sizes, draw_groups
 

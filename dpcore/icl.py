@@ -39,8 +39,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpcore.config import DEMO_SOURCES, DemoSource, EvalConfig
+from dpcore.config import EvalConfig
 from dpcore.errors import ConfigError, DataValidationError
+from dpcore.names import DEMO_SOURCES, DemoSource
 from dpcore.prefix_cache import PrefixBatch, PrefixCache, common_prefix_length
 from dpcore.taskspec import TaskSpec
 

@@ -72,9 +72,9 @@ from typing import TYPE_CHECKING
 
 from dpcore import composition, record_sets
 from dpcore.composition import Composition, rnm_step_epsilon
-from dpcore.config import Mechanism, check_mechanism
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import BudgetExceededError, ConfigError, SameRecordsError
+from dpcore.names import Mechanism, check_mechanism
 
 if TYPE_CHECKING:
     from dp_accounting.dp_event import DpEvent

@@ -47,8 +47,9 @@ import secrets
 import numpy as np
 import torch
 
-from dpcore.config import check_mechanism, flag
+from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.names import check_mechanism
 
 # --------------------------------------------------------------------------- noise source
 

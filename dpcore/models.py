@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -126,8 +127,6 @@ def context_length(name: str) -> int:
     Raises `ModelNotFoundError` when the model cannot be resolved: a run checks this before it
     charges the ledger, so an unusable model never costs privacy.
     """
-    import json
-
     if name in EMBEDDED_MODELS:
         target = subdir("models") / name / "config.json"
         if target.exists():

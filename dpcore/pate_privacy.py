@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from dpcore import composition
 from dpcore.config import flag
 from dpcore.errors import ConfigError, check_positive
 from dpcore.events import gaussian_event
@@ -78,8 +79,6 @@ def data_independent_epsilon(sigma1: float, sigma2: float, queries: int, delta: 
     """Epsilon at `delta` of Q Confident-GNMax queries, valid for any vote histograms: the
     composition (`dpcore.composition.compose`) of the events of `pate_spends`, exactly what the
     ledger charges for them."""
-    from dpcore import composition
-
     return composition.compose([s.event() for s in pate_spends(sigma1, sigma2, queries)], delta).epsilon
 
 

@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from dpcore.config import MECHANISMS, METHODS
+from dpcore import composition
 from dpcore.errors import ConfigError
 from dpcore.events import DpEvent, dp_fewshot_event
+from dpcore.ledger import ChargeRequest
+from dpcore.names import MECHANISMS, METHODS
 
 # What a plan may be named: a method, or one of DP few-shot generation's charged rows (`dpcore.fewshot_plan`).
 FEWSHOT_ROWS: tuple[str, ...] = ("dp", "sigma-zero", "random-real", "audit-reference")
@@ -94,14 +96,10 @@ class PrivacyPlan:
 
     def composed(self):
         """This plan alone, composed at its delta (`dpcore.composition.compose`)."""
-        from dpcore import composition
-
         return composition.compose(self.events(), self.delta)
 
     def requests(self, dataset_id: str, content_hash: str, run_id: str) -> list:
         """The plan's spends as ledger charge requests for one dataset, data content and run."""
-        from dpcore.ledger import ChargeRequest
-
         return [ChargeRequest(dataset_id=dataset_id, content_hash=content_hash, run_id=run_id,
                               mechanism=s.mechanism, noise_multiplier=float(s.noise_multiplier),
                               sampling_rate=float(s.sampling_rate), steps=int(s.steps), delta=float(self.delta),

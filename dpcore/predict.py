@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dpcore import icl
+from dpcore.errors import ConfigError
+from dpcore.soft_prompt import load_prompt, weights_hash
 from dpcore.taskspec import TaskSpec
 
 
@@ -20,8 +22,6 @@ def answer(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], queries: Sequen
     trained on) before every prompt, usually with no demos (classification only)."""
     if spec.kind == "extraction":
         if past is not None:
-            from dpcore.errors import ConfigError
-
             raise ConfigError(f"task {spec.name!r}: a trained prompt answers classification tasks only")
         return [{"prediction": text} for text in icl.extract_answers(lm, spec, demos, queries)]
     labels = spec.label_names
@@ -38,9 +38,6 @@ def trained_prompt_cache(lm, prompt_path, weights_sha256: str, trained_on: str):
     """The cache of a PromptDPSGD trained prompt (`soft_prompt.load_prompt(...).cache_layers(lm)`), refused
     unless `lm` holds the weights it was trained on (`soft_prompt.weights_hash`): a trained prompt means
     nothing on another model."""
-    from dpcore.errors import ConfigError
-    from dpcore.soft_prompt import load_prompt, weights_hash
-
     if weights_hash(lm.model) != weights_sha256:
         raise ConfigError(f"model {lm.name!r}: a PromptDPSGD prompt answers only on the model it was trained on "
                           f"({trained_on}, weight sha256 {weights_sha256[:12]}...)")

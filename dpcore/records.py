@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.models import resolve_model
 
 # Tokens allowed per record for merges across its boundaries inside a prompt (a record's
 # tokens in context can differ from its tokens alone at the first and last position).
@@ -176,7 +177,6 @@ def model_tokenizer_and_context(model: str):
     from transformers import AutoConfig, AutoTokenizer
 
     from dpcore.lm import RANDOM_SHAPES
-    from dpcore.models import resolve_model
 
     if model in _TINY_NAMES or (model.startswith("random-") and model.removeprefix("random-") in RANDOM_SHAPES):
         path = resolve_model("smollm2-135m").path

@@ -28,11 +28,19 @@ paper's choice, weak for a real deployment.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from dpcore import composition
+from dpcore.artifacts import read_table, verify_manifest
+from dpcore.display import fmt_eps
+from dpcore.errors import ConfigError
+from dpcore.pate_teachers import Teachers
+from dpcore.sampling import ACCOUNTED_SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -78,8 +86,6 @@ def release_failures(evidence: ReleaseEvidence) -> list[str]:
                         "(their mechanism, sigma, q, T and delta)")
     if not evidence.crosscheck_agreed:
         failures.append("the accountant cross-check (prv-accountant vs dp-accounting PLD) did not agree")
-    from dpcore.sampling import ACCOUNTED_SAMPLERS
-
     uncovered = sorted(set(evidence.samplers) - set(ACCOUNTED_SAMPLERS))
     if uncovered:
         failures.append(f"the demos were drawn with sampler {', '.join(uncovered)}, which the privacy accountant "
@@ -219,8 +225,6 @@ class RunFolder:
 
 def find_run_dir(run_id: str, home: Path) -> Path:
     """The public folder of `run_id`; a clear error when it is missing or ambiguous."""
-    from dpcore.errors import ConfigError
-
     matches = [p for p in (home / "runs").glob(f"*/*/{run_id}") if p.is_dir()]
     if not matches:
         raise ConfigError(f"run {run_id!r}: no run folder under {home / 'runs'} (see `dpicl run` output)")
@@ -231,11 +235,6 @@ def find_run_dir(run_id: str, home: Path) -> Path:
 
 def load_run(run_id: str, home: Path) -> RunFolder:
     """Read the tables the release gate needs; files changed since the manifest are reported, not trusted."""
-    import json
-
-    from dpcore.artifacts import read_table, verify_manifest
-    from dpcore.errors import ConfigError
-
     path = find_run_dir(run_id, home)
     if not (path / "manifest.json").exists():
         raise ConfigError(f"run {run_id!r}: {path} has no manifest.json (the run did not finish)")
@@ -255,8 +254,6 @@ def load_run(run_id: str, home: Path) -> RunFolder:
 
 def choose_release_epsilon(run: RunFolder, epsilon: float | None) -> float:
     """The epsilon to release: the one asked for, else the smallest DP epsilon of the run (the strongest guarantee)."""
-    from dpcore.errors import ConfigError
-
     dp = run.demos[run.demos["method"] == "dp"]
     available = sorted(set(float(e) for e in dp["epsilon"])) if "epsilon" in dp.columns else []
     if epsilon is None:
@@ -269,9 +266,6 @@ def choose_release_epsilon(run: RunFolder, epsilon: float | None) -> float:
 def _pick_epsilon(epsilon: float, available: list[float], where: str) -> float:
     """The available epsilon asked for: exactly, or the one that reads the same rounded for people
     (`dpcore.display.fmt_eps`: a refusal lists them rounded, and a person types what was shown)."""
-    from dpcore.display import fmt_eps
-    from dpcore.errors import ConfigError
-
     if float(epsilon) in available:
         return float(epsilon)
     same = [e for e in available if fmt_eps(e) == fmt_eps(float(epsilon))]
@@ -323,23 +317,16 @@ class Artifact:
 
 
 def _json(path: Path) -> dict:
-    import json
-
     return json.loads(path.read_text())
 
 
 def _changed(path: Path) -> tuple[str, ...]:
-    from dpcore.artifacts import verify_manifest
-
     return tuple(verify_manifest(path)) if (path / "manifest.json").exists() else ("manifest.json (missing)",)
 
 
 def load_pate_artifact(run_id: str, home: Path, repeat: int | None = None) -> Artifact:
     """The student prompt of a PromptPATE run (`repeat`, default the repeat the run chose: best public
     validation accuracy) with the run's plan (`pate_plan.json`)."""
-    from dpcore.artifacts import read_table
-    from dpcore.errors import ConfigError
-
     path = find_run_dir(run_id, home)
     if not (path / PATE_PLAN_FILE).exists():
         raise ConfigError(f"run {run_id!r}: {path / PATE_PLAN_FILE} is missing (not a PromptPATE run)")
@@ -363,8 +350,6 @@ def load_pate_artifact(run_id: str, home: Path, repeat: int | None = None) -> Ar
 
 def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, training: int = 0) -> Artifact:
     """A trained prompt of a PromptDPSGD run: `epsilon` (default the smallest of the run) and `training`."""
-    from dpcore.errors import ConfigError
-
     path = find_run_dir(run_id, home)
     manifests = {p: _json(p) for p in sorted((path / "prompts").glob("dpsgd-eps*.json"))}
     if not manifests:
@@ -374,8 +359,6 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
                                                                  f"run {run_id} has trained prompts at")
     found = [(p, m) for p, m in manifests.items() if float(m["epsilon"]) == chosen and int(m["training"]) == training]
     if not found:
-        from dpcore.display import fmt_eps
-
         trainings = sorted(int(m["training"]) for m in manifests.values() if float(m["epsilon"]) == chosen)
         raise ConfigError(f"--epsilon {fmt_eps(chosen)} --training {training}: run {run_id} has trainings "
                           f"{', '.join(map(str, trainings))} at that epsilon")
@@ -399,7 +382,6 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
 
 def plan_crosscheck(spends: tuple[dict, ...], delta: float) -> bool:
     """The accountant cross-check (PRV vs PLD, `dpcore.composition.compose`) on a plan's spends."""
-    from dpcore import composition
     from dpcore.plan import PlannedSpend
 
     if not spends or any(float(s["noise_multiplier"]) <= 0 for s in spends):
@@ -450,8 +432,6 @@ def audit_members(artifact: Artifact, train: pd.DataFrame, read_ids: list[str] |
     drew (from the training's private record). Auditing with every training record would dilute the
     attack: at a CPU preset only 1 - (1 - q)^T of them (about 1%) are ever read, so the AUC would sit near
     0.5 whatever the prompt."""
-    from dpcore.errors import ConfigError
-
     if read_ids is None:
         raise ConfigError(f"run {artifact.run_id}: the private record of which records {artifact.name} read is "
                           "missing; the audit needs it (rerun the training)")
@@ -461,8 +441,6 @@ def audit_members(artifact: Artifact, train: pd.DataFrame, read_ids: list[str] |
 
 def teacher_prompts(train: pd.DataFrame, assignment: pd.DataFrame) -> list[pd.DataFrame]:
     """Each PromptPATE teacher's records (id, text, label), in prompt order, from the private assignment."""
-    from dpcore.pate_teachers import Teachers
-
     by_id = train.assign(id=train["id"].astype(str)).set_index("id")
     teachers = Teachers.from_table(assignment, int(assignment["teacher"].max()) + 1 if len(assignment) else 0)
     return [by_id.loc[list(ids), ["text", "label"]].reset_index() for ids in teachers.demos if ids]

@@ -56,8 +56,9 @@ import math
 
 import numpy as np
 
-from dpcore.config import SAMPLERS, flag
+from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.names import SAMPLERS
 
 # Samplers whose privacy the Poisson accountant's bound covers (module docstring): the release gate
 # refuses demos drawn with any other (or with no recorded sampler). Every sampler offered is one today.

@@ -29,20 +29,23 @@ for the pass and restored), so no weight gradient is ever computed.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from dpcore import icl
+from dpcore.artifacts import write_bytes_atomic, write_json_atomic
 from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.names import PROMPT_INITS, PROMPT_KINDS
 from dpcore.prefix_cache import right_pad
 from dpcore.taskspec import TaskSpec
 
-PROMPT_KINDS: tuple[str, ...] = ("soft-prompt", "prefix")
-PROMPT_INITS: tuple[str, ...] = ("vocab", "random")
 VOCAB_INIT_TOKENS = 5000
 
 
@@ -278,8 +281,6 @@ def mean_loss(lm, prompt: TrainablePrompt, examples: Sequence[Example], batch_si
 def weights_hash(model: nn.Module) -> str:
     """sha256 over the model's parameters and buffers (names, dtypes, shapes, bytes), in state-dict order:
     which frozen LM a prompt was trained on (a prompt only means something on that model)."""
-    import hashlib
-
     hasher = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         data = tensor.detach().cpu().contiguous()
@@ -291,12 +292,7 @@ def weights_hash(model: nn.Module) -> str:
 def save_prompt(prompt: TrainablePrompt, path, manifest: dict) -> None:
     """The trained prompt as safetensors (tensor `prompt`, metadata `kind`) and its manifest as JSON next
     to it (`<name>.json`), both written atomically. The manifest must be public (parameters, epsilon)."""
-    import json
-    from pathlib import Path
-
     from safetensors.torch import save
-
-    from dpcore.artifacts import write_bytes_atomic, write_json_atomic
 
     path = Path(path)
     data = save({"prompt": prompt.weight.detach().float().cpu().contiguous()},
@@ -308,9 +304,6 @@ def save_prompt(prompt: TrainablePrompt, path, manifest: dict) -> None:
 
 def load_prompt(path, device: torch.device | str = "cpu") -> tuple[TrainablePrompt, dict]:
     """(prompt, manifest) from `save_prompt`'s files."""
-    import json
-    from pathlib import Path
-
     from safetensors import safe_open
 
     path = Path(path)

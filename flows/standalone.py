@@ -287,7 +287,7 @@ def demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | 
     setting or used a sampler the accountant does not cover)."""
     import pandas as pd
 
-    from dpcore.config import DEMO_SOURCES
+    from dpcore.names import DEMO_SOURCES
 
     file = Path(path)
     if not file.exists():

@@ -33,6 +33,7 @@ from prefect import get_run_logger
 
 from dpcore.artifacts import read_table, write_bytes_atomic, write_json_atomic, write_manifest, write_table
 from dpcore.config import RunConfig
+from dpcore.dpsgd import dpsgd_config
 from dpcore.plan import PrivacyPlan
 from tasks.common import (
     code_version,
@@ -60,7 +61,7 @@ def plans(config: RunConfig, num_private_records: int) -> list[PrivacyPlan]:
     """One plan per positive epsilon (epsilon 0 is the zero-shot comparison: nothing to train)."""
     from dpcore.dpsgd import dpsgd_plan
 
-    dp_config = config.dpsgd_config()
+    dp_config = dpsgd_config(config)
     n = training_count(config, num_private_records)
     epsilons = sorted({float(e) for e in config.epsilons if e != 0})
     if not epsilons:
@@ -76,7 +77,7 @@ def check_model(config: RunConfig) -> dict:
     from dpcore.soft_prompt import check_prompt
 
     lm = language_model(config.model, config.device, config.dtype)
-    dp_config = config.dpsgd_config()
+    dp_config = dpsgd_config(config)
     shape = check_prompt(lm, dp_config.kind, dp_config.length)
     return {"shape": list(shape), "parameters": int(math.prod(shape))}
 
@@ -152,7 +153,7 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
     from dpcore.taskspec import load_task_spec
 
     logger = get_run_logger()
-    dp_config = config.dpsgd_config()
+    dp_config = dpsgd_config(config)
     spend = plan["spends"][training]
     seed = derive_seed(config.seed, METHOD, epsilon, training)
     name = f"dpsgd-eps{_eps_name(epsilon)}-{training}"

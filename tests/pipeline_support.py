@@ -20,7 +20,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from dpcore.config import ALL_BASELINES, RunConfig
+from dpcore.config import RunConfig
+from dpcore.names import ALL_BASELINES
 from dpcore.taskspec import TASKS_DIR
 
 # tests/conftest.py sets PREFECT_FLOWS_HEARTBEAT_FREQUENCY="" (meant as "off"), which Prefect 3.8.8 cannot

@@ -22,8 +22,8 @@ from scipy.stats import binom
 
 from dpcore import accounting, composition
 from dpcore.accounting import PrivacyReport
-from dpcore.config import MECHANISMS
 from dpcore.errors import ConfigError
+from dpcore.names import MECHANISMS
 
 AGNEWS_Q, DBPEDIA_Q, STEPS = 20 / 30000, 80 / 40000, 100
 AGNEWS_DELTA, DBPEDIA_DELTA = 1 / 30000, 1 / 40000

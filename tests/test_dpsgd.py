@@ -28,6 +28,7 @@ from pipeline_support import prefect_harness  # noqa: F401  (the shared harness 
 from dpcore import composition, dpsgd, icl
 from dpcore import soft_prompt as sp
 from dpcore.errors import ConfigError
+from dpcore.names import PROMPT_KINDS
 from dpcore.taskspec import load_task_spec
 
 TEXTS = ["a gripping , beautifully acted film", "dull , lifeless and far too long", "it is fine",
@@ -52,7 +53,7 @@ def _prompt(lm, kind: str, length: int = 3, seed: int = 0) -> sp.TrainablePrompt
 # --------------------------------------------------------------------------- gradients and objective
 
 
-@pytest.mark.parametrize("kind", sp.PROMPT_KINDS)
+@pytest.mark.parametrize("kind", PROMPT_KINDS)
 def test_per_example_gradients_equal_one_example_backward_passes(tiny_lm, examples, kind):
     prompt = _prompt(tiny_lm, kind)
     grads, losses = sp.per_example_gradients(tiny_lm, prompt, examples)
@@ -71,7 +72,7 @@ def test_per_example_gradients_equal_one_example_backward_passes(tiny_lm, exampl
     torch.testing.assert_close(alone[0], grads[2], rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("kind", sp.PROMPT_KINDS)
+@pytest.mark.parametrize("kind", PROMPT_KINDS)
 def test_the_training_objective_is_the_icl_label_score(tiny_lm, sst2_spec, examples, kind):
     prompt = _prompt(tiny_lm, kind, seed=1)
     scores = icl.label_logprobs(tiny_lm, sst2_spec, [], TEXTS, past=prompt.cache_layers(tiny_lm))

@@ -17,10 +17,10 @@ from dp_accounting.dp_event import (
 )
 
 from dpcore import composition, events
-from dpcore.config import MECHANISMS
 from dpcore.errors import ConfigError
 from dpcore.events import ReportNoisyMaxDpEvent, dp_fewshot_event, gaussian_event
 from dpcore.ledger import ChargeRequest, LedgerEntry
+from dpcore.names import MECHANISMS
 
 
 def test_fewshot_event_is_self_composed_poisson_sampled_step():

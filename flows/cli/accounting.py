@@ -14,7 +14,7 @@ import math
 import sys
 import time
 
-from dpcore.config import MECHANISMS
+from dpcore.names import MECHANISMS
 from flows.cli.common import print_json
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from dpcore.config import MECHANISMS
 from dpcore.display import fmt_delta, fmt_eps
+from dpcore.names import MECHANISMS
 from flows.cli.common import print_json
 from tasks.charge import PURPOSES, ledger_spends, record_spend, set_budget
 

@@ -70,6 +70,7 @@ def _config(args) -> RunConfig:
 
 
 def run_tune(args) -> int:
+    from dpcore.dpsgd import dpsgd_config  # torch: loaded when a command trains, not for `dpicl --help`
     from flows.cli.progress import showing_progress, stopping_on_signals
     from flows.cli.run import delta_note, format_ledger
     from flows.tune import run_tuning
@@ -77,7 +78,7 @@ def run_tune(args) -> int:
     if args.epsilon == 0:
         raise ConfigError("--epsilon: must be > 0 (or inf) for PromptDPSGD; zero-shot is the epsilon = 0 comparison")
     config = _config(args)
-    config.dpsgd_config()  # every training parameter in range before anything runs
+    dpsgd_config(config)  # every training parameter in range before anything runs
     if math.isinf(args.epsilon):
         print(f"WARNING: --epsilon inf trains without noise (sigma = 0): charged to ledger id '{config.ledger_id}' as "
               "an infinite spend; the prompt carries no privacy guarantee.", file=sys.stderr, flush=True)

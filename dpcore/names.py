@@ -1,0 +1,55 @@
+"""The names every layer shares: private-prompting methods, noise mechanisms, samplers, demo sources,
+baselines. Each is a `Literal` type (what a `RunConfig` field accepts) and the tuple of its values.
+
+The ground floor of dpcore: it imports nothing of the package but the error types, so the ledger, the
+plans, the mechanisms and the configuration can all name a method or a mechanism without importing each
+other.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from dpcore.errors import ConfigError
+
+# The private-prompting methods dpicl runs on the same data, test split and ledger:
+# tang = DP few-shot generation (Tang et al. Algorithm 1), pate = PromptPATE (Duan et al. Section 4.2),
+# dpsgd = PromptDPSGD soft prompts (Duan et al. Section 4.1).
+Method = Literal["tang", "pate", "dpsgd"]
+METHODS: tuple[str, ...] = get_args(Method)
+# Noise mechanisms the accountant composes (`dpcore.composition.STEP_KINDS`).
+Mechanism = Literal["gaussian", "rnm"]
+MECHANISMS: tuple[str, ...] = get_args(Mechanism)
+# How a label's records are subsampled into groups (`dpcore.sampling`).
+Sampler = Literal["poisson", "fixed"]
+SAMPLERS: tuple[str, ...] = get_args(Sampler)
+AuditMode = Literal["regenerate", "run-demos"]
+# Where an evaluated prompt's demonstrations come from (the rows of Tang et al. Table 1):
+# none, instruction-only (epsilon = 0), sigma = 0, real records, DP demonstrations, a PromptPATE
+# student (`pate`: public queries with noisy labels), or (`dpsgd`) no demonstration but a trained
+# PromptDPSGD prompt in front.
+DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "dp", "pate", "dpsgd"]
+DEMO_SOURCES: tuple[str, ...] = get_args(DemoSource)
+# The demo sources run beside the DP demonstrations for comparison.
+Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]
+PatePublic = Literal["iid", "ood", "file"]
+PateVoteMode = Literal["calibrated", "black-box"]
+PateBaseline = Literal["zero-shot", "ensemble", "upper-bound"]
+ALL_BASELINES: tuple[str, ...] = get_args(Baseline)
+# Baselines that read no private record: the default. `sigma-zero` (no noise) and `random-real`
+# (real records as demonstrations) are non-private: opt-in only, charged as infinite spends.
+DEFAULT_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only")
+NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
+# PromptDPSGD's trainable prompt (`dpcore.soft_prompt`): s input embeddings, or keys and values at every layer
+# (P-tuning v2); P_0 from random vocabulary tokens' embeddings, or random.
+PromptKind = Literal["soft-prompt", "prefix"]
+PROMPT_KINDS: tuple[str, ...] = get_args(PromptKind)
+PromptInit = Literal["vocab", "random"]
+PROMPT_INITS: tuple[str, ...] = get_args(PromptInit)
+
+
+def check_mechanism(mechanism) -> str:
+    """`mechanism` when it is one of `MECHANISMS`; otherwise a ConfigError naming them."""
+    if mechanism not in MECHANISMS:
+        raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+    return mechanism
