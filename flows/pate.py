@@ -21,11 +21,15 @@ import numpy as np
 import pandas as pd
 from prefect import flow, get_run_logger
 
+from dpcore import accounting
 from dpcore.artifacts import write_table
 from dpcore.config import EvalConfig, RunConfig
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.home import configure_environment
+from dpcore.pate_privacy import data_independent_epsilon
+from dpcore.taskspec import load_task_spec
+from flows.runner import default_run_id, map_calls, results, running
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
 from tasks import pate as pate_stage
@@ -49,8 +53,6 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     same labelling (`dpcore.pate_privacy.labelling_checkpoints`; a comparison run's `--epsilons`): a
     student and a result row for each, at no charge beyond the run's.
     """
-    from flows.pipeline import default_run_id, map_calls, results, running
-
     configure_environment()
     logger = get_run_logger()
     run_id = run_id or default_run_id()
@@ -62,8 +64,6 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                           "classification task")
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
     labels = list(ingested["labels"])
-    from dpcore import accounting
-    from dpcore.taskspec import load_task_spec
 
     spec = load_task_spec(ingested["task_spec"])
     settings = pate_stage.pate_settings(config, spec)
@@ -184,8 +184,8 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         rows.append(_row("zero-shot", 0.0, delta, [m["accuracy"]], [m["calibrated_accuracy"]], n_test, 1, 0, 0))
     for name in test_baselines:
         rows.append(_row(name, math.inf, delta, [test_rows[name]], [test_rows[name]], n_test, 1, 0, 0))
-    results = pd.DataFrame(rows, columns=pate_stage.RESULT_COLUMNS)
-    results_path = write_table(results, paths.public / "pate_results.parquet")
+    result_table = pd.DataFrame(rows, columns=pate_stage.RESULT_COLUMNS)
+    results_path = write_table(result_table, paths.public / "pate_results.parquet")
     seeded = bool(teachers["seeded_noise"] or aggregate["seeded_noise"])
     from tasks.release import seal_pate_run  # the plan and seeded flag `dpicl release --method pate` reads
 
@@ -248,8 +248,6 @@ def _accuracy(evaluations: list[dict], calibrated: bool) -> dict:
 
 
 def _per_repeat_epsilon(settings: dict, queries: int, delta: float) -> float:
-    from dpcore.pate_privacy import data_independent_epsilon
-
     return data_independent_epsilon(settings["sigma1"], settings["sigma2"], queries, delta)
 
 

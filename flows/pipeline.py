@@ -26,30 +26,31 @@ retry of the same flow run reuses its folder and its cached noise draws.
 
 from __future__ import annotations
 
+import json
 import math
-import os
 import time
-from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
-from prefect.task_runners import ThreadPoolTaskRunner
 
-from dpcore.artifacts import read_table, write_table
-from dpcore.config import RunConfig, flag
+from dpcore.artifacts import read_table, write_json_atomic, write_table
+from dpcore.config import RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import DpiclError, RunStopped
 from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, default_delta
 from dpcore.home import configure_environment
+from flows.pate import pate_flow
+from flows.runner import default_run_id, map_calls, results, running
+from flows.tune import dpsgd_flow
 from tasks import audit as audit_stage
 from tasks import calibrate as calibrate_stage
 from tasks import evaluate as evaluate_stage
 from tasks import generate as generate_stage
 from tasks import ingest as ingest_stage
 from tasks import record as record_stage
+from tasks import release as release_stage
 from tasks import tracking
 from tasks.charge import (
     charge_spends,
@@ -64,83 +65,9 @@ from tasks.charge import (
 )
 from tasks.common import RunPaths, noise_scope, publish
 from tasks.generate import GenerationItem, Shard
+from tasks.tune import check_model
 
 FLOW_NAME = "dp-fewshot"
-
-
-# --------------------------------------------------------------------------- task runners
-
-
-def make_task_runner(spec: str = "threads"):
-    """`threads` | `threads:N` | `dask` | `dask:N` (a LocalCluster of N worker processes) | a scheduler address."""
-    spec = (spec or "threads").strip()
-    if spec == "threads" or spec.startswith("threads:"):
-        workers = int(spec.split(":", 1)[1]) if ":" in spec else None
-        if workers is None and not os.environ.get("PREFECT_TASK_RUNNER_THREAD_POOL_MAX_WORKERS"):
-            # Model forwards already use every core: more threads than cores only contend.
-            workers = max(2, min(8, os.cpu_count() or 2))
-        return ThreadPoolTaskRunner(max_workers=workers)
-    from prefect_dask import DaskTaskRunner
-
-    if spec == "dask" or spec.startswith("dask:"):
-        workers = int(spec.split(":", 1)[1]) if ":" in spec else 2
-        return DaskTaskRunner(
-            cluster_class="distributed.LocalCluster",
-            cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
-                            "dashboard_address": None},
-        )
-    if "://" in spec or ":" in spec:
-        return DaskTaskRunner(address=spec)
-    from dpcore.errors import ConfigError
-
-    raise ConfigError(f"{flag('task_runner')}: {spec!r} is not threads, dask, dask:N or a Dask scheduler address")
-
-
-@contextmanager
-def running(spec: str = "threads"):
-    """`make_task_runner(spec)`, entered. A flow body cut short by a stop (SIGTERM, which Prefect turns into
-    `TerminationSignal`; Ctrl-C's `KeyboardInterrupt`; a stage's `RunStopped`) asks every stage still running
-    to stop at its next step (`tasks.common.STOP_REQUESTED`) before the runner waits for them on the way out:
-    otherwise it would wait for the longest of them (the audit's scoring) to finish. A flag set here is
-    cleared once they have stopped (a later run in this process starts afresh)."""
-    from dpcore.errors import RunStopped
-    from tasks.common import STOP_REQUESTED
-
-    runner = make_task_runner(spec)
-    entered = runner.__enter__()
-    try:
-        yield entered
-    except BaseException as exc:
-        stop = isinstance(exc, RunStopped) or not isinstance(exc, Exception)
-        ours = stop and not STOP_REQUESTED.is_set()
-        if ours:
-            STOP_REQUESTED.set()
-        try:
-            if not runner.__exit__(type(exc), exc, exc.__traceback__):
-                raise
-        finally:
-            if ours:
-                STOP_REQUESTED.clear()
-    else:
-        runner.__exit__(None, None, None)
-
-
-def map_calls(runner, task, calls: list[dict]) -> list:
-    """One run of `task` per call (each a dict of its parameters), through the runner's mapping.
-
-    Prefect's cache decides what runs: a stage whose folder is gone took its cached result with it
-    (`tasks.common.cache_key_on`). Returns the futures, in the order of `calls`.
-    """
-    if not calls:
-        return []
-    names = list(calls[0])
-    if any(list(call) != names for call in calls):
-        raise ValueError(f"{task.name}: every mapped call must name the same parameters")
-    return list(runner.map(task, {name: [call[name] for call in calls] for name in names}))
-
-
-def results(futures: list) -> list:
-    return [future.result() for future in futures]
 
 
 def _concat(paths: list[str]) -> pd.DataFrame:
@@ -151,27 +78,11 @@ def _concat(paths: list[str]) -> pd.DataFrame:
 def _write_generation_stats(shards: list[Shard], path: Path) -> None:
     """The generation counters that depend on the private records (prompt tokens, padding, timings), per
     shard, into the private run folder (a benchmark's or an operator's figures, never published)."""
-    import json
-
-    from dpcore.artifacts import write_json_atomic
-
     rows = []
     for shard in shards:
         if Path(shard.private_stats_path).exists():
             rows.append(json.loads(Path(shard.private_stats_path).read_text()))
     write_json_atomic(path, rows)
-
-
-def default_run_id() -> str:
-    """`<UTC start>-<flow run id prefix>`: stable across retries of the same flow run."""
-    ctx = FlowRunContext.get()
-    if ctx is None or ctx.flow_run is None:
-        import uuid
-
-        return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
-    run = ctx.flow_run
-    start = run.expected_start_time or run.start_time or datetime.now(UTC)
-    return f"{start.astimezone(UTC):%Y%m%dT%H%M%SZ}-{run.id.hex[:8]}"
 
 
 # --------------------------------------------------------------------------- the flow
@@ -216,8 +127,6 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id,
                           ingested_method_plans(config, ingested, delta))
     if "dpsgd" in config.methods:
-        from tasks.tune import check_model
-
         check_model(config)
     # ledger: every spend of every method the ledger does not already hold for this run, charged at once
     # (all or nothing) before any method runs; a replayed spend may only be served from its cached draw
@@ -231,8 +140,6 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     others = {}
     wall = {}
     if "pate" in config.methods:
-        from flows.pate import pate_flow
-
         began = time.perf_counter()
         # the zero-shot row, when DP few-shot generation evaluated it on the same test items, is not run twice
         pate_config = (config.model_copy(update={"pate_baselines": [b for b in config.pate_baselines
@@ -243,8 +150,6 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
                                    checkpoint_epsilons=list(config.epsilons))
         wall["pate"] = time.perf_counter() - began
     if "dpsgd" in config.methods:
-        from flows.tune import dpsgd_flow
-
         began = time.perf_counter()
         others["dpsgd"] = dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry)
         wall["dpsgd"] = time.perf_counter() - began
@@ -316,8 +221,6 @@ def charge_line(ledger_entry: dict, cost: dict, run_id: str, delta: float) -> st
 def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> list[dict]:
     """The release audit (`tasks.release.audit_artifact`) of PromptPATE's chosen student and of PromptDPSGD's
     first training at each epsilon: [{method, epsilon, verdict, passed}] (public summaries)."""
-    from tasks import release as release_stage
-
     targets = []
     if (others.get("pate") or {}).get("student_prompt"):
         targets.append(("pate", others["pate"]["epsilon"], None))

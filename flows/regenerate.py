@@ -12,13 +12,12 @@ from prefect.states import Completed
 from dpcore import refresh
 from dpcore.config import RunConfig
 from flows.pipeline import dp_fewshot_pipeline
+from tasks.ingest import load_data
 
 
 @task(name="fingerprint-source", retries=2, retry_delay_seconds=5)
 def fingerprint(config: RunConfig) -> dict:
     """The content hash of the private records the pipeline would read (public: a hash)."""
-    from tasks.ingest import load_data
-
     data = load_data(config)
     decision = refresh.decide(config.ledger_id, data.content_hash)
     return {"content_hash": decision.content_hash, "last_hash": decision.last_hash,

@@ -26,8 +26,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from dpcore.artifacts import jsonable, write_json_atomic, write_manifest, write_table
-from dpcore.config import AuditConfig, RunConfig
+from dpcore.config import AuditConfig, RunConfig, demos_per_label
 from dpcore.display import fmt_delta
 from dpcore.display import fmt_eps as _eps
 from dpcore.errors import ConfigError, DataValidationError
@@ -37,11 +40,18 @@ from dpcore.fewshot_plan import (
     RANDOM_REAL,
     SIGMA_ZERO,
     default_delta,
+    demos_epsilon,
+    fewshot_plan,
     real_records_plan,
 )
 from dpcore.home import dpicl_home, private_dir
-from tasks.charge import charge_plans
-from tasks.common import language_model
+from dpcore.names import DEMO_SOURCES
+from dpcore.sampling import ACCOUNTED_SAMPLERS
+from tasks.calibrate import generation_config
+from tasks.charge import charge_plans, check_context, check_group_prompt
+from tasks.common import language_model, report_progress
+from tasks.evaluate import evaluate_pool
+from tasks.generate import check_generation, empty_demos_note, generate_for, step_line
 from tasks.ingest import load_data
 
 Say = Callable[[str], None]
@@ -129,12 +139,7 @@ def _generation_privacy(calibration) -> dict:
 def generate(config: RunConfig, epsilon: float, out: Path | None, say: Say) -> tuple[dict, list]:
     """DP few-shot generation alone (Tang et al. Algorithm 1) for every label at one epsilon ('inf': sigma 0;
     0: instruction-only): (the public summary written to `generation.json`, the demos)."""
-    from dpcore.fewshot_plan import fewshot_plan
     from dpcore.generation import demos_frame
-    from tasks.calibrate import generation_config
-    from tasks.charge import check_context, check_group_prompt
-    from tasks.common import report_progress
-    from tasks.generate import check_generation, empty_demos_note, generate_for, step_line
 
     began = time.perf_counter()
     if out is not None:
@@ -203,8 +208,6 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
     audit beside it. Returns (the audit, the reference or None, the public summary written to `audit.json`)."""
     from dpcore.audit_gate import GateThresholds
     from tasks.audit import audit_members, audit_plan, dp_audit_at, reference_audit, write_audit
-    from tasks.charge import check_group_prompt
-    from tasks.generate import check_generation
 
     began = time.perf_counter()
     data = load_data(config)
@@ -285,10 +288,6 @@ def demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | 
     column, else inf for sigma-zero / random-real and 0 for instruction-only, else accounted from the demos'
     noise multiplier and generation settings (`dpcore.fewshot_plan.demos_epsilon`; NaN when the file lacks a
     setting or used a sampler the accountant does not cover)."""
-    import pandas as pd
-
-    from dpcore.names import DEMO_SOURCES
-
     file = Path(path)
     if not file.exists():
         raise DataValidationError(f"{file}: demos file not found")
@@ -339,9 +338,6 @@ def demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | 
 
 
 def _epsilon_of_demos(frame, data, delta: float) -> float:
-    from dpcore.fewshot_plan import demos_epsilon
-    from dpcore.sampling import ACCOUNTED_SAMPLERS
-
     needed = ("noise_multiplier", "num_subsets", "subset_size", "max_tokens", "shot")
     if any(column not in frame.columns for column in needed):
         return math.nan
@@ -358,12 +354,7 @@ def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilo
              baseline: str | None, out: Path | None, batch_size: int, max_new_tokens: int, say: Say) -> dict:
     """ICL accuracy (raw and calibrated) of a demos file or of one baseline (zero-shot, instruction-only,
     random-real) over the run's seeds; returns the public summary written to `summary.json`."""
-    import numpy as np
-
-    from dpcore.config import demos_per_label
     from dpcore.icl import seconds_per_100_items
-    from tasks.evaluate import evaluate_pool
-    from tasks.generate import generate_for
 
     data = load_data(config)
     spec = data.spec

@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger
 from dpcore.config import RunConfig
 from dpcore.display import fmt_eps
 from dpcore.home import configure_environment
+from flows.runner import default_run_id
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
 from tasks import tune as tune_stage
@@ -43,7 +44,6 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
     `charge` the summary of a `charge_plans` call that already charged `tasks.tune.plans(config, N)` with
     the pipeline's other plans in one transaction (then this flow charges nothing itself, and trains the
     spends that call charged)."""
-    from flows.pipeline import default_run_id
 
     configure_environment()
     logger = get_run_logger()

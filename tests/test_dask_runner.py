@@ -20,7 +20,8 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 def test_dask_local_cluster_generates_the_same_demos_as_threads(tiny_lm):
     from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 
-    from flows.pipeline import make_task_runner, run_pipeline
+    from flows.pipeline import run_pipeline
+    from flows.runner import make_task_runner
 
     share_tiny_model(tiny_lm)
     config = tiny_config(seed=2024, epsilons=[1.0, 8.0], audit=False, baselines=[], seeds=1, test_size=4)

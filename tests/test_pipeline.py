@@ -341,7 +341,7 @@ def test_results_mark_infinite_epsilon(run):
 def test_run_and_demo_flags_cover_the_run_config(run):
     from flows.cli import build_parser
     from flows.cli.run import DEMO_DEFAULTS, _config, format_results
-    from flows.pipeline import make_task_runner
+    from flows.runner import make_task_runner
 
     parser = build_parser()
     args = parser.parse_args(["run", "--dataset", "sst2", "--epsilons", "1,4", "--num-subsets", "3",

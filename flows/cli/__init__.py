@@ -9,6 +9,7 @@ import sys
 
 from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
+from flows.cli.logs import configure_cli_logging
 
 # The exit status of a command whose reader closed stdout early (`dpicl ledger show | head`): 128 + SIGPIPE,
 # what the shell reports for any program ended by a closed pipe, so `set -o pipefail` scripts see that the
@@ -36,8 +37,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is None:
-        from flows.cli.logs import configure_cli_logging
-
         configure_cli_logging(args.verbose)
     try:
         code = args.handler(args)

@@ -33,9 +33,12 @@ Exit code: 0 when the gate passes, 1 when it fails (CI can gate a release on
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dpcore.display import fmt_eps, fmt_sigma
 from dpcore.errors import ConfigError
 from flows.cli.common import add_config_flags, checked_config, parse_epsilon, print_json, say
+from flows.cli.progress import showing_progress, stopping_on_signals
 
 CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta",
                 "mechanism", "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "max_record_tokens",
@@ -82,10 +85,7 @@ def _audit_config(args, config):
 
 
 def run_audit(args) -> int:
-    from pathlib import Path
-
     from flows import standalone
-    from flows.cli.progress import showing_progress, stopping_on_signals
 
     config = checked_config(args)
     audit_config = _audit_config(args, config)

@@ -13,8 +13,11 @@ import sys
 import typing
 from typing import Any
 
+from pydantic import ValidationError
+
 from dpcore.artifacts import jsonable
 from dpcore.config import FLAG_SPELLINGS, RunConfig, flag
+from dpcore.errors import ConfigError
 
 __all__ = ["add_config_flags", "checked_config", "config_from_args", "fmt_value", "parse_epsilon", "print_json",
            "say"]
@@ -111,10 +114,6 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
 
 def checked_config(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     """`config_from_args`, a bad value a `ConfigError` naming the field (`num_subsets: Input should be ...`)."""
-    from pydantic import ValidationError
-
-    from dpcore.errors import ConfigError
-
     try:
         return config_from_args(args, **overrides)
     except ValidationError as exc:

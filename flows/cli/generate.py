@@ -21,8 +21,12 @@ the private records (prompt/forward/padded tokens, prompts, per-phase timings, t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dpcore.display import fmt_delta, fmt_eps, fmt_sigma, steps_text
 from flows.cli.common import add_config_flags, checked_config, parse_epsilon, print_json, say
+from flows.cli.progress import showing_progress, stopping_on_signals
+from flows.cli.run import delta_note
 
 CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta",
                 "mechanism", "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "max_record_tokens",
@@ -47,10 +51,7 @@ def _config(args):
 
 
 def run_generate(args) -> int:
-    from pathlib import Path
-
     from flows import standalone
-    from flows.cli.progress import showing_progress, stopping_on_signals
 
     config = _config(args)
     with stopping_on_signals(), showing_progress(not args.json):
@@ -64,8 +65,6 @@ def run_generate(args) -> int:
           f"{steps_text(summary['steps'], summary['config']['max_tokens'])}, {config.mechanism}"
           + ("  [seeded noise: experiment only, not releasable]" if summary["seeded_noise"] else ""))
     if config.delta is None and args.epsilon > 0:
-        from flows.cli.run import delta_note
-
         print(delta_note(config, summary["delta"]))
     for demo in demos:
         print(f"[{demo.label} #{demo.shot}] ({demo.tokens} tokens, {demo.stop_reason}) {demo.text}")

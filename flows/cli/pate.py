@@ -15,10 +15,14 @@ from __future__ import annotations
 import sys
 import time
 
+from pydantic import ValidationError
+
 from dpcore.config import RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
+from flows.cli.common import add_config_flags, config_from_args, print_json, validation_problems
 from flows.cli.common import fmt_value as _fmt
+from flows.cli.progress import showing_progress, stopping_on_signals
 
 # RunConfig fields `dpicl pate` takes, and the short spellings of the PromptPATE ones.
 FIELDS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta", "seed",
@@ -33,10 +37,6 @@ ALIASES = {"pate_teachers": "--teachers", "pate_shots": "--shots", "pate_public_
 
 
 def _config(args) -> RunConfig:
-    from pydantic import ValidationError
-
-    from flows.cli.common import config_from_args, validation_problems
-
     overrides = {"methods": ["pate"]}
     if args.public is not None:
         if args.public in ("iid", "ood", "file"):
@@ -71,8 +71,6 @@ def format_summary(summary: dict) -> str:
 
 
 def _pate(args) -> int:
-    from flows.cli.common import print_json
-    from flows.cli.progress import showing_progress, stopping_on_signals
     from flows.pate import pate_flow
     from tasks.pate import check_before_run
 
@@ -97,8 +95,6 @@ def _pate(args) -> int:
 
 
 def register(subparsers) -> None:
-    from flows.cli.common import add_config_flags
-
     parser = subparsers.add_parser(
         "pate", help="PromptPATE: a private discrete prompt from a flock of teacher prompts (Duan et al.)",
         description="PromptPATE (Duan et al. Section 4.2): E teacher prompts from disjoint private records vote on "

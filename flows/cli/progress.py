@@ -10,7 +10,7 @@ to stop at its next progress report or forward pass (`tasks.common.STOP_REQUESTE
 then ends with `RunStopped` (exit 130) within a step, and what was charged to the ledger stays
 charged. A second Ctrl-C interrupts at once. While a Prefect flow runs, Prefect takes SIGTERM
 itself (it raises `TerminationSignal` in the flow, and hands the signal back to this handler once
-the flow has ended); the flow's task runner (`flows.pipeline.running`) then asks the running
+the flow has ended); the flow's task runner (`flows.runner.running`) then asks the running
 stages to stop, and the command ends the same way.
 """
 
@@ -21,6 +21,16 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from dpcore.errors import RunStopped
 from tasks.common import STOP_REQUESTED, add_progress_sink, remove_progress_sink
@@ -39,15 +49,6 @@ def showing_progress(enabled: bool = True) -> Iterator[None]:
     if not enabled or not sys.stderr.isatty():
         yield
         return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
     bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[detail]}"),

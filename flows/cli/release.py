@@ -4,17 +4,19 @@ model or through an OpenAI-compatible endpoint) and `dpicl export` (a release as
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
+from dpcore.artifacts import jsonable, write_bytes_atomic, write_json_atomic, write_text_atomic
+from dpcore.config import AuditConfig
+from dpcore.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps
+from dpcore.errors import ConfigError, DataValidationError
 from flows.cli.common import print_json
 
 
 def _audit_config(args):
-    from dpcore.config import AuditConfig
-    from dpcore.errors import ConfigError
-
     updates = {k: v for k, v in (("trials", args.trials), ("members", args.audit_members),
                                  ("non_members", args.audit_members), ("reference_prompts", args.audit_reference_prompts),
                                  ("max_record_tokens", args.audit_max_record_tokens),
@@ -26,7 +28,6 @@ def _audit_config(args):
 
 
 def _release(args) -> int:
-    from dpcore.errors import ConfigError
     from flows.release import release
 
     if args.method == "tang" and (args.teacher_reference or args.audit_only or args.repeat is not None):
@@ -58,9 +59,6 @@ def _release(args) -> int:
 
 
 def _read_queries(path: Path) -> list[dict]:
-    from dpcore.datasets import read_jsonl
-    from dpcore.errors import DataValidationError
-
     rows = []
     for obj in read_jsonl(path):
         line_no = obj.pop("__line__")
@@ -75,8 +73,6 @@ ENDPOINT_FLAGS = ("timeout", "retries", "scoring", "batch_size", "max_new_tokens
 
 def _endpoint_config(args):
     """The `EndpointConfig` of `--endpoint` and its flags (None without `--endpoint`; its flags alone are refused)."""
-    from dpcore.errors import ConfigError
-
     given = [f"--{name.replace('_', '-')}" for name in ENDPOINT_FLAGS if getattr(args, name) is not None]
     if args.endpoint is None:
         if given:
@@ -92,14 +88,11 @@ def _endpoint_config(args):
 
 def _quiet_client_logs() -> None:
     """The HTTP client's debug lines hold request bodies (the queries): never logged, even with -v."""
-    import logging
-
     for name in ("openai", "httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _predict(args) -> int:
-    from dpcore.errors import DataValidationError
     from tasks.release import answer_queries
 
     endpoint = _endpoint_config(args)
@@ -136,7 +129,6 @@ def _predict(args) -> int:
 
 
 def _export(args) -> int:
-    from dpcore.artifacts import jsonable, write_bytes_atomic, write_json_atomic, write_text_atomic
     from dpcore.export import guarantee_line
     from tasks.release import export_release
 

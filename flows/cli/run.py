@@ -18,7 +18,15 @@ from pydantic import ValidationError
 from dpcore.config import AuditConfig, RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
+from flows.cli.common import (
+    add_config_flags,
+    config_from_args,
+    parse_epsilon,
+    print_json,
+    validation_problems,
+)
 from flows.cli.common import fmt_value as _fmt
+from flows.cli.progress import showing_progress, stopping_on_signals
 
 # `dpicl demo`: the three private-prompting methods on AG News at epsilon 8 on the embedded SmolLM2-135M,
 # sized to finish in about 10 minutes on 2 CPU cores.
@@ -83,8 +91,6 @@ def _config_fields() -> list[str]:
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    from flows.cli.common import add_config_flags, parse_epsilon
-
     add_config_flags(parser, _config_fields())
     parser.add_argument("--epsilon", dest="epsilon_single", action="append", default=None, metavar="E",
                         type=parse_epsilon,
@@ -97,8 +103,6 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def _config(args, defaults: dict | None = None) -> RunConfig:
     """RunConfig from the flags; `defaults` (the demo's) apply to the fields not given on the command line."""
-    from flows.cli.common import config_from_args, validation_problems
-
     explicit = {name for name in _config_fields() if getattr(args, name, None) is not None}
     overrides = {k: v for k, v in (defaults or {}).items() if k not in explicit}
     if args.epsilon_single:
@@ -240,8 +244,6 @@ def _confirmed() -> bool:
 
 
 def _run(args, defaults: dict | None = None) -> int:
-    from flows.cli.common import print_json
-    from flows.cli.progress import showing_progress, stopping_on_signals
     from flows.pipeline import run_pipeline
 
     config = _config(args, defaults)

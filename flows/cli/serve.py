@@ -10,20 +10,18 @@ Ctrl-C (or SIGTERM) stops it.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from dpcore.errors import ConfigError
+from flows.cli.ui import port_in_use
+from tasks.serve import completion_app
 
 HOST = "127.0.0.1"
 
 
 def _serve(args) -> int:
-    import signal
-
     import uvicorn
-
-    from flows.cli.ui import port_in_use
-    from tasks.serve import completion_app
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port}: not a TCP port (1-65535)")

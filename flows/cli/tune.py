@@ -34,6 +34,8 @@ from flows.cli.common import (
 from flows.cli.common import (
     fmt_value as _fmt,
 )
+from flows.cli.progress import showing_progress, stopping_on_signals
+from flows.cli.run import delta_note, format_ledger
 
 CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta",
                 "seed", "test_size", "calibrate"]
@@ -71,8 +73,6 @@ def _config(args) -> RunConfig:
 
 def run_tune(args) -> int:
     from dpcore.dpsgd import dpsgd_config  # torch: loaded when a command trains, not for `dpicl --help`
-    from flows.cli.progress import showing_progress, stopping_on_signals
-    from flows.cli.run import delta_note, format_ledger
     from flows.tune import run_tuning
 
     if args.epsilon == 0:

@@ -16,6 +16,7 @@ import sys
 import time
 
 from dpcore.errors import ConfigError
+from dpcore.home import dpicl_home, subdir
 
 STOP_GRACE_S = 15.0
 
@@ -65,8 +66,6 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _ui(args) -> int:
-    from dpcore.home import dpicl_home, subdir
-
     if args.no_prefect and args.no_mlflow:
         raise ConfigError("--no-prefect and --no-mlflow: nothing left to start")
     if not args.no_prefect:

@@ -1,0 +1,97 @@
+"""What every flow runs its stages with: the task runner a run names (`RunConfig.task_runner`), entered
+so that a stop reaches every running stage; mapped calls of a task; a run id stable across retries.
+
+The pipeline (`flows.pipeline`), PromptPATE's flow (`flows.pate`) and PromptDPSGD's (`flows.tune`) share
+them, so that a subflow runs the way the pipeline does.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from prefect.context import FlowRunContext
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from dpcore.config import flag
+from dpcore.errors import ConfigError, RunStopped
+from tasks.common import STOP_REQUESTED
+
+
+def make_task_runner(spec: str = "threads"):
+    """`threads` | `threads:N` | `dask` | `dask:N` (a LocalCluster of N worker processes) | a scheduler address."""
+    spec = (spec or "threads").strip()
+    if spec == "threads" or spec.startswith("threads:"):
+        workers = int(spec.split(":", 1)[1]) if ":" in spec else None
+        if workers is None and not os.environ.get("PREFECT_TASK_RUNNER_THREAD_POOL_MAX_WORKERS"):
+            # Model forwards already use every core: more threads than cores only contend.
+            workers = max(2, min(8, os.cpu_count() or 2))
+        return ThreadPoolTaskRunner(max_workers=workers)
+    from prefect_dask import DaskTaskRunner  # the optional dask extra: loaded only when a run asks for Dask
+
+    if spec == "dask" or spec.startswith("dask:"):
+        workers = int(spec.split(":", 1)[1]) if ":" in spec else 2
+        return DaskTaskRunner(
+            cluster_class="distributed.LocalCluster",
+            cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
+                            "dashboard_address": None},
+        )
+    if "://" in spec or ":" in spec:
+        return DaskTaskRunner(address=spec)
+    raise ConfigError(f"{flag('task_runner')}: {spec!r} is not threads, dask, dask:N or a Dask scheduler address")
+
+
+@contextmanager
+def running(spec: str = "threads"):
+    """`make_task_runner(spec)`, entered. A flow body cut short by a stop (SIGTERM, which Prefect turns into
+    `TerminationSignal`; Ctrl-C's `KeyboardInterrupt`; a stage's `RunStopped`) asks every stage still running
+    to stop at its next step (`tasks.common.STOP_REQUESTED`) before the runner waits for them on the way out:
+    otherwise it would wait for the longest of them (the audit's scoring) to finish. A flag set here is
+    cleared once they have stopped (a later run in this process starts afresh)."""
+    runner = make_task_runner(spec)
+    entered = runner.__enter__()
+    try:
+        yield entered
+    except BaseException as exc:
+        stop = isinstance(exc, RunStopped) or not isinstance(exc, Exception)
+        ours = stop and not STOP_REQUESTED.is_set()
+        if ours:
+            STOP_REQUESTED.set()
+        try:
+            if not runner.__exit__(type(exc), exc, exc.__traceback__):
+                raise
+        finally:
+            if ours:
+                STOP_REQUESTED.clear()
+    else:
+        runner.__exit__(None, None, None)
+
+
+def map_calls(runner, task, calls: list[dict]) -> list:
+    """One run of `task` per call (each a dict of its parameters), through the runner's mapping.
+
+    Prefect's cache decides what runs: a stage whose folder is gone took its cached result with it
+    (`tasks.common.cache_key_on`). Returns the futures, in the order of `calls`.
+    """
+    if not calls:
+        return []
+    names = list(calls[0])
+    if any(list(call) != names for call in calls):
+        raise ValueError(f"{task.name}: every mapped call must name the same parameters")
+    return list(runner.map(task, {name: [call[name] for call in calls] for name in names}))
+
+
+def results(futures: list) -> list:
+    return [future.result() for future in futures]
+
+
+def default_run_id() -> str:
+    """`<UTC start>-<flow run id prefix>`: stable across retries of the same flow run."""
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    run = ctx.flow_run
+    start = run.expected_start_time or run.start_time or datetime.now(UTC)
+    return f"{start.astimezone(UTC):%Y%m%dT%H%M%SZ}-{run.id.hex[:8]}"
