@@ -55,7 +55,6 @@ from tasks import tracking
 from tasks.charge import (
     charge_spends,
     checks_after_ingest,
-    ingested_method_plans,
     ledger_report,
     noise_charged,
     non_private_warning,
@@ -65,6 +64,7 @@ from tasks.charge import (
 )
 from tasks.common import RunPaths, noise_scope, publish
 from tasks.generate import GenerationItem, Shard
+from tasks.run_plans import ingested_method_plans
 from tasks.tune import check_model
 
 FLOW_NAME = "dp-fewshot"

@@ -8,7 +8,7 @@ demos (no private data, sigma unused); epsilon = inf means sigma = 0 (no noise).
 The task's result is the run's `FewShotPlan` (cached); its `calibrations` are the rows of the
 public `calibration` table (`dpcore.fewshot_plan.CALIBRATION_COLUMNS`) and its `privacy_plans()`
 what the run charges. `plan_arguments` gives the plan's inputs from a `RunConfig`, so the pipeline
-and the dry run before `dpicl run` (`tasks.charge.run_spends`) plan the same thing.
+and the dry run before `dpicl run` (`tasks.run_plans.run_spends`) plan the same thing.
 """
 
 from __future__ import annotations

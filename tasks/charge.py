@@ -12,7 +12,7 @@
   per DP epsilon, purpose "pipeline", and, only when the user opted into them, the non-private
   baselines as sigma = 0 spends, purpose "baseline": `sigma-zero`, `random-real` and the audit's
   non-private reference `audit-reference`); PromptPATE's and PromptDPSGD's from their modules
-  (`method_plans`).
+  (`tasks.run_plans.method_plans`).
 - `preflight` / `checks_after_ingest`: the checks that could fail after the charge, run before
   it (the model resolves and its context holds `max_tokens`; the task runner spec parses; the
   test size and the longest group prompt fit).
@@ -22,10 +22,8 @@
   the old charge).
 - `ledger_report`: the dataset's composed spend after the run (audit entries included) for
   the run summary.
-- `method_plans` / `run_spends` / `planned_cost`: the spends of every method a run names (DP
-  few-shot generation, PromptPATE, PromptDPSGD) from the data alone, and their composed cost:
-  what the CLI shows and dry-runs before anything starts, and what the pipeline charges in one
-  transaction after ingest.
+- `plan_spends` / `planned_cost`: the ledger requests of plans, and their composed cost (the plans of
+  every method a run names are assembled in `tasks.run_plans`).
 - `audit_charge_hook`: the `charge(demo_set)` callback `dpcore.audit.dp_audit` calls before
   each of its DP generations from the audit's members (the audit's plan, purpose "audit").
 - `ledger_spends` / `set_budget` / `record_spend`: what `dpicl ledger` shows and changes (the
@@ -48,8 +46,8 @@ from dpcore.errors import ConfigError
 from dpcore.fewshot_plan import AUDIT_REFERENCE, RANDOM_REAL, SIGMA_ZERO, real_records_plan
 
 __all__ = ["AUDIT_REFERENCE", "RANDOM_REAL", "SIGMA_ZERO", "audit_charge_hook", "charge_plans", "charge_spends",
-           "budget_delta", "epsilon_report", "ledger_spends", "method_plans", "noise_charged", "plan_spends", "planned_cost", "preflight",
-           "real_records_spend", "record_spend", "run_spends", "set_budget", "sigma_report"]
+           "budget_delta", "epsilon_report", "ledger_spends", "noise_charged", "plan_spends", "planned_cost", "preflight",
+           "real_records_spend", "record_spend", "set_budget", "sigma_report"]
 PURPOSES = ledger.PURPOSES  # what may spend privacy (the ledger's `purpose` column)
 NON_PRIVATE_BASELINES = (SIGMA_ZERO, RANDOM_REAL)
 TINY_CONTEXT_LENGTH = 2048  # LanguageModel.tiny_random's max_position_embeddings
@@ -140,41 +138,6 @@ def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: b
 def plan_spends(dataset_id: str, data_hash: str, run_id: str, plans) -> list[tuple[str, float, ledger.ChargeRequest]]:
     """(method, epsilon, request) of every spend of `dpcore.plan.PrivacyPlan`s."""
     return [(p.method, p.epsilon, request) for p in plans for request in p.requests(dataset_id, data_hash, run_id)]
-
-
-def method_plans(config, data, delta: float) -> list:
-    """The `PrivacyPlan`s of the run's PromptPATE and PromptDPSGD, each after its own checks on the data
-    (`tasks.pate.check_inputs`: the flock size, the public queries; `tasks.tune.plans`: batch within the
-    training records). DP few-shot generation's come from its `FewShotPlan` (`tasks.calibrate`)."""
-    plans = []
-    if "pate" in config.methods:
-        from tasks.pate import check_inputs, privacy_plans
-
-        _, _, settings = check_inputs(config, data)
-        plans += privacy_plans(config, settings, delta)[0]
-    if "dpsgd" in config.methods:
-        from dpcore.icl import check_test_size
-        from tasks.tune import plans as dpsgd_plans
-
-        if data.spec.kind != "classification":
-            raise ConfigError(f"methods: PromptDPSGD trains prompts for classification tasks; task "
-                              f"{data.spec.name!r} is {data.spec.kind}")
-        check_test_size(config.test_size, len(data.test))
-        plans += dpsgd_plans(config, len(data.train))
-    return plans
-
-
-def ingested_method_plans(config, ingested: dict, delta: float) -> list:
-    """`method_plans` on the data a pipeline run ingested (refused if the file changed since)."""
-    from dpcore.errors import DpiclError
-    from tasks.ingest import load_data
-
-    if not set(config.methods) - {"tang"}:
-        return []
-    data = load_data(config)
-    if data.content_hash != ingested["data_hash"]:
-        raise DpiclError("methods: the dataset changed since it was ingested (content hash differs); run again")
-    return method_plans(config, data, delta)
 
 
 def planned_cost(spends: list[tuple[str, float, ledger.ChargeRequest]]) -> dict:
@@ -300,24 +263,6 @@ def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None
         book.charge_many([requests[demo_set]])
 
     return charge
-
-
-def run_spends(config, run_id: str | None = None) -> tuple[list[tuple[str, float, ledger.ChargeRequest]], object]:
-    """Every spend the run will charge, for every method it names, from the data and the accountant
-    alone (no model, no Prefect server, nothing written): (spends, the loaded dataset). DP few-shot
-    generation's plan is the one the pipeline's calibration stage makes (`tasks.calibrate.plan_arguments`)."""
-    from dpcore.fewshot_plan import default_delta, fewshot_plan
-    from tasks.calibrate import plan_arguments
-    from tasks.ingest import load_data
-
-    data = load_data(config)
-    run_id = run_id or "dry-run"
-    delta = config.delta if config.delta is not None else default_delta(len(data.train))
-    plans = []
-    if "tang" in config.methods:
-        plans += fewshot_plan(**plan_arguments(config, data.label_counts(), delta)).privacy_plans()
-    plans += method_plans(config, data, delta)
-    return plan_spends(config.ledger_id, data.content_hash, run_id, plans), data
 
 
 # --------------------------------------------------------------------------- `dpicl ledger`

@@ -40,7 +40,8 @@ def _argv(dataset_id: str, *extra: str) -> list[str]:
 
 def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     from flows.cli import main
-    from tasks.charge import planned_cost, run_spends
+    from tasks.charge import planned_cost
+    from tasks.run_plans import run_spends
 
     share_tiny_model(tiny_lm)
     config = tiny_config(dataset_id="compare-json", **METHOD_FIELDS)
@@ -94,7 +95,8 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
 
 def test_a_plan_over_budget_is_refused_before_anything_runs(tiny_lm, capsys):
     from flows.cli import main
-    from tasks.charge import planned_cost, run_spends
+    from tasks.charge import planned_cost
+    from tasks.run_plans import run_spends
 
     share_tiny_model(tiny_lm)
     config = tiny_config(dataset_id="compare-budget", **METHOD_FIELDS)

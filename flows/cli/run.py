@@ -203,8 +203,8 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
         non_private_warning,
         planned_cost,
         preflight,
-        run_spends,
     )
+    from tasks.run_plans import run_spends
 
     chosen = non_private_baselines(config)
     if defaults is DEMO_DEFAULTS and chosen:
