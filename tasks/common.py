@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 import shutil
@@ -33,7 +34,8 @@ from typing import Any
 
 from dpcore.artifacts import write_bytes_atomic
 from dpcore.errors import DpiclError, RunStopped
-from dpcore.home import dpicl_home, private_dir
+from dpcore.home import dpicl_home, is_private_path, private_dir
+from dpcore.taskspec import load_task_spec
 
 # Bump to invalidate every cached stage result (a change of the stage-folder layout).
 CACHE_LAYOUT_VERSION = "3"  # 3: typed stage results (Shard, FewShotPlan); 2: per-record tables moved to private folders
@@ -93,8 +95,6 @@ def stage_dir(stage: str, key: str, private: bool = False) -> Path:
 
 def publish(source: str | Path, folder: Path, name: str | None = None) -> Path:
     """Copy a stage output into a run folder (atomically). A private file only goes to a private folder."""
-    from dpcore.home import is_private_path
-
     source = Path(source)
     if is_private_path(source) and not is_private_path(folder):
         raise PermissionError(f"{source.name}: a private stage output may only be published into the private store")
@@ -276,8 +276,6 @@ def uncached_task(name: str, **options):
 def stage_logger():
     """The running Prefect task's logger; outside a task run (a CLI command calling a stage's function
     directly), the `dpicl` logger."""
-    import logging
-
     from prefect.exceptions import MissingContextError
 
     try:
@@ -338,8 +336,6 @@ def open_stage(stage: str, parameters: dict[str, Any], key_fields: tuple[str, ..
                *, task_spec: str, model: str, device: str = "auto", dtype: str = "auto") -> tuple[str, Any, Any]:
     """What every model stage starts with: (its cache key from the named `parameters`, the task spec,
     the language model)."""
-    from dpcore.taskspec import load_task_spec
-
     key = stage_key(stage, {name: value for name, value in parameters.items() if name in key_fields}, modules)
     return key, load_task_spec(task_spec), language_model(model, device, dtype)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from dpcore.artifacts import write_json_atomic, write_table
 from dpcore.config import GenerationConfig
+from dpcore.errors import DpiclError
 from dpcore.fewshot_plan import DP, INSTRUCTION_ONLY, SIGMA_ZERO, FewShotPlan
 from tasks.common import cached_task, derive_seed, open_stage, report_progress, stage_dir, stage_logger
 
@@ -104,8 +106,6 @@ def check_generation(generation: GenerationConfig, *, label_counts: dict[str, in
     """Algorithm 1's parameter checks (`dpcore.generation.validate_generation`), before anything is charged:
     with `label_counts`, every label holds N records and q <= 1; with `vocab_size`, K within the model's
     vocabulary (after the model loads)."""
-    import sys
-
     from dpcore.generation import validate_generation
 
     validate_generation(generation, 0.0, vocab_size or sys.maxsize, label_counts)
@@ -170,8 +170,6 @@ def generate(
     from tasks.ingest import records_by_label
 
     if method != INSTRUCTION_ONLY and not noise_charged:  # seeded or not: the charge covers one draw
-        from dpcore.errors import DpiclError
-
         raise DpiclError(
             f"stage generate-{method}-{label}-eps{_eps_text(epsilon)} ({noise_scope}): the cached noise draw of this "
             "run is missing (its stage folder or cache record is gone); drawing fresh "

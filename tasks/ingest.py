@@ -9,6 +9,8 @@ counts |D_y| are treated as public, as in Tang et al. (they set the sampling rat
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 from prefect import get_run_logger
 
@@ -74,8 +76,6 @@ def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: s
 @uncached_task("partition")
 def partition(ingested: dict) -> dict:
     """Split D_priv by label: private `partitions` (label, position, id) and public `label_counts`."""
-    from pathlib import Path
-
     records = read_table(Path(ingested["records_path"]))
     train = records[records["split"] == "train"]
     rows, counts = [], []
@@ -95,8 +95,6 @@ def partition(ingested: dict) -> dict:
 def private_split(records_path: str, split: str = "train") -> pd.DataFrame:
     """One split (id, text, label) of the private `records` table: "train" (D_priv) or "test" (read inside a
     task or a command's process, never returned from a task)."""
-    from pathlib import Path
-
     records = read_table(Path(records_path))
     return records[records["split"] == split][["id", "text", "label"]].reset_index(drop=True)
 

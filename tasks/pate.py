@@ -20,10 +20,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from prefect import get_run_logger
+from prefect.artifacts import create_table_artifact
 
+from dpcore import accounting, gnmax, public_queries
 from dpcore.artifacts import read_table, write_json_atomic, write_table
 from dpcore.config import flag
-from dpcore.errors import DpiclError
+from dpcore.errors import ConfigError, DpiclError
+from dpcore.gnmax import check_gnmax_parameters, default_threshold
+from dpcore.home import is_private_path
+from dpcore.pate_student import select_student, student_candidates
+from dpcore.pate_teachers import Teachers, assign_teachers, check_flock_size
+from dpcore.taskspec import load_task_spec
 from tasks.common import (
     cached_task,
     derive_seed,
@@ -50,8 +57,6 @@ STUDENT_KEY = ("labels_key", "repeat", "task_spec", "labels", "shots", "candidat
 
 def pate_settings(config, spec) -> dict:
     """The Confident-GNMax parameters of a run: T defaults to round(0.9 E), sigma1 to the task YAML's."""
-    from dpcore.gnmax import default_threshold
-
     threshold = config.pate_threshold if config.pate_threshold is not None else default_threshold(config.pate_teachers)
     sigma1 = config.pate_sigma1 if config.pate_sigma1 is not None else spec.pate.sigma1
     return {"teachers": config.pate_teachers, "shots": config.pate_shots, "threshold": float(threshold),
@@ -64,10 +69,7 @@ def check_inputs(config, data) -> tuple[pd.DataFrame, str, dict]:
     private records, T in [0, E], sigmas > 0, the public source readable and non-empty (never compared with the
     private records: that would be a free query on them), Q within the public set, --test-size within the test split. Returns (the Q
     queries, where they come from, the settings)."""
-    from dpcore import public_queries
-    from dpcore.gnmax import check_gnmax_parameters
     from dpcore.icl import check_test_size
-    from dpcore.pate_teachers import check_flock_size
 
     settings = pate_settings(config, data.spec)
     check_flock_size(config.pate_teachers, config.pate_shots, len(data.train))
@@ -83,7 +85,6 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
     """(plans, Q per repeat): the Confident-GNMax plan for R repeats of Q queries (`dpcore.pate_privacy`), and
     the non-private baselines' infinite spend when asked. With a target epsilon, Q is cut to what the
     target affords over the R repeats (labelling stops at the budget)."""
-    from dpcore.errors import ConfigError
     from dpcore.pate_privacy import max_queries_within, pate_plan
     from dpcore.plan import PlannedSpend, PrivacyPlan
 
@@ -129,9 +130,6 @@ def checkpoints(epsilons: list[float], settings: dict, per_repeat: int, delta: f
 def check_before_run(config, run_id: str | None) -> dict:
     """Every check and the budget's dry run before `dpicl pate` writes a file or loads a model (over budget:
     `BudgetExceededError`, exit 3): {"plans", "queries" (Q per repeat), "delta"}."""
-    from dpcore import accounting
-    from dpcore.errors import ConfigError
-    from dpcore.taskspec import load_task_spec
     from tasks.charge import charge_plans, preflight
     from tasks.ingest import load_data
 
@@ -175,7 +173,6 @@ def pate_teachers(*, records_path: str, data_hash: str, teachers: int, shots: in
                   noise_scope: str, noise_charged: bool) -> dict:
     """E disjoint k-shot teachers (`dpcore.pate_teachers`); the assignment table is private."""
     from dpcore.mechanisms import noise_generator
-    from dpcore.pate_teachers import assign_teachers
 
     _refuse_redraw("pate-teachers", noise_charged, noise_scope)
     key = stage_key("pate-teachers", {k: v for k, v in locals().items() if k in TEACHERS_KEY}, PATE_MODULES)
@@ -197,8 +194,6 @@ def pate_flock(*, records_path: str, data_hash: str, assignment_path: str, assig
     the evaluation items (non-private baselines). Writes the block's label scores, private."""
     from dpcore import flock
     from dpcore.icl import select_test
-    from dpcore.pate_teachers import Teachers
-    from dpcore.taskspec import load_task_spec
     from tasks.ingest import public_test_split
 
     key = stage_key("pate-flock", {k: v for k, v in locals().items() if k in FLOCK_KEY}, PATE_MODULES)
@@ -247,11 +242,9 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
     it is written to the private store only, never returned (a task's result is public).
     `checkpoints`: query counts Q_i < Q per repeat whose prefixes are reported too
     (`dpcore.pate_privacy.labelling_checkpoints`): their answered and labelled counts (DP outputs)."""
-    from dpcore import gnmax
     from dpcore.flock import vote_classes
     from dpcore.mechanisms import noise_generator
     from dpcore.pate_data_dependent import data_dependent_epsilon, epsilon_from_rdp
-    from dpcore.taskspec import load_task_spec
 
     _refuse_redraw("pate-aggregate", noise_charged, noise_scope)
     key = stage_key("pate-aggregate", {k: v for k, v in locals().items() if k in AGGREGATE_KEY}, PATE_MODULES)
@@ -307,8 +300,6 @@ def pate_student(*, queries_path: str, labels_path: str, labels_key: str, repeat
     queries; the best on these public validation labels wins (`dpcore.pate_student`). Public throughout.
     `queries_limit`: only the first Q_i queries of the labelling (a smaller epsilon's prefix)."""
     from dpcore import flock
-    from dpcore.pate_student import select_student, student_candidates
-    from dpcore.taskspec import load_task_spec
 
     key = stage_key("pate-student", {k: v for k, v in locals().items() if k in STUDENT_KEY}, PATE_MODULES)
     spec = load_task_spec(task_spec)
@@ -345,7 +336,6 @@ def pate_test_baselines(*, records_path: str, scores_paths: list[str], task_spec
     plurality vote (ensemble) and the best single teacher (upper bound). Aggregates only."""
     from dpcore.flock import ensemble_accuracy, single_prompt_accuracies
     from dpcore.icl import select_test
-    from dpcore.taskspec import load_task_spec
     from tasks.ingest import public_test_split
 
     spec = load_task_spec(task_spec)
@@ -372,9 +362,6 @@ def record_pate(*, flat_config: dict[str, str], info: dict, results_path: str, p
     """MLflow (tasks.record's store and experiment): a parent run for the PromptPATE run and a nested run per
     result row (the charged epsilon, answered count, accuracy); a Prefect table
     artifact. Everything logged is public (configuration, DP outputs, aggregates)."""
-    from prefect.artifacts import create_table_artifact
-
-    from dpcore.home import is_private_path
     from tasks.tracking import experiment_id, log_batch, mlflow_client, tracking_uri
 
     if is_private_path(Path(results_path)):

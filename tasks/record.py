@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from dpcore.artifacts import read_table, write_manifest, write_table
 from dpcore.home import dpicl_home, is_private_path
@@ -45,8 +46,6 @@ def record(*, flat_config: dict[str, str], info: dict) -> dict:
     `info`: run_id, dataset, data_hash, model, num_private_records, seeded_noise, run_dir,
     private_run_dir, flow_run_id (all public). Tables are read from the public run folder.
     """
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
     from dpcore import plots
 
     logger = get_run_logger()
@@ -95,8 +94,6 @@ def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: lis
     `comparison.png` in the public run folder, a Prefect markdown artifact and an MLflow parent run with a
     nested run per (method, epsilon). `method_audits`: the membership audits of PromptPATE's student and
     PromptDPSGD's prompts ({method, epsilon, verdict}), shown in their rows. Public rows only."""
-    from prefect.artifacts import create_markdown_artifact
-
     from dpcore import plots
 
     folder = Path(run_dir)

@@ -23,6 +23,7 @@ Thin Prefect tasks over `dpcore.dpsgd` and `dpcore.soft_prompt`; evaluation is t
 from __future__ import annotations
 
 import io
+import json
 import math
 from importlib import metadata
 from pathlib import Path
@@ -31,10 +32,24 @@ import pandas as pd
 import torch
 from prefect import get_run_logger
 
-from dpcore.artifacts import read_table, write_bytes_atomic, write_json_atomic, write_manifest, write_table
-from dpcore.config import RunConfig
-from dpcore.dpsgd import dpsgd_config
+from dpcore import dpsgd
+from dpcore.artifacts import (
+    file_sha256,
+    read_table,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_manifest,
+    write_table,
+)
+from dpcore.config import EvalConfig, RunConfig
+from dpcore.datasets import load_test_file
+from dpcore.dpsgd import dpsgd_config, dpsgd_plan
+from dpcore.errors import ConfigError
+from dpcore.icl import check_test_size, summarise_metrics
 from dpcore.plan import PrivacyPlan
+from dpcore.soft_prompt import check_prompt, encode_examples, init_prompt, save_prompt, weights_hash
+from dpcore.taskspec import load_task_spec
+from tasks.charge import charge_plans
 from tasks.common import (
     code_version,
     derive_seed,
@@ -43,6 +58,8 @@ from tasks.common import (
     report_progress,
     uncached_task,
 )
+from tasks.ingest import load_data
+from tasks.tracking import experiment_id, log_batch, mlflow_client
 
 METHOD = "dpsgd"
 CURVE_COLUMNS = ["epsilon", "training", "step", "val_loss", "epsilon_spent"]
@@ -59,14 +76,10 @@ def training_count(config: RunConfig, num_private_records: int) -> int:
 
 def plans(config: RunConfig, num_private_records: int) -> list[PrivacyPlan]:
     """One plan per positive epsilon (epsilon 0 is the zero-shot comparison: nothing to train)."""
-    from dpcore.dpsgd import dpsgd_plan
-
     dp_config = dpsgd_config(config)
     n = training_count(config, num_private_records)
     epsilons = sorted({float(e) for e in config.epsilons if e != 0})
     if not epsilons:
-        from dpcore.errors import ConfigError
-
         raise ConfigError("epsilon: PromptDPSGD needs an epsilon > 0 (or inf); zero-shot is the epsilon = 0 "
                           "comparison")
     return [dpsgd_plan(eps, n, dp_config, config.delta, trainings=config.dpsgd_seeds) for eps in epsilons]
@@ -74,8 +87,6 @@ def plans(config: RunConfig, num_private_records: int) -> list[PrivacyPlan]:
 
 def check_model(config: RunConfig) -> dict:
     """The trainable prompt fits the model (loaded here, before the charge: no private record is read)."""
-    from dpcore.soft_prompt import check_prompt
-
     lm = language_model(config.model, config.device, config.dtype)
     dp_config = dpsgd_config(config)
     shape = check_prompt(lm, dp_config.kind, dp_config.length)
@@ -87,12 +98,6 @@ def precheck(config: RunConfig, run_id: str) -> dict:
     task, `--test-size` fits the test split, the plans (epsilon > 0, batch <= N, sigma reachable), the budget
     (a dry run of the charge: `BudgetExceededError`, exit 3, before any model loads) and the model. The data is
     loaded (never written) to know its size and content hash."""
-    from dpcore.errors import ConfigError
-    from dpcore.icl import check_test_size
-    from dpcore.taskspec import load_task_spec
-    from tasks.charge import charge_plans
-    from tasks.ingest import load_data
-
     spec = load_task_spec(config.task_spec or config.dataset)
     if spec.kind != "classification":
         raise ConfigError(f"dataset {config.dataset!r}: PromptDPSGD trains prompts for classification tasks")
@@ -118,8 +123,6 @@ def public_validation(spec, records_path: str, validation_path: str | None, size
     """The loss curve's labelled examples, all PUBLIC: a file the user declares public, else the shipped
     task's public split (rows `public` of the records table, written for a shipped source only); the first
     `size` in id order (a public rule). Empty: no curve."""
-    from dpcore.datasets import load_test_file
-
     if size < 1:
         return pd.DataFrame(columns=["id", "text", "label"])
     if validation_path:
@@ -133,8 +136,6 @@ def public_validation(spec, records_path: str, validation_path: str | None, size
 def _examples(lm, spec, records_path: str, validation: pd.DataFrame):
     """(train, validation) examples: every private record is trained on (in memory only); the validation
     examples are public."""
-    from dpcore.soft_prompt import encode_examples
-
     records = read_table(Path(records_path))
     train = records[records["split"] == "train"].reset_index(drop=True)
     examples = encode_examples(lm, spec, train["text"].astype(str).tolist(), train["label"].astype(str).tolist())
@@ -147,11 +148,6 @@ def _examples(lm, spec, records_path: str, validation: pd.DataFrame):
 def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dict, epsilon: float, training: int,
                  config: RunConfig, public_dir: str, private_dir: str, noise_charged: bool) -> dict:
     """Train one prompt (Algorithm 1); returns public paths, the validation curve and whole seconds."""
-    from dpcore import dpsgd
-    from dpcore.errors import ConfigError
-    from dpcore.soft_prompt import init_prompt, save_prompt, weights_hash
-    from dpcore.taskspec import load_task_spec
-
     logger = get_run_logger()
     dp_config = dpsgd_config(config)
     spend = plan["spends"][training]
@@ -164,8 +160,6 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
     lm = language_model(config.model, config.device, config.dtype)
     weights = weights_hash(lm.model)
     if prompt_path.exists() and (prompt_path.with_suffix(".json")).exists():
-        import json
-
         manifest = json.loads(prompt_path.with_suffix(".json").read_text())
         if manifest.get("fingerprint") == fingerprint:  # a retry after this training finished
             logger.info("%s: reusing the finished prompt of this run", name)
@@ -238,9 +232,6 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
 def evaluation_calls(config: RunConfig, ingested: dict, trained: list[dict]) -> list[dict]:
     """`tasks.evaluate.evaluate` calls, one per trained prompt (no demos, one seed each: a training is the
     unit that varies)."""
-    from dpcore.artifacts import file_sha256
-    from dpcore.config import EvalConfig
-
     eval_config = EvalConfig(shots=0, seeds=1, test_size=config.test_size, calibrate=config.calibrate)
     return [dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                  task_spec=ingested["task_spec"], method=METHOD, epsilon=t["epsilon"], demo_paths=[t["prompt_path"]],
@@ -259,8 +250,6 @@ def metrics_table(trained: list[dict], evaluations: list[dict]) -> pd.DataFrame:
 
 def summary_rows(plans_: list[PrivacyPlan], metrics: pd.DataFrame) -> list[dict]:
     """One public row per epsilon: the plan's parameters and accuracy mean/std over trainings."""
-    from dpcore.icl import summarise_metrics
-
     summary = {float(r["epsilon"]): r for r in summarise_metrics(metrics).to_dict(orient="records")}
     rows = []
     for plan in plans_:
@@ -280,8 +269,6 @@ def record_tuning(*, config: RunConfig, info: dict, rows: list[dict], trained: l
     """Public tables, the run folder's manifest, and MLflow: one run per epsilon with the plan's parameters,
     epsilon, accuracy, the validation loss and epsilon-spent curves (per step) and the prompts as artifacts."""
     from mlflow.entities import Metric
-
-    from tasks.tracking import experiment_id, log_batch, mlflow_client
 
     public = Path(info["run_dir"])
     curve = pd.DataFrame([{"epsilon": t["epsilon"], "training": t["training"], "step": p["step"],
