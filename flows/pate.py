@@ -15,6 +15,7 @@ The flow composes `tasks/` and holds no algorithm logic.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,19 @@ from tasks.charge import charge_plans, ledger_report, noise_charged, preflight
 from tasks.common import RunPaths, noise_scope, publish
 
 FLOW_NAME = "prompt-pate"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What PromptPATE will do on the ingested data, every check passed: settings, delta, the charged plans
+    (one per repeat) and the queries each repeat labels, the public queries, the smaller epsilons' prefixes."""
+
+    settings: dict
+    delta: float
+    plans: list
+    per_repeat: int
+    inputs: dict
+    checkpoints: list[dict]
 
 
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
@@ -63,14 +77,8 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         raise ConfigError(f"pate: PromptPATE votes on labels; task {ingested['task_spec']!r} is not a "
                           "classification task")
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
-    labels = list(ingested["labels"])
-
-    spec = load_task_spec(ingested["task_spec"])
-    settings = pate_stage.pate_settings(config, spec)
-    delta = config.delta if config.delta is not None else accounting.default_delta(ingested["num_private_records"])
-    plans, per_repeat = pate_stage.privacy_plans(config, settings, delta)
-    inputs = pate_stage.pate_inputs(config=config, ingested=ingested, planned=per_repeat)  # every check
-    checkpoints = pate_stage.checkpoints(checkpoint_epsilons or [], settings, per_repeat, delta)
+    plan = _plan(config, ingested, checkpoint_epsilons or [])
+    settings, plans, per_repeat = plan.settings, plan.plans, plan.per_repeat
     # The ledger: charged before any teacher sees a query (all plans in one transaction, or refused: exit 3).
     ledger_entry = charge if charge is not None else charge_plans(
         config.ledger_id, ingested["data_hash"], run_id, plans, same_records_ok=config.new_budget_for_same_records)
@@ -78,12 +86,87 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     scope = noise_scope(config.seed, run_id)
     logger.info("ledger %s: PromptPATE plan charged (%d new, %d replayed): epsilon %.4g at delta %.3g for %d x %d "
                 "queries", config.ledger_id, ledger_entry["charged"], ledger_entry["replayed"], plans[0].epsilon,
-                delta, settings["repeats"], per_repeat)
-    common = dict(task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
-                  dtype=config.dtype)
+                plan.delta, settings["repeats"], per_repeat)
     teachers = pate_stage.pate_teachers(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                                         teachers=settings["teachers"], shots=settings["shots"], seed=config.seed,
                                         noise_scope=scope, noise_charged=fresh)
+    done = _label_and_learn(config, ingested, plan, teachers, scope, fresh)
+    aggregate, students, evaluations = done["aggregate"], done["students"], done["evaluations"]
+    _write_tables(paths, teachers, aggregate, students, evaluations, done["zero"], plan.checkpoints)
+    rows, n_test = _result_rows(config, plan, aggregate, evaluations, done["zero"], done["test_rows"])
+    results_path = write_table(pd.DataFrame(rows, columns=pate_stage.RESULT_COLUMNS),
+                               paths.public / "pate_results.parquet")
+    seeded = bool(teachers["seeded_noise"] or aggregate["seeded_noise"])
+    from tasks.release import seal_pate_run  # the plan and seeded flag `dpicl release --method pate` reads
+
+    seal_pate_run(paths.public, plan=plans[0].to_dict(), run_id=run_id, dataset=config.dataset,
+                  dataset_id=config.ledger_id, data_hash=ingested["data_hash"], model=config.model,
+                  task_spec=ingested["task_spec"], seeded_noise=seeded,
+                  best_repeat=max(students, key=lambda s: s["validation_accuracy"])["repeat"] if students else None)
+    recorded = pate_stage.record_pate(flat_config=config.flat(), results_path=str(results_path),
+                                      parameters=dict(plans[0].parameters), info={
+                                          "run_id": run_id, "dataset": config.dataset,
+                                          "data_hash": ingested["data_hash"], "model": config.model,
+                                          "seeded_noise": seeded})
+    accuracy = _accuracy(evaluations, config.calibrate)
+    logger.info("PromptPATE: answered %s of %d queries per repeat; student %s accuracy %s; epsilon %s",
+                aggregate["answered"], per_repeat, "calibrated" if config.calibrate else "raw",
+                ", ".join(f"{a:.3f}" for a in accuracy["per_repeat"]) or "-", fmt_eps(plans[0].epsilon))
+    return {
+        "method": "pate",
+        "run_id": run_id,
+        "dataset": config.dataset,
+        "data_hash": ingested["data_hash"],
+        "epsilon": plans[0].epsilon,
+        "epsilon_per_repeat": _per_repeat_epsilon(settings, per_repeat, plan.delta),
+        "delta": plan.delta,
+        "queries": per_repeat,
+        "queries_requested": config.pate_queries,
+        "answered": aggregate["answered"],
+        "accuracy": {**accuracy, "calibrated": bool(config.calibrate), "n": n_test},
+        "student_prompts": [{"repeat": s["repeat"], "validation_accuracy": s["validation_accuracy"],
+                             "demos": s["prompt"]} for s in students],
+        "student_prompt": students[int(np.argmax([s["validation_accuracy"] for s in students]))]["prompt"]
+        if students else [],
+        "baselines": {row["method"]: row["calibrated_accuracy_mean" if config.calibrate else "accuracy_mean"]
+                      for row in rows[1:] if row["method"] != "pate"},
+        "checkpoints": [{"epsilon": c["epsilon"], "epsilon_data_independent": c["epsilon_data_independent"],
+                         "queries": c["queries"],
+                         "answered": c["answered"], "accuracy": _accuracy(c["evaluations"], config.calibrate)}
+                        for c in plan.checkpoints],
+        "parameters": {**settings, "public_source": plan.inputs["source"], "student_candidates":
+                       config.pate_student_candidates, "test_size": config.test_size},
+        **{k: settings[k] for k in ("teachers", "shots", "threshold", "sigma1", "sigma2", "vote_mode", "repeats")},
+        "public": plan.inputs["source"],
+        "seeded_noise": seeded,
+        "run_dir": str(paths.public),
+        "private_run_dir": str(paths.private),
+        "ledger": ledger_entry,
+        "ledger_after": ledger_report(config.ledger_id, run_id),
+        **recorded,
+    }
+
+
+def _plan(config: RunConfig, ingested: dict, checkpoint_epsilons: list[float]) -> _Plan:
+    """The settings and plans of the run, and every check on the ingested data (before the charge)."""
+    spec = load_task_spec(ingested["task_spec"])
+    settings = pate_stage.pate_settings(config, spec)
+    delta = config.delta if config.delta is not None else accounting.default_delta(ingested["num_private_records"])
+    plans, per_repeat = pate_stage.privacy_plans(config, settings, delta)
+    inputs = pate_stage.pate_inputs(config=config, ingested=ingested, planned=per_repeat)  # every check
+    checkpoints = pate_stage.checkpoints(checkpoint_epsilons, settings, per_repeat, delta)
+    return _Plan(settings, delta, plans, per_repeat, inputs, checkpoints)
+
+
+def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: dict, scope: str,
+                     fresh: bool) -> dict:
+    """The mapped stages, on the charge already made: the flock's votes on the public queries (and on the
+    test split for the non-private baselines), Confident-GNMax's noisy labels, a student per repeat (and per
+    smaller epsilon's prefix), their evaluation beside zero-shot's. Fills each checkpoint's `answered`,
+    `students` and `evaluations`."""
+    settings, labels = plan.settings, list(ingested["labels"])
+    common = dict(task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
+                  dtype=config.dtype)
     blocks = [(first, min(first + config.pate_teacher_block, settings["teachers"]))
               for first in range(0, settings["teachers"], config.pate_teacher_block)]
     test_baselines = sorted(set(config.pate_baselines) & set(pate_stage.NON_PRIVATE_BASELINES))
@@ -93,8 +176,8 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     with running(config.task_runner) as runner:
         flock_calls = [dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                             assignment_path=teachers["assignment_path"], assignment_key=teachers["key"],
-                            queries_path=inputs["queries_path"], queries_key=inputs["queries_key"], first=first,
-                            last=last, calibrate=settings["vote_mode"] == "calibrated", split=split,
+                            queries_path=plan.inputs["queries_path"], queries_key=plan.inputs["queries_key"],
+                            first=first, last=last, calibrate=settings["vote_mode"] == "calibrated", split=split,
                             test_size=config.test_size if split == "test" else None, **common)
                        for split in (["public"] + (["test"] if test_baselines else [])) for first, last in blocks]
         eval_calls = []
@@ -109,37 +192,11 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
             data_hash=ingested["data_hash"], votes_paths=[b["scores_path"] for b in public_blocks],
             votes_keys=[b["key"] for b in public_blocks], vote_mode=settings["vote_mode"],
             threshold=settings["threshold"], sigma1=settings["sigma1"], sigma2=settings["sigma2"],
-            repeats=settings["repeats"], queries=per_repeat, delta=delta, seed=config.seed, noise_scope=scope,
-            noise_charged=fresh, checkpoints=[c["queries"] for c in checkpoints] or None, **common)
-        student_calls = [dict(queries_path=inputs["queries_path"], labels_path=aggregate["labels_path"],
-                              labels_key=aggregate["key"], repeat=r, shots=settings["shots"],
-                              candidates=config.pate_student_candidates, calibrate=config.calibrate, **common)
-                         for r in range(settings["repeats"]) if aggregate["labelled"][r] > settings["shots"]]
-        students = results(map_calls(runner, pate_stage.pate_student, student_calls))
-        # the smaller epsilons' students: one mapped batch over every (checkpoint, repeat) with a prefix to learn from
-        prefix_calls = []
-        for checkpoint, prefix in zip(checkpoints, aggregate["checkpoints"], strict=True):
-            checkpoint.update(answered=prefix["answered"], students=[], evaluations=[])
-            prefix_calls += [(checkpoint, {**call, "queries_limit": checkpoint["queries"]}) for call in student_calls
-                             if prefix["labelled"][call["repeat"]] > settings["shots"]]
-        for (checkpoint, _), student in zip(prefix_calls, results(map_calls(
-                runner, pate_stage.pate_student, [call for _, call in prefix_calls])), strict=True):
-            checkpoint["students"].append(student)
-        student_eval = EvalConfig(shots=settings["shots"], seeds=1, test_size=config.test_size,
-                                  calibrate=config.calibrate)
-
-        def student_call(student: dict, epsilon: float) -> dict:
-            return dict(method="pate", epsilon=float(epsilon), demo_paths=[student["student_path"]],
-                        demo_keys=[student["key"]], eval_config=student_eval, **eval_common)
-
-        student_calls_eval = [student_call(s, plans[0].epsilon) for s in students]
-        prefix_evals = [(checkpoint, student_call(s, checkpoint["epsilon"]))
-                        for checkpoint in checkpoints for s in checkpoint["students"]]
-        evaluations = results(map_calls(runner, evaluate_stage.evaluate,
-                                        student_calls_eval + [call for _, call in prefix_evals]))
-        for (checkpoint, _), evaluation in zip(prefix_evals, evaluations[len(student_calls_eval):], strict=True):
-            checkpoint["evaluations"].append(evaluation)
-        evaluations = evaluations[:len(student_calls_eval)]
+            repeats=settings["repeats"], queries=plan.per_repeat, delta=plan.delta, seed=config.seed,
+            noise_scope=scope, noise_charged=fresh, checkpoints=[c["queries"] for c in plan.checkpoints] or None,
+            **common)
+        students = _students(runner, config, plan, aggregate, common)
+        evaluations = _evaluate_students(runner, config, plan, students, eval_common)
         zero = results(zero_futures)
         test_rows = {}
         if test_baselines:
@@ -147,8 +204,53 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
             test_rows = pate_stage.pate_test_baselines(
                 records_path=ingested["records_path"], scores_paths=[b["scores_path"] for b in test_blocks],
                 vote_mode=settings["vote_mode"], test_size=config.test_size, **common)
+    return {"aggregate": aggregate, "students": students, "evaluations": evaluations, "zero": zero,
+            "test_rows": test_rows}
 
-    # tables: private (assignments, histograms, per-item predictions), public (queries, labels, students, results)
+
+def _students(runner, config: RunConfig, plan: _Plan, aggregate: dict, common: dict) -> list[dict]:
+    """A student prompt per repeat with more labelled queries than shots; each checkpoint's students from
+    the prefix of the same labelling (one mapped batch over every (checkpoint, repeat))."""
+    shots = plan.settings["shots"]
+    student_calls = [dict(queries_path=plan.inputs["queries_path"], labels_path=aggregate["labels_path"],
+                          labels_key=aggregate["key"], repeat=r, shots=shots,
+                          candidates=config.pate_student_candidates, calibrate=config.calibrate, **common)
+                     for r in range(plan.settings["repeats"]) if aggregate["labelled"][r] > shots]
+    students = results(map_calls(runner, pate_stage.pate_student, student_calls))
+    prefix_calls = []
+    for checkpoint, prefix in zip(plan.checkpoints, aggregate["checkpoints"], strict=True):
+        checkpoint.update(answered=prefix["answered"], students=[], evaluations=[])
+        prefix_calls += [(checkpoint, {**call, "queries_limit": checkpoint["queries"]}) for call in student_calls
+                         if prefix["labelled"][call["repeat"]] > shots]
+    for (checkpoint, _), student in zip(prefix_calls, results(map_calls(
+            runner, pate_stage.pate_student, [call for _, call in prefix_calls])), strict=True):
+        checkpoint["students"].append(student)
+    return students
+
+
+def _evaluate_students(runner, config: RunConfig, plan: _Plan, students: list[dict], eval_common: dict) -> list[dict]:
+    """Every student on the test split: the run's (returned) and each checkpoint's (into its `evaluations`)."""
+    student_eval = EvalConfig(shots=plan.settings["shots"], seeds=1, test_size=config.test_size,
+                              calibrate=config.calibrate)
+
+    def student_call(student: dict, epsilon: float) -> dict:
+        return dict(method="pate", epsilon=float(epsilon), demo_paths=[student["student_path"]],
+                    demo_keys=[student["key"]], eval_config=student_eval, **eval_common)
+
+    student_calls_eval = [student_call(s, plan.plans[0].epsilon) for s in students]
+    prefix_evals = [(checkpoint, student_call(s, checkpoint["epsilon"]))
+                    for checkpoint in plan.checkpoints for s in checkpoint["students"]]
+    evaluations = results(map_calls(runner, evaluate_stage.evaluate,
+                                    student_calls_eval + [call for _, call in prefix_evals]))
+    for (checkpoint, _), evaluation in zip(prefix_evals, evaluations[len(student_calls_eval):], strict=True):
+        checkpoint["evaluations"].append(evaluation)
+    return evaluations[:len(student_calls_eval)]
+
+
+def _write_tables(paths: RunPaths, teachers: dict, aggregate: dict, students: list[dict], evaluations: list[dict],
+                  zero: list[dict], checkpoints: list[dict]) -> None:
+    """Private: teacher assignments, vote histograms, the data-dependent analysis, per-item predictions.
+    Public: the noisy labels and the students (the run's, and the smaller epsilons')."""
     publish(teachers["assignment_path"], paths.private, "teacher_assignments.parquet")
     publish(aggregate["histograms_path"], paths.private, "vote_histograms.parquet")
     publish(Path(aggregate["histograms_path"]).with_name("data_dependent.json"), paths.private,
@@ -168,72 +270,27 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                                  columns=["epsilon", "queries", "repeat", "position", "text", "label"]),
                     paths.public / "pate_students_checkpoints.parquet")
 
+
+def _result_rows(config: RunConfig, plan: _Plan, aggregate: dict, evaluations: list[dict], zero: list[dict],
+                 test_rows: dict) -> tuple[list[dict], int]:
+    """(the results table's rows, the test items evaluated): the run's row, the same labelling's prefixes at
+    the smaller epsilons asked for, then the baselines."""
     n_test = int(zero[0]["metrics"][0]["n"]) if zero else (int(evaluations[0]["metrics"][0]["n"]) if evaluations
                                                            else int(test_rows.get("n", 0)))
-    accuracy = _accuracy(evaluations, config.calibrate)
-    # the run's row, then the same labelling's prefixes at the smaller epsilons asked for
+    repeats, delta = plan.settings["repeats"], plan.delta
     rows = []
     for epsilon, done, queries, answered in (
-            [(plans[0].epsilon, evaluations, per_repeat, aggregate["answered"])]
-            + [(c["epsilon"], c["evaluations"], c["queries"], c["answered"]) for c in checkpoints]):
+            [(plan.plans[0].epsilon, evaluations, plan.per_repeat, aggregate["answered"])]
+            + [(c["epsilon"], c["evaluations"], c["queries"], c["answered"]) for c in plan.checkpoints]):
         rows.append(_row("pate", epsilon, delta, _metric(done, "accuracy"),
-                         _metric(done, "calibrated_accuracy"), n_test, settings["repeats"], queries,
+                         _metric(done, "calibrated_accuracy"), n_test, repeats, queries,
                          float(np.mean(answered))))
     for z in zero:
         m = z["metrics"][0]
         rows.append(_row("zero-shot", 0.0, delta, [m["accuracy"]], [m["calibrated_accuracy"]], n_test, 1, 0, 0))
-    for name in test_baselines:
+    for name in sorted(set(config.pate_baselines) & set(pate_stage.NON_PRIVATE_BASELINES)):
         rows.append(_row(name, math.inf, delta, [test_rows[name]], [test_rows[name]], n_test, 1, 0, 0))
-    result_table = pd.DataFrame(rows, columns=pate_stage.RESULT_COLUMNS)
-    results_path = write_table(result_table, paths.public / "pate_results.parquet")
-    seeded = bool(teachers["seeded_noise"] or aggregate["seeded_noise"])
-    from tasks.release import seal_pate_run  # the plan and seeded flag `dpicl release --method pate` reads
-
-    seal_pate_run(paths.public, plan=plans[0].to_dict(), run_id=run_id, dataset=config.dataset,
-                  dataset_id=config.ledger_id, data_hash=ingested["data_hash"], model=config.model,
-                  task_spec=ingested["task_spec"], seeded_noise=seeded,
-                  best_repeat=max(students, key=lambda s: s["validation_accuracy"])["repeat"] if students else None)
-    recorded = pate_stage.record_pate(flat_config=config.flat(), results_path=str(results_path),
-                                      parameters=dict(plans[0].parameters), info={
-                                          "run_id": run_id, "dataset": config.dataset,
-                                          "data_hash": ingested["data_hash"], "model": config.model,
-                                          "seeded_noise": seeded})
-    logger.info("PromptPATE: answered %s of %d queries per repeat; student %s accuracy %s; epsilon %s",
-                aggregate["answered"], per_repeat, "calibrated" if config.calibrate else "raw",
-                ", ".join(f"{a:.3f}" for a in accuracy["per_repeat"]) or "-", fmt_eps(plans[0].epsilon))
-    return {
-        "method": "pate",
-        "run_id": run_id,
-        "dataset": config.dataset,
-        "data_hash": ingested["data_hash"],
-        "epsilon": plans[0].epsilon,
-        "epsilon_per_repeat": _per_repeat_epsilon(settings, per_repeat, delta),
-        "delta": delta,
-        "queries": per_repeat,
-        "queries_requested": config.pate_queries,
-        "answered": aggregate["answered"],
-        "accuracy": {**accuracy, "calibrated": bool(config.calibrate), "n": n_test},
-        "student_prompts": [{"repeat": s["repeat"], "validation_accuracy": s["validation_accuracy"],
-                             "demos": s["prompt"]} for s in students],
-        "student_prompt": students[int(np.argmax([s["validation_accuracy"] for s in students]))]["prompt"]
-        if students else [],
-        "baselines": {row["method"]: row["calibrated_accuracy_mean" if config.calibrate else "accuracy_mean"]
-                      for row in rows[1:] if row["method"] != "pate"},
-        "checkpoints": [{"epsilon": c["epsilon"], "epsilon_data_independent": c["epsilon_data_independent"],
-                         "queries": c["queries"],
-                         "answered": c["answered"], "accuracy": _accuracy(c["evaluations"], config.calibrate)}
-                        for c in checkpoints],
-        "parameters": {**settings, "public_source": inputs["source"], "student_candidates":
-                       config.pate_student_candidates, "test_size": config.test_size},
-        **{k: settings[k] for k in ("teachers", "shots", "threshold", "sigma1", "sigma2", "vote_mode", "repeats")},
-        "public": inputs["source"],
-        "seeded_noise": seeded,
-        "run_dir": str(paths.public),
-        "private_run_dir": str(paths.private),
-        "ledger": ledger_entry,
-        "ledger_after": ledger_report(config.ledger_id, run_id),
-        **recorded,
-    }
+    return rows, n_test
 
 
 def _metric(evaluations: list[dict], name: str) -> list[float]:
