@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -36,7 +37,7 @@ from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 
 from dpcore.artifacts import read_table, write_json_atomic, write_table
-from dpcore.config import RunConfig
+from dpcore.config import GenerationConfig, RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import DpiclError, RunStopped
 from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, default_delta
@@ -88,6 +89,17 @@ def _write_generation_stats(shards: list[Shard], path: Path) -> None:
 # --------------------------------------------------------------------------- the flow
 
 
+@dataclass(frozen=True)
+class _FewShotRun:
+    """DP few-shot generation's part of a run, decided before the charge: the plan (a sigma per epsilon),
+    the generation items, the generation parameters, the records per label."""
+
+    plan: FewShotPlan
+    items: list[GenerationItem]
+    generation_config: GenerationConfig
+    label_counts: dict[str, int]
+
+
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
       description="DP few-shot demonstrations (Tang et al. Algorithm 1): generate, evaluate, audit, record.")
 def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = None) -> dict:  # noqa: B008
@@ -105,29 +117,10 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     # 1-2. ingest and partition (private records stay in the private store)
     ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path)
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
-    labels = list(ingested["labels"])
     tang = "tang" in config.methods
     delta = config.delta if config.delta is not None else default_delta(ingested["num_private_records"])
-    spends = []
-    fewshot, items, generation_config = None, [], None  # DP few-shot generation's, when the run names it
-    if tang:
-        label_counts = ingest_stage.partition(ingested)["label_counts"]
-        # 3. the privacy plan: one sigma per epsilon (largest q over labels), what is charged
-        arguments = calibrate_stage.plan_arguments(config, label_counts, delta)
-        generation_config = arguments["generation"]
-        fewshot = calibrate_stage.calibrate(**arguments)
-        write_table(pd.DataFrame([c.row() for c in fewshot.calibrations], columns=CALIBRATION_COLUMNS),
-                    paths.public / "calibration.parquet")
-        # --test-size and the longest group prompt against the model's context: checked before any charge
-        checks_after_ingest(config, ingested["num_test"], labels, generation_config)
-        items = generate_stage.generation_plan(labels, fewshot, config.seed)
-        spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id, fewshot.privacy_plans())
-    # PromptPATE's and PromptDPSGD's plans, after their own checks on the ingested data (and, for
-    # PromptDPSGD, that its prompt fits the model)
-    spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id,
-                          ingested_method_plans(config, ingested, delta))
-    if "dpsgd" in config.methods:
-        check_model(config)
+    fewshot = _fewshot_run(config, ingested, paths, delta) if tang else None
+    spends = _spends(config, run_id, ingested, delta, fewshot)
     # ledger: every spend of every method the ledger does not already hold for this run, charged at once
     # (all or nothing) before any method runs; a replayed spend may only be served from its cached draw
     if non_private_warning(config):  # a deployment run has no CLI to say it: the flow log does
@@ -135,41 +128,11 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     ledger_entry = charge_spends(config.ledger_id, spends, same_records_ok=config.new_budget_for_same_records)
     cost = planned_cost(spends)
     logger.info(charge_line(ledger_entry, cost, run_id, delta))
-    tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, items, generation_config, label_counts,
-                               ledger_entry) if tang else None
-    others = {}
-    wall = {}
-    if "pate" in config.methods:
-        began = time.perf_counter()
-        # the zero-shot row, when DP few-shot generation evaluated it on the same test items, is not run twice
-        pate_config = (config.model_copy(update={"pate_baselines": [b for b in config.pate_baselines
-                                                                    if b != "zero-shot"]})
-                       if tang and "zero-shot" in config.baselines else config)
-        # PromptPATE at the run's smaller epsilons too: prefixes of its one labelling, charged once
-        others["pate"] = pate_flow(config=pate_config, run_id=run_id, ingested=ingested, charge=ledger_entry,
-                                   checkpoint_epsilons=list(config.epsilons))
-        wall["pate"] = time.perf_counter() - began
-    if "dpsgd" in config.methods:
-        began = time.perf_counter()
-        others["dpsgd"] = dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry)
-        wall["dpsgd"] = time.perf_counter() - began
+    tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, ledger_entry) if tang else None
+    others, wall = _other_methods(config, run_id, ingested, ledger_entry)
     if tang:
         wall["tang"] = tang_summary.pop("wall_seconds")
-        # 7. record: MLflow, Prefect artifacts, manifests (after the other methods: it writes the manifest)
-        recorded = record_stage.record(flat_config=config.flat(), info={
-            "run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"],
-            "model": config.model, "num_private_records": ingested["num_private_records"],
-            "seeded_noise": tang_summary["seeded_noise"], "run_dir": str(paths.public),
-            "private_run_dir": str(paths.private), "flow_run_id": flow_run_id,
-        })
-        audit = recorded["audit"]
-        if tang_summary["audit_summary"] is not None:
-            audit = {**audit, "summary": tang_summary["audit_summary"], "reference": tang_summary["audit_reference"]}
-    else:
-        first = others.get("pate") or {"mlflow_run_id": (others["dpsgd"]["mlflow_run_ids"] or [None])[0]}
-        recorded = {"mlflow_run_id": first.get("mlflow_run_id"), "mlflow_experiment_id":
-                    first.get("mlflow_experiment_id"), "tracking_uri": tracking.tracking_uri(), "results": []}
-        audit = {"ran": False}
+    recorded, audit = _record(config, run_id, flow_run_id, ingested, paths, tang_summary, others)
     # the membership audit of the other methods' artifacts (PromptPATE's student, PromptDPSGD's prompts):
     # nothing generated, nothing charged; their verdict joins the comparison beside the DP demos' audit
     method_audits = (_audit_method_artifacts(config, run_id, others)
@@ -209,6 +172,78 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     }
 
 
+def _fewshot_run(config: RunConfig, ingested: dict, paths: RunPaths, delta: float) -> _FewShotRun:
+    """Stages 2-3 of DP few-shot generation, before the charge: partition by label, the privacy plan (one
+    sigma per epsilon, largest q over labels; `calibration.parquet`), the checks that need the data."""
+    labels = list(ingested["labels"])
+    label_counts = ingest_stage.partition(ingested)["label_counts"]
+    arguments = calibrate_stage.plan_arguments(config, label_counts, delta)
+    generation_config = arguments["generation"]
+    fewshot = calibrate_stage.calibrate(**arguments)
+    write_table(pd.DataFrame([c.row() for c in fewshot.calibrations], columns=CALIBRATION_COLUMNS),
+                paths.public / "calibration.parquet")
+    # --test-size and the longest group prompt against the model's context: checked before any charge
+    checks_after_ingest(config, ingested["num_test"], labels, generation_config)
+    items = generate_stage.generation_plan(labels, fewshot, config.seed)
+    return _FewShotRun(fewshot, items, generation_config, label_counts)
+
+
+def _spends(config: RunConfig, run_id: str, ingested: dict, delta: float, fewshot: _FewShotRun | None) -> list:
+    """Every spend of every method the run names, each method's checks on the ingested data passed."""
+    spends = []
+    if fewshot is not None:
+        spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id, fewshot.plan.privacy_plans())
+    # PromptPATE's and PromptDPSGD's plans, after their own checks on the ingested data (and, for
+    # PromptDPSGD, that its prompt fits the model)
+    spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id,
+                          ingested_method_plans(config, ingested, delta))
+    if "dpsgd" in config.methods:
+        check_model(config)
+    return spends
+
+
+def _other_methods(config: RunConfig, run_id: str, ingested: dict, ledger_entry: dict) -> tuple[dict, dict]:
+    """PromptPATE's and PromptDPSGD's subflows on the charge already made: (their summaries, their wall
+    seconds), by method."""
+    others, wall = {}, {}
+    if "pate" in config.methods:
+        began = time.perf_counter()
+        # the zero-shot row, when DP few-shot generation evaluated it on the same test items, is not run twice
+        pate_config = (config.model_copy(update={"pate_baselines": [b for b in config.pate_baselines
+                                                                    if b != "zero-shot"]})
+                       if "tang" in config.methods and "zero-shot" in config.baselines else config)
+        # PromptPATE at the run's smaller epsilons too: prefixes of its one labelling, charged once
+        others["pate"] = pate_flow(config=pate_config, run_id=run_id, ingested=ingested, charge=ledger_entry,
+                                   checkpoint_epsilons=list(config.epsilons))
+        wall["pate"] = time.perf_counter() - began
+    if "dpsgd" in config.methods:
+        began = time.perf_counter()
+        others["dpsgd"] = dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry)
+        wall["dpsgd"] = time.perf_counter() - began
+    return others, wall
+
+
+def _record(config: RunConfig, run_id: str, flow_run_id: str, ingested: dict, paths: RunPaths,
+            tang_summary: dict | None, others: dict) -> tuple[dict, dict]:
+    """7. record: MLflow, Prefect artifacts, manifests (after the other methods: it writes the manifest), when
+    the run generated DP demonstrations; otherwise the other methods' MLflow runs. (recorded, audit)."""
+    if tang_summary is None:
+        first = others.get("pate") or {"mlflow_run_id": (others["dpsgd"]["mlflow_run_ids"] or [None])[0]}
+        return ({"mlflow_run_id": first.get("mlflow_run_id"), "mlflow_experiment_id":
+                 first.get("mlflow_experiment_id"), "tracking_uri": tracking.tracking_uri(), "results": []},
+                {"ran": False})
+    recorded = record_stage.record(flat_config=config.flat(), info={
+        "run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"],
+        "model": config.model, "num_private_records": ingested["num_private_records"],
+        "seeded_noise": tang_summary["seeded_noise"], "run_dir": str(paths.public),
+        "private_run_dir": str(paths.private), "flow_run_id": flow_run_id,
+    })
+    audit = recorded["audit"]
+    if tang_summary["audit_summary"] is not None:
+        audit = {**audit, "summary": tang_summary["audit_summary"], "reference": tang_summary["audit_reference"]}
+    return recorded, audit
+
+
 def charge_line(ledger_entry: dict, cost: dict, run_id: str, delta: float) -> str:
     """The flow's log line of the run's charge (`tasks.charge.charge_spends`' summary and `planned_cost`),
     epsilons and delta rounded for people (the ledger keeps them exactly)."""
@@ -246,12 +281,12 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
     return audits
 
 
-def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, fewshot: FewShotPlan,
-                items: list[GenerationItem], generation_config, label_counts: dict[str, int],
+def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, run: _FewShotRun,
                 ledger_entry: dict) -> dict:
     """DP few-shot generation's stages 4-6 (Tang et al. Algorithm 1): generation, evaluation and the audit,
     on the charge already made; tables written to the run folders."""
     began = time.perf_counter()
+    fewshot, items, generation_config, label_counts = run.plan, run.items, run.generation_config, run.label_counts
     labels = list(ingested["labels"])
     scope = noise_scope(config.seed, run_id)
     with running(config.task_runner) as runner:
