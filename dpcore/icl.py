@@ -399,27 +399,9 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
     `past`: a trained prompt's cache placed before every prompt (method "dpsgd": a PromptDPSGD soft
     prompt or prefix, no demonstrations; classification only).
     """
-    if method not in DEMO_SOURCES:
-        raise ConfigError(f"method: {method!r} is not one of {', '.join(DEMO_SOURCES)}")
-    for column in ("id", "text", "label"):
-        if column not in test.columns:
-            raise DataValidationError(f"test split: missing column {column!r}")
-    pool = [] if method in ("zero-shot", "dpsgd") else _pool(demo_pool)
-    shots = 0 if method in ("zero-shot", "dpsgd") else config.shots
-    if past is not None and spec.kind != "classification":
-        raise ConfigError(f"task {spec.name!r}: a trained prompt scores classification tasks only")
-    if shots > 0 and not pool:
-        raise ConfigError(f"demos: method {method!r} with shots={shots} needs demonstrations, none were given")
+    pool, shots, labels, demo_labels = _evaluation_inputs(spec, test, demo_pool, method, config, labels,
+                                                          trained_prompt=past is not None)
     classification = spec.kind == "classification"
-    if classification:
-        labels = _labels(spec, labels)
-        unknown = sorted({item.label for item in pool} - set(labels))
-        if unknown:
-            raise DataValidationError(f"demos: label(s) {', '.join(unknown)} are not labels of task {spec.name!r}")
-        demo_labels = labels
-    else:
-        labels = []
-        demo_labels = list(dict.fromkeys(item.label for item in pool))
     items = select_test(test, config.test_size, seed=test_seed)
     queries = items["text"].astype(str).tolist()
     gold = items["label"].astype(str).tolist()
@@ -442,19 +424,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
         key = tuple((d.text, d.label) for d in demos)
         reused = key in memo
         if not reused:  # zero-shot (and repeated demo sets) are scored once
-            if classification:
-                extra = list(CONTENT_FREE_INPUTS) if calibrate else []
-                logprobs = label_logprobs(lm, spec, demos, queries + extra, labels, batch_size=batch_size,
-                                          progress=scored(seed), past=past)
-                probs = normalise_probs(logprobs[: len(queries)])
-                calibrated = calibrate_probs(probs, normalise_probs(logprobs[len(queries):])) if calibrate else probs
-                raw = [labels[k] for k in probs.argmax(axis=1)]
-                cal = [labels[k] for k in calibrated.argmax(axis=1)]
-                memo[key] = (raw, cal, probs.tolist(), calibrated.tolist())
-            else:
-                answers = extract_answers(lm, spec, demos, queries, max_new_tokens=max_new_tokens,
-                                          batch_size=batch_size, progress=scored(seed))
-                memo[key] = (answers, answers, [[] for _ in queries], [[] for _ in queries])
+            memo[key] = _predict(lm, spec, demos, queries, labels, calibrate, batch_size=batch_size,
+                                 max_new_tokens=max_new_tokens, progress=scored(seed), past=past)
         raw, cal, probs, calibrated = memo[key]
         if classification:
             correct_raw = [p == g for p, g in zip(raw, gold, strict=True)]
@@ -486,6 +457,49 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
     predictions = pd.concat(prediction_frames, ignore_index=True)[PREDICTION_COLUMNS]
     metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS)
     return predictions, metrics
+
+
+def _evaluation_inputs(spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSource, config: EvalConfig,
+                       labels: Sequence[str] | None, trained_prompt: bool) -> tuple[list, int, list[str], list[str]]:
+    """`evaluate`'s inputs checked: (the demo pool, the shots per prompt, the labels scored, the labels demos
+    are chosen by); a bad method, test split, demo set or label is an error naming it."""
+    if method not in DEMO_SOURCES:
+        raise ConfigError(f"method: {method!r} is not one of {', '.join(DEMO_SOURCES)}")
+    for column in ("id", "text", "label"):
+        if column not in test.columns:
+            raise DataValidationError(f"test split: missing column {column!r}")
+    pool = [] if method in ("zero-shot", "dpsgd") else _pool(demo_pool)
+    shots = 0 if method in ("zero-shot", "dpsgd") else config.shots
+    if trained_prompt and spec.kind != "classification":
+        raise ConfigError(f"task {spec.name!r}: a trained prompt scores classification tasks only")
+    if shots > 0 and not pool:
+        raise ConfigError(f"demos: method {method!r} with shots={shots} needs demonstrations, none were given")
+    if spec.kind != "classification":
+        return pool, shots, [], list(dict.fromkeys(item.label for item in pool))
+    labels = _labels(spec, labels)
+    unknown = sorted({item.label for item in pool} - set(labels))
+    if unknown:
+        raise DataValidationError(f"demos: label(s) {', '.join(unknown)} are not labels of task {spec.name!r}")
+    return pool, shots, labels, labels
+
+
+def _predict(lm, spec: TaskSpec, demos: Sequence, queries: list[str], labels: list[str], calibrate: bool, *,
+             batch_size: int, max_new_tokens: int, progress: Callable[[int], None] | None,
+             past) -> tuple[list[str], list[str], list, list]:
+    """One demo set's predictions on every query: (raw, calibrated, label probabilities, calibrated
+    probabilities). Classification: the most probable label, and after contextual calibration (Zhao et al.
+    2021) when `calibrate`. Extraction: the greedy answer twice, no probabilities."""
+    if spec.kind != "classification":
+        answers = extract_answers(lm, spec, demos, queries, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                  progress=progress)
+        return answers, answers, [[] for _ in queries], [[] for _ in queries]
+    extra = list(CONTENT_FREE_INPUTS) if calibrate else []
+    logprobs = label_logprobs(lm, spec, demos, queries + extra, labels, batch_size=batch_size, progress=progress,
+                              past=past)
+    probs = normalise_probs(logprobs[: len(queries)])
+    calibrated = calibrate_probs(probs, normalise_probs(logprobs[len(queries):])) if calibrate else probs
+    return ([labels[k] for k in probs.argmax(axis=1)], [labels[k] for k in calibrated.argmax(axis=1)],
+            probs.tolist(), calibrated.tolist())
 
 
 def split_private_demo_ids(predictions: pd.DataFrame, free_text: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
