@@ -159,21 +159,13 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
                           "seed": seed, "training": training, "delta": plan["delta"]})
     lm = language_model(config.model, config.device, config.dtype)
     weights = weights_hash(lm.model)
-    if prompt_path.exists() and (prompt_path.with_suffix(".json")).exists():
-        manifest = json.loads(prompt_path.with_suffix(".json").read_text())
-        if manifest.get("fingerprint") == fingerprint:  # a retry after this training finished
-            logger.info("%s: reusing the finished prompt of this run", name)
-            return {"epsilon": epsilon, "training": training, "prompt_path": str(prompt_path),
-                    "curve": manifest.get("curve", []), "seeded_noise": manifest["seeded_noise"],
-                    "seconds": manifest.get("seconds", 0), "reused": True}
-    resume = None
-    if checkpoint_path.exists():
-        resume = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-        dpsgd.check_resume(resume, fingerprint)
-    elif not noise_charged:  # seeded or not: the charge covers one training
-        raise ConfigError(f"{name}: its spend was charged by an earlier attempt of this run and neither its prompt "
-                          "nor its checkpoint exists; fresh noise is never drawn under an old charge: start a new "
-                          "run id")
+    manifest = _finished_manifest(prompt_path, fingerprint)
+    if manifest is not None:  # a retry after this training finished
+        logger.info("%s: reusing the finished prompt of this run", name)
+        return {"epsilon": epsilon, "training": training, "prompt_path": str(prompt_path),
+                "curve": manifest.get("curve", []), "seeded_noise": manifest["seeded_noise"],
+                "seconds": manifest.get("seconds", 0), "reused": True}
+    resume = _resume_state(name, checkpoint_path, fingerprint, noise_charged)
     spec = load_task_spec(task_spec)
     validation = public_validation(spec, records_path, config.dpsgd_validation_path, dp_config.validation_size)
     train_examples, val_examples, train_ids = _examples(lm, spec, records_path, validation)
@@ -185,28 +177,13 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
         torch.save(state, buffer)
         write_bytes_atomic(checkpoint_path, buffer.getvalue())
 
-    what = f"tune eps={_eps_name(epsilon)} #{training}: DP-SGD steps"
-    last: dict = {}
-
-    def progress(step: int, steps: int, info: dict) -> None:
-        last.update(info)
-        # the bar's detail: public values only (the loss on public examples, epsilon spent); no per-step
-        # timing, which would reveal the Poisson batch sizes and the records' lengths
-        shown = (("val_loss", "public val loss {:.3f}"), ("epsilon", "epsilon {:.2f}"))
-        detail = ", ".join(form.format(last[key]) for key, form in shown
-                           if last.get(key) is not None and math.isfinite(last[key]))
-        report_progress(what, step, steps, detail)
-        if "epsilon" in info:
-            logger.info("%s step %d/%d: public validation loss %.4f, epsilon spent %.3f", name, step, steps,
-                        info["val_loss"], info["epsilon"])
-
     result = dpsgd.train(lm, prompt, train_examples, val_examples, noise_multiplier=spend["noise_multiplier"],
                          sampling_rate=spend["sampling_rate"], steps=spend["steps"], clip=dp_config.clip,
                          lr=dp_config.lr, delta=plan["delta"], noise_generator=noise_gen,
                          sampling_generator=sampling_gen, seeded=seeded,
                          physical_batch_size=dp_config.physical_batch_size, eval_every=dp_config.eval_every,
                          checkpoint_every=dp_config.checkpoint_every, checkpoint=keep, resume=resume,
-                         fingerprint=fingerprint, progress=progress)
+                         fingerprint=fingerprint, progress=_training_progress(name, epsilon, training, logger))
     if weights_hash(lm.model) != weights:
         raise RuntimeError(f"{name}: the frozen model's weights changed during training")
     manifest = {
@@ -227,6 +204,50 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
                 f"{result.curve[-1]['val_loss']:.4f}" if result.curve else "-")
     return {"epsilon": epsilon, "training": training, "prompt_path": str(prompt_path), "curve": result.curve,
             "seeded_noise": seeded, "seconds": round(result.seconds), "reused": False}
+
+
+def _finished_manifest(prompt_path: Path, fingerprint: str) -> dict | None:
+    """The manifest of this very training's finished prompt (same fingerprint), or None."""
+    manifest_path = prompt_path.with_suffix(".json")
+    if not (prompt_path.exists() and manifest_path.exists()):
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    return manifest if manifest.get("fingerprint") == fingerprint else None
+
+
+def _resume_state(name: str, checkpoint_path: Path, fingerprint: str, noise_charged: bool) -> dict | None:
+    """The checkpoint a retry continues from (refused when it belongs to another plan or data), or None for a
+    fresh training, which only a spend this attempt charged may start."""
+    if checkpoint_path.exists():
+        resume = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+        dpsgd.check_resume(resume, fingerprint)
+        return resume
+    if not noise_charged:  # seeded or not: the charge covers one training
+        raise ConfigError(f"{name}: its spend was charged by an earlier attempt of this run and neither its prompt "
+                          "nor its checkpoint exists; fresh noise is never drawn under an old charge: start a new "
+                          "run id")
+    return None
+
+
+def _training_progress(name: str, epsilon: float, training: int, logger):
+    """The `progress(step, steps, info)` callback of `dpsgd.train`: a bar with public values only, and a log
+    line at each public validation."""
+    what = f"tune eps={_eps_name(epsilon)} #{training}: DP-SGD steps"
+    last: dict = {}
+
+    def progress(step: int, steps: int, info: dict) -> None:
+        last.update(info)
+        # the bar's detail: public values only (the loss on public examples, epsilon spent); no per-step
+        # timing, which would reveal the Poisson batch sizes and the records' lengths
+        shown = (("val_loss", "public val loss {:.3f}"), ("epsilon", "epsilon {:.2f}"))
+        detail = ", ".join(form.format(last[key]) for key, form in shown
+                           if last.get(key) is not None and math.isfinite(last[key]))
+        report_progress(what, step, steps, detail)
+        if "epsilon" in info:
+            logger.info("%s step %d/%d: public validation loss %.4f, epsilon spent %.3f", name, step, steps,
+                        info["val_loss"], info["epsilon"])
+
+    return progress
 
 
 def evaluation_calls(config: RunConfig, ingested: dict, trained: list[dict]) -> list[dict]:
