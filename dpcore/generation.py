@@ -549,10 +549,3 @@ def real_demos(records_by_label: dict[str, list[str]], ids_by_label: dict[str, l
 def demos_frame(demos: Sequence[Demo]) -> pd.DataFrame:
     """The `demos` table: one row per synthetic demonstration, columns = `Demo` fields."""
     return pd.DataFrame([asdict(d) for d in demos], columns=list(DEMO_COLUMNS))
-
-
-def demos_from_frame(frame: pd.DataFrame) -> list[Demo]:
-    """Inverse of `demos_frame` (columns it lacks take `Demo` defaults)."""
-    known = [c for c in DEMO_COLUMNS if c in frame.columns]
-    return [Demo(**{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
-            for row in frame[known].to_dict(orient="records")]

@@ -341,25 +341,6 @@ def extract_answers(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequ
     return answers
 
 
-@torch.inference_mode()
-def extract_answers_naive(lm, spec: TaskSpec, demos: Sequence[DemoItem], queries: Sequence[str],
-                          max_new_tokens: int = 12) -> list[str]:
-    """Reference greedy decoding: a full forward per item and token (tests)."""
-    answers = []
-    for query in queries:
-        ids = lm.encode(prompt_text(spec, demos, query))
-        generated: list[int] = []
-        for _ in range(max_new_tokens):
-            token = int(lm.next_token_logits([ids + generated])[0].argmax())
-            if token in lm.eos_token_ids:
-                break
-            generated.append(token)
-            if _cut_answer(lm, generated)[1]:
-                break
-        answers.append(_cut_answer(lm, generated)[0])
-    return answers
-
-
 # --------------------------------------------------------------------------- evaluation
 
 

@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import re
-import shutil
 import subprocess
 import threading
 from collections.abc import Callable
@@ -338,7 +337,3 @@ def open_stage(stage: str, parameters: dict[str, Any], key_fields: tuple[str, ..
     the language model)."""
     key = stage_key(stage, {name: value for name, value in parameters.items() if name in key_fields}, modules)
     return key, load_task_spec(task_spec), language_model(model, device, dtype)
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

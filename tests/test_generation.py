@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
@@ -18,7 +19,6 @@ from dpcore.generation import (
     DEMO_COLUMNS,
     Demo,
     demos_frame,
-    demos_from_frame,
     generate_demos,
     instruction_only_demos,
     real_demos,
@@ -555,8 +555,9 @@ def test_demos_frame_round_trip(tiny_lm, spec, records, tmp_path):
     demos = generate_demos(tiny_lm, spec, records, _config(max_tokens=2), 0.5, seed=0).demos
     frame = demos_frame(demos)
     assert tuple(frame.columns) == DEMO_COLUMNS
+    assert frame.to_dict(orient="records") == [asdict(d) for d in demos]
     frame.to_parquet(tmp_path / "demos.parquet")
-    assert demos_from_frame(pd.read_parquet(tmp_path / "demos.parquet")) == demos
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "demos.parquet"), frame)
     assert list(demos_frame([]).columns) == list(DEMO_COLUMNS)
     assert isinstance(demos[0], Demo)
 

@@ -139,12 +139,30 @@ def test_answer_is_cut_at_newline(tiny_lm):
     assert icl._cut_answer(tiny_lm, tiny_lm.encode(" animated")) == ("animated", False)
 
 
+@torch.inference_mode()
+def _naive_greedy_answers(lm, spec, demos, queries, max_new_tokens: int) -> list[str]:
+    """Reference greedy decoding: a full forward per item and token, no prefix cache."""
+    answers = []
+    for query in queries:
+        ids = lm.encode(icl.prompt_text(spec, demos, query))
+        generated: list[int] = []
+        for _ in range(max_new_tokens):
+            token = int(lm.next_token_logits([ids + generated])[0].argmax())
+            if token in lm.eos_token_ids:
+                break
+            generated.append(token)
+            if icl._cut_answer(lm, generated)[1]:
+                break
+        answers.append(icl._cut_answer(lm, generated)[0])
+    return answers
+
+
 def test_cached_greedy_extraction_equals_naive(peaky_lm, movies_genre):
     spec = movies_genre.spec
     demos = [("a funny movie with jim carrey", "comedy"), ("a scary film about ghosts", "horror")]
     queries = movies_genre.test["text"].tolist()[:5] + [""]
     cached = icl.extract_answers(peaky_lm, spec, demos, queries, max_new_tokens=6, batch_size=4)
-    naive = icl.extract_answers_naive(peaky_lm, spec, demos, queries, max_new_tokens=6)
+    naive = _naive_greedy_answers(peaky_lm, spec, demos, queries, max_new_tokens=6)
     assert cached == naive
     assert len(set(cached)) > 1 and all("\n" not in a for a in cached)
 
