@@ -207,6 +207,7 @@ def _no_noise_report(q: float, steps: int, delta: float, mechanism: str) -> Priv
 
 def _family(q: float, steps: int, mechanism: str):
     """sigma -> the event of one label's generation (`dpcore.events.dp_fewshot_event`)."""
+    # dp-accounting loads here, not when the module is imported
     from dpcore.events import dp_fewshot_event
 
     return lambda sigma: dp_fewshot_event(mechanism, sigma, q, steps)

@@ -176,6 +176,7 @@ def model_tokenizer_and_context(model: str):
     """(encode: text -> ids, context positions) of a model by name, without loading its weights."""
     from transformers import AutoConfig, AutoTokenizer
 
+    # torch loads here, not when the module is imported
     from dpcore.lm import RANDOM_SHAPES
 
     if model in _TINY_NAMES or (model.startswith("random-") and model.removeprefix("random-") in RANDOM_SHAPES):

@@ -97,6 +97,7 @@ def ledger_covers(entries, run_id: str, calibration_row: dict,
                   purposes: tuple[str, ...] = ("pipeline", "generate")) -> bool:
     """Whether a ledger entry of `run_id` (of one of `purposes`) holds the calibration row's spend
     (mechanism, sigma, q, T, delta)."""
+    # dp-accounting loads here, not when the module is imported
     from dpcore.ledger import matching_entries
 
     needed = ("mechanism", "noise_multiplier", "sampling_rate", "steps", "delta")
@@ -382,6 +383,7 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
 
 def plan_crosscheck(spends: tuple[dict, ...], delta: float) -> bool:
     """The accountant cross-check (PRV vs PLD, `dpcore.composition.compose`) on a plan's spends."""
+    # dp-accounting loads here, not when the module is imported
     from dpcore.plan import PlannedSpend
 
     if not spends or any(float(s["noise_multiplier"]) <= 0 for s in spends):

@@ -139,6 +139,7 @@ def _generation_privacy(calibration) -> dict:
 def generate(config: RunConfig, epsilon: float, out: Path | None, say: Say) -> tuple[dict, list]:
     """DP few-shot generation alone (Tang et al. Algorithm 1) for every label at one epsilon ('inf': sigma 0;
     0: instruction-only): (the public summary written to `generation.json`, the demos)."""
+    # torch loads here, not when the module is imported
     from dpcore.generation import demos_frame
 
     began = time.perf_counter()
@@ -206,6 +207,7 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
     `epsilon=None` real records as 1-shot demos (non-private); else DP demo sets generated at `epsilon`
     from half the private records (the members; each set charged), and with `reference` the non-private
     audit beside it. Returns (the audit, the reference or None, the public summary written to `audit.json`)."""
+    # torch, scipy load here, not when the module is imported
     from dpcore.audit_gate import GateThresholds
     from tasks.audit import audit_members, audit_plan, dp_audit_at, reference_audit, write_audit
 
@@ -354,6 +356,7 @@ def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilo
              baseline: str | None, out: Path | None, batch_size: int, max_new_tokens: int, say: Say) -> dict:
     """ICL accuracy (raw and calibrated) of a demos file or of one baseline (zero-shot, instruction-only,
     random-real) over the run's seeds; returns the public summary written to `summary.json`."""
+    # torch loads here, not when the module is imported
     from dpcore.icl import seconds_per_100_items
 
     data = load_data(config)

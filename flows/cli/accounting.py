@@ -50,6 +50,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _epsilon(args) -> int:
+    # dp-accounting loads here, not for `dpicl --help`
     from tasks.charge import epsilon_report
 
     started = time.perf_counter()
@@ -60,6 +61,7 @@ def _epsilon(args) -> int:
 
 
 def _calibrate(args) -> int:
+    # dp-accounting loads here, not for `dpicl --help`
     from tasks.charge import sigma_report
 
     started = time.perf_counter()

@@ -85,6 +85,7 @@ def _audit_config(args, config):
 
 
 def run_audit(args) -> int:
+    # Prefect, dp-accounting load here, not for `dpicl --help`
     from flows import standalone
 
     config = checked_config(args)

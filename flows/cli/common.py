@@ -96,6 +96,7 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     """The command's `RunConfig`; its delta, when not given, is the dataset's budget delta (if a budget is
     set): a run composes with its budget at one delta. A --delta that differs from the budget's is said
     here, before anything is charged."""
+    # dp-accounting loads here, not for `dpicl --help`
     from tasks.charge import budget_delta
 
     values = {name: getattr(args, name) for name in RunConfig.model_fields if getattr(args, name, None) is not None}

@@ -51,6 +51,7 @@ def _config(args):
 
 
 def run_generate(args) -> int:
+    # Prefect, dp-accounting load here, not for `dpicl --help`
     from flows import standalone
 
     config = _config(args)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 
 from dpcore.display import fmt_delta, fmt_eps
+from dpcore.ledger import PURPOSES
 from dpcore.names import MECHANISMS
 from flows.cli.common import print_json
-from tasks.charge import PURPOSES, ledger_spends, record_spend, set_budget
 
 
 def register(subparsers) -> None:
@@ -111,6 +111,9 @@ def _print_spend(spend) -> None:
 
 
 def _show(args) -> int:
+    # dp-accounting loads here, not for `dpicl --help`
+    from tasks.charge import ledger_spends
+
     path, spends = ledger_spends(args.ledger_path, args.dataset_id, args.delta)
     if args.json:
         dicts = [{**s.to_dict(), "delta_note": delta_note(s)} for s in spends]
@@ -124,6 +127,9 @@ def _show(args) -> int:
 
 
 def _set_budget(args) -> int:
+    # dp-accounting loads here, not for `dpicl --help`
+    from tasks.charge import set_budget
+
     budget, spend = set_budget(args.ledger_path, args.dataset_id, args.epsilon, args.delta)
     if args.json:
         print_json(spend.to_dict())
@@ -136,6 +142,9 @@ def _set_budget(args) -> int:
 
 
 def _charge(args) -> int:
+    # dp-accounting loads here, not for `dpicl --help`
+    from tasks.charge import record_spend
+
     entry, spend = record_spend(args.ledger_path, {
         "dataset_id": args.dataset_id, "content_hash": args.content_hash, "run_id": args.run_id,
         "mechanism": args.mechanism, "noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,

@@ -71,6 +71,7 @@ def format_summary(summary: dict) -> str:
 
 
 def _pate(args) -> int:
+    # Prefect, dp-accounting load here, not for `dpicl --help`
     from flows.pate import pate_flow
     from tasks.pate import check_before_run
 

@@ -28,6 +28,7 @@ def _audit_config(args):
 
 
 def _release(args) -> int:
+    # torch, Prefect load here, not for `dpicl --help`
     from flows.release import release
 
     if args.method == "tang" and (args.teacher_reference or args.audit_only or args.repeat is not None):
@@ -80,6 +81,7 @@ def _endpoint_config(args):
         return None
     if args.device != "auto":
         raise ConfigError("--device: applies to a local model, not to --endpoint")
+    # torch, openai load here, not for `dpicl --help`
     from dpcore.endpoint import EndpointConfig
 
     values = {name: getattr(args, name) for name in ENDPOINT_FLAGS if getattr(args, name) is not None}
@@ -93,6 +95,7 @@ def _quiet_client_logs() -> None:
 
 
 def _predict(args) -> int:
+    # torch, Prefect load here, not for `dpicl --help`
     from tasks.release import answer_queries
 
     endpoint = _endpoint_config(args)
@@ -129,6 +132,7 @@ def _predict(args) -> int:
 
 
 def _export(args) -> int:
+    # torch, Prefect load here, not for `dpicl --help`
     from dpcore.export import guarantee_line
     from tasks.release import export_release
 

@@ -197,6 +197,7 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
     confirmed on a terminal when `confirm`), the audit's plan when it cannot conclude, and a dry run of the
     charge against the dataset's budget (a refusal comes here, before any model loads). Returns the planned
     cost."""
+    # dp-accounting loads here, not for `dpicl --help`
     from tasks.charge import (
         charge_spends,
         non_private_baselines,
@@ -244,6 +245,7 @@ def _confirmed() -> bool:
 
 
 def _run(args, defaults: dict | None = None) -> int:
+    # torch, Prefect, dp-accounting, scipy load here, not for `dpicl --help`
     from flows.pipeline import run_pipeline
 
     config = _config(args, defaults)
