@@ -40,6 +40,7 @@ from tasks.common import (
     stage_key,
     uncached_task,
 )
+from tasks.ingest import load_data, public_test_split
 
 PATE_MODULES = ("dpcore.pate_teachers", "dpcore.gnmax", "dpcore.flock", "dpcore.icl", "dpcore.public_queries",
                 "dpcore.pate_student", "dpcore.pate_data_dependent", "dpcore.lm", "dpcore.taskspec")
@@ -131,7 +132,6 @@ def check_before_run(config, run_id: str | None) -> dict:
     """Every check and the budget's dry run before `dpicl pate` writes a file or loads a model (over budget:
     `BudgetExceededError`, exit 3): {"plans", "queries" (Q per repeat), "delta"}."""
     from tasks.charge import charge_plans, preflight
-    from tasks.ingest import load_data
 
     preflight(config)
     spec = load_task_spec(config.task_spec or config.dataset)
@@ -153,8 +153,6 @@ def check_before_run(config, run_id: str | None) -> dict:
 def pate_inputs(*, config, ingested: dict, planned: int) -> dict:
     """The public queries (checked; the first `planned` of them, what the plan covers, in the public run
     folder) and the run's Confident-GNMax settings."""
-    from tasks.ingest import load_data
-
     data = load_data(config)
     if data.content_hash != ingested["data_hash"]:
         raise DpiclError("pate: the dataset changed since it was ingested (content hash differs); run again")
@@ -194,7 +192,6 @@ def pate_flock(*, records_path: str, data_hash: str, assignment_path: str, assig
     the evaluation items (non-private baselines). Writes the block's label scores, private."""
     from dpcore import flock
     from dpcore.icl import select_test
-    from tasks.ingest import public_test_split
 
     key = stage_key("pate-flock", {k: v for k, v in locals().items() if k in FLOCK_KEY}, PATE_MODULES)
     spec = load_task_spec(task_spec)
@@ -336,7 +333,6 @@ def pate_test_baselines(*, records_path: str, scores_paths: list[str], task_spec
     plurality vote (ensemble) and the best single teacher (upper bound). Aggregates only."""
     from dpcore.flock import ensemble_accuracy, single_prompt_accuracies
     from dpcore.icl import select_test
-    from tasks.ingest import public_test_split
 
     spec = load_task_spec(task_spec)
     votes = load_votes(scores_paths, language_model(model, device, dtype), spec, labels, vote_mode)
