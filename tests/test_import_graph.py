@@ -206,22 +206,29 @@ def test_local_imports_only_put_off_heavy_dependencies():
         f"function-local imports of nothing heavy {counts}, bound {LOCAL_IMPORT_BOUND}:\n" + _describe(over))
 
 
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    """A tree of packages under `root`: {relative path: source}, an empty `__init__.py` in each folder."""
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(text)
+    return root
+
+
 def test_the_reader_sees_a_circle_a_local_import_dodges(tmp_path):
     """A circle closed only by a function-local, relative `from . import module` is found."""
-    (tmp_path / "dpcore").mkdir()
-    (tmp_path / "dpcore" / "__init__.py").write_text("")
-    (tmp_path / "dpcore" / "a.py").write_text("from dpcore.b import f\n")
-    (tmp_path / "dpcore" / "b.py").write_text("def f():\n    from . import a\n    return a\n")
-    imports = import_graph(tmp_path)
+    imports = import_graph(_tree(tmp_path, {"dpcore/a.py": "from dpcore.b import f\n",
+                                            "dpcore/b.py": "def f():\n    from . import a\n    return a\n"}))
     assert circles(imports, "dpcore") == [["dpcore.a", "dpcore.b"]]
     assert [imp.source for imp in light_local_imports(imports)] == ["dpcore.b"]
 
 
 def test_the_reader_counts_a_put_off_heavy_import_as_heavy(tmp_path):
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "__init__.py").write_text("")
-    (tmp_path / "flows" / "flow.py").write_text("import prefect\n")
-    (tmp_path / "flows" / "cli.py").write_text("def run():\n    from flows.flow import x\n    import json\n")
-    imports = import_graph(tmp_path)
+    imports = import_graph(_tree(tmp_path, {
+        "flows/flow.py": "import prefect\n",
+        "flows/cli.py": "def run():\n    from flows.flow import x\n    import json\n",
+        "flows/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"}))
     assert heavy_loads(imports)["flows.flow"] == {"prefect"}
+    assert heavy_loads(imports)["flows.typed"] == set()
     assert [imp.target for imp in light_local_imports(imports)] == ["json"]
