@@ -400,12 +400,12 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
 def plan_crosscheck(spends: tuple[dict, ...], delta: float) -> bool:
     """The accountant cross-check (PRV vs PLD, `dpcore.composition.compose`) on a plan's spends."""
     from dpcore import composition
-    from dpcore.plan import PlannedSpend
+    from dpcore.events import sampled_steps_event
 
     if not spends or any(float(s["noise_multiplier"]) <= 0 for s in spends):
         return False
-    events = [PlannedSpend(str(s["mechanism"]), float(s["noise_multiplier"]), float(s["sampling_rate"]),
-                           int(s["steps"]), str(s["purpose"])).event() for s in spends]
+    events = [sampled_steps_event(str(s["mechanism"]), float(s["noise_multiplier"]), float(s["sampling_rate"]),
+                                  int(s["steps"])) for s in spends]
     return bool(composition.compose(events, delta).crosscheck_agreed)
 
 

@@ -85,7 +85,8 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
     target affords over the R repeats (labelling stops at the budget)."""
     from dpcore.errors import ConfigError
     from dpcore.pate_privacy import max_queries_within, pate_plan
-    from dpcore.plan import PlannedSpend, PrivacyPlan
+    from dpcore.plan import PrivacyPlan
+    from dpcore.spend import Spend
 
     repeats = settings["repeats"]
     per_repeat = config.pate_queries
@@ -107,7 +108,7 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
                        threshold_sigma=settings["sigma1"], vote_sigma=settings["sigma2"],
                        teachers=settings["teachers"], threshold=settings["threshold"])]
     if set(config.pate_baselines) & set(NON_PRIVATE_BASELINES):
-        plans.append(PrivacyPlan(method="pate", epsilon=math.inf, delta=delta, spends=(PlannedSpend(
+        plans.append(PrivacyPlan(method="pate", epsilon=math.inf, delta=delta, spends=(Spend.sampled_steps(
             "gaussian", 0.0, 1.0, 1, "baseline", "PromptPATE non-private baselines: teacher prompts on the test "
             "split (ensemble, best single teacher)"),), parameters={"baselines": sorted(config.pate_baselines)}))
     return plans, per_repeat
