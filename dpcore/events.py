@@ -34,10 +34,10 @@ The per-label counts |D_y| (hence q) are public, as in the paper; labels partiti
 set, so they compose in parallel (the run's cost is the worst label's event, not the sum).
 
 Stored events. The ledger keeps each spend's event as JSON (`event_to_json` / `event_from_json`):
-dp-accounting's own serialised form (`DpEvent.to_named_tuple`) written as nested objects, each
-with its `class_name` and its attrs fields, keys sorted, floats in their round-trip repr. Only
-the classes of `dp_accounting.dp_event` and ours are read back (`EVENT_CLASSES`): a stored name
-never imports a module. `steps_parameters` reads (mechanism, sigma, q, T) back from an event of
+the fields of dp-accounting's own named-tuple form (`DpEvent.to_named_tuple`: `class_name` and the
+attrs fields, nested events likewise) as nested objects, keys sorted, floats in their round-trip
+repr. dp-accounting ships no JSON form, and its `from_named_tuple` imports whatever module the data
+names; here only the classes of `dp_accounting.dp_event` and ours are read back (`EVENT_CLASSES`). `steps_parameters` reads (mechanism, sigma, q, T) back from an event of
 the `sampled_steps_event` shape, for the ledger's display columns.
 """
 
