@@ -81,7 +81,7 @@ def data_independent_epsilon(sigma1: float, sigma2: float, queries: int, delta: 
     ledger charges for them."""
     from dpcore import composition
 
-    return composition.compose([s.event() for s in pate_spends(sigma1, sigma2, queries)], delta).epsilon
+    return composition.compose([s.event for s in pate_spends(sigma1, sigma2, queries)], delta).epsilon
 
 
 def max_queries_within(epsilon: float, delta: float, sigma1: float, sigma2: float, *,

@@ -13,8 +13,9 @@ Every method turns its privacy parameters into the same typed, frozen `PrivacyPl
 
 A plan's `spends` (`dpcore.spend.Spend`: an event and its purpose) are exactly what the ledger
 charges and stores (one entry each, `requests`), so the plan's composed epsilon and the ledger's
-charge are the same call: `dpcore.composition.compose(plan.events(), delta)`. `parameters` holds the method's public parameters (sigma, q, T, thresholds...), the
-values a `--json` output and MLflow show. A plan with no spends reads no private record (epsilon
+charge are the same call: `dpcore.composition.compose(plan.events(), delta)`. `parameters` holds
+the method's public parameters (sigma, q, T, thresholds...), the values a `--json` output and
+MLflow show. A plan with no spends reads no private record (epsilon
 0: instruction-only generation, zero-shot).
 """
 
