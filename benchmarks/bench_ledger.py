@@ -18,13 +18,15 @@ import platform
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def spends(count: int, seed: int) -> list[SimpleNamespace]:
+def spends(count: int, seed: int) -> list:
+    """`count` ledger spends (`dpcore.spend.Spend`), drawn as the module docstring says."""
     import numpy as np
+
+    from dpcore.spend import Spend
 
     rng = np.random.default_rng(seed)
     out = []
@@ -32,7 +34,7 @@ def spends(count: int, seed: int) -> list[SimpleNamespace]:
         sigma, q, steps = float(rng.uniform(0.6, 3.0)), float(rng.uniform(0.001, 0.05)), int(rng.integers(5, 120))
         if i % 7 == 6:
             sigma, q, steps = float(rng.uniform(20.0, 60.0)), 1.0, int(rng.integers(1, 20))
-        out.append(SimpleNamespace(mechanism="gaussian", noise_multiplier=sigma, sampling_rate=q, steps=steps))
+        out.append(Spend.sampled_steps("gaussian", sigma, q, steps, "pipeline"))
     return out
 
 
@@ -41,7 +43,7 @@ def reference_epsilon(entries, delta: float) -> float:
     from dp_accounting.pld import pld_privacy_accountant
 
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
-    for e in entries:
+    for e in entries:  # built from the display parameters, not the stored event: an independent reading
         step = dp_event.GaussianDpEvent(e.noise_multiplier)
         accountant.compose(step if e.sampling_rate >= 1.0 else dp_event.PoissonSampledDpEvent(e.sampling_rate, step),
                            e.steps)

@@ -10,8 +10,9 @@ Events are reduced to steps: `SelfComposedDpEvent` multiplies counts, `ComposedD
 concatenates, `NoOpDpEvent` costs nothing, `NonPrivateDpEvent` (or a step with noise multiplier
 0) makes epsilon infinite, and every other event is a step (optionally inside a
 `PoissonSampledDpEvent`) of a registered kind (`STEP_KINDS`): "gaussian" (`GaussianDpEvent`,
-Poisson-subsampled Gaussian mechanism) or "rnm" (`ReportNoisyMaxDpEvent`, pure 1/sigma-DP,
-amplified by sampling to log(1 + q (e^{1/sigma} - 1)), Tang et al. Theorems A.4, A.5). Steps
+Poisson-subsampled Gaussian mechanism), "rnm" (`ReportNoisyMaxDpEvent`, pure 1/sigma-DP,
+amplified by sampling to log(1 + q (e^{1/sigma} - 1)), Tang et al. Theorems A.4, A.5) or
+"laplace" (`LaplaceDpEvent`, scale sigma on an L1-sensitivity-1 sum, composed by its PLD). Steps
 with the same (kind, sigma, q) are one group whose counts add up.
 
 Three computations, one answer:
@@ -62,6 +63,8 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from dpcore.errors import ConfigError, check_positive
 
@@ -170,6 +173,21 @@ def _rnm_pld(sigma: float, q: float, interval: float):
                                            value_discretization_interval=interval)
 
 
+def _laplace_prv(sigma: float, q: float):
+    from prv_accountant.privacy_random_variables import LaplaceMechanism
+
+    if q < 1.0:  # the PLD composes it alone (the failure is a note)
+        raise ValueError("prv-accountant 0.2.0 has no Poisson-subsampled Laplace mechanism")
+    return LaplaceMechanism(mu=1.0 / sigma)
+
+
+def _laplace_pld(sigma: float, q: float, interval: float):
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    return pld_lib.from_laplace_mechanism(parameter=sigma, sensitivity=1.0, sampling_prob=q,
+                                          pessimistic_estimate=True, value_discretization_interval=interval)
+
+
 @dataclass(frozen=True)
 class StepKind:
     """How the accountants read one kind of step: its privacy random variable (prv-accountant),
@@ -185,6 +203,9 @@ class StepKind:
 STEP_KINDS: dict[str, StepKind] = {
     "gaussian": StepKind("gaussian", "GaussianDpEvent", _gaussian_prv, _gaussian_pld),
     "rnm": StepKind("rnm", "ReportNoisyMaxDpEvent", _rnm_prv, _rnm_pld, rnm_step_epsilon),
+    # Laplace noise of scale sigma on a sum of L1 sensitivity 1 (dp-accounting's LaplaceDpEvent). Pure
+    # 1/sigma-DP, but not marked pure: its PLD is tighter than the randomised-response bound.
+    "laplace": StepKind("laplace", "LaplaceDpEvent", _laplace_prv, _laplace_pld),
 }
 
 
@@ -276,7 +297,6 @@ def _prv_variables(groups: Sequence[Group]) -> tuple[list, list[int]]:
 
 def _safe_domain(groups: Sequence[Group], delta: float) -> float:
     """prv-accountant's safe privacy-loss domain half-width L (RDP-based, its remark 5.6)."""
-    import numpy as np
     from prv_accountant.accountant import compute_safe_domain_size
 
     prvs, counts = _prv_variables(groups)
@@ -296,7 +316,6 @@ def _grid_points(domain: float, eps_error: float, steps: int, delta: float) -> t
 def _prv_epsilon(groups: Sequence[Group], delta: float, eps_error: float,
                  half_width: float) -> tuple[float, float, float]:
     """prv-accountant (lower, estimate, upper) on the domain [-half_width, half_width]; raises on failure."""
-    import numpy as np
     from prv_accountant import PRVAccountant
 
     prvs, counts = _prv_variables(groups)
@@ -326,7 +345,6 @@ def _pld_epsilon(groups: Sequence[Group], delta: float, interval: float) -> floa
 def _rdp_bounds_pld(groups: Sequence[Group], delta: float, pld: float, notes: list[str]) -> bool:
     """The cross-check beyond PRV_MAX_GROUPS: dp-accounting's RDP bound (an independent analysis, an upper
     bound on epsilon) is not below the PLD's."""
-    import numpy as np
     from dp_accounting import dp_event
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
@@ -337,6 +355,7 @@ def _rdp_bounds_pld(groups: Sequence[Group], delta: float, pld: float, notes: li
             logging.getLogger("absl").setLevel(logging.ERROR)  # orders that do not converge are skipped
             for kind, sigma, q, steps in groups:
                 step = (dp_event.GaussianDpEvent(sigma) if kind == "gaussian"
+                        else dp_event.LaplaceDpEvent(sigma) if kind == "laplace"
                         else dp_event.EpsilonDeltaDpEvent(rnm_step_epsilon(sigma, 1.0), 0.0))
                 accountant.compose(step if q >= 1.0 else dp_event.PoissonSampledDpEvent(q, step), int(steps))
             bound = float(accountant.get_epsilon(delta))
@@ -356,7 +375,6 @@ def _randomized_response_epsilon(step_epsilon: float, steps: int, delta: float) 
     Randomised response dominates every epsilon'-DP mechanism (Kairouz et al. 2015), and its
     T-fold privacy loss is epsilon' (2K - T) with K ~ Binomial(T, e^eps'/(1 + e^eps')), so
     delta(epsilon) = E[(1 - e^(epsilon - L))_+] is computed in closed form and inverted."""
-    import numpy as np
     from scipy.optimize import brentq
     from scipy.stats import binom
 
@@ -408,7 +426,8 @@ def compose(events: Iterable, delta: float, *, cache: bool = True) -> Compositio
 
 
 def _compose_groups(groups: tuple[Group, ...], delta: float) -> Composition:
-    """Uncached composition of validated groups."""
+    """Uncached composition of validated groups: the module docstring's three computations, the larger
+    reported."""
     if not groups:
         return Composition(0.0, delta, 0.0, 0.0, True, epsilon_lower=0.0, epsilon_estimate=0.0, epsilon_pure=0.0)
     inf = math.inf
@@ -416,19 +435,12 @@ def _compose_groups(groups: tuple[Group, ...], delta: float) -> Composition:
         return Composition(inf, delta, inf, inf, True, ("noise_multiplier = 0 (no noise): epsilon is infinite",),
                            epsilon_lower=inf, epsilon_estimate=inf, epsilon_exact=inf)
     notes: list[str] = []
-    total = sum(n for *_, n in groups)
-    pure_steps = _pure_epsilons(groups)
-    pure = sum(e * n for e, (*_, n) in zip(pure_steps, groups, strict=True)) if pure_steps is not None else inf
-    # One pure epsilon' for every step: randomised response composes exactly, and the PLD on the
-    # epsilon' grid is exact too.
-    exact_step = pure_steps[0] if pure_steps is not None and len(set(pure_steps)) == 1 else None
-
-    prv_failure = None
+    pure, exact_step = _pure_bound(groups)
     try:  # the privacy-loss range (an RDP computation), for prv-accountant's grid and the PLD interval
         domain: float | None = _safe_domain(groups, delta)
+        domain_failure = None
     except Exception as exc:  # noqa: BLE001 - any accountant failure is reported, never hidden
-        domain, prv_failure = None, f"{type(exc).__name__}: {exc}"
-
+        domain, domain_failure = None, f"{type(exc).__name__}: {exc}"
     interval = exact_step if exact_step is not None else max(PLD_INTERVAL, (domain or 0.0) / PLD_MAX_RANGE_POINTS)
     pld: float | None
     try:
@@ -436,12 +448,48 @@ def _compose_groups(groups: tuple[Group, ...], delta: float) -> Composition:
     except Exception as exc:  # noqa: BLE001
         pld = None
         notes.append(f"dp-accounting PLD failed ({type(exc).__name__}: {exc})")
-
     eps_error = _prv_eps_error(pld if pld is not None else 1.0)
-    prv: tuple[float, float, float] | None = None
-    alone = "dp-accounting PLD alone" if exact_step is None else "dp-accounting PLD and the exact composition"
-    many = len(groups) > PRV_MAX_GROUPS
-    if domain is not None and not many:
+    prv, eps_error = _prv_upper(groups, delta, domain, domain_failure, eps_error, exact_step is not None, notes)
+    exact = _exact_epsilon(exact_step, groups, delta, notes)
+    if prv is not None and pld is not None and exact_step is None \
+            and _disagreement(prv[1], pld) > CROSSCHECK_TOLERANCE / 2:
+        try:  # rule out the PLD's own discretisation error before declaring a disagreement
+            pld = _pld_epsilon(groups, delta, interval / PLD_INTERVAL_FINE_FACTOR)
+        except Exception as exc:  # noqa: BLE001
+            notes.append(f"dp-accounting PLD refinement failed ({type(exc).__name__}: {exc})")
+    agreed = _crosscheck(groups, delta, prv, pld, exact, exact_step is not None, notes)
+
+    candidates = [v for v in ((prv[2] if prv else None), pld, exact) if v is not None and not math.isnan(v)]
+    if candidates:
+        epsilon = min(max(candidates), pure)  # T epsilon' is a valid (epsilon, delta) bound too
+    else:
+        epsilon = inf
+        notes.append("no accountant could compose these events: epsilon is treated as infinite")
+    return Composition(
+        float(epsilon), delta, prv[2] if prv else None, pld, bool(agreed), tuple(notes),
+        epsilon_lower=prv[0] if prv else None, epsilon_estimate=prv[1] if prv else None,
+        epsilon_exact=None if math.isnan(exact) else exact, epsilon_pure=pure, prv_eps_error=eps_error,
+    )
+
+
+def _pure_bound(groups: Sequence[Group]) -> tuple[float, float | None]:
+    """(sum of T * epsilon' when every step is pure DP, else inf; the one epsilon' of every step, when
+    there is one: randomised response then composes exactly, and the PLD on the epsilon' grid is exact)."""
+    pure_steps = _pure_epsilons(groups)
+    if pure_steps is None:
+        return math.inf, None
+    pure = sum(e * n for e, (*_, n) in zip(pure_steps, groups, strict=True))
+    return pure, (pure_steps[0] if len(set(pure_steps)) == 1 else None)
+
+
+def _prv_upper(groups: Sequence[Group], delta: float, domain: float | None, domain_failure: str | None,
+               eps_error: float, exact: bool, notes: list[str]) -> tuple[tuple[float, float, float] | None, float]:
+    """prv-accountant's (lower, estimate, upper) under the grid guard (None: skipped or failed, said in
+    `notes`), and the eps_error it ran with."""
+    alone = "dp-accounting PLD and the exact composition" if exact else "dp-accounting PLD alone"
+    failure, prv = domain_failure, None
+    if domain is not None and len(groups) <= PRV_MAX_GROUPS:
+        total = sum(n for *_, n in groups)
         first = eps_error
         half_width, points = _grid_points(domain, eps_error, total, delta)
         while points > PRV_MAX_GRID_POINTS and eps_error < PRV_EPS_ERROR_LIMIT:
@@ -457,23 +505,28 @@ def _compose_groups(groups: tuple[Group, ...], delta: float) -> Composition:
             try:
                 prv = _prv_epsilon(groups, delta, eps_error, half_width)
             except Exception as exc:  # noqa: BLE001
-                prv_failure = f"{type(exc).__name__}: {exc}"
-    if prv_failure is not None:
-        notes.append(f"prv-accountant failed ({prv_failure}); epsilon from {alone}")
+                failure = f"{type(exc).__name__}: {exc}"
+    if failure is not None:
+        notes.append(f"prv-accountant failed ({failure}); epsilon from {alone}")
+    return prv, eps_error
 
-    exact = math.nan
-    if exact_step is not None:
-        try:
-            exact = _randomized_response_epsilon(exact_step, total, delta)
-        except Exception as exc:  # noqa: BLE001
-            notes.append(f"exact randomised-response composition failed ({type(exc).__name__}: {exc})")
 
-    if prv is not None and pld is not None and exact_step is None \
-            and _disagreement(prv[1], pld) > CROSSCHECK_TOLERANCE / 2:
-        try:  # rule out the PLD's own discretisation error before declaring a disagreement
-            pld = _pld_epsilon(groups, delta, interval / PLD_INTERVAL_FINE_FACTOR)
-        except Exception as exc:  # noqa: BLE001
-            notes.append(f"dp-accounting PLD refinement failed ({type(exc).__name__}: {exc})")
+def _exact_epsilon(exact_step: float | None, groups: Sequence[Group], delta: float, notes: list[str]) -> float:
+    """The exact randomised-response composition when every step is pure epsilon'-DP (nan otherwise)."""
+    if exact_step is None:
+        return math.nan
+    try:
+        return _randomized_response_epsilon(exact_step, sum(n for *_, n in groups), delta)
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"exact randomised-response composition failed ({type(exc).__name__}: {exc})")
+        return math.nan
+
+
+def _crosscheck(groups: Sequence[Group], delta: float, prv: tuple[float, float, float] | None, pld: float | None,
+                exact: float, exact_form: bool, notes: list[str]) -> bool:
+    """Whether two independent accountants agree: prv-accountant's estimate and the PLD within
+    CROSSCHECK_TOLERANCE; failing that, the PLD and the exact composition; beyond PRV_MAX_GROUPS, the
+    PLD within the RDP bound. Every disagreement is a note."""
     agreed = prv is not None and pld is not None and _disagreement(prv[1], pld) <= CROSSCHECK_TOLERANCE
     if prv is not None and pld is not None and not agreed:
         notes.append(
@@ -486,21 +539,9 @@ def _compose_groups(groups: tuple[Group, ...], delta: float) -> Composition:
         agreed = _disagreement(exact, pld) <= CROSSCHECK_TOLERANCE
         notes.append(f"dp-accounting PLD {_fmt(pld)} {'agrees' if agreed else 'DISAGREES'} with the exact "
                      f"randomised-response composition {_fmt(exact)}")
-
-    if many and pld is not None and exact_step is None:
+    if len(groups) > PRV_MAX_GROUPS and pld is not None and not exact_form:
         agreed = _rdp_bounds_pld(groups, delta, pld, notes)
-
-    candidates = [v for v in ((prv[2] if prv else None), pld, exact) if v is not None and not math.isnan(v)]
-    if candidates:
-        epsilon = min(max(candidates), pure)  # T epsilon' is a valid (epsilon, delta) bound too
-    else:
-        epsilon = inf
-        notes.append("no accountant could compose these events: epsilon is treated as infinite")
-    return Composition(
-        float(epsilon), delta, prv[2] if prv else None, pld, bool(agreed), tuple(notes),
-        epsilon_lower=prv[0] if prv else None, epsilon_estimate=prv[1] if prv else None,
-        epsilon_exact=None if math.isnan(exact) else exact, epsilon_pure=pure, prv_eps_error=eps_error,
-    )
+    return agreed
 
 
 _compose_cached = functools.lru_cache(maxsize=256)(_compose_groups)

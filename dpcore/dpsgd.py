@@ -62,13 +62,14 @@ from dpcore.events import DpEvent, dp_fewshot_event
 from dpcore.lm import pick_device
 from dpcore.mechanisms import noise_seed_sequence
 from dpcore.names import PROMPT_INITS, PROMPT_KINDS
-from dpcore.plan import PlannedSpend, PrivacyPlan
+from dpcore.plan import PrivacyPlan
 from dpcore.soft_prompt import (
     Example,
     TrainablePrompt,
     mean_loss,
     per_example_gradients,
 )
+from dpcore.spend import Spend
 
 PURPOSE = "dpsgd"
 MECHANISM = "gaussian"
@@ -202,8 +203,7 @@ def dpsgd_plan(epsilon: float, num_records: int, config: DpsgdConfig, delta: flo
     if not 0.0 < delta < 1.0:
         raise ConfigError(f"delta: must be in (0, 1), got {delta}")
     sigma = 0.0 if math.isinf(eps) else _calibrated(eps, q, steps, delta)
-    spend = PlannedSpend(mechanism=MECHANISM, noise_multiplier=sigma, sampling_rate=q, steps=steps,
-                         purpose=PURPOSE, what="DP-SGD steps on the trainable prompt")
+    spend = Spend.sampled_steps(MECHANISM, sigma, q, steps, PURPOSE, what="DP-SGD steps on the trainable prompt")
     parameters = {"kind": config.kind, "length": config.length, "init": config.init, "clip": config.clip,
                   "batch_size": config.batch_size, "epochs": steps * q, "steps": steps, "lr": config.lr,
                   "noise_multiplier": sigma, "sampling_rate": q, "training_records": num_records,

@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from dpcore import accounting
 from dpcore.config import GenerationConfig
 from dpcore.errors import ConfigError
-from dpcore.plan import PlannedSpend, PrivacyPlan
+from dpcore.plan import PrivacyPlan
+from dpcore.spend import Spend
 
 DP = "dp"
 SIGMA_ZERO = "sigma-zero"
@@ -147,8 +148,7 @@ class FewShotPlan(BaseModel):
 
     def _plan(self, method: str, epsilon: float, sigma: float, q: float, steps: int, what: str) -> PrivacyPlan:
         purpose = self.purpose or (PIPELINE_PURPOSE if method == DP else BASELINE_PURPOSE)
-        spend = PlannedSpend(mechanism=self.mechanism, noise_multiplier=float(sigma), sampling_rate=float(q),
-                             steps=int(steps), purpose=purpose, what=what)
+        spend = Spend.sampled_steps(self.mechanism, float(sigma), float(q), int(steps), purpose, what)
         return PrivacyPlan(method=method, epsilon=epsilon, delta=self.delta, spends=(spend,) * self.repeats,
                            parameters={"noise_multiplier": float(sigma), "sampling_rate": float(q),
                                        "steps": int(steps), "mechanism": self.mechanism,
@@ -163,8 +163,7 @@ def real_records_plan(name: str, mechanism: str, delta: float, purpose: str = BA
                       repeats: int = 1) -> PrivacyPlan:
     """Real private records placed in prompts with no noise (`random-real` demonstrations, the audit's
     non-private reference): an infinite spend (sigma = 0; q = 1, T = 1 only name the event)."""
-    spend = PlannedSpend(mechanism=mechanism, noise_multiplier=0.0, sampling_rate=1.0, steps=1, purpose=purpose,
-                         what=REAL_RECORDS_WHAT[name])
+    spend = Spend.sampled_steps(mechanism, 0.0, 1.0, 1, purpose, REAL_RECORDS_WHAT[name])
     return PrivacyPlan(method=name, epsilon=math.inf, delta=delta, spends=(spend,) * repeats,
                        parameters={"noise_multiplier": 0.0, "mechanism": mechanism})
 

@@ -3,9 +3,18 @@
 One SQLite file (`$DPICL_HOME/ledger.db` unless a path is given) with three tables:
 
     budgets(dataset_id, epsilon, delta, set_at)       one budget per dataset id
-    entries(id, dataset_id, content_hash, run_id, mechanism, noise_multiplier,
-            sampling_rate, steps, delta, epsilon_upper, purpose, status, created_at)
+    entries(id, dataset_id, content_hash, run_id, event, delta, epsilon_upper,
+            purpose, status, created_at)              one spend each (`dpcore.spend.Spend`)
     record_sets(content_hash, records, sketch)        what each content hash's records are
+
+An entry's `event` is its privacy event as JSON (`dpcore.events.event_to_json`: dp-accounting's
+event classes and ours), so any event the accountants compose is stored as it is, without a schema
+change: a generation's Poisson-sampled steps, a composed PromptPATE round, a Laplace release. The
+mechanism, sigma, q and T that `dpicl ledger show` prints are read back from the event
+(`Spend.mechanism` ...; None for an event of another shape). Schema 3; a ledger of schema 1 or 2
+(flat mechanism, noise_multiplier, sampling_rate, steps columns) is converted when opened, in one
+transaction: each row becomes the event those columns describe (`sampled_steps_event`), ids,
+times and statuses kept; a row that cannot be converted leaves the file as it was.
 
 Identity. `dataset_id` is a stable name the user chooses (default: the dataset name,
 `RunConfig.ledger_id`). It names a population of people, not a file: a data refresh that
@@ -28,8 +37,8 @@ generation. Instruction-only generation reads no private record and is never cha
 Non-private baselines a user opted into (sigma = 0 demos; real records as demos) are
 entries with purpose "baseline" and sigma = 0: infinite spends.
 
-Total spend. Each entry is a privacy event (`LedgerEntry.event()`,
-`dpcore.events.dp_fewshot_event`: T Poisson-sampled steps of the Gaussian or report-noisy-max
+Total spend. Each entry is a privacy event (`Spend.event`; a generation's is
+`dpcore.events.sampled_steps_event`: T Poisson-sampled steps of the Gaussian or report-noisy-max
 mechanism at sigma, q; sigma = 0 is non-private, an infinite spend), and all entries of a
 dataset id are composed by `dpcore.composition.compose` (Theorem A.3; Gopi et al. 2021), never
 by adding epsilons: prv-accountant's heterogeneous upper bound cross-checked by dp-accounting's
@@ -40,8 +49,8 @@ caller gives; with neither, the smallest entry delta).
 
 What a run has spent. Entries are matched on what was spent, never on the run id alone:
 `unrecorded(requests, entries)` keeps the requested spends that no entry of the same
-(dataset id, run id, content hash, mechanism, sigma, q, T, delta, purpose) already holds
-(a multiset match: two identical spends need two entries). `Ledger.charge_unrecorded`
+(dataset id, run id, content hash, event, delta, purpose) already holds (events compared field
+by field; a multiset match: two identical spends need two entries). `Ledger.charge_unrecorded`
 charges exactly those, in one transaction: a retry that replays the recorded noise draws
 is free, anything new under the same run id (another epsilon, another delta, other data)
 is charged and checked against the budget like any other spend. The release gate asks
@@ -61,6 +70,7 @@ sigma = 0 charge, in particular) is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sqlite3
@@ -68,29 +78,37 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from dpcore import composition, record_sets
+from dpcore import composition, events, record_sets
 from dpcore.composition import Composition, rnm_step_epsilon
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import BudgetExceededError, ConfigError, SameRecordsError
-from dpcore.names import Mechanism, check_mechanism
+from dpcore.names import PURPOSES
+from dpcore.spend import Spend
 
-if TYPE_CHECKING:
-    from dp_accounting.dp_event import DpEvent
-
-# pipeline / generate: DP few-shot generation (the flow / the `generate` command); audit: the
-# audit's own DP generations; baseline: a non-private baseline; pate / dpsgd: PromptPATE's votes
-# and PromptDPSGD's training steps.
-PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit", "baseline", "pate", "dpsgd")
 STATUS_CHARGED = "charged"
 
 LEDGER_FILENAME = "ledger.db"
-SCHEMA_VERSION = 2  # 2: record_sets (an older ledger gains the table when opened)
+# 2: record_sets (an older ledger gains the table when opened); 3: entries hold events (converted when opened)
+SCHEMA_VERSION = 3
 # A writer may hold the lock while it composes (seconds, rarely tens of seconds): wait for it.
 LOCK_TIMEOUT_S = 600.0
 
 _DATASET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
+
+_ENTRIES = """
+CREATE TABLE IF NOT EXISTS {table} (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    dataset_id    TEXT    NOT NULL,
+    content_hash  TEXT    NOT NULL,
+    run_id        TEXT    NOT NULL,
+    event         TEXT    NOT NULL,
+    delta         REAL    NOT NULL,
+    epsilon_upper REAL    NOT NULL,
+    purpose       TEXT    NOT NULL,
+    status        TEXT    NOT NULL DEFAULT 'charged',
+    created_at    TEXT    NOT NULL
+)"""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS budgets (
@@ -99,21 +117,7 @@ CREATE TABLE IF NOT EXISTS budgets (
     delta      REAL NOT NULL,
     set_at     TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS entries (
-    id               INTEGER PRIMARY KEY AUTOINCREMENT,
-    dataset_id       TEXT    NOT NULL,
-    content_hash     TEXT    NOT NULL,
-    run_id           TEXT    NOT NULL,
-    mechanism        TEXT    NOT NULL,
-    noise_multiplier REAL    NOT NULL CHECK (noise_multiplier >= 0),
-    sampling_rate    REAL    NOT NULL CHECK (sampling_rate > 0 AND sampling_rate <= 1),
-    steps            INTEGER NOT NULL CHECK (steps >= 1),
-    delta            REAL    NOT NULL,
-    epsilon_upper    REAL    NOT NULL,
-    purpose          TEXT    NOT NULL,
-    status           TEXT    NOT NULL DEFAULT 'charged',
-    created_at       TEXT    NOT NULL
-);
+""" + _ENTRIES.format(table="entries") + """;
 CREATE INDEX IF NOT EXISTS entries_by_dataset ON entries (dataset_id);
 CREATE INDEX IF NOT EXISTS entries_by_run ON entries (run_id);
 CREATE TABLE IF NOT EXISTS record_sets (
@@ -123,8 +127,10 @@ CREATE TABLE IF NOT EXISTS record_sets (
 );
 """
 
-_ENTRY_COLUMNS = ("id", "dataset_id", "content_hash", "run_id", "mechanism", "noise_multiplier",
-                  "sampling_rate", "steps", "delta", "epsilon_upper", "purpose", "status", "created_at")
+_ENTRY_COLUMNS = ("id", "dataset_id", "content_hash", "run_id", "event", "delta", "epsilon_upper", "purpose",
+                  "status", "created_at")
+# The flat columns of schemas 1 and 2, which describe a generation's event (`sampled_steps_event`).
+_FLAT_COLUMNS = ("mechanism", "noise_multiplier", "sampling_rate", "steps")
 
 
 # --------------------------------------------------------------------------- records
@@ -142,55 +148,12 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class ChargeRequest:
-    """One generation's privacy parameters, to be charged to `dataset_id` (not yet recorded)."""
-
-    dataset_id: str
-    content_hash: str
-    run_id: str
-    mechanism: Mechanism
-    noise_multiplier: float   # sigma; 0.0 = no noise (an infinite spend)
-    sampling_rate: float      # q = MN/|D_y|, the largest over the run's labels
-    steps: int                # T = max_tokens * demos_per_label
-    delta: float              # the delta the run was calibrated for
-    purpose: str              # one of PURPOSES
-
-    def event(self) -> DpEvent:
-        """What this charge costs, as a privacy event (`dpcore.events.dp_fewshot_event`)."""
-        return _charge_event(self)
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    id: int
-    dataset_id: str
-    content_hash: str
-    run_id: str
-    mechanism: Mechanism
-    noise_multiplier: float
-    sampling_rate: float
-    steps: int
-    delta: float
-    epsilon_upper: float      # this entry alone at its own delta (informational; totals compose)
-    purpose: str
-    status: str
-    created_at: str
-
-    def event(self) -> DpEvent:
-        """What this entry cost, as a privacy event (`dpcore.events.dp_fewshot_event`)."""
-        return _charge_event(self)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Spend:
+class DatasetSpend:
     """A dataset's total composed spend (`epsilon` at `delta`) and the entries it composes."""
 
     epsilon: float
     delta: float
-    entries: tuple[LedgerEntry, ...]
+    entries: tuple[Spend, ...]
     budget: Budget | None
     dataset_id: str = ""
     epsilon_prv: float | None = None
@@ -223,21 +186,12 @@ class Spend:
 # --------------------------------------------------------------------------- composition
 
 
-def _charge_event(charge) -> DpEvent:
-    """The event of one charged generation (anything with mechanism, noise_multiplier,
-    sampling_rate and steps): T Poisson-sampled steps of the mechanism at sigma."""
-    from dpcore.events import dp_fewshot_event
-
-    return dp_fewshot_event(charge.mechanism, charge.noise_multiplier, charge.sampling_rate, charge.steps)
-
-
-def compose_epsilon(charges: Iterable, delta: float) -> Composition:
-    """Composed epsilon at `delta` of charged generations (entries, requests, or anything with
-    mechanism, noise_multiplier, sampling_rate and steps): `dpcore.composition.compose` of their
+def compose_epsilon(spends: Iterable[Spend], delta: float) -> Composition:
+    """Composed epsilon at `delta` of spends (entries or requests): `dpcore.composition.compose` of their
     events."""
     if not 0 < delta < 1:
         raise ConfigError(f"delta: must be in (0, 1), got {delta}")
-    return composition.compose([_charge_event(charge) for charge in charges], float(delta))
+    return composition.compose([spend.event for spend in spends], float(delta))
 
 
 # --------------------------------------------------------------------------- validation
@@ -262,26 +216,26 @@ def _check_budget(epsilon, delta) -> tuple[float, float]:
     return epsilon, delta
 
 
-def _check_request(request: ChargeRequest) -> ChargeRequest:
+def _check_request(request: Spend) -> Spend:
+    """A spend fit to charge: bound to a dataset id, records and a run at a delta in (0, 1), for one of
+    PURPOSES, its event one the accountants compose (ConfigError naming the field otherwise)."""
+    if not isinstance(request, Spend):
+        raise ConfigError(f"a charge is a dpcore.spend.Spend, got {type(request).__name__}")
     _check_dataset_id(request.dataset_id)
     for name in ("content_hash", "run_id"):
         value = getattr(request, name)
         if not isinstance(value, str) or not value.strip() or len(value) > 200:
             raise ConfigError(f"{name}: must be a non-empty string of at most 200 characters, got {value!r}")
-    check_mechanism(request.mechanism)
     if request.purpose not in PURPOSES:
         raise ConfigError(f"purpose: must be one of {', '.join(PURPOSES)}, got {request.purpose!r}")
-    sigma, q, delta = float(request.noise_multiplier), float(request.sampling_rate), float(request.delta)
-    if not (math.isfinite(sigma) and sigma >= 0):
-        raise ConfigError(f"noise_multiplier: must be >= 0 (0 = no noise), got {request.noise_multiplier}")
-    if not 0 < q <= 1:
-        raise ConfigError(f"sampling_rate: must be in (0, 1], got {request.sampling_rate}")
-    if isinstance(request.steps, bool) or int(request.steps) != request.steps or int(request.steps) < 1:
-        raise ConfigError(f"steps: must be an integer >= 1, got {request.steps}")
+    try:
+        delta = float(request.delta)
+    except (TypeError, ValueError):
+        raise ConfigError(f"delta: must be a number in (0, 1), got {request.delta!r}") from None
     if not 0 < delta < 1:
         raise ConfigError(f"delta: must be in (0, 1), got {request.delta}")
-    return ChargeRequest(request.dataset_id, request.content_hash, request.run_id, request.mechanism,
-                         sigma, q, int(request.steps), delta, request.purpose)
+    composition.groups([request.event])  # ConfigError for an event the accountants cannot compose
+    return dataclasses.replace(request, delta=delta)
 
 
 def _fmt(value: float | None) -> str:
@@ -294,8 +248,8 @@ def _now() -> str:
 
 # --------------------------------------------------------------------------- what is already recorded
 
-# Floats round-trip exactly through SQLite REAL; the tolerance only absorbs a recomputation
-# of the same calibration (float noise), never a different sigma, q or delta.
+# Floats round-trip exactly through the stored JSON and SQLite REAL; the tolerance only absorbs a
+# recomputation of the same calibration (float noise), never a different sigma, q or delta.
 _MATCH_REL_TOL = 1e-9
 
 
@@ -304,29 +258,44 @@ def _close(a: float, b: float) -> bool:
     return a == b or math.isclose(a, b, rel_tol=_MATCH_REL_TOL, abs_tol=0.0)
 
 
-def same_spend(request, entry) -> bool:
-    """Whether `entry` records exactly the spend `request` describes (same data, run, mechanism,
-    sigma, q, T, delta and purpose)."""
+def _same_value(a, b) -> bool:
+    """Two events' stored forms (`dpcore.events.event_to_dict`) field by field: classes, counts and
+    names exactly, real parameters to the matching tolerance."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) or isinstance(b, float):
+        return (isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool)
+                and not isinstance(b, bool) and _close(a, b))
+    return type(a) is type(b) and a == b
+
+
+def same_event(a, b) -> bool:
+    """Whether two events are the same spend (`_same_value` on their stored forms)."""
+    return _same_value(events.event_to_dict(a), events.event_to_dict(b))
+
+
+def same_spend(request: Spend, entry: Spend) -> bool:
+    """Whether `entry` records exactly the spend `request` describes (same data, run, purpose, delta and
+    event)."""
     return (request.dataset_id == entry.dataset_id and request.run_id == entry.run_id
-            and request.content_hash == entry.content_hash and request.mechanism == entry.mechanism
-            and request.purpose == entry.purpose and int(request.steps) == int(entry.steps)
-            and _close(request.noise_multiplier, entry.noise_multiplier)
-            and _close(request.sampling_rate, entry.sampling_rate) and _close(request.delta, entry.delta))
+            and request.content_hash == entry.content_hash and request.purpose == entry.purpose
+            and _close(request.delta, entry.delta) and same_event(request.event, entry.event))
 
 
-def unrecorded(requests: Sequence[ChargeRequest], entries: Iterable[LedgerEntry]) -> list[ChargeRequest]:
+def unrecorded(requests: Sequence[Spend], entries: Iterable[Spend]) -> list[Spend]:
     """The requested spends that `entries` do not already hold, in request order.
 
     A multiset match: each entry accounts for at most one request, so asking twice for the
     same spend under one run id (two independent draws) needs two entries. Matching is on the
-    parameters of the spend (`same_spend`), never on the run id alone: the same run id with
-    another epsilon, delta, mechanism or dataset content is a new spend.
+    spend itself (`same_spend`: its event, delta and purpose, on the same data), never on the run
+    id alone: the same run id with another epsilon, delta, mechanism or dataset content is a new spend.
     """
     return _split_recorded(requests, entries)[0]
 
 
-def _split_recorded(requests: Sequence[ChargeRequest], entries: Iterable[LedgerEntry]
-                    ) -> tuple[list[ChargeRequest], list[LedgerEntry]]:
+def _split_recorded(requests: Sequence[Spend], entries: Iterable[Spend]) -> tuple[list[Spend], list[Spend]]:
     """(requests no entry holds, the entries that hold the others)."""
     pool = list(entries)
     new, recorded = [], []
@@ -339,15 +308,16 @@ def _split_recorded(requests: Sequence[ChargeRequest], entries: Iterable[LedgerE
     return new, recorded
 
 
-def matching_entries(entries: Iterable[LedgerEntry], *, run_id: str, mechanism: str, noise_multiplier: float,
+def matching_entries(entries: Iterable[Spend], *, run_id: str, mechanism: str, noise_multiplier: float,
                      sampling_rate: float, steps: int, delta: float,
-                     purposes: Sequence[str] = ("pipeline", "generate")) -> list[LedgerEntry]:
-    """Entries of `run_id` that record a spend with these calibration parameters (the release
-    gate: the released demos' (mechanism, sigma, q, T, delta) must be charged to that run)."""
+                     purposes: Sequence[str] = ("pipeline", "generate")) -> list[Spend]:
+    """Entries of `run_id` that record a spend with these calibration parameters (the release gate: the
+    released demos' (mechanism, sigma, q, T, delta) must be charged to that run): their events are the
+    event those parameters describe (`dpcore.events.sampled_steps_event`)."""
+    wanted = events.sampled_steps_event(mechanism, noise_multiplier, sampling_rate, steps)
     return [e for e in entries
-            if e.run_id == run_id and e.purpose in purposes and e.mechanism == mechanism
-            and int(e.steps) == int(steps) and _close(e.noise_multiplier, noise_multiplier)
-            and _close(e.sampling_rate, sampling_rate) and _close(e.delta, delta)]
+            if e.run_id == run_id and e.purpose in purposes and _close(e.delta, delta)
+            and same_event(e.event, wanted)]
 
 
 @dataclass(frozen=True)
@@ -355,9 +325,9 @@ class ChargeOutcome:
     """What `charge_unrecorded` did: the entries it inserted and the entries that already held
     the rest of the requested spends (a replay), with the dataset's composed spend after."""
 
-    charged: tuple[LedgerEntry, ...]
-    recorded: tuple[LedgerEntry, ...]
-    new_requests: tuple[ChargeRequest, ...]
+    charged: tuple[Spend, ...]
+    recorded: tuple[Spend, ...]
+    new_requests: tuple[Spend, ...]
     dry_run: bool = False
 
 
@@ -380,13 +350,11 @@ class Ledger:
         self.path = Path(path).expanduser().resolve()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as conn:
-            if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            if _schema_version(conn, self.path) < SCHEMA_VERSION:
                 conn.execute("BEGIN IMMEDIATE")
-                try:
-                    for statement in _SCHEMA.split(";"):
-                        if statement.strip():
-                            conn.execute(statement)
-                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                try:  # another process may have brought it up to date while this one waited for the lock
+                    if _schema_version(conn, self.path) < SCHEMA_VERSION:
+                        _upgrade(conn, self.path)
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")
@@ -424,12 +392,12 @@ class Ledger:
 
     # -- reads
 
-    def entries(self, dataset_id: str | None = None) -> list[LedgerEntry]:
+    def entries(self, dataset_id: str | None = None) -> list[Spend]:
         """All entries (of one dataset id, if given), oldest first."""
         with self._connect() as conn:
             return _read_entries(conn, dataset_id)
 
-    def entries_for_run(self, run_id: str) -> list[LedgerEntry]:
+    def entries_for_run(self, run_id: str) -> list[Spend]:
         with self._connect() as conn:
             rows = conn.execute(f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries WHERE run_id = ? ORDER BY id",
                                 (run_id,)).fetchall()
@@ -448,7 +416,7 @@ class Ledger:
                                 "ORDER BY dataset_id").fetchall()
         return [row[0] for row in rows]
 
-    def spend(self, dataset_id: str, delta: float | None = None) -> Spend:
+    def spend(self, dataset_id: str, delta: float | None = None) -> DatasetSpend:
         """The composed spend of all entries of `dataset_id` at `delta` (default: the budget's delta,
         else the smallest entry delta)."""
         with self._connect() as conn:
@@ -456,7 +424,7 @@ class Ledger:
             budget = _read_budget(conn, dataset_id)
         return _spend(dataset_id, entries, budget, delta)
 
-    def projected_spend(self, requests: Sequence[ChargeRequest], delta: float | None = None) -> Spend:
+    def projected_spend(self, requests: Sequence[Spend], delta: float | None = None) -> DatasetSpend:
         """The spend the dataset would have after these charges (nothing is recorded; no check)."""
         requests = [_check_request(r) for r in requests]
         dataset_id = _single_dataset(requests)
@@ -476,24 +444,25 @@ class Ledger:
     # -- charging
 
     def charge(self, dataset_id: str, content_hash: str, run_id: str, mechanism: str, noise_multiplier: float,
-               sampling_rate: float, steps: int, delta: float, purpose: str) -> LedgerEntry:
-        """Record one generation's spend, or refuse it; call BEFORE touching any private record.
+               sampling_rate: float, steps: int, delta: float, purpose: str) -> Spend:
+        """Record one generation's spend (`Spend.sampled_steps`), or refuse it; call BEFORE touching any
+        private record.
 
         `sampling_rate` is the largest q over the run's labels (labels compose in parallel).
         Raises `BudgetExceededError` (nothing recorded) when the composed spend including this
         charge would exceed the dataset's budget; with no budget set, always records.
         """
-        request = ChargeRequest(dataset_id, content_hash, run_id, mechanism, noise_multiplier, sampling_rate,
-                                steps, delta, purpose)
+        request = Spend.sampled_steps(mechanism, noise_multiplier, sampling_rate, steps, purpose,
+                                      dataset_id=dataset_id, content_hash=content_hash, run_id=run_id, delta=delta)
         return self.charge_many([request])[0]
 
-    def charge_many(self, requests: Sequence[ChargeRequest], same_records_ok: bool = False) -> list[LedgerEntry]:
+    def charge_many(self, requests: Sequence[Spend], same_records_ok: bool = False) -> list[Spend]:
         """Charge several generations of one dataset all-or-nothing (e.g. a run's epsilons and its
         audit's demo sets): refused as a whole when their composition with the dataset's entries
         would exceed its budget. Every request is charged, recorded or not (see `charge_unrecorded`)."""
         return list(self._charge(requests, skip_recorded=False, dry_run=False, same_records_ok=same_records_ok).charged)
 
-    def charge_unrecorded(self, requests: Sequence[ChargeRequest], dry_run: bool = False,
+    def charge_unrecorded(self, requests: Sequence[Spend], dry_run: bool = False,
                           same_records_ok: bool = False) -> ChargeOutcome:
         """Charge, in one transaction, each requested spend the ledger does not already hold
         (`unrecorded`, matched on the spend's parameters under the same run id): a retry that
@@ -503,21 +472,21 @@ class Ledger:
         `same_records_ok`: charge even when another dataset id already spends on these records."""
         return self._charge(requests, skip_recorded=True, dry_run=dry_run, same_records_ok=same_records_ok)
 
-    def check_charge(self, requests: Sequence[ChargeRequest], skip_recorded: bool = False,
+    def check_charge(self, requests: Sequence[Spend], skip_recorded: bool = False,
                      same_records_ok: bool = False) -> ChargeOutcome:
         """A dry run of `charge_many` (or of `charge_unrecorded` with `skip_recorded`): raises the same
         `BudgetExceededError` (or `SameRecordsError`) the charge would, records nothing (a refusal before
         any model loads)."""
         return self._charge(requests, skip_recorded=skip_recorded, dry_run=True, same_records_ok=same_records_ok)
 
-    def _charge(self, requests: Sequence[ChargeRequest], skip_recorded: bool, dry_run: bool,
+    def _charge(self, requests: Sequence[Spend], skip_recorded: bool, dry_run: bool,
                 same_records_ok: bool = False) -> ChargeOutcome:
         requests = [_check_request(r) for r in requests]
         if not requests:
             return ChargeOutcome((), (), (), dry_run)
         dataset_id = _single_dataset(requests)
 
-        def split(entries: list[LedgerEntry]) -> tuple[list[ChargeRequest], list[LedgerEntry]]:
+        def split(entries: list[Spend]) -> tuple[list[Spend], list[Spend]]:
             if not skip_recorded:
                 return list(requests), []
             return _split_recorded(requests, entries)
@@ -563,17 +532,13 @@ class Ledger:
                     if epsilon_upper is None:
                         epsilon_upper = compose_epsilon([request], request.delta).epsilon
                     cursor = conn.execute(
-                        "INSERT INTO entries (dataset_id, content_hash, run_id, mechanism, noise_multiplier, "
-                        "sampling_rate, steps, delta, epsilon_upper, purpose, status, created_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (request.dataset_id, request.content_hash, request.run_id, request.mechanism,
-                         request.noise_multiplier, request.sampling_rate, request.steps, request.delta,
-                         epsilon_upper, request.purpose, STATUS_CHARGED, created_at),
+                        "INSERT INTO entries (dataset_id, content_hash, run_id, event, delta, epsilon_upper, purpose, "
+                        "status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (request.dataset_id, request.content_hash, request.run_id, events.event_to_json(request.event),
+                         request.delta, epsilon_upper, request.purpose, STATUS_CHARGED, created_at),
                     )
-                    inserted.append(LedgerEntry(cursor.lastrowid, request.dataset_id, request.content_hash,
-                                                request.run_id, request.mechanism, request.noise_multiplier,
-                                                request.sampling_rate, request.steps, request.delta, epsilon_upper,
-                                                request.purpose, STATUS_CHARGED, created_at))
+                    inserted.append(dataclasses.replace(request, id=cursor.lastrowid, epsilon_upper=epsilon_upper,
+                                                        status=STATUS_CHARGED, created_at=created_at))
                 conn.execute("COMMIT")
             except (BudgetExceededError, SameRecordsError):
                 raise
@@ -582,6 +547,61 @@ class Ledger:
                     conn.execute("ROLLBACK")
                 raise
         return ChargeOutcome(tuple(inserted), tuple(recorded), tuple(new), False)
+
+
+def _schema_version(conn: sqlite3.Connection, path: Path) -> int:
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise ConfigError(f"ledger {path}: written by a newer dpicl (schema {version}; this one reads up to "
+                          f"{SCHEMA_VERSION}); nothing read or changed")
+    return version
+
+
+def _upgrade(conn: sqlite3.Connection, path: Path) -> None:
+    """Bring a ledger to SCHEMA_VERSION inside the caller's transaction: create what is missing and
+    convert flat entries (schemas 1, 2) to events."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(entries)")}
+    if "mechanism" in columns:
+        _convert_flat_entries(conn, path)
+    for statement in _SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _convert_flat_entries(conn: sqlite3.Connection, path: Path) -> None:
+    """Schemas 1 and 2 stored a generation's (mechanism, sigma, q, T): each row becomes the event they
+    describe (`dpcore.events.sampled_steps_event`), with its id, delta, epsilon_upper, purpose, status and
+    time; the id sequence goes on where it was."""
+    conn.execute(_ENTRIES.format(table="entries_events"))
+    kept = ("id", "dataset_id", "content_hash", "run_id", "delta", "epsilon_upper", "purpose", "status",
+            "created_at")
+    rows = conn.execute(f"SELECT {', '.join(kept + _FLAT_COLUMNS)} FROM entries ORDER BY id").fetchall()
+    converted = []
+    for row in rows:
+        flat = dict(zip(_FLAT_COLUMNS, row[len(kept):], strict=True))
+        # SQLite keeps any value in any column: a cell of the wrong type is named before it is read.
+        column = next((c for c, kinds in (("mechanism", str), ("noise_multiplier", int | float),
+                                          ("sampling_rate", int | float), ("steps", int))
+                       if not isinstance(flat[c], kinds)), None)
+        if column is None:
+            try:
+                event = events.sampled_steps_event(**flat)
+            except ConfigError as exc:  # its message starts with the field's name
+                column = next((c for c in _FLAT_COLUMNS if str(exc).startswith(c)), "/".join(_FLAT_COLUMNS))
+        if column is not None:
+            raise ConfigError(f"ledger {path}: entries row id {row[0]}, column {column}: not a spend this dpicl can "
+                              "convert to an event; the ledger is unchanged")
+        converted.append((*row[:4], events.event_to_json(event), *row[4:len(kept)]))
+    conn.executemany(f"INSERT INTO entries_events ({', '.join(kept[:4])}, event, {', '.join(kept[4:])}) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", converted)
+    sequence = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'entries'").fetchone()
+    conn.execute("DROP TABLE entries")  # its indexes and its sequence row go with it
+    conn.execute("ALTER TABLE entries_events RENAME TO entries")
+    if sequence is not None:
+        conn.execute("DELETE FROM sqlite_sequence WHERE name IN ('entries', 'entries_events')")
+        conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('entries', MAX(?, (SELECT COALESCE(MAX(id), 0) "
+                     "FROM entries)))", (sequence[0],))
 
 
 class _Connection:
@@ -600,15 +620,15 @@ class _Connection:
         self.conn.close()
 
 
-def _entry(row) -> LedgerEntry:
+def _entry(row) -> Spend:
     values = dict(zip(_ENTRY_COLUMNS, row, strict=True))
-    for key in ("noise_multiplier", "sampling_rate", "delta", "epsilon_upper"):
+    values["event"] = events.event_from_json(values["event"])
+    for key in ("delta", "epsilon_upper"):
         values[key] = float(values[key])
-    values["steps"] = int(values["steps"])
-    return LedgerEntry(**values)
+    return Spend(**values)
 
 
-def _read_entries(conn: sqlite3.Connection, dataset_id: str | None) -> list[LedgerEntry]:
+def _read_entries(conn: sqlite3.Connection, dataset_id: str | None) -> list[Spend]:
     query = f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries"
     if dataset_id is None:
         rows = conn.execute(query + " ORDER BY id").fetchall()
@@ -651,15 +671,15 @@ def _same_records_refusal(dataset_id: str, owner: str) -> str:
             f"budget for them knowingly (their privacy loss then adds up across both ids)")
 
 
-def _single_dataset(requests: Sequence[ChargeRequest]) -> str:
+def _single_dataset(requests: Sequence[Spend]) -> str:
     ids = {r.dataset_id for r in requests}
     if len(ids) != 1:
         raise ConfigError(f"one charge batch must name one dataset id, got {sorted(ids)}")
     return ids.pop()
 
 
-def _spend(dataset_id: str, entries: list[LedgerEntry], budget: Budget | None, delta: float | None,
-           extra: Sequence[ChargeRequest] = ()) -> Spend:
+def _spend(dataset_id: str, entries: list[Spend], budget: Budget | None, delta: float | None,
+           extra: Sequence[Spend] = ()) -> DatasetSpend:
     parts = [*entries, *extra]
     if delta is None:
         if budget is not None:
@@ -667,21 +687,20 @@ def _spend(dataset_id: str, entries: list[LedgerEntry], budget: Budget | None, d
         elif parts:
             delta = min(p.delta for p in parts)
     if delta is None:  # nothing recorded and no budget: nothing spent
-        return Spend(0.0, 0.0, tuple(entries), budget, dataset_id)
+        return DatasetSpend(0.0, 0.0, tuple(entries), budget, dataset_id)
     composition = compose_epsilon(parts, delta)
-    return Spend(composition.epsilon, composition.delta, tuple(entries), budget, dataset_id,
-                 composition.epsilon_prv, composition.epsilon_pld, composition.crosscheck_agreed,
-                 composition.warnings)
+    return DatasetSpend(composition.epsilon, composition.delta, tuple(entries), budget, dataset_id,
+                        composition.epsilon_prv, composition.epsilon_pld, composition.crosscheck_agreed,
+                        composition.warnings)
 
 
-def _refusal(dataset_id: str, entries: list[LedgerEntry], requests: Sequence[ChargeRequest], budget: Budget,
+def _refusal(dataset_id: str, entries: list[Spend], requests: Sequence[Spend], budget: Budget,
              after: Composition) -> str:
     # Computed after the transaction is rolled back (the lock is free again).
     current = compose_epsilon(entries, budget.delta).epsilon if entries else 0.0
     cost = compose_epsilon(requests, budget.delta).epsilon
     runs = ", ".join(sorted({r.run_id for r in requests}))
-    params = "; ".join(f"{r.mechanism} sigma={_fmt(r.noise_multiplier)} q={_fmt(r.sampling_rate)} T={r.steps}"
-                       for r in requests)
+    params = "; ".join(r.describe() for r in requests)
     why = " (noise_multiplier = 0 means no privacy: an infinite spend)" if math.isinf(cost) else ""
     return (
         f"privacy budget of dataset '{dataset_id}' would be exceeded; run {runs} refused and nothing charged. "
@@ -693,6 +712,6 @@ def _refusal(dataset_id: str, entries: list[LedgerEntry], requests: Sequence[Cha
 
 
 __all__ = [
-    "Budget", "ChargeOutcome", "ChargeRequest", "Composition", "Ledger", "LedgerEntry", "Spend",
-    "PURPOSES", "compose_epsilon", "matching_entries", "rnm_step_epsilon", "same_spend", "unrecorded",
+    "Budget", "ChargeOutcome", "Composition", "DatasetSpend", "Ledger", "PURPOSES", "SCHEMA_VERSION", "Spend",
+    "compose_epsilon", "matching_entries", "rnm_step_epsilon", "same_event", "same_spend", "unrecorded",
 ]

@@ -42,6 +42,10 @@ DEFAULT_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only")
 NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
 # PromptDPSGD's trainable prompt (`dpcore.soft_prompt`): s input embeddings, or keys and values at every layer
 # (P-tuning v2); P_0 from random vocabulary tokens' embeddings, or random.
+# What may spend privacy (the ledger's `purpose`). pipeline / generate: DP few-shot generation (the flow /
+# the `generate` command); audit: the audit's own DP generations; baseline: a non-private baseline;
+# pate / dpsgd: PromptPATE's votes and PromptDPSGD's training steps.
+PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit", "baseline", "pate", "dpsgd")
 PromptKind = Literal["soft-prompt", "prefix"]
 PROMPT_KINDS: tuple[str, ...] = get_args(PromptKind)
 PromptInit = Literal["vocab", "random"]

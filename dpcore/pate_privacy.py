@@ -37,7 +37,8 @@ from dpcore import composition
 from dpcore.config import flag
 from dpcore.errors import ConfigError, check_positive
 from dpcore.events import gaussian_event
-from dpcore.plan import PlannedSpend, PrivacyPlan
+from dpcore.plan import PrivacyPlan
+from dpcore.spend import Spend
 
 THRESHOLD_SENSITIVITY = 1.0         # |max_j n_j - max_j n'_j| <= 1 under add/remove of one record
 VOTE_SENSITIVITY = math.sqrt(2.0)   # ||n - n'||_2 <= sqrt(2): one teacher's vote moves to another class
@@ -63,15 +64,15 @@ def vote_noise_multiplier(sigma2: float) -> float:
     return float(gaussian_event(check_positive(flag("pate_sigma2"), sigma2), VOTE_SENSITIVITY).noise_multiplier)
 
 
-def pate_spends(sigma1: float, sigma2: float, queries: int) -> tuple[PlannedSpend, PlannedSpend]:
+def pate_spends(sigma1: float, sigma2: float, queries: int) -> tuple[Spend, Spend]:
     """The two spends of Q Confident-GNMax queries on the whole private set (q = 1): the threshold
     test and GNMax, each Q Gaussian steps (GNMax charged on every query: data-independent)."""
     q = _count("queries", queries)
     return (
-        PlannedSpend("gaussian", threshold_noise_multiplier(sigma1), 1.0, q, PURPOSE,
-                     "Confident-GNMax threshold test on every public query (Gaussian on the max vote count)"),
-        PlannedSpend("gaussian", vote_noise_multiplier(sigma2), 1.0, q, PURPOSE,
-                     "GNMax noisy argmax on every public query (Gaussian on the vote histogram)"),
+        Spend.sampled_steps("gaussian", threshold_noise_multiplier(sigma1), 1.0, q, PURPOSE,
+                            "Confident-GNMax threshold test on every public query (Gaussian on the max vote count)"),
+        Spend.sampled_steps("gaussian", vote_noise_multiplier(sigma2), 1.0, q, PURPOSE,
+                            "GNMax noisy argmax on every public query (Gaussian on the vote histogram)"),
     )
 
 
@@ -79,7 +80,7 @@ def data_independent_epsilon(sigma1: float, sigma2: float, queries: int, delta: 
     """Epsilon at `delta` of Q Confident-GNMax queries, valid for any vote histograms: the
     composition (`dpcore.composition.compose`) of the events of `pate_spends`, exactly what the
     ledger charges for them."""
-    return composition.compose([s.event() for s in pate_spends(sigma1, sigma2, queries)], delta).epsilon
+    return composition.compose([s.event for s in pate_spends(sigma1, sigma2, queries)], delta).epsilon
 
 
 def max_queries_within(epsilon: float, delta: float, sigma1: float, sigma2: float, *,

@@ -11,10 +11,11 @@ Every method turns its privacy parameters into the same typed, frozen `PrivacyPl
 - PromptDPSGD (Duan et al. Section 4.1, App. C.1 Algorithm 1): T Poisson-sampled Gaussian steps
   (noise multiplier sigma, rate q).
 
-A plan's `spends` are exactly what the ledger charges (one entry each), so the plan's composed
-epsilon and the ledger's charge are the same call: `dpcore.composition.compose(plan.events(),
-delta)`. `parameters` holds the method's public parameters (sigma, q, T, thresholds...), the
-values a `--json` output and MLflow show. A plan with no spends reads no private record (epsilon
+A plan's `spends` (`dpcore.spend.Spend`: an event and its purpose) are exactly what the ledger
+charges and stores (one entry each, `requests`), so the plan's composed epsilon and the ledger's
+charge are the same call: `dpcore.composition.compose(plan.events(), delta)`. `parameters` holds
+the method's public parameters (sigma, q, T, thresholds...), the values a `--json` output and
+MLflow show. A plan with no spends reads no private record (epsilon
 0: instruction-only generation, zero-shot).
 """
 
@@ -28,39 +29,13 @@ from typing import Any
 
 from dpcore import composition
 from dpcore.errors import ConfigError
-from dpcore.events import DpEvent, dp_fewshot_event
-from dpcore.ledger import ChargeRequest
-from dpcore.names import MECHANISMS, METHODS
+from dpcore.events import DpEvent
+from dpcore.names import METHODS
+from dpcore.spend import Spend
 
 # What a plan may be named: a method, or one of DP few-shot generation's charged rows (`dpcore.fewshot_plan`).
 FEWSHOT_ROWS: tuple[str, ...] = ("dp", "sigma-zero", "random-real", "audit-reference")
 PLAN_NAMES: tuple[str, ...] = METHODS + FEWSHOT_ROWS
-
-
-@dataclass(frozen=True)
-class PlannedSpend:
-    """One ledger entry's worth of privacy: `steps` uses of `mechanism` at noise multiplier
-    sigma, each on a Poisson sample of rate q of the private records (q = 1: all of them).
-    sigma = 0 is no noise: an infinite spend."""
-
-    mechanism: str            # "gaussian" | "rnm"
-    noise_multiplier: float   # sigma = noise std / L2 sensitivity
-    sampling_rate: float      # q
-    steps: int                # T
-    purpose: str              # the ledger purpose it is charged under
-    what: str = ""            # what it pays for, for people ("GNMax votes", "DP-SGD steps")
-
-    def __post_init__(self) -> None:
-        if self.mechanism not in MECHANISMS:
-            raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {self.mechanism!r}")
-
-    def event(self) -> DpEvent:
-        """`SelfComposedDpEvent(PoissonSampledDpEvent(q, step(sigma)), T)` (`dpcore.events`)."""
-        return dp_fewshot_event(self.mechanism, self.noise_multiplier, self.sampling_rate, self.steps)
-
-    @property
-    def non_private(self) -> bool:
-        return self.noise_multiplier == 0.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +48,7 @@ class PrivacyPlan:
     method: str
     epsilon: float
     delta: float
-    spends: tuple[PlannedSpend, ...] = ()
+    spends: tuple[Spend, ...] = ()
     parameters: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -92,19 +67,15 @@ class PrivacyPlan:
 
     def events(self) -> list[DpEvent]:
         """One event per spend, in order: what the ledger will hold for this plan."""
-        return [spend.event() for spend in self.spends]
+        return [spend.event for spend in self.spends]
 
     def composed(self):
         """This plan alone, composed at its delta (`dpcore.composition.compose`)."""
         return composition.compose(self.events(), self.delta)
 
-    def requests(self, dataset_id: str, content_hash: str, run_id: str) -> list:
-        """The plan's spends as ledger charge requests for one dataset, data content and run."""
-        return [ChargeRequest(dataset_id=dataset_id, content_hash=content_hash, run_id=run_id,
-                              mechanism=s.mechanism, noise_multiplier=float(s.noise_multiplier),
-                              sampling_rate=float(s.sampling_rate), steps=int(s.steps), delta=float(self.delta),
-                              purpose=s.purpose)
-                for s in self.spends]
+    def requests(self, dataset_id: str, content_hash: str, run_id: str) -> list[Spend]:
+        """The plan's spends as ledger charge requests for one dataset, data content and run, at its delta."""
+        return [spend.bound(dataset_id, content_hash, run_id, self.delta) for spend in self.spends]
 
     def to_dict(self) -> dict[str, Any]:
         """Public: the method's parameters and spends (no private quantity is ever in a plan)."""

@@ -39,6 +39,7 @@ from dpcore import composition
 from dpcore.artifacts import read_table, verify_manifest
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
+from dpcore.events import sampled_steps_event
 from dpcore.pate_teachers import Teachers
 from dpcore.sampling import ACCOUNTED_SAMPLERS
 
@@ -383,13 +384,10 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
 
 def plan_crosscheck(spends: tuple[dict, ...], delta: float) -> bool:
     """The accountant cross-check (PRV vs PLD, `dpcore.composition.compose`) on a plan's spends."""
-    # dp-accounting loads here, not when the module is imported
-    from dpcore.plan import PlannedSpend
-
     if not spends or any(float(s["noise_multiplier"]) <= 0 for s in spends):
         return False
-    events = [PlannedSpend(str(s["mechanism"]), float(s["noise_multiplier"]), float(s["sampling_rate"]),
-                           int(s["steps"]), str(s["purpose"])).event() for s in spends]
+    events = [sampled_steps_event(str(s["mechanism"]), float(s["noise_multiplier"]), float(s["sampling_rate"]),
+                                  int(s["steps"])) for s in spends]
     return bool(composition.compose(events, delta).crosscheck_agreed)
 
 

@@ -53,7 +53,7 @@ NON_PRIVATE_BASELINES = (SIGMA_ZERO, RANDOM_REAL)
 TINY_CONTEXT_LENGTH = 2048  # LanguageModel.tiny_random's max_position_embeddings
 
 
-def real_records_spend(config, data_hash: str, run_id: str, delta: float) -> ledger.ChargeRequest:
+def real_records_spend(config, data_hash: str, run_id: str, delta: float) -> ledger.Spend:
     """Real private records placed in prompts with no noise (random-real demos, the non-private reference
     audit): an infinite spend (`dpcore.fewshot_plan.real_records_plan`), purpose "baseline"."""
     return real_records_plan(RANDOM_REAL, config.mechanism, delta).requests(config.ledger_id, data_hash, run_id)[0]
@@ -135,12 +135,12 @@ def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: b
                          fresh=fresh, same_records_ok=same_records_ok)
 
 
-def plan_spends(dataset_id: str, data_hash: str, run_id: str, plans) -> list[tuple[str, float, ledger.ChargeRequest]]:
+def plan_spends(dataset_id: str, data_hash: str, run_id: str, plans) -> list[tuple[str, float, ledger.Spend]]:
     """(method, epsilon, request) of every spend of `dpcore.plan.PrivacyPlan`s."""
     return [(p.method, p.epsilon, request) for p in plans for request in p.requests(dataset_id, data_hash, run_id)]
 
 
-def planned_cost(spends: list[tuple[str, float, ledger.ChargeRequest]]) -> dict:
+def planned_cost(spends: list[tuple[str, float, ledger.Spend]]) -> dict:
     """The composed privacy cost of a run's spends, as the ledger composes them (`ledger.compose_epsilon`
     at the smallest delta among them), overall and per method. Public: parameters only."""
     if not spends:
@@ -157,7 +157,7 @@ def planned_cost(spends: list[tuple[str, float, ledger.ChargeRequest]]) -> dict:
             "methods": {m: composed(requests) for m, requests in methods.items()}}
 
 
-def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.ChargeRequest]],
+def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.Spend]],
                   dry_run: bool = False, fresh: bool = False, same_records_ok: bool = False) -> dict:
     """The one charging path: (method, epsilon, request) spends, charged in ONE all-or-nothing
     transaction (`Ledger.charge_unrecorded`; `fresh`: `Ledger.charge_many`, every spend anew), or
@@ -269,7 +269,7 @@ def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None
 
 
 def ledger_spends(path: str | None, dataset_id: str | None = None, delta: float | None = None) -> tuple[str, list]:
-    """(the ledger file, the composed `dpcore.ledger.Spend` of `dataset_id`, or of every dataset id the ledger
+    """(the ledger file, the composed `dpcore.ledger.DatasetSpend` of `dataset_id`, or of every dataset id the ledger
     holds), composed at `delta` (None: the budget's delta, else the smallest entry delta)."""
     book = ledger.Ledger(path)
     known = book.dataset_ids()
@@ -287,10 +287,11 @@ def set_budget(path: str | None, dataset_id: str, epsilon: float, delta: float) 
 
 
 def record_spend(path: str | None, request: dict) -> tuple:
-    """Record a spend made outside dpicl (a `dpcore.ledger.ChargeRequest`'s fields), refused beyond the
-    budget (`BudgetExceededError`, exit 3): (the entry, the dataset's composed spend)."""
+    """Record a spend made outside dpicl: T Poisson-sampled steps (`dpcore.spend.Spend.sampled_steps`'
+    arguments with the dataset id, content hash, run id and delta), refused beyond the budget
+    (`BudgetExceededError`, exit 3): (the entry, the dataset's composed spend)."""
     book = ledger.Ledger(path)
-    entry = book.charge_many([ledger.ChargeRequest(**request)])[0]
+    entry = book.charge_many([ledger.Spend.sampled_steps(**request)])[0]
     return entry, book.spend(request["dataset_id"])
 
 

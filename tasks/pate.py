@@ -28,9 +28,13 @@ from dpcore.config import flag
 from dpcore.errors import ConfigError, DpiclError
 from dpcore.gnmax import check_gnmax_parameters, default_threshold
 from dpcore.home import is_private_path
+from dpcore.pate_privacy import labelling_checkpoints, max_queries_within, pate_plan
 from dpcore.pate_student import select_student, student_candidates
 from dpcore.pate_teachers import Teachers, assign_teachers, check_flock_size
+from dpcore.plan import PrivacyPlan
+from dpcore.spend import Spend
 from dpcore.taskspec import load_task_spec
+from tasks.charge import charge_plans, preflight
 from tasks.common import (
     cached_task,
     derive_seed,
@@ -86,9 +90,6 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
     """(plans, Q per repeat): the Confident-GNMax plan for R repeats of Q queries (`dpcore.pate_privacy`), and
     the non-private baselines' infinite spend when asked. With a target epsilon, Q is cut to what the
     target affords over the R repeats (labelling stops at the budget)."""
-    from dpcore.pate_privacy import max_queries_within, pate_plan
-    from dpcore.plan import PlannedSpend, PrivacyPlan
-
     repeats = settings["repeats"]
     per_repeat = config.pate_queries
     if config.pate_target_epsilon is not None:
@@ -109,7 +110,7 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
                        threshold_sigma=settings["sigma1"], vote_sigma=settings["sigma2"],
                        teachers=settings["teachers"], threshold=settings["threshold"])]
     if set(config.pate_baselines) & set(NON_PRIVATE_BASELINES):
-        plans.append(PrivacyPlan(method="pate", epsilon=math.inf, delta=delta, spends=(PlannedSpend(
+        plans.append(PrivacyPlan(method="pate", epsilon=math.inf, delta=delta, spends=(Spend.sampled_steps(
             "gaussian", 0.0, 1.0, 1, "baseline", "PromptPATE non-private baselines: teacher prompts on the test "
             "split (ensemble, best single teacher)"),), parameters={"baselines": sorted(config.pate_baselines)}))
     return plans, per_repeat
@@ -121,8 +122,6 @@ NON_PRIVATE_BASELINES = ("ensemble", "upper-bound")
 def checkpoints(epsilons: list[float], settings: dict, per_repeat: int, delta: float) -> list[dict]:
     """The smaller epsilons a run reports from prefixes of its labelling
     (`dpcore.pate_privacy.labelling_checkpoints`): epsilon, Q_i per repeat, its data-independent epsilon."""
-    from dpcore.pate_privacy import labelling_checkpoints
-
     return [{"epsilon": eps, "queries": prefix, "epsilon_data_independent": bound}
             for eps, prefix, bound in labelling_checkpoints(epsilons, delta, settings["sigma1"], settings["sigma2"],
                                                            repeats=settings["repeats"], queries=per_repeat)]
@@ -131,8 +130,6 @@ def checkpoints(epsilons: list[float], settings: dict, per_repeat: int, delta: f
 def check_before_run(config, run_id: str | None) -> dict:
     """Every check and the budget's dry run before `dpicl pate` writes a file or loads a model (over budget:
     `BudgetExceededError`, exit 3): {"plans", "queries" (Q per repeat), "delta"}."""
-    from tasks.charge import charge_plans, preflight
-
     preflight(config)
     spec = load_task_spec(config.task_spec or config.dataset)
     if spec.kind != "classification":

@@ -30,6 +30,7 @@ from dpcore.artifacts import file_sha256, read_table, write_json_atomic, write_m
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, subdir
+from tasks.charge import AUDIT_REFERENCE, charge_spends, real_records_spend
 from tasks.common import code_version, derive_seed, language_model, report_progress, safe_name, stop_requested
 from tasks.tracking import mlflow_client
 
@@ -438,7 +439,6 @@ def _reseal(artifact: gate.Artifact) -> None:
 def _charge_real_records(artifact: gate.Artifact) -> dict:
     """The single-teacher contrast's infinite spend (real records in prompts), one transaction, under the run id."""
     from dpcore.config import RunConfig
-    from tasks.charge import AUDIT_REFERENCE, charge_spends, real_records_spend
 
     config = RunConfig(dataset=str(artifact.info.get("dataset") or artifact.dataset_id), dataset_id=artifact.dataset_id)
     request = real_records_spend(config, str(artifact.info["data_hash"]), artifact.run_id, artifact.delta)

@@ -53,7 +53,7 @@ def ingested_method_plans(config, ingested: dict, delta: float) -> list:
     return method_plans(config, data, delta)
 
 
-def run_spends(config, run_id: str | None = None) -> tuple[list[tuple[str, float, ledger.ChargeRequest]], object]:
+def run_spends(config, run_id: str | None = None) -> tuple[list[tuple[str, float, ledger.Spend]], object]:
     """Every spend the run will charge, for every method it names, from the data and the accountant
     alone (no model, no Prefect server, nothing written): (spends, the loaded dataset). DP few-shot
     generation's plan is the one the pipeline's calibration stage makes (`tasks.calibrate.plan_arguments`)."""

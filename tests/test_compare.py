@@ -156,7 +156,7 @@ def test_pate_reports_every_smaller_epsilon_from_one_labelling_charged_once(tiny
     # charged once, for the whole labelling: the two Gaussian spends of 2 x 10 queries
     entries = Ledger().entries("compare-pate-checkpoints")
     assert len(entries) == 2 and {e.steps for e in entries} == {20}
-    assert compose([e.event() for e in entries], delta).epsilon == pytest.approx(pate["epsilon"])
+    assert compose([e.event for e in entries], delta).epsilon == pytest.approx(pate["epsilon"])
 
     run_dir = Path(summary["run_dir"])
     queries = pd.read_parquet(run_dir / "pate_queries.parquet").reset_index(drop=True)

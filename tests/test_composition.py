@@ -47,14 +47,14 @@ def test_ledger_spend_is_the_composition_of_its_entries_events(tmp_path, monkeyp
     monkeypatch.setattr(composition, "compose", spy)
     spend = ledger.spend("ds", delta=DELTA)
     entries = ledger.entries("ds")
-    assert calls == [([e.event() for e in entries], DELTA)]  # the ledger's spend is this one call ...
+    assert calls == [([e.event for e in entries], DELTA)]  # the ledger's spend is this one call ...
     direct = real([dp_fewshot_event("gaussian", 0.7, 0.01, 30), dp_fewshot_event("rnm", 1.0, 0.01, 20)], DELTA,
                   cache=False)
     assert (spend.epsilon, spend.epsilon_prv, spend.epsilon_pld, spend.crosscheck_agreed, spend.warnings) == (
         direct.epsilon, direct.epsilon_prv, direct.epsilon_pld, direct.crosscheck_agreed, direct.warnings)
     # ... and the accountant's report of one label is the same composition of that label's event
     report = accounting.epsilon_for(0.7, 0.01, 30, DELTA, cache_dir=False)
-    alone = real([entries[0].event()], DELTA)
+    alone = real([entries[0].event], DELTA)
     assert (report.epsilon, report.epsilon_crosscheck, report.epsilon_estimate) == (
         alone.epsilon, alone.epsilon_pld, alone.epsilon_estimate)
     assert entries[0].epsilon_upper == alone.epsilon

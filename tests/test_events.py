@@ -13,14 +13,15 @@ from dp_accounting.dp_event import (
     NonPrivateDpEvent,
     NoOpDpEvent,
     PoissonSampledDpEvent,
+    RandomizedResponseDpEvent,
     SelfComposedDpEvent,
 )
 
 from dpcore import composition, events
 from dpcore.errors import ConfigError
 from dpcore.events import ReportNoisyMaxDpEvent, dp_fewshot_event, gaussian_event
-from dpcore.ledger import ChargeRequest, LedgerEntry
 from dpcore.names import MECHANISMS
+from dpcore.spend import Spend
 
 
 def test_fewshot_event_is_self_composed_poisson_sampled_step():
@@ -64,11 +65,44 @@ def test_gaussian_event_with_its_own_sensitivity():
         gaussian_event(1.0, 0.0)
 
 
-def test_ledger_rows_are_events():
-    request = ChargeRequest("ds", "h", "run", "rnm", 0.7, 0.02, 30, 1e-5, "pipeline")
-    entry = LedgerEntry(1, "ds", "h", "run", "gaussian", 0.7, 0.02, 30, 1e-5, 2.0, "pipeline", "charged", "now")
-    assert request.event() == dp_fewshot_event("rnm", 0.7, 0.02, 30)
-    assert entry.event() == dp_fewshot_event("gaussian", 0.7, 0.02, 30)
+def test_a_spend_is_its_event_and_reads_its_parameters_back():
+    request = Spend.sampled_steps("rnm", 0.7, 0.02, 30, "pipeline", dataset_id="ds", content_hash="h", run_id="run",
+                                  delta=1e-5)
+    assert request.event == dp_fewshot_event("rnm", 0.7, 0.02, 30)
+    assert (request.mechanism, request.noise_multiplier, request.sampling_rate, request.steps) == ("rnm", 0.7, 0.02, 30)
+    # no noise keeps the spend's shape (what ran), and still composes to an infinite spend
+    baseline = Spend.sampled_steps("gaussian", 0.0, 1.0, 1, "baseline")
+    assert baseline.event == SelfComposedDpEvent(PoissonSampledDpEvent(1.0, GaussianDpEvent(0.0)), 1)
+    assert baseline.non_private and (baseline.mechanism, baseline.noise_multiplier) == ("gaussian", 0.0)
+    assert math.isinf(composition.compose([baseline.event], 1e-5).epsilon)
+    # another event shape: its kind, and no sigma, q or T to show
+    other = Spend(ComposedDpEvent([dp_fewshot_event("gaussian", 1.0, 0.1, 3), LaplaceDpEvent(2.0)]), "pate")
+    assert (other.mechanism, other.noise_multiplier, other.sampling_rate, other.steps) == ("composed", None, None, None)
+    assert Spend(LaplaceDpEvent(2.0), "pate").mechanism == "laplace"
+
+
+@pytest.mark.parametrize("event", [
+    dp_fewshot_event("gaussian", 0.7, 0.02, 30),
+    dp_fewshot_event("rnm", 1 / 3, 0.1, 7),
+    ComposedDpEvent([SelfComposedDpEvent(PoissonSampledDpEvent(0.25, LaplaceDpEvent(0.1 + 0.2)), 3),
+                     NonPrivateDpEvent(), NoOpDpEvent(), ComposedDpEvent([])]),
+])
+def test_stored_events_read_back_equal(event):
+    text = events.event_to_json(event)
+    assert events.event_from_json(text) == event
+    assert events.event_to_json(events.event_from_json(text)) == text  # stable: one text per event
+    assert '"class_name":"' in text and "dpcore" not in text  # names classes, never modules
+
+
+def test_a_stored_event_names_only_known_classes():
+    with pytest.raises(ConfigError, match="unknown event class"):
+        events.event_from_json('{"class_name":"Popen","args":["true"]}')
+    with pytest.raises(ConfigError, match="no field"):
+        events.event_from_json('{"class_name":"GaussianDpEvent","noise_multiplier":1.0,"extra":2}')
+    with pytest.raises(ConfigError, match="JSON"):
+        events.event_from_json("not json")
+    with pytest.raises(ConfigError, match="cannot store"):
+        events.event_to_json(object())
 
 
 def test_events_reduce_to_groups_of_steps():
@@ -82,5 +116,6 @@ def test_events_reduce_to_groups_of_steps():
     assert composition.groups([NoOpDpEvent()]) == ()
     assert composition.groups([a, NonPrivateDpEvent()]) == ((composition.NONPRIVATE, 0.0, 1.0, 1),)
     assert composition.groups([GaussianDpEvent(0.0)]) == ((composition.NONPRIVATE, 0.0, 1.0, 1),)
+    assert composition.groups([PoissonSampledDpEvent(0.1, LaplaceDpEvent(1.0))]) == (("laplace", 1.0, 0.1, 1),)
     with pytest.raises(ConfigError, match="cannot account"):
-        composition.groups([LaplaceDpEvent(1.0)])
+        composition.groups([RandomizedResponseDpEvent(0.5, 2)])

@@ -54,7 +54,7 @@ def test_what_is_charged_is_the_plan_and_composes_within_the_target(plan):
         plan.calibration(2.0).noise_multiplier, plan.sampling_rate, plan.steps, "pipeline")
     # the ledger's request is the plan's spend; its composition is the accountant's upper bound
     (request,) = dp.requests("ds", "h", "r")
-    assert request.event() == spend.event()
+    assert request.event == spend.event
     assert composition.compose(dp.events(), DELTA).epsilon == pytest.approx(plan.calibration(2.0).epsilon_upper,
                                                                            rel=1e-6)
     assert plans["sigma-zero"].spends[0].non_private and plans["sigma-zero"].spends[0].purpose == "baseline"

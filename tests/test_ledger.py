@@ -16,7 +16,7 @@ import pytest
 
 from dpcore import ledger as ledger_module
 from dpcore.errors import BudgetExceededError, ConfigError
-from dpcore.ledger import ChargeRequest, Ledger, compose_epsilon, rnm_step_epsilon
+from dpcore.ledger import Ledger, Spend, compose_epsilon, rnm_step_epsilon
 
 REPO = Path(__file__).resolve().parents[1]
 DELTA = 1e-5
@@ -127,7 +127,8 @@ def test_refusal_at_budget_names_spend_cost_and_budget(ledger):
 
 def test_charge_many_is_all_or_nothing(ledger):
     ledger.set_budget("ds", BUDGET_FOR_ONE, DELTA)
-    requests = [ChargeRequest("ds", "h", f"run-{i}", "gaussian", SIGMA, Q, T, DELTA, "audit") for i in range(2)]
+    requests = [Spend.sampled_steps("gaussian", SIGMA, Q, T, "audit", dataset_id="ds", content_hash="h",
+                                    run_id=f"run-{i}", delta=DELTA) for i in range(2)]
     with pytest.raises(BudgetExceededError):
         ledger.charge_many(requests)
     assert ledger.entries("ds") == []
@@ -328,11 +329,12 @@ def test_noise_may_be_drawn_only_for_the_spends_this_attempt_charged():
     """A retry that adds a spend (one more DP-SGD training) replays the first training's spend and charges
     the second: only the second may draw fresh noise. Keyed on the (method, epsilon) pair, the first one
     could redraw under its old charge."""
-    from dpcore.ledger import ChargeRequest
+    from dpcore.ledger import Spend
     from tasks.charge import charge_spends, noise_charged
 
-    def request(run_id: str) -> ChargeRequest:
-        return ChargeRequest("redraw-ds", "hash-a", run_id, "gaussian", 0.8, 0.01, 20, DELTA, "dpsgd")
+    def request(run_id: str) -> Spend:
+        return Spend.sampled_steps("gaussian", 0.8, 0.01, 20, "dpsgd", dataset_id="redraw-ds", content_hash="hash-a",
+                                   run_id=run_id, delta=DELTA)
 
     first = charge_spends("redraw-ds", [("dpsgd", 8.0, request("retry-run"))])
     assert noise_charged(first, "dpsgd", 8.0, 0) and noise_charged(first, "dpsgd", 8.0)

@@ -20,14 +20,15 @@ from pydantic import ValidationError
 
 from dpcore.config import RunConfig
 from dpcore.errors import BudgetExceededError, ConfigError
-from dpcore.ledger import ChargeRequest, Ledger, matching_entries, same_spend, unrecorded
+from dpcore.ledger import Ledger, Spend, matching_entries, same_spend, unrecorded
 
 DELTA = 1e-3
 
 
 def _request(run_id="run-a", sigma=0.9, q=0.02, steps=4, delta=DELTA, purpose="pipeline", content_hash="h1",
-             dataset_id="ds", mechanism="gaussian") -> ChargeRequest:
-    return ChargeRequest(dataset_id, content_hash, run_id, mechanism, sigma, q, steps, delta, purpose)
+             dataset_id="ds", mechanism="gaussian") -> Spend:
+    return Spend.sampled_steps(mechanism, sigma, q, steps, purpose, dataset_id=dataset_id, content_hash=content_hash,
+                               run_id=run_id, delta=delta)
 
 
 @pytest.fixture()
@@ -177,10 +178,10 @@ def test_opted_in_non_private_baselines_are_infinite_spends_with_a_warning(book,
 
 
 def test_audit_hook_never_fails_open():
-    from dpcore.plan import PlannedSpend, PrivacyPlan
+    from dpcore.plan import PrivacyPlan
     from tasks.charge import audit_charge_hook
 
-    plan = PrivacyPlan("dp", 2.0, DELTA, (PlannedSpend("gaussian", 1.0, 0.1, 4, "audit"),))
+    plan = PrivacyPlan("dp", 2.0, DELTA, (Spend.sampled_steps("gaussian", 1.0, 0.1, 4, "audit"),))
     for dataset_id, run_id in ((None, "r"), ("ds", None)):
         with pytest.raises(ConfigError, match="audit"):
             audit_charge_hook(dataset_id, "h1", run_id, plan)
@@ -188,11 +189,11 @@ def test_audit_hook_never_fails_open():
 
 def test_every_audit_demo_set_is_charged_anew(book, monkeypatch):
     """A retried audit draws fresh noise for each demo set: each is charged, never replayed."""
-    from dpcore.plan import PlannedSpend, PrivacyPlan
+    from dpcore.plan import PrivacyPlan
     from tasks import charge
 
     monkeypatch.setattr(charge.ledger, "Ledger", lambda: book)
-    spend = PlannedSpend("gaussian", 1.0, 0.1, 4, "audit")
+    spend = Spend.sampled_steps("gaussian", 1.0, 0.1, 4, "audit")
     hook = charge.audit_charge_hook("ds", "h1", "r", PrivacyPlan("dp", 2.0, DELTA, (spend, spend)))
     for demo_set in (0, 1, 0, 1):
         hook(demo_set)

@@ -69,7 +69,7 @@ def test_spends_are_gaussian_on_all_data_with_the_sensitivities():
     assert threshold.noise_multiplier == 2.0
     assert (votes.mechanism, votes.sampling_rate, votes.steps) == ("gaussian", 1.0, 300)
     assert votes.noise_multiplier == pytest.approx(20.0 / math.sqrt(2))
-    assert threshold.event() == SelfComposedDpEvent(PoissonSampledDpEvent(1.0, GaussianDpEvent(2.0)), 300)
+    assert threshold.event == SelfComposedDpEvent(PoissonSampledDpEvent(1.0, GaussianDpEvent(2.0)), 300)
 
 
 def _exact_gaussian_epsilon(mu: float, delta: float) -> float:

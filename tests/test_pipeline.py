@@ -452,7 +452,7 @@ def test_sigma_follows_the_plan_from_calibration_to_the_mechanism(run, monkeypat
         row = calibration.loc[[e for e, s in planned.items() if s == entry.noise_multiplier][0]]
         assert (entry.sampling_rate, entry.steps, entry.delta) == (row["sampling_rate"], row["steps"], row["delta"])
     delta = entries[0].delta
-    ledger_spend = compose([e.event() for e in entries], delta)
-    plan_spend = compose([spend.event() for p in direct.privacy_plans() for spend in p.spends
+    ledger_spend = compose([e.event for e in entries], delta)
+    plan_spend = compose([spend.event for p in direct.privacy_plans() for spend in p.spends
                           if p.method == "dp"], delta)
     assert ledger_spend.epsilon == plan_spend.epsilon

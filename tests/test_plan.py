@@ -9,15 +9,16 @@ import pytest
 from dpcore import composition
 from dpcore.errors import BudgetExceededError, ConfigError
 from dpcore.ledger import Ledger
-from dpcore.plan import PlannedSpend, PrivacyPlan
+from dpcore.plan import PrivacyPlan
+from dpcore.spend import Spend
 from tasks.charge import charge_plans
 
 
 def _pate_like_plan(delta: float = 1e-6) -> PrivacyPlan:
     # Two Gaussian spends on the whole data (q = 1): a threshold test and a vote, 50 queries each.
     return PrivacyPlan(method="pate", epsilon=8.0, delta=delta, spends=(
-        PlannedSpend("gaussian", 40.0, 1.0, 50, "pate", "threshold"),
-        PlannedSpend("gaussian", 40.0 / math.sqrt(2), 1.0, 50, "pate", "votes"),
+        Spend.sampled_steps("gaussian", 40.0, 1.0, 50, "pate", "threshold"),
+        Spend.sampled_steps("gaussian", 40.0 / math.sqrt(2), 1.0, 50, "pate", "votes"),
     ), parameters={"queries": 50})
 
 

@@ -80,9 +80,10 @@ def _charge(ledger: Ledger, dataset_id: str, content_hash: str, run_id: str = "r
 
 
 def _request(dataset_id, content_hash, run_id="run"):
-    from dpcore.ledger import ChargeRequest
+    from dpcore.ledger import Spend
 
-    return ChargeRequest(dataset_id, content_hash, run_id, "gaussian", 1.0, 0.01, 10, DELTA, "pipeline")
+    return Spend.sampled_steps("gaussian", 1.0, 0.01, 10, "pipeline", dataset_id=dataset_id, content_hash=content_hash,
+                               run_id=run_id, delta=DELTA)
 
 
 @pytest.fixture()

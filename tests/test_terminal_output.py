@@ -16,12 +16,13 @@ from test_cli_experience import DPICL, REPO, _env  # the subprocess harness of t
 
 def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
     """`dpicl ledger show | head`: the reader goes away before dpicl writes; no traceback, exit 141."""
-    from dpcore.ledger import ChargeRequest, Ledger
+    from dpcore.ledger import Ledger, Spend
 
     home = tmp_path / "home"
     home.mkdir()
     book = Ledger(home / "ledger.db")
-    book.charge_many([ChargeRequest("pipe", "c" * 64, f"run-{i}", "gaussian", 1.0, 0.01, 10, 1e-5, "generate")
+    book.charge_many([Spend.sampled_steps("gaussian", 1.0, 0.01, 10, "generate", dataset_id="pipe", content_hash="c" * 64,
+                                          run_id=f"run-{i}", delta=1e-5)
                       for i in range(300)])  # more lines than a pipe buffer holds
     proc = subprocess.Popen(DPICL + ["ledger", "show", "--dataset", "pipe"], cwd=tmp_path, env=_env(home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 
 from dpcore.display import fmt_delta, fmt_eps
-from dpcore.ledger import PURPOSES
-from dpcore.names import MECHANISMS
+from dpcore.names import MECHANISMS, PURPOSES
 from flows.cli.common import print_json
 
 
@@ -100,7 +99,7 @@ def _print_spend(spend) -> None:
                   "epsilon_alone(own delta)", "content_hash")
         rows = [header] + [
             (str(e.id), e.created_at, e.run_id, e.purpose, e.mechanism, _fmt(e.noise_multiplier),
-             _fmt(e.sampling_rate), str(e.steps), fmt_delta(e.delta), _fmt(e.epsilon_upper), e.content_hash[:12])
+             _fmt(e.sampling_rate), _fmt(e.steps), fmt_delta(e.delta), _fmt(e.epsilon_upper), e.content_hash[:12])
             for e in spend.entries
         ]
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
