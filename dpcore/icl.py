@@ -51,6 +51,10 @@ PREDICTION_COLUMNS = [
 ]
 METRIC_COLUMNS = ["method", "epsilon", "seed", "n", "accuracy", "calibrated_accuracy", "calibrated", "shots",
                   "seconds", "reused"]
+# Scoring by something other than the local model (a served model: `dpcore.endpoint.scorers`), given the
+# demonstrations of one prompt and the queries: the [n, L] label log-probabilities, or the answers as text.
+LabelScorer = Callable[[Sequence["DemoItem"], Sequence[str]], np.ndarray]
+TextAnswerer = Callable[[Sequence["DemoItem"], Sequence[str]], list[str]]
 
 
 class DemoItem(NamedTuple):
@@ -380,7 +384,9 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
              batch_size: int = 16, max_new_tokens: int = 12,
              progress: Callable[[str], None] | None = None,
              items_progress: Callable[[int, int], None] | None = None,
-             past: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+             past: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+             score: LabelScorer | None = None,
+             answer: TextAnswerer | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """ICL accuracy of one method over `config.seeds` seeds; returns (predictions, metrics), writes nothing.
 
     `progress` gets one line per seed; `items_progress(done, total)` the items scored over all seeds.
@@ -397,6 +403,10 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
 
     `past`: a trained prompt's cache placed before every prompt (method "dpsgd": a PromptDPSGD soft
     prompt or prefix, no demonstrations; classification only).
+
+    `score` / `answer` replace the local model (`lm` is then unused): `score(demos, queries)` gives the label
+    log-probabilities, `answer(demos, queries)` the answers as text. A classification task with `answer` and
+    no `score` is scored by its answers (the matched label, "" for none: wrong), without calibration.
     """
     if method not in DEMO_SOURCES:
         raise ConfigError(f"method: {method!r} is not one of {', '.join(DEMO_SOURCES)}")
@@ -423,7 +433,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
     queries = items["text"].astype(str).tolist()
     gold = items["label"].astype(str).tolist()
     test_ids = items["id"].astype(str).tolist()
-    calibrate = classification and config.calibrate
+    by_text = classification and score is None and answer is not None  # no probabilities: nothing to calibrate
+    calibrate = classification and config.calibrate and not by_text
     epsilon = float(epsilon)
 
     prediction_frames, metric_rows = [], []
@@ -441,18 +452,23 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
         key = tuple((d.text, d.label) for d in demos)
         reused = key in memo
         if not reused:  # zero-shot (and repeated demo sets) are scored once
-            if classification:
+            if by_text:
+                answers = answer(demos, queries)
+                memo[key] = (answers, answers, [[] for _ in queries], [[] for _ in queries])
+            elif classification:
                 extra = list(CONTENT_FREE_INPUTS) if calibrate else []
-                logprobs = label_logprobs(lm, spec, demos, queries + extra, labels, batch_size=batch_size,
-                                          progress=scored(seed), past=past)
+                logprobs = (score(demos, queries + extra) if score is not None else
+                            label_logprobs(lm, spec, demos, queries + extra, labels, batch_size=batch_size,
+                                           progress=scored(seed), past=past))
                 probs = normalise_probs(logprobs[: len(queries)])
                 calibrated = calibrate_probs(probs, normalise_probs(logprobs[len(queries):])) if calibrate else probs
                 raw = [labels[k] for k in probs.argmax(axis=1)]
                 cal = [labels[k] for k in calibrated.argmax(axis=1)]
                 memo[key] = (raw, cal, probs.tolist(), calibrated.tolist())
             else:
-                answers = extract_answers(lm, spec, demos, queries, max_new_tokens=max_new_tokens,
-                                          batch_size=batch_size, progress=scored(seed))
+                answers = (answer(demos, queries) if answer is not None else
+                           extract_answers(lm, spec, demos, queries, max_new_tokens=max_new_tokens,
+                                           batch_size=batch_size, progress=scored(seed)))
                 memo[key] = (answers, answers, [[] for _ in queries], [[] for _ in queries])
         raw, cal, probs, calibrated = memo[key]
         if classification:

@@ -70,45 +70,16 @@ def _read_queries(path: Path) -> list[dict]:
     return rows
 
 
-ENDPOINT_FLAGS = ("timeout", "retries", "scoring", "batch_size", "max_new_tokens")
-
-
-def _endpoint_config(args):
-    """The `EndpointConfig` of `--endpoint` and its flags (None without `--endpoint`; its flags alone are refused)."""
-    from dpcore.errors import ConfigError
-
-    given = [f"--{name.replace('_', '-')}" for name in ENDPOINT_FLAGS if getattr(args, name) is not None]
-    if args.endpoint is None:
-        if given:
-            raise ConfigError(f"{', '.join(given)}: apply to --endpoint only")
-        return None
-    if args.device != "auto":
-        raise ConfigError("--device: applies to a local model, not to --endpoint")
-    from dpcore.endpoint import EndpointConfig
-
-    values = {name: getattr(args, name) for name in ENDPOINT_FLAGS if getattr(args, name) is not None}
-    return EndpointConfig(url=args.endpoint, model=args.model, **values)
-
-
-def _quiet_client_logs() -> None:
-    """The HTTP client's debug lines hold request bodies (the queries): never logged, even with -v."""
-    import logging
-
-    for name in ("openai", "httpx", "httpcore"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def _predict(args) -> int:
     from dpcore.errors import DataValidationError
+    from flows.cli.endpoint import endpoint_config
     from tasks.release import answer_queries
 
-    endpoint = _endpoint_config(args)
+    endpoint = endpoint_config(args, args.model)
     path = Path(args.input)
     if not path.exists():
         raise DataValidationError(f"{path}: file not found")
     queries = _read_queries(path)
-    if endpoint is not None:
-        _quiet_client_logs()
     manifest, model_name, answers = answer_queries(args.release, args.dataset_id, [q["text"] for q in queries],
                                                    model=args.model, device=args.device,
                                                    calibrate=not args.no_calibration, endpoint=endpoint)
@@ -161,6 +132,8 @@ def _export(args) -> int:
 
 
 def register(subparsers) -> None:
+    from flows.cli.endpoint import add_endpoint_flags
+
     release = subparsers.add_parser("release", help="gate a finished run and release its DP demos as production")
     release.add_argument("--run", required=True, help="the run id printed by `dpicl run`")
     release.add_argument("--method", choices=("tang", "pate", "dpsgd"), default="tang",
@@ -202,21 +175,7 @@ def register(subparsers) -> None:
     predict.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     predict.add_argument("--no-calibration", action="store_true", help="raw predictions (no contextual calibration)")
     predict.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
-    remote = predict.add_argument_group("answering through an OpenAI-compatible server (demos and student prompts "
-                                        "only; the API key is read from OPENAI_API_KEY)")
-    remote.add_argument("--endpoint", default=None, metavar="URL",
-                        help="the server's base URL, e.g. http://127.0.0.1:8000/v1 (vLLM, llama.cpp, Ollama, a hosted "
-                             "API, `dpicl serve`)")
-    remote.add_argument("--timeout", type=float, default=None, help="seconds per request (default 60)")
-    remote.add_argument("--retries", type=int, default=None,
-                        help="further attempts after a connection failure, timeout or 5xx answer (default 2)")
-    remote.add_argument("--scoring", choices=("auto", "echo", "logprobs", "text"), default=None,
-                        help="echo: full label log-probabilities from the echoed prompt; logprobs: the first label "
-                             "token among the top log-probabilities; text: greedy text matched to the labels; auto "
-                             "(default): the first the server supports")
-    remote.add_argument("--batch-size", type=int, default=None, help="prompts per request (default 8; 1 for servers "
-                                                                     "that take one prompt per request)")
-    remote.add_argument("--max-new-tokens", type=int, default=None, help="length of text answers (default 12)")
+    add_endpoint_flags(predict)
     predict.set_defaults(handler=_predict)
 
     export = subparsers.add_parser(
