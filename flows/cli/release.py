@@ -29,13 +29,14 @@ def _release(args) -> int:
     from dpcore.errors import ConfigError
     from flows.release import release
 
-    if args.method == "tang" and (args.teacher_reference or args.audit_only or args.repeat is not None):
-        raise ConfigError("--teacher-reference, --audit-only and --repeat apply to --method pate or dpsgd")
+    if args.method == "tang" and (args.teacher_reference or args.audit_only or args.repeat is not None
+                                  or args.seed is not None):
+        raise ConfigError("--teacher-reference, --audit-only, --repeat and --seed apply to --method pate or dpsgd")
     if args.teacher_reference and args.method != "pate":
         raise ConfigError("--teacher-reference: the single-teacher contrast is PromptPATE's (--method pate)")
     options = {} if args.method == "tang" else dict(
         audit_config=_audit_config(args), teacher_reference=args.teacher_reference, audit_only=args.audit_only,
-        training=args.training, repeat=args.repeat, device=args.device,
+        training=args.training, repeat=args.repeat, device=args.device, seed=args.seed,
         size_to_pools=args.trials is None and args.audit_members is None)
     if args.teacher_reference:
         print("WARNING: the single-teacher contrast puts real private records in prompts: it is charged to the "
@@ -160,6 +161,9 @@ def register(subparsers) -> None:
                          help="pate, dpsgd: score each record's first N tokens only")
     release.add_argument("--auc-tolerance", type=float, default=None,
                          help="pate, dpsgd: the gate's band, |AUC - 0.5| within this (default 0.05)")
+    release.add_argument("--seed", type=int, default=None,
+                         help="pate, dpsgd: the audit's seed (member draws and trials; not privacy noise); default: "
+                              "derived from the data's content hash")
     release.add_argument("--device", default="auto", help="pate, dpsgd: the audit's device (default: auto)")
     release.add_argument("--alias", default="production", help="registry alias to move (default: production)")
     release.add_argument("--json", action="store_true", help="print one JSON object")
