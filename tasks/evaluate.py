@@ -116,7 +116,8 @@ def evaluate(
     seconds = time.perf_counter() - began
     out = stage_dir("evaluate", key)
     private_out = stage_dir("evaluate", key, private=True)
-    result = {"key": key, "method": method, "epsilon": float(epsilon), "seconds": seconds}
+    # the task's result is persisted in the public stage folder: whole seconds only (a timing of test records)
+    result = {"key": key, "method": method, "epsilon": float(epsilon), "seconds": round(seconds)}
     if real is not None:
         result["real_demos_path"] = str(write_table(real, private_out / "real_demos.parquet"))
     result["predictions_path"] = str(write_table(predictions, private_out / "predictions.parquet"))
