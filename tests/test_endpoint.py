@@ -337,6 +337,17 @@ def test_evaluate_through_the_endpoint_gives_the_local_accuracy(tiny_release, ti
     assert not (tmp_path / "remote" / "predictions.parquet").exists()
 
 
+def test_evaluate_by_text_answers_says_it_is_not_calibrated(tiny_release, tiny_lm, cli, tmp_path):
+    with served(tiny_lm, "tiny", logprobs=False) as url:  # a server without log-probabilities
+        result, _ = _evaluate(cli, tmp_path, "text", "--endpoint", url, "--seeds", "1")
+        code, table, _ = cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
+                              "--test-size", "2", "--seeds", "1", "--endpoint", url, "--out", str(tmp_path / "t")])
+    assert (result["scoring"], result["calibrated"]) == ("text", False)
+    assert result["calibrated_accuracy"] == result["accuracy"]
+    assert code == 0 and f"through endpoint {url} (scoring: text)" in table
+    assert "no calibration applied (text answers: no probabilities)" in table
+
+
 def test_evaluate_through_a_dead_endpoint_or_with_real_records_is_one_line_and_charges_nothing(tiny_release, cli,
                                                                                             tmp_path):
     from dpcore.ledger import Ledger
