@@ -18,6 +18,7 @@ the official `openai` client, and scores the labels from what the server returns
 `auto` probes the server with a content-free prompt and takes the first mode it supports, in that order.
 With log-probabilities, contextual calibration is applied as `dpcore.predict.answer` applies it (the
 content-free inputs of `dpcore.icl`, in the same prompt). Extraction tasks answer with greedy text.
+`answer` serves `dpicl predict`; `scorers` gives `dpcore.icl.evaluate` the same scoring (`dpicl evaluate`).
 
 The network client is built in one place (`connect`); every other function
 takes an `Endpoint`. A server that is down, slow or refuses a request becomes one `EndpointError` naming
@@ -306,6 +307,21 @@ def detect_scoring(endpoint: Endpoint, spec: TaskSpec, demos: Sequence, labels: 
                         f"({'; '.join(reasons)}); use --scoring auto")
 
 
+def _scored(endpoint: Endpoint, mode: str, k: int | None, prompts: Sequence[str],
+            conts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """`_score` after the probe chose the mode: a refusal now is an error, not a mode to skip."""
+    try:
+        return _score(endpoint, mode, k, prompts, conts)
+    except Unsupported as exc:
+        raise EndpointError(f"endpoint {endpoint.url}: the server refused a request ({exc})") from None
+
+
+def text_labels(endpoint: Endpoint, spec: TaskSpec, labels: Sequence[str], prompts: Sequence[str]
+                ) -> list[tuple[str | None, str]]:
+    """(the label the greedy answer names, or None; the answer) per prompt (`match_label`)."""
+    return [(match_label(text, spec, labels), text) for text in generate(endpoint, prompts)]
+
+
 def answer(endpoint: Endpoint, spec: TaskSpec, demos: Sequence, queries: Sequence[str],
            calibrate: bool = True) -> list[dict]:
     """One dict per query, as `dpcore.predict.answer` gives: `prediction`, for classification scored from
@@ -318,18 +334,12 @@ def answer(endpoint: Endpoint, spec: TaskSpec, demos: Sequence, queries: Sequenc
     labels = spec.label_names
     mode, k = detect_scoring(endpoint, spec, demos, labels)
     if mode == "text":
-        rows = []
-        for text in generate(endpoint, prompts):
-            label = match_label(text, spec, labels)
-            rows.append({"prediction": label, "scoring": "text", "calibrated": False}
-                        | ({} if label is not None else {"answer": text}))
-        return rows
+        return [{"prediction": label, "scoring": "text", "calibrated": False} | ({} if label is not None else
+                                                                                {"answer": text})
+                for label, text in text_labels(endpoint, spec, labels, prompts)]
     conts = continuations(spec, labels)
     extra = [icl.prompt_text(spec, demos, x) for x in icl.CONTENT_FREE_INPUTS] if calibrate else []
-    try:
-        logprobs, unscored = _score(endpoint, mode, k, prompts + extra, conts)
-    except Unsupported as exc:
-        raise EndpointError(f"endpoint {endpoint.url}: the server refused a request ({exc})") from None
+    logprobs, unscored = _scored(endpoint, mode, k, prompts + extra, conts)
     probs = icl.normalise_probs(logprobs[: len(prompts)])
     if calibrate:
         probs = icl.calibrate_probs(probs, icl.normalise_probs(logprobs[len(prompts):]))
@@ -341,3 +351,32 @@ def answer(endpoint: Endpoint, spec: TaskSpec, demos: Sequence, queries: Sequenc
             out["unscored_labels"] = [label for label, gone in zip(labels, missing, strict=True) if gone]
         rows.append(out)
     return rows
+
+
+@dataclass(frozen=True)
+class Scorers:
+    """How `dpcore.icl.evaluate` scores through a server: the mode the server supports (`text` for an
+    extraction task), its top-k for `logprobs`, and `score` (label log-probabilities) or `answer` (text:
+    for a classification task the matched label, "" when none matched)."""
+
+    mode: str
+    top_logprobs: int | None
+    score: icl.LabelScorer | None = None
+    answer: icl.TextAnswerer | None = None
+
+
+def scorers(endpoint: Endpoint, spec: TaskSpec, labels: Sequence[str]) -> Scorers:
+    """The `Scorers` of `spec` through `endpoint` (the scoring mode probed once, with a content-free query and
+    no demonstrations), sending the prompts `dpcore.icl` builds, as `answer` does."""
+    def prompts(demos, queries):
+        return [icl.prompt_text(spec, demos, q) for q in queries]
+
+    if spec.kind == "extraction":
+        return Scorers("text", None, answer=lambda demos, queries: generate(endpoint, prompts(demos, queries)))
+    mode, k = detect_scoring(endpoint, spec, [], labels)
+    if mode == "text":
+        return Scorers("text", None, answer=lambda demos, queries: [
+            label or "" for label, _ in text_labels(endpoint, spec, labels, prompts(demos, queries))])
+    conts = continuations(spec, labels)
+    return Scorers(mode, k, score=lambda demos, queries: _scored(endpoint, mode, k, prompts(demos, queries),
+                                                                   conts)[0])

@@ -52,6 +52,10 @@ PREDICTION_COLUMNS = [
 ]
 METRIC_COLUMNS = ["method", "epsilon", "seed", "n", "accuracy", "calibrated_accuracy", "calibrated", "shots",
                   "seconds", "reused"]
+# Scoring by something other than the local model (a served model: `dpcore.endpoint.scorers`), given the
+# demonstrations of one prompt and the queries: the [n, L] label log-probabilities, or the answers as text.
+LabelScorer = Callable[[Sequence["DemoItem"], Sequence[str]], np.ndarray]
+TextAnswerer = Callable[[Sequence["DemoItem"], Sequence[str]], list[str]]
 
 
 class DemoItem(NamedTuple):
@@ -362,7 +366,9 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
              batch_size: int = 16, max_new_tokens: int = 12,
              progress: Callable[[str], None] | None = None,
              items_progress: Callable[[int, int], None] | None = None,
-             past: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+             past: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+             score: LabelScorer | None = None,
+             answer: TextAnswerer | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """ICL accuracy of one method over `config.seeds` seeds; returns (predictions, metrics), writes nothing.
 
     `progress` gets one line per seed; `items_progress(done, total)` the items scored over all seeds.
@@ -379,6 +385,10 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
 
     `past`: a trained prompt's cache placed before every prompt (method "dpsgd": a PromptDPSGD soft
     prompt or prefix, no demonstrations; classification only).
+
+    `score` / `answer` replace the local model (`lm` is then unused): `score(demos, queries)` gives the label
+    log-probabilities, `answer(demos, queries)` the answers as text. A classification task with `answer` and
+    no `score` is scored by its answers (the matched label, "" for none: wrong), without calibration.
     """
     pool, shots, labels, demo_labels = _evaluation_inputs(spec, test, demo_pool, method, config, labels,
                                                           trained_prompt=past is not None)
@@ -387,7 +397,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
     queries = items["text"].astype(str).tolist()
     gold = items["label"].astype(str).tolist()
     test_ids = items["id"].astype(str).tolist()
-    calibrate = classification and config.calibrate
+    by_text = classification and score is None and answer is not None  # no probabilities: nothing to calibrate
+    calibrate = classification and config.calibrate and not by_text
     epsilon = float(epsilon)
 
     prediction_frames, metric_rows = [], []
@@ -406,7 +417,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
         reused = key in memo
         if not reused:  # zero-shot (and repeated demo sets) are scored once
             memo[key] = _predict(lm, spec, demos, queries, labels, calibrate, batch_size=batch_size,
-                                 max_new_tokens=max_new_tokens, progress=scored(seed), past=past)
+                                 max_new_tokens=max_new_tokens, progress=scored(seed), past=past,
+                                 score=score, answer=answer, by_text=by_text)
         raw, cal, probs, calibrated = memo[key]
         if classification:
             correct_raw = [p == g for p, g in zip(raw, gold, strict=True)]
@@ -466,17 +478,21 @@ def _evaluation_inputs(spec: TaskSpec, test: pd.DataFrame, demo_pool, method: De
 
 def _predict(lm, spec: TaskSpec, demos: Sequence, queries: list[str], labels: list[str], calibrate: bool, *,
              batch_size: int, max_new_tokens: int, progress: Callable[[int], None] | None,
-             past) -> tuple[list[str], list[str], list, list]:
+             past, score: Callable | None = None, answer: Callable | None = None,
+             by_text: bool = False) -> tuple[list[str], list[str], list, list]:
     """One demo set's predictions on every query: (raw, calibrated, label probabilities, calibrated
     probabilities). Classification: the most probable label, and after contextual calibration (Zhao et al.
-    2021) when `calibrate`. Extraction: the greedy answer twice, no probabilities."""
-    if spec.kind != "classification":
-        answers = extract_answers(lm, spec, demos, queries, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                  progress=progress)
+    2021) when `calibrate`; `by_text`: the label matched in `answer`'s text, twice, no probabilities.
+    Extraction: the greedy answer twice, no probabilities. `score` / `answer` replace the local model."""
+    if by_text or spec.kind != "classification":
+        answers = (answer(demos, queries) if answer is not None else
+                   extract_answers(lm, spec, demos, queries, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                   progress=progress))
         return answers, answers, [[] for _ in queries], [[] for _ in queries]
     extra = list(CONTENT_FREE_INPUTS) if calibrate else []
-    logprobs = label_logprobs(lm, spec, demos, queries + extra, labels, batch_size=batch_size, progress=progress,
-                              past=past)
+    logprobs = (score(demos, queries + extra) if score is not None else
+                label_logprobs(lm, spec, demos, queries + extra, labels, batch_size=batch_size, progress=progress,
+                               past=past))
     probs = normalise_probs(logprobs[: len(queries)])
     calibrated = calibrate_probs(probs, normalise_probs(logprobs[len(queries):])) if calibrate else probs
     return ([labels[k] for k in probs.argmax(axis=1)], [labels[k] for k in calibrated.argmax(axis=1)],

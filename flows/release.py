@@ -26,12 +26,13 @@ REFUSED = "Refused"
 def audited_release(run_id: str, epsilon: float | None = None, alias: str = release_stage.DEFAULT_ALIAS,
                     method: str = "tang", audit_config: AuditConfig | None = None, teacher_reference: bool = False,
                     audit_only: bool = False, training: int = 0, repeat: int | None = None,
-                    device: str = "auto", dtype: str = "auto", size_to_pools: bool = False):
+                    device: str = "auto", dtype: str = "auto", size_to_pools: bool = False, seed: int | None = None):
     """Release run `run_id` under `alias`: `method` tang (its smallest DP epsilon unless `epsilon` is given),
     pate (the student prompt of `repeat`, default the run's chosen one) or dpsgd (the prompt of `epsilon`,
     default the smallest, and `training`). For pate and dpsgd the artifact's audit runs first
     (`audit_only`: and nothing more; the flow returns the audit), sized to the pools when `size_to_pools`
-    (`tasks.release.planned_audit`).
+    (`tasks.release.planned_audit`); `seed` fixes the audit's member draws and trials (default: derived from
+    the data's content hash), as `RunConfig.seed` does for the pipeline's audit of the same artifacts.
 
     A refusal ends the flow run Failed, in a state named "Refused" whose message
     lists the gate's reasons (shown in the UI), with no stored result to clutter the artifacts."""
@@ -43,7 +44,7 @@ def audited_release(run_id: str, epsilon: float | None = None, alias: str = rele
     selector = dict(epsilon=epsilon, training=training, repeat=repeat)
     audited = release_stage.audit_artifact(run_id, method, audit_config or AuditConfig(), **selector,
                                            teacher_reference=teacher_reference, device=device, dtype=dtype,
-                                           size_to_pools=size_to_pools)
+                                           size_to_pools=size_to_pools, seed=seed)
     if audit_only:
         return {"run_id": run_id, "method": method, **audited}
     checked = release_stage.check_artifact_gate(run_id, method, **selector)

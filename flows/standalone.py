@@ -50,7 +50,7 @@ from dpcore.sampling import ACCOUNTED_SAMPLERS
 from tasks.calibrate import generation_config
 from tasks.charge import charge_plans, check_context, check_group_prompt
 from tasks.common import language_model, report_progress
-from tasks.evaluate import evaluate_pool
+from tasks.evaluate import endpoint_scorers, evaluate_pool
 from tasks.generate import check_generation, empty_demos_note, generate_for, step_line
 from tasks.ingest import load_data
 
@@ -352,18 +352,46 @@ def _epsilon_of_demos(frame, data, delta: float) -> float:
                          str(first["mechanism"]) if "mechanism" in frame.columns else "gaussian")
 
 
+def _check_sendable(baseline: str | None, method: str | None, epsilon: float | None) -> None:
+    """What `--endpoint` may send: DP demos (or none) and the test texts; real records (random-real) and
+    demos without a finite guarantee never leave, and instruction-only generation needs a local model."""
+    if baseline == RANDOM_REAL or method == RANDOM_REAL:
+        raise ConfigError("--endpoint: random-real puts real private records in the prompts; they are never sent "
+                          "to an endpoint (evaluate it locally, without --endpoint)")
+    if baseline == INSTRUCTION_ONLY:
+        raise ConfigError("--endpoint: --baseline instruction-only generates its demos with a local model; make "
+                          "them with `dpicl generate --epsilon 0` and pass them with --demos")
+    if epsilon is not None and math.isinf(epsilon):
+        raise ConfigError(f"--endpoint: the demos are method {method} at epsilon inf (no privacy guarantee); "
+                          "they are never sent to an endpoint")
+
+
 def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilon: float | None,
-             baseline: str | None, out: Path | None, batch_size: int, max_new_tokens: int, say: Say) -> dict:
+             baseline: str | None, out: Path | None, batch_size: int, max_new_tokens: int, say: Say,
+             endpoint=None) -> dict:
     """ICL accuracy (raw and calibrated) of a demos file or of one baseline (zero-shot, instruction-only,
-    random-real) over the run's seeds; returns the public summary written to `summary.json`."""
+    random-real) over the run's seeds; returns the public summary written to `summary.json`.
+
+    `endpoint` (a `dpcore.endpoint.EndpointConfig`): the prompts are scored by that OpenAI-compatible server
+    (`--model` names the served model) instead of a local model: DP demos or zero-shot only, the test
+    texts sent with them; calibrated only where the server returns log-probabilities."""
     # torch loads here, not when the module is imported
     from dpcore.icl import seconds_per_100_items
 
     data = load_data(config)
     spec = data.spec
+    labels = spec.label_names if spec.kind == "classification" else None
     pool = None
     if demos:
         pool, method, epsilon = demos_from_file(demos, method, epsilon, data, config.delta, say)
+    remote, served = None, {"endpoint": None, "scoring": "local", "top_logprobs": None}
+    if endpoint is not None:
+        _check_sendable(baseline, method, epsilon)
+        # before any folder is made: a server that is down is one line and leaves nothing behind
+        connection, remote = endpoint_scorers(endpoint, config.model, spec, labels)
+        served = {"endpoint": connection.url, "scoring": remote.mode, "top_logprobs": remote.top_logprobs}
+        say(f"dpicl evaluate: the test texts and the demos are sent to endpoint {connection.url} "
+            f"(model {connection.model}, scoring: {remote.mode})")
     out, private_out = folders(data, out, "evaluate")
     real = []
     if baseline == RANDOM_REAL:  # real private records in the prompts: an infinite spend, charged first
@@ -371,7 +399,7 @@ def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilo
                              "WARNING: --baseline random-real uses real private records as demonstrations: charged "
                              f"to ledger id '{config.ledger_id}' as an infinite spend (epsilon = inf).")
         _charge(config, data, out.name, real)
-    lm = language_model(config.model, config.device, config.dtype)
+    lm = language_model(config.model, config.device, config.dtype) if remote is None else None
     if baseline == "zero-shot":
         method, epsilon = "zero-shot", 0.0
     elif baseline == INSTRUCTION_ONLY:
@@ -385,10 +413,10 @@ def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilo
     elif baseline == RANDOM_REAL:
         method, epsilon = RANDOM_REAL, math.inf
         pool = data.train[["id", "text", "label"]]  # PRIVATE: only ids leave, into the private store
-    labels = spec.label_names if spec.kind == "classification" else None
     began = time.perf_counter()
     predictions, metrics, real_ids = evaluate_pool(lm, spec, data.test, pool, method, epsilon, config.eval_config(),
-                                                   labels, batch_size=batch_size, max_new_tokens=max_new_tokens)
+                                                   labels, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                                   remote=remote)
     seconds = time.perf_counter() - began
     if real_ids is not None:
         write_table(real_ids, private_out / "real_demos.parquet")
@@ -401,7 +429,8 @@ def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilo
         return {"mean": float(np.mean(values)), "std": float(np.std(values)), "per_seed": values}
 
     summary = {
-        "dataset": spec.name, "model": config.model, "method": method, "epsilon": float(epsilon),
+        "dataset": spec.name, "model": config.model if remote is None else connection.model, "method": method,
+        "epsilon": float(epsilon), **served,
         "shots": int(metrics["shots"].max()), "seeds": int(len(metrics)), "n": int(metrics["n"].max()),
         "accuracy": stats(metrics["accuracy"]), "calibrated_accuracy": stats(metrics["calibrated_accuracy"]),
         "calibrated": bool(metrics["calibrated"].all()), "seconds": round(seconds),  # whole seconds (public)

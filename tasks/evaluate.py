@@ -45,11 +45,12 @@ class DemoSet(BaseModel):
 
 
 def evaluate_pool(lm, spec, test: pd.DataFrame, pool, method: str, epsilon: float, eval_config: EvalConfig,
-                  labels: list[str] | None, *, past=None, batch_size: int = 16, max_new_tokens: int = 12
-                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+                  labels: list[str] | None, *, past=None, batch_size: int = 16, max_new_tokens: int = 12,
+                  remote=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
     """(predictions, metrics, the random-real baseline's private demo ids or None) of one method.
 
-    Predictions and demo ids are private (per-record functions of the data); metrics are aggregates."""
+    Predictions and demo ids are private (per-record functions of the data); metrics are aggregates.
+    `remote` (`dpcore.endpoint.Scorers`, from `endpoint_scorers`): score through a server instead of `lm`."""
     from dpcore import icl
 
     what = f"evaluate {method} eps={'inf' if math.isinf(epsilon) else f'{epsilon:g}'}: test items"
@@ -57,11 +58,21 @@ def evaluate_pool(lm, spec, test: pd.DataFrame, pool, method: str, epsilon: floa
                                         labels=labels if spec.kind == "classification" else None,
                                         batch_size=batch_size, max_new_tokens=max_new_tokens,
                                         items_progress=lambda done, total: report_progress(what, done, total),
-                                        past=past)
+                                        past=past, score=remote.score if remote else None,
+                                        answer=remote.answer if remote else None)
     real = None
     if method == RANDOM_REAL:
         predictions, real = icl.split_private_demo_ids(predictions, free_text=spec.kind != "classification")
     return predictions, metrics, real
+
+
+def endpoint_scorers(endpoint, known_model: str | None, spec, labels: list[str] | None):
+    """(the connected `dpcore.endpoint.Endpoint`, its `Scorers` for `spec`): the server's model list read and
+    its scoring mode probed (content-free queries only), so a server that is down fails here, in one line."""
+    from dpcore import endpoint as remote
+
+    connection = remote.connect(endpoint, known_model=known_model)
+    return connection, remote.scorers(connection, spec, labels or [])
 
 
 @cached_task("evaluate", EVALUATE_KEY_FIELDS, EVAL_MODULES, private_outputs=True,
@@ -105,7 +116,8 @@ def evaluate(
     seconds = time.perf_counter() - began
     out = stage_dir("evaluate", key)
     private_out = stage_dir("evaluate", key, private=True)
-    result = {"key": key, "method": method, "epsilon": float(epsilon), "seconds": seconds}
+    # the task's result is persisted in the public stage folder: whole seconds only (a timing of test records)
+    result = {"key": key, "method": method, "epsilon": float(epsilon), "seconds": round(seconds)}
     if real is not None:
         result["real_demos_path"] = str(write_table(real, private_out / "real_demos.parquet"))
     result["predictions_path"] = str(write_table(predictions, private_out / "predictions.parquet"))

@@ -371,7 +371,10 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     audit_config = planned_audit(audit_config, len(members), len(held_out), size_to_pools, cap_to_pools)
     audit_path = artifact.path / gate.AUDIT_FILES[method]
     teacher_path = artifact.path / gate.TEACHER_AUDIT_FILE
+    # an audit asked for with another seed draws other trials: not the stored one
     key = audit_config.model_dump_json()
+    if seed is not None:
+        key = json.dumps({**json.loads(key), "seed": int(seed)})
     done = read_table(audit_path) if audit_path.exists() else None
     if (done is not None and ((done["artifact"] == artifact.name) & (done["audit_config"] == key)).any()
             and (not teacher_reference or teacher_path.exists())):

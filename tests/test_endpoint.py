@@ -298,6 +298,79 @@ def test_endpoint_without_echo_or_logprobs_on_the_embedded_model(embedded_lm, cl
     assert all(r["prediction"] == local_raw["prediction"] for r, local_raw in matched)
 
 
+# --------------------------------------------------------------------------- dpicl evaluate through a real server
+
+TREC_DEMOS = pd.DataFrame({"label": ["Location", "Person", "Number", "Entity"],
+                           "text": ["Where is Rome?", "Who wrote Hamlet?", "How many moons has Mars?",
+                                    "What is the fastest animal?"], "method": "dp", "epsilon": 4.0})
+
+
+def _evaluate(cli, tmp_path: Path, name: str, *flags: str) -> tuple[dict, str]:
+    demos = tmp_path / "demos.parquet"
+    if not demos.exists():
+        TREC_DEMOS.to_parquet(demos)
+    code, out, err = cli(["evaluate", "--dataset", "trec", "--demos", str(demos), "--test-size", "5", "--seeds", "2",
+                          "--shots", "3", "--json", "--out", str(tmp_path / name), *flags])
+    assert code == 0, err
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+def test_evaluate_through_the_endpoint_gives_the_local_accuracy(tiny_release, tiny_lm, tiny_model_dir, cli,
+                                                                tmp_path):
+    local, _ = _evaluate(cli, tmp_path, "local", "--model", str(tiny_model_dir))
+    with served(tiny_lm, "tiny") as url:
+        remote, err = _evaluate(cli, tmp_path, "remote", "--endpoint", url, "--batch-size", "3")
+    assert (remote["endpoint"], remote["model"], remote["scoring"], remote["top_logprobs"]) == (url, "tiny", "echo",
+                                                                                                 None)
+    assert (local["endpoint"], local["scoring"]) == (None, "local")
+    assert f"the test texts and the demos are sent to endpoint {url}" in err and "scoring: echo" in err
+    # the same prompts, demos per seed and test items: the same accuracies, raw and calibrated
+    for key in ("method", "epsilon", "shots", "seeds", "n", "accuracy", "calibrated_accuracy", "calibrated"):
+        assert remote[key] == local[key], key
+    assert remote["calibrated"] is True and remote["n"] == 5 and len(remote["accuracy"]["per_seed"]) == 2
+    assert json.loads((tmp_path / "remote" / "summary.json").read_text())["endpoint"] == url
+    # ... item by item (the private predictions): the same labels, probabilities within float error
+    mine, theirs = (pd.read_parquet(Path(r["private_out"]) / "predictions.parquet") for r in (remote, local))
+    assert mine["pred_raw"].tolist() == theirs["pred_raw"].tolist()
+    assert mine["pred_calibrated"].tolist() == theirs["pred_calibrated"].tolist()
+    assert np.abs(np.stack(mine["calibrated_probs"]) - np.stack(theirs["calibrated_probs"])).max() < 1e-4
+    assert not (tmp_path / "remote" / "predictions.parquet").exists()
+
+
+def test_evaluate_by_text_answers_says_it_is_not_calibrated(tiny_release, tiny_lm, cli, tmp_path):
+    with served(tiny_lm, "tiny", logprobs=False) as url:  # a server without log-probabilities
+        result, _ = _evaluate(cli, tmp_path, "text", "--endpoint", url, "--seeds", "1")
+        code, table, _ = cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
+                              "--test-size", "2", "--seeds", "1", "--endpoint", url, "--out", str(tmp_path / "t")])
+    assert (result["scoring"], result["calibrated"]) == ("text", False)
+    assert result["calibrated_accuracy"] == result["accuracy"]
+    assert code == 0 and f"through endpoint {url} (scoring: text)" in table
+    assert "no calibration applied (text answers: no probabilities)" in table
+
+
+def test_evaluate_through_a_dead_endpoint_or_with_real_records_is_one_line_and_charges_nothing(tiny_release, cli,
+                                                                                            tmp_path):
+    from dpcore.ledger import Ledger
+
+    before = {d: len(Ledger().entries(d)) for d in Ledger().dataset_ids()}
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    code, out, err = cli(["evaluate", "--dataset", "trec", "--baseline", "zero-shot", "--test-size", "2",
+                          "--endpoint", dead, "--retries", "0", "--out", str(tmp_path / "dead"), "--json"])
+    assert code == 2 and out == "" and not (tmp_path / "dead").exists()
+    assert f"dpicl evaluate: error: endpoint {dead}: unreachable (1 attempt)" in _one_clear_line(err)
+    # real records (random-real: an infinite spend) are refused before the charge and before any connection
+    code, _, err = cli(["evaluate", "--dataset", "trec", "--baseline", "random-real", "--endpoint", dead])
+    assert code == 2 and "never sent to an endpoint" in _one_clear_line(err) and "unreachable" not in err
+    # ... and so are demos without a finite guarantee
+    TREC_DEMOS.assign(method="sigma-zero", epsilon=float("inf")).to_parquet(tmp_path / "sigma0.parquet")
+    code, _, err = cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "sigma0.parquet"),
+                        "--endpoint", dead])
+    assert code == 2 and "epsilon inf" in _one_clear_line(err)
+    code, _, err = cli(["evaluate", "--dataset", "trec", "--baseline", "zero-shot", "--scoring", "echo"])
+    assert code == 2 and "--scoring: apply to --endpoint only" in _one_clear_line(err)
+    assert {d: len(Ledger().entries(d)) for d in Ledger().dataset_ids()} == before
+
+
 # --------------------------------------------------------------------------- a server down, slow or wrong
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -146,6 +147,44 @@ def _per_record_problems(path: Path) -> list[str]:
     return sorted(RECORD_DEPENDENT_KEYS & _keys(value))
 
 
+def _is_duration(name: str) -> bool:
+    name = name.lower()
+    return name == "seconds" or name.endswith("_seconds") or "elapsed" in name or "duration" in name
+
+
+def _fractional_times(value, key: str = "") -> list[str]:
+    """Durations (keys or columns named seconds, *_seconds, *elapsed*, *duration*) with a fractional value,
+    anywhere in a JSON value (recursively, also JSON inside JSON strings)."""
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped[:1] in "[{" and len(stripped) > 1:
+            try:
+                return _fractional_times(json.loads(stripped), key)
+            except ValueError:
+                return []
+        return []
+    if isinstance(value, dict):
+        return [found for k, v in value.items() for found in _fractional_times(v, str(k))]
+    if isinstance(value, list | tuple):
+        return [found for item in value for found in _fractional_times(item, key)]
+    if (_is_duration(key) and isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and not float(value).is_integer()):
+        return [f"{key}={value}"]
+    return []
+
+
+def _fractional_file_times(path: Path) -> list[str]:
+    """A public file's durations that are not whole seconds (Parquet columns, or JSON keys)."""
+    if path.suffix == ".parquet":
+        frame = pd.read_parquet(path)
+        return [found for column in frame.columns for cell in frame[column]
+                for found in _fractional_times(cell.tolist() if hasattr(cell, "tolist") else cell, str(column))]
+    try:
+        return _fractional_times(json.loads(path.read_bytes()))
+    except (ValueError, UnicodeDecodeError):
+        return []
+
+
 def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -197,6 +236,13 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
                   if (found := _per_record_problems(p))}
     assert per_record == {}
     assert {"predictions.parquet", "mia_scores.parquet"} <= {p.name for p in private_dir.iterdir()}
+    # ... and exact timings of work on private records: whole seconds at most in every public file (the run
+    # folders' metrics and audit tables, the stages' persisted results, the summaries) and in --json
+    timed = {str(p.relative_to(root)): found for p in files if (found := _fractional_file_times(p))}
+    assert timed == {}
+    assert pd.read_parquet(Path(result["run_dir"]) / "metrics.parquet")["seconds"].notna().all()  # it was checked
+    assert _fractional_times(json.loads(json.dumps(result, default=str))) == []
+    assert _fractional_times(json.loads(json.dumps(pate, default=str))) == []
     manifest = json.loads((Path(result["run_dir"]) / "manifest.json").read_text())
     assert not {"predictions.parquet", "mia_scores.parquet"} & set(manifest["files"])
 
@@ -208,6 +254,7 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     assert artifacts and task_runs
     texts = [json.dumps(a.data, default=str) if not isinstance(a.data, str) else a.data for a in artifacts]
     texts += [t.state.message or "" for t in task_runs] + [json.dumps(flow_run.parameters, default=str)]
+    assert _fractional_times([a.data for a in artifacts]) == []
     assert _leaks("\n".join(texts), needles) == []
     assert _id_leaks("\n".join(texts), ids) == []
 
@@ -215,6 +262,7 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
     for run_id in (result["mlflow_run_id"], pate["mlflow_run_id"]):
         run = client.get_run(run_id)
         logged = json.dumps([run.data.params, run.data.tags, run.data.metrics])
+        assert _fractional_times(run.data.metrics) == []
         assert _leaks(logged, needles) == [] and _id_leaks(logged, ids) == []
     assert _leaks(json.dumps(pate, default=str), needles) == [] and _id_leaks(json.dumps(pate, default=str), ids) == []
     run = client.get_run(result["mlflow_run_id"])
@@ -234,6 +282,19 @@ def test_the_scan_finds_planted_ids_scores_and_counters(tmp_path):
     result.write_text(json.dumps({"result": json.dumps({"stats": {"prompt_tokens": 1582}})}))
     assert _per_record_problems(result) == ["prompt_tokens"]
     assert _per_record_problems(tmp_path / "planted.parquet") and not _id_leaks("agnews-mini 2.0", ids)
+
+
+def test_the_scan_finds_fractional_seconds(tmp_path):
+    """The timing check itself: exact seconds in a public table or nested JSON are found, whole ones pass."""
+    path = tmp_path / "metrics.parquet"
+    pd.DataFrame({"seconds": [3, 4], "wall_seconds": [1.0, 2.0], "accuracy": [0.25, 0.5]}).to_parquet(path)
+    assert _fractional_file_times(path) == []
+    pd.DataFrame({"seconds": [3.0, 4.27], "accuracy": [0.25, 0.5]}).to_parquet(path)
+    assert _fractional_file_times(path) == ["seconds=4.27"]
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"result": json.dumps({"rows": [{"elapsed_seconds": 0.5, "n": 2.5}]}),
+                                  "seconds_per_100_items": 12.5, "wall_seconds": 7}))
+    assert _fractional_file_times(result) == ["elapsed_seconds=0.5"]
 
 
 def test_the_scan_finds_a_planted_leak(tmp_path):

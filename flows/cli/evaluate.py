@@ -3,6 +3,10 @@
     dpicl evaluate --dataset NAME (--demos PATH | --baseline zero-shot|instruction-only|random-real)
                    [--model NAME] [--shots S] [--test-size N] [--seeds K] [--no-calibrate]
                    [--data-path FILE --task-spec YAML] [--device D] [--out DIR] [--json]
+                   [--endpoint URL [--timeout S] [--retries R] [--scoring auto|echo|logprobs|text]]
+
+With `--endpoint` the prompts go to an OpenAI-compatible server (`dpcore.endpoint`; `--model` is the served
+model's name): DP demos (`--demos`) or zero-shot only, and the test texts with them; never real records.
 
 `--baseline instruction-only` first generates demos from the instruction alone (epsilon = 0,
 `tasks.generate.generate_for`; `--max-tokens`, `--top-k`, `--no-rvp`, `--seed` apply).
@@ -20,8 +24,12 @@ ever printed.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
+from pathlib import Path
 
 from dpcore.display import fmt_eps
+from dpcore.errors import ConfigError
+from flows.cli.endpoint import add_endpoint_flags, endpoint_config
 
 EVAL_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "shots", "seeds", "test_size",
               "calibrate", "seed", "delta", "max_tokens", "top_k", "rvp"]
@@ -45,10 +53,12 @@ def register(subparsers) -> None:
                         help="with --demos: the epsilon the demos were generated at (default: the file's "
                         "epsilon column, inf for sigma-zero, 0 for instruction-only, else accounted from the "
                         "demos' noise multiplier and generation settings at --delta, default 1/|D_priv|)")
-    parser.add_argument("--batch-size", type=int, default=16, help="test items per forward pass")
+    parser.add_argument("--batch-size", type=int, default=16,
+                        help="test items per forward pass (with --endpoint: prompts per request)")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="extraction tasks: greedy answer length")
     parser.add_argument("--out", default=None, help="output folder (default: under $DPICL_HOME/runs/)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    add_endpoint_flags(parser, sizes=False)
     parser.set_defaults(handler=_evaluate)
 
 
@@ -69,8 +79,12 @@ def format_table(summary: dict) -> str:
     lines.append("-" * 28)
     lines.append(f"{'mean':>6} {acc['mean']:>9.3f} {cal['mean']:>11.3f}")
     lines.append(f"{'std':>6} {acc['std']:>9.3f} {cal['std']:>11.3f}")
+    if summary.get("endpoint"):
+        top = f" top {summary['top_logprobs']}" if summary.get("top_logprobs") else ""
+        lines.append(f"through endpoint {summary['endpoint']} (scoring: {summary['scoring']}{top})")
     if not summary["calibrated"]:
-        lines.append("(no calibration applied: calibrated = raw)")
+        why = " (text answers: no probabilities)" if summary.get("scoring") == "text" else ""
+        lines.append(f"(no calibration applied{why}: calibrated = raw)")
     lines.append(f"{summary['seconds']} s ({summary['seconds_per_100_items']:.0f} s per 100 items)")
     lines.append(f"output: {summary['out']}")
     return "\n".join(lines)
@@ -80,9 +94,6 @@ def format_table(summary: dict) -> str:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from dpcore.errors import ConfigError
     from flows import standalone
     from flows.cli.common import checked_config, print_json, say
     from flows.cli.progress import showing_progress, stopping_on_signals
@@ -91,11 +102,15 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if args.baseline and (args.method or args.epsilon is not None):
         raise ConfigError("--method/--epsilon apply to --demos only")
+    endpoint = endpoint_config(args, args.model)
+    if endpoint is not None:
+        endpoint = replace(endpoint, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
     config = checked_config(args)
     with stopping_on_signals(), showing_progress(not args.json):
         summary = standalone.evaluate(config, demos=args.demos, method=args.method, epsilon=args.epsilon,
                                       baseline=args.baseline, out=Path(args.out) if args.out else None,
-                                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, say=say)
+                                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, say=say,
+                                      endpoint=endpoint)
     if args.json:
         print_json(summary)
     else:

@@ -4,7 +4,6 @@ model or through an OpenAI-compatible endpoint) and `dpicl export` (a release as
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from dpcore.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError, DataValidationError
 from flows.cli.common import print_json
+from flows.cli.endpoint import add_endpoint_flags, endpoint_config
 
 
 def _audit_config(args):
@@ -31,13 +31,14 @@ def _release(args) -> int:
     # torch, Prefect load here, not for `dpicl --help`
     from flows.release import release
 
-    if args.method == "tang" and (args.teacher_reference or args.audit_only or args.repeat is not None):
-        raise ConfigError("--teacher-reference, --audit-only and --repeat apply to --method pate or dpsgd")
+    if args.method == "tang" and (args.teacher_reference or args.audit_only or args.repeat is not None
+                                  or args.seed is not None):
+        raise ConfigError("--teacher-reference, --audit-only, --repeat and --seed apply to --method pate or dpsgd")
     if args.teacher_reference and args.method != "pate":
         raise ConfigError("--teacher-reference: the single-teacher contrast is PromptPATE's (--method pate)")
     options = {} if args.method == "tang" else dict(
         audit_config=_audit_config(args), teacher_reference=args.teacher_reference, audit_only=args.audit_only,
-        training=args.training, repeat=args.repeat, device=args.device,
+        training=args.training, repeat=args.repeat, device=args.device, seed=args.seed,
         size_to_pools=args.trials is None and args.audit_members is None)
     if args.teacher_reference:
         print("WARNING: the single-teacher contrast puts real private records in prompts: it is charged to the "
@@ -69,42 +70,15 @@ def _read_queries(path: Path) -> list[dict]:
     return rows
 
 
-ENDPOINT_FLAGS = ("timeout", "retries", "scoring", "batch_size", "max_new_tokens")
-
-
-def _endpoint_config(args):
-    """The `EndpointConfig` of `--endpoint` and its flags (None without `--endpoint`; its flags alone are refused)."""
-    given = [f"--{name.replace('_', '-')}" for name in ENDPOINT_FLAGS if getattr(args, name) is not None]
-    if args.endpoint is None:
-        if given:
-            raise ConfigError(f"{', '.join(given)}: apply to --endpoint only")
-        return None
-    if args.device != "auto":
-        raise ConfigError("--device: applies to a local model, not to --endpoint")
-    # torch, openai load here, not for `dpicl --help`
-    from dpcore.endpoint import EndpointConfig
-
-    values = {name: getattr(args, name) for name in ENDPOINT_FLAGS if getattr(args, name) is not None}
-    return EndpointConfig(url=args.endpoint, model=args.model, **values)
-
-
-def _quiet_client_logs() -> None:
-    """The HTTP client's debug lines hold request bodies (the queries): never logged, even with -v."""
-    for name in ("openai", "httpx", "httpcore"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def _predict(args) -> int:
     # torch, Prefect load here, not for `dpicl --help`
     from tasks.release import answer_queries
 
-    endpoint = _endpoint_config(args)
+    endpoint = endpoint_config(args, args.model)
     path = Path(args.input)
     if not path.exists():
         raise DataValidationError(f"{path}: file not found")
     queries = _read_queries(path)
-    if endpoint is not None:
-        _quiet_client_logs()
     manifest, model_name, answers = answer_queries(args.release, args.dataset_id, [q["text"] for q in queries],
                                                    model=args.model, device=args.device,
                                                    calibrate=not args.no_calibration, endpoint=endpoint)
@@ -157,6 +131,7 @@ def _export(args) -> int:
 
 
 def register(subparsers) -> None:
+
     release = subparsers.add_parser("release", help="gate a finished run and release its DP demos as production")
     release.add_argument("--run", required=True, help="the run id printed by `dpicl run`")
     release.add_argument("--method", choices=("tang", "pate", "dpsgd"), default="tang",
@@ -183,6 +158,9 @@ def register(subparsers) -> None:
                          help="pate, dpsgd: score each record's first N tokens only")
     release.add_argument("--auc-tolerance", type=float, default=None,
                          help="pate, dpsgd: the gate's band, |AUC - 0.5| within this (default 0.05)")
+    release.add_argument("--seed", type=int, default=None,
+                         help="pate, dpsgd: the audit's seed (member draws and trials; not privacy noise); default: "
+                              "derived from the data's content hash")
     release.add_argument("--device", default="auto", help="pate, dpsgd: the audit's device (default: auto)")
     release.add_argument("--alias", default="production", help="registry alias to move (default: production)")
     release.add_argument("--json", action="store_true", help="print one JSON object")
@@ -198,21 +176,7 @@ def register(subparsers) -> None:
     predict.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     predict.add_argument("--no-calibration", action="store_true", help="raw predictions (no contextual calibration)")
     predict.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
-    remote = predict.add_argument_group("answering through an OpenAI-compatible server (demos and student prompts "
-                                        "only; the API key is read from OPENAI_API_KEY)")
-    remote.add_argument("--endpoint", default=None, metavar="URL",
-                        help="the server's base URL, e.g. http://127.0.0.1:8000/v1 (vLLM, llama.cpp, Ollama, a hosted "
-                             "API, `dpicl serve`)")
-    remote.add_argument("--timeout", type=float, default=None, help="seconds per request (default 60)")
-    remote.add_argument("--retries", type=int, default=None,
-                        help="further attempts after a connection failure, timeout or 5xx answer (default 2)")
-    remote.add_argument("--scoring", choices=("auto", "echo", "logprobs", "text"), default=None,
-                        help="echo: full label log-probabilities from the echoed prompt; logprobs: the first label "
-                             "token among the top log-probabilities; text: greedy text matched to the labels; auto "
-                             "(default): the first the server supports")
-    remote.add_argument("--batch-size", type=int, default=None, help="prompts per request (default 8; 1 for servers "
-                                                                     "that take one prompt per request)")
-    remote.add_argument("--max-new-tokens", type=int, default=None, help="length of text answers (default 12)")
+    add_endpoint_flags(predict)
     predict.set_defaults(handler=_predict)
 
     export = subparsers.add_parser(
