@@ -79,7 +79,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dpcore import composition, events, record_sets
+from dpcore import composition, record_sets
 from dpcore.composition import Composition, rnm_step_epsilon
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import BudgetExceededError, ConfigError, SameRecordsError
@@ -273,7 +273,9 @@ def _same_value(a, b) -> bool:
 
 def same_event(a, b) -> bool:
     """Whether two events are the same spend (`_same_value` on their stored forms)."""
-    return _same_value(events.event_to_dict(a), events.event_to_dict(b))
+    from dpcore.events import event_to_dict
+
+    return _same_value(event_to_dict(a), event_to_dict(b))
 
 
 def same_spend(request: Spend, entry: Spend) -> bool:
@@ -314,7 +316,9 @@ def matching_entries(entries: Iterable[Spend], *, run_id: str, mechanism: str, n
     """Entries of `run_id` that record a spend with these calibration parameters (the release gate: the
     released demos' (mechanism, sigma, q, T, delta) must be charged to that run): their events are the
     event those parameters describe (`dpcore.events.sampled_steps_event`)."""
-    wanted = events.sampled_steps_event(mechanism, noise_multiplier, sampling_rate, steps)
+    from dpcore.events import sampled_steps_event
+
+    wanted = sampled_steps_event(mechanism, noise_multiplier, sampling_rate, steps)
     return [e for e in entries
             if e.run_id == run_id and e.purpose in purposes and _close(e.delta, delta)
             and same_event(e.event, wanted)]
@@ -502,6 +506,8 @@ class Ledger:
             precomputed = compose_epsilon([*snapshot_entries, *snapshot_new], snapshot_budget.delta)
         alone = {id(r): compose_epsilon([r], r.delta).epsilon for r in snapshot_new}
 
+        from dpcore.events import event_to_json
+
         created_at = _now()
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
@@ -534,7 +540,7 @@ class Ledger:
                     cursor = conn.execute(
                         "INSERT INTO entries (dataset_id, content_hash, run_id, event, delta, epsilon_upper, purpose, "
                         "status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (request.dataset_id, request.content_hash, request.run_id, events.event_to_json(request.event),
+                        (request.dataset_id, request.content_hash, request.run_id, event_to_json(request.event),
                          request.delta, epsilon_upper, request.purpose, STATUS_CHARGED, created_at),
                     )
                     inserted.append(dataclasses.replace(request, id=cursor.lastrowid, epsilon_upper=epsilon_upper,
@@ -573,6 +579,8 @@ def _convert_flat_entries(conn: sqlite3.Connection, path: Path) -> None:
     """Schemas 1 and 2 stored a generation's (mechanism, sigma, q, T): each row becomes the event they
     describe (`dpcore.events.sampled_steps_event`), with its id, delta, epsilon_upper, purpose, status and
     time; the id sequence goes on where it was."""
+    from dpcore.events import event_to_json, sampled_steps_event
+
     conn.execute(_ENTRIES.format(table="entries_events"))
     kept = ("id", "dataset_id", "content_hash", "run_id", "delta", "epsilon_upper", "purpose", "status",
             "created_at")
@@ -586,13 +594,13 @@ def _convert_flat_entries(conn: sqlite3.Connection, path: Path) -> None:
                        if not isinstance(flat[c], kinds)), None)
         if column is None:
             try:
-                event = events.sampled_steps_event(**flat)
+                event = sampled_steps_event(**flat)
             except ConfigError as exc:  # its message starts with the field's name
                 column = next((c for c in _FLAT_COLUMNS if str(exc).startswith(c)), "/".join(_FLAT_COLUMNS))
         if column is not None:
             raise ConfigError(f"ledger {path}: entries row id {row[0]}, column {column}: not a spend this dpicl can "
                               "convert to an event; the ledger is unchanged")
-        converted.append((*row[:4], events.event_to_json(event), *row[4:len(kept)]))
+        converted.append((*row[:4], event_to_json(event), *row[4:len(kept)]))
     conn.executemany(f"INSERT INTO entries_events ({', '.join(kept[:4])}, event, {', '.join(kept[4:])}) "
                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", converted)
     sequence = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'entries'").fetchone()
@@ -622,7 +630,9 @@ class _Connection:
 
 def _entry(row) -> Spend:
     values = dict(zip(_ENTRY_COLUMNS, row, strict=True))
-    values["event"] = events.event_from_json(values["event"])
+    from dpcore.events import event_from_json
+
+    values["event"] = event_from_json(values["event"])
     for key in ("delta", "epsilon_upper"):
         values[key] = float(values[key])
     return Spend(**values)

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dpcore import events
 from dpcore.composition import NONPRIVATE, groups
-from dpcore.events import DpEvent
+
+if TYPE_CHECKING:
+    from dp_accounting.dp_event import DpEvent
+
+# `dpcore.events` is imported where a spend is made or read: it loads dp-accounting (absl, scipy), which a
+# module that only names this type (`dpcore.ledger` for `dpicl ledger --help`) need not.
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class Spend:
 
     def __post_init__(self) -> None:
         # One canonical form (the stored one): an event read back from the ledger equals the one charged.
+        from dpcore import events
+
         object.__setattr__(self, "event", events.event_from_dict(events.event_to_dict(self.event)))
 
     @classmethod
@@ -56,7 +62,9 @@ class Spend:
         """T steps of `mechanism` at noise multiplier sigma, each on a Poisson sample of rate q of the
         records (q = 1: all of them); sigma = 0 is no noise, an infinite spend. `bound`: the dataset,
         content hash, run id and delta of a request."""
-        return cls(events.sampled_steps_event(mechanism, noise_multiplier, sampling_rate, steps), purpose, what,
+        from dpcore.events import sampled_steps_event
+
+        return cls(sampled_steps_event(mechanism, noise_multiplier, sampling_rate, steps), purpose, what,
                    **bound)
 
     def bound(self, dataset_id: str, content_hash: str, run_id: str, delta: float) -> Spend:
@@ -69,7 +77,9 @@ class Spend:
     @property
     def mechanism(self) -> str:
         """The step's mechanism ("gaussian", "rnm", "laplace"), else the event's kind ("composed", ...)."""
-        return events.event_kind(self.event)
+        from dpcore.events import event_kind
+
+        return event_kind(self.event)
 
     @property
     def noise_multiplier(self) -> float | None:
@@ -84,7 +94,9 @@ class Spend:
         return self._parameter(3)
 
     def _parameter(self, index: int):
-        parameters = events.steps_parameters(self.event)
+        from dpcore.events import steps_parameters
+
+        parameters = steps_parameters(self.event)
         return None if parameters is None else parameters[index]
 
     @property
@@ -100,11 +112,13 @@ class Spend:
 
     def to_dict(self) -> dict[str, Any]:
         """A ledger row for `--json`: the display columns next to the event itself."""
+        from dpcore.events import event_to_dict
+
         return {"id": self.id, "dataset_id": self.dataset_id, "content_hash": self.content_hash,
                 "run_id": self.run_id, "mechanism": self.mechanism, "noise_multiplier": self.noise_multiplier,
                 "sampling_rate": self.sampling_rate, "steps": self.steps, "delta": self.delta,
                 "epsilon_upper": self.epsilon_upper, "purpose": self.purpose, "status": self.status,
-                "created_at": self.created_at, "event": events.event_to_dict(self.event)}
+                "created_at": self.created_at, "event": event_to_dict(self.event)}
 
 
 __all__ = ["Spend"]
