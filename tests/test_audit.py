@@ -46,17 +46,23 @@ def _no_text(frame: pd.DataFrame, texts: list[str]) -> bool:
     return not (cells & set(texts))
 
 
-def test_membership_score_is_normalised_true_label_probability(tiny_lm, agnews, one_thread):
-    from dpcore.audit import membership_scores
+def _true_label_probability(lm, spec, demos, texts, labels) -> np.ndarray:
+    """Duan et al.'s score computed the ICL evaluation's way: p(true label | prompt, x), normalised."""
     from dpcore.icl import label_logprobs
+
+    logp = label_logprobs(lm, spec, demos, list(texts))
+    probs = np.exp(logp) / np.exp(logp).sum(axis=1, keepdims=True)
+    return probs[np.arange(len(texts)), [spec.label_names.index(y) for y in labels]]
+
+
+def test_duan_score_is_normalised_true_label_probability(tiny_lm, agnews, one_thread):
+    from dpcore.mia_attacks import prompt_scores
 
     rows = agnews.train.head(5)
     demos = [(rows.text[0], rows.label[0])]
-    scores = membership_scores(tiny_lm, agnews.spec, demos, rows.text.tolist(), rows.label.tolist())
-    logp = label_logprobs(tiny_lm, agnews.spec, demos, rows.text.tolist())
-    probs = np.exp(logp) / np.exp(logp).sum(axis=1, keepdims=True)
-    index = [agnews.spec.label_names.index(y) for y in rows.label]
-    assert np.allclose(scores, probs[np.arange(5), index])
+    scores = prompt_scores(tiny_lm, agnews.spec, demos, rows.text.tolist(), rows.label.tolist())
+    expected = _true_label_probability(tiny_lm, agnews.spec, demos, rows.text.tolist(), rows.label.tolist())
+    assert np.allclose(np.exp(scores.label_logprob), expected, atol=1e-5)
 
 
 def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread):
@@ -77,12 +83,10 @@ def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread)
     assert [a.attack for a in result.attacks] == list(ATTACKS)
     assert result.attack == max(result.attacks, key=lambda a: abs(a.auc - 0.5)).attack
     # the duan attack's score is still Duan et al.'s normalised label probability
-    from dpcore.audit import membership_scores
-
     trial0 = duan.loc[duan["trial"] == 0]
     rows = agnews_sample.set_index("id").loc[trial0["record_id"]]
-    expected = membership_scores(tiny_lm, agnews.spec, [(rows["text"].iloc[0], rows["label"].iloc[0])],
-                                 rows["text"].tolist(), rows["label"].tolist())
+    expected = _true_label_probability(tiny_lm, agnews.spec, [(rows["text"].iloc[0], rows["label"].iloc[0])],
+                                       rows["text"].tolist(), rows["label"].tolist())
     assert np.allclose(trial0["score"], expected, atol=1e-5)
     assert _no_text(scores, agnews_sample["text"].tolist())
     # real records as demos: the verbatim check sees the copies; no accountant applies
