@@ -29,31 +29,25 @@ $DPICL_HOME/benchmarks/bench_audit.json).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (a `benchmarks` package may be installed)
+
+from benchlib import load, model_parser, report  # noqa: E402
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="a model name, or `tiny` (random tiny Llama)")
-    parser.add_argument("--dataset", default="sst2")
+    parser = model_parser(__doc__.split("\n\n")[0], dataset="sst2")
     parser.add_argument("--members", type=int, default=15, help="members (and as many non-members) per trial")
     parser.add_argument("--trials", type=int, default=4, help="trials per demo set")
     parser.add_argument("--demo-sets", type=int, default=3)
     parser.add_argument("--lira", type=int, default=0, metavar="R", help="also the five attacks with R OUT prompts")
     parser.add_argument("--max-tokens", type=int, default=12, help="tokens of each generated demo")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="member split, trials and noise")
-    parser.add_argument("--out", default=None, help="JSON result file")
-    parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     return parser.parse_args(argv)
 
 
@@ -86,18 +80,8 @@ def run(args) -> dict:
 
     from dpcore import audit, mia_attacks
     from dpcore.config import AuditConfig, GenerationConfig
-    from dpcore.datasets import load_dataset
-    from dpcore.home import configure_environment
-    from dpcore.lm import LanguageModel
-    from dpcore.taskspec import load_task_spec
 
-    configure_environment()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    spec = load_task_spec(args.dataset)
-    dataset = load_dataset(spec)
-    lm = LanguageModel.tiny_random(seed=0, device=args.device) if args.model == "tiny" else \
-        LanguageModel.load(args.model, device=args.device)
+    spec, dataset, lm = load(args)
     members, non_members = audit.split_members(dataset.train, seed=args.seed)
     generation = GenerationConfig(num_subsets=4, subset_size=1, max_tokens=args.max_tokens, top_k=100)
 
@@ -162,16 +146,7 @@ def format_table(result: dict) -> str:
 def main(argv=None) -> int:
     args = _parse(argv)
     result = run(args)
-    from dpcore.artifacts import write_json_atomic
-    from dpcore.home import subdir
-
-    out = Path(args.out) if args.out else subdir("benchmarks") / "bench_audit.json"
-    write_json_atomic(out, result)
-    print(format_table(result))
-    print(f"written: {out}")
-    if args.json:
-        print(json.dumps(result, sort_keys=True))
-    return 0
+    return report(result, format_table(result), "bench_audit", args.out, args.json)
 
 
 if __name__ == "__main__":
