@@ -24,29 +24,23 @@ $DPICL_HOME/benchmarks/bench_icl.json).
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (a `benchmarks` package may be installed)
+
+from benchlib import load, model_parser, report  # noqa: E402
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="a model name, or `tiny` (random tiny Llama)")
-    parser.add_argument("--dataset", default="agnews")
+    parser = model_parser(__doc__.split("\n\n")[0], dataset="agnews")
     parser.add_argument("--items", type=int, default=100, help="test items scored by the cached path")
     parser.add_argument("--naive-items", type=int, default=None, help="items scored naively (default: --items)")
     parser.add_argument("--shots", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="demo choice")
-    parser.add_argument("--out", default=None, help="JSON result file")
-    parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     return parser.parse_args(argv)
 
 
@@ -59,18 +53,8 @@ def run(args) -> dict:
     import torch
 
     from dpcore import icl
-    from dpcore.datasets import load_dataset
-    from dpcore.home import configure_environment
-    from dpcore.lm import LanguageModel
-    from dpcore.taskspec import load_task_spec
 
-    configure_environment()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    spec = load_task_spec(args.dataset)
-    dataset = load_dataset(spec)
-    lm = LanguageModel.tiny_random(seed=0, device=args.device) if args.model == "tiny" else \
-        LanguageModel.load(args.model, device=args.device)
+    spec, dataset, lm = load(args)
     rng = np.random.default_rng(args.seed)
     pool = []  # private records in memory only: a few per label
     for label in spec.label_names:
@@ -122,16 +106,7 @@ def format_table(result: dict) -> str:
 def main(argv=None) -> int:
     args = _parse(argv)
     result = run(args)
-    from dpcore.artifacts import write_json_atomic
-    from dpcore.home import subdir
-
-    out = Path(args.out) if args.out else subdir("benchmarks") / "bench_icl.json"
-    write_json_atomic(out, result)
-    print(format_table(result))
-    print(f"written: {out}")
-    if args.json:
-        print(json.dumps(result, sort_keys=True))
-    return 0
+    return report(result, format_table(result), "bench_icl", args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -191,23 +191,6 @@ def _finish(thresholds: GateThresholds, scores: pd.DataFrame, *, confidence: flo
 # =========================================================================== the attack
 
 
-def membership_scores(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], texts: Sequence[str],
-                      labels: Sequence[str], batch_size: int = 16, past=None) -> np.ndarray:
-    """Duan et al. Section 3: p(true label | prompt(demos), x), normalised over the task's labels.
-    `past`: a trained prompt's cache before the prompt (PromptDPSGD, `icl.label_logprobs(past=...)`)."""
-    label_names = spec.label_names
-    index = {name: i for i, name in enumerate(label_names)}
-    unknown = sorted(set(labels) - set(index))
-    if unknown:
-        raise DataValidationError(f"audit: label(s) {', '.join(map(str, unknown))} are not labels of task "
-                                  f"{spec.name!r}")
-    from dpcore.icl import label_logprobs, normalise_probs
-
-    probs = normalise_probs(label_logprobs(lm, spec, list(demos), list(texts), label_names, batch_size=batch_size,
-                                         past=past))
-    return probs[np.arange(len(texts)), [index[label] for label in labels]]
-
-
 def _check_split(frame: pd.DataFrame, name: str) -> None:
     for column in ("id", "text", "label"):
         if column not in frame.columns:
@@ -406,6 +389,9 @@ def _scored_trials(lm, spec: TaskSpec, prompt, members: pd.DataFrame, non_member
                           non_members["id"].astype(str).to_numpy()[n_unique]])
     query_labels = (members["label"].astype(str).to_numpy()[m_unique].tolist()
                     + non_members["label"].astype(str).to_numpy()[n_unique].tolist())
+    # public counts only: how many scores this prompt costs (the sizes are planned from public numbers)
+    log.info("audit: scoring %d records under the prompt and %d reference score(s) not scored before",
+             len(texts), mia_attacks.reference_passes_needed(texts, query_labels, out_demos, cache))
     refs = mia_attacks.reference_scores(lm, spec, texts, query_labels, out_demos, batch_size, cache,
                                         should_stop=should_stop)
     scores = _attack_scores(lm, spec, prompt, texts, query_labels, refs, batch_size, past=past,

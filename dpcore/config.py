@@ -99,8 +99,9 @@ class AuditConfig(_Frozen):
     auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="gate: |AUC - 0.5| must stay within this")
     overlap_threshold: int = Field(8, ge=1, description="gate: verbatim token overlap that counts as a leak")
     confidence: float = Field(0.95, gt=0, lt=1)
-    reference_prompts: int = Field(4, ge=0, description="OUT prompts (1-shot prompts of non-candidate records) "
-                                   "of the offline LiRA attacks; fewer than 2: no LiRA attack")
+    reference_prompts: int = Field(0, ge=0, description="OUT prompts (1-shot prompts of non-candidate records) "
+                                   "of the offline LiRA attacks, each one more forward pass per record; fewer than "
+                                   "2 (the default): the three calibrated attacks only, no LiRA")
     max_record_tokens: int | None = Field(None, ge=1, description="score each candidate's first N tokens only "
                                           "(a public cap that makes a time-boxed audit cheaper); None: whole text")
     mode: AuditMode = Field("regenerate", description="regenerate: DP demos generated from half the private records "
@@ -165,8 +166,9 @@ class RunConfig(_Frozen):
     audit_methods: bool = Field(True, description="with audit on, also the release audit of PromptPATE's chosen "
                                 "student and each PromptDPSGD prompt (nothing generated or charged; `dpicl release "
                                 "--audit-only` runs it later)")
-    audit_reference_prompts: int = Field(4, ge=0, description="LiRA reference prompts built from non-members "
-                                         "(0: no LiRA attacks)")
+    audit_reference_prompts: int = Field(0, ge=0, description="R >= 2 adds the offline LiRA attacks against R "
+                                         "OUT prompts built from non-members (R more forward passes per record); "
+                                         "default 0: the three calibrated attacks")
     audit_max_record_tokens: int | None = Field(None, ge=1, description="score only each record's first tokens "
                                                 "(default: whole records)")
     auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="audit gate: |AUC - 0.5| must stay within this")

@@ -44,13 +44,19 @@ from dpcore.taskspec import TaskSpec
 
 ATTACKS: tuple[str, ...] = ("duan", "label-calibrated", "text-calibrated", "lira-label", "lira-text")
 CALIBRATED_ATTACKS: tuple[str, ...] = ("duan", "label-calibrated", "text-calibrated")
-PER_EXAMPLE_VARIANCE_MIN_REFERENCES = 16
+PER_EXAMPLE_VARIANCE_MIN_REFERENCES = 16  # below this many OUT prompts LiRA uses the pooled (global) variance
 
 
 def attacks_run(reference_prompts: int) -> tuple[str, ...]:
-    """The attacks an audit runs: LiRA needs at least 2 OUT prompts."""
+    """The attacks an audit runs: LiRA needs at least 2 OUT prompts (the default, 0, runs the three calibrated
+    attacks: 2 forward passes per record instead of 2 + R, and fewer records for the same band)."""
     return ATTACKS if reference_prompts >= 2 else CALIBRATED_ATTACKS
-  # below this many OUT prompts LiRA uses the pooled (global) variance
+
+
+def passes_per_record(reference_prompts: int) -> int:
+    """Forward passes an audit spends on each (record, prompt under audit) pair: the prompt under audit, the
+    no-demonstration reference and, with LiRA, each OUT prompt."""
+    return 2 + (reference_prompts if reference_prompts >= 2 else 0)
 
 
 @dataclass(frozen=True)
@@ -218,13 +224,6 @@ def lira_offline(target, out_scores, per_example_variance: bool | None = None,
     return (target - mean) / np.maximum(std, min_std)
 
 
-def lira_likelihood_ratio(target, out_scores, per_example_variance: bool | None = None) -> np.ndarray:
-    """Phi(z) of `lira_offline`: Pr[score_OUT <= observed] under the fitted Gaussian (the paper's statistic)."""
-    from scipy import stats
-
-    return stats.norm.cdf(lira_offline(target, out_scores, per_example_variance))
-
-
 def attack_scores(target: PromptScores, reference: PromptScores, out: PromptScores | None,
                   per_example_variance: bool | None = None) -> dict[str, np.ndarray]:
     """Every attack's score (higher = member) for n records.
@@ -262,27 +261,40 @@ def reference_scores(lm, spec: TaskSpec, texts: Sequence[str], labels: Sequence[
                      out_demos: Sequence[tuple], batch_size: int = 16, cache: dict | None = None,
                      should_stop: Callable[[], bool] | None = None) -> References:
     """The record-level references of every attack: one pass with no demonstration (the task's
-    instruction only) and one pass per OUT prompt (a 1-shot prompt of each of `out_demos`, records
-    that are not candidates). `cache` (a dict the caller keeps) reuses a record's references across
-    audits with the same OUT prompts (e.g. one candidate set audited at several epsilons). `should_stop`:
-    as `prompt_scores`'s, asked before every forward pass."""
-    key_out = tuple((str(d[0]), str(d[1])) for d in out_demos)
-    keys = [(key_out, str(t), str(y)) for t, y in zip(texts, labels, strict=True)]
+    instruction only) and, with 2 or more `out_demos` (records that are not candidates), one pass per OUT
+    prompt (a 1-shot prompt of each). `cache` (a dict the caller keeps) holds each (reference prompt,
+    record) score once: a record drawn again (another demo set of its label, another epsilon's audit of
+    the same candidates) is not scored again. A reference score depends on the record and its reference
+    prompt only, never on the prompt under audit, so the reused score is the one a new pass would give.
+    `should_stop`: as `prompt_scores`'s, asked before every forward pass."""
+    records = _records(texts, labels)
     cache = {} if cache is None else cache
-    distinct = list(dict.fromkeys(keys))
-    todo = [i for i, k in enumerate(distinct) if k not in cache]
-    if todo:
-        t_texts = [distinct[i][1] for i in todo]
-        t_labels = [distinct[i][2] for i in todo]
-        zero = prompt_scores(lm, spec, [], t_texts, t_labels, batch_size=batch_size, should_stop=should_stop)
-        outs = [prompt_scores(lm, spec, [demo], t_texts, t_labels, batch_size=batch_size, should_stop=should_stop)
-                for demo in key_out]
-        stacked = PromptScores.stack(outs) if len(outs) >= 2 else None
-        for j, i in enumerate(todo):
-            cache[distinct[i]] = (zero.take([j]), None if stacked is None else stacked.take([j]))
-    zero = _concat([cache[k][0] for k in keys])
-    out = None if len(key_out) < 2 else _concat([cache[k][1] for k in keys])
-    return References(zero, out)
+    columns = []
+    for prompt in _reference_prompts(out_demos):
+        todo = list(dict.fromkeys(r for r in records if (prompt, r) not in cache))
+        if todo:
+            fresh = prompt_scores(lm, spec, list(prompt), [t for t, _ in todo], [y for _, y in todo],
+                                  batch_size=batch_size, should_stop=should_stop)
+            for j, record in enumerate(todo):
+                cache[(prompt, record)] = fresh.take([j])
+        columns.append(_concat([cache[(prompt, r)] for r in records]))
+    return References(columns[0], PromptScores.stack(columns[1:]) if len(columns) > 1 else None)
+
+
+def _records(texts: Sequence[str], labels: Sequence[str]) -> list[tuple[str, str]]:
+    return [(str(t), str(y)) for t, y in zip(texts, labels, strict=True)]
+
+
+def _reference_prompts(out_demos: Sequence[tuple]) -> list[tuple]:
+    """The no-demonstration prompt, then each OUT prompt (only with 2 or more: LiRA's minimum)."""
+    return [()] + ([((str(d[0]), str(d[1])),) for d in out_demos] if len(out_demos) >= 2 else [])
+
+
+def reference_passes_needed(texts: Sequence[str], labels: Sequence[str], out_demos: Sequence[tuple],
+                            cache: dict | None) -> int:
+    """How many (reference prompt, record) scores `reference_scores` would still compute (not in `cache`)."""
+    records = list(dict.fromkeys(_records(texts, labels)))
+    return sum((prompt, r) not in (cache or {}) for prompt in _reference_prompts(out_demos) for r in records)
 
 
 def _concat(items: Sequence[PromptScores]) -> PromptScores:

@@ -201,6 +201,27 @@ def generate(config: RunConfig, epsilon: float, out: Path | None, say: Say) -> t
 # --------------------------------------------------------------------------- dpicl audit
 
 
+def _audit_line(audit_config: AuditConfig, train, labels: list[str], epsilon: float | None) -> str:
+    """What the audit will run, said before the model loads (`tasks.audit.design_line`): the design of the
+    sizes asked on this split's public counts."""
+    from dpcore import audit_design
+    from dpcore.mia_attacks import attacks_run
+    from tasks.audit import design_line
+
+    sizes = dict(trials=audit_config.trials, attacks=len(attacks_run(audit_config.reference_prompts)),
+                 confidence=audit_config.confidence, tolerance=audit_config.auc_tolerance)
+    if epsilon is None:  # one real record (the member) vs non-members of the whole split, per trial
+        chosen = audit_design.plan(len(train), len(train), members=1, non_members=audit_config.non_members,
+                                   **sizes)
+        return design_line(audit_config, chosen)
+    counts = train["label"].astype(str).value_counts()
+    members = [int(round(0.5 * int(counts.get(y, 0)))) for y in labels]  # `audit_members`: half of each label
+    non_members = [int(counts.get(y, 0)) - m for y, m in zip(labels, members, strict=True)]
+    chosen = audit_design.plan_by_label(members, non_members, demo_sets=audit_config.demo_sets,
+                                        members=audit_config.members, non_members=audit_config.non_members, **sizes)
+    return design_line(audit_config, chosen, audit_config.demo_sets)
+
+
 def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, reference: bool, out: Path | None,
           say: Say) -> tuple[object, object, dict]:
     """The membership-inference audit of one setting (Duan et al. 2023; Tang et al. Appendix F):
@@ -239,6 +260,7 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
                    "sampling_rate": calibration.sampling_rate, "steps": calibration.steps, "delta": delta,
                    "crosscheck_agreed": calibration.crosscheck_agreed, "warnings": list(calibration.warnings)}
         _charge(config, data, run_id, plans, dry_run=True)  # all demo sets at once: the refusal before the model
+    say(_audit_line(audit_config, train, data.labels, epsilon))
     real = []
     if epsilon is None or reference:
         real = _real_records(config, data, run_id, AUDIT_REFERENCE, say,

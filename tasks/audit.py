@@ -36,6 +36,7 @@ plan, the DP audit at one epsilon, the non-private reference and the writing of 
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -115,6 +116,21 @@ def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size:
         return audit_config, chosen, (f"audit: this design concludes with probability about "
                                       f"{100 * chosen.conclusive_probability:.0f}% when nothing leaks")
     return audit_config, chosen, None
+
+
+def design_line(audit_config: AuditConfig, chosen: AuditDesign, demo_sets: int = 1) -> str:
+    """One line said before an audit runs: its attacks, its sizes, the interval it predicts and its cost in
+    forward passes (public: sizes and configuration only)."""
+    from dpcore.mia_attacks import attacks_run, passes_per_record
+
+    attacks = attacks_run(audit_config.reference_prompts)
+    sets = f"{demo_sets} demo sets x {chosen.trials // demo_sets}" if demo_sets > 1 else f"{chosen.trials}"
+    width = (f"+/- {chosen.half_width:.3f}" if math.isfinite(chosen.half_width) else "no interval")
+    scored = f"{chosen.scored_records} records" if chosen.scored_records else "each record"
+    return (f"audit: {len(attacks)} attacks ({', '.join(attacks)}) on {sets} trials of {chosen.members} member(s) vs "
+            f"{chosen.non_members} non-members; AUC interval {width} predicted when nothing leaks (band "
+            f"+/- {chosen.tolerance:g}); {scored} x {passes_per_record(audit_config.reference_prompts)} forward "
+            "passes" + ("" if len(attacks) > 3 else " (--audit-reference-prompts 4 adds LiRA: 4 more passes each)"))
 
 
 def audit_call(config: RunConfig, ingested: dict, plan: FewShotPlan, shards: list, generation_config: GenerationConfig,
@@ -228,10 +244,8 @@ def audit(
     run_id: str | None = None,
 ) -> dict:
     """Audit every DP epsilon of a run; returns stage paths and the per-epsilon summaries (public)."""
-    from dpcore import audit as mia
     from dpcore.audit_gate import GateThresholds
     from dpcore.fewshot_plan import default_delta
-    from dpcore.overlap import model_tokenize
     from tasks.charge import audit_charge_hook
     from tasks.ingest import private_split
 
@@ -244,51 +258,16 @@ def audit(
     split_seed = derive_seed(seed if seed is not None else int(data_hash[:15], 16), "audit-split")
     demos = pd.concat([read_table(Path(p)) for p in demo_paths or []], ignore_index=True) if demo_paths else None
     thresholds = GateThresholds.from_config(audit_config)
-    cache: dict = {}  # reference scores of a candidate, shared by the epsilons (same OUT prompts)
-
-    results = []
+    # Every epsilon draws the same trials (one trial seed): its candidates' reference scores are computed once
+    # and reused from this cache by the next epsilons' audits.
+    shared = dict(thresholds=thresholds, cache={}, trial_seed=derive_seed(split_seed, "audit-trials"))
     if audit_config.mode == "run-demos":
-        held_out = private_split(records_path, "test")
-        if held_out.empty:
-            raise ConfigError("audit: the run-demos audit needs held-out (test) records as non-members")
-        for target in targets:
-            eps = float(target.epsilon)
-            own = demos[demos["epsilon"] == eps] if demos is not None else pd.DataFrame(columns=["text", "label"])
-            if own.empty:
-                logger.warning("audit at epsilon %g: the run has no DP demonstration to audit", eps)
-                continue
-            # The same trial seed for every epsilon: the same candidates, scored against each epsilon's demos.
-            result = mia.demos_audit(
-                lm, spec, list(zip(own["text"].astype(str), own["label"].astype(str), strict=True)), train,
-                held_out, audit_config, seed=derive_seed(split_seed, "audit-trials"), epsilon=eps,
-                noise_multiplier=target.noise_multiplier, delta=delta,
-                crosscheck_agreed=target.crosscheck_agreed, thresholds=thresholds, cache=cache,
-                progress=_progress(f"audit demos eps={eps:g}"), should_stop=stop_requested,
-            )
-            results.append(result)
-            _log_result(logger, eps, result)
+        results = _audit_run_demos(lm, spec, records_path, train, demos, targets, audit_config, delta=delta,
+                                   **shared)
     else:
-        members, non_members, member_counts = audit_members(train, split_seed, spec.label_names)
-        tokenize = model_tokenize(lm)
-        pool_tokens: dict = {}
-        for target in targets:
-            eps = float(target.epsilon)
-            plan = audit_plan(generation, member_counts, eps, delta, audit_config.demo_sets)
-            (charged,) = plan.privacy_plans()
-            result = dp_audit_at(
-                lm, spec, members, non_members, audit_config, generation, plan.calibration(eps),
-                seed=derive_seed(split_seed, "audit-trials", eps), noise_seed=derive_seed(seed, "audit-noise", eps),
-                crosscheck_agreed=target.crosscheck_agreed, thresholds=thresholds,
-                charge=audit_charge_hook(dataset_id, data_hash, run_id, charged), cache=cache,
-                what=f"audit demo sets eps={eps:g}")
-            own = demos[demos["epsilon"] == eps] if demos is not None else None
-            if own is not None and len(own):  # the run's own DP demos, against their labels' records
-                found = mia.demo_overlap(tokenize, own["text"].tolist(), own["label"].tolist(), train,
-                                         result.overlap_threshold, pool_tokens)
-                result = mia.with_demo_overlap(result, *found, thresholds)
-            results.append(result)
-            _log_result(logger, eps, result)
-
+        charge = functools.partial(audit_charge_hook, dataset_id, data_hash, run_id)
+        results = _audit_regenerated(lm, spec, train, demos, targets, generation, audit_config, delta=delta,
+                                     split_seed=split_seed, noise_seed=seed, charge=charge, **shared)
     reference = None
     if non_private_reference:
         reference = reference_audit(lm, spec, train, audit_config, seed=derive_seed(split_seed, "reference"),
@@ -303,6 +282,67 @@ def audit(
     if reference is not None:
         result["reference"] = public_summary(reference)
     return result
+
+
+def _audit_run_demos(lm, spec, records_path: str, train: pd.DataFrame, demos: pd.DataFrame | None,
+                     targets: list[Calibration], audit_config: AuditConfig, *, delta: float, thresholds,
+                     cache: dict, trial_seed: int) -> list:
+    """run-demos: each epsilon's own DP demos against the held-out (test) records (nothing generated)."""
+    from dpcore import audit as mia
+    from tasks.ingest import private_split
+
+    logger = stage_logger()
+    held_out = private_split(records_path, "test")
+    if held_out.empty:
+        raise ConfigError("audit: the run-demos audit needs held-out (test) records as non-members")
+    results = []
+    for target in targets:
+        eps = float(target.epsilon)
+        own = demos[demos["epsilon"] == eps] if demos is not None else pd.DataFrame(columns=["text", "label"])
+        if own.empty:
+            logger.warning("audit at epsilon %g: the run has no DP demonstration to audit", eps)
+            continue
+        result = mia.demos_audit(
+            lm, spec, list(zip(own["text"].astype(str), own["label"].astype(str), strict=True)), train,
+            held_out, audit_config, seed=trial_seed, epsilon=eps, noise_multiplier=target.noise_multiplier,
+            delta=delta, crosscheck_agreed=target.crosscheck_agreed, thresholds=thresholds, cache=cache,
+            progress=_progress(f"audit demos eps={eps:g}"), should_stop=stop_requested,
+        )
+        results.append(result)
+        _log_result(logger, eps, result)
+    return results
+
+
+def _audit_regenerated(lm, spec, train: pd.DataFrame, demos: pd.DataFrame | None, targets: list[Calibration],
+                       generation: GenerationConfig, audit_config: AuditConfig, *, delta: float, split_seed: int,
+                       noise_seed: int | None, charge, thresholds, cache: dict, trial_seed: int) -> list:
+    """regenerate (Tang et al. App. F): per epsilon, DP demo sets generated from the member half (each
+    generation charged first through `charge(plan)`), scored members against non-members; the run's own DP
+    demos checked for verbatim overlap with their labels' records."""
+    from dpcore import audit as mia
+    from dpcore.overlap import model_tokenize
+
+    logger = stage_logger()
+    members, non_members, member_counts = audit_members(train, split_seed, spec.label_names)
+    tokenize = model_tokenize(lm)
+    pool_tokens: dict = {}
+    results = []
+    for target in targets:
+        eps = float(target.epsilon)
+        plan = audit_plan(generation, member_counts, eps, delta, audit_config.demo_sets)
+        (charged,) = plan.privacy_plans()
+        result = dp_audit_at(
+            lm, spec, members, non_members, audit_config, generation, plan.calibration(eps), seed=trial_seed,
+            noise_seed=derive_seed(noise_seed, "audit-noise", eps), crosscheck_agreed=target.crosscheck_agreed,
+            thresholds=thresholds, charge=charge(charged), cache=cache, what=f"audit demo sets eps={eps:g}")
+        own = demos[demos["epsilon"] == eps] if demos is not None else None
+        if own is not None and len(own):  # the run's own DP demos, against their labels' records
+            found = mia.demo_overlap(tokenize, own["text"].tolist(), own["label"].tolist(), train,
+                                     result.overlap_threshold, pool_tokens)
+            result = mia.with_demo_overlap(result, *found, thresholds)
+        results.append(result)
+        _log_result(logger, eps, result)
+    return results
 
 
 def _log_result(logger, eps: float, result) -> None:

@@ -23,6 +23,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 from prefect import get_run_logger, task
 
 from dpcore import release as gate
@@ -283,8 +284,6 @@ def _sampled_ids(private: Path, artifact: gate.Artifact) -> list[str] | None:
 
 def _merge_rows(path: Path, frame, name: str):
     """`frame` (rows of artifact `name`) in the table at `path`, replacing that artifact's earlier rows."""
-    import pandas as pd
-
     if path.exists():
         kept = read_table(path)
         kept = kept[kept["artifact"] != name] if "artifact" in kept.columns else kept[:0]
@@ -353,36 +352,15 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     artifact = load_artifact(run_id, method, epsilon, training, repeat)
     if method == "pate" and not artifact.demos:
         raise ConfigError(f"run {run_id}: {gate.NOTHING_RELEASABLE['pate']}")
-    private = _private_folder(artifact)
-    records_path = private / "records.parquet"
-    assignment_path = private / "teacher_assignments.parquet"
-    for needed in [records_path] + ([assignment_path] if method == "pate" else []):
-        if not needed.exists():
-            raise ConfigError(f"run {run_id}: {needed} is missing (the audit needs the run's private records)")
-    records = read_table(records_path)
-    train = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
-    assignment = read_table(assignment_path) if method == "pate" else None
-    members = gate.audit_members(artifact, train, assignment["id"].astype(str).tolist() if assignment is not None
-                                 else _sampled_ids(private, artifact))
-    import pandas as pd
-
-    unread = train[~train["id"].astype(str).isin(set(members["id"].astype(str)))]
-    held_out = pd.concat([records[records["split"] == "test"][["id", "text", "label"]], unread], ignore_index=True)
+    train, members, held_out, assignment = _audit_pools(artifact, method)
     audit_config = planned_audit(audit_config, len(members), len(held_out), size_to_pools, cap_to_pools)
-    audit_path = artifact.path / gate.AUDIT_FILES[method]
-    teacher_path = artifact.path / gate.TEACHER_AUDIT_FILE
     # an audit asked for with another seed draws other trials: not the stored one
     key = audit_config.model_dump_json()
     if seed is not None:
         key = json.dumps({**json.loads(key), "seed": int(seed)})
-    done = read_table(audit_path) if audit_path.exists() else None
-    if (done is not None and ((done["artifact"] == artifact.name) & (done["audit_config"] == key)).any()
-            and (not teacher_reference or teacher_path.exists())):
-        row = done[(done["artifact"] == artifact.name) & (done["audit_config"] == key)].iloc[-1]
-        out = {"artifact": artifact.name, "reused": True, "audit": json.loads(row["summary"])}
-        if teacher_reference:
-            out["teacher_reference"] = json.loads(read_table(teacher_path).iloc[-1]["summary"])
-        return out
+    done = _reused_audit(artifact, method, key, teacher_reference)
+    if done is not None:
+        return done
     lm = language_model(artifact.info["model"], device, dtype)
     past = None
     if method == "dpsgd":
@@ -390,7 +368,6 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
 
         past = trained_prompt_cache(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
                                     artifact.info["model"])
-    logger = get_run_logger()
     spec = load_task_spec(artifact.info["task_spec"])
     split_seed = derive_seed(seed if seed is not None else int(str(artifact.info["data_hash"])[:15], 16),
                              "release-audit")
@@ -403,30 +380,85 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
         progress=lambda done, total: report_progress(f"audit {artifact.name}", done, total),
         should_stop=stop_requested)
     out = {"artifact": artifact.name, "reused": False, "audit": public_summary(result)}
-    logger.info("audit of %s %s: %s", method, artifact.name, out["audit"]["verdict"])
+    get_run_logger().info("audit of %s %s: %s", method, artifact.name, out["audit"]["verdict"])
+    _write_audit_rows(artifact, method, key, result, artifact.name, out["audit"])
     results = [result]
-    # the figures (AUCs, intervals, overlap) to the private store; the public table holds the verdict
-    tags = dict(artifact=artifact.name, method=method, audit_config=key, summary=json.dumps(out["audit"]))
-    _merge_rows(private / gate.AUDIT_FILES[method], result.audit_frame().assign(**tags), artifact.name)
-    _merge_rows(audit_path, result.public_frame().assign(**tags), artifact.name)
     if teacher_reference and method == "pate":
-        _charge_real_records(artifact)  # real records in prompts: charged before any teacher prompt is built
-        reference = mia.teacher_audit(lm, spec, gate.teacher_prompts(train, assignment), held_out, audit_config,
-                                      seed=derive_seed(split_seed, "teachers"), delta=artifact.delta,
-                                      thresholds=thresholds,
-                                      progress=lambda done, total: report_progress("audit single teachers", done,
-                                                                                   total),
-                                      should_stop=stop_requested)
+        reference = _teacher_contrast(lm, spec, artifact, train, assignment, held_out, audit_config,
+                                      seed=derive_seed(split_seed, "teachers"), thresholds=thresholds)
         out["teacher_reference"] = public_summary(reference)
-        logger.info("non-private contrast (single teachers' prompts): %s", out["teacher_reference"]["verdict"])
+        _write_audit_rows(artifact, method, key, reference, "teacher", out["teacher_reference"])
         results.append(reference)
-        tags = dict(artifact="teacher", method=method, audit_config=key, summary=json.dumps(out["teacher_reference"]))
-        write_table(reference.audit_frame().assign(**tags), private / gate.TEACHER_AUDIT_FILE)
-        write_table(reference.public_frame().assign(**tags), teacher_path)
     scores = [r.mia_scores.assign(artifact=artifact.name if r is result else "teacher") for r in results]
-    _merge_rows(private / f"mia_scores_{method}.parquet", pd.concat(scores, ignore_index=True), artifact.name)
+    _merge_rows(_private_folder(artifact) / f"mia_scores_{method}.parquet", pd.concat(scores, ignore_index=True),
+                artifact.name)
     _reseal(artifact)
     return out
+
+
+def _audit_pools(artifact: gate.Artifact, method: str):
+    """(the private split, the members: the records the mechanism read, the non-members: held-out records and
+    the private records it never read, PromptPATE's teacher assignment or None), from the run's private store."""
+    private = _private_folder(artifact)
+    records_path = private / "records.parquet"
+    assignment_path = private / "teacher_assignments.parquet"
+    for needed in [records_path] + ([assignment_path] if method == "pate" else []):
+        if not needed.exists():
+            raise ConfigError(f"run {artifact.run_id}: {needed} is missing (the audit needs the run's private "
+                              "records)")
+    records = read_table(records_path)
+    train = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
+    assignment = read_table(assignment_path) if method == "pate" else None
+    members = gate.audit_members(artifact, train, assignment["id"].astype(str).tolist() if assignment is not None
+                                 else _sampled_ids(private, artifact))
+    unread = train[~train["id"].astype(str).isin(set(members["id"].astype(str)))]
+    held_out = pd.concat([records[records["split"] == "test"][["id", "text", "label"]], unread], ignore_index=True)
+    return train, members, held_out, assignment
+
+
+def _reused_audit(artifact: gate.Artifact, method: str, key: str, teacher_reference: bool) -> dict | None:
+    """The public summaries of an audit of this artifact under the same configuration (`key`), or None."""
+    audit_path = artifact.path / gate.AUDIT_FILES[method]
+    teacher_path = artifact.path / gate.TEACHER_AUDIT_FILE
+    done = read_table(audit_path) if audit_path.exists() else None
+    if done is None or not ((done["artifact"] == artifact.name) & (done["audit_config"] == key)).any():
+        return None
+    if teacher_reference and not teacher_path.exists():
+        return None
+    row = done[(done["artifact"] == artifact.name) & (done["audit_config"] == key)].iloc[-1]
+    out = {"artifact": artifact.name, "reused": True, "audit": json.loads(row["summary"])}
+    if teacher_reference:
+        out["teacher_reference"] = json.loads(read_table(teacher_path).iloc[-1]["summary"])
+    return out
+
+
+def _write_audit_rows(artifact: gate.Artifact, method: str, key: str, result, name: str, summary: dict) -> None:
+    """An audit's rows: its figures (AUCs, intervals, overlap) to the private store, its verdict to the public
+    table. `name`: the artifact's name, or "teacher" for the single-teacher contrast (its own files)."""
+    tags = dict(artifact=name, method=method, audit_config=key, summary=json.dumps(summary))
+    private = _private_folder(artifact)
+    if name == "teacher":
+        write_table(result.audit_frame().assign(**tags), private / gate.TEACHER_AUDIT_FILE)
+        write_table(result.public_frame().assign(**tags), artifact.path / gate.TEACHER_AUDIT_FILE)
+        return
+    _merge_rows(private / gate.AUDIT_FILES[method], result.audit_frame().assign(**tags), artifact.name)
+    _merge_rows(artifact.path / gate.AUDIT_FILES[method], result.public_frame().assign(**tags), artifact.name)
+
+
+def _teacher_contrast(lm, spec, artifact: gate.Artifact, train, assignment, held_out, audit_config, *, seed: int,
+                      thresholds):
+    """The non-private contrast: single PromptPATE teachers' prompts (real records), charged as an infinite
+    spend before any teacher prompt is built."""
+    from dpcore import audit as mia
+
+    _charge_real_records(artifact)
+    reference = mia.teacher_audit(lm, spec, gate.teacher_prompts(train, assignment), held_out, audit_config,
+                                  seed=seed, delta=artifact.delta, thresholds=thresholds,
+                                  progress=lambda done, total: report_progress("audit single teachers", done, total),
+                                  should_stop=stop_requested)
+    get_run_logger().info("non-private contrast (single teachers' prompts): %s", mia.verdict_word(
+        reference.passed, reference.reasons))
+    return reference
 
 
 def _reseal(artifact: gate.Artifact) -> None:
@@ -475,8 +507,6 @@ def register_artifact(run_id: str, method: str, epsilon: float | None = None, tr
     """Write the release folder (the student prompt as `demos.parquet`, or the trained prompt as
     `prompt.safetensors` + `prompt.json`) and `release.json`, register it, move the alias."""
     import shutil
-
-    import pandas as pd
 
     from dpcore.accounting import accountant_versions
     from dpcore.ledger import Ledger

@@ -11,7 +11,7 @@ import pytest
 
 from dpcore import mia_attacks
 from dpcore.audit import MIA_SCORE_COLUMNS
-from dpcore.mia_attacks import ATTACKS, PromptScores
+from dpcore.mia_attacks import ATTACKS, CALIBRATED_ATTACKS, PromptScores
 
 # --------------------------------------------------------------------------- result tables
 
@@ -46,17 +46,23 @@ def _no_text(frame: pd.DataFrame, texts: list[str]) -> bool:
     return not (cells & set(texts))
 
 
-def test_membership_score_is_normalised_true_label_probability(tiny_lm, agnews, one_thread):
-    from dpcore.audit import membership_scores
+def _true_label_probability(lm, spec, demos, texts, labels) -> np.ndarray:
+    """Duan et al.'s score computed the ICL evaluation's way: p(true label | prompt, x), normalised."""
     from dpcore.icl import label_logprobs
+
+    logp = label_logprobs(lm, spec, demos, list(texts))
+    probs = np.exp(logp) / np.exp(logp).sum(axis=1, keepdims=True)
+    return probs[np.arange(len(texts)), [spec.label_names.index(y) for y in labels]]
+
+
+def test_duan_score_is_normalised_true_label_probability(tiny_lm, agnews, one_thread):
+    from dpcore.mia_attacks import prompt_scores
 
     rows = agnews.train.head(5)
     demos = [(rows.text[0], rows.label[0])]
-    scores = membership_scores(tiny_lm, agnews.spec, demos, rows.text.tolist(), rows.label.tolist())
-    logp = label_logprobs(tiny_lm, agnews.spec, demos, rows.text.tolist())
-    probs = np.exp(logp) / np.exp(logp).sum(axis=1, keepdims=True)
-    index = [agnews.spec.label_names.index(y) for y in rows.label]
-    assert np.allclose(scores, probs[np.arange(5), index])
+    scores = prompt_scores(tiny_lm, agnews.spec, demos, rows.text.tolist(), rows.label.tolist())
+    expected = _true_label_probability(tiny_lm, agnews.spec, demos, rows.text.tolist(), rows.label.tolist())
+    assert np.allclose(np.exp(scores.label_logprob), expected, atol=1e-5)
 
 
 def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread):
@@ -67,22 +73,21 @@ def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread)
     result = non_private_audit(tiny_lm, agnews.spec, agnews_sample, config, seed=7)
     again = non_private_audit(tiny_lm, agnews.spec, agnews_sample, config, seed=7)
     scores = result.mia_scores
-    assert list(scores.columns) == MIA_SCORE_COLUMNS and len(scores) == len(ATTACKS) * 4 * 13
-    assert list(dict.fromkeys(scores["attack"])) == list(ATTACKS)
+    # the default audit: the three calibrated attacks (no OUT prompt, no LiRA)
+    assert list(scores.columns) == MIA_SCORE_COLUMNS and len(scores) == len(CALIBRATED_ATTACKS) * 4 * 13
+    assert list(dict.fromkeys(scores["attack"])) == list(CALIBRATED_ATTACKS)
     duan = scores.loc[scores["attack"] == "duan"]
     assert duan.groupby("trial")["member"].sum().tolist() == [1, 1, 1, 1]
     assert duan["record_id"].is_unique  # trials draw disjoint records
     assert np.allclose(scores["score"], again.mia_scores["score"]) and result.auc == again.auc
     assert len(result.trial_aucs) == 4 and result.auc == pytest.approx(np.mean(result.trial_aucs))
-    assert [a.attack for a in result.attacks] == list(ATTACKS)
+    assert [a.attack for a in result.attacks] == list(CALIBRATED_ATTACKS)
     assert result.attack == max(result.attacks, key=lambda a: abs(a.auc - 0.5)).attack
     # the duan attack's score is still Duan et al.'s normalised label probability
-    from dpcore.audit import membership_scores
-
     trial0 = duan.loc[duan["trial"] == 0]
     rows = agnews_sample.set_index("id").loc[trial0["record_id"]]
-    expected = membership_scores(tiny_lm, agnews.spec, [(rows["text"].iloc[0], rows["label"].iloc[0])],
-                                 rows["text"].tolist(), rows["label"].tolist())
+    expected = _true_label_probability(tiny_lm, agnews.spec, [(rows["text"].iloc[0], rows["label"].iloc[0])],
+                                       rows["text"].tolist(), rows["label"].tolist())
     assert np.allclose(trial0["score"], expected, atol=1e-5)
     assert _no_text(scores, agnews_sample["text"].tolist())
     # real records as demos: the verbatim check sees the copies; no accountant applies
@@ -174,6 +179,7 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir
                            "--epsilon", "4", "--model", str(tiny_model_dir), "--trials", "3",
                            "--audit-members", "10", "--audit-demo-sets", "2", "--max-tokens", "4",
                            "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--seed", "1",
+                           "--audit-reference-prompts", "4",  # LiRA, asked for: all five attacks
                            "--dataset-id", "audit-cli-test", "--out", str(out), "--json"])
     summary = json.loads(stdout)
     for key in ("verdict", "passed", "reasons", "trials", "members_per_trial", "confidence"):
@@ -306,7 +312,8 @@ def test_non_private_audit_attacks_on_a_toy_lm(tiny_lm, agnews, monkeypatch, lea
 
     monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(leaky))
     records = _records(6000, agnews.spec.label_names)
-    result = non_private_audit(tiny_lm, agnews.spec, records, AuditConfig(trials=100, non_members=50), seed=1,
+    result = non_private_audit(tiny_lm, agnews.spec, records, AuditConfig(trials=100, non_members=50,
+                                                                                reference_prompts=4), seed=1,
                                overlap_records=records.head(50))
     by_name = {a.attack: a for a in result.attacks}
     assert list(by_name) == list(ATTACKS)
@@ -352,3 +359,62 @@ def test_demos_audit_on_run_demos(tiny_lm, agnews, monkeypatch):
                         held_out, config, seed=0, epsilon=8.0, noise_multiplier=0.7, delta=1e-4,
                         crosscheck_agreed=True)
     assert not leaky.passed and any(r.startswith("verbatim overlap") for r in leaky.reasons)
+
+
+def test_reference_scores_are_reused_across_epsilons_and_unchanged(tiny_lm, agnews, one_thread, monkeypatch):
+    """Two epsilons' DP audits on the same trials (the pipeline's one trial seed) share the reference cache: the
+    second scores its candidates under its own prompts only, and every score equals the unshared audit's."""
+    from dpcore import audit as mia
+    from dpcore.config import AuditConfig, GenerationConfig
+
+    records = agnews.train.sample(n=600, random_state=1).reset_index(drop=True)
+    members, non_members = mia.split_members(records, seed=0)
+    config = AuditConfig(trials=2, demo_sets=3, members=4, non_members=4)  # default: no OUT prompts
+    gen = GenerationConfig(num_subsets=2, subset_size=1, max_tokens=3, top_k=20)
+    scored = []
+    original = mia_attacks.prompt_scores
+
+    def counting(lm, spec, demos, texts, labels, **kwargs):
+        scored.append((len(demos), len(texts)))
+        return original(lm, spec, demos, texts, labels, **kwargs)
+
+    monkeypatch.setattr(mia_attacks, "prompt_scores", counting)
+
+    def audit(epsilon, cache):
+        return mia.dp_audit(tiny_lm, agnews.spec, members, non_members, config, gen, 1.0, seed=5, epsilon=epsilon,
+                            delta=1e-4, crosscheck_agreed=True, noise_seed=int(epsilon), cache=cache)
+
+    cache: dict = {}
+    first = audit(1.0, cache)
+    per_record = sum(n for _, n in scored)
+    records_scored = first.mia_scores.drop_duplicates(["demo_set", "record_id"]).shape[0]
+    assert per_record == 2 * records_scored  # the prompt under audit + the no-demonstration reference
+    scored.clear()
+    second = audit(4.0, cache)
+    assert all(shots == 1 for shots, _ in scored)  # no reference pass: every one came from the cache
+    assert sum(n for _, n in scored) == records_scored
+    scored.clear()
+    alone = audit(4.0, None)
+    assert sum(n for _, n in scored) == 2 * records_scored
+    assert list(second.mia_scores["record_id"]) == list(alone.mia_scores["record_id"])
+    np.testing.assert_allclose(second.mia_scores["score"], alone.mia_scores["score"], atol=1e-4)
+    assert list(first.mia_scores["record_id"]) == list(second.mia_scores["record_id"])  # the same trials
+
+
+def test_default_audit_plan_is_the_calibrated_attacks():
+    """Without --audit-reference-prompts the run's audit plans and runs the three calibrated attacks (2 passes per
+    record, fewer records than five attacks need), and says so before it runs; LiRA when asked."""
+    from dpcore.config import RunConfig
+    from tasks.audit import design_line, run_audit_design
+
+    counts = {"Negative": 29000, "Positive": 36500}
+    config = RunConfig(dataset="sst2", epsilons=[4])
+    audit_config, chosen, note = run_audit_design(config, counts, 884)
+    assert audit_config.reference_prompts == 0 and chosen.attacks == 3 and note is None and chosen.conclusive
+    line = design_line(audit_config, chosen, 3)
+    assert line.startswith("audit: 3 attacks (duan, label-calibrated, text-calibrated) on 3 demo sets x ")
+    assert f"{chosen.scored_records} records x 2 forward passes" in line and "--audit-reference-prompts" in line
+    lira_config, lira, _ = run_audit_design(config.model_copy(update={"audit_reference_prompts": 4}), counts, 884)
+    assert lira_config.reference_prompts == 4 and lira.attacks == 5
+    assert lira.scored_records > chosen.scored_records  # Bonferroni over 5 attacks: more records, each 6 passes
+    assert "x 6 forward passes" in design_line(lira_config, lira, 3)

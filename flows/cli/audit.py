@@ -8,9 +8,10 @@
                 [--mechanism gaussian|rnm] [--sampler poisson|fixed] [--delta D] [--seed S]
                 [--data-path FILE --task-spec YAML] [--dataset-id ID] [--device DEV] [--dtype DTYPE]
 
-Every audit runs every attack of `dpcore.mia_attacks` (Duan et al.'s label probability,
-difficulty-calibrated label and text log-probabilities, offline LiRA against
-`--audit-reference-prompts` OUT prompts) and gates on the strongest.
+Every audit runs the calibrated attacks of `dpcore.mia_attacks` (Duan et al.'s label probability,
+difficulty-calibrated label and text log-probabilities: 2 forward passes per record) and gates on the
+strongest; `--audit-reference-prompts R` (R >= 2) adds offline LiRA against R OUT prompts (R more passes
+per record).
 
 `--non-private`: Duan et al.'s setting, 1-shot prompts holding a real record (leaky by
 design; `--trials` default 100). `--epsilon E`: Tang et al. Appendix F: the private

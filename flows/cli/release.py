@@ -153,7 +153,8 @@ def register(subparsers) -> None:
                          help="pate, dpsgd: members (and as many non-members) per trial (default: sized with "
                               "--trials; else 50)")
     release.add_argument("--audit-reference-prompts", type=int, default=None,
-                         help="pate, dpsgd: LiRA OUT prompts (default 4; below 2: no LiRA)")
+                         help="pate, dpsgd: R >= 2 adds the LiRA attacks against R OUT prompts, R more forward "
+                              "passes per record (default 0: the three calibrated attacks)")
     release.add_argument("--audit-max-record-tokens", type=int, default=None,
                          help="pate, dpsgd: score each record's first N tokens only")
     release.add_argument("--auc-tolerance", type=float, default=None,

@@ -194,9 +194,9 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
     """What is said and checked before the pipeline starts: the non-private baselines the run will
     spend (a warning line), every check that could fail after the charge, the planned cost of every
     method the run names (composed as the ledger composes it; printed when the run names several, and
-    confirmed on a terminal when `confirm`), the audit's plan when it cannot conclude, and a dry run of the
-    charge against the dataset's budget (a refusal comes here, before any model loads). Returns the planned
-    cost."""
+    confirmed on a terminal when `confirm`), the audit's plan (what it runs, and why it would not
+    conclude), and a dry run of the charge against the dataset's budget (a refusal comes here, before any
+    model loads). Returns the planned cost."""
     # dp-accounting loads here, not for `dpicl --help`
     from tasks.charge import (
         charge_spends,
@@ -216,9 +216,12 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
     preflight(config)
     spends, data = run_spends(config, run_id)
     if config.audit and "tang" in config.methods:  # the audit planned from public counts, said before it runs
-        from tasks.audit import run_audit_design
+        from tasks.audit import design_line, run_audit_design
 
-        note = run_audit_design(config, data.label_counts(), len(data.test))[2]
+        audit_config, chosen, note = run_audit_design(config, data.label_counts(), len(data.test))
+        if audit_config is not None:
+            print(design_line(audit_config, chosen, max(1, chosen.trials // audit_config.trials)), file=sys.stderr,
+                  flush=True)
         if note:
             print(note, file=sys.stderr, flush=True)
     cost = planned_cost(spends)

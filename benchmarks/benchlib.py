@@ -1,0 +1,54 @@
+"""What the model benchmarks share: their common flags and how a result is reported (a table, the JSON file
+under $DPICL_HOME/benchmarks/ or --out, and with --json one JSON object as the last line)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def model_parser(description: str, dataset: str) -> argparse.ArgumentParser:
+    """--model, --dataset, --batch-size, --threads, --device, --out and --json; the benchmark adds its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", default="smollm2-135m", help="a model name, or `tiny` (random tiny Llama)")
+    parser.add_argument("--dataset", default=dataset)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None, help="JSON result file")
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object")
+    return parser
+
+
+def report(result: dict, table: str, name: str, out: str | None, as_json: bool) -> int:
+    """Print the table, write the result to `out` (default $DPICL_HOME/benchmarks/<name>.json), and with
+    `as_json` print it as the last line."""
+    from dpcore.artifacts import write_json_atomic
+    from dpcore.home import subdir
+
+    path = Path(out) if out else subdir("benchmarks") / f"{name}.json"
+    write_json_atomic(path, result)
+    print(table)
+    print(f"written: {path}")
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+def load(args):
+    """(task spec, dataset, language model) of the common flags, torch's threads set first."""
+    import torch
+
+    from dpcore.datasets import load_dataset
+    from dpcore.home import configure_environment
+    from dpcore.lm import LanguageModel
+    from dpcore.taskspec import load_task_spec
+
+    configure_environment()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = load_task_spec(args.dataset)
+    lm = LanguageModel.tiny_random(seed=0, device=args.device) if args.model == "tiny" else \
+        LanguageModel.load(args.model, device=args.device)
+    return spec, load_dataset(spec), lm

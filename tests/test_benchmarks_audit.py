@@ -1,0 +1,39 @@
+"""benchmarks/bench_audit.py runs at a tiny size (so it cannot rot) and reports a consistent result."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_audit.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_audit", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_audit_tiny(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    try:
+        code = _load().main(["--model", "tiny", "--members", "2", "--trials", "2", "--demo-sets", "3", "--lira", "2",
+                             "--max-tokens", "3", "--threads", "1", "--out", str(tmp_path / "r.json"), "--json"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert "default audit / single attack" in out
+    rows = {row["attack_set"]: row for row in result["rows"]}
+    assert list(rows) == ["duan", "calibrated", "calibrated, next epsilon", "lira (R=2)"]
+    assert [rows[name]["attacks"] for name in rows] == [1, 3, 3, 5]
+    # the cost in forward passes per scored record: 1, 2 (+ the reference), 1 (references reused), 2 + R
+    assert [rows[name]["passes_per_record"] for name in rows] == [1.0, 2.0, 1.0, 4.0]
+    assert rows["duan"]["records"] == rows["calibrated"]["records"] == 2 * 2 * 2 * 3
+    assert result["same_records_and_prompts"] and result["ratio_default_to_duan"] == rows["calibrated"]["ratio"]
+    assert json.loads((tmp_path / "r.json").read_text())["rows"] == result["rows"]
