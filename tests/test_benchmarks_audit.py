@@ -35,5 +35,6 @@ def test_bench_audit_tiny(tmp_path, capsys):
     # the cost in forward passes per scored record: 1, 2 (+ the reference), 1 (references reused), 2 + R
     assert [rows[name]["passes_per_record"] for name in rows] == [1.0, 2.0, 1.0, 4.0]
     assert rows["duan"]["records"] == rows["calibrated"]["records"] == 2 * 2 * 2 * 3
+    assert rows["duan"]["scoring_ratio"] == 1.0 and all(r["scoring_seconds"] > 0 for r in rows.values())
     assert result["same_records_and_prompts"] and result["ratio_default_to_duan"] == rows["calibrated"]["ratio"]
     assert json.loads((tmp_path / "r.json").read_text())["rows"] == result["rows"]
