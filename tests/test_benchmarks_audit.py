@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-import torch
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_audit.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_audit", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmark_support import run_benchmark
 
 
 def test_bench_audit_tiny(tmp_path, capsys):
-    threads = torch.get_num_threads()
-    try:
-        code = _load().main(["--model", "tiny", "--members", "2", "--trials", "2", "--demo-sets", "3", "--lira", "2",
-                             "--max-tokens", "3", "--threads", "1", "--out", str(tmp_path / "r.json"), "--json"])
-    finally:
-        torch.set_num_threads(threads)
+    code = run_benchmark("bench_audit", [
+        "--model", "tiny", "--members", "2", "--trials", "2", "--demo-sets", "3", "--lira", "2",
+        "--max-tokens", "3", "--threads", "1", "--out", str(tmp_path / "r.json"), "--json"
+    ])
     assert code == 0
     out = capsys.readouterr().out
     result = json.loads(out.strip().splitlines()[-1])

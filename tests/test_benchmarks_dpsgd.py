@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-import torch
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_dpsgd.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_dpsgd", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmark_support import run_benchmark
 
 
 def test_bench_dpsgd_tiny(tmp_path, capsys):
-    threads = torch.get_num_threads()
-    try:
-        code = _load().main(["--model", "tiny", "--batch", "6", "--physical-batch-size", "4", "--steps", "1",
-                             "--length", "3", "--kind", "prefix", "--threads", "1", "--out", str(tmp_path / "r.json"),
-                             "--json"])
-    finally:
-        torch.set_num_threads(threads)
+    code = run_benchmark("bench_dpsgd", [
+        "--model", "tiny", "--batch", "6", "--physical-batch-size", "4", "--steps", "1", "--length", "3",
+        "--kind", "prefix", "--threads", "1", "--out", str(tmp_path / "r.json"), "--json"
+    ])
     assert code == 0
     out = capsys.readouterr().out
     result = json.loads(out.strip().splitlines()[-1])

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-import torch
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_pate.py"
+from benchmark_support import run_benchmark
 
 
 def test_bench_pate_tiny(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_pate", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    threads = torch.get_num_threads()
-    try:
-        code = module.main(["--model", "tiny", "--dataset", "trec", "--teachers", "3", "--queries", "3",
-                            "--naive-teachers", "1", "--threads", "1", "--out", str(tmp_path / "r.json"), "--json"])
-    finally:
-        torch.set_num_threads(threads)
+    code = run_benchmark("bench_pate", [
+        "--model", "tiny", "--dataset", "trec", "--teachers", "3", "--queries", "3", "--naive-teachers",
+        "1", "--threads", "1", "--out", str(tmp_path / "r.json"), "--json"
+    ])
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["scorings"] == 3 * 6 and result["labels"] == 6
