@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     import prv_accountant  # noqa: F401  (the imports are the same for every calibration)
     from dp_accounting.pld import privacy_loss_distribution  # noqa: F401
 
-    from dpcore import accounting
+    from dpcore.fewshot import accounting
 
     import_seconds = time.perf_counter() - started
 

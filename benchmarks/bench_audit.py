@@ -1,6 +1,6 @@
 """Benchmark: what the membership audit's attacks cost, against Duan et al.'s single attack.
 
-The same DP audit (`dpcore.audit.dp_audit`: DP demo sets generated from the member half of the
+The same DP audit (`dpcore.audit.procedures.dp_audit`: DP demo sets generated from the member half of the
 private split, trials of members vs non-members of the demo's label) runs on the same records and
 the same prompts (one trial seed, one noise seed) with each attack set:
 
@@ -72,7 +72,7 @@ def _no_references(lm, spec, texts, labels, out_demos, batch_size=16, cache=None
     """The single attack's stand-in for the reference passes: zeros, no forward pass (duan reads none)."""
     import numpy as np
 
-    from dpcore.mia_attacks import PromptScores, References
+    from dpcore.audit.attacks import PromptScores, References
 
     zero = np.zeros(len(texts))
     return References(PromptScores(zero, zero, zero), None)
@@ -84,7 +84,8 @@ def run(args) -> dict:
     import numpy as np
     import torch
 
-    from dpcore import audit, mia_attacks
+    from dpcore.audit import attacks as mia_attacks
+    from dpcore.audit import procedures as audit
     from dpcore.config import AuditConfig, GenerationConfig
 
     spec, dataset, lm = load(args)

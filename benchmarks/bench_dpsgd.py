@@ -3,7 +3,7 @@
 Both paths run the same DP-SGD steps (Duan et al. App. C.1 Algorithm 1 lines 5-8) on the same
 examples with the same prompt:
 
-- batched: `dpcore.soft_prompt.per_example_gradients` (one forward and one backward per physical
+- batched: `dpcore.dpsgd.soft_prompt.per_example_gradients` (one forward and one backward per physical
   chunk yield every example's gradient w.r.t. the prompt) and Opacus' DPOptimizer (clip, noise, AdamW);
 - naive: one forward and one backward per example (batch 1), each gradient clipped by hand and summed,
   then the same noise and update.
@@ -101,7 +101,7 @@ def _naive_step(lm, prompt, examples, clip, optimizer_step):
     """Algorithm 1 lines 5-7 one example at a time: backward, clip, sum (the noise and update follow)."""
     import torch
 
-    from dpcore import soft_prompt as sp
+    from dpcore.dpsgd import soft_prompt as sp
 
     total = torch.zeros_like(prompt.weight)
     with sp.frozen(lm.model):
@@ -118,11 +118,11 @@ def _naive_step(lm, prompt, examples, clip, optimizer_step):
 def run(args) -> dict:
     import torch
 
-    from dpcore import dpsgd
-    from dpcore import soft_prompt as sp
-    from dpcore.datasets import load_dataset
-    from dpcore.lm import LanguageModel
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
+    from dpcore.dpsgd import soft_prompt as sp
+    from dpcore.dpsgd import training as dpsgd
+    from dpcore.lm.model import LanguageModel
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -133,7 +133,7 @@ def run(args) -> dict:
     rows = data.train.sample(n=args.batch * args.steps, random_state=0)
     examples = sp.encode_examples(lm, spec, rows["text"].astype(str).tolist(), rows["label"].astype(str).tolist())
     batches = [sorted(examples[i * args.batch:(i + 1) * args.batch], key=lambda e: len(e.context))
-               for i in range(args.steps)]  # similar lengths share a chunk, as in dpcore.dpsgd.train
+               for i in range(args.steps)]  # similar lengths share a chunk, as in dpcore.dpsgd.training.train
     clip, sigma = 0.1, 1.0
     init = sp.init_prompt(lm, args.kind, args.length, "vocab", torch.Generator().manual_seed(0)).weight.detach()
 

@@ -11,7 +11,7 @@ K=100, T_max=40, Poisson sampling, sigma 0.39 (about epsilon 4 at the paper's q 
 
 - naive: the reference way: one forward pass per group prompt (and per public prompt) per
   token, batch 1, full logits over the whole prompt, labels one after another.
-- engine: `dpcore.generation.generate_demos` with `dpcore.batching.BatchedForward` (one
+- engine: `dpcore.fewshot.generation.generate_demos` with `dpcore.lm.batching.BatchedForward` (one
   batched call per step over every active prompt of every label, run as separate passes for
   the public prompts and for each label's group prompts, last position only, shared prefix
   cached per pass, length-bucketed micro-batches).
@@ -54,9 +54,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dpcore.batching import BatchedForward  # noqa: E402
 from dpcore.config import GenerationConfig  # noqa: E402
-from dpcore.generation import generate_demos  # noqa: E402
+from dpcore.fewshot.generation import generate_demos  # noqa: E402
+from dpcore.lm.batching import BatchedForward  # noqa: E402
 from dpcore.names import MECHANISMS  # noqa: E402
 
 # --------------------------------------------------------------------------- measurement helpers
@@ -228,8 +228,8 @@ def profile_engine(lm, spec, records, labels, config, sigma, seed, steps: int) -
 
 
 def load_workload(args):
-    from dpcore.datasets import load_dataset
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
 
     spec = load_task_spec(args.dataset)
     dataset = load_dataset(spec)
@@ -239,7 +239,7 @@ def load_workload(args):
 
 
 def load_model(args):
-    from dpcore.lm import LanguageModel
+    from dpcore.lm.model import LanguageModel
 
     if args.tiny:
         return LanguageModel.tiny_random(seed=0, device="cuda" if args.device == "cuda" else "cpu")

@@ -1,7 +1,7 @@
 """Benchmark: ICL evaluation throughput with the shared-prefix KV cache vs naive.
 
 Both paths score the same test items against every label of the task with the same
-demonstrations and tokens (`dpcore.icl.label_logprobs` vs `label_logprobs_naive`):
+demonstrations and tokens (`dpcore.lm.icl.label_logprobs` vs `label_logprobs_naive`):
 
 - cache: the prompt prefix (instruction + demos) runs once; each batch of items runs its
   query tokens on the expanded cache, and multi-token labels continue from the cache
@@ -52,7 +52,7 @@ def run(args) -> dict:
     import numpy as np
     import torch
 
-    from dpcore import icl
+    from dpcore.lm import icl
 
     spec, dataset, lm = load(args)
     rng = np.random.default_rng(args.seed)

@@ -5,7 +5,7 @@
 A ledger that lives for months of scheduled regenerations holds many distinct (sigma, q, T) spends.
 Each size draws that many Poisson-sampled Gaussian spends (sigma 0.6-3, q 0.001-0.05, T 5-120; every
 seventh an unsampled release, sigma 20-60, T 1-20, as PromptPATE's steps are), composes them the way
-the ledger does (`dpcore.ledger.compose_epsilon`: every distinct event exactly) and with dp-accounting's
+the ledger does (`dpcore.privacy.ledger.compose_epsilon`: every distinct event exactly) and with dp-accounting's
 PLD accountant at the same discretisation (1e-3), and prints both epsilons, their ratio and the times.
 With --json the last line is one JSON object.
 """
@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def spends(count: int, seed: int) -> list:
-    """`count` ledger spends (`dpcore.spend.Spend`), drawn as the module docstring says."""
+    """`count` ledger spends (`dpcore.privacy.spend.Spend`), drawn as the module docstring says."""
     import numpy as np
 
-    from dpcore.spend import Spend
+    from dpcore.privacy.spend import Spend
 
     rng = np.random.default_rng(seed)
     out = []
@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    from dpcore import composition
-    from dpcore.ledger import compose_epsilon
+    from dpcore.privacy import composition
+    from dpcore.privacy.ledger import compose_epsilon
 
     rows = []
     print(f"{'entries':>7} {'ledger eps':>11} {'PLD eps':>9} {'ratio':>7} {'ledger s':>9} {'PLD s':>7}  cross-check")

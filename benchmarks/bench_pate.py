@@ -1,7 +1,7 @@
 """Benchmark: PromptPATE flock scoring throughput (teacher-query scorings per second) vs naive loops.
 
 One run, three paths over the same E teacher prompts (k real private records each, drawn in memory;
-their text is never printed or written) and Q public queries, every label scored (`dpcore.flock`):
+their text is never printed or written) and Q public queries, every label scored (`dpcore.pate.flock`):
 
 - flock: every teacher's prefix run once (`prefix_cache.StackedPrefixes`), (teacher, query) rows batched
   across teachers (`flock.flock_scores`);
@@ -72,11 +72,12 @@ def run(args) -> dict:
     import numpy as np
     import torch
 
-    from dpcore import flock, icl
-    from dpcore.datasets import load_dataset
-    from dpcore.lm import LanguageModel
-    from dpcore.pate_teachers import assign_teachers
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
+    from dpcore.lm import icl
+    from dpcore.lm.model import LanguageModel
+    from dpcore.pate import flock
+    from dpcore.pate.teachers import assign_teachers
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -24,7 +24,7 @@ def model_parser(description: str, dataset: str) -> argparse.ArgumentParser:
 def report(result: dict, table: str, name: str, out: str | None, as_json: bool) -> int:
     """Print the table, write the result to `out` (default $DPICL_HOME/benchmarks/<name>.json), and with
     `as_json` print it as the last line."""
-    from dpcore.artifacts import write_json_atomic
+    from dpcore.data.artifacts import write_json_atomic
     from dpcore.home import subdir
 
     path = Path(out) if out else subdir("benchmarks") / f"{name}.json"
@@ -40,10 +40,10 @@ def load(args):
     """(task spec, dataset, language model) of the common flags, torch's threads set first."""
     import torch
 
-    from dpcore.datasets import load_dataset
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
     from dpcore.home import configure_environment
-    from dpcore.lm import LanguageModel
-    from dpcore.taskspec import load_task_spec
+    from dpcore.lm.model import LanguageModel
 
     configure_environment()
     if args.threads:

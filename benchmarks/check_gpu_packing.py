@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dpcore.batching import BatchedForward  # noqa: E402
-from dpcore.datasets import load_dataset  # noqa: E402
-from dpcore.lm import LanguageModel  # noqa: E402
-from dpcore.taskspec import load_task_spec  # noqa: E402
+from dpcore.data.datasets import load_dataset  # noqa: E402
+from dpcore.data.taskspec import load_task_spec  # noqa: E402
+from dpcore.lm.batching import BatchedForward  # noqa: E402
+from dpcore.lm.model import LanguageModel  # noqa: E402
 
 
 def compare(reference: torch.Tensor, other: torch.Tensor, top_k: int = 100) -> dict:

@@ -215,7 +215,7 @@ def _finished(path: Path, cell: Cell) -> dict | None:
 
 def run_cell(cell: Cell, cells_dir: Path) -> tuple[str, float]:
     """Run one cell's command; returns (status, wall seconds): done, or FAILED (exit N) with its log."""
-    from dpcore.artifacts import write_json_atomic
+    from dpcore.data.artifacts import write_json_atomic
 
     log_path = cells_dir / "logs" / f"{cell.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -410,7 +410,7 @@ def dpsgd_section(cells: list[Cell], walls: dict, model: str, tang_cells: list[C
 
 
 def write_markdown(cells: list[Cell], walls: dict, args, out: Path) -> Path:
-    from dpcore.artifacts import write_text_atomic
+    from dpcore.data.artifacts import write_text_atomic
 
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# The papers' tables on the embedded model", "",
@@ -464,7 +464,7 @@ def plot_points(cells: list[Cell]) -> tuple[dict, dict]:
 def write_plot(dataset: str, cells: list[Cell], model: str, out: Path) -> Path | None:
     from matplotlib.figure import Figure
 
-    from dpcore.artifacts import write_bytes_atomic
+    from dpcore.data.artifacts import write_bytes_atomic
 
     lines, references = plot_points(cells)
     if not lines and not references:

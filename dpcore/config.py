@@ -8,7 +8,7 @@ views of it that dpcore functions take, so each function sees only what it uses.
 
 Symbols of Tang et al. (Algorithm 1): M = num_subsets, N = subset_size,
 K = top_k, RVP = rvp, T_max = max_tokens, sigma = noise multiplier. `max_record_tokens` is
-the public token cap applied to every private record before generation (`dpcore.records`).
+the public token cap applied to every private record before generation (`dpcore.data.records`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dpcore.data.taskspec import load_task_spec, shipped_task_names
 from dpcore.errors import ConfigError
 from dpcore.names import (
     DEFAULT_BASELINES,
@@ -33,7 +34,6 @@ from dpcore.names import (
     PromptKind,
     Sampler,
 )
-from dpcore.taskspec import load_task_spec, shipped_task_names
 
 # Command-line spellings that differ from `--field-name` (a switch that is on by default names its negation).
 FLAG_SPELLINGS = {"rvp": "--no-rvp"}
@@ -73,7 +73,7 @@ class GenerationConfig(_Frozen):
         "poisson",
         description="poisson: the sampler the accountant models. fixed: the paper's code "
         "(MN records without replacement), bounded by the same accountant under add/remove "
-        "neighbours (proof in dpcore.sampling).",
+        "neighbours (proof in dpcore.fewshot.sampling).",
     )
     demos_per_label: int = Field(1, ge=1, description="synthetic demonstrations generated per label")
     max_record_tokens: int | None = Field(

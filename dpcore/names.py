@@ -17,10 +17,10 @@ from dpcore.errors import ConfigError
 # dpsgd = PromptDPSGD soft prompts (Duan et al. Section 4.1).
 Method = Literal["tang", "pate", "dpsgd"]
 METHODS: tuple[str, ...] = get_args(Method)
-# Noise mechanisms the accountant composes (`dpcore.composition.STEP_KINDS`).
+# Noise mechanisms the accountant composes (`dpcore.privacy.composition.STEP_KINDS`).
 Mechanism = Literal["gaussian", "rnm"]
 MECHANISMS: tuple[str, ...] = get_args(Mechanism)
-# How a label's records are subsampled into groups (`dpcore.sampling`).
+# How a label's records are subsampled into groups (`dpcore.fewshot.sampling`).
 Sampler = Literal["poisson", "fixed"]
 SAMPLERS: tuple[str, ...] = get_args(Sampler)
 AuditMode = Literal["regenerate", "run-demos"]
@@ -40,7 +40,7 @@ ALL_BASELINES: tuple[str, ...] = get_args(Baseline)
 # (real records as demonstrations) are non-private: opt-in only, charged as infinite spends.
 DEFAULT_BASELINES: tuple[str, ...] = ("zero-shot", "instruction-only")
 NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
-# PromptDPSGD's trainable prompt (`dpcore.soft_prompt`): s input embeddings, or keys and values at every layer
+# PromptDPSGD's trainable prompt (`dpcore.dpsgd.soft_prompt`): s input embeddings, or keys and values at every layer
 # (P-tuning v2); P_0 from random vocabulary tokens' embeddings, or random.
 # What may spend privacy (the ledger's `purpose`). pipeline / generate: DP few-shot generation (the flow /
 # the `generate` command); audit: the audit's own DP generations; baseline: a non-private baseline;

@@ -22,14 +22,14 @@ import numpy as np
 import pandas as pd
 from prefect import flow, get_run_logger
 
-from dpcore import accounting
-from dpcore.artifacts import write_table
 from dpcore.config import EvalConfig, RunConfig
+from dpcore.data.artifacts import write_table
+from dpcore.data.taskspec import load_task_spec
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
+from dpcore.fewshot import accounting
 from dpcore.home import configure_environment
-from dpcore.pate_privacy import data_independent_epsilon
-from dpcore.taskspec import load_task_spec
+from dpcore.pate.privacy import data_independent_epsilon
 from flows.runner import default_run_id, map_calls, results, running
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
@@ -64,7 +64,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     and run folder; None ingests here. `charge`: the summary of a `charge_spends` call that already
     charged `tasks.pate.privacy_plans` with the pipeline's other methods in one transaction (this flow
     then charges nothing itself). `checkpoint_epsilons`: smaller epsilons to report from prefixes of the
-    same labelling (`dpcore.pate_privacy.labelling_checkpoints`; a comparison run's `--epsilons`): a
+    same labelling (`dpcore.pate.privacy.labelling_checkpoints`; a comparison run's `--epsilons`): a
     student and a result row for each, at no charge beyond the run's.
     """
     configure_environment()

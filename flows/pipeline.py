@@ -36,11 +36,11 @@ import pandas as pd
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 
-from dpcore.artifacts import read_table, write_json_atomic, write_table
 from dpcore.config import GenerationConfig, RunConfig
+from dpcore.data.artifacts import read_table, write_json_atomic, write_table
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import DpiclError, RunStopped
-from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, default_delta
+from dpcore.fewshot.plan import CALIBRATION_COLUMNS, FewShotPlan, default_delta
 from dpcore.home import configure_environment
 from flows.pate import pate_flow
 from flows.runner import default_run_id, map_calls, results, running

@@ -9,8 +9,8 @@ from __future__ import annotations
 from prefect import flow, get_run_logger, task
 from prefect.states import Completed
 
-from dpcore import refresh
 from dpcore.config import RunConfig
+from dpcore.data import refresh
 from flows.pipeline import dp_fewshot_pipeline
 from tasks.ingest import load_data
 

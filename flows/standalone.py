@@ -2,7 +2,7 @@
 `dpicl generate`, `dpicl audit` and `dpicl evaluate`.
 
 Each composes the task functions the pipeline runs: the data (`tasks.ingest.load_data`), the
-privacy plan (`dpcore.fewshot_plan` through `tasks.calibrate` / `tasks.audit.audit_plan`), the
+privacy plan (`dpcore.fewshot.plan` through `tasks.calibrate` / `tasks.audit.audit_plan`), the
 checks and the charge (`tasks.charge`, fresh: each command draws fresh noise and is charged anew,
 never replayed), the model cache (`tasks.common.language_model`), generation
 (`tasks.generate.generate_for`), evaluation (`tasks.evaluate.evaluate_pool`) and the audit's pieces
@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpcore.artifacts import jsonable, write_json_atomic, write_manifest, write_table
 from dpcore.config import AuditConfig, RunConfig, demos_per_label
+from dpcore.data.artifacts import jsonable, write_json_atomic, write_manifest, write_table
 from dpcore.display import fmt_delta
 from dpcore.display import fmt_eps as _eps
 from dpcore.errors import ConfigError, DataValidationError
-from dpcore.fewshot_plan import (
+from dpcore.fewshot.plan import (
     AUDIT_REFERENCE,
     INSTRUCTION_ONLY,
     RANDOM_REAL,
@@ -44,9 +44,9 @@ from dpcore.fewshot_plan import (
     fewshot_plan,
     real_records_plan,
 )
+from dpcore.fewshot.sampling import ACCOUNTED_SAMPLERS
 from dpcore.home import dpicl_home, private_dir
 from dpcore.names import DEMO_SOURCES
-from dpcore.sampling import ACCOUNTED_SAMPLERS
 from tasks.calibrate import generation_config
 from tasks.charge import charge_plans, check_context, check_group_prompt
 from tasks.common import language_model, report_progress
@@ -140,7 +140,7 @@ def generate(config: RunConfig, epsilon: float, out: Path | None, say: Say) -> t
     """DP few-shot generation alone (Tang et al. Algorithm 1) for every label at one epsilon ('inf': sigma 0;
     0: instruction-only): (the public summary written to `generation.json`, the demos)."""
     # torch loads here, not when the module is imported
-    from dpcore.generation import demos_frame
+    from dpcore.fewshot.generation import demos_frame
 
     began = time.perf_counter()
     if out is not None:
@@ -204,8 +204,8 @@ def generate(config: RunConfig, epsilon: float, out: Path | None, say: Say) -> t
 def _audit_line(audit_config: AuditConfig, train, labels: list[str], epsilon: float | None) -> str:
     """What the audit will run, said before the model loads (`tasks.audit.design_line`): the design of the
     sizes asked on this split's public counts."""
-    from dpcore import audit_design
-    from dpcore.mia_attacks import attacks_run
+    from dpcore.audit import design as audit_design
+    from dpcore.audit.attacks import attacks_run
     from tasks.audit import design_line
 
     sizes = dict(trials=audit_config.trials, attacks=len(attacks_run(audit_config.reference_prompts)),
@@ -229,7 +229,7 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
     from half the private records (the members; each set charged), and with `reference` the non-private
     audit beside it. Returns (the audit, the reference or None, the public summary written to `audit.json`)."""
     # torch, scipy load here, not when the module is imported
-    from dpcore.audit_gate import GateThresholds
+    from dpcore.audit.gate import GateThresholds
     from tasks.audit import audit_members, audit_plan, dp_audit_at, reference_audit, write_audit
 
     began = time.perf_counter()
@@ -308,9 +308,9 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
 
 def demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | None, data, delta: float | None,
                     say: Say) -> tuple[list, str, float]:
-    """(pool, method, epsilon) from a demos Parquet written by `dpcore.generation.demos_frame`: its epsilon
+    """(pool, method, epsilon) from a demos Parquet written by `dpcore.fewshot.generation.demos_frame`: its epsilon
     column, else inf for sigma-zero / random-real and 0 for instruction-only, else accounted from the demos'
-    noise multiplier and generation settings (`dpcore.fewshot_plan.demos_epsilon`; NaN when the file lacks a
+    noise multiplier and generation settings (`dpcore.fewshot.plan.demos_epsilon`; NaN when the file lacks a
     setting or used a sampler the accountant does not cover)."""
     file = Path(path)
     if not file.exists():
@@ -394,11 +394,11 @@ def evaluate(config: RunConfig, *, demos: str | None, method: str | None, epsilo
     """ICL accuracy (raw and calibrated) of a demos file or of one baseline (zero-shot, instruction-only,
     random-real) over the run's seeds; returns the public summary written to `summary.json`.
 
-    `endpoint` (a `dpcore.endpoint.EndpointConfig`): the prompts are scored by that OpenAI-compatible server
+    `endpoint` (a `dpcore.release.endpoint.EndpointConfig`): the prompts are scored by that OpenAI-compatible server
     (`--model` names the served model) instead of a local model: DP demos or zero-shot only, the test
     texts sent with them; calibrated only where the server returns log-probabilities."""
     # torch loads here, not when the module is imported
-    from dpcore.icl import seconds_per_100_items
+    from dpcore.lm.icl import seconds_per_100_items
 
     data = load_data(config)
     spec = data.spec

@@ -1,13 +1,13 @@
-"""Stage 6: the membership-inference audit (`dpcore.audit`, Duan et al. 2023 / Tang et al. Appendix F).
+"""Stage 6: the membership-inference audit (`dpcore.audit.procedures`, Duan et al. 2023 / Tang et al. Appendix F).
 
-Every audit runs every attack of `dpcore.mia_attacks` (Duan et al.'s score, difficulty-
+Every audit runs every attack of `dpcore.audit.attacks` (Duan et al.'s score, difficulty-
 calibrated label and text scores, offline LiRA) and gates on the strongest. Two designs
 (`AuditConfig.mode`):
 
 run-demos: the run's own DP demonstrations were generated from the whole private split, so
 every private record is a member; the held-out (test) records are the non-members. Each
 demo's 1-shot prompt is attacked with members vs non-members of its label
-(`dpcore.audit.demos_audit`): nothing is generated, nothing is charged, and every epsilon
+(`dpcore.audit.procedures.demos_audit`): nothing is generated, nothing is charged, and every epsilon
 is audited on the same candidate records (their reference scores computed once).
 
 regenerate (default): for each DP epsilon of the run: the private records are split into members and
@@ -28,7 +28,7 @@ TPRs, epsilon lower bounds, overlap) and the ROC plots: every figure of an audit
 of private records.
 The audit's DP generations read private records: they are charged to the privacy ledger before
 each generation, through dp_audit's `charge` hook, from the audit's own plan (`audit_plan`:
-`dpcore.fewshot_plan` on the members' label counts, purpose "audit").
+`dpcore.fewshot.plan` on the members' label counts, purpose "audit").
 
 The pieces `dpicl audit` shares with this task (`flows.standalone`): the member split, the audit's
 plan, the DP audit at one epsilon, the non-private reference and the writing of the tables.
@@ -42,12 +42,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpcore.artifacts import read_table, write_table
-from dpcore.audit import verdict_word
-from dpcore.audit_design import AuditDesign
+from dpcore.audit.design import AuditDesign
+from dpcore.audit.procedures import verdict_word
 from dpcore.config import AuditConfig, GenerationConfig, RunConfig
+from dpcore.data.artifacts import read_table, write_table
 from dpcore.errors import ConfigError
-from dpcore.fewshot_plan import Calibration, FewShotPlan, fewshot_plan
+from dpcore.fewshot.plan import Calibration, FewShotPlan, fewshot_plan
 from tasks.common import (
     cached_task,
     derive_seed,
@@ -58,9 +58,9 @@ from tasks.common import (
     stop_requested,
 )
 
-AUDIT_MODULES = ("dpcore.audit", "dpcore.audit_statistics", "dpcore.audit_gate", "dpcore.overlap", "dpcore.mia_attacks",
-                 "dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.icl", "dpcore.prefix_cache",
-                 "dpcore.accounting", "dpcore.fewshot_plan")
+AUDIT_MODULES = ("dpcore.audit.procedures", "dpcore.audit.statistics", "dpcore.audit.gate", "dpcore.audit.overlap", "dpcore.audit.attacks",
+                 "dpcore.fewshot.generation", "dpcore.fewshot.mechanisms", "dpcore.fewshot.sampling", "dpcore.lm.icl", "dpcore.lm.prefix_cache",
+                 "dpcore.fewshot.accounting", "dpcore.fewshot.plan")
 # The non-private audit's demos ARE records (dpcore adds them to the overlap pool), so its overlap figure is
 # exact on any pool; above this size a random sample keeps the check cheap (the pipeline and `dpicl audit`).
 REFERENCE_OVERLAP_SAMPLE = 2000
@@ -70,13 +70,13 @@ AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_co
 
 def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size: int
                      ) -> tuple[AuditConfig | None, AuditDesign, str | None]:
-    """The run's audit, planned from public counts before it runs (`dpcore.audit_design`): (the audit
+    """The run's audit, planned from public counts before it runs (`dpcore.audit.design`): (the audit
     configuration to run, or None to skip it; its design; one line to say, or None). Sizes the user did not
     set (--audit-trials, --audit-members) are those of the cheapest design that concludes on the pools; an
     audit that cannot conclude at the default sizes is skipped (minutes saved: the release gate needs a
     conclusive audit anyway); sizes the user set run as asked, with the line."""
-    from dpcore import audit_design
-    from dpcore.mia_attacks import attacks_run
+    from dpcore.audit import design as audit_design
+    from dpcore.audit.attacks import attacks_run
 
     audit_config = config.audit_config()
     reserve = audit_config.reference_prompts if audit_config.reference_prompts >= 2 else 0
@@ -89,7 +89,7 @@ def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size:
         member_pools = list(label_counts.values())
         non_member_pools = [max(0, test_size // len(label_counts) - reserve)] * len(label_counts)
         demo_sets = config.seeds * len(label_counts) * math.ceil(config.shots / len(label_counts))
-    else:  # Tang et al. App. F: half of each label's records are members (`dpcore.audit.split_members`)
+    else:  # Tang et al. App. F: half of each label's records are members (`dpcore.audit.procedures.split_members`)
         member_pools = [int(round(0.5 * n)) for n in label_counts.values()]
         non_member_pools = [max(0, n - m - reserve) for n, m in zip(label_counts.values(), member_pools, strict=True)]
         demo_sets = audit_config.demo_sets
@@ -121,7 +121,7 @@ def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size:
 def design_line(audit_config: AuditConfig, chosen: AuditDesign, demo_sets: int = 1) -> str:
     """One line said before an audit runs: its attacks, its sizes, the interval it predicts and its cost in
     forward passes (public: sizes and configuration only)."""
-    from dpcore.mia_attacks import attacks_run, passes_per_record
+    from dpcore.audit.attacks import attacks_run, passes_per_record
 
     attacks = attacks_run(audit_config.reference_prompts)
     sets = f"{demo_sets} demo sets x {chosen.trials // demo_sets}" if demo_sets > 1 else f"{chosen.trials}"
@@ -155,7 +155,7 @@ def _progress(what: str):
 
 def audit_members(train: pd.DataFrame, seed: int, labels: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Tang et al. Appendix F: (members, non-members, the members' count per label) of a seeded split."""
-    from dpcore.audit import split_members
+    from dpcore.audit.procedures import split_members
 
     members, non_members = split_members(train, seed=seed)
     counts = members["label"].astype(str).value_counts().to_dict()
@@ -174,9 +174,9 @@ def audit_plan(generation: GenerationConfig, member_counts: dict[str, int], epsi
 def dp_audit_at(lm, spec, members: pd.DataFrame, non_members: pd.DataFrame, audit_config: AuditConfig,
                 generation: GenerationConfig, calibration: Calibration, *, seed: int, noise_seed: int | None,
                 crosscheck_agreed: bool, thresholds, charge=None, cache: dict | None = None, what: str):
-    """`dpcore.audit.dp_audit` at one calibrated epsilon (epsilon 0: instruction-only demos, sigma reported
+    """`dpcore.audit.procedures.dp_audit` at one calibrated epsilon (epsilon 0: instruction-only demos, sigma reported
     as inf: no noise calibrated)."""
-    from dpcore import audit as mia
+    from dpcore.audit import procedures as mia
 
     sigma = math.inf if not calibration.reads_private_data else calibration.noise_multiplier
     return mia.dp_audit(lm, spec, members, non_members, audit_config, generation, sigma, seed=seed,
@@ -189,7 +189,7 @@ def reference_audit(lm, spec, train: pd.DataFrame, audit_config: AuditConfig, *,
                     delta: float, thresholds, what: str):
     """The non-private reference (real records as 1-shot demos, Duan et al.'s leaky setting). Its demos are
     real records (verbatim copies by construction): the overlap check runs on a sample of the records only."""
-    from dpcore import audit as mia
+    from dpcore.audit import procedures as mia
 
     sample = train.sample(n=min(len(train), REFERENCE_OVERLAP_SAMPLE), random_state=sample_seed % (2**32))
     return mia.non_private_audit(lm, spec, train, audit_config, seed=seed, delta=delta, thresholds=thresholds,
@@ -201,7 +201,7 @@ def write_audit(results: list, reference, public: Path, private: Path, title: st
     """The audit's tables. Private (an operator's diagnostic: statistics of private records): per-record
     scores, the full `audit` / `audit_reference` tables (AUCs, intervals, TPRs, overlap) and every ROC
     plot. Public: `audit` (and `audit_reference`) with the design and the gate's verdict only."""
-    from dpcore.plots import roc_plot
+    from dpcore.report.plots import roc_plot
 
     audits = results + ([reference] if reference is not None else [])
     scores = pd.concat([r.mia_scores for r in audits], ignore_index=True)
@@ -244,8 +244,8 @@ def audit(
     run_id: str | None = None,
 ) -> dict:
     """Audit every DP epsilon of a run; returns stage paths and the per-epsilon summaries (public)."""
-    from dpcore.audit_gate import GateThresholds
-    from dpcore.fewshot_plan import default_delta
+    from dpcore.audit.gate import GateThresholds
+    from dpcore.fewshot.plan import default_delta
     from tasks.charge import audit_charge_hook
     from tasks.ingest import private_split
 
@@ -288,7 +288,7 @@ def _audit_run_demos(lm, spec, records_path: str, train: pd.DataFrame, demos: pd
                      targets: list[Calibration], audit_config: AuditConfig, *, delta: float, thresholds,
                      cache: dict, trial_seed: int) -> list:
     """run-demos: each epsilon's own DP demos against the held-out (test) records (nothing generated)."""
-    from dpcore import audit as mia
+    from dpcore.audit import procedures as mia
     from tasks.ingest import private_split
 
     logger = stage_logger()
@@ -319,8 +319,8 @@ def _audit_regenerated(lm, spec, train: pd.DataFrame, demos: pd.DataFrame | None
     """regenerate (Tang et al. App. F): per epsilon, DP demo sets generated from the member half (each
     generation charged first through `charge(plan)`), scored members against non-members; the run's own DP
     demos checked for verbatim overlap with their labels' records."""
-    from dpcore import audit as mia
-    from dpcore.overlap import model_tokenize
+    from dpcore.audit import procedures as mia
+    from dpcore.audit.overlap import model_tokenize
 
     logger = stage_logger()
     members, non_members, member_counts = audit_members(train, split_seed, spec.label_names)

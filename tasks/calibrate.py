@@ -1,4 +1,4 @@
-"""Stage 3: DP few-shot generation's privacy plan (`dpcore.fewshot_plan`): sigma for each requested epsilon.
+"""Stage 3: DP few-shot generation's privacy plan (`dpcore.fewshot.plan`): sigma for each requested epsilon.
 
 One sigma per epsilon for the whole run, calibrated at the largest per-label sampling
 rate q = MN/|D_y| (labels are disjoint, so the run's epsilon is the maximum over labels:
@@ -6,7 +6,7 @@ parallel composition). T = max_tokens x demos per label. Epsilon 0 means instruc
 demos (no private data, sigma unused); epsilon = inf means sigma = 0 (no noise).
 
 The task's result is the run's `FewShotPlan` (cached); its `calibrations` are the rows of the
-public `calibration` table (`dpcore.fewshot_plan.CALIBRATION_COLUMNS`) and its `privacy_plans()`
+public `calibration` table (`dpcore.fewshot.plan.CALIBRATION_COLUMNS`) and its `privacy_plans()`
 what the run charges. `plan_arguments` gives the plan's inputs from a `RunConfig`, so the pipeline
 and the dry run before `dpicl run` (`tasks.run_plans.run_spends`) plan the same thing.
 """
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from dpcore.config import GenerationConfig, RunConfig, demos_per_label
 from dpcore.display import fmt_delta, fmt_eps, fmt_sigma, steps_text
-from dpcore.fewshot_plan import CALIBRATION_COLUMNS, FewShotPlan, fewshot_plan
+from dpcore.fewshot.plan import CALIBRATION_COLUMNS, FewShotPlan, fewshot_plan
 from tasks.common import cached_task, stage_logger
 
 __all__ = ["CALIBRATION_COLUMNS", "calibrate", "generation_config", "plan_arguments"]
@@ -30,13 +30,13 @@ def generation_config(config: RunConfig, num_labels: int) -> GenerationConfig:
 
 
 def plan_arguments(config: RunConfig, label_counts: Mapping[str, int], delta: float) -> dict:
-    """The keyword arguments of `calibrate` (and of `dpcore.fewshot_plan.fewshot_plan`) for a run."""
+    """The keyword arguments of `calibrate` (and of `dpcore.fewshot.plan.fewshot_plan`) for a run."""
     return {"epsilons": sorted({float(e) for e in config.epsilons}), "label_counts": dict(label_counts),
             "generation": generation_config(config, len(label_counts)), "delta": float(delta),
             "baselines": list(config.baselines), "audit_reference": bool(config.audit and config.audit_reference)}
 
 
-@cached_task("calibrate", CALIBRATE_KEY_FIELDS, ("dpcore.accounting", "dpcore.fewshot_plan"))
+@cached_task("calibrate", CALIBRATE_KEY_FIELDS, ("dpcore.fewshot.accounting", "dpcore.fewshot.plan"))
 def calibrate(*, epsilons: list[float], label_counts: dict[str, int], generation: GenerationConfig, delta: float,
               baselines: list[str], audit_reference: bool) -> FewShotPlan:
     """The run's `FewShotPlan` (public: parameters and accountant aggregates only)."""

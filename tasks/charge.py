@@ -1,4 +1,4 @@
-"""The privacy-ledger hooks: the one place plans are charged (`dpcore.ledger`).
+"""The privacy-ledger hooks: the one place plans are charged (`dpcore.privacy.ledger`).
 
 - `charge_plans` / `charge_spends`: charges, in ONE all-or-nothing transaction, each planned
   spend the ledger does not already hold for this run id (`Ledger.charge_unrecorded`: matched
@@ -8,7 +8,7 @@
   without recording (the CLI's refusal before any model loads). `fresh=True` charges every
   spend anew (a command that always draws fresh noise: `dpicl generate`, `dpicl audit`,
   `dpicl evaluate --baseline random-real`; never a replay).
-- The plans: DP few-shot generation's come from its `FewShotPlan` (`dpcore.fewshot_plan`: one
+- The plans: DP few-shot generation's come from its `FewShotPlan` (`dpcore.fewshot.plan`: one
   per DP epsilon, purpose "pipeline", and, only when the user opted into them, the non-private
   baselines as sigma = 0 spends, purpose "baseline": `sigma-zero`, `random-real` and the audit's
   non-private reference `audit-reference`); PromptPATE's and PromptDPSGD's from their modules
@@ -24,7 +24,7 @@
   the run summary.
 - `plan_spends` / `planned_cost`: the ledger requests of plans, and their composed cost (the plans of
   every method a run names are assembled in `tasks.run_plans`).
-- `audit_charge_hook`: the `charge(demo_set)` callback `dpcore.audit.dp_audit` calls before
+- `audit_charge_hook`: the `charge(demo_set)` callback `dpcore.audit.procedures.dp_audit` calls before
   each of its DP generations from the audit's members (the audit's plan, purpose "audit").
 - `ledger_spends` / `set_budget` / `record_spend`: what `dpicl ledger` shows and changes (the
   composed spend per dataset id, a budget, a spend made outside dpicl); `epsilon_report` /
@@ -40,10 +40,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from dpcore import ledger
 from dpcore.config import flag
 from dpcore.errors import ConfigError
-from dpcore.fewshot_plan import AUDIT_REFERENCE, RANDOM_REAL, SIGMA_ZERO, real_records_plan
+from dpcore.fewshot.plan import AUDIT_REFERENCE, RANDOM_REAL, SIGMA_ZERO, real_records_plan
+from dpcore.privacy import ledger
 
 __all__ = ["AUDIT_REFERENCE", "RANDOM_REAL", "SIGMA_ZERO", "audit_charge_hook", "charge_plans", "charge_spends",
            "budget_delta", "epsilon_report", "ledger_spends", "noise_charged", "plan_spends", "planned_cost", "preflight",
@@ -55,7 +55,7 @@ TINY_CONTEXT_LENGTH = 2048  # LanguageModel.tiny_random's max_position_embedding
 
 def real_records_spend(config, data_hash: str, run_id: str, delta: float) -> ledger.Spend:
     """Real private records placed in prompts with no noise (random-real demos, the non-private reference
-    audit): an infinite spend (`dpcore.fewshot_plan.real_records_plan`), purpose "baseline"."""
+    audit): an infinite spend (`dpcore.fewshot.plan.real_records_plan`), purpose "baseline"."""
     return real_records_plan(RANDOM_REAL, config.mechanism, delta).requests(config.ledger_id, data_hash, run_id)[0]
 
 
@@ -92,7 +92,7 @@ def preflight(config) -> dict:
 def check_context(config) -> int:
     """T_max token steps need room in the model's context next to the prompt (instruction and records);
     the model is resolved, its weights not loaded. Returns the context length."""
-    from dpcore.models import context_length
+    from dpcore.lm.models import context_length
     from tasks.common import TINY_MODEL_NAMES
 
     limit = TINY_CONTEXT_LENGTH if config.model in TINY_MODEL_NAMES else context_length(config.model)
@@ -103,8 +103,8 @@ def check_context(config) -> int:
 def checks_after_ingest(config, num_test: int, labels: list[str], generation_config) -> None:
     """The checks that need the ingested data, run before the charge: `--test-size` within the test
     split, and the longest group prompt (N records at the public cap) within the model's context."""
-    from dpcore.icl import check_test_size
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.taskspec import load_task_spec
+    from dpcore.lm.icl import check_test_size
 
     check_test_size(config.test_size, num_test)
     check_group_prompt(config.model, load_task_spec(config.task_spec or config.dataset), labels, generation_config)
@@ -113,7 +113,7 @@ def checks_after_ingest(config, num_test: int, labels: list[str], generation_con
 def check_group_prompt(model: str, spec, labels: list[str], generation_config) -> None:
     """The longest group prompt (N records at the public cap, and T_max tokens) fits the model's context
     (tokenizer and config only, no weights)."""
-    from dpcore.records import check_model_budget
+    from dpcore.data.records import check_model_budget
 
     check_model_budget(model, spec, labels, generation_config)
 
@@ -127,7 +127,7 @@ def check_max_tokens(max_tokens: int, limit: int, model: str) -> None:
 
 def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: bool = False,
                  fresh: bool = False, same_records_ok: bool = False) -> dict:
-    """Charge every `dpcore.plan.PrivacyPlan` of a run (any method) in one transaction: each plan's
+    """Charge every `dpcore.privacy.plan.PrivacyPlan` of a run (any method) in one transaction: each plan's
     spends the ledger does not already hold for this run id (`fresh`: every spend). `noise_charged`
     then lists the (method, epsilon) of the plans charged by this call; a plan with no spends reads
     no private record and is never charged."""
@@ -136,7 +136,7 @@ def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: b
 
 
 def plan_spends(dataset_id: str, data_hash: str, run_id: str, plans) -> list[tuple[str, float, ledger.Spend]]:
-    """(method, epsilon, request) of every spend of `dpcore.plan.PrivacyPlan`s."""
+    """(method, epsilon, request) of every spend of `dpcore.privacy.plan.PrivacyPlan`s."""
     return [(p.method, p.epsilon, request) for p in plans for request in p.requests(dataset_id, data_hash, run_id)]
 
 
@@ -269,7 +269,7 @@ def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None
 
 
 def ledger_spends(path: str | None, dataset_id: str | None = None, delta: float | None = None) -> tuple[str, list]:
-    """(the ledger file, the composed `dpcore.ledger.DatasetSpend` of `dataset_id`, or of every dataset id the ledger
+    """(the ledger file, the composed `dpcore.privacy.ledger.DatasetSpend` of `dataset_id`, or of every dataset id the ledger
     holds), composed at `delta` (None: the budget's delta, else the smallest entry delta)."""
     book = ledger.Ledger(path)
     known = book.dataset_ids()
@@ -287,7 +287,7 @@ def set_budget(path: str | None, dataset_id: str, epsilon: float, delta: float) 
 
 
 def record_spend(path: str | None, request: dict) -> tuple:
-    """Record a spend made outside dpicl: T Poisson-sampled steps (`dpcore.spend.Spend.sampled_steps`'
+    """Record a spend made outside dpicl: T Poisson-sampled steps (`dpcore.privacy.spend.Spend.sampled_steps`'
     arguments with the dataset id, content hash, run id and delta), refused beyond the budget
     (`BudgetExceededError`, exit 3): (the entry, the dataset's composed spend)."""
     book = ledger.Ledger(path)
@@ -297,9 +297,9 @@ def record_spend(path: str | None, request: dict) -> tuple:
 
 def epsilon_report(noise_multiplier: float, sampling_rate: float, steps: int, delta: float, mechanism: str,
                    cache: bool = True):
-    """The `dpcore.accounting.PrivacyReport` of T Poisson-sampled steps at (sigma, q), at delta
+    """The `dpcore.fewshot.accounting.PrivacyReport` of T Poisson-sampled steps at (sigma, q), at delta
     (`cache=False`: neither read nor write the accounting cache)."""
-    from dpcore import accounting
+    from dpcore.fewshot import accounting
 
     return accounting.epsilon_for(noise_multiplier, sampling_rate, steps, delta, mechanism=mechanism,
                                   cache_dir=None if cache else False)
@@ -308,7 +308,7 @@ def epsilon_report(noise_multiplier: float, sampling_rate: float, steps: int, de
 def sigma_report(target_epsilon: float, sampling_rate: float, steps: int, delta: float, mechanism: str,
                  cache: bool = True):
     """The smallest sigma whose upper-bound epsilon is at most `target_epsilon`, as a `PrivacyReport`."""
-    from dpcore import accounting
+    from dpcore.fewshot import accounting
 
     return accounting.calibrate(target_epsilon, sampling_rate, steps, delta, mechanism=mechanism,
                                 cache_dir=None if cache else False)

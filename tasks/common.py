@@ -31,14 +31,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from dpcore.artifacts import write_bytes_atomic
+from dpcore.data.artifacts import write_bytes_atomic
+from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import DpiclError, RunStopped
 from dpcore.home import dpicl_home, is_private_path, private_dir
-from dpcore.taskspec import load_task_spec
 
 # Bump to invalidate every cached stage result (a change of the stage-folder layout).
 CACHE_LAYOUT_VERSION = "3"  # 3: typed stage results (Shard, FewShotPlan); 2: per-record tables moved to private folders
-# Model names resolved here (not in dpcore.lm): a tiny randomly initialised Llama for tests and smoke runs.
+# Model names resolved here (not in dpcore.lm.model): a tiny randomly initialised Llama for tests and smoke runs.
 TINY_MODEL_NAMES = frozenset({"tiny-random", "tiny-random-llama"})
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -319,7 +319,7 @@ def language_model(name: str, device: str = "auto", dtype: str = "auto"):
     `tiny-random` selects `LanguageModel.tiny_random(seed=0)`: a randomly initialised tiny Llama
     with the embedded tokenizer, for tests and smoke runs.
     """
-    from dpcore.lm import LanguageModel
+    from dpcore.lm.model import LanguageModel
 
     key = (name, device, dtype)
     with _MODELS_LOCK:

@@ -1,4 +1,4 @@
-"""Stage 5: ICL evaluation of every method through `dpcore.icl.evaluate`.
+"""Stage 5: ICL evaluation of every method through `dpcore.lm.icl.evaluate`.
 
 One task per (method, epsilon) (`DemoSet`s of `evaluation_plan`): 0-shot, instruction-only demos
 (epsilon = 0), sigma = 0 demos and random real demos (epsilon = infinity (a) and (b)), and the DP
@@ -20,13 +20,13 @@ from pathlib import Path
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from dpcore.artifacts import read_table, write_table
 from dpcore.config import EvalConfig
+from dpcore.data.artifacts import read_table, write_table
 from dpcore.display import fmt_eps
-from dpcore.fewshot_plan import RANDOM_REAL
+from dpcore.fewshot.plan import RANDOM_REAL
 from tasks.common import cached_task, open_stage, report_progress, stage_dir, stage_logger
 
-EVAL_MODULES = ("dpcore.icl", "dpcore.prefix_cache", "dpcore.taskspec", "dpcore.lm", "dpcore.soft_prompt")
+EVAL_MODULES = ("dpcore.lm.icl", "dpcore.lm.prefix_cache", "dpcore.data.taskspec", "dpcore.lm.model", "dpcore.dpsgd.soft_prompt")
 EVALUATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "epsilon", "demo_keys", "eval_config", "labels",
                        "model", "dtype")
 ZERO_SHOT = "zero-shot"
@@ -50,8 +50,8 @@ def evaluate_pool(lm, spec, test: pd.DataFrame, pool, method: str, epsilon: floa
     """(predictions, metrics, the random-real baseline's private demo ids or None) of one method.
 
     Predictions and demo ids are private (per-record functions of the data); metrics are aggregates.
-    `remote` (`dpcore.endpoint.Scorers`, from `endpoint_scorers`): score through a server instead of `lm`."""
-    from dpcore import icl
+    `remote` (`dpcore.release.endpoint.Scorers`, from `endpoint_scorers`): score through a server instead of `lm`."""
+    from dpcore.lm import icl
 
     what = f"evaluate {method} eps={'inf' if math.isinf(epsilon) else f'{epsilon:g}'}: test items"
     predictions, metrics = icl.evaluate(lm, spec, test, pool, method, epsilon, eval_config,
@@ -67,9 +67,9 @@ def evaluate_pool(lm, spec, test: pd.DataFrame, pool, method: str, epsilon: floa
 
 
 def endpoint_scorers(endpoint, known_model: str | None, spec, labels: list[str] | None):
-    """(the connected `dpcore.endpoint.Endpoint`, its `Scorers` for `spec`): the server's model list read and
+    """(the connected `dpcore.release.endpoint.Endpoint`, its `Scorers` for `spec`): the server's model list read and
     its scoring mode probed (content-free queries only), so a server that is down fails here, in one line."""
-    from dpcore import endpoint as remote
+    from dpcore.release import endpoint as remote
 
     connection = remote.connect(endpoint, known_model=known_model)
     return connection, remote.scorers(connection, spec, labels or [])
@@ -102,7 +102,7 @@ def evaluate(
     if method == ZERO_SHOT:
         pool = None
     elif method == DPSGD:  # a trained prompt (PromptDPSGD): its cache before every prompt, no demos
-        from dpcore.soft_prompt import load_prompt
+        from dpcore.dpsgd.soft_prompt import load_prompt
 
         pool = None
         past = load_prompt(demo_paths[0], lm.device)[0].cache_layers(lm)

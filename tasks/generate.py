@@ -1,6 +1,6 @@
 """Stage 4: synthetic demonstrations, one Prefect task per (label, epsilon), tagged `gpu`.
 
-Each task calls `generate_for` (`dpcore.generation`, Algorithm 1) for a single label with
+Each task calls `generate_for` (`dpcore.fewshot.generation`, Algorithm 1) for a single label with
 a seed derived from the run seed and (method, label, epsilon), so the demos are the same
 whichever runner (threads, a Dask worker, a GPU worker) executes it. The baselines run
 through the same task: sigma = 0 (epsilon = infinity (a), same code path, no noise) and
@@ -8,7 +8,7 @@ instruction-only (epsilon = 0, the public prompt alone, no private data read). `
 calls the same `generate_for` for every label at once (`flows.standalone`).
 
 The plan of generation tasks (`GenerationItem`s) comes from the run's `FewShotPlan`
-(`dpcore.fewshot_plan`); a task's result is a `Shard` (public).
+(`dpcore.fewshot.plan`); a task's result is a `Shard` (public).
 
 Outputs: DP and instruction-only demos are DP/public outputs and go to the public stage
 folder; sigma = 0 demos carry no privacy guarantee, so they stay in the private store.
@@ -30,15 +30,15 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from dpcore.artifacts import write_json_atomic, write_table
 from dpcore.config import GenerationConfig
+from dpcore.data.artifacts import write_json_atomic, write_table
 from dpcore.errors import DpiclError
-from dpcore.fewshot_plan import DP, INSTRUCTION_ONLY, SIGMA_ZERO, FewShotPlan
+from dpcore.fewshot.plan import DP, INSTRUCTION_ONLY, SIGMA_ZERO, FewShotPlan
 from tasks.common import cached_task, derive_seed, open_stage, report_progress, stage_dir, stage_logger
 
 __all__ = ["DP", "INSTRUCTION_ONLY", "SIGMA_ZERO", "GenerationItem", "Shard", "check_generation", "empty_demos_note",
            "generate", "generate_call", "generate_for", "generation_plan", "step_line"]
-GENERATION_MODULES = ("dpcore.generation", "dpcore.mechanisms", "dpcore.sampling", "dpcore.taskspec", "dpcore.lm")
+GENERATION_MODULES = ("dpcore.fewshot.generation", "dpcore.fewshot.mechanisms", "dpcore.fewshot.sampling", "dpcore.data.taskspec", "dpcore.lm.model")
 # Public inputs that determine a generation task's output (the records themselves enter through data_hash).
 GENERATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "label", "epsilon", "noise_multiplier", "generation",
                        "model", "dtype", "seed", "noise_scope")
@@ -103,10 +103,10 @@ def generate_call(item: GenerationItem, ingested: dict, generation: GenerationCo
 
 def check_generation(generation: GenerationConfig, *, label_counts: dict[str, int] | None = None,
                      vocab_size: int | None = None) -> None:
-    """Algorithm 1's parameter checks (`dpcore.generation.validate_generation`), before anything is charged:
+    """Algorithm 1's parameter checks (`dpcore.fewshot.generation.validate_generation`), before anything is charged:
     with `label_counts`, every label holds N records and q <= 1; with `vocab_size`, K within the model's
     vocabulary (after the model loads)."""
-    from dpcore.generation import validate_generation
+    from dpcore.fewshot.generation import validate_generation
 
     validate_generation(generation, 0.0, vocab_size or sys.maxsize, label_counts)
 
@@ -116,7 +116,7 @@ def generate_for(lm, spec, method: str, labels: list[str], generation: Generatio
                  progress: Callable[[dict], None] | None = None):
     """The demos of one row for `labels`: instruction-only from the public prompt alone (no record read),
     otherwise Algorithm 1 at sigma on `records_by_label` (private; kept in memory)."""
-    from dpcore import generation as engine
+    from dpcore.fewshot import generation as engine
 
     if method == INSTRUCTION_ONLY:
         return engine.instruction_only_demos(lm, spec, labels, generation, seed=seed, progress=progress)
@@ -127,7 +127,7 @@ def generate_for(lm, spec, method: str, labels: list[str], generation: Generatio
 
 
 def step_line(what: str, info: dict) -> str:
-    """The one log line of a generation step (`dpcore.generation`'s progress dict: public counters only):
+    """The one log line of a generation step (`dpcore.fewshot.generation`'s progress dict: public counters only):
     `generate dp World eps=1: step 3/20, 0/1 demos done`."""
     return f"{what}: step {info['step']}/{info['max_steps']}, {info['finished']}/{info['total']} demos done"
 
@@ -166,7 +166,7 @@ def generate(
     draw is covered. Otherwise the spend was charged by an earlier attempt of the same run and only its
     cached draw may be served: an unseeded draw that has to run again is refused, never redrawn.
     """
-    from dpcore.generation import demos_frame
+    from dpcore.fewshot.generation import demos_frame
     from tasks.ingest import records_by_label
 
     if method != INSTRUCTION_ONLY and not noise_charged:  # seeded or not: the charge covers one draw

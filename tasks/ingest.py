@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 from prefect import get_run_logger
 
-from dpcore.artifacts import read_table, write_table
-from dpcore.datasets import LoadedDataset, load_dataset
-from dpcore.ledger import Ledger
-from dpcore.taskspec import load_task_spec
+from dpcore.data.artifacts import read_table, write_table
+from dpcore.data.datasets import LoadedDataset, load_dataset
+from dpcore.data.taskspec import load_task_spec
+from dpcore.privacy.ledger import Ledger
 from tasks.common import run_paths, uncached_task
 
 
@@ -30,7 +30,7 @@ def load_data(config) -> LoadedDataset:
 
 def remember_records(data: LoadedDataset) -> LoadedDataset:
     """Keep the records' sketch beside the ledger's content hash, so a charge under another dataset id on
-    the same records is told apart from new records (`dpcore.ledger`: a budget belongs to the records)."""
+    the same records is told apart from new records (`dpcore.privacy.ledger`: a budget belongs to the records)."""
     Ledger().remember_records(data.content_hash, data.record_set())
     return data
 

@@ -22,18 +22,19 @@ import pandas as pd
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from dpcore import accounting, gnmax, public_queries
-from dpcore.artifacts import read_table, write_json_atomic, write_table
 from dpcore.config import flag
+from dpcore.data.artifacts import read_table, write_json_atomic, write_table
+from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
-from dpcore.gnmax import check_gnmax_parameters, default_threshold
+from dpcore.fewshot import accounting
 from dpcore.home import is_private_path
-from dpcore.pate_privacy import labelling_checkpoints, max_queries_within, pate_plan
-from dpcore.pate_student import select_student, student_candidates
-from dpcore.pate_teachers import Teachers, assign_teachers, check_flock_size
-from dpcore.plan import PrivacyPlan
-from dpcore.spend import Spend
-from dpcore.taskspec import load_task_spec
+from dpcore.pate import gnmax, public_queries
+from dpcore.pate.gnmax import check_gnmax_parameters, default_threshold
+from dpcore.pate.privacy import labelling_checkpoints, max_queries_within, pate_plan
+from dpcore.pate.student import select_student, student_candidates
+from dpcore.pate.teachers import Teachers, assign_teachers, check_flock_size
+from dpcore.privacy.plan import PrivacyPlan
+from dpcore.privacy.spend import Spend
 from tasks.charge import charge_plans, preflight
 from tasks.common import (
     cached_task,
@@ -46,8 +47,8 @@ from tasks.common import (
 )
 from tasks.ingest import load_data, public_test_split
 
-PATE_MODULES = ("dpcore.pate_teachers", "dpcore.gnmax", "dpcore.flock", "dpcore.icl", "dpcore.public_queries",
-                "dpcore.pate_student", "dpcore.pate_data_dependent", "dpcore.lm", "dpcore.taskspec")
+PATE_MODULES = ("dpcore.pate.teachers", "dpcore.pate.gnmax", "dpcore.pate.flock", "dpcore.lm.icl", "dpcore.pate.public_queries",
+                "dpcore.pate.student", "dpcore.pate.data_dependent", "dpcore.lm.model", "dpcore.data.taskspec")
 TEACHERS_KEY = ("data_hash", "teachers", "shots", "seed", "noise_scope")
 FLOCK_KEY = ("data_hash", "assignment_key", "queries_key", "task_spec", "labels", "first", "last", "calibrate",
              "split", "test_size", "model", "dtype")
@@ -74,7 +75,7 @@ def check_inputs(config, data) -> tuple[pd.DataFrame, str, dict]:
     private records, T in [0, E], sigmas > 0, the public source readable and non-empty (never compared with the
     private records: that would be a free query on them), Q within the public set, --test-size within the test split. Returns (the Q
     queries, where they come from, the settings)."""
-    from dpcore.icl import check_test_size
+    from dpcore.lm.icl import check_test_size
 
     settings = pate_settings(config, data.spec)
     check_flock_size(config.pate_teachers, config.pate_shots, len(data.train))
@@ -87,7 +88,7 @@ def check_inputs(config, data) -> tuple[pd.DataFrame, str, dict]:
 
 
 def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
-    """(plans, Q per repeat): the Confident-GNMax plan for R repeats of Q queries (`dpcore.pate_privacy`), and
+    """(plans, Q per repeat): the Confident-GNMax plan for R repeats of Q queries (`dpcore.pate.privacy`), and
     the non-private baselines' infinite spend when asked. With a target epsilon, Q is cut to what the
     target affords over the R repeats (labelling stops at the budget)."""
     repeats = settings["repeats"]
@@ -121,7 +122,7 @@ NON_PRIVATE_BASELINES = ("ensemble", "upper-bound")
 
 def checkpoints(epsilons: list[float], settings: dict, per_repeat: int, delta: float) -> list[dict]:
     """The smaller epsilons a run reports from prefixes of its labelling
-    (`dpcore.pate_privacy.labelling_checkpoints`): epsilon, Q_i per repeat, its data-independent epsilon."""
+    (`dpcore.pate.privacy.labelling_checkpoints`): epsilon, Q_i per repeat, its data-independent epsilon."""
     return [{"epsilon": eps, "queries": prefix, "epsilon_data_independent": bound}
             for eps, prefix, bound in labelling_checkpoints(epsilons, delta, settings["sigma1"], settings["sigma2"],
                                                            repeats=settings["repeats"], queries=per_repeat)]
@@ -166,8 +167,8 @@ def pate_inputs(*, config, ingested: dict, planned: int) -> dict:
 @cached_task("pate-teachers", TEACHERS_KEY, PATE_MODULES, private_outputs=True)
 def pate_teachers(*, records_path: str, data_hash: str, teachers: int, shots: int, seed: int | None,
                   noise_scope: str, noise_charged: bool) -> dict:
-    """E disjoint k-shot teachers (`dpcore.pate_teachers`); the assignment table is private."""
-    from dpcore.mechanisms import noise_generator
+    """E disjoint k-shot teachers (`dpcore.pate.teachers`); the assignment table is private."""
+    from dpcore.fewshot.mechanisms import noise_generator
 
     _refuse_redraw("pate-teachers", noise_charged, noise_scope)
     key = stage_key("pate-teachers", {k: v for k, v in locals().items() if k in TEACHERS_KEY}, PATE_MODULES)
@@ -185,10 +186,10 @@ def pate_flock(*, records_path: str, data_hash: str, assignment_path: str, assig
                queries_key: str, task_spec: str, labels: list[str], first: int, last: int, calibrate: bool,
                split: str = "public", test_size: int | None = None, model: str, device: str = "auto",
                dtype: str = "auto") -> dict:
-    """Teachers [first, last) score every query (`dpcore.flock`): split "public" the public queries, "test"
+    """Teachers [first, last) score every query (`dpcore.pate.flock`): split "public" the public queries, "test"
     the evaluation items (non-private baselines). Writes the block's label scores, private."""
-    from dpcore import flock
-    from dpcore.icl import select_test
+    from dpcore.lm.icl import select_test
+    from dpcore.pate import flock
 
     key = stage_key("pate-flock", {k: v for k, v in locals().items() if k in FLOCK_KEY}, PATE_MODULES)
     spec = load_task_spec(task_spec)
@@ -215,7 +216,7 @@ def pate_flock(*, records_path: str, data_hash: str, assignment_path: str, assig
 
 def load_votes(block_paths: list[str], lm, spec, labels: list[str], mode: str) -> np.ndarray:
     """[E, Q] votes of every teacher from the flock blocks (in teacher order)."""
-    from dpcore.flock import FlockScores, votes
+    from dpcore.pate.flock import FlockScores, votes
 
     parts = []
     for path in block_paths:
@@ -235,10 +236,10 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
     Each repeat's data-dependent epsilon (Papernot et al. 2018) is a non-DP function of the vote histograms:
     it is written to the private store only, never returned (a task's result is public).
     `checkpoints`: query counts Q_i < Q per repeat whose prefixes are reported too
-    (`dpcore.pate_privacy.labelling_checkpoints`): their answered and labelled counts (DP outputs)."""
-    from dpcore.flock import vote_classes
-    from dpcore.mechanisms import noise_generator
-    from dpcore.pate_data_dependent import data_dependent_epsilon, epsilon_from_rdp
+    (`dpcore.pate.privacy.labelling_checkpoints`): their answered and labelled counts (DP outputs)."""
+    from dpcore.fewshot.mechanisms import noise_generator
+    from dpcore.pate.data_dependent import data_dependent_epsilon, epsilon_from_rdp
+    from dpcore.pate.flock import vote_classes
 
     _refuse_redraw("pate-aggregate", noise_charged, noise_scope)
     key = stage_key("pate-aggregate", {k: v for k, v in locals().items() if k in AGGREGATE_KEY}, PATE_MODULES)
@@ -291,9 +292,9 @@ def pate_student(*, queries_path: str, labels_path: str, labels_key: str, repeat
                  labels: list[str], shots: int, candidates: int, calibrate: bool, model: str, device: str = "auto",
                  dtype: str = "auto", queries_limit: int | None = None) -> dict:
     """The student prompt of one repeat: candidates of k answered queries, each labelling the other answered
-    queries; the best on these public validation labels wins (`dpcore.pate_student`). Public throughout.
+    queries; the best on these public validation labels wins (`dpcore.pate.student`). Public throughout.
     `queries_limit`: only the first Q_i queries of the labelling (a smaller epsilon's prefix)."""
-    from dpcore import flock
+    from dpcore.pate import flock
 
     key = stage_key("pate-student", {k: v for k, v in locals().items() if k in STUDENT_KEY}, PATE_MODULES)
     spec = load_task_spec(task_spec)
@@ -328,8 +329,8 @@ def pate_test_baselines(*, records_path: str, scores_paths: list[str], task_spec
                         dtype: str = "auto") -> dict:
     """The non-private rows of Duan et al. Table 2 from the teachers' votes on the test split: the flock's
     plurality vote (ensemble) and the best single teacher (upper bound). Aggregates only."""
-    from dpcore.flock import ensemble_accuracy, single_prompt_accuracies
-    from dpcore.icl import select_test
+    from dpcore.lm.icl import select_test
+    from dpcore.pate.flock import ensemble_accuracy, single_prompt_accuracies
 
     spec = load_task_spec(task_spec)
     votes = load_votes(scores_paths, language_model(model, device, dtype), spec, labels, vote_mode)

@@ -1,6 +1,6 @@
 """Stage 7: record a finished run in MLflow and as Prefect artifacts, and seal its folder.
 
-The results table and the markdown summary come from `dpcore.summary`; the MLflow runs
+The results table and the markdown summary come from `dpcore.report.summary`; the MLflow runs
 (one parent, one nested run per (method, epsilon)) from `tasks.tracking`. Prefect: a
 markdown summary and a table artifact. The run folders are sealed with their manifests.
 
@@ -17,9 +17,9 @@ from pathlib import Path
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from dpcore.artifacts import read_table, write_manifest, write_table
+from dpcore.data.artifacts import read_table, write_manifest, write_table
 from dpcore.home import dpicl_home, is_private_path
-from dpcore.summary import (
+from dpcore.report.summary import (
     audit_verdict,
     comparison_markdown,
     comparison_table,
@@ -46,7 +46,7 @@ def record(*, flat_config: dict[str, str], info: dict) -> dict:
     `info`: run_id, dataset, data_hash, model, num_private_records, seeded_noise, run_dir,
     private_run_dir, flow_run_id (all public). Tables are read from the public run folder.
     """
-    from dpcore import plots
+    from dpcore.report import plots
 
     logger = get_run_logger()
     run_dir = Path(info["run_dir"])
@@ -90,11 +90,11 @@ def record(*, flat_config: dict[str, str], info: dict) -> dict:
 def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: list[dict], pate_results_path: str | None,
                       dpsgd_rows: list[dict], wall_seconds: dict[str, float], cost: dict, calibrated: bool,
                       method_audits: list[dict] | None = None) -> dict:
-    """The methods of one run side by side (`dpcore.summary.comparison_table`): `comparison.parquet` and
+    """The methods of one run side by side (`dpcore.report.summary.comparison_table`): `comparison.parquet` and
     `comparison.png` in the public run folder, a Prefect markdown artifact and an MLflow parent run with a
     nested run per (method, epsilon). `method_audits`: the membership audits of PromptPATE's student and
     PromptDPSGD's prompts ({method, epsilon, verdict}), shown in their rows. Public rows only."""
-    from dpcore import plots
+    from dpcore.report import plots
 
     folder = Path(run_dir)
     if is_private_path(folder):

@@ -1,6 +1,6 @@
 """Release stage: the audit gate over a finished run, the release manifest, and the MLflow registry.
 
-Thin wrappers: the gate conditions live in `dpcore.release`, the audits in `dpcore.audit`; this
+Thin wrappers: the gate conditions live in `dpcore.release.gate`, the audits in `dpcore.audit.procedures`; this
 module reads the ledger, writes the release folder `$DPICL_HOME/releases/<dataset-id>/v<N>/`
 (`release.json` and the artifact: `demos.parquet` for DP few-shot demos and PromptPATE's student
 prompt, `prompt.safetensors` for a PromptDPSGD prompt) and registers it as a new version of the
@@ -8,9 +8,9 @@ registered model `dpicl-<dataset-id>` with the alias `production` (earlier versi
 alias moves).
 
 `audit_artifact` is the membership-inference audit of a PromptPATE student prompt or a PromptDPSGD
-trained prompt (`dpcore.audit.prompt_audit`): members are the private records the mechanism read,
+trained prompt (`dpcore.audit.procedures.prompt_audit`): members are the private records the mechanism read,
 non-members the held-out test records; nothing is generated and nothing is charged (like the
-run-demos audit). The opt-in single-teacher contrast (`dpcore.audit.teacher_audit`) puts real
+run-demos audit). The opt-in single-teacher contrast (`dpcore.audit.procedures.teacher_audit`) puts real
 records in prompts: it is charged first as an infinite spend (`tasks.charge.real_records_spend`,
 like the non-private audit reference). Public: `audit_<method>.parquet` (one row per audited
 artifact) and `audit_pate_teacher.parquet`; private: `mia_scores_<method>.parquet`.
@@ -26,11 +26,11 @@ from pathlib import Path
 import pandas as pd
 from prefect import get_run_logger, task
 
-from dpcore import release as gate
-from dpcore.artifacts import file_sha256, read_table, write_json_atomic, write_manifest, write_table
+from dpcore.data.artifacts import file_sha256, read_table, write_json_atomic, write_manifest, write_table
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, subdir
+from dpcore.release import gate
 from tasks.charge import AUDIT_REFERENCE, charge_spends, real_records_spend
 from tasks.common import code_version, derive_seed, language_model, report_progress, safe_name, stop_requested
 from tasks.tracking import mlflow_client
@@ -55,7 +55,7 @@ def _mlflow_parent_run(client, run_id: str) -> str | None:
 def check_gate(run_id: str, epsilon: float | None = None) -> dict:
     """Evaluate every release condition: `refused` lists every one that fails (a refusal is an answer,
     not a task failure: the flow turns it into a Failed state with that message and no stored result)."""
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     run = gate.load_run(run_id, dpicl_home())
     chosen = gate.choose_release_epsilon(run, epsilon)
@@ -96,8 +96,8 @@ def _publish(client, name: str, folder: Path, run_id: str, tags: dict, descripti
 @task(name="release-register", retries=1)
 def register(run_id: str, epsilon: float, alias: str = DEFAULT_ALIAS) -> dict:
     """Write the release folder and manifest, register it in MLflow, move the alias to it."""
-    from dpcore.accounting import accountant_versions
-    from dpcore.ledger import Ledger
+    from dpcore.fewshot.accounting import accountant_versions
+    from dpcore.privacy.ledger import Ledger
 
     run = gate.load_run(run_id, dpicl_home())
     config = run.manifest.get("config", {})
@@ -115,7 +115,7 @@ def register(run_id: str, epsilon: float, alias: str = DEFAULT_ALIAS) -> dict:
     name, version = _registry_version(client, dataset_id)
     folder = subdir("releases") / safe_name(dataset_id) / f"v{version}"
     demos_path = write_table(demos, folder / "demos.parquet")
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.taskspec import load_task_spec
 
     spec = load_task_spec(config.get("task_spec") if config.get("task_spec") not in (None, "None", "") else dataset)
     manifest = gate.release_manifest(
@@ -207,17 +207,17 @@ def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, mo
     """`dpicl predict`: ICL answers to `texts` with a release's demos (or its trained prompt) only, post-processing
     of a DP release (no privacy cost): (the release manifest, the model's name, one answer per text).
 
-    `endpoint` (a `dpcore.endpoint.EndpointConfig`): answer through that OpenAI-compatible server instead of a
+    `endpoint` (a `dpcore.release.endpoint.EndpointConfig`): answer through that OpenAI-compatible server instead of a
     local model (`model` is then the served model's name); a PromptDPSGD release is refused (local only)."""
-    from dpcore import predict
-    from dpcore.taskspec import TaskSpec
+    from dpcore.data.taskspec import TaskSpec
+    from dpcore.release import predict
 
     manifest = load_release(release, dataset_id)
     spec = TaskSpec.model_validate(manifest["task_spec"])
     demos = [(d["text"], d["label"]) for d in manifest["demos"]]
     if endpoint is not None:
-        from dpcore import endpoint as remote
-        from dpcore.export import local_only_reason
+        from dpcore.release import endpoint as remote
+        from dpcore.release.export import local_only_reason
 
         reason = local_only_reason(manifest, "it cannot be sent to an endpoint")
         if reason:
@@ -233,9 +233,9 @@ def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, mo
 
 
 def export_release(release: str, dataset_id: str | None, placeholder: str | None = None) -> tuple[dict, dict]:
-    """`dpicl export`: (the release manifest, its prompt template and guarantee, `dpcore.export.export`);
+    """`dpicl export`: (the release manifest, its prompt template and guarantee, `dpcore.release.export.export`);
     a PromptDPSGD release is refused (no text form)."""
-    from dpcore import export
+    from dpcore.release import export
 
     manifest = load_release(release, dataset_id)
     return manifest, export.export(manifest, placeholder or export.DEFAULT_PLACEHOLDER)
@@ -293,13 +293,13 @@ def _merge_rows(path: Path, frame, name: str):
 
 def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_pools: bool,
                   cap_to_pools: bool = False):
-    """The audit to run on these pools (`dpcore.audit_design`). `size_to_pools`: the cheapest design that
+    """The audit to run on these pools (`dpcore.audit.design`). `size_to_pools`: the cheapest design that
     concludes, refused (`ReleaseRefusedError`) when none would; otherwise `audit_config`'s sizes (capped to
     the pools when `cap_to_pools`: a pipeline's settings, sized for another method), said in one line when
     they would not conclude, and run as asked."""
-    from dpcore import audit_design
+    from dpcore.audit import design as audit_design
+    from dpcore.audit.attacks import attacks_run
     from dpcore.errors import ReleaseRefusedError
-    from dpcore.mia_attacks import attacks_run
 
     reserve = audit_config.reference_prompts if audit_config.reference_prompts >= 2 else 0
     pools = (member_pool, max(0, non_member_pool - reserve))
@@ -344,9 +344,9 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     before the model loads (`planned_audit`): `size_to_pools` takes the cheapest design that concludes on
     these pools instead of `audit_config`'s sizes and refuses (`ReleaseRefusedError`), naming the pool that
     falls short, when none would, before minutes are spent; `cap_to_pools` caps the sizes asked."""
-    from dpcore import audit as mia
-    from dpcore.audit_gate import GateThresholds
-    from dpcore.taskspec import load_task_spec
+    from dpcore.audit import procedures as mia
+    from dpcore.audit.gate import GateThresholds
+    from dpcore.data.taskspec import load_task_spec
     from tasks.audit import public_summary
 
     artifact = load_artifact(run_id, method, epsilon, training, repeat)
@@ -364,7 +364,7 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     lm = language_model(artifact.info["model"], device, dtype)
     past = None
     if method == "dpsgd":
-        from dpcore.predict import trained_prompt_cache
+        from dpcore.release.predict import trained_prompt_cache
 
         past = trained_prompt_cache(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
                                     artifact.info["model"])
@@ -449,7 +449,7 @@ def _teacher_contrast(lm, spec, artifact: gate.Artifact, train, assignment, held
                       thresholds):
     """The non-private contrast: single PromptPATE teachers' prompts (real records), charged as an infinite
     spend before any teacher prompt is built."""
-    from dpcore import audit as mia
+    from dpcore.audit import procedures as mia
 
     _charge_real_records(artifact)
     reference = mia.teacher_audit(lm, spec, gate.teacher_prompts(train, assignment), held_out, audit_config,
@@ -484,7 +484,7 @@ def _charge_real_records(artifact: gate.Artifact) -> dict:
 def check_artifact_gate(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
                         repeat: int | None = None) -> dict:
     """Every release condition of a PromptPATE or PromptDPSGD artifact (`refused`: every failing one, or None)."""
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     artifact = load_artifact(run_id, method, epsilon, training, repeat)
     audit_path = artifact.path / gate.AUDIT_FILES[method]
@@ -508,9 +508,9 @@ def register_artifact(run_id: str, method: str, epsilon: float | None = None, tr
     `prompt.safetensors` + `prompt.json`) and `release.json`, register it, move the alias."""
     import shutil
 
-    from dpcore.accounting import accountant_versions
-    from dpcore.ledger import Ledger
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.taskspec import load_task_spec
+    from dpcore.fewshot.accounting import accountant_versions
+    from dpcore.privacy.ledger import Ledger
 
     artifact = load_artifact(run_id, method, epsilon, training, repeat)
     client = mlflow_client()

@@ -13,8 +13,8 @@ path imports no method.
 
 from __future__ import annotations
 
-from dpcore import ledger
 from dpcore.errors import ConfigError
+from dpcore.privacy import ledger
 from tasks.charge import plan_spends
 
 
@@ -29,7 +29,7 @@ def method_plans(config, data, delta: float) -> list:
         _, _, settings = check_inputs(config, data)
         plans += privacy_plans(config, settings, delta)[0]
     if "dpsgd" in config.methods:
-        from dpcore.icl import check_test_size
+        from dpcore.lm.icl import check_test_size
         from tasks.tune import plans as dpsgd_plans
 
         if data.spec.kind != "classification":
@@ -57,7 +57,7 @@ def run_spends(config, run_id: str | None = None) -> tuple[list[tuple[str, float
     """Every spend the run will charge, for every method it names, from the data and the accountant
     alone (no model, no Prefect server, nothing written): (spends, the loaded dataset). DP few-shot
     generation's plan is the one the pipeline's calibration stage makes (`tasks.calibrate.plan_arguments`)."""
-    from dpcore.fewshot_plan import default_delta, fewshot_plan
+    from dpcore.fewshot.plan import default_delta, fewshot_plan
     from tasks.calibrate import plan_arguments
     from tasks.ingest import load_data
 

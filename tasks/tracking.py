@@ -9,7 +9,7 @@ and a nested run per (method, epsilon):
   calibrated accuracy mean/std over seeds (the audit's verdict as a tag: its figures are private);
 - tags: data hash, model, code version, seeded-noise flag, dataset, run id, Prefect flow run id;
 - artifacts (parent): the public files of the run folder; a private path or a per-record table
-  (`dpcore.artifacts.PRIVATE_TABLES`) is refused.
+  (`dpcore.data.artifacts.PRIVATE_TABLES`) is refused.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpcore.artifacts import PRIVATE_TABLES
+from dpcore.data.artifacts import PRIVATE_TABLES
 from dpcore.home import is_private_path, subdir
-from dpcore.summary import epsilon_text, finite_or_none
+from dpcore.report.summary import epsilon_text, finite_or_none
 
 EXPERIMENT_PREFIX = "dp-fewshot"
 

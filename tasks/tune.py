@@ -1,6 +1,6 @@
 """PromptDPSGD stages (Duan et al. Section 4.1): plan, checks, train (tag `gpu`), metrics, record.
 
-Thin Prefect tasks over `dpcore.dpsgd` and `dpcore.soft_prompt`; evaluation is the pipeline's own
+Thin Prefect tasks over `dpcore.dpsgd.training` and `dpcore.dpsgd.soft_prompt`; evaluation is the pipeline's own
 `tasks.evaluate.evaluate` (method "dpsgd": the trained prompt's cache before every test prompt).
 
 - `plans`: one `PrivacyPlan` per positive epsilon of the run (sigma calibrated for T steps at rate
@@ -10,7 +10,7 @@ Thin Prefect tasks over `dpcore.dpsgd` and `dpcore.soft_prompt`; evaluation is t
 - `train_prompt` (tag `gpu`): Algorithm 1 for one (epsilon, training). Resumable: a checkpoint (P,
   AdamW, schedule, both generators' states) is kept every `checkpoint_every` steps in the private store
   and a retry of the same run continues it, so the noise stream is the uninterrupted run's and the one
-  ledger entry covers it (`dpcore.dpsgd`). A finished prompt is reused by a retry. An unseeded training
+  ledger entry covers it (`dpcore.dpsgd.training`). A finished prompt is reused by a retry. An unseeded training
   whose spend this attempt did not charge (a replay) and that has neither a finished prompt nor a
   checkpoint is refused: fresh noise is never drawn under an old charge.
 - Public outputs (run folder): `prompts/dpsgd-eps<E>-<i>.safetensors` and its `.json` manifest (model id
@@ -32,8 +32,8 @@ import pandas as pd
 import torch
 from prefect import get_run_logger
 
-from dpcore import dpsgd
-from dpcore.artifacts import (
+from dpcore.config import EvalConfig, RunConfig
+from dpcore.data.artifacts import (
     file_sha256,
     read_table,
     write_bytes_atomic,
@@ -41,14 +41,14 @@ from dpcore.artifacts import (
     write_manifest,
     write_table,
 )
-from dpcore.config import EvalConfig, RunConfig
-from dpcore.datasets import load_test_file
-from dpcore.dpsgd import dpsgd_config, dpsgd_plan
+from dpcore.data.datasets import load_test_file
+from dpcore.data.taskspec import load_task_spec
+from dpcore.dpsgd import training as dpsgd
+from dpcore.dpsgd.soft_prompt import check_prompt, encode_examples, init_prompt, save_prompt, weights_hash
+from dpcore.dpsgd.training import dpsgd_config, dpsgd_plan
 from dpcore.errors import ConfigError
-from dpcore.icl import check_test_size, summarise_metrics
-from dpcore.plan import PrivacyPlan
-from dpcore.soft_prompt import check_prompt, encode_examples, init_prompt, save_prompt, weights_hash
-from dpcore.taskspec import load_task_spec
+from dpcore.lm.icl import check_test_size, summarise_metrics
+from dpcore.privacy.plan import PrivacyPlan
 from tasks.charge import charge_plans
 from tasks.common import (
     code_version,

@@ -42,7 +42,7 @@ def budgets_end_with_their_test():
     test's dataset id a second name for them (`SameRecordsError`). Budgets a test sets are its own."""
     import sqlite3
 
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     path = Ledger().path
     with sqlite3.connect(path) as conn:
@@ -56,7 +56,7 @@ def budgets_end_with_their_test():
 @pytest.fixture(scope="session")
 def embedded_lm():
     """The real embedded SmolLM2-135M-Instruct (converted once per session)."""
-    from dpcore.lm import LanguageModel
+    from dpcore.lm.model import LanguageModel
 
     return LanguageModel.load("smollm2-135m")
 
@@ -64,7 +64,7 @@ def embedded_lm():
 @pytest.fixture(scope="session")
 def tiny_lm():
     """A randomly initialised tiny Llama with the embedded model's tokenizer."""
-    from dpcore.lm import LanguageModel
+    from dpcore.lm.model import LanguageModel
 
     return LanguageModel.tiny_random(seed=0)
 
@@ -80,7 +80,7 @@ def tiny_model_dir(tiny_lm, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def agnews_spec():
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.taskspec import load_task_spec
 
     return load_task_spec("agnews")
 
@@ -98,16 +98,16 @@ def made_up_records() -> dict[str, list[str]]:
 
 @pytest.fixture(scope="session")
 def agnews():
-    from dpcore.datasets import load_dataset
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
 
     return load_dataset(load_task_spec("agnews"))
 
 
 @pytest.fixture(scope="session")
 def movies_genre():
-    from dpcore.datasets import load_dataset
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
 
     return load_dataset(load_task_spec("movies-sample-genre"))
 
@@ -141,8 +141,8 @@ def fake_audit_result():
     import numpy as np
     import pandas as pd
 
-    from dpcore.audit import AuditResult
-    from dpcore.audit_statistics import roc_auc
+    from dpcore.audit.procedures import AuditResult
+    from dpcore.audit.statistics import roc_auc
 
     def make(setting, member_shift, seed=0):
         rng = np.random.default_rng(seed)
@@ -170,7 +170,7 @@ def tickets_spec(tmp_path):
     """The task spec of the tickets user dataset (tests/tickets.py), loaded from a YAML file."""
     from tickets import SPEC_YAML
 
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.taskspec import load_task_spec
 
     path = tmp_path / "tickets.yaml"
     path.write_text(SPEC_YAML)

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from dpcore.config import RunConfig
+from dpcore.data.taskspec import TASKS_DIR
 from dpcore.names import ALL_BASELINES
-from dpcore.taskspec import TASKS_DIR
 
 # tests/conftest.py sets PREFECT_FLOWS_HEARTBEAT_FREQUENCY="" (meant as "off"), which Prefect 3.8.8 cannot
 # parse (an int >= 30 or unset): drop it before Prefect builds its settings; heartbeats are switched off below.
@@ -79,8 +79,8 @@ def share_tiny_model(tiny_lm) -> None:
 @functools.cache
 def mini_agnews() -> tuple[str, str, frozenset[str], frozenset[str]]:
     """(data_path, task_spec path, private train texts, public test texts) of a 440-record AG News sample."""
-    from dpcore.datasets import load_dataset
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
 
     data = load_dataset(load_task_spec("agnews"))
     parts = [data.train[data.train["label"] == label].head(PER_LABEL_TRAIN) for label in data.labels]

@@ -1,4 +1,4 @@
-"""dpcore.accounting and `dpicl epsilon / calibrate`: the paper's noise table, the dp-accounting
+"""dpcore.fewshot.accounting and `dpicl epsilon / calibrate`: the paper's noise table, the dp-accounting
 cross-check, monotonicity, report-noisy-max against an exact computation, parallel composition,
 bad input, the disk cache and the CLI contract.
 
@@ -20,10 +20,11 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import binom
 
-from dpcore import accounting, composition
-from dpcore.accounting import PrivacyReport
 from dpcore.errors import ConfigError
+from dpcore.fewshot import accounting
+from dpcore.fewshot.accounting import PrivacyReport
 from dpcore.names import MECHANISMS
+from dpcore.privacy import composition
 
 AGNEWS_Q, DBPEDIA_Q, STEPS = 20 / 30000, 80 / 40000, 100
 AGNEWS_DELTA, DBPEDIA_DELTA = 1 / 30000, 1 / 40000

@@ -1,4 +1,4 @@
-"""The membership-inference audit (dpcore.audit): result tables, the attack procedures, the CLI, a planted leak."""
+"""The membership-inference audit (dpcore.audit.procedures): result tables, the attack procedures, the CLI, a planted leak."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpcore import mia_attacks
-from dpcore.audit import MIA_SCORE_COLUMNS
-from dpcore.mia_attacks import ATTACKS, CALIBRATED_ATTACKS, PromptScores
+from dpcore.audit import attacks as mia_attacks
+from dpcore.audit.attacks import ATTACKS, CALIBRATED_ATTACKS, PromptScores
+from dpcore.audit.procedures import MIA_SCORE_COLUMNS
 
 # --------------------------------------------------------------------------- result tables
 
@@ -24,7 +24,7 @@ def test_audit_frame_and_summary(tmp_path, fake_audit_result):
     assert row["reasons"] == "first reason\nsecond reason" and not row["passed"]
     assert row["auc_ci_low"] == 0.4 and row["auc_ci_high"] == 0.6
     assert "mia_scores" not in frame.columns and "text" not in frame.columns
-    from dpcore.artifacts import read_table, write_table
+    from dpcore.data.artifacts import read_table, write_table
 
     write_table(frame, tmp_path / "audit.parquet")
     assert read_table(tmp_path / "audit.parquet")["reasons"].iloc[0].splitlines() == ["first reason", "second reason"]
@@ -48,7 +48,7 @@ def _no_text(frame: pd.DataFrame, texts: list[str]) -> bool:
 
 def _true_label_probability(lm, spec, demos, texts, labels) -> np.ndarray:
     """Duan et al.'s score computed the ICL evaluation's way: p(true label | prompt, x), normalised."""
-    from dpcore.icl import label_logprobs
+    from dpcore.lm.icl import label_logprobs
 
     logp = label_logprobs(lm, spec, demos, list(texts))
     probs = np.exp(logp) / np.exp(logp).sum(axis=1, keepdims=True)
@@ -56,7 +56,7 @@ def _true_label_probability(lm, spec, demos, texts, labels) -> np.ndarray:
 
 
 def test_duan_score_is_normalised_true_label_probability(tiny_lm, agnews, one_thread):
-    from dpcore.mia_attacks import prompt_scores
+    from dpcore.audit.attacks import prompt_scores
 
     rows = agnews.train.head(5)
     demos = [(rows.text[0], rows.label[0])]
@@ -66,7 +66,7 @@ def test_duan_score_is_normalised_true_label_probability(tiny_lm, agnews, one_th
 
 
 def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread):
-    from dpcore.audit import non_private_audit
+    from dpcore.audit.procedures import non_private_audit
     from dpcore.config import AuditConfig
 
     config = AuditConfig(trials=4, non_members=12)
@@ -100,9 +100,9 @@ def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread)
 
 def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, one_thread, monkeypatch):
     """Nothing leaks through a random tiny model's DP demos: the AUC interval covers 0.5 in nearly all runs."""
-    from dpcore import generation
-    from dpcore.audit import dp_audit, split_members
+    from dpcore.audit.procedures import dp_audit, split_members
     from dpcore.config import AuditConfig, GenerationConfig
+    from dpcore.fewshot import generation
 
     members, non_members = split_members(agnews_sample, seed=0)
     assert len(members) == 4000 and set(members["id"]).isdisjoint(non_members["id"])
@@ -170,8 +170,8 @@ def _private_folder(out):
 
 
 def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir, tmp_path, cli, one_thread):
-    from dpcore.artifacts import read_table
-    from dpcore.ledger import Ledger
+    from dpcore.data.artifacts import read_table
+    from dpcore.privacy.ledger import Ledger
 
     folder, records = mini_task
     out = tmp_path / "audit"
@@ -211,7 +211,7 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir
 
 def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tiny_model_dir, tmp_path, cli,
                                                                   one_thread):
-    from dpcore.artifacts import read_table
+    from dpcore.data.artifacts import read_table
 
     folder, _ = mini_task
     base = ["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
@@ -219,7 +219,7 @@ def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tin
     code, text, _ = cli(base + ["--non-private", "--trials", "3", "--audit-members", "10",
                                 "--out", str(tmp_path / "np")])
     assert code == 1 and "gate: FAILED" in text and "  - verbatim overlap" in text
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     charged = [e for e in Ledger().entries("agnews-mini") if e.run_id == "np"]  # real records in prompts: inf
     assert [(e.noise_multiplier, e.purpose) for e in charged] == [(0.0, "baseline")]
@@ -248,8 +248,8 @@ def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sa
     """A model that recognises its own demonstration (Duan et al.'s leak, exaggerated) is caught on every count."""
     import zlib
 
-    from dpcore import mia_attacks
-    from dpcore.audit import non_private_audit
+    from dpcore.audit import attacks as mia_attacks
+    from dpcore.audit.procedures import non_private_audit
     from dpcore.config import AuditConfig
 
     labels = agnews.spec.label_names
@@ -307,7 +307,7 @@ def _fake_scorer(leaky: bool):
 
 @pytest.mark.parametrize("leaky", [True, False])
 def test_non_private_audit_attacks_on_a_toy_lm(tiny_lm, agnews, monkeypatch, leaky):
-    from dpcore.audit import non_private_audit
+    from dpcore.audit.procedures import non_private_audit
     from dpcore.config import AuditConfig
 
     monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(leaky))
@@ -331,7 +331,7 @@ def test_non_private_audit_attacks_on_a_toy_lm(tiny_lm, agnews, monkeypatch, lea
 def test_demos_audit_on_run_demos(tiny_lm, agnews, monkeypatch):
     """The run's own demos: members = the private split, non-members = held-out records. Synthetic demos
     that copy no record pass (the toy LM leaks only a verbatim copy); a copied record is caught."""
-    from dpcore.audit import demos_audit
+    from dpcore.audit.procedures import demos_audit
     from dpcore.config import AuditConfig
 
     monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(True))
@@ -364,7 +364,7 @@ def test_demos_audit_on_run_demos(tiny_lm, agnews, monkeypatch):
 def test_reference_scores_are_reused_across_epsilons_and_unchanged(tiny_lm, agnews, one_thread, monkeypatch):
     """Two epsilons' DP audits on the same trials (the pipeline's one trial seed) share the reference cache: the
     second scores its candidates under its own prompts only, and every score equals the unshared audit's."""
-    from dpcore import audit as mia
+    from dpcore.audit import procedures as mia
     from dpcore.config import AuditConfig, GenerationConfig
 
     records = agnews.train.sample(n=600, random_state=1).reset_index(drop=True)

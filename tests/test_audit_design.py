@@ -1,4 +1,4 @@
-"""The audit planned before it runs (`dpcore.audit_design`), checked against simulated audits.
+"""The audit planned before it runs (`dpcore.audit.design`), checked against simulated audits.
 
 - the predicted half-width is the one `audit_statistics.auc_mean_ci` gives no-leak trials;
 - the predicted probability of concluding is a lower bound of the simulated rate;
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpcore import audit_design
-from dpcore.audit import trial_samples
-from dpcore.audit_statistics import auc_mean_ci, family_confidence, independent_trials, roc_auc
+from dpcore.audit import design as audit_design
+from dpcore.audit.procedures import trial_samples
+from dpcore.audit.statistics import auc_mean_ci, family_confidence, independent_trials, roc_auc
 from dpcore.config import AuditConfig, RunConfig
 from dpcore.errors import ReleaseRefusedError
 

@@ -1,12 +1,12 @@
-"""The audit's release gate (dpcore.audit_gate): one reason per failing condition, worst case over the attacks."""
+"""The audit's release gate (dpcore.audit.gate): one reason per failing condition, worst case over the attacks."""
 
 from __future__ import annotations
 
 import math
 from types import SimpleNamespace
 
-from dpcore.audit_gate import GateThresholds, gate
-from dpcore.audit_statistics import AttackMetrics, strongest_attack
+from dpcore.audit.gate import GateThresholds, gate
+from dpcore.audit.statistics import AttackMetrics, strongest_attack
 
 
 def _result(**overrides):

@@ -1,4 +1,4 @@
-"""Audit statistics (dpcore.audit_statistics): ROC/AUC, empirical epsilon bounds, AUC intervals, hand-computed."""
+"""Audit statistics (dpcore.audit.statistics): ROC/AUC, empirical epsilon bounds, AUC intervals, hand-computed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from dpcore.audit_statistics import (
+from dpcore.audit.statistics import (
     auc_mean_ci,
     clopper_pearson_lower,
     clopper_pearson_upper,

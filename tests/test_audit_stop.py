@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from dpcore.taskspec import TASKS_DIR
+from dpcore.data.taskspec import TASKS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 DPICL = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
@@ -49,7 +49,7 @@ def _dataset(folder: Path, per_label: int = 2000) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 def test_sigterm_stops_an_audit_between_forward_passes(tmp_path, tiny_model_dir):
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     data, task = _dataset(tmp_path)
     home, out = tmp_path / "home", tmp_path / "audit-out"
@@ -98,9 +98,9 @@ def test_sigterm_stops_an_audit_between_forward_passes(tmp_path, tiny_model_dir)
 def test_the_attack_scoring_asks_to_stop_before_every_forward_pass(tiny_lm, one_thread):
     """dpcore stays pure: the caller's `should_stop` is asked between batched forward passes, and a True ends
     the scoring with RunStopped within one pass."""
+    from dpcore.audit.attacks import prompt_scores, reference_scores
+    from dpcore.data.taskspec import load_task_spec
     from dpcore.errors import RunStopped
-    from dpcore.mia_attacks import prompt_scores, reference_scores
-    from dpcore.taskspec import load_task_spec
 
     spec = load_task_spec("agnews")
     texts = [f"record {i} about the market" for i in range(40)]
@@ -123,10 +123,10 @@ def test_the_attack_scoring_asks_to_stop_before_every_forward_pass(tiny_lm, one_
 
 
 def test_a_dp_audit_stops_during_its_generation(tiny_lm, one_thread):
-    from dpcore.audit import dp_audit
+    from dpcore.audit.procedures import dp_audit
     from dpcore.config import AuditConfig, GenerationConfig
+    from dpcore.data.taskspec import load_task_spec
     from dpcore.errors import RunStopped
-    from dpcore.taskspec import load_task_spec
 
     def records(prefix: str) -> pd.DataFrame:
         return pd.DataFrame([{"id": f"{prefix}{label}{i}", "text": f"{label} {prefix} record {i}", "label": label}
@@ -147,7 +147,7 @@ def test_a_dp_audit_stops_during_its_generation(tiny_lm, one_thread):
 def test_sigterm_stops_a_run_in_its_audit(tmp_path, tiny_model_dir):
     """In `dpicl run` the audit is a Prefect task in a worker thread, and Prefect takes SIGTERM for itself
     while its flow runs: the flow's task runner asks the running stages to stop before waiting for them."""
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     data, task = _dataset(tmp_path)
     home = tmp_path / "home"

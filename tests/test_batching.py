@@ -1,4 +1,4 @@
-"""Batched last-position forward passes (dpcore.batching): equal to one prompt at a time, packed or padded."""
+"""Batched last-position forward passes (dpcore.lm.batching): equal to one prompt at a time, packed or padded."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpcore.batching import PACKED_ATTENTION, BatchedForward, plan_micro_batches
+from dpcore.lm.batching import PACKED_ATTENTION, BatchedForward, plan_micro_batches
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 
@@ -56,7 +56,7 @@ def test_varlen_layout_equals_one_prompt_at_a_time(tiny_lm, agnews_spec, made_up
     """The CUDA path's packing (cumulative offsets, [prefix, prompt] key gather, grouped-query heads),
     checked on CPU with a reference of the flash-attention varlen kernel; the kernel itself is
     checked on a GPU by benchmarks/check_gpu_packing.py."""
-    from dpcore import batching
+    from dpcore.lm import batching
 
     monkeypatch.setattr(batching, "_VARLEN", (_reference_varlen, {"window_size": (-1, 0)}, native_gqa))
     prompts = [tiny_lm.encode(agnews_spec.generation.build(label, made_up_records[label][:k])) for label in made_up_records for k in (0, 2)]

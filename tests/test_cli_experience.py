@@ -112,8 +112,8 @@ def test_the_cli_reaches_the_model_the_engine_the_ledger_and_the_accountant_only
     module of `flows/cli/` imports the language model, the generation engine, the ledger or the accountant."""
     import ast
 
-    forbidden = {"dpcore.lm", "dpcore.generation", "dpcore.ledger", "dpcore.composition", "dpcore.accounting",
-                 "dpcore.events", "transformers", "torch"}
+    forbidden = {"dpcore.lm.model", "dpcore.fewshot.generation", "dpcore.privacy.ledger", "dpcore.privacy.composition", "dpcore.fewshot.accounting",
+                 "dpcore.privacy.events", "transformers", "torch"}
     found = []
     for path in sorted((REPO / "flows" / "cli").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -167,8 +167,8 @@ def test_evaluation_reports_items_over_all_seeds(tiny_lm):
     import pandas as pd
 
     from dpcore.config import EvalConfig
-    from dpcore.icl import evaluate
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.taskspec import load_task_spec
+    from dpcore.lm.icl import evaluate
 
     spec = load_task_spec("agnews")
     test = pd.DataFrame({"id": [f"t{i}" for i in range(5)], "text": [f"news item {i}" for i in range(5)],
@@ -211,7 +211,7 @@ def test_ctrl_c_stops_a_run_within_a_step_and_keeps_the_charge(tmp_path):
     assert proc.returncode == 130, err
     assert "stopping..." in err and "dpicl run: stopped:" in err and "Traceback" not in err
     assert waited < 60, f"took {waited:.0f} s to stop"
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     ledger_path = home / "ledger.db"
     assert [e.purpose for e in Ledger(ledger_path).entries("ctrl-c")] == ["pipeline"]  # the charge stays
@@ -241,7 +241,7 @@ def test_a_runs_default_delta_is_its_budgets_delta(capsys):
     would be charged at another delta and eat the budget); a --delta that differs is said before any charge."""
     import argparse
 
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
     from flows.cli.common import config_from_args
 
     Ledger().set_budget("delta-from-budget", 10.0, 1e-5)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from pipeline_support import mini_agnews, prefect_harness, share_tiny_model, tiny_config  # noqa: F401
 
-from dpcore.ledger import Ledger
+from dpcore.privacy.ledger import Ledger
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -77,7 +77,7 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     assert "zero-shot" not in summary["method_summaries"]["pate"].get("baselines", {})
     assert (run_dir / "comparison.png").stat().st_size > 0
     assert {"pate_results.parquet", "dpsgd_results.parquet", "demos.parquet"} <= {p.name for p in run_dir.iterdir()}
-    from dpcore.artifacts import verify_manifest
+    from dpcore.data.artifacts import verify_manifest
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert {"comparison.parquet", "comparison.png", "pate_results.parquet", "demos.parquet"} <= set(manifest["files"])
@@ -131,8 +131,8 @@ def test_pate_reports_every_smaller_epsilon_from_one_labelling_charged_once(tiny
     reports each smaller epsilon from the first Q_i answers of every repeat, Q_i the most that epsilon
     affords; a checkpoint's students use only those queries. Epsilons at or above the run's own, or that
     afford no query per repeat, get no row."""
-    from dpcore.composition import compose
-    from dpcore.pate_privacy import data_independent_epsilon
+    from dpcore.pate.privacy import data_independent_epsilon
+    from dpcore.privacy.composition import compose
     from flows.pipeline import run_pipeline
 
     share_tiny_model(tiny_lm)

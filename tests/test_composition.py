@@ -1,4 +1,4 @@
-"""dpcore.composition: one composition of events for the accountant and the ledger, checked
+"""dpcore.privacy.composition: one composition of events for the accountant and the ledger, checked
 against dp-accounting's own accountants, the exact randomised-response composition, the speed
 guards, and calibration over any event family. Small T throughout (seconds in all)."""
 
@@ -16,11 +16,12 @@ from dp_accounting.dp_event import (
     SelfComposedDpEvent,
 )
 
-from dpcore import accounting, composition
-from dpcore.composition import compose
 from dpcore.errors import ConfigError
-from dpcore.events import ReportNoisyMaxDpEvent, dp_fewshot_event
-from dpcore.ledger import Ledger
+from dpcore.fewshot import accounting
+from dpcore.privacy import composition
+from dpcore.privacy.composition import compose
+from dpcore.privacy.events import ReportNoisyMaxDpEvent, dp_fewshot_event
+from dpcore.privacy.ledger import Ledger
 
 DELTA = 1e-5
 

@@ -11,7 +11,7 @@ import pytest
 from tickets import ROWS as GOOD_ROWS
 from tickets import SPEC_YAML
 
-from dpcore.datasets import (
+from dpcore.data.datasets import (
     content_hash,
     load_dataset,
     read_table,
@@ -19,8 +19,8 @@ from dpcore.datasets import (
     restricted_load,
     staicc_file,
 )
+from dpcore.data.taskspec import load_task_spec, shipped_task_names
 from dpcore.errors import ConfigError, DataValidationError
-from dpcore.taskspec import load_task_spec, shipped_task_names
 
 
 def write_csv(path, rows):

@@ -25,11 +25,13 @@ import pytest
 import torch
 from pipeline_support import prefect_harness  # noqa: F401  (the shared harness fixture)
 
-from dpcore import composition, dpsgd, icl
-from dpcore import soft_prompt as sp
+from dpcore.data.taskspec import load_task_spec
+from dpcore.dpsgd import soft_prompt as sp
+from dpcore.dpsgd import training as dpsgd
 from dpcore.errors import ConfigError
+from dpcore.lm import icl
 from dpcore.names import PROMPT_KINDS
-from dpcore.taskspec import load_task_spec
+from dpcore.privacy import composition
 
 TEXTS = ["a gripping , beautifully acted film", "dull , lifeless and far too long", "it is fine",
          "one of the worst movies of the year", "an absolute delight from start to finish"]
@@ -341,7 +343,7 @@ def test_tune_json_contract_and_no_private_text_outside_the_private_store(tiny_l
                 "clip", "accountants"):
         assert key in manifest, key
     assert manifest["model_weights_sha256"] == sp.weights_hash(tiny_lm.model)
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     entries = Ledger().entries("tune-json")
     assert [(e.purpose, e.steps) for e in entries] == [("dpsgd", 3)]
@@ -374,7 +376,7 @@ def test_tune_json_contract_and_no_private_text_outside_the_private_store(tiny_l
 def test_tune_over_budget_is_refused_with_exit_3_and_spends_nothing(tiny_lm, capsys):
     from pipeline_support import home, share_tiny_model
 
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
     from flows.cli import main
 
     share_tiny_model(tiny_lm)
@@ -398,7 +400,7 @@ def test_tune_over_budget_is_refused_with_exit_3_and_spends_nothing(tiny_lm, cap
 def test_tune_bad_input_is_a_clear_error_and_writes_nothing(tiny_lm, capsys, flags, needle):
     from pipeline_support import home, share_tiny_model
 
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
     from flows.cli import main
 
     share_tiny_model(tiny_lm)
@@ -434,7 +436,7 @@ def test_a_retried_run_is_not_charged_twice_and_never_redraws_under_an_old_charg
 
     from pipeline_support import share_tiny_model
 
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
     from flows.tune import dpsgd_flow
 
     share_tiny_model(tiny_lm)
@@ -454,7 +456,7 @@ def test_a_retried_run_is_not_charged_twice_and_never_redraws_under_an_old_charg
 
 
 def test_a_trained_prompt_answers_queries_as_it_was_evaluated(tiny_lm, sst2_spec):
-    from dpcore.predict import answer
+    from dpcore.release.predict import answer
 
     prompt = _prompt(tiny_lm, "soft-prompt", seed=4)
     past = prompt.cache_layers(tiny_lm)

@@ -1,7 +1,7 @@
 """A release used anywhere: `dpicl export` (the prompt template and its guarantee), `dpicl predict --endpoint`
 through a real OpenAI-compatible server (`dpicl serve`'s engine on a real port), and the refusals.
 
-Releases are registered here as `dpicl release` registers them (the manifest built by `dpcore.release`, the
+Releases are registered here as `dpicl release` registers them (the manifest built by `dpcore.release.gate`, the
 folder under `$DPICL_HOME/releases/`, an MLflow registry version with the `production` alias): the gate
 itself is tested in test_release*.py; here the release is what export and predict read."""
 
@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpcore import icl
-from dpcore import release as gate
-from dpcore.artifacts import file_sha256, write_json_atomic, write_table
+from dpcore.data.artifacts import file_sha256, write_json_atomic, write_table
+from dpcore.data.taskspec import load_task_spec
 from dpcore.home import subdir
-from dpcore.taskspec import load_task_spec
+from dpcore.lm import icl
+from dpcore.release import gate
 
 REPO = Path(__file__).resolve().parent.parent
 LABELS = ("World", "Sports", "Business", "Technology")
@@ -129,7 +129,7 @@ class served:
     """`dpicl serve`'s engine over `lm` on a free 127.0.0.1 port, in a thread, for the `with` block."""
 
     def __init__(self, lm, name: str, **switches):
-        from dpcore.serve import BackgroundServer, CompletionEngine, create_app
+        from dpcore.lm.serve import BackgroundServer, CompletionEngine, create_app
 
         self.server = BackgroundServer(create_app(CompletionEngine(lm, name, **switches)), free_port())
 
@@ -187,7 +187,7 @@ def test_export_json_is_the_prompt_the_local_scorer_builds(tiny_release, cli, ag
 
 
 def test_export_text_is_the_template_alone_and_out_keeps_the_guarantee(tiny_release, cli, tmp_path):
-    from dpcore.export import fill
+    from dpcore.release.export import fill
 
     code, template, err = cli(["export", "--dataset-id", "endpoint-tiny", "--format", "text"])
     assert code == 0
@@ -350,7 +350,7 @@ def test_evaluate_by_text_answers_says_it_is_not_calibrated(tiny_release, tiny_l
 
 def test_evaluate_through_a_dead_endpoint_or_with_real_records_is_one_line_and_charges_nothing(tiny_release, cli,
                                                                                             tmp_path):
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     before = {d: len(Ledger().entries(d)) for d in Ledger().dataset_ids()}
     dead = f"http://127.0.0.1:{free_port()}/v1"

@@ -1,4 +1,4 @@
-"""dpcore.events: the DpEvent shape of what the product runs, and how events reduce to steps."""
+"""dpcore.privacy.events: the DpEvent shape of what the product runs, and how events reduce to steps."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from dp_accounting.dp_event import (
     SelfComposedDpEvent,
 )
 
-from dpcore import composition, events
 from dpcore.errors import ConfigError
-from dpcore.events import ReportNoisyMaxDpEvent, dp_fewshot_event, gaussian_event
 from dpcore.names import MECHANISMS
-from dpcore.spend import Spend
+from dpcore.privacy import composition, events
+from dpcore.privacy.events import ReportNoisyMaxDpEvent, dp_fewshot_event, gaussian_event
+from dpcore.privacy.spend import Spend
 
 
 def test_fewshot_event_is_self_composed_poisson_sampled_step():

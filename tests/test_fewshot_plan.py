@@ -1,4 +1,4 @@
-"""DP few-shot generation's privacy plan (`dpcore.fewshot_plan`): what each epsilon means (sigma at the
+"""DP few-shot generation's privacy plan (`dpcore.fewshot.plan`): what each epsilon means (sigma at the
 largest per-label q, T = max_tokens x demos per label, the epsilon = 0 / inf special cases), what is
 charged (the plan's spends are the ledger's requests; their composition stays within the target), the
 opted-in non-private rows as infinite spends, and the epsilon of demos generated at a known sigma."""
@@ -9,10 +9,11 @@ import math
 
 import pytest
 
-from dpcore import accounting, composition
 from dpcore.config import GenerationConfig
 from dpcore.errors import ConfigError
-from dpcore.fewshot_plan import CALIBRATION_COLUMNS, demos_epsilon, fewshot_plan
+from dpcore.fewshot import accounting
+from dpcore.fewshot.plan import CALIBRATION_COLUMNS, demos_epsilon, fewshot_plan
+from dpcore.privacy import composition
 
 COUNTS = {"a": 400, "b": 100, "c": 0}   # label c has no private record
 GEN = GenerationConfig(num_subsets=2, subset_size=2, max_tokens=5, demos_per_label=2)
@@ -98,7 +99,7 @@ def test_the_epsilon_of_demos_at_a_known_sigma_is_the_plans(plan):
 
 
 def test_the_plan_is_frozen_and_round_trips_as_json(plan):
-    from dpcore.fewshot_plan import FewShotPlan
+    from dpcore.fewshot.plan import FewShotPlan
 
     with pytest.raises(Exception):  # noqa: B017  (pydantic's frozen-instance error)
         plan.delta = 0.5

@@ -12,10 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
-from dpcore.batching import BatchedForward
 from dpcore.config import GenerationConfig
 from dpcore.errors import ConfigError
-from dpcore.generation import (
+from dpcore.fewshot.generation import (
     DEMO_COLUMNS,
     Demo,
     demos_frame,
@@ -23,8 +22,9 @@ from dpcore.generation import (
     instruction_only_demos,
     real_demos,
 )
-from dpcore.mechanisms import pre_noise_sum, public_top_k, restricted_softmax
-from dpcore.sampling import poisson_groups
+from dpcore.fewshot.mechanisms import pre_noise_sum, public_top_k, restricted_softmax
+from dpcore.fewshot.sampling import poisson_groups
+from dpcore.lm.batching import BatchedForward
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 
@@ -146,7 +146,7 @@ def test_one_forward_pass_per_step_for_every_active_sequence(tiny_lm, spec, reco
 
 
 def test_rvp_token_is_always_in_the_public_top_k(tiny_lm, spec, records, monkeypatch):
-    import dpcore.generation as generation
+    import dpcore.fewshot.generation as generation
 
     seen = []
     original = generation.noisy_argmax
@@ -387,7 +387,7 @@ def test_poisson_groups_larger_than_n_are_fitted_to_the_context(tiny_lm, spec):
 
 
 def test_truncate_records_cuts_to_the_cap_and_keeps_short_records(tiny_lm):
-    from dpcore.records import truncate_records
+    from dpcore.data.records import truncate_records
 
     texts = ["short one", "word " * 500, "café naïve – 東京 " * 100, ""]
     cut = truncate_records(tiny_lm, texts, 40)
@@ -400,7 +400,7 @@ def test_truncate_records_cuts_to_the_cap_and_keeps_short_records(tiny_lm):
 def test_truncation_shortcut_is_exact_for_the_byte_level_tokenizer(tiny_lm, monkeypatch):
     """Only texts of more than cap - 1 UTF-8 bytes are tokenised: the embedded tokenizer never gives
     more tokens than bytes + 1, so the shortcut cuts exactly what full tokenisation cuts."""
-    import dpcore.records as records_module
+    import dpcore.data.records as records_module
 
     assert records_module.tokens_at_most_bytes(tiny_lm)
     rng = np.random.default_rng(1)
@@ -414,7 +414,7 @@ def test_truncation_shortcut_is_exact_for_the_byte_level_tokenizer(tiny_lm, monk
 
 
 def test_prompt_budget_derives_the_cap_and_refuses_what_cannot_fit(tiny_lm, spec):
-    from dpcore.records import prompt_budget
+    from dpcore.data.records import prompt_budget
 
     config = _config(max_tokens=40, subset_size=4)
     budget = prompt_budget(tiny_lm.encode, 2048, spec, LABELS, config)
@@ -431,7 +431,7 @@ def test_prompt_budget_derives_the_cap_and_refuses_what_cannot_fit(tiny_lm, spec
 def test_model_budget_by_name_matches_the_loaded_model(tiny_lm, tiny_model_dir, spec):
     """The pre-charge check reads the tokenizer and context without the weights; the same numbers
     as the model the run then loads (the tiny model by name, and a saved model folder)."""
-    from dpcore.records import check_model_budget, context_length, prompt_budget
+    from dpcore.data.records import check_model_budget, context_length, prompt_budget
 
     config = _config(max_tokens=40)
     loaded = prompt_budget(tiny_lm.encode, context_length(tiny_lm), spec, LABELS, config)
@@ -442,7 +442,7 @@ def test_model_budget_by_name_matches_the_loaded_model(tiny_lm, tiny_model_dir, 
 
 
 def test_cli_refuses_a_prompt_that_cannot_fit_before_the_charge(tiny_model_dir, tmp_path, cli):
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     before = len(Ledger().entries())
     for flags, match in ((["--max-tokens", "2040"], "max_tokens"), (["--max-record-tokens", "5000"],
@@ -459,10 +459,10 @@ def test_generation_errors_carry_no_private_length():
     import inspect
     import re
 
-    import dpcore.batching as batching
-    import dpcore.generation as generation
-    import dpcore.lm as lm_module
-    import dpcore.records as records_module
+    import dpcore.data.records as records_module
+    import dpcore.fewshot.generation as generation
+    import dpcore.lm.batching as batching
+    import dpcore.lm.model as lm_module
 
     private_length = re.compile(r"\{[^}]*(\blongest\b|len\((p|prompt|prompts|ids|text|tokens|record|chunk)\b)")
     for module in (generation, batching, lm_module, records_module):
@@ -646,8 +646,8 @@ def test_cli_generate_calibrates_and_charges(tiny_model_dir, tmp_path, cli):
     assert report["steps"] == 4  # 8 shots over 4 labels: 2 demos per label, T = 2 * 2
     assert 0 < report["noise_multiplier"] < 10 and report["epsilon"] <= 4.0 + 1e-6
     # q = MN / |D_y| at the smallest label of AG News' private split (M = 10, N = 2)
-    from dpcore.datasets import load_dataset
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
 
     smallest = min(load_dataset(load_task_spec("agnews")).label_counts().values())
     assert report["sampling_rate"] == pytest.approx(20 / smallest, rel=1e-9)
@@ -714,7 +714,7 @@ def test_real_model_neighbouring_datasets_move_the_sum_by_at_most_sqrt2(embedded
 def test_real_model_rvp_and_labels_at_once_equal_one_at_a_time(embedded_lm, agnews, monkeypatch):
     """On the embedded model: every chosen token is in the public top-K, and generating two labels
     together gives the tokens each gets alone with the same seed."""
-    import dpcore.generation as generation
+    import dpcore.fewshot.generation as generation
 
     torch.set_num_threads(2)
     spec = agnews.spec

@@ -21,7 +21,7 @@ import yaml
 from pipeline_support import prefect_harness, share_tiny_model  # noqa: F401  (the shared harness fixture)
 
 from dpcore.config import GenerationConfig
-from dpcore.taskspec import TASKS_DIR, load_task_spec
+from dpcore.data.taskspec import TASKS_DIR, load_task_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 
@@ -43,11 +43,11 @@ def _records(longer: bool) -> dict[str, list[str]]:
 
 
 def _public_log(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name.startswith("dpcore.generation")]
+    return [r.getMessage() for r in caplog.records if r.name.startswith("dpcore.fewshot.generation")]
 
 
 def test_public_stats_progress_and_logs_do_not_depend_on_record_lengths(tiny_lm, caplog):
-    from dpcore.generation import generate_demos
+    from dpcore.fewshot.generation import generate_demos
 
     spec = load_task_spec("agnews")
     config = GenerationConfig(num_subsets=3, subset_size=3, top_k=20, max_tokens=4)
@@ -55,7 +55,7 @@ def test_public_stats_progress_and_logs_do_not_depend_on_record_lengths(tiny_lm,
     for longer in (False, True):
         caplog.clear()
         progress: list[dict] = []
-        with caplog.at_level(logging.DEBUG, logger="dpcore.generation"):
+        with caplog.at_level(logging.DEBUG, logger="dpcore.fewshot.generation"):
             result = generate_demos(tiny_lm, spec, _records(longer), config, 20.0, seed=11, progress=progress.append)
         outputs.append((result, progress, _public_log(caplog)))
     (first, progress_a, log_a), (second, progress_b, log_b) = outputs
@@ -66,7 +66,7 @@ def test_public_stats_progress_and_logs_do_not_depend_on_record_lengths(tiny_lm,
     assert public[0] == public[1] and len(public[0]) == first.stats["steps"]
     assert log_a == log_b and log_a and not any("token" in line for line in log_a)
     # ... although the private counters see the longer record.
-    from dpcore.generation import PUBLIC_STATS
+    from dpcore.fewshot.generation import PUBLIC_STATS
 
     assert set(first.stats) == set(PUBLIC_STATS)
     assert first.stats["demos"] == len(LABELS) and first.stats["synthetic_tokens"] > 0
@@ -98,7 +98,7 @@ def _user_dataset(folder: Path, longer: bool) -> tuple[Path, Path]:
                         "label_column": "label", "id_column": "id"})
     (folder / "task.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     if longer:  # a record of the training split (the split is a keyed hash of the ids: it does not move)
-        from dpcore.datasets import record_split
+        from dpcore.data.datasets import record_split
 
         train, _ = record_split(frame, 0.1, 0, "test", "split.test_size")
         changed = train[train["label"] == LABELS[0]]["id"].iloc[0]
@@ -151,7 +151,7 @@ def test_cli_generate_public_outputs_are_identical_for_neighbouring_datasets(tin
 
 
 def _private_records(folder: Path, longer: bool) -> Path:
-    from dpcore.artifacts import write_table
+    from dpcore.data.artifacts import write_table
 
     rows = [{"split": "train", "id": f"{label}-{i}", "text": text, "label": label}
             for label, texts in _records(longer).items() for i, text in enumerate(texts)]
@@ -191,7 +191,7 @@ def test_generate_task_result_and_logs_are_identical_for_neighbouring_datasets(t
         # The task's and the engine's log records, less the clock time. A handler on the two loggers
         # themselves: starting a flow may re-run Prefect's logging set-up, which replaces root handlers.
         captured = _Collect()
-        watched = [logging.getLogger("prefect.task_runs"), logging.getLogger("dpcore.generation")]
+        watched = [logging.getLogger("prefect.task_runs"), logging.getLogger("dpcore.fewshot.generation")]
         for logger in watched:
             logger.addHandler(captured)
         try:
@@ -200,7 +200,7 @@ def test_generate_task_result_and_logs_are_identical_for_neighbouring_datasets(t
             for logger in watched:
                 logger.removeHandler(captured)
         logs.append([re.sub(r"about \d+ s", "about N s", r.getMessage()) for r in captured.records
-                     if r.name.startswith("dpcore.generation")
+                     if r.name.startswith("dpcore.fewshot.generation")
                      or "generate-" in str(getattr(r, "task_run_name", ""))])
     results = [r.model_dump() for r in results]  # the task's result: a `tasks.generate.Shard`
     assert pd.read_parquet(results[0]["path"])["text"].tolist() == pd.read_parquet(results[1]["path"])["text"].tolist()

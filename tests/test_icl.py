@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 import torch
 
-from dpcore import icl
 from dpcore.config import EvalConfig
+from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DataValidationError
-from dpcore.lm import LanguageModel
-from dpcore.taskspec import load_task_spec
+from dpcore.lm import icl
+from dpcore.lm.model import LanguageModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 
@@ -360,7 +360,7 @@ def test_real_model_agnews_20_items(embedded_lm, agnews):
 
 
 def test_cli_dp_demos_from_generation_frame_get_an_accounted_epsilon(tiny_model_dir, tmp_path, cli):
-    from dpcore.generation import Demo, demos_frame
+    from dpcore.fewshot.generation import Demo, demos_frame
 
     demos = [Demo(label=label, shot=0, text=text, tokens=5, stop_reason="eos", noise_multiplier=0.5, num_subsets=4,
                   subset_size=1, top_k=100, rvp=True, max_tokens=10, mechanism="gaussian", model="tiny",
@@ -392,7 +392,7 @@ def test_a_test_size_beyond_the_split_is_an_error_not_a_cap():
     import pandas as pd
 
     from dpcore.errors import ConfigError
-    from dpcore.icl import select_test
+    from dpcore.lm.icl import select_test
 
     test = pd.DataFrame({"id": ["a", "b", "c"], "text": ["x", "y", "z"], "label": ["p", "q", "p"]})
     assert len(select_test(test, 3)) == 3 and len(select_test(test, None)) == 3

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from dpcore import ledger as ledger_module
 from dpcore.errors import BudgetExceededError, ConfigError
-from dpcore.ledger import Ledger, Spend, compose_epsilon, rnm_step_epsilon
+from dpcore.privacy import ledger as ledger_module
+from dpcore.privacy.ledger import Ledger, Spend, compose_epsilon, rnm_step_epsilon
 
 REPO = Path(__file__).resolve().parents[1]
 DELTA = 1e-5
@@ -228,7 +228,7 @@ _CHILD = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {repo!r})
     from dpcore.errors import BudgetExceededError
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
     ledger = Ledger({path!r})
     go = {go!r}
     while go and not os.path.exists(go):
@@ -329,7 +329,7 @@ def test_noise_may_be_drawn_only_for_the_spends_this_attempt_charged():
     """A retry that adds a spend (one more DP-SGD training) replays the first training's spend and charges
     the second: only the second may draw fresh noise. Keyed on the (method, epsilon) pair, the first one
     could redraw under its old charge."""
-    from dpcore.ledger import Spend
+    from dpcore.privacy.ledger import Spend
     from tasks.charge import charge_spends, noise_charged
 
     def request(run_id: str) -> Spend:

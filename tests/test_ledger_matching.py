@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from dpcore.config import RunConfig
 from dpcore.errors import BudgetExceededError, ConfigError
-from dpcore.ledger import Ledger, Spend, matching_entries, same_spend, unrecorded
+from dpcore.privacy.ledger import Ledger, Spend, matching_entries, same_spend, unrecorded
 
 DELTA = 1e-3
 
@@ -114,7 +114,7 @@ SMALL = {"max_tokens": 2, "num_subsets": 2, "subset_size": 1}
 
 def _plan(config):
     """The run's plan as the pipeline's calibration stage makes it (`tasks.calibrate.plan_arguments`)."""
-    from dpcore.fewshot_plan import fewshot_plan
+    from dpcore.fewshot.plan import fewshot_plan
     from tasks.calibrate import plan_arguments
 
     return fewshot_plan(**plan_arguments(config.model_copy(update=SMALL), COUNTS, DELTA))
@@ -178,7 +178,7 @@ def test_opted_in_non_private_baselines_are_infinite_spends_with_a_warning(book,
 
 
 def test_audit_hook_never_fails_open():
-    from dpcore.plan import PrivacyPlan
+    from dpcore.privacy.plan import PrivacyPlan
     from tasks.charge import audit_charge_hook
 
     plan = PrivacyPlan("dp", 2.0, DELTA, (Spend.sampled_steps("gaussian", 1.0, 0.1, 4, "audit"),))
@@ -189,7 +189,7 @@ def test_audit_hook_never_fails_open():
 
 def test_every_audit_demo_set_is_charged_anew(book, monkeypatch):
     """A retried audit draws fresh noise for each demo set: each is charged, never replayed."""
-    from dpcore.plan import PrivacyPlan
+    from dpcore.privacy.plan import PrivacyPlan
     from tasks import charge
 
     monkeypatch.setattr(charge.ledger, "Ledger", lambda: book)
@@ -262,7 +262,7 @@ def test_max_tokens_beyond_the_context_is_refused_before_the_charge(tmp_path):
     import json
 
     from dpcore.errors import ModelNotFoundError
-    from dpcore.models import context_length
+    from dpcore.lm.models import context_length
     from tasks.charge import preflight
 
     assert preflight(RunConfig(model="tiny-random", max_tokens=40))["context_length"] == 2048
@@ -302,7 +302,7 @@ def test_ledger_show_says_when_entry_deltas_differ_from_the_total(tmp_path, caps
 
 
 def test_release_gate_matches_the_calibration_row_not_the_run_id(book):
-    from dpcore.release import ledger_covers
+    from dpcore.release.gate import ledger_covers
 
     entries = book.charge_many([_request(run_id="r1", sigma=0.9)])
     row = {"mechanism": "gaussian", "noise_multiplier": 0.9, "sampling_rate": 0.02, "steps": 4, "delta": DELTA}

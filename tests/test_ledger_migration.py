@@ -1,7 +1,7 @@
 """The ledger stores events: an older ledger converts in place, and a new event shape needs no schema change.
 
 - a schema-2 ledger as dpicl wrote it before (tests/data/ledger_schema2.sql, dumped from a ledger that
-  `dpcore.ledger` at schema 2 wrote) opens as schema 3 with the same composed spend, the same
+  `dpcore.privacy.ledger` at schema 2 wrote) opens as schema 3 with the same composed spend, the same
   `dpicl ledger show` rows and `--json` entries, and its id sequence going on;
 - a row that cannot become an event leaves the old file as it was, and the message names the row
   and column, not the value;
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from dp_accounting.dp_event import ComposedDpEvent, LaplaceDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
 
-from dpcore import composition
 from dpcore.errors import ConfigError
-from dpcore.events import dp_fewshot_event
-from dpcore.ledger import SCHEMA_VERSION, Ledger, Spend
+from dpcore.privacy import composition
+from dpcore.privacy.events import dp_fewshot_event
+from dpcore.privacy.ledger import SCHEMA_VERSION, Ledger, Spend
 from flows.cli.common import jsonable
 
 DATA = Path(__file__).parent / "data"

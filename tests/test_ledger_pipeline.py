@@ -26,7 +26,7 @@ from pipeline_support import (
 )
 
 from dpcore.errors import BudgetExceededError, DpiclError
-from dpcore.ledger import Ledger
+from dpcore.privacy.ledger import Ledger
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -163,7 +163,7 @@ def _generate(argv, capsys):
 
 def test_generate_checks_out_and_budget_before_the_charge_and_the_model(tiny_model_dir, tmp_path, capsys,
                                                                         monkeypatch):
-    from dpcore.lm import LanguageModel
+    from dpcore.lm.model import LanguageModel
 
     data_path, spec_path, _, _ = mini_agnews()
     base = ["--task-spec", spec_path, "--data-path", data_path, "--model", str(tiny_model_dir), "--max-tokens", "2",
@@ -203,7 +203,7 @@ def test_generate_charges_a_user_dataset_under_its_spec_name(tiny_model_dir, tmp
 
 
 def test_evaluate_random_real_is_charged_as_an_infinite_spend_before_the_model(capsys, monkeypatch, tmp_path):
-    from dpcore.lm import LanguageModel
+    from dpcore.lm.model import LanguageModel
     from flows.cli import main
 
     data_path, spec_path, _, _ = mini_agnews()
@@ -221,7 +221,7 @@ def test_evaluate_random_real_is_charged_as_an_infinite_spend_before_the_model(c
 
 
 def test_audit_cli_budget_refusal_comes_before_the_model(capsys, monkeypatch, tmp_path):
-    from dpcore.lm import LanguageModel
+    from dpcore.lm.model import LanguageModel
     from flows.cli import main
 
     data_path, spec_path, _, _ = mini_agnews()
@@ -238,7 +238,7 @@ def test_audit_cli_budget_refusal_comes_before_the_model(capsys, monkeypatch, tm
 
 
 def test_the_non_private_audit_cli_is_refused_under_a_budget_before_the_model_loads(tmp_path, monkeypatch, capsys):
-    from dpcore.lm import LanguageModel
+    from dpcore.lm.model import LanguageModel
     from flows.cli import main
 
     data_path, spec_path, _, _ = mini_agnews()
@@ -255,7 +255,7 @@ def test_the_non_private_audit_cli_is_refused_under_a_budget_before_the_model_lo
 
 def test_generate_on_a_re_export_under_a_new_id_is_refused_before_the_model(tiny_model_dir, tmp_path, capsys,
                                                                              monkeypatch):
-    from dpcore.lm import LanguageModel
+    from dpcore.lm.model import LanguageModel
     from flows.cli import main
 
     data_path, spec_path, _, _ = mini_agnews()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dpcore.errors import ConfigError
-from dpcore.mechanisms import (
+from dpcore.fewshot.mechanisms import (
     aggregate,
     exponential_noise,
     gaussian_aggregate,
@@ -24,7 +24,7 @@ from dpcore.mechanisms import (
     restrict_to_vocab,
     restricted_softmax,
 )
-from dpcore.sampling import poisson_groups
+from dpcore.fewshot.sampling import poisson_groups
 
 
 def _probs(rows, vocab, seed=0):

@@ -1,4 +1,4 @@
-"""Membership-inference attack scores (dpcore.mia_attacks): the statistics and the model pass."""
+"""Membership-inference attack scores (dpcore.audit.attacks): the statistics and the model pass."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from dpcore import mia_attacks
-from dpcore.audit_statistics import roc_auc
-from dpcore.errors import ConfigError
-from dpcore.mia_attacks import (
+from dpcore.audit import attacks as mia_attacks
+from dpcore.audit.attacks import (
     ATTACKS,
     PromptScores,
     attack_scores,
     calibrated_score,
     lira_offline,
 )
+from dpcore.audit.statistics import roc_auc
+from dpcore.errors import ConfigError
 
 # --------------------------------------------------------------------------- pure statistics
 
@@ -96,8 +96,8 @@ def _naive_text_logprob(lm, spec, demos, text):
 
 @pytest.mark.parametrize("task", ["agnews", "sst2"])
 def test_prompt_scores_match_full_forwards(tiny_lm, task):
-    from dpcore.icl import label_logprobs, normalise_probs
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.taskspec import load_task_spec
+    from dpcore.lm.icl import label_logprobs, normalise_probs
 
     spec = load_task_spec(task)
     texts = ["Stocks rallied on Monday after the central bank held rates.", "A gripping, funny film",
@@ -116,7 +116,7 @@ def test_prompt_scores_match_full_forwards(tiny_lm, task):
 
 
 def test_span_covers_exactly_the_record(tiny_lm):
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.taskspec import load_task_spec
 
     spec = load_task_spec("agnews")
     prompt, start, end = mia_attacks._text_span(spec, [("demo text", "World")], "the record itself")
@@ -126,7 +126,7 @@ def test_span_covers_exactly_the_record(tiny_lm):
 
 
 def test_reference_cache_and_truncation(tiny_lm, monkeypatch):
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.taskspec import load_task_spec
 
     spec = load_task_spec("agnews")
     calls = []

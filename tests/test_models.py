@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dpcore.errors import ModelNotFoundError
-from dpcore.lm import LanguageModel
-from dpcore.models import resolve_model
+from dpcore.lm.model import LanguageModel
+from dpcore.lm.models import resolve_model
 
 
 @pytest.mark.slow
@@ -70,7 +70,7 @@ def test_random_shapes_match_the_embedded_model_and_a_1b_llama(embedded_lm):
     """Speed benchmarks on random weights are only meaningful if the shape is the real one."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from dpcore.lm import RANDOM_SHAPES, LanguageModel
+    from dpcore.lm.model import RANDOM_SHAPES, LanguageModel
 
     random_135m = LanguageModel.random("smollm2-135m", device="cpu", dtype="float32")
     assert random_135m.num_parameters(include_embeddings=True) == embedded_lm.num_parameters(include_embeddings=True)

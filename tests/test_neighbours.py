@@ -34,7 +34,7 @@ import pytest
 import yaml
 from pipeline_support import home, prefect_harness, share_tiny_model  # noqa: F401
 
-from dpcore.taskspec import TASKS_DIR
+from dpcore.data.taskspec import TASKS_DIR
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -87,8 +87,8 @@ LABELS = ("World", "Sports", "Business", "Technology")
 
 def _datasets(folder: Path) -> dict:
     """D, D plus one record and D with one record changed (user files), and the public files beside them."""
-    from dpcore.datasets import load_dataset
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
 
     shipped = load_dataset(load_task_spec("agnews"))
     train = pd.concat([shipped.train[shipped.train["label"] == label].head(DATA_ROWS_PER_LABEL) for label in LABELS])
@@ -428,8 +428,8 @@ def test_the_scan_catches_a_planted_statistic(neighbour_runs):
 
 
 def test_the_splits_put_the_neighbour_into_exactly_ds_splits_plus_the_record(tmp_path):
-    from dpcore.datasets import load_dataset
-    from dpcore.taskspec import load_task_spec
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
 
     files = _datasets(tmp_path)
     spec = load_task_spec(files["spec"])

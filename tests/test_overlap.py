@@ -1,12 +1,12 @@
-"""The verbatim check (dpcore.overlap): longest shared token run, against a brute force."""
+"""The verbatim check (dpcore.audit.overlap): longest shared token run, against a brute force."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from dpcore.audit.overlap import verbatim_overlap, verbatim_overlap_tokens, whitespace_tokenize
 from dpcore.errors import ConfigError
-from dpcore.overlap import verbatim_overlap, verbatim_overlap_tokens, whitespace_tokenize
 
 
 def brute_longest(demo, record):

@@ -15,12 +15,12 @@ import pandas as pd
 import pytest
 from scipy.stats import norm
 
-from dpcore import flock, gnmax, public_queries
-from dpcore.datasets import load_dataset, normalise_text
+from dpcore.data.datasets import load_dataset, normalise_text
+from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DataValidationError
-from dpcore.pate_student import select_student, student_candidates
-from dpcore.pate_teachers import Teachers, assign_teachers, check_flock_size
-from dpcore.taskspec import load_task_spec
+from dpcore.pate import flock, gnmax, public_queries
+from dpcore.pate.student import select_student, student_candidates
+from dpcore.pate.teachers import Teachers, assign_teachers, check_flock_size
 
 # ---------------------------------------------------------------- teachers
 

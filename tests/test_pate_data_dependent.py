@@ -16,8 +16,8 @@ import math
 import numpy as np
 import pytest
 
-from dpcore import pate_data_dependent as dd
 from dpcore.errors import ConfigError
+from dpcore.pate import data_dependent as dd
 
 REFERENCE_ORDERS = np.concatenate((np.arange(2, 100 + 1, .5), np.logspace(np.log10(100), np.log10(500), num=100)))
 

@@ -69,7 +69,7 @@ def test_pate_cli_json_contract_and_private_tables(tiny_lm, capsys):
 
 
 def test_pate_over_budget_is_refused_with_exit_3_and_nothing_written(tiny_lm, capsys):
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     share_tiny_model(tiny_lm)
     Ledger().set_budget("pate-budget", 1.0, 1e-3)

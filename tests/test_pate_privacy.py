@@ -20,10 +20,8 @@ from scipy.optimize import brentq
 from scipy.special import log_ndtr
 from scipy.stats import norm
 
-from dpcore import composition
 from dpcore.errors import ConfigError
-from dpcore.ledger import Ledger
-from dpcore.pate_privacy import (
+from dpcore.pate.privacy import (
     THRESHOLD_SENSITIVITY,
     VOTE_SENSITIVITY,
     data_independent_epsilon,
@@ -32,6 +30,8 @@ from dpcore.pate_privacy import (
     pate_plan,
     pate_spends,
 )
+from dpcore.privacy import composition
+from dpcore.privacy.ledger import Ledger
 from tasks.charge import charge_plans
 
 

@@ -18,9 +18,9 @@ import math
 import numpy as np
 import pytest
 
-from dpcore import pate_data_dependent as dd
-from dpcore import pate_smooth_sensitivity as pss
 from dpcore.errors import ConfigError
+from dpcore.pate import data_dependent as dd
+from dpcore.pate import smooth_sensitivity as pss
 
 CONSENSUS = [[200, 0], [198, 2], [195, 5], [190, 10], [185, 15], [199, 1], [193, 7], [188, 12]]
 MIXED = [[181, 9, 5, 5], [150, 30, 10, 10], [200, 0, 0, 0], [179, 21, 0, 0], [100, 100, 0, 0], [190, 4, 3, 3],

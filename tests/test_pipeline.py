@@ -40,8 +40,8 @@ def run(tiny_lm):
 
 @pytest.fixture
 def generation_calls(monkeypatch):
-    """Count calls of Algorithm 1 (dpcore.generation.generate_demos) made by the pipeline's tasks."""
-    from dpcore import generation
+    """Count calls of Algorithm 1 (dpcore.fewshot.generation.generate_demos) made by the pipeline's tasks."""
+    from dpcore.fewshot import generation
 
     calls = []
     real = generation.generate_demos
@@ -59,7 +59,8 @@ def _tables(folder: Path) -> dict[str, pd.DataFrame]:
 
 
 def test_run_folders_hold_every_table_with_its_schema(run):
-    from dpcore import audit, icl
+    from dpcore.audit import procedures as audit
+    from dpcore.lm import icl
     from tasks.calibrate import CALIBRATION_COLUMNS
 
     public, private = Path(run["run_dir"]), Path(run["private_run_dir"])
@@ -121,7 +122,7 @@ def test_run_folders_hold_every_table_with_its_schema(run):
 
 
 def test_manifest_hashes_every_public_file(run):
-    from dpcore.artifacts import file_sha256, verify_manifest
+    from dpcore.data.artifacts import file_sha256, verify_manifest
 
     public = Path(run["run_dir"])
     manifest = json.loads((public / "manifest.json").read_text())
@@ -269,7 +270,7 @@ def test_a_transient_failure_is_retried(run, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from dpcore import generation
+    from dpcore.fewshot import generation
     from flows.pipeline import run_pipeline
 
     real = generation.generate_demos
@@ -293,8 +294,8 @@ def test_a_transient_failure_is_retried(run, monkeypatch):
 
 
 def test_user_errors_are_not_retried(run, monkeypatch):
-    from dpcore import generation
     from dpcore.errors import ConfigError
+    from dpcore.fewshot import generation
     from flows.pipeline import run_pipeline
 
     calls = []
@@ -410,11 +411,11 @@ def test_seeds_keys_and_the_publish_guard(tmp_path):
 def test_sigma_follows_the_plan_from_calibration_to_the_mechanism(run, monkeypatch):
     """One sigma per epsilon, decided once: the calibration table, the ledger's entries for the run, the
     demos and every call of the aggregation mechanism (Algorithm 1 lines 12 / 14-15) carry the sigma that
-    `dpcore.fewshot_plan` calibrates for that epsilon, and the composed spend is that of the same events."""
-    from dpcore import generation
-    from dpcore.composition import compose
-    from dpcore.fewshot_plan import fewshot_plan
-    from dpcore.ledger import Ledger
+    `dpcore.fewshot.plan` calibrates for that epsilon, and the composed spend is that of the same events."""
+    from dpcore.fewshot import generation
+    from dpcore.fewshot.plan import fewshot_plan
+    from dpcore.privacy.composition import compose
+    from dpcore.privacy.ledger import Ledger
     from flows.pipeline import run_pipeline
     from tasks.calibrate import plan_arguments
 

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from dpcore import composition
 from dpcore.errors import BudgetExceededError, ConfigError
-from dpcore.ledger import Ledger
-from dpcore.plan import PrivacyPlan
-from dpcore.spend import Spend
+from dpcore.privacy import composition
+from dpcore.privacy.ledger import Ledger
+from dpcore.privacy.plan import PrivacyPlan
+from dpcore.privacy.spend import Spend
 from tasks.charge import charge_plans
 
 

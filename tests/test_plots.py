@@ -1,8 +1,8 @@
-"""Plots (dpcore.plots): PNGs written atomically."""
+"""Plots (dpcore.report.plots): PNGs written atomically."""
 
 from __future__ import annotations
 
-from dpcore.plots import roc_plot
+from dpcore.report.plots import roc_plot
 
 
 def test_roc_plot_writes_png_atomically(tmp_path, fake_audit_result):

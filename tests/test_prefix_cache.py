@@ -1,8 +1,8 @@
-"""The shared prefix (dpcore.prefix_cache): one definition of where it ends, for scoring and generation."""
+"""The shared prefix (dpcore.lm.prefix_cache): one definition of where it ends, for scoring and generation."""
 
 from __future__ import annotations
 
-from dpcore.prefix_cache import common_prefix_length
+from dpcore.lm.prefix_cache import common_prefix_length
 
 
 def test_common_prefix_length():

@@ -17,10 +17,10 @@ import sqlite3
 
 import pytest
 
-from dpcore import record_sets
 from dpcore.errors import BudgetExceededError, SameRecordsError
-from dpcore.ledger import Ledger
-from dpcore.record_sets import RecordSet, record_set, shared_share
+from dpcore.privacy import record_sets
+from dpcore.privacy.ledger import Ledger
+from dpcore.privacy.record_sets import RecordSet, record_set, shared_share
 
 KEY = b"k" * 32
 DELTA = 1e-5
@@ -80,7 +80,7 @@ def _charge(ledger: Ledger, dataset_id: str, content_hash: str, run_id: str = "r
 
 
 def _request(dataset_id, content_hash, run_id="run"):
-    from dpcore.ledger import Spend
+    from dpcore.privacy.ledger import Spend
 
     return Spend.sampled_steps("gaussian", 1.0, 0.01, 10, "pipeline", dataset_id=dataset_id, content_hash=content_hash,
                                run_id=run_id, delta=DELTA)

@@ -17,9 +17,9 @@ from pipeline_support import (  # noqa: F401  (the shared harness fixture)
     tiny_config,
 )
 
-from dpcore import release as gate
-from dpcore.artifacts import read_table, write_manifest, write_table
+from dpcore.data.artifacts import read_table, write_manifest, write_table
 from dpcore.errors import ReleaseRefusedError
+from dpcore.release import gate
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -66,7 +66,7 @@ def finished_run(tiny_lm):
 def _releasable_copy(run: dict, new_id: str, charged_sigma_factor: float = 1.0) -> str:
     """A copy of a finished run made releasable: fresh-noise flag, passing audit, a ledger entry
     (of its calibration row; `charged_sigma_factor` != 1 charges another sigma instead)."""
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     source = Path(run["run_dir"])
     target = source.parent / new_id
@@ -154,7 +154,7 @@ def test_release_registers_and_moves_the_production_alias(finished_run, capsys, 
                 "accountant_versions", "model", "code_version", "audit"):
         assert manifest[key] is not None, key
     assert manifest["accountant_versions"]["prv-accountant"] == "0.2.0"
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     spend = Ledger().spend(finished_run["dataset"])
     assert manifest["ledger"]["dataset_id"] == finished_run["dataset"]
@@ -193,7 +193,7 @@ def test_predict_bad_input_names_the_line(finished_run, tmp_path):
 
 
 def test_regeneration_skips_unchanged_and_runs_on_changed(tmp_path, tiny_lm):
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
     from flows.regenerate import regenerate
 
     share_tiny_model(tiny_lm)

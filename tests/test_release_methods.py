@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from pipeline_support import home, mini_agnews, prefect_harness, share_tiny_model  # noqa: F401
 
-from dpcore import audit as mia
-from dpcore import release as gate
+from dpcore.audit import procedures as mia
 from dpcore.config import AuditConfig
 from dpcore.errors import ConfigError, DataValidationError, ReleaseRefusedError
+from dpcore.release import gate
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -58,10 +58,10 @@ def _check_public_verdict_only(row: dict) -> None:
 
 def test_the_tiny_audit_concludes_when_nothing_leaks():
     """The release tests below expect `passed` from an audit of prompts that leak nothing: the design must
-    conclude then with near certainty (`dpcore.audit_design`), on the smallest pools they audit (the 30
+    conclude then with near certainty (`dpcore.audit.design`), on the smallest pools they audit (the 30
     records PromptPATE's flock read; a few hundred held-out records)."""
-    from dpcore import audit_design
-    from dpcore.mia_attacks import attacks_run
+    from dpcore.audit import design as audit_design
+    from dpcore.audit.attacks import attacks_run
 
     design = audit_design.plan(30, 90, members=TINY_AUDIT.members, non_members=TINY_AUDIT.non_members,
                                trials=TINY_AUDIT.trials, attacks=len(attacks_run(TINY_AUDIT.reference_prompts)),
@@ -72,8 +72,8 @@ def test_the_tiny_audit_concludes_when_nothing_leaks():
 def test_prompt_audit_of_a_trained_prompt_scores_with_its_cache(tiny_lm, agnews_spec):
     import torch
 
-    from dpcore.icl import label_logprobs, normalise_probs
-    from dpcore.soft_prompt import init_prompt
+    from dpcore.dpsgd.soft_prompt import init_prompt
+    from dpcore.lm.icl import label_logprobs, normalise_probs
 
     members, non_members = _split()
     prompt = init_prompt(tiny_lm, "soft-prompt", 3, "vocab", torch.Generator().manual_seed(1))
@@ -150,7 +150,7 @@ def _latest_pate_run(dataset_id: str) -> dict:
 
 
 def test_pate_student_prompt_is_audited_released_and_answers(pate_run, tiny_lm, capsys, tmp_path):
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
     from flows.cli import main
     from flows.release import release
 
@@ -219,7 +219,7 @@ def test_a_seeded_pate_run_is_refused(seeded_pate_run):
 
 
 def test_the_teacher_contrast_is_refused_over_budget_before_any_teacher_prompt(seeded_pate_run, capsys):
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
     from flows.cli import main
 
     book = Ledger()
@@ -234,8 +234,8 @@ def test_the_teacher_contrast_is_refused_over_budget_before_any_teacher_prompt(s
 
 
 def test_an_edited_audit_table_is_refused(pate_run):
-    from dpcore.artifacts import write_table
-    from dpcore.ledger import Ledger
+    from dpcore.data.artifacts import write_table
+    from dpcore.privacy.ledger import Ledger
     from flows.release import release
 
     copy = Path(pate_run["run_dir"]).parent / "pate-edited-audit"
@@ -281,7 +281,7 @@ def _tune_args(dataset_id: str, *extra: str) -> list[str]:
 
 
 def test_dpsgd_prompt_is_audited_released_and_answers_on_its_model_only(tiny_lm, capsys, tmp_path):
-    from dpcore.lm import LanguageModel
+    from dpcore.lm.model import LanguageModel
     from flows.cli import main
     from flows.release import release
 
@@ -294,7 +294,7 @@ def test_dpsgd_prompt_is_audited_released_and_answers_on_its_model_only(tiny_lm,
     folder = Path(result["release_dir"])
     manifest = json.loads((folder / "release.json").read_text())
     assert manifest["method"] == "dpsgd" and manifest["audit"]["passed"] is True and manifest["demos"] == []
-    from dpcore.soft_prompt import weights_hash
+    from dpcore.dpsgd.soft_prompt import weights_hash
 
     assert manifest["model_weights_sha256"] == weights_hash(tiny_lm.model)
     assert manifest["spends"][0]["purpose"] == "dpsgd" and manifest["noise_multiplier"] > 0
@@ -404,7 +404,7 @@ def test_no_private_text_or_ids_in_public_files_after_the_releases(pate_run):
 
 
 def _pate_artifact(run_id: str, **change) -> gate.Artifact:
-    from dpcore.pate_privacy import pate_plan
+    from dpcore.pate.privacy import pate_plan
 
     plan = pate_plan(epsilon_target=None, delta=1e-3, queries=24, threshold_sigma=1.0, vote_sigma=2.0, teachers=16,
                      threshold=10).to_dict()
@@ -419,7 +419,7 @@ PASSING_AUDIT = pd.DataFrame([{"artifact": "student-r0", "passed": True, "reason
 
 
 def test_every_spend_of_the_plan_must_be_charged_to_the_run():
-    from dpcore.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger
 
     artifact = _pate_artifact("gate-units-run")
     threshold, votes = artifact.spends

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pipeline_support import mini_agnews
 
-from dpcore.ledger import Ledger
+from dpcore.privacy.ledger import Ledger
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "reproduce_tables.py"
 

@@ -11,9 +11,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpcore import release as gate
 from dpcore.errors import ConfigError
-from dpcore.sampling import ACCOUNTED_SAMPLERS, draw_groups, fixed_size_groups, poisson_groups, sampling_rate
+from dpcore.fewshot.sampling import (
+    ACCOUNTED_SAMPLERS,
+    draw_groups,
+    fixed_size_groups,
+    poisson_groups,
+    sampling_rate,
+)
+from dpcore.release import gate
 
 
 def _draws(num_records, q, groups, trials, seed=0):
@@ -149,7 +155,7 @@ def _fixed_distribution(num_records, num_subsets, subset_size):
 
 @pytest.mark.parametrize("n, num_subsets, subset_size", [(4, 2, 1), (4, 3, 1), (5, 2, 2), (6, 1, 3)])
 def test_fixed_sampler_add_one_record_is_the_poisson_style_mixture(n, num_subsets, subset_size):
-    """The coupling of the proof in `dpcore.sampling`, exactly: for D' = D + x,
+    """The coupling of the proof in `dpcore.fewshot.sampling`, exactly: for D' = D + x,
     law(D') = (1 - p) law(D) + p law(D with a uniform slot replaced by x), p = MN/(n+1),
     and every replaced sample differs from its source in exactly one group."""
     m, x = num_subsets * subset_size, n

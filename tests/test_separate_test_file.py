@@ -15,7 +15,7 @@ import pytest
 from pipeline_support import prefect_harness  # noqa: F401  (the shared harness fixture)
 from tickets import ROWS
 
-from dpcore.datasets import content_hash, load_dataset
+from dpcore.data.datasets import content_hash, load_dataset
 from dpcore.errors import DataValidationError
 
 TEST_ROWS = [
@@ -88,7 +88,7 @@ def test_test_path_is_a_run_config_field_and_a_flag_of_every_command_that_reads_
 def test_pipeline_ingest_takes_the_test_split_from_the_test_file(tickets_spec, files, tmp_path):
     from prefect import flow
 
-    from dpcore.artifacts import read_table
+    from dpcore.data.artifacts import read_table
     from dpcore.home import is_private_path
     from tasks.ingest import ingest
 

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from dpcore.datasets import load_dataset, record_split
+from dpcore.data.datasets import load_dataset, record_split
+from dpcore.data.splits import hash_split, hash_unit, split_key
+from dpcore.data.taskspec import TASKS_DIR, load_task_spec
 from dpcore.errors import ConfigError
-from dpcore.splits import hash_split, hash_unit, split_key
-from dpcore.taskspec import TASKS_DIR, load_task_spec
 
 
 def _frame(n: int, seed: int = 0) -> pd.DataFrame:
@@ -102,7 +102,7 @@ def test_a_users_file_under_a_shipped_spec_has_no_public_split(tmp_path):
     """The review's reproduction: `--dataset sst2 --data-path private.csv` made 1,000 of the user's rows the
     'public' split, and PromptPATE's IID queries. Now a shipped spec's public split applies to its own
     shipped source only, and PromptPATE's IID source is refused for a user's file."""
-    from dpcore import public_queries
+    from dpcore.pate import public_queries
 
     rows = pd.DataFrame({"id": [f"u{i}" for i in range(3000)], "text": [f"private sentence {i}" for i in range(3000)],
                          "label": ["Positive" if i % 2 else "Negative" for i in range(3000)]})
@@ -144,8 +144,8 @@ def test_ood_texts_of_a_users_yaml_are_not_filtered_against_its_records(tmp_path
     """A user YAML naming `pate.ood_public` used to be treated as shipped, its OOD texts silently filtered
     against the user's private texts (visible in the public queries). Only the shipped source itself is
     compared with its OOD file (a function of two public files)."""
-    from dpcore import public_queries
-    from dpcore.datasets import restricted_load, staicc_file
+    from dpcore.data.datasets import restricted_load, staicc_file
+    from dpcore.pate import public_queries
 
     ood = [" ".join(p) if isinstance(p, list | tuple) else str(p)
            for p, _ in restricted_load(staicc_file(load_task_spec("sst2").pate.ood_public))]

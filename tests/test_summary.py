@@ -1,4 +1,4 @@
-"""Run summary tables (dpcore.summary): the results table, the audit verdict, the markdown, JSON rows."""
+"""Run summary tables (dpcore.report.summary): the results table, the audit verdict, the markdown, JSON rows."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from dpcore.summary import audit_verdict, epsilon_text, jsonable_rows, results_table, summary_markdown
+from dpcore.report.summary import audit_verdict, epsilon_text, jsonable_rows, results_table, summary_markdown
 
 
 def _metrics():

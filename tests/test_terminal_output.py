@@ -16,7 +16,7 @@ from test_cli_experience import DPICL, REPO, _env  # the subprocess harness of t
 
 def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
     """`dpicl ledger show | head`: the reader goes away before dpicl writes; no traceback, exit 141."""
-    from dpcore.ledger import Ledger, Spend
+    from dpcore.privacy.ledger import Ledger, Spend
 
     home = tmp_path / "home"
     home.mkdir()
@@ -84,8 +84,8 @@ def test_the_generate_stage_logs_each_step_once_with_its_label(tiny_lm, logs, on
     import pandas as pd
     from pipeline_support import share_tiny_model
 
-    from dpcore.artifacts import write_table
     from dpcore.config import GenerationConfig
+    from dpcore.data.artifacts import write_table
     from dpcore.home import private_dir
     from tasks import generate as generate_stage
 
@@ -204,7 +204,7 @@ def test_the_pipelines_ledger_line_rounds_its_epsilons():
 
 def test_release_and_audit_lines_round_epsilons(tmp_path):
     from dpcore.errors import ConfigError
-    from dpcore.release import choose_release_epsilon
+    from dpcore.release.gate import choose_release_epsilon
 
     class Run:
         run_id = "r"

@@ -8,7 +8,7 @@
                 [--mechanism gaussian|rnm] [--sampler poisson|fixed] [--delta D] [--seed S]
                 [--data-path FILE --task-spec YAML] [--dataset-id ID] [--device DEV] [--dtype DTYPE]
 
-Every audit runs the calibrated attacks of `dpcore.mia_attacks` (Duan et al.'s label probability,
+Every audit runs the calibrated attacks of `dpcore.audit.attacks` (Duan et al.'s label probability,
 difficulty-calibrated label and text log-probabilities: 2 forward passes per record) and gates on the
 strongest; `--audit-reference-prompts R` (R >= 2) adds offline LiRA against R OUT prompts (R more passes
 per record).
@@ -16,7 +16,7 @@ per record).
 `--non-private`: Duan et al.'s setting, 1-shot prompts holding a real record (leaky by
 design; `--trials` default 100). `--epsilon E`: Tang et al. Appendix F: the private
 records are split into members and non-members, sigma is calibrated for E on the
-members' label counts (dpcore.accounting), DP demo sets are generated from the members
+members' label counts (dpcore.fewshot.accounting), DP demo sets are generated from the members
 only (each generation charged to the privacy ledger first, all demo sets at once), and
 members are scored against non-members (`--trials` default: --audit-trials, 20 per demo
 set). `--epsilon inf` audits sigma = 0 demos; `--epsilon 0` instruction-only demos.

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dpcore.artifacts import jsonable
 from dpcore.config import FLAG_SPELLINGS, RunConfig, flag
+from dpcore.data.artifacts import jsonable
 from dpcore.errors import ConfigError
 
 __all__ = ["add_config_flags", "checked_config", "config_from_args", "fmt_value", "parse_epsilon", "print_json",

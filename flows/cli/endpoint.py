@@ -47,7 +47,7 @@ def endpoint_config(args: argparse.Namespace, model: str | None):
         if getattr(args, name, None) not in (None, "auto"):
             raise ConfigError(f"--{name}: applies to a local model, not to --endpoint")
     # torch, openai load here, not for `dpicl --help`
-    from dpcore.endpoint import EndpointConfig
+    from dpcore.release.endpoint import EndpointConfig
 
     values = {name: getattr(args, name) for name in REMOTE_ONLY + SIZES if getattr(args, name, None) is not None}
     _quiet_client_logs()

@@ -5,7 +5,7 @@
                    [--data-path FILE --task-spec YAML] [--device D] [--out DIR] [--json]
                    [--endpoint URL [--timeout S] [--retries R] [--scoring auto|echo|logprobs|text]]
 
-With `--endpoint` the prompts go to an OpenAI-compatible server (`dpcore.endpoint`; `--model` is the served
+With `--endpoint` the prompts go to an OpenAI-compatible server (`dpcore.release.endpoint`; `--model` is the served
 model's name): DP demos (`--demos`) or zero-shot only, and the test texts with them; never real records.
 
 `--baseline instruction-only` first generates demos from the instruction alone (epsilon = 0,

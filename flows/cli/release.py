@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from dpcore.artifacts import jsonable, write_bytes_atomic, write_json_atomic, write_text_atomic
 from dpcore.config import AuditConfig
-from dpcore.datasets import read_jsonl
+from dpcore.data.artifacts import jsonable, write_bytes_atomic, write_json_atomic, write_text_atomic
+from dpcore.data.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError, DataValidationError
 from flows.cli.common import print_json
@@ -95,7 +95,7 @@ def _predict(args) -> int:
     where = f"on model {model_name}"
     if endpoint is not None:
         modes = sorted({a.get("scoring", "") for a in answers})
-        from dpcore.endpoint import base_url, shown_url
+        from dpcore.release.endpoint import base_url, shown_url
 
         where = (f"through endpoint {shown_url(base_url(endpoint.url))} model {model_name}"
                  + (f" (scoring: {', '.join(modes)})" if modes else ""))
@@ -107,7 +107,7 @@ def _predict(args) -> int:
 
 def _export(args) -> int:
     # torch, Prefect load here, not for `dpicl --help`
-    from dpcore.export import guarantee_line
+    from dpcore.release.export import guarantee_line
     from tasks.release import export_release
 
     manifest, exported = export_release(args.release, args.dataset_id, args.placeholder)

@@ -72,7 +72,9 @@ def _config(args) -> RunConfig:
 
 
 def run_tune(args) -> int:
-    from dpcore.dpsgd import dpsgd_config  # torch: loaded when a command trains, not for `dpicl --help`
+    from dpcore.dpsgd.training import (
+        dpsgd_config,  # torch: loaded when a command trains, not for `dpicl --help`
+    )
     from flows.tune import run_tuning
 
     if args.epsilon == 0:

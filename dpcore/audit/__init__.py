@@ -1,0 +1,1 @@
+"""The membership-inference audit: attacks, procedures, statistics, its design and its release gate."""

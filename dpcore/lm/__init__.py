@@ -1,0 +1,1 @@
+"""The language model: resolution, loading, batched and prefix-cached scoring, ICL prompts, the server."""

@@ -1,0 +1,1 @@
+"""Privacy accounting: events, their composition, privacy plans and spends, and the budget ledger."""

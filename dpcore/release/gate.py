@@ -1,0 +1,472 @@
+"""The audited-release gate and the release manifest, for every private-prompting method.
+
+Three kinds of artifact are releasable (`METHODS`): DP few-shot generation's synthetic
+demonstrations (`tang`, Tang et al.), PromptPATE's student prompt (`pate`, Duan et al.
+Section 4.2: k public queries with noisy labels) and a PromptDPSGD trained prompt (`dpsgd`,
+Duan et al. Section 4.1: a soft prompt or prefix, safetensors, meaningful on its model only).
+An artifact may be released to production only when every condition holds:
+  1. its membership-inference audit ran and passed,
+  2. its noise was cryptographically seeded (a fixed-seed experiment is never released),
+  3. its privacy spend is recorded in the ledger: an entry of that run holds the released
+     demos' calibration row (mechanism, sigma, q, T, delta), not merely any entry of the run id,
+  4. the accountant cross-check agreed for every epsilon it released,
+  5. its demos were drawn with a sampler the accountant's bound covers
+     (`dpcore.fewshot.sampling.ACCOUNTED_SAMPLERS`: Poisson, and the fixed-size sampler under
+     add/remove neighbours, proof in `dpcore.fewshot.sampling`).
+A refusal lists every failed condition, not only the first. For PromptPATE and PromptDPSGD the
+ledger condition is every spend of the method's plan (mechanism, sigma, q, T, delta, under the
+method's purpose) charged to that run, and the cross-check is recomputed on the plan's events.
+Artifacts released here are DP outputs: answering queries with them later is post-processing
+(no privacy cost).
+
+The release manifest states the guarantee of the demos themselves (their epsilon at their
+delta) and the ledger's composed spend of the dataset when they were released (every entry
+of the dataset id: other runs, audits, baselines), with what the guarantee assumes:
+per-label record counts are treated as public, and delta = 1/|D| (the default) is the
+paper's choice, weak for a real deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from dpcore.data.artifacts import read_table, verify_manifest
+from dpcore.display import fmt_eps
+from dpcore.errors import ConfigError
+from dpcore.fewshot.sampling import ACCOUNTED_SAMPLERS
+from dpcore.pate.teachers import Teachers
+from dpcore.privacy import composition
+from dpcore.privacy.events import sampled_steps_event
+
+
+@dataclass(frozen=True)
+class ReleaseEvidence:
+    """What the gate looks at, read from a finished run's public tables and the ledger."""
+
+    run_id: str
+    audit_ran: bool
+    audit_passed: bool
+    audit_reasons: tuple[str, ...]
+    seeded_noise: bool
+    ledger_entry_present: bool
+    crosscheck_agreed: bool
+    dp_demos: int
+    epsilons: tuple[float, ...] = field(default_factory=tuple)
+    samplers: tuple[str, ...] = field(default_factory=tuple)  # of the DP demos; "unrecorded" when absent
+    method: str = "tang"
+
+
+METHODS: tuple[str, ...] = ("tang", "pate", "dpsgd")
+NOTHING_RELEASABLE = {"tang": "the run produced no DP demonstrations (only baselines)",
+                      "pate": "the run produced no PromptPATE student prompt (no repeat labelled enough queries)",
+                      "dpsgd": "the run produced no PromptDPSGD trained prompt"}
+
+
+def release_failures(evidence: ReleaseEvidence) -> list[str]:
+    """Every failed release condition, one human-readable line each (empty: releasable)."""
+    failures = []
+    if evidence.dp_demos == 0:
+        failures.append(NOTHING_RELEASABLE[evidence.method])
+    if any(math.isinf(eps) for eps in evidence.epsilons):
+        failures.append("the run includes epsilon = inf (sigma = 0) demonstrations, which are not private")
+    if not evidence.audit_ran:
+        failures.append("the run has no membership-inference audit (run with --audit)")
+    elif not evidence.audit_passed:
+        reasons = "; ".join(evidence.audit_reasons) or "no reason recorded"
+        failures.append(f"the membership-inference audit failed: {reasons}")
+    if evidence.seeded_noise:
+        failures.append("the noise was drawn from a fixed seed (an experiment); rerun without --seed")
+    if not evidence.ledger_entry_present:
+        what = "demos'" if evidence.method == "tang" else f"{evidence.method} prompt's"
+        failures.append(f"no privacy-ledger entry of run {evidence.run_id} records the released {what} spend "
+                        "(their mechanism, sigma, q, T and delta)")
+    if not evidence.crosscheck_agreed:
+        failures.append("the accountant cross-check (prv-accountant vs dp-accounting PLD) did not agree")
+    uncovered = sorted(set(evidence.samplers) - set(ACCOUNTED_SAMPLERS))
+    if uncovered:
+        failures.append(f"the demos were drawn with sampler {', '.join(uncovered)}, which the privacy accountant "
+                        f"does not cover (covered: {', '.join(ACCOUNTED_SAMPLERS)})")
+    return failures
+
+
+def ledger_covers(entries, run_id: str, calibration_row: dict,
+                  purposes: tuple[str, ...] = ("pipeline", "generate")) -> bool:
+    """Whether a ledger entry of `run_id` (of one of `purposes`) holds the calibration row's spend
+    (mechanism, sigma, q, T, delta)."""
+    # dp-accounting loads here, not when the module is imported
+    from dpcore.privacy.ledger import matching_entries
+
+    needed = ("mechanism", "noise_multiplier", "sampling_rate", "steps", "delta")
+    if any(calibration_row.get(k) is None for k in needed):
+        return False
+    try:
+        sigma, q = float(calibration_row["noise_multiplier"]), float(calibration_row["sampling_rate"])
+        steps, delta = int(calibration_row["steps"]), float(calibration_row["delta"])
+    except (TypeError, ValueError):
+        return False
+    if not (math.isfinite(sigma) and sigma > 0 and 0 < q <= 1 and 0 < delta < 1):
+        return False
+    return bool(matching_entries(entries, run_id=run_id, mechanism=str(calibration_row["mechanism"]),
+                                 noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=delta,
+                                 purposes=purposes))
+
+
+ASSUMPTIONS = (
+    "per-label record counts |D_y| are treated as public (they set q = MN/|D_y|), as in Tang et al.",
+    "delta = 1/|D| (the default) is the paper's choice for comparability and weak: a mechanism at that delta may "
+    "expose about one record; a deployment should set a smaller delta (dpicl run --delta)",
+)
+
+
+def audit_verdict(audit: pd.DataFrame | None) -> tuple[bool, bool, tuple[str, ...]]:
+    """(ran, passed, every failing reason) of an audit table (one row per audited prompt or epsilon)."""
+    ran = audit is not None and len(audit) > 0
+    passed = bool(ran and audit["passed"].astype(bool).all())
+    reasons: tuple[str, ...] = ()
+    if ran and "reasons" in audit.columns:
+        reasons = tuple(line for value in audit.loc[~audit["passed"].astype(bool), "reasons"]
+                        for line in str(value).splitlines() if line)
+    return ran, passed, reasons
+
+
+def evidence_from_tables(
+    run_id: str,
+    demos: pd.DataFrame,
+    calibration: pd.DataFrame,
+    audit: pd.DataFrame | None,
+    ledger_entry_present: bool,
+    epsilon: float | None = None,
+) -> ReleaseEvidence:
+    """Collect the gate's evidence for the DP demos of a run (optionally one epsilon of it)."""
+    dp = demos[demos["method"] == "dp"]
+    if epsilon is not None and "epsilon" in dp.columns:
+        dp = dp[dp["epsilon"] == epsilon]
+    calib = calibration
+    if epsilon is not None and "epsilon" in calib.columns:
+        calib = calib[calib["epsilon"] == epsilon]
+    audit_ran, audit_passed, reasons = audit_verdict(audit)
+    agreed = bool(len(calib) == 0 or calib["crosscheck_agreed"].astype(bool).all())
+    return ReleaseEvidence(
+        run_id=run_id,
+        audit_ran=audit_ran,
+        audit_passed=audit_passed,
+        audit_reasons=reasons,
+        seeded_noise=bool(dp["seeded_noise"].astype(bool).any()) if len(dp) else False,
+        ledger_entry_present=ledger_entry_present,
+        crosscheck_agreed=agreed,
+        dp_demos=len(dp),
+        epsilons=tuple(sorted(set(float(e) for e in dp["epsilon"]))) if "epsilon" in dp.columns else (),
+        samplers=(tuple(sorted(set(dp["sampler"].astype(str)))) if "sampler" in dp.columns else ("unrecorded",))
+        if len(dp) else (),
+    )
+
+
+def release_manifest(
+    *,
+    run_id: str,
+    dataset: str,
+    dataset_id: str,
+    demos_sha256: str,
+    demos: pd.DataFrame,
+    calibration_row: dict,
+    audit_summary: dict,
+    model: str,
+    code_version: str,
+    accountant_versions: dict,
+    version: int,
+    ledger_spend: dict | None = None,
+) -> dict:
+    """The release record: what was released, its guarantee, and the evidence behind it."""
+    return {
+        "release_version": version,
+        "run_id": run_id,
+        "dataset": dataset,
+        "dataset_id": dataset_id,
+        "demos_sha256": demos_sha256,
+        "demos": [{"label": str(r.label), "text": str(r.text)} for r in demos.itertuples(index=False)],
+        "epsilon": calibration_row.get("epsilon"),
+        "delta": calibration_row.get("delta"),
+        "noise_multiplier": calibration_row.get("noise_multiplier"),
+        "sampling_rate": calibration_row.get("sampling_rate"),
+        "steps": calibration_row.get("steps"),
+        "mechanism": calibration_row.get("mechanism"),
+        "accountant_versions": accountant_versions,
+        "model": model,
+        "code_version": code_version,
+        "audit": audit_summary,
+        # The dataset's whole composed spend at release (every run, audit and baseline of the dataset id),
+        # not only the released demos' own epsilon above.
+        "ledger": ledger_spend,
+        "assumptions": list(ASSUMPTIONS),
+    }
+
+
+# --------------------------------------------------------------------------- finished runs on disk
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The public tables of a finished pipeline run (`$DPICL_HOME/runs/<dataset>/<hash12>/<run-id>/`)."""
+
+    path: Path
+    manifest: dict
+    demos: pd.DataFrame
+    calibration: pd.DataFrame
+    audit: pd.DataFrame | None
+    changed_files: tuple[str, ...]
+
+    @property
+    def run_id(self) -> str:
+        return str(self.manifest.get("run_id", self.path.name))
+
+
+def find_run_dir(run_id: str, home: Path) -> Path:
+    """The public folder of `run_id`; a clear error when it is missing or ambiguous."""
+    matches = [p for p in (home / "runs").glob(f"*/*/{run_id}") if p.is_dir()]
+    if not matches:
+        raise ConfigError(f"run {run_id!r}: no run folder under {home / 'runs'} (see `dpicl run` output)")
+    if len(matches) > 1:
+        raise ConfigError(f"run {run_id!r}: several run folders match: {', '.join(str(m) for m in matches)}")
+    return matches[0]
+
+
+def load_run(run_id: str, home: Path) -> RunFolder:
+    """Read the tables the release gate needs; files changed since the manifest are reported, not trusted."""
+    path = find_run_dir(run_id, home)
+    if not (path / "manifest.json").exists():
+        raise ConfigError(f"run {run_id!r}: {path} has no manifest.json (the run did not finish)")
+    for name in ("demos", "calibration"):
+        if not (path / f"{name}.parquet").exists():
+            raise ConfigError(f"run {run_id!r}: {path / (name + '.parquet')} is missing")
+    audit_path = path / "audit.parquet"
+    return RunFolder(
+        path=path,
+        manifest=json.loads((path / "manifest.json").read_text()),
+        demos=read_table(path / "demos.parquet"),
+        calibration=read_table(path / "calibration.parquet"),
+        audit=read_table(audit_path) if audit_path.exists() else None,
+        changed_files=tuple(verify_manifest(path)),
+    )
+
+
+def choose_release_epsilon(run: RunFolder, epsilon: float | None) -> float:
+    """The epsilon to release: the one asked for, else the smallest DP epsilon of the run (the strongest guarantee)."""
+    dp = run.demos[run.demos["method"] == "dp"]
+    available = sorted(set(float(e) for e in dp["epsilon"])) if "epsilon" in dp.columns else []
+    if epsilon is None:
+        if not available:
+            raise ConfigError(f"run {run.run_id}: no DP demonstrations to release")
+        return available[0]
+    return _pick_epsilon(epsilon, available, f"run {run.run_id} has DP demos at")
+
+
+def _pick_epsilon(epsilon: float, available: list[float], where: str) -> float:
+    """The available epsilon asked for: exactly, or the one that reads the same rounded for people
+    (`dpcore.display.fmt_eps`: a refusal lists them rounded, and a person types what was shown)."""
+    if float(epsilon) in available:
+        return float(epsilon)
+    same = [e for e in available if fmt_eps(e) == fmt_eps(float(epsilon))]
+    if len(same) == 1:
+        return same[0]
+    shown = ", ".join(fmt_eps(e) for e in available) or "none"
+    raise ConfigError(f"--epsilon {fmt_eps(float(epsilon))}: {where} epsilon {shown}")
+
+
+# --------------------------------------------------------------------------- PromptPATE and PromptDPSGD artifacts
+
+PATE_PLAN_FILE = "pate_plan.json"  # public: the PromptPATE run's plan, ledger id and seeded flag (flows.pate)
+AUDIT_FILES = {"pate": "audit_pate.parquet", "dpsgd": "audit_dpsgd.parquet"}  # public, one row per artifact
+TEACHER_AUDIT_FILE = "audit_pate_teacher.parquet"  # public: the non-private single-teacher contrast
+ARTIFACT_ASSUMPTIONS = {
+    "pate": ("the public queries are public data: a shipped source's public split, a shipped out-of-distribution "
+             "set, or a file the user declared public (never compared with the private records)",
+             "the epsilon is the data-independent bound the ledger charged (threshold test and GNMax on every "
+             "query of every repeat); the data-dependent bound is a non-DP statistic kept in the private store",
+             ASSUMPTIONS[1]),
+    "dpsgd": ("the trained prompt means something only on the model whose weight sha256 the manifest names; "
+              "`dpicl predict` refuses any other model",
+              "add/remove neighbours over the DP-SGD training records (every private record); the loss curve "
+              "was computed on public examples only",
+              ASSUMPTIONS[1]),
+}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One releasable artifact of a finished PromptPATE or PromptDPSGD run (public files only)."""
+
+    method: str  # "pate" | "dpsgd"
+    run_id: str
+    path: Path  # the public run folder
+    name: str  # "student-r<repeat>" | the trained prompt's file stem ("dpsgd-eps8-0")
+    epsilon: float
+    delta: float
+    spends: tuple[dict, ...]  # the plan's spends: mechanism, noise_multiplier, sampling_rate, steps, purpose
+    seeded_noise: bool
+    info: dict  # model, dataset, dataset_id, data_hash, task_spec, parameters (+ dpsgd: weights hash, kind...)
+    demos: tuple[tuple[str, str], ...] = ()  # PromptPATE: the student prompt (public queries, noisy labels)
+    prompt_path: Path | None = None  # PromptDPSGD: the safetensors file
+    changed_files: tuple[str, ...] = ()
+
+    @property
+    def dataset_id(self) -> str:
+        return str(self.info.get("dataset_id") or self.info.get("dataset") or "")
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _changed(path: Path) -> tuple[str, ...]:
+    return tuple(verify_manifest(path)) if (path / "manifest.json").exists() else ("manifest.json (missing)",)
+
+
+def load_pate_artifact(run_id: str, home: Path, repeat: int | None = None) -> Artifact:
+    """The student prompt of a PromptPATE run (`repeat`, default the repeat the run chose: best public
+    validation accuracy) with the run's plan (`pate_plan.json`)."""
+    path = find_run_dir(run_id, home)
+    if not (path / PATE_PLAN_FILE).exists():
+        raise ConfigError(f"run {run_id!r}: {path / PATE_PLAN_FILE} is missing (not a PromptPATE run)")
+    plan = _json(path / PATE_PLAN_FILE)
+    students = read_table(path / "pate_students.parquet")
+    chosen = plan.get("best_repeat") if repeat is None else int(repeat)
+    available = sorted({int(r) for r in students["repeat"]}) if len(students) else []
+    if repeat is not None and chosen not in available:
+        raise ConfigError(f"--repeat {repeat}: run {run_id} has student prompts of repeats {available or 'none'}")
+    rows = students[students["repeat"] == chosen].sort_values("position") if chosen is not None else students[:0]
+    return Artifact(
+        method="pate", run_id=run_id, path=path, name=f"student-r{chosen}", epsilon=float(plan["plan"]["epsilon"]),
+        delta=float(plan["plan"]["delta"]), spends=tuple(plan["plan"]["spends"]),
+        seeded_noise=bool(plan["seeded_noise"]),
+        info={k: plan.get(k) for k in ("model", "dataset", "dataset_id", "data_hash", "task_spec")}
+        | {"parameters": plan["plan"]["parameters"], "repeat": chosen},
+        demos=tuple((str(t), str(y)) for t, y in zip(rows["text"], rows["label"], strict=True)),
+        changed_files=_changed(path),
+    )
+
+
+def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, training: int = 0) -> Artifact:
+    """A trained prompt of a PromptDPSGD run: `epsilon` (default the smallest of the run) and `training`."""
+    path = find_run_dir(run_id, home)
+    manifests = {p: _json(p) for p in sorted((path / "prompts").glob("dpsgd-eps*.json"))}
+    if not manifests:
+        raise ConfigError(f"run {run_id!r}: no trained prompt under {path / 'prompts'} (not a PromptDPSGD run)")
+    available = sorted({float(m["epsilon"]) for m in manifests.values()})
+    chosen = available[0] if epsilon is None else _pick_epsilon(epsilon, available,
+                                                                 f"run {run_id} has trained prompts at")
+    found = [(p, m) for p, m in manifests.items() if float(m["epsilon"]) == chosen and int(m["training"]) == training]
+    if not found:
+        trainings = sorted(int(m["training"]) for m in manifests.values() if float(m["epsilon"]) == chosen)
+        raise ConfigError(f"--epsilon {fmt_eps(chosen)} --training {training}: run {run_id} has trainings "
+                          f"{', '.join(map(str, trainings))} at that epsilon")
+    json_path, m = found[0]
+    run = _json(path / "manifest.json") if (path / "manifest.json").exists() else {}
+    config = run.get("config", {})
+    dataset_id = config.get("dataset_id") if config.get("dataset_id") not in (None, "None", "") else run.get("dataset")
+    spend = {"mechanism": "gaussian", "noise_multiplier": m["noise_multiplier"], "sampling_rate": m["sampling_rate"],
+             "steps": m["steps"], "purpose": m.get("method", "dpsgd")}
+    return Artifact(
+        method="dpsgd", run_id=run_id, path=path, name=json_path.stem, epsilon=chosen, delta=float(m["delta"]),
+        spends=(spend,), seeded_noise=bool(m["seeded_noise"]),
+        info={"model": m["model"], "dataset": run.get("dataset"), "dataset_id": dataset_id,
+              "data_hash": m.get("data_hash"), "task_spec": m.get("task_spec"),
+              "model_weights_sha256": m["model_weights_sha256"],
+              "parameters": {k: m.get(k) for k in ("kind", "length", "clip", "batch_size", "lr", "init", "training",
+                                                   "noise_multiplier", "sampling_rate", "steps")}},
+        prompt_path=json_path.with_suffix(".safetensors"), changed_files=_changed(path),
+    )
+
+
+def plan_crosscheck(spends: tuple[dict, ...], delta: float) -> bool:
+    """The accountant cross-check (PRV vs PLD, `dpcore.privacy.composition.compose`) on a plan's spends."""
+    if not spends or any(float(s["noise_multiplier"]) <= 0 for s in spends):
+        return False
+    events = [sampled_steps_event(str(s["mechanism"]), float(s["noise_multiplier"]), float(s["sampling_rate"]),
+                                  int(s["steps"])) for s in spends]
+    return bool(composition.compose(events, delta).crosscheck_agreed)
+
+
+LEDGER_ENTRY_KEYS = ("id", "run_id", "purpose", "mechanism", "noise_multiplier", "sampling_rate", "steps", "delta",
+                     "created_at")
+
+
+def covering_entries(entries, artifact: Artifact) -> list:
+    """For every spend of the artifact's plan, a ledger entry of its run recording it (mechanism, sigma, q, T,
+    delta, purpose: `ledger_covers`), in plan order; empty when any spend is unrecorded."""
+    entries = list(entries)
+    found = []
+    for spend in artifact.spends:
+        row = {**spend, "delta": artifact.delta}
+        match = [e for e in entries if ledger_covers([e], artifact.run_id, row, purposes=(str(spend["purpose"]),))]
+        if not match:
+            return []
+        found.append(match[0])
+    return found
+
+
+def artifact_evidence(artifact: Artifact, audit: pd.DataFrame | None, entries) -> ReleaseEvidence:
+    """The gate's evidence for one artifact: its audit row(s), every spend of its plan charged to its run,
+    the cross-check on the plan's events, its seeded flag and sampler (DP-SGD: Poisson; PATE: none, q = 1)."""
+    rows = audit[audit["artifact"] == artifact.name] if audit is not None and "artifact" in audit.columns else None
+    ran, passed, reasons = audit_verdict(rows)
+    covered = bool(covering_entries(entries, artifact))
+    present = len(artifact.demos) if artifact.method == "pate" else int(bool(artifact.prompt_path
+                                                                             and artifact.prompt_path.exists()))
+    return ReleaseEvidence(
+        run_id=artifact.run_id, audit_ran=ran, audit_passed=passed, audit_reasons=reasons,
+        seeded_noise=artifact.seeded_noise, ledger_entry_present=covered,
+        crosscheck_agreed=math.isfinite(artifact.epsilon) and plan_crosscheck(artifact.spends, artifact.delta),
+        dp_demos=present, epsilons=(artifact.epsilon,), samplers=("poisson",) if artifact.method == "dpsgd" else (),
+        method=artifact.method,
+    )
+
+
+def audit_members(artifact: Artifact, train: pd.DataFrame, read_ids: list[str] | None = None) -> pd.DataFrame:
+    """The private records the artifact's mechanism actually read (the audit's members): PromptPATE, the
+    teachers' records (from the private teacher assignment); PromptDPSGD, the records some Poisson batch
+    drew (from the training's private record). Auditing with every training record would dilute the
+    attack: at a CPU preset only 1 - (1 - q)^T of them (about 1%) are ever read, so the AUC would sit near
+    0.5 whatever the prompt."""
+    if read_ids is None:
+        raise ConfigError(f"run {artifact.run_id}: the private record of which records {artifact.name} read is "
+                          "missing; the audit needs it (rerun the training)")
+    wanted = set(map(str, read_ids))
+    return train[train["id"].astype(str).isin(wanted)].reset_index(drop=True)
+
+
+def teacher_prompts(train: pd.DataFrame, assignment: pd.DataFrame) -> list[pd.DataFrame]:
+    """Each PromptPATE teacher's records (id, text, label), in prompt order, from the private assignment."""
+    by_id = train.assign(id=train["id"].astype(str)).set_index("id")
+    teachers = Teachers.from_table(assignment, int(assignment["teacher"].max()) + 1 if len(assignment) else 0)
+    return [by_id.loc[list(ids), ["text", "label"]].reset_index() for ids in teachers.demos if ids]
+
+
+def artifact_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256: str, audit_summary: dict,
+                      code_version: str, accountant_versions: dict, version: int, ledger_spend: dict | None,
+                      task_spec: dict, ledger_entries: list | None = None) -> dict:
+    """The release record of a PromptPATE student prompt or a PromptDPSGD trained prompt: its method,
+    guarantee (epsilon at delta of the plan the ledger charged, the spends and the ledger entries recording
+    them), public parameters, the audit verdict, the ledger's composed spend of the dataset and what the
+    guarantee assumes."""
+    manifest = {
+        "release_version": version, "method": artifact.method, "run_id": artifact.run_id,
+        "artifact_name": artifact.name, "dataset": artifact.info.get("dataset"), "dataset_id": artifact.dataset_id,
+        "artifact": {"file": artifact_file, "sha256": artifact_sha256},
+        "epsilon": artifact.epsilon, "delta": artifact.delta, "spends": [dict(s) for s in artifact.spends],
+        "ledger_entries": [{k: getattr(e, k) for k in LEDGER_ENTRY_KEYS} for e in ledger_entries or []],
+        "parameters": dict(artifact.info.get("parameters") or {}), "model": artifact.info.get("model"),
+        "accountant_versions": accountant_versions, "code_version": code_version, "audit": audit_summary,
+        "ledger": ledger_spend, "assumptions": list(ARTIFACT_ASSUMPTIONS[artifact.method]), "task_spec": task_spec,
+        "demos": [{"label": y, "text": t} for t, y in artifact.demos],
+    }
+    if artifact.method == "pate":
+        manifest["demos_sha256"] = artifact_sha256
+    else:
+        manifest["model_weights_sha256"] = artifact.info["model_weights_sha256"]
+        manifest.update({k: artifact.spends[0][k] for k in ("noise_multiplier", "sampling_rate", "steps")})
+    return manifest

@@ -1,0 +1,45 @@
+"""Answering queries with released demonstrations (post-processing of DP outputs: no privacy cost).
+
+Classification: the label with the highest contextually calibrated probability (Zhao et al.),
+scored exactly as in evaluation (`dpcore.lm.icl`). Extraction: greedy answers (Table 8 format).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dpcore.data.taskspec import TaskSpec
+from dpcore.dpsgd.soft_prompt import load_prompt, weights_hash
+from dpcore.errors import ConfigError
+from dpcore.lm import icl
+
+
+def answer(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], queries: Sequence[str],
+           calibrate: bool = True, past=None) -> list[dict]:
+    """One dict per query: `prediction` and, for classification, `probabilities` per label.
+
+    `past`: a trained PromptDPSGD prompt's cache (`TrainablePrompt.cache_layers(lm)`, on the model it was
+    trained on) before every prompt, usually with no demos (classification only)."""
+    if spec.kind == "extraction":
+        if past is not None:
+            raise ConfigError(f"task {spec.name!r}: a trained prompt answers classification tasks only")
+        return [{"prediction": text} for text in icl.extract_answers(lm, spec, demos, queries)]
+    labels = spec.label_names
+    probs = icl.normalise_probs(icl.label_logprobs(lm, spec, demos, queries, labels, past=past))
+    if calibrate:
+        content_free = icl.normalise_probs(icl.label_logprobs(lm, spec, demos, list(icl.CONTENT_FREE_INPUTS), labels,
+                                                              past=past))
+        probs = icl.calibrate_probs(probs, content_free)
+    return [{"prediction": labels[int(row.argmax())], "probabilities": dict(zip(labels, map(float, row), strict=True))}
+            for row in probs]
+
+
+def trained_prompt_cache(lm, prompt_path, weights_sha256: str, trained_on: str):
+    """The cache of a PromptDPSGD trained prompt (`soft_prompt.load_prompt(...).cache_layers(lm)`), refused
+    unless `lm` holds the weights it was trained on (`soft_prompt.weights_hash`): a trained prompt means
+    nothing on another model."""
+    if weights_hash(lm.model) != weights_sha256:
+        raise ConfigError(f"model {lm.name!r}: a PromptDPSGD prompt answers only on the model it was trained on "
+                          f"({trained_on}, weight sha256 {weights_sha256[:12]}...)")
+    prompt, _ = load_prompt(prompt_path, lm.device)
+    return prompt.cache_layers(lm)

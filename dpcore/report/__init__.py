@@ -1,0 +1,1 @@
+"""A finished run's public results: summary tables and plots."""
