@@ -261,9 +261,10 @@ class RunConfig(_Frozen):
                 raise ValueError(f"epsilons: {eps} is not a valid epsilon (use a number >= 0, or inf)")
         return value
 
-    @field_validator("methods", mode="before")
+    @field_validator("methods", "baselines", "pate_baselines", mode="before")
     @classmethod
-    def _parse_methods(cls, value):
+    def _parse_names(cls, value):
+        """A comma-separated flag (`--methods tang,pate`) as its list of names."""
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
         return value
@@ -275,20 +276,6 @@ class RunConfig(_Frozen):
             raise ValueError("methods: name at least one of " + ", ".join(METHODS))
         if len(set(value)) != len(value):
             raise ValueError(f"methods: {','.join(value)} names a method twice")
-        return value
-
-    @field_validator("baselines", mode="before")
-    @classmethod
-    def _parse_baselines(cls, value):
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
-    @field_validator("pate_baselines", mode="before")
-    @classmethod
-    def _parse_pate_baselines(cls, value):
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
         return value
 
     @model_validator(mode="before")
@@ -322,34 +309,24 @@ class RunConfig(_Frozen):
     def ledger_id(self) -> str:
         return self.dataset_id or self.dataset
 
+    def _section(self, section: type[_Frozen], prefix: str = "", **fields):
+        """The part of this run that `section` configures: each of its fields from the run's field of the
+        same name, `prefix`ed where the run has that spelling (`audit_trials` -> `trials`)."""
+        own = type(self).model_fields
+        for name in section.model_fields:
+            source = prefix + name if prefix + name in own else name
+            if name not in fields and source in own:
+                fields[name] = getattr(self, source)
+        return section(**fields)
+
     def generation_config(self) -> GenerationConfig:
-        return GenerationConfig(
-            num_subsets=self.num_subsets,
-            subset_size=self.subset_size,
-            top_k=self.top_k,
-            rvp=self.rvp,
-            max_tokens=self.max_tokens,
-            mechanism=self.mechanism,
-            sampler=self.sampler,
-            max_record_tokens=self.max_record_tokens,
-        )
+        return self._section(GenerationConfig)
 
     def eval_config(self) -> EvalConfig:
-        return EvalConfig(shots=self.shots, seeds=self.seeds, test_size=self.test_size, calibrate=self.calibrate)
+        return self._section(EvalConfig)
 
     def audit_config(self) -> AuditConfig:
-        return AuditConfig(
-            enabled=self.audit,
-            trials=self.audit_trials,
-            demo_sets=self.audit_demo_sets,
-            members=self.audit_members,
-            non_members=self.audit_members,
-            auc_tolerance=self.auc_tolerance,
-            overlap_threshold=self.overlap_threshold,
-            reference_prompts=self.audit_reference_prompts,
-            max_record_tokens=self.audit_max_record_tokens,
-            mode=self.audit_mode,
-        )
+        return self._section(AuditConfig, "audit_", enabled=self.audit, non_members=self.audit_members)
 
     def flat(self) -> dict[str, str]:
         """Strings for MLflow params and manifests (public configuration only)."""

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dpcore.lm.model import ForwardStats
 from dpcore.lm.prefix_cache import common_prefix_length
 
 PACKED_ATTENTION = "dpicl_packed_sdpa"
@@ -51,24 +52,17 @@ PACKED_MODEL_TYPES = frozenset({"llama"})  # verified by tests/test_generation.p
 
 
 @dataclass
-class BatchStats:
-    """Counters: `tokens` are non-padding tokens run through the model (cached prefixes excluded)."""
+class BatchStats(ForwardStats):
+    """The model's counters plus the batching's own: `tokens` are non-padding tokens run through the
+    model (cached prefixes excluded)."""
 
-    calls: int = 0
     micro_batches: int = 0
     prompts: int = 0
-    tokens: int = 0
-    padded_tokens: int = 0
     prefix_tokens_reused: int = 0
-    seconds: float = 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
 
     def as_dict(self) -> dict:
         return {
-            "forward_calls": self.calls,
+            "forward_calls": self.forward_calls,
             "micro_batches": self.micro_batches,
             "prompts": self.prompts,
             "forward_tokens": self.tokens,
@@ -403,7 +397,7 @@ class BatchedForward:
         if passes is not None and len(passes) != len(prompts):
             raise ValueError("passes: one key per prompt")
         began = time.perf_counter()
-        self.stats.calls += 1
+        self.stats.forward_calls += 1
         self.stats.prompts += len(prompts)
         # Logits are gathered on the device and cross to the host once, into pinned memory on CUDA
         # (a pageable copy of [B, V] float32 costs several ms per step).

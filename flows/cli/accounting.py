@@ -15,27 +15,26 @@ import sys
 import time
 
 from dpcore.names import MECHANISMS
-from flows.cli.common import print_json
+from flows.cli.common import command, print_json
 
 
 def register(subparsers) -> None:
-    epsilon = subparsers.add_parser(
-        "epsilon", help="epsilon of a run: noise multiplier, sampling rate, steps, delta -> (epsilon, delta)",
+    epsilon = command(
+        subparsers, "epsilon", _epsilon,
+        help="epsilon of a run: noise multiplier, sampling rate, steps, delta -> (epsilon, delta)",
         description="Epsilon of T Poisson-subsampled steps of Algorithm 1 (add/remove neighbours) from "
         "prv-accountant, cross-checked with dp-accounting PLD. The reported epsilon is an upper bound.")
     epsilon.add_argument("--noise-multiplier", type=float, required=True,
                          help="sigma (gaussian: noise N(0, 2 sigma^2); rnm: exponential noise of mean 2 sigma); "
                          "0 means no noise (epsilon = inf)")
     _common(epsilon)
-    epsilon.set_defaults(handler=_epsilon)
 
-    calibrate = subparsers.add_parser(
-        "calibrate", help="smallest noise multiplier whose epsilon is at most a target",
+    calibrate = command(
+        subparsers, "calibrate", _calibrate, help="smallest noise multiplier whose epsilon is at most a target",
         description="Bisection for the smallest sigma (to 1e-3) whose upper-bound epsilon is at most the "
         "target. A target of inf gives sigma = 0 (no noise).")
     calibrate.add_argument("--target-epsilon", type=float, required=True, help="epsilon to reach (> 0, or inf)")
     _common(calibrate)
-    calibrate.set_defaults(handler=_calibrate)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

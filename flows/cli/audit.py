@@ -38,19 +38,27 @@ from pathlib import Path
 
 from dpcore.display import fmt_eps, fmt_sigma
 from dpcore.errors import ConfigError
-from flows.cli.common import add_config_flags, checked_config, parse_epsilon, print_json, say
+from flows.cli.common import (
+    DATA_FLAGS,
+    GENERATION_FLAGS,
+    add_config_flags,
+    add_output_flags,
+    checked_config,
+    command,
+    parse_epsilon,
+    print_json,
+    say,
+)
 from flows.cli.progress import showing_progress, stopping_on_signals
 
-CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta",
-                "mechanism", "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "max_record_tokens",
-                "seed", "audit_demo_sets", "audit_members", "audit_reference_prompts", "audit_max_record_tokens",
+CONFIG_FLAGS = [*DATA_FLAGS, "delta", *GENERATION_FLAGS, "seed", "audit_demo_sets", "audit_members", "audit_reference_prompts", "audit_max_record_tokens",
                 "auc_tolerance", "overlap_threshold"]
 NON_PRIVATE_TRIALS = 100  # Duan et al. Section 3 / Tang et al. Appendix F
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "audit", help="membership-inference audit (Duan et al.) and verbatim-leakage gate",
+    parser = command(
+        subparsers, "audit", run_audit, help="membership-inference audit (Duan et al.) and verbatim-leakage gate",
         description="Attack ICL prompts with membership inference (Duan et al. 2023, Tang et al. Appendix F), "
         "check synthetic demos for verbatim copies, and gate on the result (exit 1 when the gate fails).")
     privacy = parser.add_mutually_exclusive_group(required=True)
@@ -65,9 +73,7 @@ def register(subparsers) -> None:
     parser.add_argument("--reference", action="store_true",
                         help="with --epsilon: also run the non-private audit and plot both ROC curves")
     add_config_flags(parser, CONFIG_FLAGS)
-    parser.add_argument("--out", default=None, help="output folder (default: under $DPICL_HOME/runs/)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(handler=run_audit)
+    add_output_flags(parser, out=True)
 
 
 def _audit_config(args, config):

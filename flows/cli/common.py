@@ -19,11 +19,18 @@ from dpcore.config import FLAG_SPELLINGS, RunConfig, flag
 from dpcore.data.artifacts import jsonable
 from dpcore.errors import ConfigError
 
-__all__ = ["add_config_flags", "checked_config", "config_from_args", "fmt_value", "parse_epsilon", "print_json",
-           "say"]
+__all__ = ["add_config_flags", "add_output_flags", "checked_config", "command", "config_from_args", "fmt_value", "parse_epsilon",
+           "print_json", "say"]
 
 # CLI spellings that differ from the RunConfig field name (documented in docs/).
 FLAG_ALIASES = FLAG_SPELLINGS
+# RunConfig fields that every command reading private records takes: where the records are, whose budget
+# they spend, and the model that reads them.
+DATA_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model",
+              "device", "dtype"]
+# Algorithm 1's generation parameters (Tang et al.), for the commands that generate demos.
+GENERATION_FLAGS = ["mechanism", "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens",
+                    "max_record_tokens"]
 
 
 def _is_bool(annotation) -> bool:
@@ -55,6 +62,25 @@ def _flag_type(name: str, annotation) -> Any:
 
     parse.__name__ = name
     return parse
+
+
+def command(subparsers, name: str, handler, *, help: str, description: str | None = None,
+            **options) -> argparse.ArgumentParser:
+    """One `dpicl NAME` subcommand: its parser, with the function that handles it."""
+    parser = subparsers.add_parser(name, help=help, description=description, **options)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def add_output_flags(parser: argparse.ArgumentParser, *, out: bool = False, run_id: bool = False,
+                     json_help: str = "print one JSON object") -> None:
+    """The flags that say where a command writes (`--out`, `--run-id`) and `--json`, last in its help."""
+    if out:
+        parser.add_argument("--out", default=None, help="output folder (default: under $DPICL_HOME/runs/)")
+    if run_id:
+        parser.add_argument("--run-id", default=None,
+                            help="name of the run folder (default: <UTC start>-<flow run id>)")
+    parser.add_argument("--json", action="store_true", help=json_help)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, fields: list[str], aliases: dict[str, str] | None = None) -> None:

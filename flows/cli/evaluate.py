@@ -29,37 +29,33 @@ from pathlib import Path
 
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
+from flows.cli import common as cli
 from flows.cli.endpoint import add_endpoint_flags, endpoint_config
 
-EVAL_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "shots", "seeds", "test_size",
-              "calibrate", "seed", "delta", "max_tokens", "top_k", "rvp"]
+EVAL_FLAGS = [*cli.DATA_FLAGS, "shots", "seeds", "test_size", "calibrate", "seed", "delta", "max_tokens", "top_k", "rvp"]
 BASELINES = ("zero-shot", "instruction-only", "random-real")
 
 
 def register(subparsers) -> None:
-    from flows.cli.common import add_config_flags, parse_epsilon
-
-    parser = subparsers.add_parser(
-        "evaluate", help="ICL accuracy (raw and calibrated) of a demo set or a baseline",
+    parser = cli.command(
+        subparsers, "evaluate", _evaluate, help="ICL accuracy (raw and calibrated) of a demo set or a baseline",
         description="In-context learning accuracy of synthetic demos (--demos) or of a baseline, over several "
         "seeds (demo choice and order), with contextual calibration (Zhao et al. 2021).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--demos", metavar="PATH", help="a demos Parquet (columns label, text[, method, epsilon])")
     source.add_argument("--baseline", choices=BASELINES, help="evaluate a baseline instead of a demos file")
-    add_config_flags(parser, EVAL_FLAGS)
+    cli.add_config_flags(parser, EVAL_FLAGS)
     parser.add_argument("--method", default=None,
                         help="with --demos: keep only rows of this method (when the file holds several)")
-    parser.add_argument("--epsilon", type=parse_epsilon, default=None,
+    parser.add_argument("--epsilon", type=cli.parse_epsilon, default=None,
                         help="with --demos: the epsilon the demos were generated at (default: the file's "
                         "epsilon column, inf for sigma-zero, 0 for instruction-only, else accounted from the "
                         "demos' noise multiplier and generation settings at --delta, default 1/|D_priv|)")
     parser.add_argument("--batch-size", type=int, default=16,
                         help="test items per forward pass (with --endpoint: prompts per request)")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="extraction tasks: greedy answer length")
-    parser.add_argument("--out", default=None, help="output folder (default: under $DPICL_HOME/runs/)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    cli.add_output_flags(parser, out=True, json_help="print one JSON object instead of the table")
     add_endpoint_flags(parser, sizes=False)
-    parser.set_defaults(handler=_evaluate)
 
 
 # --------------------------------------------------------------------------- output
@@ -95,7 +91,6 @@ def format_table(summary: dict) -> str:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from flows import standalone
-    from flows.cli.common import checked_config, print_json, say
     from flows.cli.progress import showing_progress, stopping_on_signals
 
     if args.batch_size < 1:
@@ -105,14 +100,14 @@ def _evaluate(args: argparse.Namespace) -> int:
     endpoint = endpoint_config(args, args.model)
     if endpoint is not None:
         endpoint = replace(endpoint, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
-    config = checked_config(args)
+    config = cli.checked_config(args)
     with stopping_on_signals(), showing_progress(not args.json):
         summary = standalone.evaluate(config, demos=args.demos, method=args.method, epsilon=args.epsilon,
                                       baseline=args.baseline, out=Path(args.out) if args.out else None,
-                                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, say=say,
+                                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, say=cli.say,
                                       endpoint=endpoint)
     if args.json:
-        print_json(summary)
+        cli.print_json(summary)
     else:
         print(format_table(summary))
     return 0

@@ -24,30 +24,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpcore.display import fmt_delta, fmt_eps, fmt_sigma, steps_text
-from flows.cli.common import add_config_flags, checked_config, parse_epsilon, print_json, say
+from flows.cli import common as cli
 from flows.cli.progress import showing_progress, stopping_on_signals
 from flows.cli.run import delta_note
 
-CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta",
-                "mechanism", "sampler", "num_subsets", "subset_size", "top_k", "rvp", "max_tokens", "max_record_tokens",
-                "seed", "shots"]
+CONFIG_FLAGS = [*cli.DATA_FLAGS, "delta", *cli.GENERATION_FLAGS, "seed", "shots"]
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "generate", help="calibrate sigma and generate DP synthetic demonstrations (Algorithm 1)",
+    parser = cli.command(
+        subparsers, "generate", run_generate, help="calibrate sigma and generate DP synthetic demonstrations (Algorithm 1)",
         description="Generate differentially private synthetic demonstrations (Tang et al. Algorithm 1) and "
         "write the demos Parquet. Prints only synthetic (DP) text and public configuration.")
-    parser.add_argument("--epsilon", type=parse_epsilon, required=True,
+    parser.add_argument("--epsilon", type=cli.parse_epsilon, required=True,
                         help="target epsilon; 'inf' = sigma 0 (no noise); 0 = instruction-only (no private data)")
-    add_config_flags(parser, CONFIG_FLAGS)
-    parser.add_argument("--out", default=None, help="output folder (default: under $DPICL_HOME/runs/)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(handler=run_generate)
+    cli.add_config_flags(parser, CONFIG_FLAGS)
+    cli.add_output_flags(parser, out=True)
 
 
 def _config(args):
-    return checked_config(args, epsilons=[args.epsilon])
+    return cli.checked_config(args, epsilons=[args.epsilon])
 
 
 def run_generate(args) -> int:
@@ -56,9 +52,9 @@ def run_generate(args) -> int:
 
     config = _config(args)
     with stopping_on_signals(), showing_progress(not args.json):
-        summary, demos = standalone.generate(config, float(args.epsilon), Path(args.out) if args.out else None, say)
+        summary, demos = standalone.generate(config, float(args.epsilon), Path(args.out) if args.out else None, cli.say)
     if args.json:
-        print_json({**summary, "demos": [{"label": d.label, "shot": d.shot, "text": d.text, "tokens": d.tokens,
+        cli.print_json({**summary, "demos": [{"label": d.label, "shot": d.shot, "text": d.text, "tokens": d.tokens,
                                           "stop_reason": d.stop_reason, "method": d.method} for d in demos]})
         return 0
     print(f"epsilon {fmt_eps(summary['epsilon'])} (delta {fmt_delta(summary['delta'])}), sigma "

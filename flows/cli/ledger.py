@@ -16,7 +16,7 @@ import argparse
 
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.names import MECHANISMS, PURPOSES
-from flows.cli.common import print_json
+from flows.cli.common import command, print_json
 
 
 def register(subparsers) -> None:
@@ -26,21 +26,19 @@ def register(subparsers) -> None:
         "dataset id with the PRV accountant (cross-checked by dp-accounting PLD).")
     actions = parser.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
 
-    show = actions.add_parser("show", help="entries and the composed epsilon, delta and budget")
+    show = command(actions, "show", _show, help="entries and the composed epsilon, delta and budget")
     show.add_argument("--dataset", dest="dataset_id", help="one dataset id (default: every dataset id)")
     show.add_argument("--delta", type=float, default=None,
                       help="compose at this delta (default: the budget's delta, else the smallest entry delta)")
     _common(show)
-    show.set_defaults(handler=_show)
 
-    budget = actions.add_parser("set-budget", help="set or replace a dataset's (epsilon, delta) budget")
+    budget = command(actions, "set-budget", _set_budget, help="set or replace a dataset's (epsilon, delta) budget")
     budget.add_argument("--dataset", dest="dataset_id", required=True, help="dataset id (default id: the dataset name)")
     budget.add_argument("--epsilon", type=float, required=True, help="total epsilon the dataset may spend")
     budget.add_argument("--delta", type=float, required=True, help="the delta the total is measured at")
     _common(budget)
-    budget.set_defaults(handler=_set_budget)
 
-    charge = actions.add_parser("charge", help="record a spend made outside dpicl (refused beyond the budget)")
+    charge = command(actions, "charge", _charge, help="record a spend made outside dpicl (refused beyond the budget)")
     charge.add_argument("--dataset", dest="dataset_id", required=True, help="dataset id to charge")
     charge.add_argument("--run-id", required=True, help="the run the spend belongs to")
     charge.add_argument("--content-hash", required=True, help="content hash of the private records used")
@@ -53,7 +51,6 @@ def register(subparsers) -> None:
     charge.add_argument("--purpose", choices=list(PURPOSES), default="generate",
                         help="what spent it (default: generate)")
     _common(charge)
-    charge.set_defaults(handler=_charge)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

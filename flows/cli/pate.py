@@ -20,13 +20,20 @@ from pydantic import ValidationError
 from dpcore.config import RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
-from flows.cli.common import add_config_flags, config_from_args, print_json, validation_problems
+from flows.cli.common import (
+    DATA_FLAGS,
+    add_config_flags,
+    add_output_flags,
+    command,
+    config_from_args,
+    print_json,
+    validation_problems,
+)
 from flows.cli.common import fmt_value as _fmt
 from flows.cli.progress import showing_progress, stopping_on_signals
 
 # RunConfig fields `dpicl pate` takes, and the short spellings of the PromptPATE ones.
-FIELDS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta", "seed",
-          "test_size", "calibrate", "task_runner", "pate_teachers", "pate_shots", "pate_public_path",
+FIELDS = [*DATA_FLAGS, "delta", "seed", "test_size", "calibrate", "task_runner", "pate_teachers", "pate_shots", "pate_public_path",
           "pate_public_column", "pate_queries", "pate_threshold", "pate_sigma1", "pate_sigma2", "pate_vote_mode",
           "pate_target_epsilon", "pate_repeats", "pate_student_candidates", "pate_baselines", "pate_teacher_block"]
 ALIASES = {"pate_teachers": "--teachers", "pate_shots": "--shots", "pate_public_path": "--public-path",
@@ -96,8 +103,8 @@ def _pate(args) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "pate", help="PromptPATE: a private discrete prompt from a flock of teacher prompts (Duan et al.)",
+    parser = command(
+        subparsers, "pate", _pate, help="PromptPATE: a private discrete prompt from a flock of teacher prompts (Duan et al.)",
         description="PromptPATE (Duan et al. Section 4.2): E teacher prompts from disjoint private records vote on "
                     "public queries; Confident-GNMax labels them privately; the best student prompt of labelled "
                     "public queries is evaluated on the test split. The ledger is charged before any teacher "
@@ -106,9 +113,7 @@ def register(subparsers) -> None:
     parser.add_argument("--public", default=None, metavar="iid|ood|PATH",
                         help="public queries: iid (the task's public split), ood (the task YAML's OOD dataset) or a "
                              "CSV/JSONL/Parquet file with a text column (default: iid)")
-    parser.add_argument("--run-id", default=None, help="name of the run folder (default: <UTC start>-<flow run id>)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (its keys: docs/json.md)")
-    parser.set_defaults(handler=_pate)
+    add_output_flags(parser, run_id=True, json_help="print one JSON object (its keys: docs/json.md)")
 
 
 

@@ -12,7 +12,7 @@ from dpcore.data.artifacts import jsonable, write_bytes_atomic, write_json_atomi
 from dpcore.data.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError, DataValidationError
-from flows.cli.common import print_json
+from flows.cli.common import command, print_json
 from flows.cli.endpoint import add_endpoint_flags, endpoint_config
 
 
@@ -132,7 +132,7 @@ def _export(args) -> int:
 
 def register(subparsers) -> None:
 
-    release = subparsers.add_parser("release", help="gate a finished run and release its DP demos as production")
+    release = command(subparsers, "release", _release, help="gate a finished run and release its DP demos as production")
     release.add_argument("--run", required=True, help="the run id printed by `dpicl run`")
     release.add_argument("--method", choices=("tang", "pate", "dpsgd"), default="tang",
                          help="what to release: tang (DP few-shot demos, default), pate (the PromptPATE student "
@@ -165,9 +165,8 @@ def register(subparsers) -> None:
     release.add_argument("--device", default="auto", help="pate, dpsgd: the audit's device (default: auto)")
     release.add_argument("--alias", default="production", help="registry alias to move (default: production)")
     release.add_argument("--json", action="store_true", help="print one JSON object")
-    release.set_defaults(handler=_release)
 
-    predict = subparsers.add_parser("predict", help="answer ICL queries with released demos only (no privacy cost)")
+    predict = command(subparsers, "predict", _predict, help="answer ICL queries with released demos only (no privacy cost)")
     predict.add_argument("--release", default="production", help="an alias or a version number")
     predict.add_argument("--input", required=True, help="JSONL with a `text` field per line (other fields are kept)")
     predict.add_argument("--dataset-id", default=None, help="which dataset's release, when several exist")
@@ -178,10 +177,9 @@ def register(subparsers) -> None:
     predict.add_argument("--no-calibration", action="store_true", help="raw predictions (no contextual calibration)")
     predict.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
     add_endpoint_flags(predict)
-    predict.set_defaults(handler=_predict)
 
-    export = subparsers.add_parser(
-        "export", help="a release as a plain prompt template for any model (no privacy cost)",
+    export = command(
+        subparsers, "export", _export, help="a release as a plain prompt template for any model (no privacy cost)",
         description="The released demonstrations (method tang) or PromptPATE's student prompt (method pate) as the "
                     "prompt dpicl builds, with a placeholder for the query, the labels and the release's guarantee. "
                     "A PromptDPSGD trained prompt has no text form and is refused.")
@@ -192,4 +190,3 @@ def register(subparsers) -> None:
                              "alone (the guarantee on stderr, or in OUT.release.json with --out)")
     export.add_argument("--placeholder", default=None, help="where the query goes in the template (default {text})")
     export.add_argument("--out", default=None, help="write here instead of stdout")
-    export.set_defaults(handler=_export)

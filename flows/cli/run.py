@@ -20,6 +20,7 @@ from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
 from flows.cli.common import (
     add_config_flags,
+    command,
     config_from_args,
     parse_epsilon,
     print_json,
@@ -297,16 +298,15 @@ def _demo(args) -> int:
 
 
 def register(subparsers) -> None:
-    run = subparsers.add_parser("run", help="run the whole pipeline (generate, evaluate, audit, record) as a Prefect flow",
-                                description="Run the DP few-shot pipeline as a Prefect flow. Every RunConfig field is a "
-                                            "flag (--epsilons 1,4 --num-subsets 10 --shots 4 --test-size 300 ...).")
+    run = command(subparsers, "run", _run,
+                  help="run the whole pipeline (generate, evaluate, audit, record) as a Prefect flow",
+                  description="Run the DP few-shot pipeline as a Prefect flow. Every RunConfig field is a "
+                              "flag (--epsilons 1,4 --num-subsets 10 --shots 4 --test-size 300 ...).")
     _add_run_flags(run)
-    run.set_defaults(handler=_run)
 
-    demo = subparsers.add_parser(
-        "demo", help="the pipeline on the embedded model and AG News, sized for ~10 minutes on 2 CPU cores",
+    demo = command(
+        subparsers, "demo", _demo, help="the pipeline on the embedded model and AG News, sized for ~10 minutes on 2 CPU cores",
         description="dpicl run with demo defaults: " + ", ".join(f"{k}={v}" for k, v in DEMO_DEFAULTS.items())
         + ". Any flag of dpicl run overrides them.")
     _add_run_flags(demo)
-    demo.set_defaults(handler=_demo)
 

@@ -14,6 +14,7 @@ import signal
 import sys
 
 from dpcore.errors import ConfigError
+from flows.cli.common import command
 from flows.cli.ui import port_in_use
 from tasks.serve import completion_app
 
@@ -58,8 +59,8 @@ def _serve(args) -> int:
 
 
 def register(subparsers) -> None:
-    serve = subparsers.add_parser(
-        "serve", help="serve a local model through an OpenAI-compatible completions API on 127.0.0.1",
+    serve = command(
+        subparsers, "serve", _serve, help="serve a local model through an OpenAI-compatible completions API on 127.0.0.1",
         description="A local dpicl model behind /v1/models and /v1/completions (logprobs, echo), for `dpicl predict "
                     "--endpoint` and any OpenAI client. Binds 127.0.0.1 only.")
     serve.add_argument("--model", default="smollm2-135m",
@@ -72,4 +73,3 @@ def register(subparsers) -> None:
                             "log-probabilities")
     serve.add_argument("--no-echo", action="store_true", help="refuse echo (400), like hosted APIs that dropped it")
     serve.add_argument("--max-logprobs", type=int, default=20, help="the largest logprobs k accepted (default 20)")
-    serve.set_defaults(handler=_serve)

@@ -24,8 +24,11 @@ from dpcore.config import RunConfig
 from dpcore.display import fmt_delta, fmt_eps, fmt_sigma
 from dpcore.errors import ConfigError
 from flows.cli.common import (
+    DATA_FLAGS,
     _flag_type,
     add_config_flags,
+    add_output_flags,
+    command,
     config_from_args,
     parse_epsilon,
     print_json,
@@ -37,8 +40,7 @@ from flows.cli.common import (
 from flows.cli.progress import showing_progress, stopping_on_signals
 from flows.cli.run import delta_note, format_ledger
 
-CONFIG_FLAGS = ["dataset", "data_path", "test_path", "task_spec", "dataset_id", "new_budget_for_same_records", "model", "device", "dtype", "delta",
-                "seed", "test_size", "calibrate"]
+CONFIG_FLAGS = [*DATA_FLAGS, "delta", "seed", "test_size", "calibrate"]
 # Short spellings of the dpsgd_* fields (the long `--dpsgd-*` forms work too).
 SHORT_FLAGS = {"kind": "dpsgd_kind", "length": "dpsgd_length", "clip": "dpsgd_clip", "batch_size": "dpsgd_batch_size",
                "epochs": "dpsgd_epochs", "steps": "dpsgd_steps", "lr": "dpsgd_lr", "init": "dpsgd_init",
@@ -47,8 +49,8 @@ SHORT_FLAGS = {"kind": "dpsgd_kind", "length": "dpsgd_length", "clip": "dpsgd_cl
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "tune", help="PromptDPSGD: train a soft prompt or prefix with DP-SGD (Duan et al. Section 4.1)",
+    parser = command(
+        subparsers, "tune", run_tune, help="PromptDPSGD: train a soft prompt or prefix with DP-SGD (Duan et al. Section 4.1)",
         description="Train a soft prompt or prefix on the private data with DP-SGD (Duan et al. App. C.1 "
         "Algorithm 1, Opacus), evaluate it on the test split and record it (safetensors + manifest, MLflow).")
     parser.add_argument("--epsilon", type=parse_epsilon, required=True, help="target epsilon (> 0; inf: no noise)")
@@ -59,9 +61,7 @@ def register(subparsers) -> None:
         parser.add_argument("--" + short.replace("_", "-"), "--" + field.replace("_", "-"), dest=field, default=None,
                             choices=choices, type=None if choices else _flag_type(field, info.annotation),
                             help=(info.description or "").replace("%", "%%"))
-    parser.add_argument("--run-id", default=None, help="name of the run folder (default: <UTC start>-<flow run id>)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(handler=run_tune)
+    add_output_flags(parser, run_id=True)
 
 
 def _config(args) -> RunConfig:

@@ -17,6 +17,7 @@ import time
 
 from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, subdir
+from flows.cli.common import command
 
 STOP_GRACE_S = 15.0
 
@@ -122,12 +123,11 @@ def _ui(args) -> int:
 
 
 def register(subparsers) -> None:
-    ui = subparsers.add_parser("ui", help="start the Prefect server and the MLflow UI on 127.0.0.1",
-                               description="Serve the Prefect UI and the MLflow UI over $DPICL_HOME's stores until "
-                                           "Ctrl-C or SIGTERM.")
+    ui = command(subparsers, "ui", _ui, help="start the Prefect server and the MLflow UI on 127.0.0.1",
+                 description="Serve the Prefect UI and the MLflow UI over $DPICL_HOME's stores until "
+                             "Ctrl-C or SIGTERM.")
     ui.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     ui.add_argument("--prefect-port", type=int, default=4200, help="Prefect server port (default 4200)")
     ui.add_argument("--mlflow-port", type=int, default=5000, help="MLflow UI port (default 5000)")
     ui.add_argument("--no-prefect", action="store_true", help="only the MLflow UI")
     ui.add_argument("--no-mlflow", action="store_true", help="only the Prefect server")
-    ui.set_defaults(handler=_ui)
