@@ -40,7 +40,7 @@ from dpcore.config import GenerationConfig, RunConfig
 from dpcore.data.artifacts import read_table, write_json_atomic, write_table
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import DpiclError, RunStopped
-from dpcore.fewshot.plan import CALIBRATION_COLUMNS, FewShotPlan
+from dpcore.fewshot.plan import FewShotPlan
 from dpcore.home import configure_environment
 from flows.pate import pate_flow
 from flows.runner import default_run_id, map_calls, results, running
@@ -184,9 +184,7 @@ def _fewshot_run(config: RunConfig, plan: RunPlan, ingested: dict, paths: RunPat
     labels = list(ingested["labels"])
     ingest_stage.partition(ingested)
     fewshot, generation_config = plan.fewshot, plan.generation
-    calibrate_stage.log_calibrations(fewshot, generation_config)
-    write_table(pd.DataFrame([c.row() for c in fewshot.calibrations], columns=CALIBRATION_COLUMNS),
-                paths.public / "calibration.parquet")
+    calibrate_stage.record_calibrations(plan=fewshot, generation=generation_config, public_dir=str(paths.public))
     # --test-size and the longest group prompt against the model's context: checked before any charge
     checks_after_ingest(config, ingested["num_test"], labels, generation_config)
     items = generate_stage.generation_plan(labels, fewshot, config.seed)

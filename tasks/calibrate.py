@@ -7,20 +7,24 @@ demos (no private data, sigma unused); epsilon = inf means sigma = 0 (no noise).
 
 The run's `FewShotPlan` is made once, with the rest of the run's plan (`tasks.run_plans.build_run_plan`,
 from `plan_arguments`); its `calibrations` are the rows of the public `calibration` table
-(`dpcore.fewshot.plan.CALIBRATION_COLUMNS`), said by `log_calibrations`, and its `privacy_plans()` what
-the run charges.
+(`dpcore.fewshot.plan.CALIBRATION_COLUMNS`), said and written by the `calibrate` task
+(`record_calibrations`), and its `privacy_plans()` what the run charges.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
 
 from dpcore.config import GenerationConfig, RunConfig, demos_per_label
+from dpcore.data.artifacts import write_table
 from dpcore.display import fmt_delta, fmt_eps, fmt_sigma, steps_text
 from dpcore.fewshot.plan import CALIBRATION_COLUMNS, FewShotPlan
-from tasks.common import stage_logger
+from tasks.common import stage_logger, uncached_task
 
-__all__ = ["CALIBRATION_COLUMNS", "generation_config", "log_calibrations", "plan_arguments"]
+__all__ = ["CALIBRATION_COLUMNS", "generation_config", "log_calibrations", "plan_arguments", "record_calibrations"]
 
 
 def generation_config(config: RunConfig, num_labels: int) -> GenerationConfig:
@@ -33,6 +37,15 @@ def plan_arguments(config: RunConfig, label_counts: Mapping[str, int], delta: fl
     return {"epsilons": sorted({float(e) for e in config.epsilons}), "label_counts": dict(label_counts),
             "generation": generation_config(config, len(label_counts)), "delta": float(delta),
             "baselines": list(config.baselines), "audit_reference": bool(config.audit and config.audit_reference)}
+
+
+@uncached_task("calibrate")
+def record_calibrations(*, plan: FewShotPlan, generation: GenerationConfig, public_dir: str) -> str:
+    """The run's sigma per epsilon, as planned (`tasks.run_plans.RunPlan.fewshot`): said in the log and written
+    to the public `calibration` table. Returns its path."""
+    log_calibrations(plan, generation)
+    frame = pd.DataFrame([c.row() for c in plan.calibrations], columns=CALIBRATION_COLUMNS)
+    return str(write_table(frame, Path(public_dir) / "calibration.parquet"))
 
 
 def log_calibrations(plan: FewShotPlan, generation: GenerationConfig) -> None:
