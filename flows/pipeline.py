@@ -2,7 +2,9 @@
 PromptPATE and PromptDPSGD (Duan et al.) when `config.methods` names them, on the same ingested
 data, test split and ledger.
 
-    ingest -> partition by label -> calibrate sigma per epsilon -> plans of every method
+    the run's plan (`tasks.run_plans.RunPlan`, the caller's or built here: the data read once, delta, sigma
+      per epsilon, every method's plans, the audit's design) -> ingest (the plan's records) -> partition by
+      label -> calibrate (the planned sigmas logged and tabled)
       -> ONE ledger charge for every method's spends (all or nothing)
       -> generate (one task per (method, label, epsilon), mapped, tag `gpu`)
       -> evaluate (every baseline and the DP demos) -> audit (membership inference)
@@ -10,7 +12,7 @@ data, test split and ledger.
       -> record (MLflow, Prefect artifacts, manifests) -> the comparison table
 
 The flow composes `tasks/` (thin wrappers over `dpcore`) and holds no algorithm logic.
-Its parameter is one `RunConfig`; `config.task_runner` picks where the mapped stages run:
+Its parameter is one `RunConfig` (and, in process only, the `RunPlan` made from it); `config.task_runner` picks where the mapped stages run:
 `threads` (default, a ThreadPoolTaskRunner), `dask` (a local `distributed` cluster through
 prefect-dask; `dask:N` for N worker processes) or a Dask scheduler address
 (`tcp://host:8786`).
