@@ -1,6 +1,6 @@
 """PromptPATE (Duan et al. Section 4.2) as one Prefect flow, usable alone or as a subflow of the pipeline.
 
-    ingest (or the pipeline's) -> public queries and every check -> plan -> ledger charge
+    the run's plan (every check; or the pipeline's) -> ingest (or the pipeline's) -> ledger charge
       -> teachers (private assignment) -> flock scoring, one task per teacher block (tag `gpu`)
       -> vote histograms + Confident-GNMax, R repeats -> a student prompt per repeat (public data only)
       -> evaluation on the test split (tasks.evaluate) beside the baselines -> record (MLflow, artifacts)
@@ -24,18 +24,18 @@ from prefect import flow, get_run_logger
 
 from dpcore.config import EvalConfig, RunConfig
 from dpcore.data.artifacts import write_table
-from dpcore.data.taskspec import load_task_spec
 from dpcore.display import fmt_eps
-from dpcore.errors import ConfigError
-from dpcore.fewshot import accounting
+from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
 from dpcore.pate.privacy import data_independent_epsilon
 from flows.runner import default_run_id, map_calls, results, running
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
 from tasks import pate as pate_stage
-from tasks.charge import charge_plans, ledger_report, noise_charged, preflight
+from tasks.charge import charge_plans, ledger_report, noise_charged
 from tasks.common import RunPaths, noise_scope, publish
+from tasks.release import seal_pate_run
+from tasks.run_plans import RunPlan, build_run_plan
 
 FLOW_NAME = "prompt-pate"
 
@@ -57,7 +57,7 @@ class _Plan:
       description="PromptPATE (Duan et al.): a private discrete prompt from a flock of teacher prompts.")
 def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
               ingested: dict | None = None, charge: dict | None = None,
-              checkpoint_epsilons: list[float] | None = None) -> dict:
+              checkpoint_epsilons: list[float] | None = None, plan: RunPlan | None = None) -> dict:
     """Run PromptPATE for one configuration; returns a public summary (the `dpicl pate --json` object).
 
     `ingested`: the pipeline's `tasks.ingest.ingest` result, so both methods use the same ingested data
@@ -65,19 +65,24 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     charged `tasks.pate.privacy_plans` with the pipeline's other methods in one transaction (this flow
     then charges nothing itself). `checkpoint_epsilons`: smaller epsilons to report from prefixes of the
     same labelling (`dpcore.pate.privacy.labelling_checkpoints`; a comparison run's `--epsilons`): a
-    student and a result row for each, at no charge beyond the run's.
+    student and a result row for each, at no charge beyond the run's. `plan`: the run's plan
+    (`tasks.run_plans.RunPlan`, PromptPATE's part made), built in this process by the caller (the CLI's
+    dry run, the pipeline); None builds it here.
     """
     configure_environment()
     logger = get_run_logger()
     run_id = run_id or default_run_id()
-    preflight(config)
+    if plan is None or plan.pate is None:  # every check on the data, before anything is written
+        plan = build_run_plan(config, methods=("pate",))
+    elif not plan.made_from(config):
+        raise DpiclError("pate: the plan was made for other records; plan the run again")
     if ingested is None:
-        ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path)
-    if ingested["kind"] != "classification":
-        raise ConfigError(f"pate: PromptPATE votes on labels; task {ingested['task_spec']!r} is not a "
-                          "classification task")
+        ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path,
+                                       plan=plan)
+    elif ingested["data_hash"] != plan.data_hash:
+        raise DpiclError("pate: the dataset changed since it was planned (content hash differs); run again")
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
-    plan = _plan(config, ingested, checkpoint_epsilons or [])
+    plan = _plan(config, ingested, plan, checkpoint_epsilons or [])
     settings, plans, per_repeat = plan.settings, plan.plans, plan.per_repeat
     # The ledger: charged before any teacher sees a query (all plans in one transaction, or refused: exit 3).
     ledger_entry = charge if charge is not None else charge_plans(
@@ -97,8 +102,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     results_path = write_table(pd.DataFrame(rows, columns=pate_stage.RESULT_COLUMNS),
                                paths.public / "pate_results.parquet")
     seeded = bool(teachers["seeded_noise"] or aggregate["seeded_noise"])
-    from tasks.release import seal_pate_run  # the plan and seeded flag `dpicl release --method pate` reads
-
+    # the plan and seeded flag `dpicl release --method pate` reads
     seal_pate_run(paths.public, plan=plans[0].to_dict(), run_id=run_id, dataset=config.dataset,
                   dataset_id=config.ledger_id, data_hash=ingested["data_hash"], model=config.model,
                   task_spec=ingested["task_spec"], seeded_noise=seeded,
@@ -147,15 +151,14 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     }
 
 
-def _plan(config: RunConfig, ingested: dict, checkpoint_epsilons: list[float]) -> _Plan:
-    """The settings and plans of the run, and every check on the ingested data (before the charge)."""
-    spec = load_task_spec(ingested["task_spec"])
-    settings = pate_stage.pate_settings(config, spec)
-    delta = config.delta if config.delta is not None else accounting.default_delta(ingested["num_private_records"])
-    plans, per_repeat = pate_stage.privacy_plans(config, settings, delta)
-    inputs = pate_stage.pate_inputs(config=config, ingested=ingested, planned=per_repeat)  # every check
-    checkpoints = pate_stage.checkpoints(checkpoint_epsilons, settings, per_repeat, delta)
-    return _Plan(settings, delta, plans, per_repeat, inputs, checkpoints)
+def _plan(config: RunConfig, ingested: dict, run_plan: RunPlan, checkpoint_epsilons: list[float]) -> _Plan:
+    """The run plan's PromptPATE part (settings, plans, public queries: every check made), its public queries
+    written to the run folder, and the smaller epsilons' prefixes."""
+    pate, delta = run_plan.pate, run_plan.delta
+    inputs = pate_stage.pate_inputs(queries=pate.queries, source=pate.source, settings=pate.settings,
+                                    public_dir=ingested["paths"]["public"])
+    checkpoints = pate_stage.checkpoints(checkpoint_epsilons, pate.settings, pate.per_repeat, delta)
+    return _Plan(pate.settings, delta, list(pate.plans), pate.per_repeat, inputs, checkpoints)
 
 
 def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: dict, scope: str,

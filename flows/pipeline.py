@@ -2,7 +2,9 @@
 PromptPATE and PromptDPSGD (Duan et al.) when `config.methods` names them, on the same ingested
 data, test split and ledger.
 
-    ingest -> partition by label -> calibrate sigma per epsilon -> plans of every method
+    the run's plan (`tasks.run_plans.RunPlan`, the caller's or built here: the data read once, delta, sigma
+      per epsilon, every method's plans, the audit's design) -> ingest (the plan's records) -> partition by
+      label -> calibrate (the planned sigmas logged and tabled)
       -> ONE ledger charge for every method's spends (all or nothing)
       -> generate (one task per (method, label, epsilon), mapped, tag `gpu`)
       -> evaluate (every baseline and the DP demos) -> audit (membership inference)
@@ -10,7 +12,7 @@ data, test split and ledger.
       -> record (MLflow, Prefect artifacts, manifests) -> the comparison table
 
 The flow composes `tasks/` (thin wrappers over `dpcore`) and holds no algorithm logic.
-Its parameter is one `RunConfig`; `config.task_runner` picks where the mapped stages run:
+Its parameter is one `RunConfig` (and, in process only, the `RunPlan` made from it); `config.task_runner` picks where the mapped stages run:
 `threads` (default, a ThreadPoolTaskRunner), `dask` (a local `distributed` cluster through
 prefect-dask; `dask:N` for N worker processes) or a Dask scheduler address
 (`tcp://host:8786`).
@@ -40,7 +42,7 @@ from dpcore.config import GenerationConfig, RunConfig
 from dpcore.data.artifacts import read_table, write_json_atomic, write_table
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import DpiclError, RunStopped
-from dpcore.fewshot.plan import CALIBRATION_COLUMNS, FewShotPlan, default_delta
+from dpcore.fewshot.plan import FewShotPlan
 from dpcore.home import configure_environment
 from flows.pate import pate_flow
 from flows.runner import default_run_id, map_calls, results, running
@@ -59,13 +61,11 @@ from tasks.charge import (
     ledger_report,
     noise_charged,
     non_private_warning,
-    plan_spends,
     planned_cost,
-    preflight,
 )
 from tasks.common import RunPaths, noise_scope, publish
 from tasks.generate import GenerationItem, Shard
-from tasks.run_plans import ingested_method_plans
+from tasks.run_plans import RunPlan, build_run_plan
 from tasks.tune import check_model
 
 FLOW_NAME = "dp-fewshot"
@@ -92,18 +92,21 @@ def _write_generation_stats(shards: list[Shard], path: Path) -> None:
 @dataclass(frozen=True)
 class _FewShotRun:
     """DP few-shot generation's part of a run, decided before the charge: the plan (a sigma per epsilon),
-    the generation items, the generation parameters, the records per label."""
+    the generation items, the generation parameters."""
 
     plan: FewShotPlan
     items: list[GenerationItem]
     generation_config: GenerationConfig
-    label_counts: dict[str, int]
 
 
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
       description="DP few-shot demonstrations (Tang et al. Algorithm 1): generate, evaluate, audit, record.")
-def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = None) -> dict:  # noqa: B008
-    """Run the whole pipeline for one configuration; returns a small public summary."""
+def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
+                        plan: RunPlan | None = None) -> dict:
+    """Run the whole pipeline for one configuration; returns a small public summary.
+
+    `plan`: the run's plan (`tasks.run_plans.build_run_plan(config)`) when the caller built it in this
+    process (the CLI, after its dry run); None (a deployment, a scheduled regeneration) builds it here."""
     configure_environment()  # a worker-started run: HF, MLflow and XDG state under $DPICL_HOME, telemetry off
     logger = get_run_logger()
     run_id = run_id or default_run_id()
@@ -111,25 +114,30 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     flow_run_id = str(ctx.flow_run.id) if ctx and ctx.flow_run else ""
     logger.info("run %s: dataset %s, model %s, epsilons %s, task runner %s", run_id, config.dataset, config.model,
                 ", ".join(fmt_eps(e) for e in config.epsilons), config.task_runner)
-    preflight(config)  # checks that could fail after the charge (model, context, task runner) run before it
+    if plan is None:  # checks that could fail after the charge (model, context, task runner) run before it
+        plan = build_run_plan(config)
+    elif plan.config != config:
+        raise DpiclError("run: the plan was made for another configuration; plan the run again")
     tracking.warm_up()  # MLflow's import and SQLite store set-up (~10 s) overlap the run
 
     # 1-2. ingest and partition (private records stay in the private store)
-    ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path)
+    ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path,
+                                   plan=plan)
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
     tang = "tang" in config.methods
-    delta = config.delta if config.delta is not None else default_delta(ingested["num_private_records"])
-    fewshot = _fewshot_run(config, ingested, paths, delta) if tang else None
-    spends = _spends(config, run_id, ingested, delta, fewshot)
+    fewshot = _fewshot_run(config, plan, ingested, paths) if tang else None
+    if "dpsgd" in config.methods:  # PromptDPSGD's prompt fits the model, checked before the charge
+        check_model(config)
+    spends = plan.spends(run_id)
     # ledger: every spend of every method the ledger does not already hold for this run, charged at once
     # (all or nothing) before any method runs; a replayed spend may only be served from its cached draw
     if non_private_warning(config):  # a deployment run has no CLI to say it: the flow log does
         logger.warning(non_private_warning(config))
     ledger_entry = charge_spends(config.ledger_id, spends, same_records_ok=config.new_budget_for_same_records)
     cost = planned_cost(spends)
-    logger.info(charge_line(ledger_entry, cost, run_id, delta))
-    tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, ledger_entry) if tang else None
-    others, wall = _other_methods(config, run_id, ingested, ledger_entry)
+    logger.info(charge_line(ledger_entry, cost, run_id, plan.delta))
+    tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, plan, ledger_entry) if tang else None
+    others, wall = _other_methods(config, run_id, ingested, plan, ledger_entry)
     if tang:
         wall["tang"] = tang_summary.pop("wall_seconds")
     recorded, audit = _record(config, run_id, flow_run_id, ingested, paths, tang_summary, others)
@@ -167,44 +175,28 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         "ledger": ledger_entry,
         "ledger_after": ledger_report(config.ledger_id, run_id),  # audit charges included
         "epsilons": ["inf" if math.isinf(e) else e for e in config.epsilons],
-        "delta": delta,
+        "delta": plan.delta,
         "method_wall_seconds": {m: round(w) for m, w in wall.items()},  # whole seconds on the public side
     }
 
 
-def _fewshot_run(config: RunConfig, ingested: dict, paths: RunPaths, delta: float) -> _FewShotRun:
-    """Stages 2-3 of DP few-shot generation, before the charge: partition by label, the privacy plan (one
-    sigma per epsilon, largest q over labels; `calibration.parquet`), the checks that need the data."""
+def _fewshot_run(config: RunConfig, plan: RunPlan, ingested: dict, paths: RunPaths) -> _FewShotRun:
+    """Stages 2-3 of DP few-shot generation, before the charge: partition by label, the plan's sigmas logged
+    and written (`calibration.parquet`), the checks that need the model and the data."""
     labels = list(ingested["labels"])
-    label_counts = ingest_stage.partition(ingested)["label_counts"]
-    arguments = calibrate_stage.plan_arguments(config, label_counts, delta)
-    generation_config = arguments["generation"]
-    fewshot = calibrate_stage.calibrate(**arguments)
-    write_table(pd.DataFrame([c.row() for c in fewshot.calibrations], columns=CALIBRATION_COLUMNS),
-                paths.public / "calibration.parquet")
+    ingest_stage.partition(ingested)
+    fewshot, generation_config = plan.fewshot, plan.generation
+    calibrate_stage.record_calibrations(plan=fewshot, generation=generation_config, public_dir=str(paths.public))
     # --test-size and the longest group prompt against the model's context: checked before any charge
     checks_after_ingest(config, ingested["num_test"], labels, generation_config)
     items = generate_stage.generation_plan(labels, fewshot, config.seed)
-    return _FewShotRun(fewshot, items, generation_config, label_counts)
+    return _FewShotRun(fewshot, items, generation_config)
 
 
-def _spends(config: RunConfig, run_id: str, ingested: dict, delta: float, fewshot: _FewShotRun | None) -> list:
-    """Every spend of every method the run names, each method's checks on the ingested data passed."""
-    spends = []
-    if fewshot is not None:
-        spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id, fewshot.plan.privacy_plans())
-    # PromptPATE's and PromptDPSGD's plans, after their own checks on the ingested data (and, for
-    # PromptDPSGD, that its prompt fits the model)
-    spends += plan_spends(config.ledger_id, ingested["data_hash"], run_id,
-                          ingested_method_plans(config, ingested, delta))
-    if "dpsgd" in config.methods:
-        check_model(config)
-    return spends
-
-
-def _other_methods(config: RunConfig, run_id: str, ingested: dict, ledger_entry: dict) -> tuple[dict, dict]:
-    """PromptPATE's and PromptDPSGD's subflows on the charge already made: (their summaries, their wall
-    seconds), by method."""
+def _other_methods(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan,
+                   ledger_entry: dict) -> tuple[dict, dict]:
+    """PromptPATE's and PromptDPSGD's subflows on the plan and the charge already made: (their summaries,
+    their wall seconds), by method."""
     others, wall = {}, {}
     if "pate" in config.methods:
         began = time.perf_counter()
@@ -214,11 +206,11 @@ def _other_methods(config: RunConfig, run_id: str, ingested: dict, ledger_entry:
                        if "tang" in config.methods and "zero-shot" in config.baselines else config)
         # PromptPATE at the run's smaller epsilons too: prefixes of its one labelling, charged once
         others["pate"] = pate_flow(config=pate_config, run_id=run_id, ingested=ingested, charge=ledger_entry,
-                                   checkpoint_epsilons=list(config.epsilons))
+                                   checkpoint_epsilons=list(config.epsilons), plan=plan)
         wall["pate"] = round(time.perf_counter() - began)  # whole seconds: a timing of work on private records
     if "dpsgd" in config.methods:
         began = time.perf_counter()
-        others["dpsgd"] = dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry)
+        others["dpsgd"] = dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry, plan=plan)
         wall["dpsgd"] = round(time.perf_counter() - began)
     return others, wall
 
@@ -281,12 +273,12 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
     return audits
 
 
-def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, run: _FewShotRun,
+def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, run: _FewShotRun, plan: RunPlan,
                 ledger_entry: dict) -> dict:
     """DP few-shot generation's stages 4-6 (Tang et al. Algorithm 1): generation, evaluation and the audit,
     on the charge already made; tables written to the run folders."""
     began = time.perf_counter()
-    fewshot, items, generation_config, label_counts = run.plan, run.items, run.generation_config, run.label_counts
+    fewshot, items, generation_config = run.plan, run.items, run.generation_config
     labels = list(ingested["labels"])
     scope = noise_scope(config.seed, run_id)
     with running(config.task_runner) as runner:
@@ -310,14 +302,13 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
                       for demo_set in evaluate_stage.evaluation_plan(list(config.baselines), shards)]
         eval_futures = map_calls(runner, evaluate_stage.evaluate, eval_calls)
         audit_futures = []
-        if config.audit:
-            audit_config, _, note = audit_stage.run_audit_design(config, label_counts, ingested["num_test"])
-            if note:
-                get_run_logger().warning(note)
-            if audit_config is not None:
+        if plan.audit is not None:  # designed with the plan, from public counts
+            if plan.audit.note:
+                get_run_logger().warning(plan.audit.note)
+            if plan.audit.config is not None:
                 audit_futures = map_calls(runner, audit_stage.audit, [
                     audit_stage.audit_call(config, ingested, fewshot, shards, generation_config, scope,
-                                           audit_config)])
+                                           plan.audit.config)])
 
         evaluations = results(eval_futures)
         # Per-item predictions (test ids, gold labels, probabilities) are private; metrics are aggregates.
@@ -348,6 +339,7 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
             "wall_seconds": round(time.perf_counter() - began)}
 
 
-def run_pipeline(config: RunConfig, run_id: str | None = None) -> dict:
-    """Run the flow in this process (a temporary local Prefect server when PREFECT_API_URL is unset)."""
-    return dp_fewshot_pipeline(config=config, run_id=run_id)
+def run_pipeline(config: RunConfig, run_id: str | None = None, plan: RunPlan | None = None) -> dict:
+    """Run the flow in this process (a temporary local Prefect server when PREFECT_API_URL is unset), on
+    `plan` when the caller built it (`tasks.run_plans.build_run_plan`)."""
+    return dp_fewshot_pipeline(config=config, run_id=run_id, plan=plan)

@@ -1,6 +1,6 @@
 """PromptDPSGD as a Prefect flow (Duan et al. Section 4.1): soft prompts or prefixes trained with DP-SGD.
 
-    ingest -> plans (sigma per epsilon) -> budget dry run -> model checks -> ledger charge
+    the run's plan (sigma per epsilon) -> budget dry run -> model checks -> ingest -> ledger charge
       -> train (one task per epsilon and training, tag `gpu`) -> evaluate (the pipeline's task) -> record
 
 Usable alone (`dpicl tune`) or as a subflow of the pipeline: pass the pipeline's `ingested` dict and run
@@ -18,12 +18,14 @@ from prefect import flow, get_run_logger
 
 from dpcore.config import RunConfig
 from dpcore.display import fmt_eps
+from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
 from flows.runner import default_run_id
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
 from tasks import tune as tune_stage
 from tasks.charge import charge_plans, ledger_report, noise_charged
+from tasks.run_plans import RunPlan, build_run_plan
 
 FLOW_NAME = "prompt-dpsgd"
 
@@ -37,22 +39,30 @@ def charge_line(charge: dict, shape: str) -> str:
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
       description="PromptDPSGD (Duan et al. Section 4.1): a soft prompt or prefix trained with DP-SGD.")
 def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
-               ingested: dict | None = None, charge: dict | None = None) -> dict:
+               ingested: dict | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
     """Train, evaluate and record PromptDPSGD prompts for every epsilon of `config`; a public summary.
 
     As a subflow: `ingested` is the pipeline's ingest result (its records and run folder are reused);
     `charge` the summary of a `charge_plans` call that already charged `tasks.tune.plans(config, N)` with
     the pipeline's other plans in one transaction (then this flow charges nothing itself, and trains the
-    spends that call charged)."""
+    spends that call charged). `plan`: the run's plan (`tasks.run_plans.RunPlan`, PromptDPSGD's part made),
+    built in this process by the caller (`plan_tuning`, the pipeline); None plans (and dry-runs) here."""
 
     configure_environment()
     logger = get_run_logger()
     run_id = run_id or default_run_id()
-    shape = tune_stage.precheck(config, run_id)  # data size, plans, budget (dry run), model: nothing written yet
+    if plan is None or "dpsgd" not in plan.methods:
+        plan, shape = plan_tuning(config, run_id)  # data size, plans, budget (dry run), model: nothing written yet
+    elif not plan.made_from(config):
+        raise DpiclError("dpsgd: the plan was made for other records; plan the run again")
+    else:
+        shape = tune_stage.check_model(config)  # the model cache's: loaded once per process
     if ingested is None:
         ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec,
-                                       config.test_path)
-    plans = tune_stage.plans(config, ingested["num_private_records"])
+                                       config.test_path, plan=plan)
+    elif ingested["data_hash"] != plan.data_hash:
+        raise DpiclError("dpsgd: the dataset changed since it was planned (content hash differs); run again")
+    plans = list(plan.dpsgd)
     if charge is None:
         charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans,
                               same_records_ok=config.new_budget_for_same_records)
@@ -85,6 +95,17 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
     }
 
 
-def run_tuning(config: RunConfig, run_id: str | None = None) -> dict:
-    """Run the flow in this process (a temporary local Prefect server when PREFECT_API_URL is unset)."""
-    return dpsgd_flow(config=config, run_id=run_id)
+def plan_tuning(config: RunConfig, run_id: str | None) -> tuple[RunPlan, dict]:
+    """Every check that could fail after the charge, before anything is written: (the run's plan, the prompt's
+    shape). The plan (`tasks.run_plans.build_run_plan`: a classification task, `--test-size` within the
+    test split, the plans: epsilon > 0, batch <= N, sigma reachable), the budget (a dry run of the charge:
+    `BudgetExceededError`, exit 3, before any model loads), then the model (`tasks.tune.check_model`)."""
+    plan = build_run_plan(config, methods=("dpsgd",))
+    plan.dry_run(run_id)
+    return plan, tune_stage.check_model(config)
+
+
+def run_tuning(config: RunConfig, run_id: str | None = None, plan: RunPlan | None = None) -> dict:
+    """Run the flow in this process (a temporary local Prefect server when PREFECT_API_URL is unset), on
+    `plan` when the caller made it (`plan_tuning`)."""
+    return dpsgd_flow(config=config, run_id=run_id, plan=plan)

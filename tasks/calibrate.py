@@ -5,23 +5,26 @@ rate q = MN/|D_y| (labels are disjoint, so the run's epsilon is the maximum over
 parallel composition). T = max_tokens x demos per label. Epsilon 0 means instruction-only
 demos (no private data, sigma unused); epsilon = inf means sigma = 0 (no noise).
 
-The task's result is the run's `FewShotPlan` (cached); its `calibrations` are the rows of the
-public `calibration` table (`dpcore.fewshot.plan.CALIBRATION_COLUMNS`) and its `privacy_plans()`
-what the run charges. `plan_arguments` gives the plan's inputs from a `RunConfig`, so the pipeline
-and the dry run before `dpicl run` (`tasks.run_plans.run_spends`) plan the same thing.
+The run's `FewShotPlan` is made once, with the rest of the run's plan (`tasks.run_plans.build_run_plan`,
+from `plan_arguments`); its `calibrations` are the rows of the public `calibration` table
+(`dpcore.fewshot.plan.CALIBRATION_COLUMNS`), said and written by the `calibrate` task
+(`record_calibrations`), and its `privacy_plans()` what the run charges.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
 
 from dpcore.config import GenerationConfig, RunConfig, demos_per_label
+from dpcore.data.artifacts import write_table
 from dpcore.display import fmt_delta, fmt_eps, fmt_sigma, steps_text
-from dpcore.fewshot.plan import CALIBRATION_COLUMNS, FewShotPlan, fewshot_plan
-from tasks.common import cached_task, stage_logger
+from dpcore.fewshot.plan import CALIBRATION_COLUMNS, FewShotPlan
+from tasks.common import stage_logger, uncached_task
 
-__all__ = ["CALIBRATION_COLUMNS", "calibrate", "generation_config", "plan_arguments"]
-CALIBRATE_KEY_FIELDS = ("epsilons", "label_counts", "generation", "delta", "baselines", "audit_reference")
+__all__ = ["CALIBRATION_COLUMNS", "generation_config", "log_calibrations", "plan_arguments", "record_calibrations"]
 
 
 def generation_config(config: RunConfig, num_labels: int) -> GenerationConfig:
@@ -30,22 +33,26 @@ def generation_config(config: RunConfig, num_labels: int) -> GenerationConfig:
 
 
 def plan_arguments(config: RunConfig, label_counts: Mapping[str, int], delta: float) -> dict:
-    """The keyword arguments of `calibrate` (and of `dpcore.fewshot.plan.fewshot_plan`) for a run."""
+    """The keyword arguments of `dpcore.fewshot.plan.fewshot_plan` for a run."""
     return {"epsilons": sorted({float(e) for e in config.epsilons}), "label_counts": dict(label_counts),
             "generation": generation_config(config, len(label_counts)), "delta": float(delta),
             "baselines": list(config.baselines), "audit_reference": bool(config.audit and config.audit_reference)}
 
 
-@cached_task("calibrate", CALIBRATE_KEY_FIELDS, ("dpcore.fewshot.accounting", "dpcore.fewshot.plan"))
-def calibrate(*, epsilons: list[float], label_counts: dict[str, int], generation: GenerationConfig, delta: float,
-              baselines: list[str], audit_reference: bool) -> FewShotPlan:
-    """The run's `FewShotPlan` (public: parameters and accountant aggregates only)."""
-    plan = fewshot_plan(epsilons, label_counts, generation, delta, baselines=baselines,
-                        audit_reference=audit_reference)
+@uncached_task("calibrate")
+def record_calibrations(*, plan: FewShotPlan, generation: GenerationConfig, public_dir: str) -> str:
+    """The run's sigma per epsilon, as planned (`tasks.run_plans.RunPlan.fewshot`): said in the log and written
+    to the public `calibration` table. Returns its path."""
+    log_calibrations(plan, generation)
+    frame = pd.DataFrame([c.row() for c in plan.calibrations], columns=CALIBRATION_COLUMNS)
+    return str(write_table(frame, Path(public_dir) / "calibration.parquet"))
+
+
+def log_calibrations(plan: FewShotPlan, generation: GenerationConfig) -> None:
+    """One log line per epsilon of the run's `FewShotPlan` (public: parameters and accountant aggregates)."""
     logger = stage_logger()
     for row in plan.calibrations:
         logger.info("epsilon %s: sigma %s (q %.3g, %s, delta %s, accountant upper %s, cross-check %s)",
                     fmt_eps(row.epsilon), fmt_sigma(row.noise_multiplier), row.sampling_rate,
                     steps_text(row.steps, generation.max_tokens), fmt_delta(row.delta), fmt_eps(row.epsilon_upper),
                     "agreed" if row.crosscheck_agreed else "DISAGREED")
-    return plan

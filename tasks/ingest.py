@@ -17,6 +17,7 @@ from prefect import get_run_logger
 from dpcore.data.artifacts import read_table, write_table
 from dpcore.data.datasets import LoadedDataset, load_dataset
 from dpcore.data.taskspec import load_task_spec
+from dpcore.errors import DpiclError
 from dpcore.privacy.ledger import Ledger
 from tasks.common import run_paths, uncached_task
 
@@ -37,14 +38,23 @@ def remember_records(data: LoadedDataset) -> LoadedDataset:
 
 @uncached_task("ingest")
 def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: str | None = None,
-           test_path: str | None = None) -> dict:
+           test_path: str | None = None, plan=None) -> dict:
     """Load + validate the dataset; write the private `records` table. Returns paths and aggregates only.
 
     `test_path`: a separate test file (the test split); without it the test rows are held out of the
     private file by the task's seeded split. Either way the test rows are private too (records table).
+    `plan`: the run's `tasks.run_plans.RunPlan`, whose records (loaded when it was made, in this process)
+    are the ones ingested, so what is written is what the plan charges for; refused when the plan was made
+    from another source or its records do not have its content hash.
     """
-    spec = load_task_spec(task_spec or dataset)
-    data = remember_records(load_dataset(spec, data_path, test_path))
+    if plan is None:
+        spec = load_task_spec(task_spec or dataset)
+        data = remember_records(load_dataset(spec, data_path, test_path))
+    else:
+        data, spec = plan.data, plan.data.spec
+        source = (plan.config.dataset, plan.config.data_path, plan.config.task_spec, plan.config.test_path)
+        if source != (dataset, data_path, task_spec, test_path) or data.content_hash != plan.data_hash:
+            raise DpiclError("ingest: the run's plan was made from other records than these; plan the run again")
     paths = run_paths(dataset, data.content_hash, run_id)
     # `public`: a shipped source's public split (public rows, kept beside the others for PromptDPSGD's
     # public loss curve); never present for a user's file

@@ -26,7 +26,6 @@ from dpcore.config import flag
 from dpcore.data.artifacts import read_table, write_json_atomic, write_table
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
-from dpcore.fewshot import accounting
 from dpcore.home import is_private_path
 from dpcore.pate import gnmax, public_queries
 from dpcore.pate.gnmax import check_gnmax_parameters, default_threshold
@@ -35,7 +34,6 @@ from dpcore.pate.student import select_student, student_candidates
 from dpcore.pate.teachers import Teachers, assign_teachers, check_flock_size
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.privacy.spend import Spend
-from tasks.charge import charge_plans, preflight
 from tasks.common import (
     cached_task,
     derive_seed,
@@ -45,7 +43,7 @@ from tasks.common import (
     stage_key,
     uncached_task,
 )
-from tasks.ingest import load_data, public_test_split
+from tasks.ingest import public_test_split
 
 PATE_MODULES = ("dpcore.pate.teachers", "dpcore.pate.gnmax", "dpcore.pate.flock", "dpcore.lm.icl", "dpcore.pate.public_queries",
                 "dpcore.pate.student", "dpcore.pate.data_dependent", "dpcore.lm.model", "dpcore.data.taskspec")
@@ -128,40 +126,19 @@ def checkpoints(epsilons: list[float], settings: dict, per_repeat: int, delta: f
                                                            repeats=settings["repeats"], queries=per_repeat)]
 
 
-def check_before_run(config, run_id: str | None) -> dict:
-    """Every check and the budget's dry run before `dpicl pate` writes a file or loads a model (over budget:
-    `BudgetExceededError`, exit 3): {"plans", "queries" (Q per repeat), "delta"}."""
-    preflight(config)
-    spec = load_task_spec(config.task_spec or config.dataset)
-    if spec.kind != "classification":
-        raise ConfigError(f"pate: PromptPATE votes on labels; task {spec.name!r} is not a classification task")
-    data = load_data(config)
-    _, _, settings = check_inputs(config, data)
-    delta = config.delta if config.delta is not None else accounting.default_delta(len(data.train))
-    plans, per_repeat = privacy_plans(config, settings, delta)
-    charge_plans(config.ledger_id, data.content_hash, run_id or "dry-run", plans, dry_run=True,
-                 same_records_ok=config.new_budget_for_same_records)
-    return {"plans": plans, "queries": per_repeat, "delta": delta}
-
-
 # --------------------------------------------------------------------------- tasks
 
 
 @uncached_task("pate-inputs")
-def pate_inputs(*, config, ingested: dict, planned: int) -> dict:
-    """The public queries (checked; the first `planned` of them, what the plan covers, in the public run
-    folder) and the run's Confident-GNMax settings."""
-    data = load_data(config)
-    if data.content_hash != ingested["data_hash"]:
-        raise DpiclError("pate: the dataset changed since it was ingested (content hash differs); run again")
-    queries, where, settings = check_inputs(config, data)
-    queries = queries.head(planned)
-    path = write_table(queries, Path(ingested["paths"]["public"]) / "pate_queries.parquet")
+def pate_inputs(*, queries: pd.DataFrame, source: str, settings: dict, public_dir: str) -> dict:
+    """The run plan's public queries (checked when it was made: what the plan covers) written to the public
+    run folder, and the run's Confident-GNMax settings."""
+    path = write_table(queries, Path(public_dir) / "pate_queries.parquet")
     get_run_logger().info("PromptPATE: %d public queries from %s; E=%d, k=%d, T=%g, sigma1=%g, sigma2=%g",
-                          len(queries), where, settings["teachers"], settings["shots"], settings["threshold"],
+                          len(queries), source, settings["teachers"], settings["shots"], settings["threshold"],
                           settings["sigma1"], settings["sigma2"])
-    return {"queries_path": str(path), "queries_key": stage_key("pate-queries", {"where": where,
-            "texts": queries["text"].tolist()}), "source": where, "settings": settings}
+    return {"queries_path": str(path), "queries_key": stage_key("pate-queries", {"where": source,
+            "texts": queries["text"].tolist()}), "source": source, "settings": settings}
 
 
 @cached_task("pate-teachers", TEACHERS_KEY, PATE_MODULES, private_outputs=True)

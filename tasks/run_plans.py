@@ -1,71 +1,206 @@
-"""Every method's privacy plans for one run, from the data alone (no model, no Prefect server, nothing
-written): what the CLI shows and dry-runs before anything starts, and what the pipeline charges in one
-transaction after ingest (`tasks.charge`).
+"""A run's plan, built once: what a run decided before anything is charged (`RunPlan`).
 
-- `method_plans`: PromptPATE's and PromptDPSGD's plans, each after its own checks on the data
-  (`tasks.pate`, `tasks.tune`); DP few-shot generation's come from its `FewShotPlan` (`tasks.calibrate`).
-- `ingested_method_plans`: the same on the data a pipeline run ingested.
-- `run_spends`: the spends of every method a run names, DP few-shot generation's included.
+`build_run_plan` loads the dataset once (validated, its keyed content hash), picks delta (the flag, the
+budget's delta the CLI put in the config, or 1/|D|), and plans every method the run names on that data:
+DP few-shot generation's `FewShotPlan` (a sigma per epsilon, `dpcore.fewshot.plan`), PromptPATE's settings,
+public queries and plans (`tasks.pate`), PromptDPSGD's plans (`tasks.tune`), and the audit's design from
+public counts (`tasks.audit.run_audit_design`). Nothing is written but the records' sketch beside the
+ledger (`tasks.ingest.load_data`); no model loads.
 
-Apart from `tasks.charge`, which the methods' stages call to charge their plans, so that the charging
-path imports no method.
+The CLI builds it, says it and dry-runs its spends (`dry_run`); the flows receive it in the same process
+and charge its spends (`RunPlan.spends`), ingest its data (`tasks.ingest.ingest`, never reading the file
+again) and run its methods without planning again. A run started elsewhere (a Prefect deployment, a
+scheduled regeneration) builds its own: the plan holds the loaded records, so it never leaves the process
+(`PlannedData`: Prefect stores it as a placeholder, never its content), and a plan's spends are always
+keyed to the content hash of the records it holds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from dpcore.audit.design import AuditDesign
+from dpcore.config import AuditConfig, GenerationConfig, RunConfig
+from dpcore.data.datasets import LoadedDataset
 from dpcore.errors import ConfigError
+from dpcore.fewshot.plan import FewShotPlan, default_delta, fewshot_plan
+from dpcore.lm.icl import check_test_size
 from dpcore.privacy import ledger
-from tasks.charge import plan_spends
+from dpcore.privacy.plan import PrivacyPlan
+from tasks import pate as pate_stage
+from tasks import tune as tune_stage
+from tasks.audit import run_audit_design
+from tasks.calibrate import plan_arguments
+from tasks.charge import budget_delta, charge_spends, plan_spends, preflight
+from tasks.ingest import load_data
+
+DELTA_SOURCES = ("flag", "budget", "1/|D|")
 
 
-def method_plans(config, data, delta: float) -> list:
-    """The `PrivacyPlan`s of the run's PromptPATE and PromptDPSGD, each after its own checks on the data
-    (`tasks.pate.check_inputs`: the flock size, the public queries; `tasks.tune.plans`: batch within the
-    training records). DP few-shot generation's come from its `FewShotPlan` (`tasks.calibrate`)."""
-    plans = []
-    if "pate" in config.methods:
-        from tasks.pate import check_inputs, privacy_plans
+class PlannedData:
+    """The loaded dataset a plan was made from, held in this process only: never copied, never encoded
+    (Prefect's parameter store gets `<RunPlan>`, not the records: `jsonable_encoder` can neither iterate
+    nor read the attributes of a slotted object)."""
 
-        _, _, settings = check_inputs(config, data)
-        plans += privacy_plans(config, settings, delta)[0]
-    if "dpsgd" in config.methods:
-        from dpcore.lm.icl import check_test_size
-        from tasks.tune import plans as dpsgd_plans
+    __slots__ = ("_data",)
 
-        if data.spec.kind != "classification":
-            raise ConfigError(f"methods: PromptDPSGD trains prompts for classification tasks; task "
-                              f"{data.spec.name!r} is {data.spec.kind}")
-        check_test_size(config.test_size, len(data.test))
-        plans += dpsgd_plans(config, len(data.train))
-    return plans
+    def __init__(self, data: LoadedDataset):
+        self._data = data
+
+    def get(self) -> LoadedDataset:
+        return self._data
+
+    def __deepcopy__(self, memo):  # `dataclasses.asdict` deep-copies fields: the records stay one object
+        return self
+
+    def __copy__(self):
+        return self
+
+    def __repr__(self) -> str:
+        return "<records held in memory>"
 
 
-def ingested_method_plans(config, ingested: dict, delta: float) -> list:
-    """`method_plans` on the data a pipeline run ingested (refused if the file changed since)."""
-    from dpcore.errors import DpiclError
-    from tasks.ingest import load_data
+@dataclass(frozen=True)
+class PatePlan:
+    """PromptPATE's decision on the data (`tasks.pate.check_inputs`, `tasks.pate.privacy_plans`): its
+    Confident-GNMax settings, its plans (one per repeat set, and the non-private baselines' when asked), the
+    queries each repeat labels, and the public queries (public text) with where they come from."""
 
-    if not set(config.methods) - {"tang"}:
-        return []
+    settings: dict
+    plans: tuple[PrivacyPlan, ...]
+    per_repeat: int
+    queries: pd.DataFrame = field(repr=False, compare=False)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class AuditPlan:
+    """The run's audit planned from public counts (`tasks.audit.run_audit_design`): the configuration to
+    run (None: skipped), its design, and the line said about it (None: nothing to say)."""
+
+    config: AuditConfig | None
+    design: AuditDesign
+    note: str | None
+
+    @property
+    def demo_sets(self) -> int:
+        return max(1, self.design.trials // self.config.trials) if self.config is not None else 1
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run decided before anything is charged, built once (`build_run_plan`)."""
+
+    config: RunConfig
+    methods: tuple[str, ...]
+    data_hash: str
+    delta: float
+    delta_source: str                   # one of DELTA_SOURCES
+    labels: tuple[str, ...]
+    label_counts: dict[str, int]        # |D_y|, public as in Tang et al.
+    num_private_records: int
+    num_test: int
+    generation: GenerationConfig | None  # Algorithm 1's parameters (DP few-shot generation)
+    fewshot: FewShotPlan | None
+    pate: PatePlan | None
+    dpsgd: tuple[PrivacyPlan, ...]
+    audit: AuditPlan | None
+    held: PlannedData = field(repr=False, compare=False)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler):
+        # a flow parameter (`validate_parameters`) is checked as an instance, never rebuilt field by field
+        from pydantic_core import core_schema
+
+        return core_schema.is_instance_schema(cls)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema, handler) -> dict:
+        # a deployment's parameter form has no field for it: a run started there plans itself
+        return {"title": "RunPlan", "description": "in-process only; a deployment run builds its own"}
+
+    @property
+    def data(self) -> LoadedDataset:
+        """The records the plan was made from (in this process only)."""
+        return self.held.get()
+
+    def privacy_plans(self) -> list[PrivacyPlan]:
+        """Every method's plans, in the order the ledger charges them: DP few-shot generation's, PromptPATE's,
+        PromptDPSGD's."""
+        return ([*self.fewshot.privacy_plans()] if self.fewshot is not None else []) + \
+            [*(self.pate.plans if self.pate is not None else ()), *self.dpsgd]
+
+    def spends(self, run_id: str | None) -> list[tuple[str, float, ledger.Spend]]:
+        """The run's ledger requests under `run_id` (a dry run's: "dry-run"), on the plan's content hash."""
+        return plan_spends(self.config.ledger_id, self.data_hash, run_id or "dry-run", self.privacy_plans())
+
+    def dry_run(self, run_id: str | None) -> dict:
+        """The charge checked against the dataset's budget, nothing recorded (over budget:
+        `BudgetExceededError`; records another dataset id spends on: `SameRecordsError`; both exit 3)."""
+        return charge_spends(self.config.ledger_id, self.spends(run_id), dry_run=True,
+                             same_records_ok=self.config.new_budget_for_same_records)
+
+    def made_from(self, config: RunConfig) -> bool:
+        """Whether `config` reads the same records as the plan's (the same source, split and budget)."""
+        keys = ("dataset", "data_path", "task_spec", "test_path", "ledger_id")
+        return all(getattr(config, k) == getattr(self.config, k) for k in keys)
+
+
+def delta_of(config: RunConfig, num_private_records: int) -> tuple[float, str]:
+    """(delta, where it came from): the configuration's (the budget's delta when the CLI set it from the
+    ledger's budget, else the flag), or 1/|D| (the papers' default)."""
+    if config.delta is None:
+        return default_delta(num_private_records), "1/|D|"
+    return config.delta, "budget" if budget_delta(config.ledger_id) == config.delta else "flag"
+
+
+def build_run_plan(config: RunConfig, methods: Iterable[str] | None = None) -> RunPlan:
+    """The run's plan: the dataset loaded once, delta, every named method's plan after its own checks on the
+    data, the audit's design. `methods` defaults to the configuration's."""
+    methods = tuple(methods if methods is not None else config.methods)
+    preflight(config)  # the task runner spec and the model's context, before the data is read
     data = load_data(config)
-    if data.content_hash != ingested["data_hash"]:
-        raise DpiclError("methods: the dataset changed since it was ingested (content hash differs); run again")
-    return method_plans(config, data, delta)
+    delta, source = delta_of(config, len(data.train))
+    counts = data.label_counts()
+    generation, fewshot, audit = None, None, None
+    if "tang" in methods:
+        arguments = plan_arguments(config, counts, delta)
+        generation = arguments["generation"]
+        fewshot = fewshot_plan(**arguments)
+        if config.audit:
+            audit = AuditPlan(*run_audit_design(config, counts, len(data.test)))
+    return RunPlan(
+        config=config, methods=methods, data_hash=data.content_hash, delta=float(delta), delta_source=source,
+        labels=tuple(data.labels), label_counts=counts, num_private_records=len(data.train),
+        num_test=len(data.test), generation=generation, fewshot=fewshot,
+        pate=_pate_plan(config, data, delta) if "pate" in methods else None,
+        dpsgd=_dpsgd_plans(config, data) if "dpsgd" in methods else (), audit=audit, held=PlannedData(data))
 
 
-def run_spends(config, run_id: str | None = None) -> tuple[list[tuple[str, float, ledger.Spend]], object]:
-    """Every spend the run will charge, for every method it names, from the data and the accountant
-    alone (no model, no Prefect server, nothing written): (spends, the loaded dataset). DP few-shot
-    generation's plan is the one the pipeline's calibration stage makes (`tasks.calibrate.plan_arguments`)."""
-    from dpcore.fewshot.plan import default_delta, fewshot_plan
-    from tasks.calibrate import plan_arguments
-    from tasks.ingest import load_data
+def _pate_plan(config: RunConfig, data: LoadedDataset, delta: float) -> PatePlan:
+    """PromptPATE's plan after every check on the data (`tasks.pate.check_inputs`: flock size, GNMax
+    parameters, test size, the public queries)."""
+    if data.spec.kind != "classification":
+        raise ConfigError(f"pate: PromptPATE votes on labels; task {data.spec.name!r} is not a classification task")
+    queries, where, settings = pate_stage.check_inputs(config, data)
+    plans, per_repeat = pate_stage.privacy_plans(config, settings, delta)
+    return PatePlan(settings, tuple(plans), per_repeat, queries.head(per_repeat), where)
 
-    data = load_data(config)
-    run_id = run_id or "dry-run"
-    delta = config.delta if config.delta is not None else default_delta(len(data.train))
-    plans = []
-    if "tang" in config.methods:
-        plans += fewshot_plan(**plan_arguments(config, data.label_counts(), delta)).privacy_plans()
-    plans += method_plans(config, data, delta)
-    return plan_spends(config.ledger_id, data.content_hash, run_id, plans), data
+
+def _dpsgd_plans(config: RunConfig, data: LoadedDataset) -> tuple[PrivacyPlan, ...]:
+    """PromptDPSGD's plans (`tasks.tune.plans`: batch within the training records, sigma reachable) after its
+    checks: a classification task, `--test-size` within the test split."""
+    if data.spec.kind != "classification":
+        raise ConfigError(f"methods: PromptDPSGD trains prompts for classification tasks; task "
+                          f"{data.spec.name!r} is {data.spec.kind}")
+    check_test_size(config.test_size, len(data.test))
+    return tuple(tune_stage.plans(config, len(data.train)))
+
+
+def run_spends(config: RunConfig, run_id: str | None = None) -> tuple[list[tuple[str, float, ledger.Spend]], RunPlan]:
+    """Every spend a run on `config` will charge, for every method it names, and its plan."""
+    plan = build_run_plan(config)
+    return plan.spends(run_id), plan

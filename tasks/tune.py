@@ -47,9 +47,8 @@ from dpcore.dpsgd import training as dpsgd
 from dpcore.dpsgd.soft_prompt import check_prompt, encode_examples, init_prompt, save_prompt, weights_hash
 from dpcore.dpsgd.training import dpsgd_config, dpsgd_plan
 from dpcore.errors import ConfigError
-from dpcore.lm.icl import check_test_size, summarise_metrics
+from dpcore.lm.icl import summarise_metrics
 from dpcore.privacy.plan import PrivacyPlan
-from tasks.charge import charge_plans
 from tasks.common import (
     code_version,
     derive_seed,
@@ -58,7 +57,6 @@ from tasks.common import (
     report_progress,
     uncached_task,
 )
-from tasks.ingest import load_data
 from tasks.tracking import experiment_id, log_batch, mlflow_client
 
 METHOD = "dpsgd"
@@ -91,22 +89,6 @@ def check_model(config: RunConfig) -> dict:
     dp_config = dpsgd_config(config)
     shape = check_prompt(lm, dp_config.kind, dp_config.length)
     return {"shape": list(shape), "parameters": int(math.prod(shape))}
-
-
-def precheck(config: RunConfig, run_id: str) -> dict:
-    """Every check that could fail after the charge, before anything is written: the task is a classification
-    task, `--test-size` fits the test split, the plans (epsilon > 0, batch <= N, sigma reachable), the budget
-    (a dry run of the charge: `BudgetExceededError`, exit 3, before any model loads) and the model. The data is
-    loaded (never written) to know its size and content hash."""
-    spec = load_task_spec(config.task_spec or config.dataset)
-    if spec.kind != "classification":
-        raise ConfigError(f"dataset {config.dataset!r}: PromptDPSGD trains prompts for classification tasks")
-    data = load_data(config)
-    check_test_size(config.test_size, len(data.test))
-    planned = plans(config, len(data.train))
-    charge_plans(config.ledger_id, data.content_hash, run_id, planned, dry_run=True,
-                 same_records_ok=config.new_budget_for_same_records)
-    return check_model(config)
 
 
 def accountant_versions() -> dict[str, str]:

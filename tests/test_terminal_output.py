@@ -122,11 +122,11 @@ def test_dpicl_generate_logs_each_step_once_with_the_labels(tiny_model_dir, cli,
 def test_the_calibration_log_says_what_t_counts_and_rounds_its_epsilons(logs):
     """T is every mechanism step of a label: tokens per demo x demos per label, not the tokens of one demo."""
     from dpcore.config import GenerationConfig
-    from tasks.calibrate import calibrate
+    from dpcore.fewshot.plan import fewshot_plan
+    from tasks.calibrate import log_calibrations
 
-    calibrate.fn(epsilons=[3.0], label_counts={"a": 30000, "b": 30000},
-                 generation=GenerationConfig(num_subsets=10, subset_size=2, max_tokens=20, demos_per_label=2),
-                 delta=1e-5, baselines=[], audit_reference=False)
+    generation = GenerationConfig(num_subsets=10, subset_size=2, max_tokens=20, demos_per_label=2)
+    log_calibrations(fewshot_plan([3.0], {"a": 30000, "b": 30000}, generation, 1e-5), generation)
     (line,) = [r.getMessage() for r in logs if r.getMessage().startswith("epsilon 3:")]
     assert "T = 40 mechanism steps (20 tokens per demo x 2 demos per label)" in line, line
     upper = line.split("accountant upper ")[1].split(",")[0]

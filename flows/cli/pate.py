@@ -80,20 +80,22 @@ def format_summary(summary: dict) -> str:
 def _pate(args) -> int:
     # Prefect, dp-accounting load here, not for `dpicl --help`
     from flows.pate import pate_flow
-    from tasks.pate import check_before_run
+    from tasks.run_plans import build_run_plan
 
     config = _config(args)
-    checked = check_before_run(config, args.run_id)
-    print(f"PromptPATE: {checked['queries']} queries x {config.pate_repeats} repeat(s) planned; the ledger is "
-          f"charged epsilon {fmt_eps(checked['plans'][0].epsilon)} at delta {fmt_delta(checked['delta'])} before any teacher "
+    # every check and the budget's dry run before a file is written or a model loads (over budget: exit 3)
+    plan = build_run_plan(config, methods=("pate",))
+    plan.dry_run(args.run_id)
+    print(f"PromptPATE: {plan.pate.per_repeat} queries x {config.pate_repeats} repeat(s) planned; the ledger is "
+          f"charged epsilon {fmt_eps(plan.pate.plans[0].epsilon)} at delta {fmt_delta(plan.delta)} before any teacher "
           "sees a query", file=sys.stderr, flush=True)
-    if len(checked["plans"]) > 1:
+    if len(plan.pate.plans) > 1:
         print(f"WARNING: non-private PromptPATE baseline(s) {', '.join(sorted(set(config.pate_baselines) - {'zero-shot'}))} "
               f"requested: teacher prompts (real private records) on the test split, charged to ledger id "
               f"'{config.ledger_id}' as an infinite spend (epsilon = inf)", file=sys.stderr, flush=True)
     began = time.perf_counter()
     with stopping_on_signals(), showing_progress():
-        summary = pate_flow(config=config, run_id=args.run_id)
+        summary = pate_flow(config=config, run_id=args.run_id, plan=plan)
     summary["wall_seconds"] = round(time.perf_counter() - began)
     if args.json:
         print_json(summary)

@@ -191,22 +191,16 @@ def delta_note(config: RunConfig, delta: float, records: int | None = None) -> s
             "kept for comparability): pass --delta, e.g. 1/(100|D|), for a guarantee that covers 0.01 records")
 
 
-def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, confirm: bool = False) -> dict:
-    """What is said and checked before the pipeline starts: the non-private baselines the run will
-    spend (a warning line), every check that could fail after the charge, the planned cost of every
-    method the run names (composed as the ledger composes it; printed when the run names several, and
-    confirmed on a terminal when `confirm`), the audit's plan (what it runs, and why it would not
-    conclude), and a dry run of the charge against the dataset's budget (a refusal comes here, before any
-    model loads). Returns the planned cost."""
+def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, confirm: bool = False):
+    """What is said and checked before the pipeline starts, on the run's one plan (`tasks.run_plans.RunPlan`,
+    built here and handed to the flow): the non-private baselines the run will spend (a warning line), every
+    check on the data, the planned cost of every method the run names (composed as the ledger composes it;
+    printed when the run names several, and confirmed on a terminal when `confirm`), the audit's design (what
+    it runs, and why it would not conclude), and a dry run of the charge against the dataset's budget (a
+    refusal comes here, before any model loads). Returns the plan."""
     # dp-accounting loads here, not for `dpicl --help`
-    from tasks.charge import (
-        charge_spends,
-        non_private_baselines,
-        non_private_warning,
-        planned_cost,
-        preflight,
-    )
-    from tasks.run_plans import run_spends
+    from tasks.charge import non_private_baselines, non_private_warning, planned_cost
+    from tasks.run_plans import build_run_plan
 
     chosen = non_private_baselines(config)
     if defaults is DEMO_DEFAULTS and chosen:
@@ -214,25 +208,22 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
     warning = non_private_warning(config)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    preflight(config)
-    spends, data = run_spends(config, run_id)
-    if config.audit and "tang" in config.methods:  # the audit planned from public counts, said before it runs
-        from tasks.audit import design_line, run_audit_design
+    plan = build_run_plan(config)
+    if plan.audit is not None:  # the audit planned from public counts, said before it runs
+        from tasks.audit import design_line
 
-        audit_config, chosen, note = run_audit_design(config, data.label_counts(), len(data.test))
-        if audit_config is not None:
-            print(design_line(audit_config, chosen, max(1, chosen.trials // audit_config.trials)), file=sys.stderr,
+        if plan.audit.config is not None:
+            print(design_line(plan.audit.config, plan.audit.design, plan.audit.demo_sets), file=sys.stderr,
                   flush=True)
-        if note:
-            print(note, file=sys.stderr, flush=True)
-    cost = planned_cost(spends)
+        if plan.audit.note:
+            print(plan.audit.note, file=sys.stderr, flush=True)
+    spends = plan.spends(run_id)
     if len(config.methods) > 1 or confirm:
-        print(format_cost(cost), file=sys.stderr, flush=True)
-    # over budget: BudgetExceededError; records another dataset id spends on: SameRecordsError (exit 3)
-    charge_spends(config.ledger_id, spends, dry_run=True, same_records_ok=config.new_budget_for_same_records)
+        print(format_cost(planned_cost(spends)), file=sys.stderr, flush=True)
+    plan.dry_run(run_id)  # over budget: BudgetExceededError; records another dataset id spends on: SameRecordsError
     if confirm and not _confirmed():
         raise ConfigError("run: not confirmed; nothing was charged (pass --yes to run without asking)")
-    return cost
+    return plan
 
 
 def format_cost(cost: dict) -> str:
@@ -256,10 +247,10 @@ def _run(args, defaults: dict | None = None) -> int:
     # A multi-method run on a terminal asks before spending; scripts pass --yes (--json never asks).
     confirm = (len(config.methods) > 1 and not args.yes and not args.json and defaults is not DEMO_DEFAULTS
                and sys.stdin.isatty())
-    _before_run(config, args.run_id, defaults, confirm=confirm)
+    plan = _before_run(config, args.run_id, defaults, confirm=confirm)
     began = time.perf_counter()
     with stopping_on_signals(), showing_progress():
-        summary = run_pipeline(config, run_id=args.run_id)
+        summary = run_pipeline(config, run_id=args.run_id, plan=plan)
     summary["wall_seconds"] = round(time.perf_counter() - began)
     summary["delta_note"] = delta_note(config, float(summary["delta"]))
     if args.json:

@@ -75,7 +75,7 @@ def run_tune(args) -> int:
     from dpcore.dpsgd.training import (
         dpsgd_config,  # torch: loaded when a command trains, not for `dpicl --help`
     )
-    from flows.tune import run_tuning
+    from flows.tune import plan_tuning, run_tuning
 
     if args.epsilon == 0:
         raise ConfigError("--epsilon: must be > 0 (or inf) for PromptDPSGD; zero-shot is the epsilon = 0 comparison")
@@ -84,12 +84,10 @@ def run_tune(args) -> int:
     if math.isinf(args.epsilon):
         print(f"WARNING: --epsilon inf trains without noise (sigma = 0): charged to ledger id '{config.ledger_id}' as "
               "an infinite spend; the prompt carries no privacy guarantee.", file=sys.stderr, flush=True)
-    from tasks.tune import precheck
-
-    precheck(config, args.run_id or "dry-run")  # data size, plans, budget (exit 3), model: before the flow starts
+    plan, _ = plan_tuning(config, args.run_id)  # data size, plans, budget (exit 3), model: before the flow starts
     began = time.perf_counter()
     with stopping_on_signals(), showing_progress(not args.json):
-        summary = run_tuning(config, run_id=args.run_id)
+        summary = run_tuning(config, run_id=args.run_id, plan=plan)
     wall = round(time.perf_counter() - began)
     row = summary["results"][0]
     params = {**summary["plans"][0]["parameters"], "trainable_parameters": summary["trainable_parameters"]}
