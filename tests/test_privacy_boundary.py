@@ -217,7 +217,9 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
 
     root = home()
     files = _scanned_files(root)
-    assert any(p.suffix == ".parquet" for p in files) and any("storage" in p.parts for p in files)
+    # the scan reaches the public tables and the cached stages' persisted results (Prefect's own result
+    # storage is scanned too where an earlier test of the session wrote one)
+    assert any(p.suffix == ".parquet" for p in files) and any("stages" in p.parts for p in files)
     assert Path(pate["run_dir"]) / "pate_plan.json" in files  # what `dpicl release --method pate` reads
     leaks = {str(p.relative_to(root)): found for p in files if (found := _leaks(_file_text(p), needles))}
     assert leaks == {}
