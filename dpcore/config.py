@@ -33,6 +33,7 @@ from dpcore.names import (
     PromptInit,
     PromptKind,
     Sampler,
+    method_name,
 )
 
 # Command-line spellings that differ from `--field-name` (a switch that is on by default names its negation).
@@ -266,7 +267,7 @@ class RunConfig(_Frozen):
     def _parse_methods(cls, value):
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return [method_name(v) for v in value] if isinstance(value, list) else value  # dp: tang's old name
 
     @field_validator("methods")
     @classmethod
@@ -282,14 +283,14 @@ class RunConfig(_Frozen):
     def _parse_baselines(cls, value):
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return [method_name(v) for v in value] if isinstance(value, list) else value  # dp: tang's old name
 
     @field_validator("pate_baselines", mode="before")
     @classmethod
     def _parse_pate_baselines(cls, value):
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return [method_name(v) for v in value] if isinstance(value, list) else value  # dp: tang's old name
 
     @model_validator(mode="before")
     @classmethod

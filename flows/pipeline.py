@@ -128,7 +128,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     ledger_entry = charge_spends(config.ledger_id, spends, same_records_ok=config.new_budget_for_same_records)
     cost = planned_cost(spends)
     logger.info(charge_line(ledger_entry, cost, run_id, delta))
-    tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, ledger_entry) if tang else None
+    tang_summary = _tang_stages(config, run_id, ingested, paths, fewshot, ledger_entry) if tang else None
     others, wall = _other_methods(config, run_id, ingested, ledger_entry)
     if tang:
         wall["tang"] = tang_summary.pop("wall_seconds")
@@ -281,7 +281,7 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
     return audits
 
 
-def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, run: _FewShotRun,
+def _tang_stages(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, run: _FewShotRun,
                 ledger_entry: dict) -> dict:
     """DP few-shot generation's stages 4-6 (Tang et al. Algorithm 1): generation, evaluation and the audit,
     on the charge already made; tables written to the run folders."""

@@ -175,7 +175,7 @@ def test_evaluation_reports_items_over_all_seeds(tiny_lm):
                          "label": ["World", "Sports", "Business", "Technology", "World"]})
     pool = [("a demo", "World"), ("another", "Sports"), ("third", "Business"), ("fourth", "Technology")]
     calls = []
-    evaluate(tiny_lm, spec, test, pool, "dp", 1.0, EvalConfig(shots=2, seeds=3), batch_size=2,
+    evaluate(tiny_lm, spec, test, pool, "tang", 1.0, EvalConfig(shots=2, seeds=3), batch_size=2,
              items_progress=lambda done, total: calls.append((done, total)))
     assert calls[-1] == (15, 15) and all(total == 15 for _, total in calls)
     assert [done for done, _ in calls] == sorted(done for done, _ in calls)  # never goes back
