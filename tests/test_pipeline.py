@@ -58,6 +58,15 @@ def _tables(folder: Path) -> dict[str, pd.DataFrame]:
     return {p.stem: pd.read_parquet(p) for p in folder.glob("*.parquet")}
 
 
+def test_a_fresh_run_writes_tang_never_dp(run):
+    """Every table the run wrote (as stored, not as read back) and its results name the DP demos tang."""
+    written = {f"{kind}/{name}": table for kind in ("run_dir", "private_run_dir")
+               for name, table in _tables(Path(run[kind])).items() if "method" in table.columns}
+    assert {"run_dir/demos", "run_dir/metrics", "run_dir/calibration"} <= set(written)
+    assert {name: "dp" for name, table in written.items() if "dp" in set(table["method"].astype(str))} == {}
+    assert "tang" in set(written["run_dir/demos"]["method"]) and "tang" in {r["method"] for r in run["results"]}
+
+
 def test_run_folders_hold_every_table_with_its_schema(run):
     from dpcore.audit import procedures as audit
     from dpcore.lm import icl
@@ -161,9 +170,9 @@ def test_mlflow_parent_and_nested_runs(run):
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {child.info.run_name: child for child in children}
-    assert set(by_name) == {"zero-shot-eps0", "instruction-only-eps0", "dp-eps2", "sigma-zero-epsinf",
+    assert set(by_name) == {"zero-shot-eps0", "instruction-only-eps0", "tang-eps2", "sigma-zero-epsinf",
                             "random-real-epsinf"}
-    dp = by_name["dp-eps2"]
+    dp = by_name["tang-eps2"]
     for key in ("epsilon", "epsilon_upper", "delta", "noise_multiplier", "accuracy_mean", "accuracy_std",
                 "calibrated_accuracy_mean", "calibrated_accuracy_std"):
         assert key in dp.data.metrics, key
@@ -196,7 +205,7 @@ def test_prefect_artifacts_summarise_the_run(run):
     assert {SUMMARY_ARTIFACT_KEY, TABLE_ARTIFACT_KEY} <= set(by_key)
     markdown = by_key[SUMMARY_ARTIFACT_KEY].data
     assert run["run_id"] in markdown and "## Accuracy" in markdown and "## Audit" in markdown
-    assert "| dp | 2 |" in markdown and run["mlflow_run_id"] in markdown
+    assert "| tang | 2 |" in markdown and run["mlflow_run_id"] in markdown
     table = by_key[TABLE_ARTIFACT_KEY].data
     rows = json.loads(table) if isinstance(table, str) else table
     assert {row["method"] for row in rows} == {"zero-shot", "instruction-only", "tang", "sigma-zero", "random-real"}
