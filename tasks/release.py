@@ -5,7 +5,8 @@ module reads the ledger, writes the release folder `$DPICL_HOME/releases/<datase
 (`release.json` and the artifact: `demos.parquet` for DP few-shot demos and PromptPATE's student
 prompt, `prompt.safetensors` for a PromptDPSGD prompt) and registers it as a new version of the
 registered model `dpicl-<dataset-id>` with the alias `production` (earlier versions are kept; the
-alias moves).
+alias moves). One path for every method: `load_artifact` (what the release publishes,
+`dpcore.release.gate.load_artifact`), `check_gate`, `register`.
 
 `audit_artifact` is the membership-inference audit of a PromptPATE student prompt or a PromptDPSGD
 trained prompt (`dpcore.audit.procedures.prompt_audit`): members are the private records the mechanism read,
@@ -51,6 +52,12 @@ def _mlflow_parent_run(client, run_id: str) -> str | None:
     )
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     return parents[0].info.run_id if parents else None
+
+
+def load_artifact(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
+                  repeat: int | None = None) -> gate.Artifact:
+    """What releasing `method` of a finished run would publish (`dpcore.release.gate.load_artifact`)."""
+    return gate.load_artifact(method, run_id, dpicl_home(), epsilon, training, repeat)
 
 
 @task(name="release-gate", retries=0)
@@ -200,7 +207,7 @@ def load_release(alias_or_version: str = DEFAULT_ALIAS, dataset_id: str | None =
     return {**manifest, "release_dir": str(folder)}
 
 
-# --------------------------------------------------------------------------- PromptPATE and PromptDPSGD artifacts
+# --------------------------------------------------------------------------- using a release; the release audit
 
 
 def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, model: str | None = None,
@@ -253,12 +260,6 @@ def seal_pate_run(public_dir, *, plan: dict, run_id: str, dataset: str, dataset_
         "plan": plan})
     write_manifest(public, extra={"run_id": run_id, "dataset": dataset, "data_hash": data_hash, "model": model,
                                   "method": "pate", "seeded_noise": bool(seeded_noise), "code_version": code_version()})
-
-
-def load_artifact(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
-                  repeat: int | None = None) -> gate.Artifact:
-    """What releasing `method` of a finished run would publish (`dpcore.release.gate.load_artifact`)."""
-    return gate.load_artifact(method, run_id, dpicl_home(), epsilon, training, repeat)
 
 
 def _private_folder(artifact: gate.Artifact) -> Path:
