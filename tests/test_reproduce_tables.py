@@ -114,7 +114,7 @@ def test_report_only_writes_the_tables_and_runs_no_cell(tables, capsys, dpicl_ho
     assert "not finished" in (tmp_path / "tables.md").read_text()
 
 
-def test_the_dpsgd_table_puts_zero_shot_and_dp_fewshot_at_the_same_epsilon_beside_it(tables):
+def test_the_dpsgd_table_puts_zero_shot_and_tang_at_the_same_epsilon_beside_it(tables):
     """Duan et al. Table 1's structure: each dataset's trained prompts next to its zero-shot prompt and DP
     few-shot generation at epsilon 3 and 8, read from the same dataset's Tang cell."""
     tang = tables.Cell("tang-sst2", "tang", "sst2", ["run"])
