@@ -297,7 +297,7 @@ def test_a_transient_failure_is_retried(run, monkeypatch):
     with get_client(sync_client=True) as client:
         task_runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[result["flow_run_id"]])))
-    generations = [t for t in task_runs if t.name.startswith("generate-dp")]
+    generations = [t for t in task_runs if t.name.startswith("generate-tang")]
     assert len(generations) == 4 and all(t.state.is_completed() for t in generations)
     assert sorted(t.run_count for t in generations) == [1, 1, 1, 2]
 
@@ -333,7 +333,7 @@ def test_user_errors_are_not_retried(run, monkeypatch):
     with get_client(sync_client=True) as client:
         while True:
             failed = client.read_task_runs(task_run_filter=TaskRunFilter(
-                name=TaskRunFilterName(like_="generate-dp"),
+                name=TaskRunFilterName(like_="generate-tang"),
                 state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.FAILED]))))
             if failed or time.monotonic() > deadline:
                 break

@@ -124,7 +124,7 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(server, dpicl_ho
                        timeout=10).json()
     names = {t["name"] for t in tasks}
     assert {"ingest", "partition", "calibrate", "record"} <= {n.rsplit("-", 1)[0] for n in names}
-    assert sum(n.startswith("generate-dp-") for n in names) == 4
+    assert sum(n.startswith("generate-tang-") for n in names) == 4
 
     client = mlflow_client()
     experiment = client.get_experiment_by_name("dp-fewshot/agnews-mini")
