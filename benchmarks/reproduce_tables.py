@@ -270,7 +270,7 @@ def tang_points(result: dict) -> dict:
     """{column: (mean, std)} of a `dpicl run --json` tang-only result, calibrated accuracy (the paper's)."""
     points = {}
     for row in result.get("results", []):
-        column = _num(row["epsilon"]) if row["method"] == "dp" else row["method"]
+        column = _num(row["epsilon"]) if row["method"] == "tang" else row["method"]
         mean = row.get("calibrated_accuracy_mean", row.get("accuracy_mean"))
         std = row.get("calibrated_accuracy_std", row.get("accuracy_std"))
         points[column] = (mean, std, row.get("noise_multiplier"))
@@ -388,7 +388,7 @@ def dpsgd_section(cells: list[Cell], walls: dict, model: str, tang_cells: list[C
         by_dataset.setdefault(cell.dataset, {})[cell.key] = cell
     for dataset, found in by_dataset.items():
         tang = next((t.result for t in tang_cells if t.dataset == dataset and t.result is not None), None)
-        values = [_raw_calibrated(tang, "zero-shot", None)] + [_raw_calibrated(tang, "dp", float(e))
+        values = [_raw_calibrated(tang, "zero-shot", None)] + [_raw_calibrated(tang, "tang", float(e))
                                                                 for e in references]
         for key in keys:
             result = found[key].result if key in found else None

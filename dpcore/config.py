@@ -33,6 +33,7 @@ from dpcore.names import (
     PromptInit,
     PromptKind,
     Sampler,
+    method_name,
 )
 
 # Command-line spellings that differ from `--field-name` (a switch that is on by default names its negation).
@@ -267,7 +268,7 @@ class RunConfig(_Frozen):
         """A comma-separated flag (`--methods tang,pate`) as its list of names."""
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return [method_name(v) for v in value] if isinstance(value, list) else value  # dp: tang's old name
 
     @field_validator("methods")
     @classmethod

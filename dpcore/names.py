@@ -17,6 +17,9 @@ from dpcore.errors import ConfigError
 # dpsgd = PromptDPSGD soft prompts (Duan et al. Section 4.1).
 Method = Literal["tang", "pate", "dpsgd"]
 METHODS: tuple[str, ...] = get_args(Method)
+# Earlier spellings, read as the current name and never written: tables and run folders from before DP few-shot
+# generation was named tang everywhere say `dp` in their `method` column, and `--method dp` still works.
+OLD_METHOD_NAMES = {"dp": "tang"}
 # Noise mechanisms the accountant composes (`dpcore.privacy.composition.STEP_KINDS`).
 Mechanism = Literal["gaussian", "rnm"]
 MECHANISMS: tuple[str, ...] = get_args(Mechanism)
@@ -25,10 +28,10 @@ Sampler = Literal["poisson", "fixed"]
 SAMPLERS: tuple[str, ...] = get_args(Sampler)
 AuditMode = Literal["regenerate", "run-demos"]
 # Where an evaluated prompt's demonstrations come from (the rows of Tang et al. Table 1):
-# none, instruction-only (epsilon = 0), sigma = 0, real records, DP demonstrations, a PromptPATE
+# none, instruction-only (epsilon = 0), sigma = 0, real records, DP demonstrations (`tang`), a PromptPATE
 # student (`pate`: public queries with noisy labels), or (`dpsgd`) no demonstration but a trained
 # PromptDPSGD prompt in front.
-DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "dp", "pate", "dpsgd"]
+DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "tang", "pate", "dpsgd"]
 DEMO_SOURCES: tuple[str, ...] = get_args(DemoSource)
 # The demo sources run beside the DP demonstrations for comparison.
 Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]
@@ -57,3 +60,15 @@ def check_mechanism(mechanism) -> str:
     if mechanism not in MECHANISMS:
         raise ConfigError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
     return mechanism
+
+
+def method_name(name):
+    """The current name of a method or demo source: an old spelling (`OLD_METHOD_NAMES`) read as today's."""
+    return OLD_METHOD_NAMES.get(name, name) if isinstance(name, str) else name
+
+
+def current_method_names(frame):
+    """`frame` with its `method` column under current names (a table written before a rename), else as is."""
+    if "method" not in frame.columns or not frame["method"].isin(list(OLD_METHOD_NAMES)).any():
+        return frame
+    return frame.assign(method=frame["method"].map(method_name))

@@ -100,9 +100,10 @@ class _FewShotRun:
 
 
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
-      description="DP few-shot demonstrations (Tang et al. Algorithm 1): generate, evaluate, audit, record.")
-def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
-                        plan: RunPlan | None = None) -> dict:
+      description="Private prompting on one dataset: tang (DP few-shot demonstrations, Tang et al. Algorithm 1), "
+                  "pate, dpsgd: charge, generate or train, evaluate, audit, record.")
+def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
+                               plan: RunPlan | None = None) -> dict:
     """Run the whole pipeline for one configuration; returns a small public summary.
 
     `plan`: the run's plan (`tasks.run_plans.build_run_plan(config)`) when the caller built it in this
@@ -136,7 +137,7 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
     ledger_entry = charge_spends(config.ledger_id, spends, same_records_ok=config.new_budget_for_same_records)
     cost = planned_cost(spends)
     logger.info(charge_line(ledger_entry, cost, run_id, plan.delta))
-    tang_summary = _dp_fewshot(config, run_id, ingested, paths, fewshot, plan, ledger_entry) if tang else None
+    tang_summary = _tang_stages(config, run_id, ingested, paths, fewshot, plan, ledger_entry) if tang else None
     others, wall = _other_methods(config, run_id, ingested, plan, ledger_entry)
     if tang:
         wall["tang"] = tang_summary.pop("wall_seconds")
@@ -178,6 +179,11 @@ def dp_fewshot_pipeline(config: RunConfig = RunConfig(), run_id: str | None = No
         "delta": plan.delta,
         "method_wall_seconds": {m: round(w) for m, w in wall.items()},  # whole seconds on the public side
     }
+
+
+# The flow's earlier name: a Prefect deployment registered with it (entrypoint flows/pipeline.py:dp_fewshot_pipeline)
+# still starts.
+dp_fewshot_pipeline = private_prompting_pipeline
 
 
 def _fewshot_run(config: RunConfig, plan: RunPlan, ingested: dict, paths: RunPaths) -> _FewShotRun:
@@ -273,7 +279,7 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
     return audits
 
 
-def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, run: _FewShotRun, plan: RunPlan,
+def _tang_stages(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, run: _FewShotRun, plan: RunPlan,
                 ledger_entry: dict) -> dict:
     """DP few-shot generation's stages 4-6 (Tang et al. Algorithm 1): generation, evaluation and the audit,
     on the charge already made; tables written to the run folders."""
@@ -342,4 +348,4 @@ def _dp_fewshot(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
 def run_pipeline(config: RunConfig, run_id: str | None = None, plan: RunPlan | None = None) -> dict:
     """Run the flow in this process (a temporary local Prefect server when PREFECT_API_URL is unset), on
     `plan` when the caller built it (`tasks.run_plans.build_run_plan`)."""
-    return dp_fewshot_pipeline(config=config, run_id=run_id, plan=plan)
+    return private_prompting_pipeline(config=config, run_id=run_id, plan=plan)

@@ -11,7 +11,7 @@ from prefect.states import Completed
 
 from dpcore.config import RunConfig
 from dpcore.data import refresh
-from flows.pipeline import dp_fewshot_pipeline
+from flows.pipeline import private_prompting_pipeline
 from tasks.ingest import load_data
 
 
@@ -40,7 +40,7 @@ def regenerate(config: RunConfig = RunConfig()):  # noqa: B008
         return Completed(message="no change", data={"changed": False, **source})
     logger.info("dataset %s changed (%s -> %s): running the pipeline", config.ledger_id,
                 (source["last_hash"] or "none")[:12], source["content_hash"][:12])
-    summary = dp_fewshot_pipeline(config=config)
+    summary = private_prompting_pipeline(config=config)
     remember(config, summary["data_hash"], summary["run_id"])
     return {"changed": True, **source, "run_id": summary["run_id"], "run_dir": summary["run_dir"],
             "mlflow_run_id": summary["mlflow_run_id"]}

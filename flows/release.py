@@ -1,9 +1,9 @@
 """Audited release: gate a finished run, then register its DP artifact as `production`.
 
-    DP few-shot demos (tang):    release gate (the run's audit passed, no seeded noise, ledger entry,
-                                 cross-check agreed) -> release folder + manifest -> MLflow registry version
-    PromptPATE student prompt /  membership-inference audit of the artifact (and, opt-in, the single-teacher
-    PromptDPSGD trained prompt:  contrast) -> the same gate -> release folder + manifest -> registry version
+    every method:  [pate, dpsgd: membership-inference audit of the artifact (and, opt-in, the single-teacher
+                   contrast); tang's demos were audited by their run] -> release gate (`tasks.release.check_gate`:
+                   audit passed, no seeded noise, ledger entries, cross-check agreed) -> release folder + manifest
+                   -> MLflow registry version (`tasks.release.register`)
 
 A refused release raises `ReleaseRefusedError` listing every failed condition.
 """
@@ -36,21 +36,18 @@ def audited_release(run_id: str, epsilon: float | None = None, alias: str = rele
 
     A refusal ends the flow run Failed, in a state named "Refused" whose message
     lists the gate's reasons (shown in the UI), with no stored result to clutter the artifacts."""
-    if method == "tang":
-        checked = release_stage.check_gate(run_id, epsilon)
-        if checked["refused"]:
-            return Failed(name=REFUSED, message=checked["refused"])
-        return release_stage.register(run_id, checked["epsilon"], alias)
     selector = dict(epsilon=epsilon, training=training, repeat=repeat)
-    audited = release_stage.audit_artifact(run_id, method, audit_config or AuditConfig(), **selector,
-                                           teacher_reference=teacher_reference, device=device, dtype=dtype,
-                                           size_to_pools=size_to_pools, seed=seed)
-    if audit_only:
-        return {"run_id": run_id, "method": method, **audited}
-    checked = release_stage.check_artifact_gate(run_id, method, **selector)
+    audited = {}
+    if method in release_stage.AUDITED_AT_RELEASE:  # tang's demos were audited by their run
+        audited = release_stage.audit_artifact(run_id, method, audit_config or AuditConfig(), **selector,
+                                               teacher_reference=teacher_reference, device=device, dtype=dtype,
+                                               size_to_pools=size_to_pools, seed=seed)
+        if audit_only:
+            return {"run_id": run_id, "method": method, **audited}
+    checked = release_stage.check_gate(run_id, method, **selector)
     if checked["refused"]:
         return Failed(name=REFUSED, message=checked["refused"])
-    return {**release_stage.register_artifact(run_id, method, **selector, alias=alias),
+    return {**release_stage.register(run_id, method, **checked["selector"], alias=alias),
             **({"teacher_reference": audited["teacher_reference"]} if "teacher_reference" in audited else {})}
 
 

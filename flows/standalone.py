@@ -27,10 +27,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from dpcore.config import AuditConfig, RunConfig, demos_per_label
-from dpcore.data.artifacts import jsonable, write_json_atomic, write_manifest, write_table
+from dpcore.data.artifacts import jsonable, read_table, write_json_atomic, write_manifest, write_table
 from dpcore.display import fmt_delta
 from dpcore.display import fmt_eps as _eps
 from dpcore.errors import ConfigError, DataValidationError
@@ -46,7 +45,7 @@ from dpcore.fewshot.plan import (
 )
 from dpcore.fewshot.sampling import ACCOUNTED_SAMPLERS
 from dpcore.home import dpicl_home, private_dir
-from dpcore.names import DEMO_SOURCES
+from dpcore.names import DEMO_SOURCES, method_name
 from tasks.calibrate import generation_config
 from tasks.charge import charge_plans, check_context, check_group_prompt
 from tasks.common import language_model, report_progress
@@ -316,7 +315,7 @@ def demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | 
     if not file.exists():
         raise DataValidationError(f"{file}: demos file not found")
     try:
-        frame = pd.read_parquet(file)
+        frame = read_table(file)  # a file written before tang was named so says dp: read as tang
     except Exception as exc:  # pyarrow raises several types for a bad file
         raise DataValidationError(f"{file}: not a readable Parquet file ({type(exc).__name__})") from None
     for column in ("label", "text"):
@@ -325,8 +324,8 @@ def demos_from_file(path: str, method_filter: str | None, epsilon_flag: float | 
     if method_filter is not None:
         if "method" not in frame.columns:
             raise ConfigError(f"--method: {file} has no method column")
-        frame = frame[frame["method"] == method_filter]
-    methods = sorted(set(frame["method"].astype(str))) if "method" in frame.columns else ["dp"]
+        frame = frame[frame["method"] == method_name(method_filter)]  # --method dp: the old name of tang
+    methods = sorted(set(frame["method"].astype(str))) if "method" in frame.columns else ["tang"]
     if len(methods) > 1:
         raise ConfigError(f"--demos: {file} holds demos of several methods ({', '.join(methods)}); pass --method")
     if not len(frame):

@@ -47,7 +47,7 @@ from dpcore.audit.procedures import verdict_word
 from dpcore.config import AuditConfig, GenerationConfig, RunConfig
 from dpcore.data.artifacts import read_table, write_table
 from dpcore.errors import ConfigError
-from dpcore.fewshot.plan import Calibration, FewShotPlan, fewshot_plan
+from dpcore.fewshot.plan import TANG, Calibration, FewShotPlan, fewshot_plan
 from tasks.common import (
     cached_task,
     derive_seed,
@@ -137,9 +137,9 @@ def audit_call(config: RunConfig, ingested: dict, plan: FewShotPlan, shards: lis
                noise_scope: str, audit_config: AuditConfig) -> dict:
     """The keyword arguments of the `audit` task for a pipeline run: its DP epsilons (`FewShotPlan.dp`) and
     the run's own DP demos (`tasks.generate.Shard`s), with the audit as planned (`run_audit_design`)."""
-    dp_shards = sorted((s for s in shards if s.method == "dp"), key=lambda s: (s.epsilon, s.label))
+    dp_shards = sorted((s for s in shards if s.method == TANG), key=lambda s: (s.epsilon, s.label))
     return dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
-                task_spec=ingested["task_spec"], targets=plan.dp(), generation=generation_config,
+                task_spec=ingested["task_spec"], targets=plan.tang(), generation=generation_config,
                 audit_config=audit_config, model=config.model, device=config.device, dtype=config.dtype,
                 seed=config.seed, noise_scope=noise_scope, demo_paths=[s.path for s in dp_shards],
                 demo_keys=[s.key for s in dp_shards], non_private_reference=config.audit_reference,

@@ -33,10 +33,10 @@ from pydantic import BaseModel, ConfigDict
 from dpcore.config import GenerationConfig
 from dpcore.data.artifacts import write_json_atomic, write_table
 from dpcore.errors import DpiclError
-from dpcore.fewshot.plan import DP, INSTRUCTION_ONLY, SIGMA_ZERO, FewShotPlan
+from dpcore.fewshot.plan import INSTRUCTION_ONLY, SIGMA_ZERO, TANG, FewShotPlan
 from tasks.common import cached_task, derive_seed, open_stage, report_progress, stage_dir, stage_logger
 
-__all__ = ["DP", "INSTRUCTION_ONLY", "SIGMA_ZERO", "GenerationItem", "Shard", "check_generation", "empty_demos_note",
+__all__ = ["TANG", "INSTRUCTION_ONLY", "SIGMA_ZERO", "GenerationItem", "Shard", "check_generation", "empty_demos_note",
            "generate", "generate_call", "generate_for", "generation_plan", "step_line"]
 GENERATION_MODULES = ("dpcore.fewshot.generation", "dpcore.fewshot.mechanisms", "dpcore.fewshot.sampling", "dpcore.data.taskspec", "dpcore.lm.model")
 # Public inputs that determine a generation task's output (the records themselves enter through data_hash).
@@ -45,7 +45,7 @@ GENERATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "label", "epsilon", "
 
 
 class GenerationItem(BaseModel):
-    """One generation task of a run: a label's demos of one row (dp, sigma-zero, instruction-only) at one
+    """One generation task of a run: a label's demos of one row (tang, sigma-zero, instruction-only) at one
     epsilon, with its sigma and its seed derived from the run seed."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
@@ -83,11 +83,16 @@ def demos_are_private(method: str) -> bool:
     return method == SIGMA_ZERO
 
 
+# A row's seed stream keeps the name it had when seeds were first derived: a --seed draws the same noise as
+# before DP few-shot generation's row was named tang.
+SEED_STREAMS = {TANG: "dp"}
+
+
 def generation_plan(labels: list[str], plan: FewShotPlan, run_seed: int | None) -> list[GenerationItem]:
     """One item per generation task: every (row, epsilon, sigma) of the plan (`FewShotPlan.generations`)
     for every label, each with a seed derived from the run seed."""
     return [GenerationItem(method=method, label=label, epsilon=eps, noise_multiplier=sigma,
-                           seed=derive_seed(run_seed, method, label, eps))
+                           seed=derive_seed(run_seed, SEED_STREAMS.get(method, method), label, eps))
             for method, eps, sigma in plan.generations() for label in labels]
 
 
@@ -128,7 +133,7 @@ def generate_for(lm, spec, method: str, labels: list[str], generation: Generatio
 
 def step_line(what: str, info: dict) -> str:
     """The one log line of a generation step (`dpcore.fewshot.generation`'s progress dict: public counters only):
-    `generate dp World eps=1: step 3/20, 0/1 demos done`."""
+    `generate tang World eps=1: step 3/20, 0/1 demos done`."""
     return f"{what}: step {info['step']}/{info['max_steps']}, {info['finished']}/{info['total']} demos done"
 
 

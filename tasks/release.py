@@ -5,7 +5,8 @@ module reads the ledger, writes the release folder `$DPICL_HOME/releases/<datase
 (`release.json` and the artifact: `demos.parquet` for DP few-shot demos and PromptPATE's student
 prompt, `prompt.safetensors` for a PromptDPSGD prompt) and registers it as a new version of the
 registered model `dpicl-<dataset-id>` with the alias `production` (earlier versions are kept; the
-alias moves).
+alias moves). One path for every method: `load_artifact` (what the release publishes,
+`dpcore.release.gate.load_artifact`), `check_gate`, `register`.
 
 `audit_artifact` is the membership-inference audit of a PromptPATE student prompt or a PromptDPSGD
 trained prompt (`dpcore.audit.procedures.prompt_audit`): members are the private records the mechanism read,
@@ -36,6 +37,8 @@ from tasks.common import code_version, derive_seed, language_model, report_progr
 from tasks.tracking import mlflow_client
 
 DEFAULT_ALIAS = "production"
+# The methods whose artifact is audited at release (tang's demos are audited by their own run).
+AUDITED_AT_RELEASE = tuple(gate.AUDIT_FILES)
 
 
 def registered_model_name(dataset_id: str) -> str:
@@ -51,27 +54,31 @@ def _mlflow_parent_run(client, run_id: str) -> str | None:
     return parents[0].info.run_id if parents else None
 
 
+def load_artifact(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
+                  repeat: int | None = None) -> gate.Artifact:
+    """What releasing `method` of a finished run would publish (`dpcore.release.gate.load_artifact`)."""
+    return gate.load_artifact(method, run_id, dpicl_home(), epsilon, training, repeat)
+
+
 @task(name="release-gate", retries=0)
-def check_gate(run_id: str, epsilon: float | None = None) -> dict:
-    """Evaluate every release condition: `refused` lists every one that fails (a refusal is an answer,
-    not a task failure: the flow turns it into a Failed state with that message and no stored result)."""
+def check_gate(run_id: str, method: str = "tang", epsilon: float | None = None, training: int = 0,
+               repeat: int | None = None) -> dict:
+    """Evaluate every release condition of what releasing `method` of the run would publish: `refused` lists
+    every one that fails (a refusal is an answer, not a task failure: the flow turns it into a Failed state
+    with that message and no stored result); `selector` picks the same artifact for `register`."""
     from dpcore.privacy.ledger import Ledger
 
-    run = gate.load_run(run_id, dpicl_home())
-    chosen = gate.choose_release_epsilon(run, epsilon)
-    rows = run.calibration[run.calibration["epsilon"] == chosen]
-    row = rows.iloc[0].to_dict() if len(rows) else {}
-    covered = gate.ledger_covers(Ledger().entries_for_run(run_id), run_id, row)
-    evidence = gate.evidence_from_tables(run_id, run.demos, run.calibration, run.audit,
-                                         ledger_entry_present=covered, epsilon=chosen)
-    failures = gate.release_failures(evidence)
-    if run.changed_files:
-        failures.append(f"run files changed since the run finished: {', '.join(run.changed_files)}")
-    refused = (f"release of run {run_id} (epsilon {fmt_eps(chosen)}) refused:\n" + "\n".join(f"- {line}" for line in failures)
-               if failures else None)
+    artifact = load_artifact(run_id, method, epsilon, training, repeat)
+    failures = gate.release_failures(gate.evidence(artifact, Ledger().entries_for_run(run_id)))
+    if artifact.changed_files:
+        failures.append(f"run files changed since the run finished: {', '.join(artifact.changed_files)}")
+    refused = (f"release of run {run_id} ({method} {artifact.name}, epsilon {fmt_eps(artifact.epsilon)}) refused:\n"
+               + "\n".join(f"- {line}" for line in failures) if failures else None)
     if refused is None:
-        get_run_logger().info("release gate passed for run %s at epsilon %s", run_id, fmt_eps(chosen))
-    return {"run_id": run_id, "epsilon": chosen, "run_dir": str(run.path), "refused": refused}
+        get_run_logger().info("release gate passed for run %s (%s %s, epsilon %s)", run_id, method, artifact.name,
+                              fmt_eps(artifact.epsilon))
+    return {"run_id": run_id, "method": method, "artifact": artifact.name, "epsilon": artifact.epsilon,
+            "run_dir": str(artifact.path), "selector": artifact.selector, "refused": refused}
 
 
 def _registry_version(client, dataset_id: str) -> tuple[str, int]:
@@ -94,47 +101,48 @@ def _publish(client, name: str, folder: Path, run_id: str, tags: dict, descripti
 
 
 @task(name="release-register", retries=1)
-def register(run_id: str, epsilon: float, alias: str = DEFAULT_ALIAS) -> dict:
-    """Write the release folder and manifest, register it in MLflow, move the alias to it."""
+def register(run_id: str, method: str = "tang", epsilon: float | None = None, training: int = 0,
+             repeat: int | None = None, alias: str = DEFAULT_ALIAS) -> dict:
+    """Write the release folder (a text prompt as `demos.parquet`: tang's demos, PromptPATE's student prompt;
+    a trained prompt as `prompt.safetensors` + `prompt.json`) and `release.json`, register it in MLflow, move
+    the alias to it."""
+    import shutil
+
+    from dpcore.data.taskspec import load_task_spec
     from dpcore.fewshot.accounting import accountant_versions
     from dpcore.privacy.ledger import Ledger
 
-    run = gate.load_run(run_id, dpicl_home())
-    config = run.manifest.get("config", {})
-    dataset = str(run.manifest.get("dataset", config.get("dataset", "")))
-    dataset_id = config.get("dataset_id") if config.get("dataset_id") not in (None, "None", "") else dataset
-    demos = run.demos[(run.demos["method"] == "dp") & (run.demos["epsilon"] == epsilon)].reset_index(drop=True)
-    calibration = run.calibration[run.calibration["epsilon"] == epsilon]
-    calibration_row = {k: (None if isinstance(v, float) and math.isnan(v) else v)
-                       for k, v in (calibration.iloc[0].to_dict() if len(calibration) else {}).items()}
-    audit_summary = {}
-    if run.audit is not None and len(run.audit):
-        audit_summary = _audit_summary(run.audit.iloc[0].to_dict())
-
+    artifact = load_artifact(run_id, method, epsilon, training, repeat)
     client = mlflow_client()
-    name, version = _registry_version(client, dataset_id)
-    folder = subdir("releases") / safe_name(dataset_id) / f"v{version}"
-    demos_path = write_table(demos, folder / "demos.parquet")
-    from dpcore.data.taskspec import load_task_spec
-
-    spec = load_task_spec(config.get("task_spec") if config.get("task_spec") not in (None, "None", "") else dataset)
+    name, version = _registry_version(client, artifact.dataset_id)
+    folder = subdir("releases") / safe_name(artifact.dataset_id) / f"v{version}"
+    if artifact.prompt_path is None:
+        path = write_table(artifact.table, folder / gate.DEMOS_FILE)
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "prompt.safetensors"
+        shutil.copyfile(artifact.prompt_path, folder / ".prompt.safetensors.tmp")
+        (folder / ".prompt.safetensors.tmp").replace(path)
+        write_json_atomic(folder / "prompt.json", json.loads(artifact.prompt_path.with_suffix(".json").read_text()))
+    audit = gate.audit_rows(artifact)
+    book = Ledger()
     manifest = gate.release_manifest(
-        run_id=run_id, dataset=dataset, dataset_id=dataset_id, demos_sha256=file_sha256(demos_path), demos=demos,
-        calibration_row=calibration_row, audit_summary=audit_summary, model=str(run.manifest.get("model", "")),
+        artifact, artifact_file=path.name, artifact_sha256=file_sha256(path),
+        audit_summary=_audit_summary(audit.iloc[0].to_dict()) if audit is not None and len(audit) else {},
         code_version=code_version(), accountant_versions=accountant_versions(), version=version,
-        ledger_spend=_ledger_spend(Ledger(), dataset_id),
-    )
-    manifest["method"] = "tang"
-    manifest["task_spec"] = spec.model_dump(mode="json")
+        ledger_spend=_ledger_spend(book, artifact.dataset_id),
+        task_spec=load_task_spec(artifact.info["task_spec"]).model_dump(mode="json"),
+        ledger_entries=gate.covering_entries(book.entries_for_run(run_id), artifact))
     write_json_atomic(folder / "release.json", manifest)
-    tags = {"dpicl_run_id": run_id, "method": "tang", "epsilon": f"{epsilon:g}",
-            "delta": str(calibration_row.get("delta")), "dataset_id": dataset_id,
-            "demos_sha256": manifest["demos_sha256"], "model": manifest["model"],
+    hashes = {k: manifest[k] for k in ("demos_sha256",) if k in manifest} | {"artifact_sha256": manifest["artifact"]["sha256"]}
+    tags = {"dpicl_run_id": run_id, "method": method, "artifact": artifact.name, "epsilon": f"{artifact.epsilon:g}",
+            "delta": str(artifact.delta), "dataset_id": artifact.dataset_id, **hashes, "model": str(manifest["model"]),
             "code_version": manifest["code_version"]}
-    number = _publish(client, name, folder, run_id, tags, f"run {run_id}, epsilon {epsilon:g}", alias)
-    return {"registered_model": name, "version": number, "alias": alias, "method": "tang",
-            "release_dir": str(folder), "demos_sha256": manifest["demos_sha256"], "epsilon": epsilon,
-            "delta": calibration_row.get("delta"), "run_id": run_id}
+    number = _publish(client, name, folder, run_id, tags, f"run {run_id}, {method} {artifact.name}, epsilon "
+                      f"{artifact.epsilon:g}", alias)
+    return {"registered_model": name, "version": number, "alias": alias, "method": method, "artifact": artifact.name,
+            "release_dir": str(folder), **hashes, "epsilon": artifact.epsilon, "delta": artifact.delta,
+            "run_id": run_id, "audit": manifest["audit"]}
 
 
 AUDIT_SUMMARY_KEYS = ("verdict", "passed", "trials", "members_per_trial", "non_members_per_trial", "confidence")
@@ -199,7 +207,7 @@ def load_release(alias_or_version: str = DEFAULT_ALIAS, dataset_id: str | None =
     return {**manifest, "release_dir": str(folder)}
 
 
-# --------------------------------------------------------------------------- PromptPATE and PromptDPSGD artifacts
+# --------------------------------------------------------------------------- using a release; the release audit
 
 
 def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, model: str | None = None,
@@ -252,19 +260,6 @@ def seal_pate_run(public_dir, *, plan: dict, run_id: str, dataset: str, dataset_
         "plan": plan})
     write_manifest(public, extra={"run_id": run_id, "dataset": dataset, "data_hash": data_hash, "model": model,
                                   "method": "pate", "seeded_noise": bool(seeded_noise), "code_version": code_version()})
-
-
-def load_artifact(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
-                  repeat: int | None = None) -> gate.Artifact:
-    """The PromptPATE student prompt or PromptDPSGD trained prompt of a finished run (public files only)."""
-    if method == "pate":
-        if epsilon is not None:
-            raise ConfigError("--epsilon: a PromptPATE run has one student prompt per repeat (its epsilon is the "
-                              "plan's); use --repeat")
-        return gate.load_pate_artifact(run_id, dpicl_home(), repeat)
-    if method == "dpsgd":
-        return gate.load_dpsgd_artifact(run_id, dpicl_home(), epsilon, training)
-    raise ConfigError(f"--method: one of {', '.join(gate.METHODS)}, got {method!r}")
 
 
 def _private_folder(artifact: gate.Artifact) -> Path:
@@ -478,67 +473,3 @@ def _charge_real_records(artifact: gate.Artifact) -> dict:
     config = RunConfig(dataset=str(artifact.info.get("dataset") or artifact.dataset_id), dataset_id=artifact.dataset_id)
     request = real_records_spend(config, str(artifact.info["data_hash"]), artifact.run_id, artifact.delta)
     return charge_spends(artifact.dataset_id, [(AUDIT_REFERENCE, math.inf, request)])
-
-
-@task(name="release-gate-artifact", retries=0)
-def check_artifact_gate(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
-                        repeat: int | None = None) -> dict:
-    """Every release condition of a PromptPATE or PromptDPSGD artifact (`refused`: every failing one, or None)."""
-    from dpcore.privacy.ledger import Ledger
-
-    artifact = load_artifact(run_id, method, epsilon, training, repeat)
-    audit_path = artifact.path / gate.AUDIT_FILES[method]
-    evidence = gate.artifact_evidence(artifact, read_table(audit_path) if audit_path.exists() else None,
-                                      Ledger().entries_for_run(run_id))
-    failures = gate.release_failures(evidence)
-    if artifact.changed_files:
-        failures.append(f"run files changed since the run finished: {', '.join(artifact.changed_files)}")
-    refused = (f"release of run {run_id} ({method} {artifact.name}, epsilon {fmt_eps(artifact.epsilon)}) refused:\n"
-               + "\n".join(f"- {line}" for line in failures) if failures else None)
-    if refused is None:
-        get_run_logger().info("release gate passed for run %s (%s %s)", run_id, method, artifact.name)
-    return {"run_id": run_id, "method": method, "artifact": artifact.name, "epsilon": artifact.epsilon,
-            "run_dir": str(artifact.path), "refused": refused}
-
-
-@task(name="release-register-artifact", retries=1)
-def register_artifact(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
-                      repeat: int | None = None, alias: str = DEFAULT_ALIAS) -> dict:
-    """Write the release folder (the student prompt as `demos.parquet`, or the trained prompt as
-    `prompt.safetensors` + `prompt.json`) and `release.json`, register it, move the alias."""
-    import shutil
-
-    from dpcore.data.taskspec import load_task_spec
-    from dpcore.fewshot.accounting import accountant_versions
-    from dpcore.privacy.ledger import Ledger
-
-    artifact = load_artifact(run_id, method, epsilon, training, repeat)
-    client = mlflow_client()
-    name, version = _registry_version(client, artifact.dataset_id)
-    folder = subdir("releases") / safe_name(artifact.dataset_id) / f"v{version}"
-    if method == "pate":
-        path = write_table(pd.DataFrame([{"text": t, "label": y} for t, y in artifact.demos]), folder / "demos.parquet")
-    else:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "prompt.safetensors"
-        shutil.copyfile(artifact.prompt_path, folder / ".prompt.safetensors.tmp")
-        (folder / ".prompt.safetensors.tmp").replace(path)
-        write_json_atomic(folder / "prompt.json", json.loads(artifact.prompt_path.with_suffix(".json").read_text()))
-    audit = read_table(artifact.path / gate.AUDIT_FILES[method])
-    audit_row = audit[audit["artifact"] == artifact.name].iloc[-1].to_dict()
-    manifest = gate.artifact_manifest(
-        artifact, artifact_file=path.name, artifact_sha256=file_sha256(path), audit_summary=_audit_summary(audit_row),
-        code_version=code_version(), accountant_versions=accountant_versions(), version=version,
-        ledger_spend=_ledger_spend(Ledger(), artifact.dataset_id),
-        task_spec=load_task_spec(artifact.info["task_spec"]).model_dump(mode="json"),
-        ledger_entries=gate.covering_entries(Ledger().entries_for_run(run_id), artifact))
-    write_json_atomic(folder / "release.json", manifest)
-    tags = {"dpicl_run_id": run_id, "method": method, "artifact": artifact.name,
-            "epsilon": f"{artifact.epsilon:g}", "delta": str(artifact.delta), "dataset_id": artifact.dataset_id,
-            "artifact_sha256": manifest["artifact"]["sha256"], "model": str(manifest["model"]),
-            "code_version": manifest["code_version"]}
-    number = _publish(client, name, folder, run_id, tags, f"run {run_id}, {method} {artifact.name}, epsilon "
-                      f"{artifact.epsilon:g}", alias)
-    return {"registered_model": name, "version": number, "alias": alias, "method": method,
-            "artifact": artifact.name, "release_dir": str(folder), "artifact_sha256": manifest["artifact"]["sha256"],
-            "epsilon": artifact.epsilon, "delta": artifact.delta, "run_id": run_id, "audit": manifest["audit"]}

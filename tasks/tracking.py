@@ -113,7 +113,7 @@ def log_run(client, exp: str, info: dict, flat_config: dict[str, str], table: pd
         calib = {float(r["epsilon"]): r for r in calibration.to_dict(orient="records")}
         for row in table.to_dict(orient="records"):
             eps = float(row["epsilon"])
-            c = calib.get(eps) if row["method"] in ("dp", "sigma-zero", "instruction-only") else None
+            c = calib.get(eps) if row["method"] in ("tang", "sigma-zero", "instruction-only") else None
             child = client.create_run(
                 exp, run_name=f"{row['method']}-eps{epsilon_text(eps)}",
                 tags={**base_tags, "mlflow.parentRunId": parent_id, "method": row["method"],

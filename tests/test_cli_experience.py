@@ -152,14 +152,14 @@ def test_progress_reports_reach_the_sinks_and_a_stop_request_ends_the_stage():
     sink = lambda what, done, total, detail="": seen.append((what, done, total))  # noqa: E731
     add_progress_sink(sink)
     try:
-        report_progress("generate dp World eps=1", 3, 40)
+        report_progress("generate tang World eps=1", 3, 40)
         STOP_REQUESTED.set()
         with pytest.raises(RunStopped) as stopped:
-            report_progress("generate dp World eps=1", 4, 40)
+            report_progress("generate tang World eps=1", 4, 40)
     finally:
         STOP_REQUESTED.clear()
         remove_progress_sink(sink)
-    assert seen == [("generate dp World eps=1", 3, 40)]
+    assert seen == [("generate tang World eps=1", 3, 40)]
     assert stopped.value.exit_code == 130 and stopped.value.kind == "stopped"
 
 
@@ -175,7 +175,7 @@ def test_evaluation_reports_items_over_all_seeds(tiny_lm):
                          "label": ["World", "Sports", "Business", "Technology", "World"]})
     pool = [("a demo", "World"), ("another", "Sports"), ("third", "Business"), ("fourth", "Technology")]
     calls = []
-    evaluate(tiny_lm, spec, test, pool, "dp", 1.0, EvalConfig(shots=2, seeds=3), batch_size=2,
+    evaluate(tiny_lm, spec, test, pool, "tang", 1.0, EvalConfig(shots=2, seeds=3), batch_size=2,
              items_progress=lambda done, total: calls.append((done, total)))
     assert calls[-1] == (15, 15) and all(total == 15 for _, total in calls)
     assert [done for done, _ in calls] == sorted(done for done, _ in calls)  # never goes back

@@ -47,7 +47,7 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     config = tiny_config(dataset_id="compare-json", **METHOD_FIELDS)
     spends, _ = run_spends(config, "compare-run")
     cost = planned_cost(spends)
-    assert set(cost["methods"]) == {"dp", "pate", "dpsgd"}
+    assert set(cost["methods"]) == {"tang", "pate", "dpsgd"}
     # composition is subadditive here, never larger than the sum of the parts
     assert max(cost["methods"].values()) < cost["epsilon"] <= sum(cost["methods"].values()) + 1e-6
 

@@ -20,7 +20,7 @@ from dpcore.errors import ConfigError
 from dpcore.fewshot import accounting
 from dpcore.privacy import composition
 from dpcore.privacy.composition import compose
-from dpcore.privacy.events import ReportNoisyMaxDpEvent, dp_fewshot_event
+from dpcore.privacy.events import ReportNoisyMaxDpEvent, tang_event
 from dpcore.privacy.ledger import Ledger
 
 DELTA = 1e-5
@@ -49,7 +49,7 @@ def test_ledger_spend_is_the_composition_of_its_entries_events(tmp_path, monkeyp
     spend = ledger.spend("ds", delta=DELTA)
     entries = ledger.entries("ds")
     assert calls == [([e.event for e in entries], DELTA)]  # the ledger's spend is this one call ...
-    direct = real([dp_fewshot_event("gaussian", 0.7, 0.01, 30), dp_fewshot_event("rnm", 1.0, 0.01, 20)], DELTA,
+    direct = real([tang_event("gaussian", 0.7, 0.01, 30), tang_event("rnm", 1.0, 0.01, 20)], DELTA,
                   cache=False)
     assert (spend.epsilon, spend.epsilon_prv, spend.epsilon_pld, spend.crosscheck_agreed, spend.warnings) == (
         direct.epsilon, direct.epsilon_prv, direct.epsilon_pld, direct.crosscheck_agreed, direct.warnings)
@@ -80,7 +80,7 @@ def test_single_gaussian_agrees_with_dp_accountings_accountants(sigma, q, steps)
 
 def test_rnm_exact_closed_form_brackets_the_numerical_bounds():
     sigma, q, steps = 0.5, 0.01, 40
-    ours = compose([dp_fewshot_event("rnm", sigma, q, steps)], DELTA)
+    ours = compose([tang_event("rnm", sigma, q, steps)], DELTA)
     step = composition.rnm_step_epsilon(sigma, q)
     assert step == pytest.approx(math.log1p(q * math.expm1(1 / sigma)), rel=1e-12)
     assert ours.epsilon_pure == pytest.approx(steps * step, rel=1e-12)
@@ -91,7 +91,7 @@ def test_rnm_exact_closed_form_brackets_the_numerical_bounds():
 
 
 def test_heterogeneous_pure_steps_have_a_pure_bound_but_no_closed_form():
-    events = [dp_fewshot_event("rnm", 0.5, 0.01, 10), dp_fewshot_event("rnm", 1.0, 0.02, 10)]
+    events = [tang_event("rnm", 0.5, 0.01, 10), tang_event("rnm", 1.0, 0.02, 10)]
     ours = compose(events, DELTA)
     pure = 10 * composition.rnm_step_epsilon(0.5, 0.01) + 10 * composition.rnm_step_epsilon(1.0, 0.02)
     assert ours.epsilon_pure == pytest.approx(pure) and ours.epsilon_exact is None
@@ -100,7 +100,7 @@ def test_heterogeneous_pure_steps_have_a_pure_bound_but_no_closed_form():
 
 def test_trivial_and_non_private_compositions():
     assert compose([], DELTA).epsilon == 0.0 and compose([NoOpDpEvent()], DELTA).epsilon == 0.0
-    for event in (NonPrivateDpEvent(), dp_fewshot_event("rnm", 0.0, 0.1, 5), GaussianDpEvent(0.0)):
+    for event in (NonPrivateDpEvent(), tang_event("rnm", 0.0, 0.1, 5), GaussianDpEvent(0.0)):
         result = compose([GaussianDpEvent(5.0), event], DELTA)
         assert result.epsilon == math.inf and result.warnings
     with pytest.raises(ConfigError, match="delta"):
@@ -108,7 +108,7 @@ def test_trivial_and_non_private_compositions():
 
 
 def test_composition_is_order_free_and_not_additive():
-    a, b = dp_fewshot_event("gaussian", 0.7, 0.01, 30), dp_fewshot_event("gaussian", 0.9, 0.02, 20)
+    a, b = tang_event("gaussian", 0.7, 0.01, 30), tang_event("gaussian", 0.9, 0.02, 20)
     both = compose([a, b], DELTA)
     assert compose([ComposedDpEvent([b, a])], DELTA) == both
     assert max(compose([a], DELTA).epsilon, compose([b], DELTA).epsilon) < both.epsilon
@@ -132,7 +132,7 @@ def test_one_tolerance_flags_the_accountant_and_the_ledger_alike(tmp_path, monke
 
 
 def test_speed_guards_only_loosen_the_bound(monkeypatch):
-    event = dp_fewshot_event("gaussian", 0.7, 0.01, 30)
+    event = tang_event("gaussian", 0.7, 0.01, 30)
     plain = compose([event], DELTA, cache=False)
     monkeypatch.setattr(composition, "PRV_MAX_GRID_POINTS", 20_000)  # forces a coarser prv-accountant grid
     coarse = compose([event], DELTA, cache=False)

@@ -37,7 +37,7 @@ def test_dask_local_cluster_generates_the_same_demos_as_threads(tiny_lm):
     columns = ["method", "label", "epsilon", "shot", "text", "tokens", "stop_reason", "noise_multiplier"]
     first = pd.read_parquet(Path(threads["run_dir"]) / "demos.parquet").sort_values(["method", "epsilon", "label"])
     second = pd.read_parquet(Path(dask["run_dir"]) / "demos.parquet").sort_values(["method", "epsilon", "label"])
-    assert len(first) == 2 * 4  # dp at two epsilons, four labels
+    assert len(first) == 2 * 4  # tang at two epsilons, four labels
     pd.testing.assert_frame_equal(first[columns].reset_index(drop=True), second[columns].reset_index(drop=True))
     assert dask["results"] == threads["results"]
 

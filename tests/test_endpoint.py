@@ -72,16 +72,18 @@ def _register(dataset_id: str, folder_files, manifest_of) -> dict:
 
 def register_tang(dataset_id: str, model: str, task: str = "agnews", demos=DEMOS) -> dict:
     spec = load_task_spec(task)
-    frame = pd.DataFrame([{"label": y, "text": t, "method": "dp", "epsilon": 4.0} for t, y in demos])
+    frame = pd.DataFrame([{"label": y, "text": t, "method": "tang", "epsilon": 4.0} for t, y in demos])
+    spend = {"mechanism": "gaussian", "noise_multiplier": 0.8, "sampling_rate": 0.002, "steps": 20,
+             "purpose": "pipeline"}
+    artifact = gate.Artifact(method="tang", run_id=f"{dataset_id}-run", path=Path("."), name="demos", epsilon=4.0,
+                             delta=1e-5, spends=(spend,), seeded_noise=False,
+                             info={"model": model, "dataset": task, "dataset_id": dataset_id},
+                             demos=tuple(demos), table=frame)
 
     def manifest_of(version, path):
-        manifest = gate.release_manifest(
-            run_id=f"{dataset_id}-run", dataset=task, dataset_id=dataset_id, demos_sha256=file_sha256(path),
-            demos=frame, calibration_row={"epsilon": 4.0, "delta": 1e-5, "noise_multiplier": 0.8,
-                                          "sampling_rate": 0.002, "steps": 20, "mechanism": "gaussian"},
-            audit_summary={"passed": True}, model=model, code_version="test", accountant_versions={},
-            version=version)
-        return manifest | {"method": "tang", "task_spec": spec.model_dump(mode="json")}
+        return gate.release_manifest(artifact, artifact_file=path.name, artifact_sha256=file_sha256(path),
+                                     audit_summary={"passed": True}, code_version="test", accountant_versions={},
+                                     version=version, ledger_spend=None, task_spec=spec.model_dump(mode="json"))
 
     return _register(dataset_id, lambda folder: write_table(frame, folder / "demos.parquet"), manifest_of)
 
@@ -112,9 +114,9 @@ def register_artifact(method: str, dataset_id: str, model: str) -> dict:
         return folder / "prompt.safetensors"
 
     def manifest_of(version, path):
-        return gate.artifact_manifest(artifact, artifact_file=path.name, artifact_sha256=file_sha256(path),
-                                      audit_summary={"passed": True}, code_version="test", accountant_versions={},
-                                      version=version, ledger_spend=None, task_spec=spec.model_dump(mode="json"))
+        return gate.release_manifest(artifact, artifact_file=path.name, artifact_sha256=file_sha256(path),
+                                     audit_summary={"passed": True}, code_version="test", accountant_versions={},
+                                     version=version, ledger_spend=None, task_spec=spec.model_dump(mode="json"))
 
     return _register(dataset_id, files, manifest_of)
 
@@ -302,7 +304,7 @@ def test_endpoint_without_echo_or_logprobs_on_the_embedded_model(embedded_lm, cl
 
 TREC_DEMOS = pd.DataFrame({"label": ["Location", "Person", "Number", "Entity"],
                            "text": ["Where is Rome?", "Who wrote Hamlet?", "How many moons has Mars?",
-                                    "What is the fastest animal?"], "method": "dp", "epsilon": 4.0})
+                                    "What is the fastest animal?"], "method": "tang", "epsilon": 4.0})
 
 
 def _evaluate(cli, tmp_path: Path, name: str, *flags: str) -> tuple[dict, str]:

@@ -20,17 +20,17 @@ from dp_accounting.dp_event import (
 from dpcore.errors import ConfigError
 from dpcore.names import MECHANISMS
 from dpcore.privacy import composition, events
-from dpcore.privacy.events import ReportNoisyMaxDpEvent, dp_fewshot_event, gaussian_event
+from dpcore.privacy.events import ReportNoisyMaxDpEvent, gaussian_event, tang_event
 from dpcore.privacy.spend import Spend
 
 
 def test_fewshot_event_is_self_composed_poisson_sampled_step():
-    assert dp_fewshot_event("gaussian", 0.5, 0.01, 40) == SelfComposedDpEvent(
+    assert tang_event("gaussian", 0.5, 0.01, 40) == SelfComposedDpEvent(
         PoissonSampledDpEvent(0.01, GaussianDpEvent(0.5)), 40)
-    assert dp_fewshot_event("rnm", 0.5, 0.01, 40) == SelfComposedDpEvent(
+    assert tang_event("rnm", 0.5, 0.01, 40) == SelfComposedDpEvent(
         PoissonSampledDpEvent(0.01, ReportNoisyMaxDpEvent(0.5)), 40)
     for mechanism in MECHANISMS:  # no noise: not private, whatever the sampling
-        assert dp_fewshot_event(mechanism, 0.0, 0.01, 40) == NonPrivateDpEvent()
+        assert tang_event(mechanism, 0.0, 0.01, 40) == NonPrivateDpEvent()
     assert set(events._step_events()) == set(MECHANISMS)  # one list of mechanisms, every one an event
 
 
@@ -45,7 +45,7 @@ def test_fewshot_event_is_self_composed_poisson_sampled_step():
 ])
 def test_fewshot_event_rejects_bad_input(args, match):
     with pytest.raises(ConfigError, match=match):
-        dp_fewshot_event(*args)
+        tang_event(*args)
 
 
 def test_report_noisy_max_event_has_dp_accountings_shape():
@@ -53,7 +53,7 @@ def test_report_noisy_max_event_has_dp_accountings_shape():
     assert isinstance(event, DpEvent) and hash(event) == hash(ReportNoisyMaxDpEvent(0.5))
     with pytest.raises(AttributeError):
         event.noise_multiplier = 1.0  # frozen
-    nested = dp_fewshot_event("rnm", 0.5, 0.01, 3)
+    nested = tang_event("rnm", 0.5, 0.01, 3)
     assert DpEvent.from_named_tuple(nested.to_named_tuple()) == nested  # dp-accounting's serialised form
 
 
@@ -68,7 +68,7 @@ def test_gaussian_event_with_its_own_sensitivity():
 def test_a_spend_is_its_event_and_reads_its_parameters_back():
     request = Spend.sampled_steps("rnm", 0.7, 0.02, 30, "pipeline", dataset_id="ds", content_hash="h", run_id="run",
                                   delta=1e-5)
-    assert request.event == dp_fewshot_event("rnm", 0.7, 0.02, 30)
+    assert request.event == tang_event("rnm", 0.7, 0.02, 30)
     assert (request.mechanism, request.noise_multiplier, request.sampling_rate, request.steps) == ("rnm", 0.7, 0.02, 30)
     # no noise keeps the spend's shape (what ran), and still composes to an infinite spend
     baseline = Spend.sampled_steps("gaussian", 0.0, 1.0, 1, "baseline")
@@ -76,14 +76,14 @@ def test_a_spend_is_its_event_and_reads_its_parameters_back():
     assert baseline.non_private and (baseline.mechanism, baseline.noise_multiplier) == ("gaussian", 0.0)
     assert math.isinf(composition.compose([baseline.event], 1e-5).epsilon)
     # another event shape: its kind, and no sigma, q or T to show
-    other = Spend(ComposedDpEvent([dp_fewshot_event("gaussian", 1.0, 0.1, 3), LaplaceDpEvent(2.0)]), "pate")
+    other = Spend(ComposedDpEvent([tang_event("gaussian", 1.0, 0.1, 3), LaplaceDpEvent(2.0)]), "pate")
     assert (other.mechanism, other.noise_multiplier, other.sampling_rate, other.steps) == ("composed", None, None, None)
     assert Spend(LaplaceDpEvent(2.0), "pate").mechanism == "laplace"
 
 
 @pytest.mark.parametrize("event", [
-    dp_fewshot_event("gaussian", 0.7, 0.02, 30),
-    dp_fewshot_event("rnm", 1 / 3, 0.1, 7),
+    tang_event("gaussian", 0.7, 0.02, 30),
+    tang_event("rnm", 1 / 3, 0.1, 7),
     ComposedDpEvent([SelfComposedDpEvent(PoissonSampledDpEvent(0.25, LaplaceDpEvent(0.1 + 0.2)), 3),
                      NonPrivateDpEvent(), NoOpDpEvent(), ComposedDpEvent([])]),
 ])
@@ -106,8 +106,8 @@ def test_a_stored_event_names_only_known_classes():
 
 
 def test_events_reduce_to_groups_of_steps():
-    a = dp_fewshot_event("gaussian", 0.7, 0.01, 30)
-    b = SelfComposedDpEvent(ComposedDpEvent([a, NoOpDpEvent(), dp_fewshot_event("rnm", 1.0, 0.01, 5)]), 2)
+    a = tang_event("gaussian", 0.7, 0.01, 30)
+    b = SelfComposedDpEvent(ComposedDpEvent([a, NoOpDpEvent(), tang_event("rnm", 1.0, 0.01, 5)]), 2)
     assert composition.groups([a, b]) == (("gaussian", 0.7, 0.01, 90), ("rnm", 1.0, 0.01, 10))
     assert composition.groups([b, a]) == composition.groups([a, b])  # order does not matter
     # sampling at q = 1 is no sampling; q = 0 touches nobody

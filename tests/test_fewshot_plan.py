@@ -27,7 +27,7 @@ def plan():
 
 def test_sigma_is_calibrated_at_the_largest_q_and_stays_within_the_target(plan):
     dp = plan.calibration(2.0)
-    assert dp.method == "dp" and dp.limiting_label == "b"
+    assert dp.method == "tang" and dp.limiting_label == "b"
     assert dp.sampling_rate == pytest.approx(4 / 100) == plan.sampling_rate
     assert dp.steps == plan.steps == 10  # T = max_tokens x demos per label
     direct = accounting.calibrate_for_labels(2.0, COUNTS, 2, 2, 10, DELTA)
@@ -48,8 +48,8 @@ def test_the_special_epsilons(plan):
 
 def test_what_is_charged_is_the_plan_and_composes_within_the_target(plan):
     plans = {p.method: p for p in plan.privacy_plans()}
-    assert set(plans) == {"dp", "sigma-zero"}  # instruction-only reads no private record
-    dp = plans["dp"]
+    assert set(plans) == {"tang", "sigma-zero"}  # instruction-only reads no private record
+    dp = plans["tang"]
     (spend,) = dp.spends
     assert (spend.noise_multiplier, spend.sampling_rate, spend.steps, spend.purpose) == (
         plan.calibration(2.0).noise_multiplier, plan.sampling_rate, plan.steps, "pipeline")
@@ -64,11 +64,11 @@ def test_what_is_charged_is_the_plan_and_composes_within_the_target(plan):
 
 def test_non_private_rows_are_charged_only_when_opted_in():
     default = fewshot_plan([2.0], COUNTS, GEN, DELTA, baselines=["zero-shot", "instruction-only"])
-    assert [p.method for p in default.privacy_plans()] == ["dp"]
-    assert [g[0] for g in default.generations()] == ["dp", "instruction-only"]
+    assert [p.method for p in default.privacy_plans()] == ["tang"]
+    assert [g[0] for g in default.generations()] == ["tang", "instruction-only"]
     opted = fewshot_plan([2.0], COUNTS, GEN, DELTA, baselines=["sigma-zero", "random-real"], audit_reference=True)
     plans = {p.method: p for p in opted.privacy_plans()}
-    assert list(plans) == ["dp", "sigma-zero", "random-real", "audit-reference"]
+    assert list(plans) == ["tang", "sigma-zero", "random-real", "audit-reference"]
     for name in ("sigma-zero", "random-real", "audit-reference"):
         (spend,) = plans[name].spends
         assert spend.noise_multiplier == 0.0 and spend.purpose == "baseline" and math.isinf(plans[name].epsilon)

@@ -70,7 +70,7 @@ def test_generates_one_demo_per_label_and_shot_with_every_field(tiny_lm, spec, r
     demo = result.demos[0]
     assert (demo.noise_multiplier, demo.num_subsets, demo.subset_size, demo.top_k, demo.rvp, demo.max_tokens,
             demo.mechanism, demo.method, demo.sampler, demo.seeded_noise) == (
-        0.5, 4, 2, 20, True, 4, "gaussian", "dp", "poisson", True)
+        0.5, 4, 2, 20, True, 4, "gaussian", "tang", "poisson", True)
     assert demo.model == tiny_lm.name
     assert all(1 <= d.tokens <= 4 or d.stop_reason == "eos" for d in result.demos)
     assert result.seeded_noise is True

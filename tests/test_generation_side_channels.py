@@ -180,7 +180,7 @@ def test_generate_task_result_and_logs_are_identical_for_neighbouring_datasets(t
     @flow(name="side-channel-generate")
     def one(records_path: str, data_hash: str):
         return generate_stage.generate(
-            records_path=records_path, data_hash=data_hash, task_spec="agnews", method="dp", label="World",
+            records_path=records_path, data_hash=data_hash, task_spec="agnews", method="tang", label="World",
             epsilon=1.0, noise_multiplier=20.0, generation=config, model="tiny-random", seed=3,
             noise_scope="seed:3", noise_charged=True)  # a stage called alone: nothing charged to replay
 

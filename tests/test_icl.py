@@ -257,7 +257,7 @@ def test_evaluate_zero_shot_is_scored_once_and_without_calibration(tiny_lm, agne
 
 def test_evaluate_extraction_uses_exact_match(tiny_lm, movies_genre):
     pool = movies_genre.train[["text", "label"]].head(6).itertuples(index=False, name=None)
-    predictions, metrics = icl.evaluate(tiny_lm, movies_genre.spec, movies_genre.test, list(pool), "dp", 4.0,
+    predictions, metrics = icl.evaluate(tiny_lm, movies_genre.spec, movies_genre.test, list(pool), "tang", 4.0,
                                         EvalConfig(shots=2, seeds=2, test_size=3), max_new_tokens=3)
     assert len(predictions) == 6 and (predictions["label_probs"].map(len) == 0).all()
     assert (metrics["accuracy"] == metrics["calibrated_accuracy"]).all() and not metrics["calibrated"].any()
@@ -289,9 +289,9 @@ def test_evaluate_rejects_bad_input(tiny_lm, agnews):
     with pytest.raises(ConfigError, match="method"):
         icl.evaluate(tiny_lm, agnews.spec, agnews.test, _synthetic_pool(), "magic", 1.0, config)
     with pytest.raises(ConfigError, match="demos"):
-        icl.evaluate(tiny_lm, agnews.spec, agnews.test, [], "dp", 1.0, config)
+        icl.evaluate(tiny_lm, agnews.spec, agnews.test, [], "tang", 1.0, config)
     with pytest.raises(DataValidationError, match="Cooking"):
-        icl.evaluate(tiny_lm, agnews.spec, agnews.test, [("t", "Cooking")], "dp", 1.0, config)
+        icl.evaluate(tiny_lm, agnews.spec, agnews.test, [("t", "Cooking")], "tang", 1.0, config)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -364,7 +364,7 @@ def test_cli_dp_demos_from_generation_frame_get_an_accounted_epsilon(tiny_model_
 
     demos = [Demo(label=label, shot=0, text=text, tokens=5, stop_reason="eos", noise_multiplier=0.5, num_subsets=4,
                   subset_size=1, top_k=100, rvp=True, max_tokens=10, mechanism="gaussian", model="tiny",
-                  seeded_noise=True, method="dp")
+                  seeded_noise=True, method="tang")
              for label, text in [("Location", "Where is Rome?"), ("Person", "Who is he?"), ("Number", "How many?")]]
     demos_frame(demos).to_parquet(tmp_path / "demos.parquet")
     code, stdout, err = cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
@@ -372,7 +372,7 @@ def test_cli_dp_demos_from_generation_frame_get_an_accounted_epsilon(tiny_model_
                              "--out", str(tmp_path / "o")])
     assert code == 0 and "accounted from the demos' noise multiplier" in err
     result = json.loads(stdout.strip().splitlines()[-1])
-    assert result["method"] == "dp" and 0 < result["epsilon"] < 100
+    assert result["method"] == "tang" and 0 < result["epsilon"] < 100
     code, stdout, _ = cli(["evaluate", "--dataset", "trec", "--demos", str(tmp_path / "demos.parquet"),
                            "--epsilon", "2", "--model", str(tiny_model_dir), "--test-size", "2", "--seeds", "1",
                            "--json", "--out", str(tmp_path / "o2")])

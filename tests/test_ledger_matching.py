@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from pipeline_support import mini_agnews
@@ -132,7 +133,7 @@ def test_default_baselines_read_no_private_record_and_are_not_charged():
     config = RunConfig(epsilons=[0, 2])
     assert config.baselines == ["zero-shot", "instruction-only"]
     sigma = _plan(config).calibration(2.0).noise_multiplier
-    assert [(m, e, r.noise_multiplier, r.purpose) for m, e, r in _spends(config)] == [("dp", 2.0, sigma, "pipeline")]
+    assert [(m, e, r.noise_multiplier, r.purpose) for m, e, r in _spends(config)] == [("tang", 2.0, sigma, "pipeline")]
     assert non_private_warning(config) is None
 
 
@@ -142,18 +143,18 @@ def test_the_non_private_reference_audit_is_opt_in_and_an_infinite_spend():
 
     config = RunConfig(epsilons=[2], audit=True)
     assert not config.audit_reference
-    assert [m for m, _, _ in _spends(config)] == ["dp"]
+    assert [m for m, _, _ in _spends(config)] == ["tang"]
     ingested = {"records_path": "r", "data_hash": "h1", "task_spec": "agnews", "paths": {"run_id": "run-a"}}
     assert audit_call(config, ingested, _plan(config), [], config.generation_config(), "", config.audit_config())[
         "non_private_reference"] is False
     opted = RunConfig(epsilons=[2], audit=True, audit_reference=True, dataset_id="ref-ds")
     spends = {m: r for m, _, r in _spends(opted)}
-    assert set(spends) == {"dp", "audit-reference"}
+    assert set(spends) == {"tang", "audit-reference"}
     assert spends["audit-reference"].noise_multiplier == 0 and spends["audit-reference"].purpose == "baseline"
     assert "audit-reference" in non_private_warning(opted)
     assert audit_call(opted, ingested, _plan(opted), [], opted.generation_config(), "", opted.audit_config())["non_private_reference"]
     without_audit = RunConfig(epsilons=[2], audit=False, audit_reference=True)
-    assert [m for m, _, _ in _spends(without_audit, "r")] == ["dp"]
+    assert [m for m, _, _ in _spends(without_audit, "r")] == ["tang"]
 
 
 def test_opted_in_non_private_baselines_are_infinite_spends_with_a_warning(book, monkeypatch):
@@ -162,7 +163,7 @@ def test_opted_in_non_private_baselines_are_infinite_spends_with_a_warning(book,
     config = RunConfig(epsilons=[2], dataset_id="baselines-ds",
                        baselines=["zero-shot", "sigma-zero", "random-real"])
     kinds = {m: r for m, _, r in _spends(config)}
-    assert set(kinds) == {"dp", "sigma-zero", "random-real"}
+    assert set(kinds) == {"tang", "sigma-zero", "random-real"}
     assert kinds["sigma-zero"].noise_multiplier == 0 and kinds["sigma-zero"].purpose == "baseline"
     assert kinds["random-real"].noise_multiplier == 0 and kinds["random-real"].purpose == "baseline"
     warning = charge.non_private_warning(config)
@@ -181,7 +182,7 @@ def test_audit_hook_never_fails_open():
     from dpcore.privacy.plan import PrivacyPlan
     from tasks.charge import audit_charge_hook
 
-    plan = PrivacyPlan("dp", 2.0, DELTA, (Spend.sampled_steps("gaussian", 1.0, 0.1, 4, "audit"),))
+    plan = PrivacyPlan("tang", 2.0, DELTA, (Spend.sampled_steps("gaussian", 1.0, 0.1, 4, "audit"),))
     for dataset_id, run_id in ((None, "r"), ("ds", None)):
         with pytest.raises(ConfigError, match="audit"):
             audit_charge_hook(dataset_id, "h1", run_id, plan)
@@ -194,7 +195,7 @@ def test_every_audit_demo_set_is_charged_anew(book, monkeypatch):
 
     monkeypatch.setattr(charge.ledger, "Ledger", lambda: book)
     spend = Spend.sampled_steps("gaussian", 1.0, 0.1, 4, "audit")
-    hook = charge.audit_charge_hook("ds", "h1", "r", PrivacyPlan("dp", 2.0, DELTA, (spend, spend)))
+    hook = charge.audit_charge_hook("ds", "h1", "r", PrivacyPlan("tang", 2.0, DELTA, (spend, spend)))
     for demo_set in (0, 1, 0, 1):
         hook(demo_set)
     assert len(book.entries("ds")) == 4
@@ -302,10 +303,17 @@ def test_ledger_show_says_when_entry_deltas_differ_from_the_total(tmp_path, caps
 
 
 def test_release_gate_matches_the_calibration_row_not_the_run_id(book):
-    from dpcore.release.gate import ledger_covers
+    from dpcore.release import gate
 
     entries = book.charge_many([_request(run_id="r1", sigma=0.9)])
     row = {"mechanism": "gaussian", "noise_multiplier": 0.9, "sampling_rate": 0.02, "steps": 4, "delta": DELTA}
+
+    def ledger_covers(entries, run_id, row):
+        spend = {k: row[k] for k in ("mechanism", "noise_multiplier", "sampling_rate", "steps")}
+        artifact = gate.Artifact(method="tang", run_id=run_id, path=Path("."), name="demos", epsilon=2.0,
+                                 delta=row["delta"], spends=(spend,), seeded_noise=False, info={},
+                                 ledger_purposes=gate.TANG_PURPOSES)
+        return bool(gate.covering_entries(entries, artifact))
     assert ledger_covers(entries, "r1", row)
     assert not ledger_covers(entries, "r1", {**row, "noise_multiplier": 0.2})  # another epsilon of the run
     assert not ledger_covers(entries, "r1", {**row, "delta": 1e-6})

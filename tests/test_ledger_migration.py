@@ -22,7 +22,7 @@ from dp_accounting.dp_event import ComposedDpEvent, LaplaceDpEvent, PoissonSampl
 
 from dpcore.errors import ConfigError
 from dpcore.privacy import composition
-from dpcore.privacy.events import dp_fewshot_event
+from dpcore.privacy.events import tang_event
 from dpcore.privacy.ledger import SCHEMA_VERSION, Ledger, Spend
 from flows.cli.common import jsonable
 
@@ -108,7 +108,7 @@ def test_a_new_event_shape_is_stored_and_composed_without_a_schema_change(tmp_pa
 
     delta = 1e-5
     # A PromptPATE round: threshold and votes (Gaussian, q = 1), and a Laplace release of a count, Poisson-sampled.
-    round_ = ComposedDpEvent([dp_fewshot_event("gaussian", 40.0, 1.0, 50), dp_fewshot_event("gaussian", 28.0, 1.0, 50),
+    round_ = ComposedDpEvent([tang_event("gaussian", 40.0, 1.0, 50), tang_event("gaussian", 28.0, 1.0, 50),
                               SelfComposedDpEvent(PoissonSampledDpEvent(0.05, LaplaceDpEvent(2.0)), 20)])
     book = Ledger(tmp_path / "ledger.db")
     entry = book.charge_many([Spend(round_, "pate", dataset_id="ds", content_hash="h", run_id="pate-1", delta=delta)])[0]

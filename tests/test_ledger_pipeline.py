@@ -96,7 +96,7 @@ def test_an_unseeded_retry_whose_noise_draw_is_gone_is_refused():
     drawn = sorted(set(stages.iterdir()) - before)
     assert len(drawn) == 4  # one per label
     shutil.rmtree(drawn[0])
-    with pytest.raises(DpiclError, match=r"stage generate-dp-.*cached noise draw of this run is missing"):
+    with pytest.raises(DpiclError, match=r"stage generate-tang-.*cached noise draw of this run is missing"):
         run_pipeline(config, run_id="item2-run")
     assert len(Ledger().entries("item2-gone")) == 1  # nothing drawn or charged silently
 

@@ -58,6 +58,15 @@ def _tables(folder: Path) -> dict[str, pd.DataFrame]:
     return {p.stem: pd.read_parquet(p) for p in folder.glob("*.parquet")}
 
 
+def test_a_fresh_run_writes_tang_never_dp(run):
+    """Every table the run wrote (as stored, not as read back) and its results name the DP demos tang."""
+    written = {f"{kind}/{name}": table for kind in ("run_dir", "private_run_dir")
+               for name, table in _tables(Path(run[kind])).items() if "method" in table.columns}
+    assert {"run_dir/demos", "run_dir/metrics", "run_dir/calibration"} <= set(written)
+    assert {name: "dp" for name, table in written.items() if "dp" in set(table["method"].astype(str))} == {}
+    assert "tang" in set(written["run_dir/demos"]["method"]) and "tang" in {r["method"] for r in run["results"]}
+
+
 def test_run_folders_hold_every_table_with_its_schema(run):
     from dpcore.audit import procedures as audit
     from dpcore.lm import icl
@@ -76,22 +85,22 @@ def test_run_folders_hold_every_table_with_its_schema(run):
 
     assert list(tables["calibration"].columns) == CALIBRATION_COLUMNS
     calib = tables["calibration"].iloc[0]
-    assert calib["epsilon"] == 2.0 and calib["method"] == "dp" and calib["noise_multiplier"] > 0
+    assert calib["epsilon"] == 2.0 and calib["method"] == "tang" and calib["noise_multiplier"] > 0
     smallest_label = tables["label_counts"]["records"].min()
     assert calib["epsilon_upper"] <= 2.0 + 1e-9 and calib["steps"] == 4
     assert calib["sampling_rate"] == pytest.approx(2 / smallest_label)  # q = MN/|D_y| at the largest q
 
     demos = tables["demos"]
     assert DEMO_COLUMNS <= set(demos.columns)
-    assert set(demos["method"]) == {"dp", "instruction-only"}  # sigma = 0 demos stay private
-    assert sorted(demos[demos["method"] == "dp"]["label"]) == ["Business", "Sports", "Technology", "World"]
-    assert demos["seeded_noise"][demos["method"] == "dp"].all()
+    assert set(demos["method"]) == {"tang", "instruction-only"}  # sigma = 0 demos stay private
+    assert sorted(demos[demos["method"] == "tang"]["label"]) == ["Business", "Sports", "Technology", "World"]
+    assert demos["seeded_noise"][demos["method"] == "tang"].all()
     assert set(secret["sigma_zero_demos"]["method"]) == {"sigma-zero"}
     assert (secret["sigma_zero_demos"]["noise_multiplier"] == 0).all()
 
     assert list(secret["predictions"].columns) == icl.PREDICTION_COLUMNS
     assert list(tables["metrics"].columns) == icl.METRIC_COLUMNS
-    methods = {"zero-shot", "instruction-only", "sigma-zero", "random-real", "dp"}
+    methods = {"zero-shot", "instruction-only", "sigma-zero", "random-real", "tang"}
     assert set(tables["metrics"]["method"]) == methods
     assert len(tables["metrics"]) == len(methods) * 2  # two seeds each
     assert (tables["metrics"]["n"] == 12).all()
@@ -118,7 +127,7 @@ def test_run_folders_hold_every_table_with_its_schema(run):
     assert {"method", "epsilon", "accuracy_mean", "accuracy_std", "calibrated_accuracy_mean",
             "calibrated_accuracy_std", "audit"} <= set(results.columns) and "mia_auc" not in results.columns
     assert len(results) == len(methods)
-    assert results.loc[results["method"] == "dp", "audit"].isin(["passed", "inconclusive", "failed"]).all()
+    assert results.loc[results["method"] == "tang", "audit"].isin(["passed", "inconclusive", "failed"]).all()
 
 
 def test_manifest_hashes_every_public_file(run):
@@ -161,9 +170,9 @@ def test_mlflow_parent_and_nested_runs(run):
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {child.info.run_name: child for child in children}
-    assert set(by_name) == {"zero-shot-eps0", "instruction-only-eps0", "dp-eps2", "sigma-zero-epsinf",
+    assert set(by_name) == {"zero-shot-eps0", "instruction-only-eps0", "tang-eps2", "sigma-zero-epsinf",
                             "random-real-epsinf"}
-    dp = by_name["dp-eps2"]
+    dp = by_name["tang-eps2"]
     for key in ("epsilon", "epsilon_upper", "delta", "noise_multiplier", "accuracy_mean", "accuracy_std",
                 "calibrated_accuracy_mean", "calibrated_accuracy_std"):
         assert key in dp.data.metrics, key
@@ -175,8 +184,8 @@ def test_mlflow_parent_and_nested_runs(run):
     calibration = pd.read_parquet(Path(run["run_dir"]) / "calibration.parquet").iloc[0]
     assert float(dp.data.params["sampling_rate"]) == pytest.approx(calibration["sampling_rate"])
     assert dp.data.params["steps"] == "4"
-    assert dp.data.params["epsilons"] == "2.0" and dp.data.tags["method"] == "dp"
-    expected = [r for r in run["results"] if r["method"] == "dp"][0]
+    assert dp.data.params["epsilons"] == "2.0" and dp.data.tags["method"] == "tang"
+    expected = [r for r in run["results"] if r["method"] == "tang"][0]
     # the results rows are rounded to 6 digits (`jsonable_rows`)
     assert dp.data.metrics["calibrated_accuracy_mean"] == pytest.approx(expected["calibrated_accuracy_mean"], abs=1e-6)
     assert "epsilon" not in by_name["random-real-epsinf"].data.metrics  # infinite: a tag, not a metric
@@ -196,10 +205,10 @@ def test_prefect_artifacts_summarise_the_run(run):
     assert {SUMMARY_ARTIFACT_KEY, TABLE_ARTIFACT_KEY} <= set(by_key)
     markdown = by_key[SUMMARY_ARTIFACT_KEY].data
     assert run["run_id"] in markdown and "## Accuracy" in markdown and "## Audit" in markdown
-    assert "| dp | 2 |" in markdown and run["mlflow_run_id"] in markdown
+    assert "| tang | 2 |" in markdown and run["mlflow_run_id"] in markdown
     table = by_key[TABLE_ARTIFACT_KEY].data
     rows = json.loads(table) if isinstance(table, str) else table
-    assert {row["method"] for row in rows} == {"zero-shot", "instruction-only", "dp", "sigma-zero", "random-real"}
+    assert {row["method"] for row in rows} == {"zero-shot", "instruction-only", "tang", "sigma-zero", "random-real"}
 
 
 def test_identical_rerun_is_cached_and_does_no_generation(run, generation_calls):
@@ -288,7 +297,7 @@ def test_a_transient_failure_is_retried(run, monkeypatch):
     with get_client(sync_client=True) as client:
         task_runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[result["flow_run_id"]])))
-    generations = [t for t in task_runs if t.name.startswith("generate-dp")]
+    generations = [t for t in task_runs if t.name.startswith("generate-tang")]
     assert len(generations) == 4 and all(t.state.is_completed() for t in generations)
     assert sorted(t.run_count for t in generations) == [1, 1, 1, 2]
 
@@ -324,7 +333,7 @@ def test_user_errors_are_not_retried(run, monkeypatch):
     with get_client(sync_client=True) as client:
         while True:
             failed = client.read_task_runs(task_run_filter=TaskRunFilter(
-                name=TaskRunFilterName(like_="generate-dp"),
+                name=TaskRunFilterName(like_="generate-tang"),
                 state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.FAILED]))))
             if failed or time.monotonic() > deadline:
                 break
@@ -335,7 +344,7 @@ def test_user_errors_are_not_retried(run, monkeypatch):
 def test_results_mark_infinite_epsilon(run):
     rows = {(r["method"], r["epsilon"]) for r in run["results"]}
     assert ("sigma-zero", "inf") in rows and ("random-real", "inf") in rows
-    assert ("dp", 2.0) in rows
+    assert ("tang", 2.0) in rows
     assert not any(isinstance(r["epsilon"], float) and math.isinf(r["epsilon"]) for r in run["results"])
 
 
@@ -435,13 +444,13 @@ def test_sigma_follows_the_plan_from_calibration_to_the_mechanism(run, monkeypat
     label_counts = pd.read_parquet(run_dir / "label_counts.parquet")
     counts = dict(zip(label_counts["label"], label_counts["records"], strict=True))
     direct = fewshot_plan(**plan_arguments(config, counts, float(calibration["delta"].iloc[0])))
-    planned = {c.epsilon: c.noise_multiplier for c in direct.calibrations if c.method == "dp"}
+    planned = {c.epsilon: c.noise_multiplier for c in direct.calibrations if c.method == "tang"}
     assert set(planned) == {1.0, 4.0} and planned[1.0] > planned[4.0] > 0
     for epsilon, sigma in planned.items():
         assert calibration.loc[epsilon, "noise_multiplier"] == sigma
 
     demos = pd.read_parquet(run_dir / "demos.parquet")
-    dp_demos = demos[demos["method"] == "dp"]
+    dp_demos = demos[demos["method"] == "tang"]
     assert {e: set(g["noise_multiplier"]) for e, g in dp_demos.groupby("epsilon")} == {e: {s} for e, s in planned.items()}
     # every mechanism call used one of the planned sigmas, and both were used
     assert seen and {sigma for _, sigma in seen} == set(planned.values())
@@ -455,5 +464,5 @@ def test_sigma_follows_the_plan_from_calibration_to_the_mechanism(run, monkeypat
     delta = entries[0].delta
     ledger_spend = compose([e.event for e in entries], delta)
     plan_spend = compose([spend.event for p in direct.privacy_plans() for spend in p.spends
-                          if p.method == "dp"], delta)
+                          if p.method == "tang"], delta)
     assert ledger_spend.epsilon == plan_spend.epsilon

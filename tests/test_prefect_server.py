@@ -99,7 +99,7 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(server, dpicl_ho
     assert [s["schedule"]["cron"] for s in regeneration["schedules"]] == ["0 3 * * 1"]
     assert next(d for d in deployments if d["name"] == "dp-fewshot-gpu")["work_pool_name"] == "gpu"
     deployment = httpx.get(f"{url}/deployments/name/dp-fewshot/dp-fewshot", timeout=10).json()
-    assert deployment["entrypoint"] == "flows/pipeline.py:dp_fewshot_pipeline"
+    assert deployment["entrypoint"] == "flows/pipeline.py:private_prompting_pipeline"
     assert deployment["work_pool_name"] == "cpu"
     assert deployment["parameters"]["config"]["dataset"] == "agnews"  # the yaml's defaults
 
@@ -124,7 +124,7 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(server, dpicl_ho
                        timeout=10).json()
     names = {t["name"] for t in tasks}
     assert {"ingest", "partition", "calibrate", "record"} <= {n.rsplit("-", 1)[0] for n in names}
-    assert sum(n.startswith("generate-dp-") for n in names) == 4
+    assert sum(n.startswith("generate-tang-") for n in names) == 4
 
     client = mlflow_client()
     experiment = client.get_experiment_by_name("dp-fewshot/agnews-mini")

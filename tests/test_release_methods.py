@@ -4,6 +4,7 @@ predict --release` with the student prompt or the soft prompt in front, and the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -418,6 +419,11 @@ def _pate_artifact(run_id: str, **change) -> gate.Artifact:
 PASSING_AUDIT = pd.DataFrame([{"artifact": "student-r0", "passed": True, "reasons": ""}])
 
 
+def _evidence(artifact: gate.Artifact, audit: pd.DataFrame, entries) -> gate.ReleaseEvidence:
+    """The one gate's evidence for `artifact` with `audit` as its public audit table."""
+    return gate.evidence(dataclasses.replace(artifact, audit=audit), entries)
+
+
 def test_every_spend_of_the_plan_must_be_charged_to_the_run():
     from dpcore.privacy.ledger import Ledger
 
@@ -426,16 +432,16 @@ def test_every_spend_of_the_plan_must_be_charged_to_the_run():
     book = Ledger()
     book.charge("gate-units", "h", "gate-units-run", "gaussian", threshold["noise_multiplier"], 1.0,
                 threshold["steps"], artifact.delta, "pate")
-    evidence = gate.artifact_evidence(artifact, PASSING_AUDIT, book.entries_for_run("gate-units-run"))
+    evidence = _evidence(artifact, PASSING_AUDIT, book.entries_for_run("gate-units-run"))
     assert not evidence.ledger_entry_present  # the GNMax spend is missing
     assert any("no privacy-ledger entry" in f for f in gate.release_failures(evidence))
     book.charge("gate-units", "h", "gate-units-run", "gaussian", votes["noise_multiplier"], 1.0, votes["steps"],
                 artifact.delta, "pate")
-    evidence = gate.artifact_evidence(artifact, PASSING_AUDIT, book.entries_for_run("gate-units-run"))
+    evidence = _evidence(artifact, PASSING_AUDIT, book.entries_for_run("gate-units-run"))
     assert evidence.ledger_entry_present and evidence.crosscheck_agreed
     assert gate.release_failures(evidence) == []
     # the same spends under another purpose (an audit, a baseline) do not cover the release
-    other = gate.artifact_evidence(_pate_artifact("gate-units-run", spends=tuple({**s, "purpose": "dpsgd"}
+    other = _evidence(_pate_artifact("gate-units-run", spends=tuple({**s, "purpose": "dpsgd"}
                                                                                 for s in artifact.spends)),
                                    PASSING_AUDIT, book.entries_for_run("gate-units-run"))
     assert not other.ledger_entry_present
@@ -443,11 +449,11 @@ def test_every_spend_of_the_plan_must_be_charged_to_the_run():
 
 def test_an_audit_of_another_artifact_or_a_failed_one_does_not_pass_the_gate():
     artifact = _pate_artifact("gate-units-audit")
-    other = gate.artifact_evidence(artifact, PASSING_AUDIT.assign(artifact="student-r1"), [])
+    other = _evidence(artifact, PASSING_AUDIT.assign(artifact="student-r1"), [])
     assert not other.audit_ran
-    failed = gate.artifact_evidence(artifact, PASSING_AUDIT.assign(passed=False, reasons="AUC 0.8 outside"), [])
+    failed = _evidence(artifact, PASSING_AUDIT.assign(passed=False, reasons="AUC 0.8 outside"), [])
     assert any("audit failed: AUC 0.8" in f for f in gate.release_failures(failed))
-    empty = gate.artifact_evidence(_pate_artifact("gate-units-audit", demos=()), PASSING_AUDIT, [])
+    empty = _evidence(_pate_artifact("gate-units-audit", demos=()), PASSING_AUDIT, [])
     assert any("no PromptPATE student prompt" in f for f in gate.release_failures(empty))
 
 
@@ -456,7 +462,7 @@ def test_a_non_private_trained_prompt_is_refused():
     artifact = gate.Artifact(method="dpsgd", run_id="gate-units-inf", path=Path("."), name="dpsgd-epsinf-0",
                              epsilon=float("inf"), delta=1e-3, spends=(spend,), seeded_noise=False,
                              info={}, prompt_path=Path(__file__))
-    failures = gate.release_failures(gate.artifact_evidence(
+    failures = gate.release_failures(_evidence(
         artifact, PASSING_AUDIT.assign(artifact="dpsgd-epsinf-0"), []))
     assert any("epsilon = inf" in f for f in failures) and any("cross-check" in f for f in failures)
 

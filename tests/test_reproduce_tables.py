@@ -73,7 +73,7 @@ def test_a_cell_runs_once_and_a_rerun_skips_it(tables, capsys, dpicl_home, tmp_p
     cell = dpicl_home / "benchmarks" / "tables" / "tang-agnews-mini.json"
     record = json.loads(cell.read_text())
     rows = record["result"]["results"]
-    assert sorted(r["epsilon"] for r in rows if r["method"] == "dp") == [1.0, 2.0, 3.0, 4.0, 8.0]
+    assert sorted(r["epsilon"] for r in rows if r["method"] == "tang") == [1.0, 2.0, 3.0, 4.0, 8.0]
     assert {r["method"] for r in rows} >= {"zero-shot", "instruction-only", "sigma-zero", "random-real"}
     # charged to the dedicated ledger id only
     assert {e.purpose for e in Ledger().entries("agnews-mini-tables")} == {"pipeline", "baseline"}
@@ -114,15 +114,15 @@ def test_report_only_writes_the_tables_and_runs_no_cell(tables, capsys, dpicl_ho
     assert "not finished" in (tmp_path / "tables.md").read_text()
 
 
-def test_the_dpsgd_table_puts_zero_shot_and_dp_fewshot_at_the_same_epsilon_beside_it(tables):
+def test_the_dpsgd_table_puts_zero_shot_and_tang_at_the_same_epsilon_beside_it(tables):
     """Duan et al. Table 1's structure: each dataset's trained prompts next to its zero-shot prompt and DP
     few-shot generation at epsilon 3 and 8, read from the same dataset's Tang cell."""
     tang = tables.Cell("tang-sst2", "tang", "sst2", ["run"])
     tang.result = {"results": [
         {"method": "zero-shot", "epsilon": 0.0, "accuracy_mean": 0.5, "accuracy_std": 0.0,
          "calibrated_accuracy_mean": 0.8},
-        {"method": "dp", "epsilon": 3.0, "accuracy_mean": 0.61, "accuracy_std": 0.02, "calibrated_accuracy_mean": 0.7},
-        {"method": "dp", "epsilon": 8.0, "accuracy_mean": 0.66, "accuracy_std": 0.04, "calibrated_accuracy_mean": 0.75},
+        {"method": "tang", "epsilon": 3.0, "accuracy_mean": 0.61, "accuracy_std": 0.02, "calibrated_accuracy_mean": 0.7},
+        {"method": "tang", "epsilon": 8.0, "accuracy_mean": 0.66, "accuracy_std": 0.04, "calibrated_accuracy_mean": 0.75},
     ]}
     cells = []
     for kind in tables.DPSGD_KINDS:

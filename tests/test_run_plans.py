@@ -51,7 +51,7 @@ def test_a_run_of_every_method_loads_its_dataset_once_and_designs_its_audit_once
 
 def test_the_plan_never_reaches_prefects_parameter_store():
     from flows.pate import pate_flow
-    from flows.pipeline import dp_fewshot_pipeline
+    from flows.pipeline import private_prompting_pipeline
     from flows.tune import dpsgd_flow
     from tasks.run_plans import build_run_plan
 
@@ -59,7 +59,7 @@ def test_the_plan_never_reaches_prefects_parameter_store():
     plan = build_run_plan(config)
     assert plan.data.content_hash == plan.data_hash and plan.delta_source == "1/|D|"
     assert plan.delta == pytest.approx(1 / plan.num_private_records)
-    for flow in (dp_fewshot_pipeline, pate_flow, dpsgd_flow):
+    for flow in (private_prompting_pipeline, pate_flow, dpsgd_flow):
         assert flow.serialize_parameters({"plan": plan})["plan"] == "<RunPlan>"
         assert flow.validate_parameters({"config": config, "plan": plan})["plan"] is plan  # never rebuilt
     assert not any(text in repr(plan) for text in plan.data.train["text"].head(20))  # no record in its repr

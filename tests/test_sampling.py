@@ -6,6 +6,7 @@ import itertools
 import math
 from collections import Counter
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -240,10 +241,12 @@ def test_release_gate_refuses_demos_of_a_sampler_the_accountant_does_not_cover()
     audit = pd.DataFrame({"passed": [True]})
 
     def failures(demos):
-        return gate.release_failures(gate.evidence_from_tables("r1", demos, calibration, audit, True, 1.0))
+        run = gate.RunFolder(path=Path("."), manifest={}, demos=demos, calibration=calibration, audit=audit,
+                             changed_files=())
+        return gate.release_failures(gate.evidence(gate.tang_artifact("r1", run, 1.0), []))
 
-    demos = pd.DataFrame({"method": ["dp", "dp"], "epsilon": [1.0, 1.0], "seeded_noise": [False, False],
-                          "sampler": ["poisson", "fixed"]})
+    demos = pd.DataFrame({"method": ["tang", "tang"], "epsilon": [1.0, 1.0], "seeded_noise": [False, False],
+                          "sampler": ["poisson", "fixed"], "text": ["a", "b"], "label": ["x", "y"]})
     assert not any("sampler" in line for line in failures(demos))
     shuffled = demos.assign(sampler=["poisson", "shuffle"])
     assert any("sampler" in line and "shuffle" in line for line in failures(shuffled))

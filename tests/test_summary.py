@@ -11,7 +11,7 @@ from dpcore.report.summary import audit_verdict, epsilon_text, jsonable_rows, re
 
 def _metrics():
     rows = []
-    for method, eps, accs in (("dp", 1.0, (0.6, 0.8)), ("zero-shot", 0.0, (0.5, 0.5)),
+    for method, eps, accs in (("tang", 1.0, (0.6, 0.8)), ("zero-shot", 0.0, (0.5, 0.5)),
                               ("sigma-zero", math.inf, (0.9, 0.7))):
         for seed, acc in enumerate(accs):
             rows.append({"method": method, "epsilon": eps, "seed": seed, "n": 10, "accuracy": acc,
@@ -20,7 +20,7 @@ def _metrics():
     return pd.DataFrame(rows)
 
 
-CALIBRATION = pd.DataFrame([{"epsilon": 1.0, "method": "dp", "noise_multiplier": 1.5, "sampling_rate": 0.01,
+CALIBRATION = pd.DataFrame([{"epsilon": 1.0, "method": "tang", "noise_multiplier": 1.5, "sampling_rate": 0.01,
                              "steps": 20, "delta": 1e-4, "epsilon_upper": 0.99, "crosscheck_agreed": True}])
 AUDIT = pd.DataFrame([{"setting": "dp", "epsilon": 1.0, "auc": 0.51, "tpr_at_1pct_fpr": 0.02,
                        "epsilon_lower_bound": 0.0, "max_overlap_tokens": 3, "passed": False,
@@ -29,8 +29,8 @@ AUDIT = pd.DataFrame([{"setting": "dp", "epsilon": 1.0, "auc": 0.51, "tpr_at_1pc
 
 def test_results_table_rows_sigma_and_audit():
     table = results_table(_metrics(), CALIBRATION, AUDIT)
-    assert table["method"].tolist() == ["zero-shot", "dp", "sigma-zero"]  # the paper's row order
-    dp = table.set_index("method").loc["dp"]
+    assert table["method"].tolist() == ["zero-shot", "tang", "sigma-zero"]  # the paper's row order
+    dp = table.set_index("method").loc["tang"]
     assert dp["noise_multiplier"] == 1.5 and dp["accuracy_mean"] == 0.7
     # std over seeds, ddof = 0; the audit's verdict, never its AUC (a statistic of private records)
     assert abs(dp["accuracy_std"] - 0.1) < 1e-12 and dp["audit"] == "failed" and "mia_auc" not in table.columns
@@ -46,7 +46,7 @@ def test_audit_verdict_and_markdown():
     info = {"run_id": "r1", "dataset": "agnews", "data_hash": "0" * 64, "num_private_records": 100,
             "model": "tiny", "code_version": "abc", "seeded_noise": False, "run_dir": "/tmp/r1"}
     text = summary_markdown(info, results_table(_metrics(), CALIBRATION, AUDIT), CALIBRATION, verdict)
-    assert "| 1 | dp | 1.5000 | 0.01 | 20 | 0.0001 | 0.990 | agreed |" in text
+    assert "| 1 | tang | 1.5000 | 0.01 | 20 | 0.0001 | 0.990 | agreed |" in text
     assert "**FAILED**" in text and "- epsilon 1: second" in text
     assert "| sigma-zero | inf | 0.800 +/- 0.100" in text
 

@@ -94,7 +94,7 @@ def test_the_generate_stage_logs_each_step_once_with_its_label(tiny_lm, logs, on
             for label in ("World", "Sports") for i in range(12)]
     records = write_table(pd.DataFrame(rows), private_dir() / "tests" / "step-lines" / "records.parquet")
     generate_stage.generate.fn(
-        records_path=str(records), data_hash="d" * 64, task_spec="agnews", method="dp", label="Sports",
+        records_path=str(records), data_hash="d" * 64, task_spec="agnews", method="tang", label="Sports",
         epsilon=1.0, noise_multiplier=2.0, generation=GenerationConfig(num_subsets=2, subset_size=2, top_k=20,
                                                                        max_tokens=4),
         model="tiny-random", seed=3, noise_scope="seed:3", noise_charged=True)
@@ -208,7 +208,7 @@ def test_release_and_audit_lines_round_epsilons(tmp_path):
 
     class Run:
         run_id = "r"
-        demos = __import__("pandas").DataFrame({"method": ["dp", "dp"], "epsilon": [1.0, 2.0570712345]})
+        demos = __import__("pandas").DataFrame({"method": ["tang", "tang"], "epsilon": [1.0, 2.0570712345]})
 
     with pytest.raises(ConfigError) as refused:
         choose_release_epsilon(Run(), 3.0)

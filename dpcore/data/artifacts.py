@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dpcore.home import is_private_path
+from dpcore.names import current_method_names
 
 # Tables holding private record text, the ids of the real demos of the random-real baseline, or
 # per-record functions of private data (test predictions with ids and probabilities, membership scores).
@@ -84,7 +85,8 @@ def write_table(frame: pd.DataFrame, path: Path) -> Path:
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    return pd.read_parquet(path)
+    """A Parquet table; a `method` column written under an old name (`dp`) reads as today's (`tang`)."""
+    return current_method_names(pd.read_parquet(path))
 
 
 def file_sha256(path: Path) -> str:

@@ -67,7 +67,7 @@ from dpcore.fewshot.mechanisms import noise_seed_sequence
 from dpcore.lm.model import pick_device
 from dpcore.names import PROMPT_INITS, PROMPT_KINDS
 from dpcore.privacy import composition
-from dpcore.privacy.events import DpEvent, dp_fewshot_event
+from dpcore.privacy.events import DpEvent, tang_event
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.privacy.spend import Spend
 
@@ -177,7 +177,7 @@ def num_steps(config: DpsgdConfig, q: float) -> int:
 
 def dpsgd_event(noise_multiplier: float, q: float, steps: int) -> DpEvent:
     """T Poisson-sampled Gaussian steps (App. C.3, Theorem 1): the one event of a PromptDPSGD run."""
-    return dp_fewshot_event(MECHANISM, noise_multiplier, q, steps)
+    return tang_event(MECHANISM, noise_multiplier, q, steps)
 
 
 @functools.lru_cache(maxsize=64)

@@ -2,7 +2,7 @@
 run, sigma calibration, and an independent cross-check.
 
 This module is the paper-specific front: it validates the run's parameters, describes one
-label's generation as an event (`dpcore.privacy.events.dp_fewshot_event`), has it composed or
+label's generation as an event (`dpcore.privacy.events.tang_event`), has it composed or
 calibrated by `dpcore.privacy.composition` (where every accountant call lives), and caches the
 resulting `PrivacyReport`s on disk. The ledger (`dpcore.privacy.ledger`) composes its entries'
 events through the same module.
@@ -206,11 +206,11 @@ def _no_noise_report(q: float, steps: int, delta: float, mechanism: str) -> Priv
 
 
 def _family(q: float, steps: int, mechanism: str):
-    """sigma -> the event of one label's generation (`dpcore.privacy.events.dp_fewshot_event`)."""
+    """sigma -> the event of one label's generation (`dpcore.privacy.events.tang_event`)."""
     # dp-accounting loads here, not when the module is imported
-    from dpcore.privacy.events import dp_fewshot_event
+    from dpcore.privacy.events import tang_event
 
-    return lambda sigma: dp_fewshot_event(mechanism, sigma, q, steps)
+    return lambda sigma: tang_event(mechanism, sigma, q, steps)
 
 
 def _report(sigma: float, q: float, steps: int, delta: float, mechanism: str,
@@ -332,7 +332,7 @@ def calibrate(target_epsilon: float, sampling_rate: float, steps: int, delta: fl
               mechanism: str = "gaussian", cache_dir: CacheDir = None) -> PrivacyReport:
     """The smallest sigma (to SIGMA_TOLERANCE) whose reported epsilon is at most the target.
 
-    `dpcore.privacy.composition.calibrate` over the family sigma -> dp_fewshot_event(mechanism, sigma, q, T):
+    `dpcore.privacy.composition.calibrate` over the family sigma -> tang_event(mechanism, sigma, q, T):
     bisection on the reported (upper-bound) epsilon; the upper end of the final bracket is
     returned, so the guarantee holds. A first pass on dp-accounting alone (Brent's method,
     aiming just below the target by prv-accountant's eps_error) places the bracket, so usually

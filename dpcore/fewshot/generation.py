@@ -464,7 +464,7 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
         return noisy_argmax(scores, keep)  # lines 16-19
 
     engine.run(streams, choose, private=True)
-    method = "sigma-zero" if sigma == 0 else "dp"
+    method = "sigma-zero" if sigma == 0 else "tang"
     demos = [_demo(stream, lm, config, sigma, seeded, method) for stream in streams]
     return GenerationResult(demos=demos, seeded_noise=seeded, stats={**engine.stats, "demos": len(demos)},
                             private_stats=engine.private_stats)

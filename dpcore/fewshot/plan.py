@@ -2,7 +2,7 @@
 
 What each requested epsilon means for a run, and what the run charges:
 
-- epsilon > 0 finite, row "dp": one sigma for the run, calibrated at the largest per-label
+- epsilon > 0 finite, row "tang": one sigma for the run, calibrated at the largest per-label
   sampling rate q = MN/|D_y| (the labels are disjoint, so they compose in parallel:
   `dpcore.fewshot.accounting.calibrate_for_labels`), T = max_tokens x demos_per_label token steps,
   at delta. Charged: T Poisson-sampled steps of the mechanism at (sigma, q).
@@ -35,7 +35,7 @@ from dpcore.fewshot import accounting
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.privacy.spend import Spend
 
-DP = "dp"
+TANG = "tang"  # the DP demonstrations' row: the method's name (tables before it say "dp")
 SIGMA_ZERO = "sigma-zero"
 INSTRUCTION_ONLY = "instruction-only"
 RANDOM_REAL = "random-real"
@@ -52,7 +52,7 @@ CALIBRATION_COLUMNS = [
 
 
 class Calibration(BaseModel):
-    """What one requested epsilon means: the row ("dp", "sigma-zero", "instruction-only"), sigma, q, T
+    """What one requested epsilon means: the row ("tang", "sigma-zero", "instruction-only"), sigma, q, T
     and delta, and the accountant's view of them (public aggregates).
 
     `epsilon` is the requested bound (the guarantee claimed), `epsilon_upper` the accountant's upper
@@ -105,7 +105,7 @@ class FewShotPlan(BaseModel):
     calibrations: tuple[Calibration, ...]
     baselines: tuple[str, ...] = ()
     audit_reference: bool = False
-    purpose: str | None = None   # None: the pipeline's ("pipeline" for dp rows, "baseline" for the others)
+    purpose: str | None = None   # None: the pipeline's ("pipeline" for tang rows, "baseline" for the others)
     repeats: int = 1             # spends per charged row (the audit's demo sets each generate anew)
 
     def calibration(self, epsilon: float) -> Calibration:
@@ -115,12 +115,12 @@ class FewShotPlan(BaseModel):
         raise ConfigError(f"epsilon {epsilon}: not among the plan's epsilons "
                           f"({', '.join(f'{c.epsilon:g}' for c in self.calibrations)})")
 
-    def dp(self) -> list[Calibration]:
+    def tang(self) -> list[Calibration]:
         """The rows of DP demonstrations (finite epsilon > 0), by epsilon."""
-        return [c for c in self.calibrations if c.method == DP]
+        return [c for c in self.calibrations if c.method == TANG]
 
     def generations(self) -> list[tuple[str, float, float]]:
-        """(row, epsilon, sigma) of every demo set the run generates: "dp" at each finite epsilon > 0,
+        """(row, epsilon, sigma) of every demo set the run generates: "tang" at each finite epsilon > 0,
         "sigma-zero" (epsilon inf) and "instruction-only" (epsilon 0) when asked as epsilons or baselines;
         sorted by (row, epsilon)."""
         rows = {(c.method, c.epsilon): c.noise_multiplier for c in self.calibrations}
@@ -128,17 +128,17 @@ class FewShotPlan(BaseModel):
             rows.setdefault((SIGMA_ZERO, math.inf), 0.0)
         if INSTRUCTION_ONLY in self.baselines:
             rows.setdefault((INSTRUCTION_ONLY, 0.0), 0.0)
-        return [(method, eps, sigma) for (method, eps), sigma in sorted(rows.items())]
+        return [(method, eps, sigma) for (method, eps), sigma in sorted(rows.items(), key=_row_order)]
 
     def privacy_plans(self) -> list[PrivacyPlan]:
-        """One `PrivacyPlan` per charged row (its `method` names the row): "dp" at each epsilon,
+        """One `PrivacyPlan` per charged row (its `method` names the row): "tang" at each epsilon,
         "sigma-zero", and the opted-in "random-real" and "audit-reference"; instruction-only reads no
         private record and has none. Each holds `repeats` spends."""
         plans = []
         for method, eps, sigma in self.generations():
             if method == INSTRUCTION_ONLY:
                 continue
-            what = "Algorithm 1 token steps" if method == DP else "Algorithm 1 token steps without noise"
+            what = "Algorithm 1 token steps" if method == TANG else "Algorithm 1 token steps without noise"
             plans.append(self._plan(method, eps, sigma, self.sampling_rate, self.steps, what))
         for name in ((RANDOM_REAL,) if RANDOM_REAL in self.baselines else ()) + (
                 (AUDIT_REFERENCE,) if self.audit_reference else ()):
@@ -147,12 +147,18 @@ class FewShotPlan(BaseModel):
         return plans
 
     def _plan(self, method: str, epsilon: float, sigma: float, q: float, steps: int, what: str) -> PrivacyPlan:
-        purpose = self.purpose or (PIPELINE_PURPOSE if method == DP else BASELINE_PURPOSE)
+        purpose = self.purpose or (PIPELINE_PURPOSE if method == TANG else BASELINE_PURPOSE)
         spend = Spend.sampled_steps(self.mechanism, float(sigma), float(q), int(steps), purpose, what)
         return PrivacyPlan(method=method, epsilon=epsilon, delta=self.delta, spends=(spend,) * self.repeats,
                            parameters={"noise_multiplier": float(sigma), "sampling_rate": float(q),
                                        "steps": int(steps), "mechanism": self.mechanism,
                                        "num_subsets": self.num_subsets, "subset_size": self.subset_size})
+
+
+def _row_order(item) -> tuple:
+    """DP demonstrations first, then the baselines by name, each by epsilon (generation and charge order)."""
+    (method, eps), _ = item
+    return (method != TANG, method, eps)
 
 
 REAL_RECORDS_WHAT = {RANDOM_REAL: "real private records as demonstrations",
@@ -184,7 +190,7 @@ def _calibrated(target: float, label_counts: Mapping[str, int], generation: Gene
     report = result["report"]
     finite = math.isfinite(target)
     return Calibration(
-        epsilon=float(target), method=DP if finite else SIGMA_ZERO, mechanism=result["mechanism"],
+        epsilon=float(target), method=TANG if finite else SIGMA_ZERO, mechanism=result["mechanism"],
         noise_multiplier=float(result["noise_multiplier"]), sampling_rate=float(result["sampling_rate"]),
         steps=int(result["steps"]), delta=float(result["delta"]),
         epsilon_upper=float(result["epsilon"]) if finite else math.inf,

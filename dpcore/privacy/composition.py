@@ -598,7 +598,7 @@ def calibrate(family: Callable[[float], Any], target_epsilon: float, delta: floa
               cache: bool = True) -> Calibration:
     """The smallest sigma (to `tolerance`, absolute) with compose([family(sigma)], delta).epsilon <= target.
 
-    `family` maps a noise multiplier to an event (e.g. `lambda s: dp_fewshot_event("gaussian", s, q, T)`);
+    `family` maps a noise multiplier to an event (e.g. `lambda s: tang_event("gaussian", s, q, T)`);
     its epsilon must fall as sigma grows. A first pass on dp-accounting alone (Brent's method on a
     coarse grid, aiming just below the target by prv-accountant's eps_error) places the bracket,
     then a walk and a bisection on the full composition (`compose`) shrink it to `tolerance`; the

@@ -88,7 +88,7 @@ def _step_events() -> dict[str, type[DpEvent]]:
     return {"gaussian": GaussianDpEvent, "rnm": ReportNoisyMaxDpEvent}
 
 
-def dp_fewshot_step(mechanism: str, noise_multiplier: float) -> DpEvent:
+def tang_step(mechanism: str, noise_multiplier: float) -> DpEvent:
     """One token step of Algorithm 1 on the sampled set (before sampling): `GaussianDpEvent(sigma)`
     or `ReportNoisyMaxDpEvent(sigma)`; sigma = 0 is `NonPrivateDpEvent`."""
     steps = _step_events()
@@ -102,9 +102,9 @@ def dp_fewshot_step(mechanism: str, noise_multiplier: float) -> DpEvent:
     return steps[mechanism](sigma)
 
 
-def dp_fewshot_event(mechanism: str, noise_multiplier: float, sampling_rate: float, steps: int) -> DpEvent:
+def tang_event(mechanism: str, noise_multiplier: float, sampling_rate: float, steps: int) -> DpEvent:
     """One label's generation (Tang et al. Theorem 1): T Poisson-sampled token steps,
-    `SelfComposedDpEvent(PoissonSampledDpEvent(q, step), T)` with the step of `dp_fewshot_step`.
+    `SelfComposedDpEvent(PoissonSampledDpEvent(q, step), T)` with the step of `tang_step`.
 
     sigma = 0 (no noise) is `NonPrivateDpEvent` (epsilon = inf). For a run over several labels,
     q is the largest per-label rate (labels compose in parallel)."""
@@ -113,7 +113,7 @@ def dp_fewshot_event(mechanism: str, noise_multiplier: float, sampling_rate: flo
 
 
 def sampled_steps_event(mechanism: str, noise_multiplier: float, sampling_rate: float, steps: int) -> DpEvent:
-    """`dp_fewshot_event` as a spend records it: sigma = 0 keeps its shape (a step of noise multiplier
+    """`tang_event` as a spend records it: sigma = 0 keeps its shape (a step of noise multiplier
     0, which dp-accounting's accountants and `dpcore.privacy.composition` read as non-private), so a stored
     non-private spend still says which mechanism, q and T it had."""
     step = _step_events().get(mechanism)
@@ -231,6 +231,6 @@ def event_from_json(text: str) -> DpEvent:
 __all__ = [
     "EVENT_CLASSES", "ComposedDpEvent", "DpEvent", "GaussianDpEvent", "LaplaceDpEvent", "NoOpDpEvent",
     "NonPrivateDpEvent", "PoissonSampledDpEvent", "ReportNoisyMaxDpEvent", "SelfComposedDpEvent",
-    "dp_fewshot_event", "dp_fewshot_step", "event_from_dict", "event_from_json", "event_kind", "event_to_dict",
+    "tang_event", "tang_step", "event_from_dict", "event_from_json", "event_kind", "event_to_dict",
     "event_to_json", "gaussian_event", "sampled_steps_event", "steps_parameters",
 ]

@@ -3,7 +3,7 @@
 Every method turns its privacy parameters into the same typed, frozen `PrivacyPlan`:
 
 - DP few-shot generation (Tang et al., Algorithm 1; `dpcore.fewshot.plan`): one plan per charged
-  row of the run, named by the row: "dp" at each epsilon (T Poisson-sampled token steps,
+  row of the run, named by the row: "tang" at each epsilon (T Poisson-sampled token steps,
   Gaussian or report-noisy-max at sigma, rate q = MN/|D_y|), and the non-private rows opted into
   ("sigma-zero", "random-real", "audit-reference": infinite spends).
 - PromptPATE (Duan et al. Section 4.2; Papernot et al. 2018 Confident-GNMax): the threshold test
@@ -34,8 +34,8 @@ from dpcore.privacy.events import DpEvent
 from dpcore.privacy.spend import Spend
 
 # What a plan may be named: a method, or one of DP few-shot generation's charged rows (`dpcore.fewshot.plan`).
-FEWSHOT_ROWS: tuple[str, ...] = ("dp", "sigma-zero", "random-real", "audit-reference")
-PLAN_NAMES: tuple[str, ...] = METHODS + FEWSHOT_ROWS
+FEWSHOT_ROWS: tuple[str, ...] = ("tang", "sigma-zero", "random-real", "audit-reference")
+PLAN_NAMES: tuple[str, ...] = METHODS + FEWSHOT_ROWS[1:]
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,12 @@ An artifact may be released to production only when every condition holds:
   5. its demos were drawn with a sampler the accountant's bound covers
      (`dpcore.fewshot.sampling.ACCOUNTED_SAMPLERS`: Poisson, and the fixed-size sampler under
      add/remove neighbours, proof in `dpcore.fewshot.sampling`).
-A refusal lists every failed condition, not only the first. For PromptPATE and PromptDPSGD the
-ledger condition is every spend of the method's plan (mechanism, sigma, q, T, delta, under the
-method's purpose) charged to that run, and the cross-check is recomputed on the plan's events.
+A refusal lists every failed condition, not only the first. One path for every method: a loader
+(`load_artifact`: `load_tang_artifact`, `load_pate_artifact`, `load_dpsgd_artifact`) reads what the
+release publishes into an `Artifact` carrying the method's facts (the spends the ledger must hold, under
+which purposes; the samplers to cover; a recorded cross-check or none, then recomputed on the spends;
+the audit table), and `evidence`, `release_failures` and `release_manifest` read only that. For
+PromptPATE and PromptDPSGD the ledger condition is every spend of the plan under the method's purpose.
 Artifacts released here are DP outputs: answering queries with them later is post-processing
 (no privacy cost).
 
@@ -39,6 +42,7 @@ from dpcore.data.artifacts import read_table, verify_manifest
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.fewshot.sampling import ACCOUNTED_SAMPLERS
+from dpcore.names import METHODS, method_name
 from dpcore.pate.teachers import Teachers
 from dpcore.privacy import composition
 from dpcore.privacy.events import sampled_steps_event
@@ -61,7 +65,6 @@ class ReleaseEvidence:
     method: str = "tang"
 
 
-METHODS: tuple[str, ...] = ("tang", "pate", "dpsgd")
 NOTHING_RELEASABLE = {"tang": "the run produced no DP demonstrations (only baselines)",
                       "pate": "the run produced no PromptPATE student prompt (no repeat labelled enough queries)",
                       "dpsgd": "the run produced no PromptDPSGD trained prompt"}
@@ -94,28 +97,6 @@ def release_failures(evidence: ReleaseEvidence) -> list[str]:
     return failures
 
 
-def ledger_covers(entries, run_id: str, calibration_row: dict,
-                  purposes: tuple[str, ...] = ("pipeline", "generate")) -> bool:
-    """Whether a ledger entry of `run_id` (of one of `purposes`) holds the calibration row's spend
-    (mechanism, sigma, q, T, delta)."""
-    # dp-accounting loads here, not when the module is imported
-    from dpcore.privacy.ledger import matching_entries
-
-    needed = ("mechanism", "noise_multiplier", "sampling_rate", "steps", "delta")
-    if any(calibration_row.get(k) is None for k in needed):
-        return False
-    try:
-        sigma, q = float(calibration_row["noise_multiplier"]), float(calibration_row["sampling_rate"])
-        steps, delta = int(calibration_row["steps"]), float(calibration_row["delta"])
-    except (TypeError, ValueError):
-        return False
-    if not (math.isfinite(sigma) and sigma > 0 and 0 < q <= 1 and 0 < delta < 1):
-        return False
-    return bool(matching_entries(entries, run_id=run_id, mechanism=str(calibration_row["mechanism"]),
-                                 noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=delta,
-                                 purposes=purposes))
-
-
 ASSUMPTIONS = (
     "per-label record counts |D_y| are treated as public (they set q = MN/|D_y|), as in Tang et al.",
     "delta = 1/|D| (the default) is the paper's choice for comparability and weak: a mechanism at that delta may "
@@ -132,78 +113,6 @@ def audit_verdict(audit: pd.DataFrame | None) -> tuple[bool, bool, tuple[str, ..
         reasons = tuple(line for value in audit.loc[~audit["passed"].astype(bool), "reasons"]
                         for line in str(value).splitlines() if line)
     return ran, passed, reasons
-
-
-def evidence_from_tables(
-    run_id: str,
-    demos: pd.DataFrame,
-    calibration: pd.DataFrame,
-    audit: pd.DataFrame | None,
-    ledger_entry_present: bool,
-    epsilon: float | None = None,
-) -> ReleaseEvidence:
-    """Collect the gate's evidence for the DP demos of a run (optionally one epsilon of it)."""
-    dp = demos[demos["method"] == "dp"]
-    if epsilon is not None and "epsilon" in dp.columns:
-        dp = dp[dp["epsilon"] == epsilon]
-    calib = calibration
-    if epsilon is not None and "epsilon" in calib.columns:
-        calib = calib[calib["epsilon"] == epsilon]
-    audit_ran, audit_passed, reasons = audit_verdict(audit)
-    agreed = bool(len(calib) == 0 or calib["crosscheck_agreed"].astype(bool).all())
-    return ReleaseEvidence(
-        run_id=run_id,
-        audit_ran=audit_ran,
-        audit_passed=audit_passed,
-        audit_reasons=reasons,
-        seeded_noise=bool(dp["seeded_noise"].astype(bool).any()) if len(dp) else False,
-        ledger_entry_present=ledger_entry_present,
-        crosscheck_agreed=agreed,
-        dp_demos=len(dp),
-        epsilons=tuple(sorted(set(float(e) for e in dp["epsilon"]))) if "epsilon" in dp.columns else (),
-        samplers=(tuple(sorted(set(dp["sampler"].astype(str)))) if "sampler" in dp.columns else ("unrecorded",))
-        if len(dp) else (),
-    )
-
-
-def release_manifest(
-    *,
-    run_id: str,
-    dataset: str,
-    dataset_id: str,
-    demos_sha256: str,
-    demos: pd.DataFrame,
-    calibration_row: dict,
-    audit_summary: dict,
-    model: str,
-    code_version: str,
-    accountant_versions: dict,
-    version: int,
-    ledger_spend: dict | None = None,
-) -> dict:
-    """The release record: what was released, its guarantee, and the evidence behind it."""
-    return {
-        "release_version": version,
-        "run_id": run_id,
-        "dataset": dataset,
-        "dataset_id": dataset_id,
-        "demos_sha256": demos_sha256,
-        "demos": [{"label": str(r.label), "text": str(r.text)} for r in demos.itertuples(index=False)],
-        "epsilon": calibration_row.get("epsilon"),
-        "delta": calibration_row.get("delta"),
-        "noise_multiplier": calibration_row.get("noise_multiplier"),
-        "sampling_rate": calibration_row.get("sampling_rate"),
-        "steps": calibration_row.get("steps"),
-        "mechanism": calibration_row.get("mechanism"),
-        "accountant_versions": accountant_versions,
-        "model": model,
-        "code_version": code_version,
-        "audit": audit_summary,
-        # The dataset's whole composed spend at release (every run, audit and baseline of the dataset id),
-        # not only the released demos' own epsilon above.
-        "ledger": ledger_spend,
-        "assumptions": list(ASSUMPTIONS),
-    }
 
 
 # --------------------------------------------------------------------------- finished runs on disk
@@ -254,9 +163,14 @@ def load_run(run_id: str, home: Path) -> RunFolder:
     )
 
 
+def tang_demos(demos: pd.DataFrame) -> pd.DataFrame:
+    """The DP demonstrations among a run's demos (a table written before the method was named tang says dp)."""
+    return demos[demos["method"].map(method_name) == "tang"]
+
+
 def choose_release_epsilon(run: RunFolder, epsilon: float | None) -> float:
     """The epsilon to release: the one asked for, else the smallest DP epsilon of the run (the strongest guarantee)."""
-    dp = run.demos[run.demos["method"] == "dp"]
+    dp = tang_demos(run.demos)
     available = sorted(set(float(e) for e in dp["epsilon"])) if "epsilon" in dp.columns else []
     if epsilon is None:
         if not available:
@@ -277,12 +191,18 @@ def _pick_epsilon(epsilon: float, available: list[float], where: str) -> float:
     raise ConfigError(f"--epsilon {fmt_eps(float(epsilon))}: {where} epsilon {shown}")
 
 
-# --------------------------------------------------------------------------- PromptPATE and PromptDPSGD artifacts
+
+
+# --------------------------------------------------------------------------- what a release publishes, per method
 
 PATE_PLAN_FILE = "pate_plan.json"  # public: the PromptPATE run's plan, ledger id and seeded flag (flows.pate)
 AUDIT_FILES = {"pate": "audit_pate.parquet", "dpsgd": "audit_dpsgd.parquet"}  # public, one row per artifact
 TEACHER_AUDIT_FILE = "audit_pate_teacher.parquet"  # public: the non-private single-teacher contrast
-ARTIFACT_ASSUMPTIONS = {
+DEMOS_FILE = "demos.parquet"  # a released text prompt (tang's demos, PromptPATE's student prompt)
+# The ledger purposes that charge DP few-shot generation (the flow, the `generate` command).
+TANG_PURPOSES = ("pipeline", "generate")
+METHOD_ASSUMPTIONS = {
+    "tang": ASSUMPTIONS,
     "pate": ("the public queries are public data: a shipped source's public split, a shipped out-of-distribution "
              "set, or a file the user declared public (never compared with the private records)",
              "the epsilon is the data-independent bound the ledger charged (threshold test and GNMax on every "
@@ -298,20 +218,29 @@ ARTIFACT_ASSUMPTIONS = {
 
 @dataclass(frozen=True)
 class Artifact:
-    """One releasable artifact of a finished PromptPATE or PromptDPSGD run (public files only)."""
+    """What one release publishes, for every method, read from a finished run's public files by `load_artifact`:
+    tang's DP demos at one epsilon, PromptPATE's student prompt, a PromptDPSGD trained prompt. The gate, the
+    manifest and the registry read only this; what differs between methods is in its fields."""
 
-    method: str  # "pate" | "dpsgd"
+    method: str  # one of METHODS
     run_id: str
     path: Path  # the public run folder
-    name: str  # "student-r<repeat>" | the trained prompt's file stem ("dpsgd-eps8-0")
+    name: str  # "demos" (tang) | "student-r<repeat>" | the trained prompt's file stem ("dpsgd-eps8-0")
     epsilon: float
     delta: float
-    spends: tuple[dict, ...]  # the plan's spends: mechanism, noise_multiplier, sampling_rate, steps, purpose
+    spends: tuple[dict, ...]  # what the ledger must hold: mechanism, noise_multiplier, sampling_rate, steps, purpose
     seeded_noise: bool
     info: dict  # model, dataset, dataset_id, data_hash, task_spec, parameters (+ dpsgd: weights hash, kind...)
-    demos: tuple[tuple[str, str], ...] = ()  # PromptPATE: the student prompt (public queries, noisy labels)
+    demos: tuple[tuple[str, str], ...] = ()  # the released text prompt: (text, label) (tang, pate)
     prompt_path: Path | None = None  # PromptDPSGD: the safetensors file
     changed_files: tuple[str, ...] = ()
+    # the public audit table; rows are matched by `artifact` when the table has that column (pate, dpsgd)
+    audit: pd.DataFrame | None = field(default=None, compare=False)
+    samplers: tuple[str, ...] = ()  # the samplers the accountant must cover ("unrecorded": the run did not say)
+    ledger_purposes: tuple[str, ...] | None = None  # a covering entry's purposes; None: each spend's own
+    crosscheck_agreed: bool | None = None  # as recorded when calibrated (tang); None: recomputed on the spends
+    table: pd.DataFrame | None = field(default=None, compare=False)  # the rows of the released demos file
+    selector: dict = field(default_factory=dict, compare=False)  # the flags that pick this artifact again
 
     @property
     def dataset_id(self) -> str:
@@ -326,9 +255,48 @@ def _changed(path: Path) -> tuple[str, ...]:
     return tuple(verify_manifest(path)) if (path / "manifest.json").exists() else ("manifest.json (missing)",)
 
 
+def _set(value) -> str | None:
+    """A run manifest's config value, None when unset (older manifests wrote "None")."""
+    return None if value in (None, "None", "") else str(value)
+
+
+def tang_artifact(run_id: str, run: RunFolder, epsilon: float | None = None) -> Artifact:
+    """DP few-shot generation's demos at `epsilon` (default the smallest of the run: the strongest guarantee),
+    with the calibration row of that epsilon as the spend the ledger must hold (Tang et al. Algorithm 1)."""
+    chosen = choose_release_epsilon(run, epsilon)
+    rows = tang_demos(run.demos)
+    rows = rows[rows["epsilon"] == chosen].reset_index(drop=True)
+    calib = run.calibration[run.calibration["epsilon"] == chosen] if "epsilon" in run.calibration.columns \
+        else run.calibration
+    row = {k: (None if isinstance(v, float) and math.isnan(v) else v)
+           for k, v in (calib.iloc[0].to_dict() if len(calib) else {}).items()}
+    config = run.manifest.get("config", {})
+    dataset = str(run.manifest.get("dataset", config.get("dataset", "")))
+    spend = {k: row.get(k) for k in ("mechanism", "noise_multiplier", "sampling_rate", "steps")}
+    return Artifact(
+        method="tang", run_id=run_id, path=run.path, name="demos", epsilon=chosen,
+        delta=math.nan if row.get("delta") is None else float(row["delta"]), spends=({**spend, "purpose": "pipeline"},),
+        seeded_noise=bool(rows["seeded_noise"].astype(bool).any()) if len(rows) else False,
+        info={"model": str(run.manifest.get("model", "")), "dataset": dataset,
+              "dataset_id": _set(config.get("dataset_id")) or dataset,
+              "task_spec": _set(config.get("task_spec")) or dataset, "parameters": spend},
+        demos=tuple((str(t), str(y)) for t, y in zip(rows["text"], rows["label"], strict=True)) if len(rows) else (),
+        changed_files=run.changed_files, audit=run.audit,
+        samplers=((tuple(sorted(set(rows["sampler"].astype(str)))) if "sampler" in rows.columns else ("unrecorded",))
+                  if len(rows) else ()),
+        ledger_purposes=TANG_PURPOSES,
+        crosscheck_agreed=bool(len(calib) == 0 or calib["crosscheck_agreed"].astype(bool).all()),
+        table=rows, selector={"epsilon": chosen})
+
+
+def load_tang_artifact(run_id: str, home: Path, epsilon: float | None = None) -> Artifact:
+    """The DP demos of a finished pipeline run at `epsilon` (`tang_artifact` on its public tables)."""
+    return tang_artifact(run_id, load_run(run_id, home), epsilon)
+
+
 def load_pate_artifact(run_id: str, home: Path, repeat: int | None = None) -> Artifact:
     """The student prompt of a PromptPATE run (`repeat`, default the repeat the run chose: best public
-    validation accuracy) with the run's plan (`pate_plan.json`)."""
+    validation accuracy) with the run's plan (`pate_plan.json`): every spend of the plan under purpose `pate`."""
     path = find_run_dir(run_id, home)
     if not (path / PATE_PLAN_FILE).exists():
         raise ConfigError(f"run {run_id!r}: {path / PATE_PLAN_FILE} is missing (not a PromptPATE run)")
@@ -339,19 +307,22 @@ def load_pate_artifact(run_id: str, home: Path, repeat: int | None = None) -> Ar
     if repeat is not None and chosen not in available:
         raise ConfigError(f"--repeat {repeat}: run {run_id} has student prompts of repeats {available or 'none'}")
     rows = students[students["repeat"] == chosen].sort_values("position") if chosen is not None else students[:0]
+    demos = tuple((str(t), str(y)) for t, y in zip(rows["text"], rows["label"], strict=True))
+    audit_path = path / AUDIT_FILES["pate"]
     return Artifact(
         method="pate", run_id=run_id, path=path, name=f"student-r{chosen}", epsilon=float(plan["plan"]["epsilon"]),
         delta=float(plan["plan"]["delta"]), spends=tuple(plan["plan"]["spends"]),
         seeded_noise=bool(plan["seeded_noise"]),
         info={k: plan.get(k) for k in ("model", "dataset", "dataset_id", "data_hash", "task_spec")}
         | {"parameters": plan["plan"]["parameters"], "repeat": chosen},
-        demos=tuple((str(t), str(y)) for t, y in zip(rows["text"], rows["label"], strict=True)),
-        changed_files=_changed(path),
-    )
+        demos=demos, changed_files=_changed(path), audit=read_table(audit_path) if audit_path.exists() else None,
+        table=pd.DataFrame([{"text": t, "label": y} for t, y in demos], columns=["text", "label"]),
+        selector={"repeat": chosen})
 
 
 def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, training: int = 0) -> Artifact:
-    """A trained prompt of a PromptDPSGD run: `epsilon` (default the smallest of the run) and `training`."""
+    """A trained prompt of a PromptDPSGD run: `epsilon` (default the smallest of the run) and `training`; its
+    DP-SGD steps (Poisson-sampled, purpose `dpsgd`) are the spend the ledger must hold."""
     path = find_run_dir(run_id, home)
     manifests = {p: _json(p) for p in sorted((path / "prompts").glob("dpsgd-eps*.json"))}
     if not manifests:
@@ -366,20 +337,39 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
                           f"{', '.join(map(str, trainings))} at that epsilon")
     json_path, m = found[0]
     run = _json(path / "manifest.json") if (path / "manifest.json").exists() else {}
-    config = run.get("config", {})
-    dataset_id = config.get("dataset_id") if config.get("dataset_id") not in (None, "None", "") else run.get("dataset")
     spend = {"mechanism": "gaussian", "noise_multiplier": m["noise_multiplier"], "sampling_rate": m["sampling_rate"],
              "steps": m["steps"], "purpose": m.get("method", "dpsgd")}
+    audit_path = path / AUDIT_FILES["dpsgd"]
     return Artifact(
         method="dpsgd", run_id=run_id, path=path, name=json_path.stem, epsilon=chosen, delta=float(m["delta"]),
         spends=(spend,), seeded_noise=bool(m["seeded_noise"]),
-        info={"model": m["model"], "dataset": run.get("dataset"), "dataset_id": dataset_id,
+        info={"model": m["model"], "dataset": run.get("dataset"),
+              "dataset_id": _set(run.get("config", {}).get("dataset_id")) or run.get("dataset"),
               "data_hash": m.get("data_hash"), "task_spec": m.get("task_spec"),
               "model_weights_sha256": m["model_weights_sha256"],
               "parameters": {k: m.get(k) for k in ("kind", "length", "clip", "batch_size", "lr", "init", "training",
                                                    "noise_multiplier", "sampling_rate", "steps")}},
         prompt_path=json_path.with_suffix(".safetensors"), changed_files=_changed(path),
-    )
+        audit=read_table(audit_path) if audit_path.exists() else None,
+        samplers=("poisson",), selector={"epsilon": chosen, "training": training})
+
+
+def load_artifact(method: str, run_id: str, home: Path, epsilon: float | None = None, training: int = 0,
+                  repeat: int | None = None) -> Artifact:
+    """What releasing `method` of run `run_id` would publish (public files only)."""
+    if method == "tang":
+        return load_tang_artifact(run_id, home, epsilon)
+    if method == "pate":
+        if epsilon is not None:
+            raise ConfigError("--epsilon: a PromptPATE run has one student prompt per repeat (its epsilon is the "
+                              "plan's); use --repeat")
+        return load_pate_artifact(run_id, home, repeat)
+    if method == "dpsgd":
+        return load_dpsgd_artifact(run_id, home, epsilon, training)
+    raise ConfigError(f"--method: one of {', '.join(METHODS)}, got {method!r}")
+
+
+# --------------------------------------------------------------------------- the gate, the manifest
 
 
 def plan_crosscheck(spends: tuple[dict, ...], delta: float) -> bool:
@@ -395,34 +385,60 @@ LEDGER_ENTRY_KEYS = ("id", "run_id", "purpose", "mechanism", "noise_multiplier",
                      "created_at")
 
 
+def _recorded(entries: list, run_id: str, spend: dict, delta: float, purposes: tuple[str, ...]) -> list:
+    """The entries of `run_id` (of one of `purposes`) holding `spend` (mechanism, sigma, q, T) at `delta`."""
+    # dp-accounting loads here, not when the module is imported
+    from dpcore.privacy.ledger import matching_entries
+
+    if any(spend.get(k) is None for k in ("mechanism", "noise_multiplier", "sampling_rate", "steps")):
+        return []
+    try:
+        sigma, q = float(spend["noise_multiplier"]), float(spend["sampling_rate"])
+        steps, delta = int(spend["steps"]), float(delta)
+    except (TypeError, ValueError):
+        return []
+    if not (math.isfinite(sigma) and sigma > 0 and 0 < q <= 1 and 0 < delta < 1):
+        return []
+    return matching_entries(entries, run_id=run_id, mechanism=str(spend["mechanism"]), noise_multiplier=sigma,
+                            sampling_rate=q, steps=steps, delta=delta, purposes=purposes)
+
+
 def covering_entries(entries, artifact: Artifact) -> list:
-    """For every spend of the artifact's plan, a ledger entry of its run recording it (mechanism, sigma, q, T,
-    delta, purpose: `ledger_covers`), in plan order; empty when any spend is unrecorded."""
+    """For every spend of the artifact, a ledger entry of its run recording it (mechanism, sigma, q, T, delta,
+    purpose), in spend order; empty when any spend is unrecorded. Another epsilon of the same run, or the
+    same spend under another purpose (an audit, a baseline), does not cover it."""
     entries = list(entries)
     found = []
     for spend in artifact.spends:
-        row = {**spend, "delta": artifact.delta}
-        match = [e for e in entries if ledger_covers([e], artifact.run_id, row, purposes=(str(spend["purpose"]),))]
+        purposes = artifact.ledger_purposes or (str(spend["purpose"]),)
+        match = _recorded(entries, artifact.run_id, spend, artifact.delta, purposes)
         if not match:
             return []
         found.append(match[0])
     return found
 
 
-def artifact_evidence(artifact: Artifact, audit: pd.DataFrame | None, entries) -> ReleaseEvidence:
-    """The gate's evidence for one artifact: its audit row(s), every spend of its plan charged to its run,
-    the cross-check on the plan's events, its seeded flag and sampler (DP-SGD: Poisson; PATE: none, q = 1)."""
-    rows = audit[audit["artifact"] == artifact.name] if audit is not None and "artifact" in audit.columns else None
-    ran, passed, reasons = audit_verdict(rows)
-    covered = bool(covering_entries(entries, artifact))
-    present = len(artifact.demos) if artifact.method == "pate" else int(bool(artifact.prompt_path
-                                                                             and artifact.prompt_path.exists()))
+def audit_rows(artifact: Artifact) -> pd.DataFrame | None:
+    """The rows of the artifact's audit table that audit it (a table keyed by `artifact`: that name's rows)."""
+    audit = artifact.audit
+    if audit is not None and "artifact" in audit.columns:
+        return audit[audit["artifact"] == artifact.name]
+    return audit
+
+
+def evidence(artifact: Artifact, entries) -> ReleaseEvidence:
+    """The gate's evidence for one artifact: its audit rows, every spend charged to its run (`covering_entries`),
+    the cross-check (as calibrated, or recomputed on its spends), its seeded flag and its samplers."""
+    ran, passed, reasons = audit_verdict(audit_rows(artifact))
+    present = len(artifact.demos) if artifact.prompt_path is None else int(artifact.prompt_path.exists())
+    agreed = artifact.crosscheck_agreed
+    if agreed is None:
+        agreed = math.isfinite(artifact.epsilon) and plan_crosscheck(artifact.spends, artifact.delta)
     return ReleaseEvidence(
         run_id=artifact.run_id, audit_ran=ran, audit_passed=passed, audit_reasons=reasons,
-        seeded_noise=artifact.seeded_noise, ledger_entry_present=covered,
-        crosscheck_agreed=math.isfinite(artifact.epsilon) and plan_crosscheck(artifact.spends, artifact.delta),
-        dp_demos=present, epsilons=(artifact.epsilon,), samplers=("poisson",) if artifact.method == "dpsgd" else (),
-        method=artifact.method,
+        seeded_noise=artifact.seeded_noise, ledger_entry_present=bool(covering_entries(entries, artifact)),
+        crosscheck_agreed=bool(agreed), dp_demos=present, epsilons=(artifact.epsilon,) if present else (),
+        samplers=artifact.samplers if present else (), method=artifact.method,
     )
 
 
@@ -446,13 +462,14 @@ def teacher_prompts(train: pd.DataFrame, assignment: pd.DataFrame) -> list[pd.Da
     return [by_id.loc[list(ids), ["text", "label"]].reset_index() for ids in teachers.demos if ids]
 
 
-def artifact_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256: str, audit_summary: dict,
-                      code_version: str, accountant_versions: dict, version: int, ledger_spend: dict | None,
-                      task_spec: dict, ledger_entries: list | None = None) -> dict:
-    """The release record of a PromptPATE student prompt or a PromptDPSGD trained prompt: its method,
-    guarantee (epsilon at delta of the plan the ledger charged, the spends and the ledger entries recording
-    them), public parameters, the audit verdict, the ledger's composed spend of the dataset and what the
-    guarantee assumes."""
+def release_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256: str, audit_summary: dict,
+                     code_version: str, accountant_versions: dict, version: int, ledger_spend: dict | None,
+                     task_spec: dict, ledger_entries: list | None = None) -> dict:
+    """The release record (`release.json`) of any method: what was released (the file and its hash, the
+    demos when it is a text prompt), its guarantee (epsilon at delta, the spends and the ledger entries
+    recording them), public parameters, the audit verdict, the ledger's composed spend of the dataset at
+    release (every run, audit and baseline of the dataset id, not only this epsilon) and what the guarantee
+    assumes. A single-spend release (tang, dpsgd) also states its mechanism, sigma, q and T at the top level."""
     manifest = {
         "release_version": version, "method": artifact.method, "run_id": artifact.run_id,
         "artifact_name": artifact.name, "dataset": artifact.info.get("dataset"), "dataset_id": artifact.dataset_id,
@@ -461,12 +478,14 @@ def artifact_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256
         "ledger_entries": [{k: getattr(e, k) for k in LEDGER_ENTRY_KEYS} for e in ledger_entries or []],
         "parameters": dict(artifact.info.get("parameters") or {}), "model": artifact.info.get("model"),
         "accountant_versions": accountant_versions, "code_version": code_version, "audit": audit_summary,
-        "ledger": ledger_spend, "assumptions": list(ARTIFACT_ASSUMPTIONS[artifact.method]), "task_spec": task_spec,
+        "ledger": ledger_spend, "assumptions": list(METHOD_ASSUMPTIONS[artifact.method]), "task_spec": task_spec,
         "demos": [{"label": y, "text": t} for t, y in artifact.demos],
     }
-    if artifact.method == "pate":
+    if artifact_file == DEMOS_FILE:
         manifest["demos_sha256"] = artifact_sha256
-    else:
+    if len(artifact.spends) == 1:
+        manifest.update({k: artifact.spends[0].get(k) for k in ("mechanism", "noise_multiplier", "sampling_rate",
+                                                                "steps")})
+    if "model_weights_sha256" in artifact.info:
         manifest["model_weights_sha256"] = artifact.info["model_weights_sha256"]
-        manifest.update({k: artifact.spends[0][k] for k in ("noise_multiplier", "sampling_rate", "steps")})
     return manifest

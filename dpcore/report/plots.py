@@ -24,6 +24,7 @@ import pandas as pd
 
 from dpcore.audit.statistics import roc_curve
 from dpcore.data.artifacts import write_bytes_atomic
+from dpcore.names import current_method_names
 
 BASELINE_STYLES = {
     "zero-shot": ("0-shot", "tab:gray", ":"),
@@ -36,6 +37,7 @@ BASELINE_STYLES = {
 def accuracy_summary(metrics: pd.DataFrame) -> pd.DataFrame:
     """Mean and standard deviation (ddof=0, as `dpcore.lm.icl.summarise_metrics`) over seeds per (method, epsilon)."""
     rows = []
+    metrics = current_method_names(metrics)  # a table written before tang was named so says dp
     for (method, epsilon), group in metrics.groupby(["method", "epsilon"], dropna=False, sort=True):
         row = {"method": method, "epsilon": float(epsilon), "seeds": len(group)}
         for column in ("accuracy", "calibrated_accuracy"):
@@ -71,7 +73,7 @@ def privacy_utility_curve(metrics: pd.DataFrame, path: Path, title: str = "", ca
     figure = _figure(6.4, 4.2)
     axis = figure.subplots()
     if len(summary):
-        dp = summary[(summary["method"] == "dp") & summary["epsilon"].map(lambda e: 0 < e < math.inf)]
+        dp = summary[(summary["method"] == "tang") & summary["epsilon"].map(lambda e: 0 < e < math.inf)]
         dp = dp.sort_values("epsilon")
     else:
         dp = summary

@@ -13,6 +13,7 @@ import math
 import pandas as pd
 
 from dpcore.lm.icl import summarise_metrics
+from dpcore.names import current_method_names, method_name
 
 
 def finite_or_none(value) -> float | None:
@@ -31,12 +32,12 @@ def epsilon_text(epsilon: float) -> str:
 
 def results_table(metrics: pd.DataFrame, calibration: pd.DataFrame, audit: pd.DataFrame | None) -> pd.DataFrame:
     """One row per (method, epsilon): accuracy mean/std (raw and calibrated), sigma, and the audit's verdict."""
-    summary = summarise_metrics(metrics)
+    summary = summarise_metrics(current_method_names(metrics))
     sigma = {float(r.epsilon): r for r in calibration.itertuples(index=False)}
     rows = []
     for r in summary.itertuples(index=False):
         eps = float(r.epsilon)
-        calib = sigma.get(eps) if r.method in ("dp", "sigma-zero", "instruction-only") else None
+        calib = sigma.get(eps) if r.method in ("tang", "sigma-zero", "instruction-only") else None
         row = {
             "method": r.method, "epsilon": eps,
             "noise_multiplier": (float(calib.noise_multiplier) if calib is not None
@@ -48,11 +49,16 @@ def results_table(metrics: pd.DataFrame, calibration: pd.DataFrame, audit: pd.Da
         }
         row.update(audit_metrics(audit, r.method, eps))
         rows.append(row)
-    order = {"zero-shot": 0, "instruction-only": 1, "dp": 2, "sigma-zero": 3, "random-real": 4}
+    order = {"zero-shot": 0, "instruction-only": 1, "tang": 2, "sigma-zero": 3, "random-real": 4}
     table = pd.DataFrame(rows)
     if len(table):
         table = table.sort_values(by=["method", "epsilon"], key=lambda s: s.map(order) if s.name == "method" else s)
     return table.reset_index(drop=True)
+
+
+# The audit's `setting` of a row's prompt: tang's DP demonstrations are audited in the "dp" setting (as every
+# DP prompt is, against "non-private"); instruction-only is its own setting.
+AUDIT_SETTING = {"tang": "dp"}
 
 
 def audit_metrics(audit: pd.DataFrame | None, method: str, epsilon: float) -> dict:
@@ -62,8 +68,8 @@ def audit_metrics(audit: pd.DataFrame | None, method: str, epsilon: float) -> di
         return {}
     rows = audit[audit["epsilon"].astype(float) == float(epsilon)]
     if "setting" in audit.columns:
-        rows = rows[rows["setting"] == method]
-    elif method != "dp":
+        rows = rows[rows["setting"] == AUDIT_SETTING.get(method, method)]
+    elif method != "tang":
         return {}
     if not len(rows):
         return {}
@@ -153,10 +159,6 @@ def jsonable_rows(table: pd.DataFrame) -> list[dict]:
 COMPARISON_COLUMNS = ["method", "epsilon", "delta", "noise_multiplier", "accuracy_mean",
                       "accuracy_std", "calibrated_accuracy_mean", "calibrated_accuracy_std", "n", "audit",
                       "wall_seconds"]
-# The name of each private-prompting method's own rows in the comparison (DP few-shot generation's DP
-# demonstrations are `dp` in its results table); every other row is a reference (zero-shot, the
-# non-private baselines of each method).
-_METHOD_OF_ROW = {"dp": "tang", "pate": "pate", "dpsgd": "dpsgd"}
 
 
 def with_audit_verdict(rows: list[dict], audits: list[dict]) -> list[dict]:
@@ -181,7 +183,7 @@ def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: l
     rows, seen = [], set()
     for source, source_rows in (("tang", tang_rows), ("pate", pate_rows), ("dpsgd", dpsgd_rows)):
         for row in source_rows:
-            method = _METHOD_OF_ROW.get(row["method"], row["method"])
+            method = method_name(row["method"])  # rows of an older run may say dp
             epsilon = float(row["epsilon"]) if row.get("epsilon") is not None else math.nan
             key = (method, epsilon)
             if key in seen:  # zero-shot is evaluated by several methods on the same items: listed once

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
+from dpcore.names import method_name
 from flows.cli import common as cli
 from flows.cli.endpoint import add_endpoint_flags, endpoint_config
 
@@ -45,7 +46,7 @@ def register(subparsers) -> None:
     source.add_argument("--demos", metavar="PATH", help="a demos Parquet (columns label, text[, method, epsilon])")
     source.add_argument("--baseline", choices=BASELINES, help="evaluate a baseline instead of a demos file")
     cli.add_config_flags(parser, EVAL_FLAGS)
-    parser.add_argument("--method", default=None,
+    parser.add_argument("--method", default=None, type=method_name,
                         help="with --demos: keep only rows of this method (when the file holds several)")
     parser.add_argument("--epsilon", type=cli.parse_epsilon, default=None,
                         help="with --demos: the epsilon the demos were generated at (default: the file's "

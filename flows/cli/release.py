@@ -12,6 +12,7 @@ from dpcore.data.artifacts import jsonable, write_bytes_atomic, write_json_atomi
 from dpcore.data.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError, DataValidationError
+from dpcore.names import METHODS, method_name
 from flows.cli.common import command, print_json
 from flows.cli.endpoint import add_endpoint_flags, endpoint_config
 
@@ -134,7 +135,7 @@ def register(subparsers) -> None:
 
     release = command(subparsers, "release", _release, help="gate a finished run and release its DP demos as production")
     release.add_argument("--run", required=True, help="the run id printed by `dpicl run`")
-    release.add_argument("--method", choices=("tang", "pate", "dpsgd"), default="tang",
+    release.add_argument("--method", type=method_name, choices=METHODS, default="tang",
                          help="what to release: tang (DP few-shot demos, default), pate (the PromptPATE student "
                               "prompt) or dpsgd (a PromptDPSGD trained prompt); pate and dpsgd are audited first")
     release.add_argument("--epsilon", type=float, default=None,

@@ -1,0 +1,174 @@
+"""One release path for every method, and one name per method.
+
+- tang, pate and dpsgd releases go through the same gate (`tasks.release.check_gate` -> `gate.evidence` ->
+  `gate.release_failures`) and the same manifest; the flow calls that one gate for each;
+- a run folder, table or flag written with DP few-shot generation's old name `dp` reads as `tang`, without
+  a warning; everything written says `tang`.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dpcore.data.artifacts import read_table, write_manifest, write_table
+from dpcore.home import dpicl_home
+from dpcore.release import gate
+
+DELTA = 1e-3
+
+
+def _run_folder(run_id: str) -> Path:
+    folder = dpicl_home() / "runs" / "release-path" / ("0" * 12) / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _tang_run(run_id: str, method_column: str = "dp") -> Path:
+    """A finished pipeline run's public tables; `method_column` as an older dpicl wrote it."""
+    folder = _run_folder(run_id)
+    write_table(pd.DataFrame({"method": [method_column, method_column, "zero-shot"], "epsilon": [4.0, 4.0, 0.0],
+                              "label": ["World", "Sports", "World"], "text": ["a", "b", "c"],
+                              "seeded_noise": [False, False, False], "sampler": ["poisson"] * 3}),
+                folder / "demos.parquet")
+    write_table(pd.DataFrame([{"epsilon": 4.0, "method": method_column, "mechanism": "gaussian",
+                               "noise_multiplier": 1.2, "sampling_rate": 0.01, "steps": 20, "delta": DELTA,
+                               "crosscheck_agreed": True}]), folder / "calibration.parquet")
+    write_manifest(folder, extra={"run_id": run_id, "dataset": "agnews", "model": "tiny", "config": {}})
+    return folder
+
+
+def _pate_run(run_id: str) -> Path:
+    from dpcore.pate.privacy import pate_plan
+
+    folder = _run_folder(run_id)
+    plan = pate_plan(epsilon_target=None, delta=DELTA, queries=24, threshold_sigma=1.0, vote_sigma=2.0, teachers=16,
+                     threshold=10).to_dict()
+    write_table(pd.DataFrame({"repeat": [0, 0], "position": [0, 1], "text": ["q1", "q2"], "label": ["World", "Sports"]}),
+                folder / "pate_students.parquet")
+    (folder / gate.PATE_PLAN_FILE).write_text(json.dumps({
+        "method": "pate", "run_id": run_id, "dataset": "agnews", "dataset_id": "agnews", "data_hash": "0" * 64,
+        "model": "tiny", "task_spec": "agnews", "seeded_noise": False, "best_repeat": 0, "plan": plan}))
+    write_manifest(folder, extra={"run_id": run_id, "dataset": "agnews"})
+    return folder
+
+
+def _dpsgd_run(run_id: str) -> Path:
+    folder = _run_folder(run_id)
+    (folder / "prompts").mkdir(exist_ok=True)
+    (folder / "prompts" / "dpsgd-eps8-0.safetensors").write_bytes(b"tensors")
+    (folder / "prompts" / "dpsgd-eps8-0.json").write_text(json.dumps({
+        "epsilon": 8.0, "training": 0, "noise_multiplier": 0.9, "sampling_rate": 0.05, "steps": 30, "delta": DELTA,
+        "seeded_noise": False, "model": "tiny", "model_weights_sha256": "0" * 64, "method": "dpsgd"}))
+    write_manifest(folder, extra={"run_id": run_id, "dataset": "agnews"})
+    return folder
+
+
+RUNS = {"tang": _tang_run, "pate": _pate_run, "dpsgd": _dpsgd_run}
+
+
+# --------------------------------------------------------------------------- one path
+
+
+def test_every_method_is_judged_by_the_one_gate(monkeypatch):
+    from tasks.release import check_gate
+
+    judged = []
+    evidence = gate.evidence
+
+    def spy(artifact, entries):
+        judged.append(artifact.method)
+        return evidence(artifact, entries)
+
+    monkeypatch.setattr(gate, "evidence", spy)
+    for method, make in RUNS.items():
+        make(f"one-gate-{method}")
+        checked = check_gate.fn(f"one-gate-{method}", method)
+        # nothing audited, nothing charged: the same conditions refuse every method
+        assert "no membership-inference audit" in checked["refused"], checked["refused"]
+        assert "no privacy-ledger entry" in checked["refused"], checked["refused"]
+        assert checked["method"] == method and checked["selector"]
+    assert judged == ["tang", "pate", "dpsgd"]
+
+
+def test_the_release_flow_calls_one_gate_and_one_register_for_every_method(monkeypatch):
+    from flows.release import audited_release
+    from tasks import release as release_stage
+
+    calls = []
+    monkeypatch.setattr(release_stage, "audit_artifact", lambda *a, **k: {"artifact": "x", "audit": {}})
+    monkeypatch.setattr(release_stage, "check_gate", lambda run_id, method, **selector: calls.append(
+        ("gate", method)) or {"refused": None, "selector": {"epsilon": 1.0}})
+    monkeypatch.setattr(release_stage, "register", lambda run_id, method, alias, **selector: calls.append(
+        ("register", method)) or {"method": method})
+    for method in ("tang", "pate", "dpsgd"):
+        assert audited_release.fn(run_id="r", method=method) == {"method": method}
+    assert calls == [(step, m) for m in ("tang", "pate", "dpsgd") for step in ("gate", "register")]
+
+
+def test_passing_evidence_and_the_manifest_are_the_same_for_every_method():
+    from dpcore.privacy.ledger import Ledger
+
+    book = Ledger()
+    passing = pd.DataFrame([{"passed": True, "reasons": ""}])
+    for method, make in RUNS.items():
+        run_id = f"passing-{method}"
+        make(run_id)
+        artifact = gate.load_artifact(method, run_id, dpicl_home())
+        audit = passing.assign(artifact=artifact.name) if method != "tang" else passing
+        artifact = gate.Artifact(**{**artifact.__dict__, "audit": audit})
+        for spend in artifact.spends:
+            book.charge("release-path", "h", run_id, spend["mechanism"], float(spend["noise_multiplier"]),
+                        float(spend["sampling_rate"]), int(spend["steps"]), artifact.delta, spend["purpose"])
+        assert gate.release_failures(gate.evidence(artifact, book.entries_for_run(run_id))) == [], method
+        manifest = gate.release_manifest(
+            artifact, artifact_file="prompt.safetensors" if method == "dpsgd" else gate.DEMOS_FILE,
+            artifact_sha256="f" * 64, audit_summary={"passed": True}, code_version="test", accountant_versions={},
+            version=1, ledger_spend=None, task_spec={},
+            ledger_entries=gate.covering_entries(book.entries_for_run(run_id), artifact))
+        assert manifest["method"] == method and len(manifest["ledger_entries"]) == len(artifact.spends)
+        for key in ("release_version", "run_id", "dataset_id", "artifact", "epsilon", "delta", "spends", "audit",
+                    "ledger", "assumptions", "model", "code_version", "accountant_versions", "demos"):
+            assert key in manifest, (method, key)
+        if method != "dpsgd":
+            assert manifest["demos_sha256"] == "f" * 64 and manifest["demos"]
+        if method != "pate":  # one spend: its mechanism, sigma, q, T at the top level, as tang's manifest had
+            assert manifest["noise_multiplier"] == artifact.spends[0]["noise_multiplier"]
+            assert {"mechanism", "sampling_rate", "steps"} <= set(manifest)
+
+
+# --------------------------------------------------------------------------- one name
+
+
+def test_an_old_run_folder_with_method_dp_reads_as_tang_without_a_warning():
+    folder = _tang_run("old-name-run", method_column="dp")
+    assert set(pd.read_parquet(folder / "demos.parquet")["method"]) == {"dp", "zero-shot"}  # as written then
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert set(read_table(folder / "demos.parquet")["method"]) == {"tang", "zero-shot"}
+        artifact = gate.load_artifact("tang", "old-name-run", dpicl_home())
+    assert artifact.method == "tang" and artifact.epsilon == 4.0 and [t for t, _ in artifact.demos] == ["a", "b"]
+    assert list(artifact.table["method"]) == ["tang", "tang"]  # a release of it writes tang
+
+
+def test_old_metrics_and_the_dp_flag_read_as_tang():
+    from dpcore.config import RunConfig
+    from dpcore.names import method_name
+    from dpcore.report.summary import results_table
+    from flows.cli import build_parser
+
+    metrics = pd.DataFrame([{"method": "dp", "epsilon": 1.0, "seed": 0, "n": 10, "accuracy": 0.7,
+                             "calibrated_accuracy": 0.8, "seconds": 1.0}])
+    calibration = pd.DataFrame([{"epsilon": 1.0, "noise_multiplier": 1.5}])
+    table = results_table(metrics, calibration, None)
+    assert table["method"].tolist() == ["tang"] and table["noise_multiplier"].tolist() == [1.5]
+    assert RunConfig(methods="dp,pate").methods == ["tang", "pate"]
+    assert method_name("dp") == "tang" and method_name("pate") == "pate" and method_name("zero-shot") == "zero-shot"
+    args = build_parser().parse_args(["release", "--run", "r", "--method", "dp"])
+    assert args.method == "tang"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["release", "--run", "r", "--method", "fewshot"])
