@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dpcore.errors import ConfigError
 
-TASKS_DIR = Path(__file__).resolve().parent.parent / "data" / "tasks"
+TASKS_DIR = Path(__file__).resolve().parents[2] / "data" / "tasks"  # the repository's data/, beside dpcore/
 
 
 class _Spec(BaseModel):
