@@ -186,6 +186,7 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir
                            "--audit-members", "10", "--audit-demo-sets", "2", "--max-tokens", "4",
                            "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--seed", "1",
                            "--audit-reference-prompts", "4",  # LiRA, asked for: all five attacks
+                           "--audit-max-record-tokens", "16",  # the tables are under test: scoring a third of it
                            "--dataset-id", "audit-cli-test", "--out", str(out), "--json"])
     summary = json.loads(stdout)
     for key in ("verdict", "passed", "reasons", "trials", "members_per_trial", "confidence"):
@@ -221,7 +222,7 @@ def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tin
 
     folder, _ = mini_task
     base = ["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
-            "--model", str(tiny_model_dir)]
+            "--model", str(tiny_model_dir), "--audit-max-record-tokens", "16"]
     code, text, _ = cli(base + ["--non-private", "--trials", "3", "--audit-members", "10",
                                 "--out", str(tmp_path / "np")])
     assert code == 1 and "gate: FAILED" in text and "  - verbatim overlap" in text
