@@ -33,20 +33,6 @@ configure_environment()
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 torch.set_num_threads(1 if _WORKER else max(1, min(2, os.cpu_count() or 1)))
 
-# Test files whose tests share one process-wide result (pipeline_support.standard_run: one seeded run with
-# its audit) run on the same xdist worker, so the run is made once.
-_SHARED_RUN_FILES = frozenset({"test_pipeline.py", "test_release.py"})
-
-
-def pytest_collection_modifyitems(config, items):
-    """Every test file is one xdist group (`--dist loadgroup`): module-scoped fixtures, such as the
-    neighbouring-dataset runs, are built once, on one worker. Without xdist the marks do nothing."""
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        group = "shared-standard-run" if path.rsplit("/", 1)[-1] in _SHARED_RUN_FILES else path
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(group))
-
 
 @pytest.fixture(scope="session")
 def dpicl_home() -> Path:
