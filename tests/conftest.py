@@ -28,7 +28,10 @@ import torch  # noqa: E402
 from dpcore.home import configure_environment  # noqa: E402
 
 configure_environment()
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist (`make test` runs two workers) each worker is one process per core: a second torch
+# thread per worker only contends with the other worker.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+torch.set_num_threads(1 if _WORKER else max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture(scope="session")

@@ -106,8 +106,11 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
 
     members, non_members = split_members(agnews_sample, seed=0)
     assert len(members) == 4000 and set(members["id"]).isdisjoint(non_members["id"])
+    # Each record's first 8 tokens (16 before): the scoring costs one pass of the tiny model's 49k-word head per
+    # token (measured: 70 s -> 44 s of CPU per audit); the interval's width depends on the record counts and
+    # trials (Hanley-McNeil), which are unchanged: 0.074 with either cap.
     config = AuditConfig(trials=12, demo_sets=2, members=40, non_members=40, reference_prompts=2,
-                         max_record_tokens=16)
+                         max_record_tokens=8)
     gen = GenerationConfig(num_subsets=4, subset_size=1, max_tokens=6, top_k=20)
     events = []
     original = generation.generate_demos
@@ -120,7 +123,10 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
         return original(lm, spec, records_by_label, *args, **kwargs)
 
     monkeypatch.setattr(generation, "generate_demos", spy)
-    covered, flagged, runs = 0, 0, 4
+    # Two seeded audits, each interval must cover 0.5 (four allowing one miss before): an interval half as
+    # wide as it should be misses with probability about 1/2 per audit, caught with probability 3/4 by two
+    # audits that must both cover (11/16 by four allowing one miss); a valid 95% interval fails it <= 10%.
+    covered, flagged, runs = 0, 0, 2
     for run in range(runs):
         result = dp_audit(tiny_lm, agnews.spec, members, non_members, config, gen, 0.5, seed=run,
                           epsilon=1.0, delta=1e-4, crosscheck_agreed=True, noise_seed=run,
@@ -132,7 +138,7 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
         assert high - low <= 2 * config.auc_tolerance  # large enough to be conclusive
         assert result.epsilon_lower_bound < 1.0
         assert result.max_overlap_tokens < 8
-    assert covered >= runs - 1 and flagged == 0
+    assert covered == runs and flagged == 0
     assert events[:4] == ["charge 0", "generate", "charge 1", "generate"]  # the ledger hook runs first
     scores = result.mia_scores
     assert len(scores) == len(ATTACKS) * 2 * 12 * 80
@@ -180,6 +186,7 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir
                            "--audit-members", "10", "--audit-demo-sets", "2", "--max-tokens", "4",
                            "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--seed", "1",
                            "--audit-reference-prompts", "4",  # LiRA, asked for: all five attacks
+                           "--audit-max-record-tokens", "16",  # the tables are under test: scoring a third of it
                            "--dataset-id", "audit-cli-test", "--out", str(out), "--json"])
     summary = json.loads(stdout)
     for key in ("verdict", "passed", "reasons", "trials", "members_per_trial", "confidence"):
@@ -215,7 +222,7 @@ def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tin
 
     folder, _ = mini_task
     base = ["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
-            "--model", str(tiny_model_dir)]
+            "--model", str(tiny_model_dir), "--audit-max-record-tokens", "16"]
     code, text, _ = cli(base + ["--non-private", "--trials", "3", "--audit-members", "10",
                                 "--out", str(tmp_path / "np")])
     assert code == 1 and "gate: FAILED" in text and "  - verbatim overlap" in text
