@@ -76,11 +76,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         plan = build_run_plan(config, methods=("pate",))
     elif not plan.made_from(config):
         raise DpiclError("pate: the plan was made for other records; plan the run again")
-    if ingested is None:
-        ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path,
-                                       plan=plan)
-    elif ingested["data_hash"] != plan.data_hash:
-        raise DpiclError("pate: the dataset changed since it was planned (content hash differs); run again")
+    ingested = ingest_stage.ingested_for(plan, run_id, ingested, "pate")
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
     plan = _plan(config, ingested, plan, checkpoint_epsilons or [])
     settings, plans, per_repeat = plan.settings, plan.plans, plan.per_repeat

@@ -122,8 +122,7 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
     tracking.warm_up()  # MLflow's import and SQLite store set-up (~10 s) overlap the run
 
     # 1-2. ingest and partition (private records stay in the private store)
-    ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path,
-                                   plan=plan)
+    ingested = ingest_stage.ingested_for(plan, run_id, None, "run")
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
     tang = "tang" in config.methods
     fewshot = _fewshot_run(config, plan, ingested, paths) if tang else None

@@ -57,11 +57,7 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
         raise DpiclError("dpsgd: the plan was made for other records; plan the run again")
     else:
         shape = tune_stage.check_model(config)  # the model cache's: loaded once per process
-    if ingested is None:
-        ingested = ingest_stage.ingest(config.dataset, run_id, config.data_path, config.task_spec,
-                                       config.test_path, plan=plan)
-    elif ingested["data_hash"] != plan.data_hash:
-        raise DpiclError("dpsgd: the dataset changed since it was planned (content hash differs); run again")
+    ingested = ingest_stage.ingested_for(plan, run_id, ingested, "dpsgd")
     plans = list(plan.dpsgd)
     if charge is None:
         charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans,

@@ -84,6 +84,17 @@ def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: s
 
 
 @uncached_task("partition")
+def ingested_for(plan, run_id: str, ingested: dict | None, who: str) -> dict:
+    """The plan's records ingested for `run_id`, or, for a subflow handed its pipeline's ingest result, that
+    result checked against the plan's content hash (`who` names the method in the refusal)."""
+    if ingested is None:
+        config = plan.config
+        return ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path, plan=plan)
+    if ingested["data_hash"] != plan.data_hash:
+        raise DpiclError(f"{who}: the dataset changed since it was planned (content hash differs); run again")
+    return ingested
+
+
 def partition(ingested: dict) -> dict:
     """Split D_priv by label: private `partitions` (label, position, id) and public `label_counts`."""
     records = read_table(Path(ingested["records_path"]))

@@ -199,8 +199,3 @@ def _dpsgd_plans(config: RunConfig, data: LoadedDataset) -> tuple[PrivacyPlan, .
     check_test_size(config.test_size, len(data.test))
     return tuple(tune_stage.plans(config, len(data.train)))
 
-
-def run_spends(config: RunConfig, run_id: str | None = None) -> tuple[list[tuple[str, float, ledger.Spend]], RunPlan]:
-    """Every spend a run on `config` will charge, for every method it names, and its plan."""
-    plan = build_run_plan(config)
-    return plan.spends(run_id), plan

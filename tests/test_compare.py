@@ -41,11 +41,11 @@ def _argv(dataset_id: str, *extra: str) -> list[str]:
 def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     from flows.cli import main
     from tasks.charge import planned_cost
-    from tasks.run_plans import run_spends
+    from tasks.run_plans import build_run_plan
 
     share_tiny_model(tiny_lm)
     config = tiny_config(dataset_id="compare-json", **METHOD_FIELDS)
-    spends, _ = run_spends(config, "compare-run")
+    spends = build_run_plan(config).spends("compare-run")
     cost = planned_cost(spends)
     assert set(cost["methods"]) == {"tang", "pate", "dpsgd"}
     # composition is subadditive here, never larger than the sum of the parts
@@ -96,11 +96,11 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
 def test_a_plan_over_budget_is_refused_before_anything_runs(tiny_lm, capsys):
     from flows.cli import main
     from tasks.charge import planned_cost
-    from tasks.run_plans import run_spends
+    from tasks.run_plans import build_run_plan
 
     share_tiny_model(tiny_lm)
     config = tiny_config(dataset_id="compare-budget", **METHOD_FIELDS)
-    cost = planned_cost(run_spends(config)[0])
+    cost = planned_cost(build_run_plan(config).spends(None))
     # every method alone fits the budget; all three together do not
     budget = (max(cost["methods"].values()) + cost["epsilon"]) / 2
     Ledger().set_budget("compare-budget", budget, cost["delta"])
