@@ -30,11 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (a `benchmarks` package may be installed)
+
+from benchlib import PeakMemory  # noqa: E402
 
 
 def _parse(argv):
@@ -52,49 +54,6 @@ def _parse(argv):
     parser.add_argument("--out", default=None)
     parser.add_argument("--json", action="store_true")
     return parser.parse_args(argv)
-
-
-class _PeakMemory:
-    """Peak memory growth of a phase: CUDA allocator peak, or sampled resident set size on the CPU."""
-
-    def __init__(self, device):
-        self.device = device
-
-    def __enter__(self):
-        import psutil
-        import torch
-
-        self.peak_mb = 0.0
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
-            return self
-        self.process = psutil.Process()
-        self.base = self.process.memory_info().rss
-        self.stop = threading.Event()
-        self.peak = self.base
-
-        def sample():
-            while not self.stop.is_set():
-                self.peak = max(self.peak, self.process.memory_info().rss)
-                self.stop.wait(0.005)
-
-        self.thread = threading.Thread(target=sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        import torch
-
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            self.peak_mb = (torch.cuda.max_memory_allocated() - self.base) / 2**20
-        else:
-            self.stop.set()
-            self.thread.join()
-            self.peak_mb = (max(self.peak, self.process.memory_info().rss) - self.base) / 2**20
-        return False
 
 
 def _naive_step(lm, prompt, examples, clip, optimizer_step):
@@ -152,7 +111,7 @@ def run(args) -> dict:
                                                    device=total.device)) / args.batch
         adamw.step()
 
-    with _PeakMemory(lm.device) as naive_memory:
+    with PeakMemory(lm.device) as naive_memory:
         began = synced()
         for batch in batches:
             _naive_step(lm, prompt, batch, clip, update)
@@ -162,7 +121,7 @@ def run(args) -> dict:
     prompt = sp.TrainablePrompt(args.kind, init)
     optimizer = dpsgd.dp_optimizer(prompt, sigma, clip, args.batch, 0.005,
                                    torch.Generator(device=lm.device).manual_seed(1))
-    with _PeakMemory(lm.device) as batched_memory:
+    with PeakMemory(lm.device) as batched_memory:
         began = synced()
         for batch in batches:
             chunks = [sp.per_example_gradients(lm, prompt, batch[i:i + args.physical_batch_size])[0]

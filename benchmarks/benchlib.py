@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 from pathlib import Path
 
 
@@ -52,3 +53,47 @@ def load(args):
     lm = LanguageModel.tiny_random(seed=0, device=args.device) if args.model == "tiny" else \
         LanguageModel.load(args.model, device=args.device)
     return spec, load_dataset(spec), lm
+
+
+class PeakMemory:
+    """Peak memory growth of a phase (`peak_mb` after the block): the CUDA allocator's peak above the phase's
+    start, or on the CPU the largest resident-set growth above it, sampled every 5 ms."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        import psutil
+        import torch
+
+        self.peak_mb = 0.0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+            return self
+        self.process = psutil.Process()
+        self.base = self.process.memory_info().rss
+        self.stop = threading.Event()
+        self.peak = self.base
+
+        def sample():
+            while not self.stop.is_set():
+                self.peak = max(self.peak, self.process.memory_info().rss)
+                self.stop.wait(0.005)
+
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.peak_mb = (torch.cuda.max_memory_allocated() - self.base) / 2**20
+        else:
+            self.stop.set()
+            self.thread.join()
+            self.peak_mb = (max(self.peak, self.process.memory_info().rss) - self.base) / 2**20
+        return False

@@ -51,7 +51,7 @@ NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
 PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit", "baseline", "pate", "dpsgd")
 PromptKind = Literal["soft-prompt", "prefix"]
 PROMPT_KINDS: tuple[str, ...] = get_args(PromptKind)
-PromptInit = Literal["vocab", "random"]
+PromptInit = Literal["vocab", "random", "instruction"]
 PROMPT_INITS: tuple[str, ...] = get_args(PromptInit)
 
 

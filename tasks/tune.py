@@ -44,7 +44,14 @@ from dpcore.data.artifacts import (
 from dpcore.data.datasets import load_test_file
 from dpcore.data.taskspec import load_task_spec
 from dpcore.dpsgd import training as dpsgd
-from dpcore.dpsgd.soft_prompt import check_prompt, encode_examples, init_prompt, save_prompt, weights_hash
+from dpcore.dpsgd.soft_prompt import (
+    check_prompt,
+    encode_examples,
+    init_prompt,
+    instruction_ids,
+    save_prompt,
+    weights_hash,
+)
 from dpcore.dpsgd.training import dpsgd_config, dpsgd_plan
 from dpcore.errors import ConfigError
 from dpcore.lm.icl import summarise_metrics
@@ -152,7 +159,8 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
     validation = public_validation(spec, records_path, config.dpsgd_validation_path, dp_config.validation_size)
     train_examples, val_examples, train_ids = _examples(lm, spec, records_path, validation)
     noise_gen, sampling_gen, seeded = dpsgd.generators(seed, lm.device)
-    prompt = init_prompt(lm, dp_config.kind, dp_config.length, dp_config.init, sampling_gen).to(lm.device)
+    prompt = init_prompt(lm, dp_config.kind, dp_config.length, dp_config.init, sampling_gen,
+                         instruction_ids(lm, spec)).to(lm.device)
 
     def keep(state: dict) -> None:  # private store only: P, optimizer and generator states
         buffer = io.BytesIO()

@@ -5,8 +5,11 @@ Two kinds, both a small tensor P that the LM reads; the LM's weights are never c
 - `soft-prompt` (Lester et al. 2021; Duan et al. Section 4.1, Algorithm 1 line 2: P_0 in R^{s x e}):
   s trainable input embeddings prepended to the embedded input. Initialised from the embeddings of
   s vocabulary tokens drawn at random among the first `VOCAB_INIT_TOKENS` ids (frequent BPE tokens,
-  as Lester et al. draw from the 5,000 most common), or at random with the embedding table's
-  standard deviation.
+  as Lester et al. draw from the 5,000 most common), at random with the embedding table's
+  standard deviation, or from the embeddings of the task's ICL instruction tokens (public text: Lester
+  et al.'s class-label / task-text initialisation; cycled when the prompt is longer than the
+  instruction, cut when shorter). The instruction start gives few noisy DP-SGD steps a prompt that
+  already points at the task, which is what the CPU preset relies on.
 - `prefix` (P-tuning v2, Liu et al. 2022, the implementation Duan et al. build on): trainable keys and
   values of s positions at every layer, passed to the model as its cache (`DynamicCache`), shape
   [layers, 2, kv_heads, s, head_dim]. Initialised from the cache the model computes for s random
@@ -56,6 +59,11 @@ class Example:
 
     context: tuple[int, ...]
     target: tuple[int, ...]
+
+
+def instruction_ids(lm, spec: TaskSpec) -> list[int]:
+    """The task's ICL instruction as token ids (public text of the task spec): P_0 of init "instruction"."""
+    return list(lm.encode(spec.icl.instruction)) if spec.icl.instruction else []
 
 
 def encode_examples(lm, spec: TaskSpec, texts: Sequence[str], labels: Sequence[str]) -> list[Example]:
@@ -162,14 +170,21 @@ class TrainablePrompt(nn.Module):
         return [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
 
-def init_prompt(lm, kind: str, length: int, init: str, generator: torch.Generator) -> TrainablePrompt:
-    """P_0 (Algorithm 1 line 2) from public randomness only (`generator`, on the CPU)."""
+def init_prompt(lm, kind: str, length: int, init: str, generator: torch.Generator,
+                instruction_ids: Sequence[int] = ()) -> TrainablePrompt:
+    """P_0 (Algorithm 1 line 2) from public inputs only: `generator` (on the CPU) and, for init
+    "instruction", `instruction_ids` (the task's ICL instruction as token ids)."""
     shape = check_prompt(lm, kind, length)
     if init not in PROMPT_INITS:
         raise ConfigError(f"{flag('dpsgd_init')}: must be one of {', '.join(PROMPT_INITS)}, got {init!r}")
     embed = _embeddings(lm)
     vocab = int(embed.weight.shape[0])
     tokens = torch.randint(0, min(VOCAB_INIT_TOKENS, vocab), (length,), generator=generator)
+    if init == "instruction":
+        if not instruction_ids:
+            raise ConfigError(f"{flag('dpsgd_init')} instruction: the task has no ICL instruction to start from; "
+                              "use vocab")
+        tokens = torch.as_tensor([instruction_ids[i % len(instruction_ids)] for i in range(length)])
     with torch.no_grad():
         table = embed.weight.detach().float()
         weight = table[tokens.to(table.device)]
