@@ -211,8 +211,9 @@ class RunConfig(_Frozen):
         "auto", description="defaults of the unset dpsgd_* fields: gpu = Duan et al. Table 6 (C 0.1, batch 1024, "
         "length 10, 100 epochs, lr 0.005), cpu = minutes on the embedded model; auto: by device")
     dpsgd_length: int | None = Field(None, ge=1, description="s: prompt positions (default: the preset's, 10)")
-    dpsgd_init: PromptInit = Field("vocab", description="P_0: embeddings of random vocabulary "
-                                                  "tokens, or random")
+    dpsgd_init: PromptInit | None = Field(
+        None, description="P_0: embeddings of random vocabulary tokens (vocab), random, or the embeddings of the "
+        "task's instruction tokens (instruction); default: the preset's (instruction on CPU, vocab on GPU)")
     dpsgd_clip: float | None = Field(None, gt=0, description="C: per-example gradient norm bound (default: 0.1)")
     dpsgd_batch_size: int | None = Field(None, ge=1, description="expected Poisson batch size qN (default: "
                                          "the preset's)")

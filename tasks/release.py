@@ -211,9 +211,11 @@ def load_release(alias_or_version: str = DEFAULT_ALIAS, dataset_id: str | None =
 
 
 def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, model: str | None = None,
-                   device: str = "auto", calibrate: bool = True, endpoint=None) -> tuple[dict, str, list[dict]]:
+                   device: str = "auto", calibrate: bool | None = None, endpoint=None) -> tuple[dict, str, list[dict]]:
     """`dpicl predict`: ICL answers to `texts` with a release's demos (or its trained prompt) only, post-processing
     of a DP release (no privacy cost): (the release manifest, the model's name, one answer per text).
+
+    `calibrate` None: the method's scoring (`dpcore.release.predict.default_calibration`).
 
     `endpoint` (a `dpcore.release.endpoint.EndpointConfig`): answer through that OpenAI-compatible server instead of a
     local model (`model` is then the served model's name); a PromptDPSGD release is refused (local only)."""
@@ -223,6 +225,8 @@ def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, mo
     manifest = load_release(release, dataset_id)
     spec = TaskSpec.model_validate(manifest["task_spec"])
     demos = [(d["text"], d["label"]) for d in manifest["demos"]]
+    if calibrate is None:
+        calibrate = predict.default_calibration(manifest.get("method"))
     if endpoint is not None:
         from dpcore.release import endpoint as remote
         from dpcore.release.export import local_only_reason

@@ -63,7 +63,8 @@ class Example:
 
 def instruction_ids(lm, spec: TaskSpec) -> list[int]:
     """The task's ICL instruction as token ids (public text of the task spec): P_0 of init "instruction"."""
-    return list(lm.encode(spec.icl.instruction)) if spec.icl.instruction else []
+    text = spec.icl.instruction or ", ".join(icl._answer(spec, label).strip() for label in spec.label_names)
+    return list(lm.encode(text))
 
 
 def encode_examples(lm, spec: TaskSpec, texts: Sequence[str], labels: Sequence[str]) -> list[Example]:

@@ -1,7 +1,10 @@
 """Answering queries with released demonstrations (post-processing of DP outputs: no privacy cost).
 
-Classification: the label with the highest contextually calibrated probability (Zhao et al.),
-scored exactly as in evaluation (`dpcore.lm.icl`). Extraction: greedy answers (Table 8 format).
+Classification: the label with the highest probability, scored exactly as in evaluation (`dpcore.lm.icl`):
+contextually calibrated (Zhao et al.) for demonstrations, raw for a PromptDPSGD prompt. A trained prompt is
+fitted to the raw label likelihood, and on public validation data (`benchmarks/utility.py`'s recipe choice)
+raw scoring beat calibration for it; demonstrations gain from calibration. Extraction: greedy answers (Table
+8 format).
 """
 
 from __future__ import annotations
@@ -12,6 +15,14 @@ from dpcore.data.taskspec import TaskSpec
 from dpcore.dpsgd.soft_prompt import load_prompt, weights_hash
 from dpcore.errors import ConfigError
 from dpcore.lm import icl
+
+# Methods whose released prompt is answered without contextual calibration by default.
+RAW_SCORED_METHODS = ("dpsgd",)
+
+
+def default_calibration(method: str | None) -> bool:
+    """Whether a release of `method` is answered with contextual calibration unless the user says otherwise."""
+    return method not in RAW_SCORED_METHODS
 
 
 def answer(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], queries: Sequence[str],
@@ -30,8 +41,8 @@ def answer(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], queries: Sequen
         content_free = icl.normalise_probs(icl.label_logprobs(lm, spec, demos, list(icl.CONTENT_FREE_INPUTS), labels,
                                                               past=past))
         probs = icl.calibrate_probs(probs, content_free)
-    return [{"prediction": labels[int(row.argmax())], "probabilities": dict(zip(labels, map(float, row), strict=True))}
-            for row in probs]
+    return [{"prediction": labels[int(row.argmax())], "probabilities": dict(zip(labels, map(float, row), strict=True)),
+             "calibrated": calibrate} for row in probs]
 
 
 def trained_prompt_cache(lm, prompt_path, weights_sha256: str, trained_on: str):

@@ -82,7 +82,7 @@ def _predict(args) -> int:
     queries = _read_queries(path)
     manifest, model_name, answers = answer_queries(args.release, args.dataset_id, [q["text"] for q in queries],
                                                    model=args.model, device=args.device,
-                                                   calibrate=not args.no_calibration, endpoint=endpoint)
+                                                   calibrate=args.calibration, endpoint=endpoint)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
         for query, answer in zip(queries, answers, strict=True):
@@ -100,9 +100,11 @@ def _predict(args) -> int:
 
         where = (f"through endpoint {shown_url(base_url(endpoint.url))} model {model_name}"
                  + (f" (scoring: {', '.join(modes)})" if modes else ""))
+    calibrated = answers[0].get("calibrated") if answers else None
+    scored = "" if calibrated is None else ", calibrated" if calibrated else ", raw scores"
     print(f"answered {len(queries)} queries with release v{manifest['release_version']} of {manifest['dataset_id']} "
           f"(epsilon {fmt_eps(eps)}, delta {fmt_delta(manifest.get('delta'))}; "
-          f"post-processing: no further privacy cost) {where}", file=sys.stderr)
+          f"post-processing: no further privacy cost) {where}{scored}", file=sys.stderr)
     return 0
 
 
@@ -175,7 +177,12 @@ def register(subparsers) -> None:
                          help="any model (default: the model that generated the demos); with --endpoint, the "
                               "served model's name (default: the server's only model)")
     predict.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
-    predict.add_argument("--no-calibration", action="store_true", help="raw predictions (no contextual calibration)")
+    scoring = predict.add_mutually_exclusive_group()
+    scoring.add_argument("--no-calibration", dest="calibration", action="store_false", default=None,
+                         help="raw predictions (no contextual calibration)")
+    scoring.add_argument("--calibration", dest="calibration", action="store_true",
+                         help="contextually calibrated predictions (default: calibrated for demonstrations, raw for "
+                              "a PromptDPSGD prompt, the scoring each method's accuracy is reported with)")
     predict.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
     add_endpoint_flags(predict)
 

@@ -1,7 +1,7 @@
 """CLI: `dpicl tune` — PromptDPSGD: train a soft prompt or prefix with DP-SGD, evaluate it, record it.
 
     dpicl tune --dataset D --kind soft-prompt|prefix --epsilon 8 [--length S --clip C --batch-size B
-               --epochs E | --steps T --lr LR --init vocab|random --seeds K --test-size N --delta D
+               --epochs E | --steps T --lr LR --init vocab|random|instruction --seeds K --test-size N --delta D
                --preset auto|cpu|gpu --model M --device DEV --seed S --run-id ID] [--json]
 
 Runs `flows.tune.dpsgd_flow` (the same flow the pipeline runs for `--methods dpsgd`). Unset training
@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from typing import get_args
 
 from pydantic import ValidationError
 
@@ -48,6 +49,12 @@ SHORT_FLAGS = {"kind": "dpsgd_kind", "length": "dpsgd_length", "clip": "dpsgd_cl
                "physical_batch_size": "dpsgd_physical_batch_size", "validation_path": "dpsgd_validation_path"}
 
 
+def _choices(annotation) -> list[str]:
+    """The values of a Literal field, an optional one too."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    return list(get_args(args[0])) if len(args) == 1 and get_args(args[0]) else list(args)
+
+
 def register(subparsers) -> None:
     parser = command(
         subparsers, "tune", run_tune, help="PromptDPSGD: train a soft prompt or prefix with DP-SGD (Duan et al. Section 4.1)",
@@ -57,7 +64,7 @@ def register(subparsers) -> None:
     add_config_flags(parser, CONFIG_FLAGS)
     for short, field in SHORT_FLAGS.items():
         info = RunConfig.model_fields[field]
-        choices = list(getattr(info.annotation, "__args__", ())) if short in ("kind", "init", "preset") else None
+        choices = _choices(info.annotation) if short in ("kind", "init", "preset") else None
         parser.add_argument("--" + short.replace("_", "-"), "--" + field.replace("_", "-"), dest=field, default=None,
                             choices=choices, type=None if choices else _flag_type(field, info.annotation),
                             help=(info.description or "").replace("%", "%%"))
