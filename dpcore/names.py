@@ -49,6 +49,9 @@ NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
 # the `generate` command); audit: the audit's own DP generations; baseline: a non-private baseline;
 # pate / dpsgd: PromptPATE's votes and PromptDPSGD's training steps.
 PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit", "baseline", "pate", "dpsgd")
+# Methods whose prompt is used with raw label scores (a trained prompt is fitted to the raw likelihood; chosen on
+# public data); the others' prompts are used contextually calibrated (Zhao et al.).
+RAW_SCORED_METHODS: tuple[str, ...] = ("dpsgd",)
 PromptKind = Literal["soft-prompt", "prefix"]
 PROMPT_KINDS: tuple[str, ...] = get_args(PromptKind)
 PromptInit = Literal["vocab", "random", "instruction"]

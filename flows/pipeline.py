@@ -44,6 +44,7 @@ from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import DpiclError, RunStopped
 from dpcore.fewshot.plan import FewShotPlan
 from dpcore.home import configure_environment
+from dpcore.report.summary import private_data_verdict
 from flows.pate import pate_flow
 from flows.runner import default_run_id, map_calls, results, running
 from flows.tune import dpsgd_flow
@@ -152,6 +153,7 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
         dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), wall_seconds=wall, cost=cost,
         calibrated=config.calibrate, method_audits=method_audits) if others else None
     seeded_noise = bool((tang_summary or {}).get("seeded_noise")) or any(o["seeded_noise"] for o in others.values())
+    results = comparison["rows"] if comparison is not None else recorded["results"]
     return {
         "run_id": run_id,
         "flow_run_id": flow_run_id,
@@ -164,7 +166,8 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
         "mlflow_run_id": recorded["mlflow_run_id"],
         "mlflow_experiment_id": recorded["mlflow_experiment_id"],
         "tracking_uri": recorded["tracking_uri"],
-        "results": comparison["rows"] if comparison is not None else recorded["results"],
+        "results": results,
+        "private_data_verdict": private_data_verdict(results),
         "mlflow_comparison_run_id": comparison["mlflow_run_id"] if comparison is not None else None,
         "method_summaries": others,
         "method_audits": method_audits,

@@ -21,3 +21,23 @@ def test_bench_dpsgd_tiny(tmp_path, capsys):
     assert result["examples"] == 6 and result["kind"] == "prefix"
     assert result["max_abs_diff"] < 1e-5  # the batched per-example path clips and sums what the naive loop does
     assert json.loads((tmp_path / "r.json").read_text())["ratio"] == result["ratio"]
+
+
+def test_utility_chooses_on_the_public_split_and_tables_the_test_split(tmp_path, capsys):
+    code = run_benchmark("utility", [
+        "--model", "tiny", "--datasets", "trec", "--epsilons", "2,inf", "--spread", "trec:2:2", "--test-size", "6",
+        "--set", "batch_size=4", "--set", "validation_size=2", "--examples", "8", "--grid", "lr=0.01,0.3",
+        "--sweep-datasets", "trec", "--sweep-size", "5", "--threads", "1", "--out-dir", str(tmp_path), "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    sweep = result["sweep"]
+    assert {r["split"] for r in sweep} == {"public"} and len(sweep) == 2  # choosing never reads the test split
+    assert {json.dumps(r["grid"]) for r in sweep} == {'{"lr": 0.01}', '{"lr": 0.3}'}
+    best = max(sweep, key=lambda r: r[result["chosen_scoring"]])
+    assert result["chosen"]["grid"] == best["grid"] and result["recipe"]["lr"] == best["grid"]["lr"]
+    table = [r for r in result["rows"] if r["phase"] == "table"]
+    assert {r["split"] for r in table} == {"test"} and len(table) == 3  # two trainings at 2, one at inf
+    assert all(r["steps"] == 2 and r["batch_size"] == 4 and r["seeded_noise"] for r in table)  # T = 8 / 4
+    assert [r["noise_multiplier"] > 0 for r in table] == [True, True, False]
+    rows = [json.loads(line) for line in (tmp_path / "utility_rows.jsonl").read_text().splitlines()]
+    assert len(rows) == len(sweep) + len(table) + 2  # streamed as they finished, zero-shot rows included

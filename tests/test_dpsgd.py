@@ -205,6 +205,45 @@ def test_the_plan_calibrates_sigma_to_the_target_epsilon():
     assert dpsgd.dpsgd_plan(math.inf, 10_000, config).spends[0].noise_multiplier == 0.0
 
 
+def test_the_instruction_start_is_the_embeddings_of_the_task_instruction_tokens(tiny_lm, sst2_spec):
+    agnews = load_task_spec("agnews")
+    ids = sp.instruction_ids(tiny_lm, agnews)
+    assert ids == tiny_lm.encode(agnews.icl.instruction) and len(ids) > 3
+    table = tiny_lm.model.get_input_embeddings().weight.detach().float()
+    long = sp.init_prompt(tiny_lm, "soft-prompt", len(ids) + 2, "instruction", torch.Generator().manual_seed(0), ids)
+    cycled = ids + ids[:2]  # a prompt longer than the instruction cycles it
+    assert torch.equal(long.weight.detach(), table[cycled])
+    short = sp.init_prompt(tiny_lm, "soft-prompt", 3, "instruction", torch.Generator().manual_seed(5), ids)
+    assert torch.equal(short.weight.detach(), table[ids[:3]])  # no randomness: the generator's seed is irrelevant
+    # SST-2's ICL prompt has no instruction: its label words are the public text to start from
+    words = sp.instruction_ids(tiny_lm, sst2_spec)
+    assert not sst2_spec.icl.instruction and words == tiny_lm.encode(
+        ", ".join(sst2_spec.verbalizer(label).strip() for label in sst2_spec.label_names))
+    prefix = sp.init_prompt(tiny_lm, "prefix", 2, "instruction", torch.Generator().manual_seed(0), ids)
+    assert torch.allclose(prefix.weight.detach(), sp.init_prompt(
+        tiny_lm, "prefix", 2, "instruction", torch.Generator().manual_seed(9), ids).weight.detach())
+    with pytest.raises(ConfigError, match="dpsgd_init"):
+        sp.init_prompt(tiny_lm, "soft-prompt", 3, "instruction", torch.Generator().manual_seed(0), [])
+
+
+def test_the_cpu_preset_is_the_recipe_and_every_flag_overrides_it():
+    from dpcore.config import RunConfig
+
+    cpu = dpsgd.dpsgd_config(RunConfig(dpsgd_preset="cpu"))
+    assert (cpu.batch_size, cpu.steps, cpu.lr, cpu.length, cpu.init, cpu.clip) == (64, 48, 0.3, 10, "instruction", 0.1)
+    gpu = dpsgd.dpsgd_config(RunConfig(dpsgd_preset="gpu"))
+    assert (gpu.batch_size, gpu.epochs, gpu.lr, gpu.init) == (1024, 100.0, 0.005, "vocab")  # Duan et al. Table 6
+    mine = dpsgd.dpsgd_config(RunConfig(dpsgd_preset="cpu", dpsgd_init="vocab", dpsgd_steps=7, dpsgd_lr=0.01))
+    assert (mine.init, mine.steps, mine.lr, mine.batch_size) == ("vocab", 7, 0.01, 64)
+
+
+def test_a_trained_prompt_is_answered_with_raw_scores_unless_asked():
+    from dpcore.release.predict import default_calibration
+
+    assert default_calibration("dpsgd") is False
+    assert default_calibration("tang") is True and default_calibration("pate") is True
+
+
 @pytest.mark.parametrize("change, needle", [
     ({"length": 0}, "dpsgd_length"), ({"clip": 0.0}, "dpsgd_clip"), ({"clip": -1.0}, "dpsgd_clip"),
     ({"batch_size": 20_000}, "dpsgd_batch_size"), ({"kind": "adapter"}, "dpsgd_kind"), ({"lr": 0.0}, "dpsgd_lr"),
@@ -463,3 +502,4 @@ def test_a_trained_prompt_answers_queries_as_it_was_evaluated(tiny_lm, sst2_spec
     answers = answer(tiny_lm, sst2_spec, [], TEXTS, calibrate=False, past=past)
     scores = icl.label_logprobs(tiny_lm, sst2_spec, [], TEXTS, past=past)
     assert [a["prediction"] for a in answers] == [sst2_spec.label_names[i] for i in scores.argmax(axis=1)]
+    assert all(a["calibrated"] is False for a in answers)

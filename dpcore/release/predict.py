@@ -15,9 +15,7 @@ from dpcore.data.taskspec import TaskSpec
 from dpcore.dpsgd.soft_prompt import load_prompt, weights_hash
 from dpcore.errors import ConfigError
 from dpcore.lm import icl
-
-# Methods whose released prompt is answered without contextual calibration by default.
-RAW_SCORED_METHODS = ("dpsgd",)
+from dpcore.names import RAW_SCORED_METHODS
 
 
 def default_calibration(method: str | None) -> bool:

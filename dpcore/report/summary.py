@@ -2,7 +2,8 @@
 
 Pure functions over the run's public tables (`metrics`, `calibration`, `audit`): the results
 table (`results_table`), the audit's verdict (`audit_verdict`), the markdown summary shown as
-a Prefect artifact (`summary_markdown`) and JSON-safe rows (`jsonable_rows`). Aggregates and
+a Prefect artifact (`summary_markdown`), JSON-safe rows (`jsonable_rows`) and whether the private
+data paid against calibrated zero-shot (`private_data_verdict`). Aggregates and
 public configuration only; no per-record data enters them.
 """
 
@@ -13,7 +14,7 @@ import math
 import pandas as pd
 
 from dpcore.lm.icl import summarise_metrics
-from dpcore.names import current_method_names, method_name
+from dpcore.names import METHODS, RAW_SCORED_METHODS, current_method_names, method_name
 
 
 def finite_or_none(value) -> float | None:
@@ -217,3 +218,56 @@ def comparison_markdown(run_id: str, table: pd.DataFrame, cost: dict | None = No
         lines += ["", f"Planned cost of every method, composed as the ledger composes it: epsilon "
                       f"{_fmt(cost.get('epsilon'), '.4g')} at delta {_fmt(cost.get('delta'), '.3g')}."]
     return "\n".join(lines) + "\n"
+
+
+def used_accuracy(row: dict) -> tuple[float | None, str]:
+    """(accuracy, scoring) of a results row as its prompt is used: raw for a trained prompt
+    (`dpcore.names.RAW_SCORED_METHODS`), calibrated otherwise."""
+    if method_name(row.get("method")) in RAW_SCORED_METHODS:
+        return finite_or_none(row.get("accuracy_mean")), "raw"
+    return finite_or_none(row.get("calibrated_accuracy_mean")), "calibrated"
+
+
+def private_data_verdict(rows: list[dict]) -> dict | None:
+    """Did the private data pay? The best private prompt of each epsilon (accuracy as it is used) against the
+    calibrated zero-shot prompt on the same test items: the difference and its standard error
+    sqrt(a(1-a)/n + z(1-z)/n) (two binomial proportions over n items; conservative for paired items), and
+    `paid` when the difference exceeds two standard errors, `hurt` when it is below minus two, else
+    `within noise`. A function of the published accuracies only. None without a zero-shot row or a DP row."""
+    zero = next((r for r in rows if r.get("method") == "zero-shot"), None)
+    z = finite_or_none(zero.get("calibrated_accuracy_mean")) if zero else None
+    n = int(zero["n"]) if zero and zero.get("n") else None
+    if z is None or not n:
+        return None
+    verdicts = []
+    for epsilon in sorted({float(r["epsilon"]) for r in rows if method_name(r.get("method")) in METHODS}):
+        if not (0 < epsilon < math.inf):
+            continue
+        candidates = []
+        for r in rows:
+            accuracy, scoring = used_accuracy(r)
+            if method_name(r.get("method")) in METHODS and float(r["epsilon"]) == epsilon and accuracy is not None:
+                candidates.append((accuracy, method_name(r["method"]), scoring))
+        if not candidates:
+            continue
+        accuracy, method, scoring = max(candidates)
+        difference = accuracy - z
+        error = math.sqrt(accuracy * (1 - accuracy) / n + z * (1 - z) / n)
+        outcome = "paid" if difference > 2 * error else "hurt" if difference < -2 * error else "within noise"
+        verdicts.append({"epsilon": epsilon, "method": method, "scoring": scoring, "accuracy": accuracy,
+                         "zero_shot_calibrated": z, "difference": difference, "standard_error": error, "n": n,
+                         "verdict": outcome})
+    return {"zero_shot_calibrated": z, "n": n, "epsilons": verdicts} if verdicts else None
+
+
+def verdict_line(verdict: dict | None) -> str | None:
+    """One line per epsilon: `private data paid at epsilon 8: dpsgd 0.813 (raw) against calibrated zero-shot
+    0.543, +0.270 +/- 0.038 (one standard error, 300 test items)`; paid means by more than two."""
+    if not verdict:
+        return None
+    words = {"paid": "paid", "hurt": "did not pay (worse)", "within noise": "did not clearly pay (within noise)"}
+    return "\n".join(
+        f"private data {words[v['verdict']]} at epsilon {epsilon_text(v['epsilon'])}: {v['method']} "
+        f"{v['accuracy']:.3f} ({v['scoring']}) against calibrated zero-shot {v['zero_shot_calibrated']:.3f}, "
+        f"{v['difference']:+.3f} +/- {v['standard_error']:.3f} (one standard error, {v['n']} test items)"
+        for v in verdict["epsilons"])

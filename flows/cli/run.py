@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from dpcore.config import AuditConfig, RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
+from dpcore.report.summary import verdict_line
 from flows.cli.common import (
     add_config_flags,
     command,
@@ -160,7 +161,8 @@ def format_results(summary: dict) -> str:
         f"MLflow run id:   {summary['mlflow_run_id']}  ({summary['tracking_uri']})",
         f"artifact folder: {summary['run_dir']}",
     ]
-    return "\n".join(lines)
+    paid = verdict_line(summary.get("private_data_verdict"))
+    return "\n".join(lines + ([paid] if paid else []))
 
 
 def format_ledger(report: dict | None) -> str | None:
