@@ -5,8 +5,17 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 
-from dpcore.report.summary import audit_verdict, epsilon_text, jsonable_rows, results_table, summary_markdown
+from dpcore.report.summary import (
+    audit_verdict,
+    epsilon_text,
+    jsonable_rows,
+    private_data_verdict,
+    results_table,
+    summary_markdown,
+    verdict_line,
+)
 
 
 def _metrics():
@@ -55,3 +64,27 @@ def test_jsonable_rows_and_epsilon_text():
     rows = jsonable_rows(pd.DataFrame({"a": [math.nan, math.inf, 1 / 3], "b": ["x", "y", "z"]}))
     assert rows == [{"a": None, "b": "x"}, {"a": "inf", "b": "y"}, {"a": 0.333333, "b": "z"}]
     assert epsilon_text(math.inf) == "inf" and epsilon_text(2.0) == "2" and epsilon_text(0.5) == "0.5"
+
+
+def _row(method, epsilon, raw, calibrated, n=300):
+    return {"method": method, "epsilon": epsilon, "accuracy_mean": raw, "calibrated_accuracy_mean": calibrated,
+            "n": n}
+
+
+def test_the_private_data_verdict_uses_each_prompt_as_it_is_used_against_calibrated_zero_shot():
+    rows = [_row("zero-shot", 0.0, 0.90, 0.543), _row("random-real", "inf", 0.99, 0.99),
+            _row("tang", 8.0, 0.95, 0.60), _row("dpsgd", 8.0, 0.813, 0.99), _row("pate", 1.0, 0.2, 0.50),
+            _row("dp", 4.0, 0.1, 0.30), _row("dpsgd", "inf", 0.99, 0.99)]
+    verdict = private_data_verdict(rows)
+    by_eps = {v["epsilon"]: v for v in verdict["epsilons"]}
+    assert set(by_eps) == {1.0, 4.0, 8.0}  # references and epsilon inf (no privacy) are never the verdict
+    # dpsgd is scored raw (0.813, not its calibrated 0.99); tang calibrated (0.60, not its raw 0.95)
+    assert (by_eps[8.0]["method"], by_eps[8.0]["scoring"], by_eps[8.0]["accuracy"]) == ("dpsgd", "raw", 0.813)
+    se = math.sqrt(0.813 * 0.187 / 300 + 0.543 * 0.457 / 300)
+    assert by_eps[8.0]["standard_error"] == pytest.approx(se) and by_eps[8.0]["verdict"] == "paid"
+    assert by_eps[1.0]["verdict"] == "within noise"  # 0.50 vs 0.543: -0.043, under two standard errors
+    assert (by_eps[4.0]["method"], by_eps[4.0]["verdict"]) == ("tang", "hurt")  # an old `dp` row is tang
+    lines = verdict_line(verdict).splitlines()
+    assert lines[-1].startswith("private data paid at epsilon 8: dpsgd 0.813 (raw) against calibrated zero-shot 0.543")
+    assert private_data_verdict([_row("dpsgd", 8.0, 0.8, 0.8)]) is None  # no zero-shot row: no verdict
+    assert verdict_line(None) is None
