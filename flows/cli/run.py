@@ -163,8 +163,7 @@ def format_results(summary: dict) -> str:
         f"MLflow run id:   {summary['mlflow_run_id']}  ({summary['tracking_uri']})",
         f"artifact folder: {summary['run_dir']}",
     ]
-    paid = verdict_line(summary.get("private_data_verdict"))
-    return "\n".join(lines + ([paid] if paid else []))
+    return "\n".join(lines)
 
 
 def format_ledger(report: dict | None) -> str | None:
@@ -263,6 +262,9 @@ def _run(args, defaults: dict | None = None) -> int:
         print(format_results(summary))
         print(f"wall time:       {summary['wall_seconds']:.0f} s")
         print(format_next(summary))
+        paid = verdict_line(summary.get("private_data_verdict"))
+        if paid:  # last: the answer to "was it worth it"
+            print(paid)
     return 0
 
 
