@@ -70,6 +70,12 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     assert rows["pate"]["epsilon"] > 0 and "epsilon_reported" not in rows["pate"]
     assert all(rows[m]["n"] == 6 for m in ("tang", "pate", "dpsgd", "zero-shot"))  # the same test items
     assert all(rows[m]["wall_seconds"] > 0 for m in ("tang", "pate", "dpsgd"))
+    # did the private data pay: the best of the three at epsilon 4 as each is used, against calibrated zero-shot
+    (verdict,) = summary["private_data_verdict"]["epsilons"]
+    used = {"tang": rows["tang"]["calibrated_accuracy_mean"], "pate": rows["pate"]["calibrated_accuracy_mean"],
+            "dpsgd": rows["dpsgd"]["accuracy_mean"]}
+    assert verdict["epsilon"] == 4.0 and verdict["accuracy"] == max(used.values()) == used[verdict["method"]]
+    assert verdict["zero_shot_calibrated"] == rows["zero-shot"]["calibrated_accuracy_mean"] and verdict["n"] == 6
     run_dir = Path(summary["run_dir"])
     table = pd.read_parquet(run_dir / "comparison.parquet")
     assert list(table["method"]).count("zero-shot") == 1

@@ -62,8 +62,9 @@ class Example:
 
 
 def instruction_ids(lm, spec: TaskSpec) -> list[int]:
-    """The task's ICL instruction as token ids (public text of the task spec): P_0 of init "instruction"."""
-    text = spec.icl.instruction or ", ".join(icl._answer(spec, label).strip() for label in spec.label_names)
+    """P_0 of init "instruction" as token ids, from public text of the task spec: its ICL instruction, or for a
+    task without one its label words ("negative, positive")."""
+    text = spec.icl.instruction or ", ".join(spec.verbalizer(label).strip() for label in spec.label_names)
     return list(lm.encode(text))
 
 
