@@ -167,7 +167,7 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
         "mlflow_experiment_id": recorded["mlflow_experiment_id"],
         "tracking_uri": recorded["tracking_uri"],
         "results": results,
-        "private_data_verdict": private_data_verdict(results),
+        "private_data_verdict": private_data_verdict(results, config.epsilons),
         "mlflow_comparison_run_id": comparison["mlflow_run_id"] if comparison is not None else None,
         "method_summaries": others,
         "method_audits": method_audits,

@@ -87,4 +87,7 @@ def test_the_private_data_verdict_uses_each_prompt_as_it_is_used_against_calibra
     lines = verdict_line(verdict).splitlines()
     assert lines[-1].startswith("private data paid at epsilon 8: dpsgd 0.813 (raw) against calibrated zero-shot 0.543")
     assert private_data_verdict([_row("dpsgd", 8.0, 0.8, 0.8)]) is None  # no zero-shot row: no verdict
+    # a run asked at 1 and 8: PromptPATE charged 0.7 counts for 1, tang's 4 (and dp) for 8
+    asked = private_data_verdict(rows + [_row("pate", 0.7, 0.1, 0.95)], epsilons=[1.0, 8.0])
+    assert [(v["epsilon"], v["method"]) for v in asked["epsilons"]] == [(1.0, "pate"), (8.0, "dpsgd")]
     assert verdict_line(None) is None

@@ -228,29 +228,32 @@ def used_accuracy(row: dict) -> tuple[float | None, str]:
     return finite_or_none(row.get("calibrated_accuracy_mean")), "calibrated"
 
 
-def private_data_verdict(rows: list[dict]) -> dict | None:
+def private_data_verdict(rows: list[dict], epsilons: list | None = None) -> dict | None:
     """Did the private data pay? The best private prompt of each epsilon (accuracy as it is used) against the
     calibrated zero-shot prompt on the same test items: the difference and its standard error
     sqrt(a(1-a)/n + z(1-z)/n) (two binomial proportions over n items; conservative for paired items), and
     `paid` when the difference exceeds two standard errors, `hurt` when it is below minus two, else
-    `within noise`. A function of the published accuracies only. None without a zero-shot row or a DP row."""
+    `within noise`. `epsilons`: the run's asked epsilons; a row charged less (PromptPATE stops within its
+    target) counts for the smallest asked epsilon it fits. A function of the published accuracies only. None
+    without a zero-shot row or a DP row."""
     zero = next((r for r in rows if r.get("method") == "zero-shot"), None)
     z = finite_or_none(zero.get("calibrated_accuracy_mean")) if zero else None
     n = int(zero["n"]) if zero and zero.get("n") else None
     if z is None or not n:
         return None
+    asked = sorted(float(e) for e in epsilons or [] if 0 < float(e) < math.inf)
+    groups: dict[float, list] = {}
+    for r in rows:
+        accuracy, scoring = used_accuracy(r)
+        epsilon = float(r["epsilon"])
+        if method_name(r.get("method")) not in METHODS or accuracy is None or not 0 < epsilon < math.inf:
+            continue
+        bucket = next((e for e in asked if epsilon <= e * (1 + 1e-6)), None) if asked else epsilon
+        if bucket is not None:
+            groups.setdefault(bucket, []).append((accuracy, method_name(r["method"]), scoring))
     verdicts = []
-    for epsilon in sorted({float(r["epsilon"]) for r in rows if method_name(r.get("method")) in METHODS}):
-        if not (0 < epsilon < math.inf):
-            continue
-        candidates = []
-        for r in rows:
-            accuracy, scoring = used_accuracy(r)
-            if method_name(r.get("method")) in METHODS and float(r["epsilon"]) == epsilon and accuracy is not None:
-                candidates.append((accuracy, method_name(r["method"]), scoring))
-        if not candidates:
-            continue
-        accuracy, method, scoring = max(candidates)
+    for epsilon in sorted(groups):
+        accuracy, method, scoring = max(groups[epsilon])
         difference = accuracy - z
         error = math.sqrt(accuracy * (1 - accuracy) / n + z * (1 - z) / n)
         outcome = "paid" if difference > 2 * error else "hurt" if difference < -2 * error else "within noise"
