@@ -94,7 +94,10 @@ TANG_FULL = {  # Tang et al. Table 9
     "agnews": ["--num-subsets", "10", "--subset-size", "2", "--top-k", "100", "--max-tokens", "100"],
     "trec": ["--num-subsets", "80", "--subset-size", "1", "--no-rvp", "--max-tokens", "15"],
 }
-PATE_CPU = ["--teachers", "20", "--shots", "1", "--queries", "50", "--sigma2", "2", "--student-candidates", "10"]
+# Table 2's cells label every query (--epsilon inf: charged their data-independent bound) at Table 7's sigma1 (the
+# gpu preset's: the task YAML's) on a CPU-sized flock.
+PATE_CPU = ["--preset", "gpu", "--teachers", "20", "--shots", "1", "--queries", "50", "--sigma2", "2",
+            "--student-candidates", "10"]
 PATE_FULL_QUERIES = {"trec": "492"}  # the TREC public split holds 492 rows (the paper's Q is 500)
 DPSGD_CPU_STEPS = "20"
 # Private examples held out for a CPU training's loss curve: half the CPU preset's 64, since the curve is
@@ -182,7 +185,7 @@ def build_cells(args) -> list[Cell]:
             sizes = (["--teachers", "200", "--shots", "1", "--queries", PATE_FULL_QUERIES.get(dataset, "500"),
                       "--sigma2", "20", "--student-candidates", "50"] if args.full else PATE_CPU)
             for public, baselines in (("iid", "zero-shot,ensemble,upper-bound"), ("ood", "zero-shot")):
-                argv = ["pate", "--json", *head, "--public", public, *sizes, "--repeats", str(repeats),
+                argv = ["pate", "--json", "--epsilon", "inf", *head, "--public", public, *sizes, "--repeats", str(repeats),
                         "--delta", "1e-6", "--baselines", baselines, *common_tail, *extra]
                 cells.append(Cell(f"pate-{public}-{dataset}", "pate", dataset, argv, key=(public,)))
         if "dpsgd" in tables:

@@ -176,27 +176,37 @@ class RunConfig(_Frozen):
     overlap_threshold: int = Field(8, ge=1, description="audit gate: verbatim token overlap that counts as a leak")
 
     # --- PromptPATE (Duan et al. Section 4.2, App. C.2): fields named pate_*
-    pate_teachers: int = Field(200, ge=1, description="E: teacher prompts, built from disjoint private records")
+    pate_preset: Literal["auto", "cpu", "gpu"] = Field(
+        "auto", description="defaults of the unset pate_* fields (teachers, queries, sigma1, sigma2, student "
+        "candidates): gpu = Duan et al. Table 7 (E 200, Q 500, sigma2 20), cpu = minutes on the embedded model "
+        "(E 20, Q 50, sigma1 = sigma2 = 10); auto: by device")
+    pate_teachers: int | None = Field(None, ge=1, description="E: teacher prompts, built from disjoint private "
+                                      "records (default: the preset's, 200 on GPU, 20 on CPU)")
     pate_shots: int = Field(1, ge=1, description="k: demonstrations per teacher prompt (and per student prompt)")
     pate_public: PatePublic = Field("iid", description="public queries: iid (the task's public split), ood (the "
                                     "task YAML's pate.ood_public dataset) or file (pate_public_path)")
     pate_public_path: str | None = Field(None, description="a CSV/JSONL/Parquet file of public queries (text column "
                                          "only); implies pate_public file")
     pate_public_column: str = Field("text", description="the text column of pate_public_path")
-    pate_queries: int = Field(500, ge=1, description="Q: public queries the teachers label")
+    pate_queries: int | None = Field(None, ge=1, description="Q: public queries each repeat may label, at most; "
+                                     "the plan labels as many as the epsilon affords (default: the preset's, 500 "
+                                     "on GPU, 50 on CPU)")
     pate_threshold: float | None = Field(None, description="T: Confident-GNMax threshold on the top vote count "
                                          "(default round(0.9 E): Table 7's 180 at E = 200)")
-    pate_sigma1: float | None = Field(None, description="threshold noise std (default: the task YAML's, Table 7: 1, "
-                                      "5 for AG News)")
-    pate_sigma2: float = Field(20.0, description="GNMax noise std on the vote counts (Table 7: 20)")
+    pate_sigma1: float | None = Field(None, description="threshold noise std (default: the CPU preset's 10; on "
+                                      "GPU the task YAML's, Table 7: 1, 5 for AG News)")
+    pate_sigma2: float | None = Field(None, description="GNMax noise std on the vote counts (default: the preset's, "
+                                      "Table 7's 20 on GPU, 10 on CPU)")
     pate_vote_mode: PateVoteMode = Field("calibrated", description="calibrated (argmax of calibrated label "
                                          "probabilities) or black-box (greedy next token; other tokens vote 'other')")
-    pate_target_epsilon: float | None = Field(None, gt=0, description="labelling stops when this epsilon (all "
-                                              "repeats together, data-independent) would be exceeded")
+    pate_target_epsilon: float | None = Field(None, gt=0, description="PromptPATE's epsilon (all repeats together, "
+                                              "data-independent): labelling stops before it would be exceeded "
+                                              "(default: the largest finite epsilon of epsilons)")
     pate_repeats: int = Field(3, ge=1, description="noisy labellings and student choices (fresh noise each); "
                               "accuracy is mean +/- std over them, each charged")
-    pate_student_candidates: int = Field(50, ge=1, description="candidate student prompts evaluated on the "
-                                         "public validation queries")
+    pate_student_candidates: int | None = Field(None, ge=1, description="candidate student prompts evaluated on "
+                                                "the public validation queries (default: the preset's, 50 on GPU, "
+                                                "10 on CPU)")
     pate_baselines: list[PateBaseline] = Field(
         default_factory=lambda: ["zero-shot"],
         description="comparison rows: zero-shot; ensemble (the flock's vote on the test split) and upper-bound (the "

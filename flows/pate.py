@@ -121,7 +121,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         "epsilon_per_repeat": _per_repeat_epsilon(settings, per_repeat, plan.delta),
         "delta": plan.delta,
         "queries": per_repeat,
-        "queries_requested": config.pate_queries,
+        "queries_requested": settings["queries"],
         "answered": aggregate["answered"],
         "accuracy": {**accuracy, "calibrated": bool(config.calibrate), "n": n_test},
         "student_prompts": [{"repeat": s["repeat"], "validation_accuracy": s["validation_accuracy"],
@@ -134,9 +134,9 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
                          "queries": c["queries"],
                          "answered": c["answered"], "accuracy": _accuracy(c["evaluations"], config.calibrate)}
                         for c in plan.checkpoints],
-        "parameters": {**settings, "public_source": plan.inputs["source"], "student_candidates":
-                       config.pate_student_candidates, "test_size": config.test_size},
-        **{k: settings[k] for k in ("teachers", "shots", "threshold", "sigma1", "sigma2", "vote_mode", "repeats")},
+        "parameters": {**settings, "public_source": plan.inputs["source"], "test_size": config.test_size},
+        **{k: settings[k] for k in ("preset", "teachers", "shots", "threshold", "sigma1", "sigma2", "vote_mode",
+                                    "repeats")},
         "public": plan.inputs["source"],
         "seeded_noise": seeded,
         "run_dir": str(paths.public),
@@ -213,7 +213,7 @@ def _students(runner, config: RunConfig, plan: _Plan, aggregate: dict, common: d
     shots = plan.settings["shots"]
     student_calls = [dict(queries_path=plan.inputs["queries_path"], labels_path=aggregate["labels_path"],
                           labels_key=aggregate["key"], repeat=r, shots=shots,
-                          candidates=config.pate_student_candidates, calibrate=config.calibrate, **common)
+                          candidates=plan.settings["student_candidates"], calibrate=config.calibrate, **common)
                      for r in range(plan.settings["repeats"]) if aggregate["labelled"][r] > shots]
     students = results(map_calls(runner, pate_stage.pate_student, student_calls))
     prefix_calls = []

@@ -29,6 +29,7 @@ from dpcore.errors import ConfigError, DpiclError
 from dpcore.home import is_private_path
 from dpcore.pate import gnmax, public_queries
 from dpcore.pate.gnmax import check_gnmax_parameters, default_threshold
+from dpcore.pate.presets import preset
 from dpcore.pate.privacy import labelling_checkpoints, max_queries_within, pate_plan
 from dpcore.pate.student import select_student, student_candidates
 from dpcore.pate.teachers import Teachers, assign_teachers, check_flock_size
@@ -60,12 +61,34 @@ STUDENT_KEY = ("labels_key", "repeat", "task_spec", "labels", "shots", "candidat
 
 
 def pate_settings(config, spec) -> dict:
-    """The Confident-GNMax parameters of a run: T defaults to round(0.9 E), sigma1 to the task YAML's."""
-    threshold = config.pate_threshold if config.pate_threshold is not None else default_threshold(config.pate_teachers)
-    sigma1 = config.pate_sigma1 if config.pate_sigma1 is not None else spec.pate.sigma1
-    return {"teachers": config.pate_teachers, "shots": config.pate_shots, "threshold": float(threshold),
-            "sigma1": float(sigma1), "sigma2": float(config.pate_sigma2), "vote_mode": config.pate_vote_mode,
-            "repeats": config.pate_repeats, "public": config.pate_public}
+    """The Confident-GNMax parameters of a run: every unset pate_* field from the preset (`pate_preset`, by
+    device when auto: `dpcore.pate.presets`), sigma1 then from the task YAML; T defaults to round(0.9 E).
+    `queries`: the most each repeat may label (the plan labels what its epsilon affords)."""
+    name, values = preset(config.pate_preset, config.device)
+    for field in ("teachers", "queries", "sigma1", "sigma2", "student_candidates"):
+        if getattr(config, f"pate_{field}") is not None:
+            values[field] = getattr(config, f"pate_{field}")
+    if values["sigma1"] is None:
+        values["sigma1"] = spec.pate.sigma1
+    teachers = int(values["teachers"])
+    threshold = config.pate_threshold if config.pate_threshold is not None else default_threshold(teachers)
+    return {"preset": name, "teachers": teachers, "shots": config.pate_shots, "threshold": float(threshold),
+            "sigma1": float(values["sigma1"]), "sigma2": float(values["sigma2"]), "vote_mode": config.pate_vote_mode,
+            "repeats": config.pate_repeats, "public": config.pate_public, "queries": int(values["queries"]),
+            "student_candidates": int(values["student_candidates"])}
+
+
+def target_epsilon(config) -> float:
+    """The epsilon PromptPATE is planned at: `pate_target_epsilon`, else the largest epsilon of the run's
+    `epsilons` (`dpicl run --epsilons`, `dpicl pate --epsilon`). inf: no cap (the plan covers every query asked,
+    charged at their data-independent bound); a run that asks only epsilon 0 is refused (no labelling is free)."""
+    if config.pate_target_epsilon is not None:
+        return float(config.pate_target_epsilon)
+    largest = max((float(e) for e in config.epsilons), default=0.0)
+    if largest <= 0.0:
+        raise ConfigError("epsilon: PromptPATE needs an epsilon > 0 (or inf); zero-shot is the epsilon = 0 "
+                          "comparison")
+    return largest
 
 
 def check_inputs(config, data) -> tuple[pd.DataFrame, str, dict]:
@@ -76,35 +99,35 @@ def check_inputs(config, data) -> tuple[pd.DataFrame, str, dict]:
     from dpcore.lm.icl import check_test_size
 
     settings = pate_settings(config, data.spec)
-    check_flock_size(config.pate_teachers, config.pate_shots, len(data.train))
-    check_gnmax_parameters(settings["threshold"], settings["sigma1"], settings["sigma2"], config.pate_teachers)
+    check_flock_size(settings["teachers"], config.pate_shots, len(data.train))
+    check_gnmax_parameters(settings["threshold"], settings["sigma1"], settings["sigma2"], settings["teachers"])
     check_test_size(config.test_size, len(data.test))
     texts, where = public_queries.public_texts(data, config.pate_public, config.pate_public_path,
                                                config.pate_public_column)
-    queries = public_queries.select_queries(texts, config.pate_queries, where)
+    queries = public_queries.select_queries(texts, settings["queries"], where)
     return queries, where, settings
 
 
 def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
     """(plans, Q per repeat): the Confident-GNMax plan for R repeats of Q queries (`dpcore.pate.privacy`), and
-    the non-private baselines' infinite spend when asked. With a target epsilon, Q is cut to what the
-    target affords over the R repeats (labelling stops at the budget)."""
+    the non-private baselines' infinite spend when asked. Q is the most each repeat labels within the run's
+    epsilon (`target_epsilon`) over the R repeats, at most the settings' queries (labelling stops at the
+    budget): the plan's data-independent epsilon never exceeds the epsilon asked. A plan that labels too few
+    queries for a student prompt is refused here, before anything is charged."""
     repeats = settings["repeats"]
-    per_repeat = config.pate_queries
-    if config.pate_target_epsilon is not None:
-        total = max_queries_within(config.pate_target_epsilon, delta, settings["sigma1"], settings["sigma2"],
-                                   limit=per_repeat * repeats)
-        per_repeat = total // repeats
-        if per_repeat < 1:
-            raise ConfigError(f"{flag('pate_target_epsilon')} {config.pate_target_epsilon:g} affords no query in each of "
-                              f"{repeats} repeats at sigma1 = {settings['sigma1']:g}, sigma2 = {settings['sigma2']:g}")
+    per_repeat = settings["queries"]
+    target = target_epsilon(config)
+    if math.isfinite(target):
+        per_repeat = max_queries_within(target, delta, settings["sigma1"], settings["sigma2"],
+                                        limit=per_repeat * repeats) // repeats
     if per_repeat <= settings["shots"]:  # refused before the charge: such a labelling can make no student
+        within = f" within epsilon {target:g} (delta {delta:.3g})" if math.isfinite(target) else ""
         raise ConfigError(
             f"{flag('pate_queries')}: the plan labels at most {per_repeat} public "
-            f"quer{'y' if per_repeat == 1 else 'ies'} per repeat, but a student prompt needs more than "
-            f"{settings['shots']} (its demonstrations and at least one to choose them on); raise "
-            f"{flag('pate_target_epsilon')} or {flag('pate_queries')}, use fewer {flag('pate_repeats')}, or larger "
-            f"{flag('pate_sigma1')} / {flag('pate_sigma2')}")
+            f"quer{'y' if per_repeat == 1 else 'ies'} per repeat{within}, but a student prompt needs more than "
+            f"{settings['shots']} (its demonstrations and at least one to choose them on); raise the epsilon or "
+            f"{flag('pate_queries')}, use fewer {flag('pate_repeats')}, or larger {flag('pate_sigma1')} / "
+            f"{flag('pate_sigma2')} (now {settings['sigma1']:g} / {settings['sigma2']:g})")
     plans = [pate_plan(epsilon_target=None, delta=delta, queries=per_repeat * repeats,
                        threshold_sigma=settings["sigma1"], vote_sigma=settings["sigma2"],
                        teachers=settings["teachers"], threshold=settings["threshold"])]

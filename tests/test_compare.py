@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 METHOD_FIELDS = dict(
     methods=["tang", "pate", "dpsgd"], epsilons=[4.0], audit=False, audit_reference=False, baselines=["zero-shot"],
     seeds=1, test_size=6, seed=11,
-    pate_teachers=6, pate_queries=10, pate_sigma1=1.0, pate_sigma2=2.0, pate_repeats=1, pate_public="ood",
+    pate_teachers=6, pate_queries=10, pate_sigma1=5.0, pate_sigma2=5.0, pate_repeats=1, pate_public="ood",
     pate_student_candidates=3,
     dpsgd_length=2, dpsgd_steps=2, dpsgd_batch_size=8, dpsgd_validation_size=10,
 )
@@ -31,8 +31,8 @@ def _argv(dataset_id: str, *extra: str) -> list[str]:
     argv = ["run", "--task-spec", spec_path, "--data-path", data_path, "--dataset", "agnews-mini",
             "--dataset-id", dataset_id, "--model", "tiny-random", "--methods", "tang,pate,dpsgd", "--epsilons", "4",
             "--no-audit", "--no-audit-reference", "--baselines", "zero-shot", "--seeds", "1", "--test-size", "6",
-            "--seed", "11", "--pate-teachers", "6", "--pate-queries", "10", "--pate-sigma1", "1",
-            "--pate-sigma2", "2", "--pate-repeats", "1", "--pate-public", "ood", "--pate-student-candidates", "3",
+            "--seed", "11", "--pate-teachers", "6", "--pate-queries", "10", "--pate-sigma1", "5",
+            "--pate-sigma2", "5", "--pate-repeats", "1", "--pate-public", "ood", "--pate-student-candidates", "3",
             "--dpsgd-length", "2", "--dpsgd-steps", "2", "--dpsgd-batch-size", "8", "--dpsgd-validation-size", "10",
             "--num-subsets", "2", "--subset-size", "1", "--top-k", "20", "--max-tokens", "4", "--shots", "4"]
     return argv + list(extra)

@@ -143,7 +143,7 @@ def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[str]]:
                 "--audit-members", "4", "--audit-reference-prompts", "0", "--no-audit-reference", "--yes", "--json"],
         "generate": ["generate", *data, *ds, "--epsilon", "1", *GENERATION, "--shots", "1",
                      "--out", str(Path(files["spec"]).parent / f"generate-{variant}"), "--json"],
-        "pate": ["pate", *data, *ds, "--teachers", "8", "--queries", "10", "--sigma1", "50", "--sigma2", "50",
+        "pate": ["pate", *data, *ds, "--epsilon", "1", "--teachers", "8", "--queries", "10", "--sigma1", "50", "--sigma2", "50",
                  "--threshold", "0", "--repeats", "1", "--student-candidates", "2", "--public-path",
                  files["queries"], "--test-size", "6", "--run-id", f"nb-pate-{variant}", "--json"],
         "tune": ["tune", *data, *ds, "--epsilon", "1", "--length", "2", "--steps", "2", "--batch-size", "8",

@@ -229,24 +229,86 @@ def test_public_file_errors(tmp_path, agnews):
 # ---------------------------------------------------------------- plan
 
 
-def test_target_epsilon_stops_labelling_within_the_budget():
+SETTINGS = {"teachers": 200, "shots": 1, "threshold": 180.0, "sigma1": 40.0, "sigma2": 40.0, "repeats": 3,
+            "queries": 500}
+
+
+def _pld_epsilon(plan, delta: float) -> float:
+    """An independent composition of a plan's spends: dp-accounting's PLD on its Gaussian steps."""
+    from dp_accounting.dp_event import ComposedDpEvent, GaussianDpEvent, SelfComposedDpEvent
+    from dp_accounting.pld import PLDAccountant
+
+    accountant = PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(ComposedDpEvent([SelfComposedDpEvent(GaussianDpEvent(s.noise_multiplier), s.steps)
+                                        for s in plan.spends]))
+    return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("epsilons, target", [([1.0, 8.0], 8.0), ([0.0, 2.0], 2.0), ([4.0, math.inf], math.inf)])
+def test_pate_is_planned_at_the_runs_largest_epsilon(epsilons, target):
+    from dpcore.config import RunConfig
+    from tasks.pate import privacy_plans, target_epsilon
+
+    config = RunConfig(dataset="sst2", methods=["tang", "pate"], epsilons=epsilons)
+    assert target_epsilon(config) == target
+    plans, per_repeat = privacy_plans(config, SETTINGS, 1e-6)
+    assert [s.steps for s in plans[0].spends] == [3 * per_repeat, 3 * per_repeat]  # every repeat is charged
+    if math.isinf(target):  # no cap: every query asked, at its data-independent bound
+        assert per_repeat == 500
+        return
+    assert 1 < per_repeat < 500
+    # charged at most the epsilon asked, by the ledger's composition and by dp-accounting's PLD (within 2%)
+    assert plans[0].epsilon == plans[0].composed().epsilon <= target
+    assert _pld_epsilon(plans[0], 1e-6) <= target * 1.02
+    # and the most that fits: one more query in every repeat would pass it
+    more = config.model_copy(update={"pate_target_epsilon": None, "epsilons": [math.inf]})
+    over, _ = privacy_plans(more, {**SETTINGS, "queries": per_repeat + 1}, 1e-6)
+    assert over[0].epsilon > target
+
+
+def test_an_explicit_pate_epsilon_beats_the_runs():
     from dpcore.config import RunConfig
     from tasks.pate import privacy_plans
 
-    settings = {"teachers": 200, "shots": 1, "threshold": 180.0, "sigma1": 40.0, "sigma2": 40.0, "repeats": 3}
-    config = RunConfig(dataset="sst2", methods=["pate"], pate_queries=500, pate_target_epsilon=2.0)
-    plans, per_repeat = privacy_plans(config, settings, 1e-6)
-    assert 0 < per_repeat < 500 and len(plans) == 1
-    assert plans[0].composed().epsilon <= 2.0 + 1e-9
-    assert [s.steps for s in plans[0].spends] == [3 * per_repeat, 3 * per_repeat]  # every repeat is charged
-    more, _ = privacy_plans(config.model_copy(update={"pate_target_epsilon": None}), settings, 1e-6)
-    assert more[0].composed().epsilon > 2.0
-    with pytest.raises(ConfigError, match="affords no query"):
-        privacy_plans(config.model_copy(update={"pate_target_epsilon": 1e-4}), settings, 1e-6)
+    config = RunConfig(dataset="sst2", methods=["pate"], epsilons=[8.0], pate_target_epsilon=2.0)
+    plans, per_repeat = privacy_plans(config, SETTINGS, 1e-6)
+    assert plans[0].epsilon <= 2.0 < privacy_plans(config.model_copy(update={"pate_target_epsilon": None}),
+                                                   SETTINGS, 1e-6)[0][0].epsilon
+
+
+def test_too_small_an_epsilon_is_refused_in_one_line():
+    from dpcore.config import RunConfig
+    from tasks.pate import privacy_plans
+
+    config = RunConfig(dataset="sst2", methods=["pate"], epsilons=[8.0])
+    with pytest.raises(ConfigError, match=r"at most 0 public queries per repeat within epsilon 0.0001") as err:
+        privacy_plans(config.model_copy(update={"epsilons": [1e-4]}), SETTINGS, 1e-6)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="needs an epsilon > 0"):
+        privacy_plans(config.model_copy(update={"epsilons": [0.0]}), SETTINGS, 1e-6)
     # a plan that can label at most one query per repeat can make no student: refused before any charge
-    one = config.model_copy(update={"pate_target_epsilon": None, "pate_queries": 1})
     with pytest.raises(ConfigError, match="at most 1 public query per repeat, but a student prompt needs more than 1"):
-        privacy_plans(one, settings, 1e-6)
+        privacy_plans(config.model_copy(update={"epsilons": [math.inf]}), {**SETTINGS, "queries": 1}, 1e-6)
     baselines, _ = privacy_plans(config.model_copy(update={"pate_baselines": ["zero-shot", "ensemble"]}),
-                                 settings, 1e-6)
+                                 SETTINGS, 1e-6)
     assert len(baselines) == 2 and baselines[1].spends[0].non_private and math.isinf(baselines[1].epsilon)
+
+
+def test_presets_fill_only_the_unset_fields():
+    from dpcore.config import RunConfig
+    from dpcore.pate.presets import CPU_PRESET, GPU_PRESET
+    from tasks.pate import pate_settings
+
+    spec = load_task_spec("sst2")
+    cpu = pate_settings(RunConfig(dataset="sst2", pate_preset="cpu"), spec)
+    assert (cpu["preset"], cpu["teachers"], cpu["queries"], cpu["sigma1"], cpu["sigma2"], cpu["threshold"],
+            cpu["student_candidates"]) == ("cpu", 20, 50, 10.0, 10.0, 18.0, 10)
+    gpu = pate_settings(RunConfig(dataset="sst2", pate_preset="gpu"), spec)  # Table 7: E 200, Q 500, T 180
+    assert (gpu["teachers"], gpu["queries"], gpu["sigma1"], gpu["sigma2"], gpu["threshold"]) == \
+        (200, 500, spec.pate.sigma1, 20.0, 180.0)
+    assert GPU_PRESET["teachers"] == 200 and CPU_PRESET["teachers"] < GPU_PRESET["teachers"]
+    mine = pate_settings(RunConfig(dataset="sst2", pate_preset="gpu", pate_teachers=30, pate_sigma1=2.0,
+                                   pate_queries=7, pate_student_candidates=3), spec)
+    assert (mine["teachers"], mine["sigma1"], mine["queries"], mine["threshold"], mine["student_candidates"]) == \
+        (30, 2.0, 7, 27.0, 3)
+    assert pate_settings(RunConfig(dataset="sst2", device="cpu"), spec)["preset"] == "cpu"  # auto, by device

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 def _args(*extra: str, dataset_id: str | None = None, public: str | None = "ood") -> list[str]:
     data_path, spec_path, _, _ = mini_agnews()
     args = ["pate", "--dataset", "agnews-mini", "--data-path", data_path, "--task-spec", spec_path,
-            "--model", "tiny-random", "--teachers", "6", "--queries", "12", "--sigma1", "1",
+            "--model", "tiny-random", "--epsilon", "inf", "--teachers", "6", "--queries", "12", "--sigma1", "1",
             "--sigma2", "2", "--repeats", "2", "--test-size", "8", "--student-candidates", "3", "--seed", "5"]
     if dataset_id:
         args += ["--dataset-id", dataset_id]
@@ -36,9 +36,14 @@ def _written() -> set[Path]:
 def test_pate_cli_json_contract_and_private_tables(tiny_lm, capsys):
     share_tiny_model(tiny_lm)
     code = main(_args("--baselines", "zero-shot,ensemble,upper-bound", "--json", dataset_id="pate-json"))
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0
     summary = json.loads(out)
+    # the plan said before the run, from public parameters only
+    assert "PromptPATE plan (cpu preset): E=6 teachers x 1 shot(s), T=5, sigma1=1, sigma2=2; 12 queries x 2 " \
+           "repeat(s) (at most 12 asked)" in captured.err
+    assert summary["preset"] == "cpu"
     for key in ("epsilon", "delta", "queries", "answered", "accuracy", "student_prompt",
                 "teachers", "shots", "threshold", "sigma1", "sigma2", "vote_mode", "repeats", "public", "baselines"):
         assert key in summary
@@ -94,6 +99,21 @@ def test_bad_input_is_refused_before_anything_is_written(extra, match, capsys):
     assert main(_args(*extra, public=None if "--public" in extra else "ood")) == 2
     assert match in capsys.readouterr().err
     assert _written() == before
+
+
+@pytest.mark.parametrize("epsilon, match", [
+    ("0.5", "--pate-queries (pate_queries): the plan labels at most 0 public queries per repeat within epsilon 0.5"),
+    ("0", "PromptPATE needs an epsilon > 0"),
+])
+def test_an_epsilon_too_small_for_a_student_is_refused_and_charges_nothing(epsilon, match, capsys):
+    from dpcore.privacy.ledger import Ledger
+
+    before = _written()
+    assert main(_args("--epsilon", epsilon, dataset_id="pate-too-small")) == 2
+    err = capsys.readouterr().err
+    assert match in err and len([line for line in err.splitlines() if "pate_queries" in line or "epsilon" in line]) == 1
+    assert _written() == before
+    assert not Ledger().entries("pate-too-small")
 
 
 def test_bad_public_files_are_refused(tmp_path, capsys):

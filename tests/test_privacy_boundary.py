@@ -201,7 +201,8 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
                                                             "random-real"]))
     # ... and a PromptPATE run on the same data (teacher prompts of real records, their votes and vote
     # histograms, the non-private ensemble and best-teacher baselines on the test split)
-    pate = pate_flow(config=tiny_config(seed=4242, methods=["pate"], pate_teachers=6, pate_queries=10,
+    pate = pate_flow(config=tiny_config(seed=4242, methods=["pate"], epsilons=[math.inf], pate_teachers=6,
+                                        pate_queries=10,
                                         pate_public="ood", pate_sigma1=1.0, pate_sigma2=2.0, pate_repeats=1,
                                         pate_student_candidates=3, test_size=8,
                                         pate_baselines=["zero-shot", "ensemble", "upper-bound"]))

@@ -127,8 +127,8 @@ def test_teacher_audit_is_leaky_by_design_and_fails_its_gate(tiny_lm, agnews_spe
 def _pate_args(dataset_id: str, *extra: str) -> list[str]:
     data_path, spec_path, _, _ = mini_agnews()
     return ["pate", "--dataset", "agnews-mini", "--data-path", data_path, "--task-spec", spec_path,
-            "--model", "tiny-random", "--teachers", "30", "--queries", "12", "--threshold", "3", "--sigma1", "1",
-            "--sigma2", "2", "--repeats", "1", "--test-size", "8", "--student-candidates", "3", "--public", "ood",
+            "--model", "tiny-random", "--epsilon", "inf", "--teachers", "30", "--queries", "12", "--threshold", "3",
+            "--sigma1", "1", "--sigma2", "2", "--repeats", "1", "--test-size", "8", "--student-candidates", "3", "--public", "ood",
             "--dataset-id", dataset_id, "--json", *extra]
 
 

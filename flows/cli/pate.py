@@ -1,7 +1,10 @@
 """CLI: `dpicl pate`, PromptPATE (Duan et al. Section 4.2) through the same flow and tasks the pipeline runs.
 
-    dpicl pate --dataset sst2 --teachers 200 --shots 1 --public iid --queries 500 [--threshold T]
-               [--sigma1 S1 --sigma2 S2 --target-epsilon E --test-size N --vote-mode black-box] [--json]
+    dpicl pate --dataset sst2 --epsilon E [--preset auto|cpu|gpu --teachers 200 --shots 1 --public iid
+               --queries 500 --threshold T --sigma1 S1 --sigma2 S2 --test-size N --vote-mode black-box] [--json]
+
+The plan labels, per repeat, the most public queries whose data-independent epsilon (all repeats) stays within
+E, at most --queries; the preset fills the flags left unset (Table 7 on a GPU, minutes on a CPU).
 
 Before anything is written: every check (E*k within the private records, T in [0, E], sigmas > 0,
 the public source non-empty, no public text in the private or test split, Q within the public set,
@@ -17,7 +20,7 @@ import time
 
 from pydantic import ValidationError
 
-from dpcore.config import RunConfig
+from dpcore.config import RunConfig, flag
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
 from flows.cli.common import (
@@ -26,6 +29,7 @@ from flows.cli.common import (
     add_output_flags,
     command,
     config_from_args,
+    parse_epsilon,
     print_json,
     validation_problems,
 )
@@ -35,16 +39,16 @@ from flows.cli.progress import showing_progress, stopping_on_signals
 # RunConfig fields `dpicl pate` takes, and the short spellings of the PromptPATE ones.
 FIELDS = [*DATA_FLAGS, "delta", "seed", "test_size", "calibrate", "task_runner", "pate_teachers", "pate_shots", "pate_public_path",
           "pate_public_column", "pate_queries", "pate_threshold", "pate_sigma1", "pate_sigma2", "pate_vote_mode",
-          "pate_target_epsilon", "pate_repeats", "pate_student_candidates", "pate_baselines", "pate_teacher_block"]
+          "pate_repeats", "pate_student_candidates", "pate_baselines", "pate_teacher_block", "pate_preset"]
 ALIASES = {"pate_teachers": "--teachers", "pate_shots": "--shots", "pate_public_path": "--public-path",
            "pate_queries": "--queries", "pate_threshold": "--threshold", "pate_sigma1": "--sigma1",
-           "pate_sigma2": "--sigma2", "pate_vote_mode": "--vote-mode", "pate_target_epsilon": "--target-epsilon",
+           "pate_sigma2": "--sigma2", "pate_vote_mode": "--vote-mode", "pate_preset": "--preset",
            "pate_repeats": "--repeats", "pate_student_candidates": "--student-candidates",
            "pate_baselines": "--baselines"}
 
 
 def _config(args) -> RunConfig:
-    overrides = {"methods": ["pate"]}
+    overrides = {"methods": ["pate"], "epsilons": [args.epsilon]}
     if args.public is not None:
         if args.public in ("iid", "ood", "file"):
             overrides["pate_public"] = args.public
@@ -54,6 +58,18 @@ def _config(args) -> RunConfig:
         return config_from_args(args, **overrides)
     except ValidationError as exc:
         raise ConfigError(validation_problems(exc)) from None
+
+
+def format_plan(plan) -> str:
+    """PromptPATE's part of a run plan (`tasks.run_plans.PatePlan`) in one line: flock, Confident-GNMax
+    settings, queries per repeat and the epsilon charged before any teacher sees a query. Public: parameters
+    only."""
+    settings, charged = plan.pate.settings, plan.pate.plans[0]
+    return (f"PromptPATE plan ({settings['preset']} preset): E={settings['teachers']} teachers x {settings['shots']} "
+            f"shot(s), T={settings['threshold']:g}, sigma1={settings['sigma1']:g}, sigma2={settings['sigma2']:g}; "
+            f"{plan.pate.per_repeat} queries x {settings['repeats']} repeat(s) (at most {settings['queries']} asked); "
+            f"charged epsilon {fmt_eps(charged.epsilon)} at delta {fmt_delta(plan.delta)} (data-independent) before "
+            "any teacher sees a query")
 
 
 def format_summary(summary: dict) -> str:
@@ -86,9 +102,7 @@ def _pate(args) -> int:
     # every check and the budget's dry run before a file is written or a model loads (over budget: exit 3)
     plan = build_run_plan(config, methods=("pate",))
     plan.dry_run(args.run_id)
-    print(f"PromptPATE: {plan.pate.per_repeat} queries x {config.pate_repeats} repeat(s) planned; the ledger is "
-          f"charged epsilon {fmt_eps(plan.pate.plans[0].epsilon)} at delta {fmt_delta(plan.delta)} before any teacher "
-          "sees a query", file=sys.stderr, flush=True)
+    print(format_plan(plan), file=sys.stderr, flush=True)
     if len(plan.pate.plans) > 1:
         print(f"WARNING: non-private PromptPATE baseline(s) {', '.join(sorted(set(config.pate_baselines) - {'zero-shot'}))} "
               f"requested: teacher prompts (real private records) on the test split, charged to ledger id "
@@ -111,6 +125,10 @@ def register(subparsers) -> None:
                     "public queries; Confident-GNMax labels them privately; the best student prompt of labelled "
                     "public queries is evaluated on the test split. The ledger is charged before any teacher "
                     "sees a query.")
+    parser.add_argument("--epsilon", type=parse_epsilon, required=True,
+                        help="PromptPATE's epsilon over all repeats (> 0; inf: every --queries query, charged at "
+                             "its data-independent bound): each repeat labels the most queries it affords, at "
+                             f"most --queries (the same as {flag('pate_target_epsilon')} in dpicl run)")
     add_config_flags(parser, FIELDS, aliases=ALIASES)
     parser.add_argument("--public", default=None, metavar="iid|ood|PATH",
                         help="public queries: iid (the task's public split), ood (the task YAML's OOD dataset) or a "

@@ -28,6 +28,7 @@ from flows.cli.common import (
     validation_problems,
 )
 from flows.cli.common import fmt_value as _fmt
+from flows.cli.pate import format_plan as format_pate_plan
 from flows.cli.progress import showing_progress, stopping_on_signals
 
 # `dpicl demo`: the three private-prompting methods on AG News at epsilon 8 on the embedded SmolLM2-135M,
@@ -60,11 +61,11 @@ DEMO_DEFAULTS = {
     # leaky setting), an infinite spend like the non-private baselines below.
     "audit_reference": True,
     # PromptPATE (Duan et al. Section 4.2): a flock of 10 one-shot teachers on the public split's queries,
-    # labelling until epsilon 8 is reached (sigma1 = 5 from the AG News YAML, sigma2 = 3: 10 queries).
+    # labelling until the run's epsilon 8 is reached (sigma1 = 5, the AG News YAML's, sigma2 = 3: 10 queries).
     "pate_teachers": 10,
     "pate_queries": 20,
+    "pate_sigma1": 5.0,
     "pate_sigma2": 3.0,
-    "pate_target_epsilon": 8.0,
     "pate_repeats": 1,
     "pate_student_candidates": 5,
     "pate_baselines": "zero-shot",
@@ -221,6 +222,8 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
         if plan.audit.note:
             print(plan.audit.note, file=sys.stderr, flush=True)
     spends = plan.spends(run_id)
+    if plan.pate is not None:
+        print(format_pate_plan(plan), file=sys.stderr, flush=True)
     if len(config.methods) > 1 or confirm:
         print(format_cost(planned_cost(spends)), file=sys.stderr, flush=True)
     plan.dry_run(run_id)  # over budget: BudgetExceededError; records another dataset id spends on: SameRecordsError
