@@ -13,11 +13,15 @@ tiny random Llama: what a DP reviewer asks of them beside the prompts' checks in
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
+import prefect.main  # noqa: F401  Prefect configures logging on first import: at collection, not inside a test
 import pytest
 import torch
+from pipeline_support import prefect_harness  # noqa: F401  (the shared harness fixture)
 
 from dpcore.data.taskspec import load_task_spec
 from dpcore.dpsgd import adapters
@@ -175,3 +179,92 @@ def test_bad_rank_and_kind_are_one_line_naming_the_flag(tiny_lm):
         dpsgd.DpsgdConfig(kind="adapter").check()
     assert adapters.check_adapter(tiny_lm, "lora", rank=4) == sum(
         4 * (m.in_features + m.out_features) for n, m in tiny_lm.model.named_modules() if n.endswith(("q_proj", "v_proj")))
+
+
+def test_a_model_without_query_and_value_projections_is_refused_for_lora():
+    from types import SimpleNamespace
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = SimpleNamespace(model=GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64)),
+                           name="tiny-gpt2")
+    with pytest.raises(ConfigError, match="q_proj") as refused:
+        adapters.check_adapter(gpt2, "lora")
+    assert "\n" not in str(refused.value)
+    assert adapters.check_adapter(gpt2, "full") == sum(p.numel() for p in gpt2.model.parameters())
+
+
+# --------------------------------------------------------------------------- dpicl tune --kind lora|full
+
+
+def _tune_args(*extra: str, dataset_id: str) -> list[str]:
+    from pipeline_support import mini_agnews
+
+    data_path, spec_path, _, _ = mini_agnews()
+    return ["tune", "--dataset", "agnews-mini", "--data-path", data_path, "--task-spec", spec_path,
+            "--dataset-id", dataset_id, "--model", "tiny-random", "--steps", "2", "--batch-size", "16",
+            "--validation-size", "10", "--test-size", "8", *extra]
+
+
+def _written(root) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+            and not p.name.startswith(("prefect", "mlflow", "dpicl.log", "ledger.db"))
+            and not {"prefect", "mlflow", "logs", "models"} & set(p.relative_to(root).parts)}
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.parametrize("kind", ADAPTER_KINDS)
+def test_tune_charges_the_plans_one_event_and_saves_the_trained_weights_with_their_manifest(tiny_lm, capsys, kind):
+    from pipeline_support import share_tiny_model
+
+    from dpcore.privacy.events import event_to_json
+    from dpcore.privacy.ledger import Ledger
+    from flows.cli import main
+
+    share_tiny_model(tiny_lm)
+    capsys.readouterr()
+    dataset_id = f"tune-{kind}"
+    extra = ["--rank", "2"] if kind == "lora" else ["--physical-batch-size", "4"]
+    assert main(_tune_args("--kind", kind, "--epsilon", "8", "--json", *extra, dataset_id=dataset_id)) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["kind"] == kind and result["rank"] == (2 if kind == "lora" else None)
+    assert 0 <= result["accuracy"]["mean"] <= 1
+    entries = Ledger().entries(dataset_id)
+    assert len(entries) == 1 and entries[0].purpose == "dpsgd"
+    planned = dpsgd.dpsgd_event(result["noise_multiplier"], result["sampling_rate"], result["steps"])
+    assert event_to_json(entries[0].event) == event_to_json(planned)
+    manifest = json.loads(Path(result["prompt"]).with_suffix(".json").read_text())
+    assert manifest["kind"] == kind and manifest["epsilon"] == 8.0 and manifest["delta"] == result["delta"]
+    assert (manifest["noise_multiplier"], manifest["sampling_rate"], manifest["steps"]) == (
+        result["noise_multiplier"], result["sampling_rate"], result["steps"])
+    assert manifest["model_weights_sha256"] == sp.weights_hash(tiny_lm.model)  # the loaded model never changed
+    assert adapters.file_kind(result["prompt"]) == kind
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--kind", "lora", "--rank", "0"], "rank"),
+    (["--kind", "lora", "--rank", "100000"], "rank"),
+    (["--kind", "full", "--batch-size", "100000"], "batch"),
+])
+def test_tune_bad_input_is_one_clear_line_and_charges_nothing(tiny_lm, capsys, flags, needle):
+    from pipeline_support import home, share_tiny_model
+
+    from dpcore.privacy.ledger import Ledger
+    from flows.cli import main
+
+    share_tiny_model(tiny_lm)
+    before = _written(home())
+    capsys.readouterr()
+    assert main(_tune_args("--epsilon", "8", *flags, dataset_id="tune-adapter-bad")) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+    assert Ledger().entries("tune-adapter-bad") == []
+    assert _written(home()) == before
+
+
+def test_an_unknown_kind_is_a_usage_error_naming_the_flag(capsys):
+    from flows.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(_tune_args("--epsilon", "8", "--kind", "adapter", dataset_id="tune-adapter-bad"))
+    assert stop.value.code == 2 and "--kind" in capsys.readouterr().err
