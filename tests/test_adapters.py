@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import prefect.main  # noqa: F401  Prefect configures logging on first import: at collection, not inside a test
 import pytest
+import test_dpsgd
 import torch
 from pipeline_support import prefect_harness  # noqa: F401  (the shared harness fixture)
 
-from dpcore.data.taskspec import load_task_spec
 from dpcore.dpsgd import adapters
 from dpcore.dpsgd import soft_prompt as sp
 from dpcore.dpsgd import training as dpsgd
@@ -31,19 +31,10 @@ from dpcore.errors import ConfigError
 from dpcore.lm import icl
 from dpcore.names import ADAPTER_KINDS
 
-TEXTS = ["a gripping , beautifully acted film", "dull , lifeless and far too long", "it is fine",
-         "one of the worst movies of the year", "an absolute delight from start to finish"]
-
-
-@pytest.fixture(scope="module")
-def sst2_spec():
-    return load_task_spec("sst2")
-
-
-@pytest.fixture(scope="module")
-def examples(tiny_lm, sst2_spec):
-    labels = [sst2_spec.label_names[i % 2] for i in range(len(TEXTS))]
-    return sp.encode_examples(tiny_lm, sst2_spec, TEXTS, labels)
+# the prompts' records and fixtures (test_dpsgd.py): the baselines train on the same examples
+TEXTS = test_dpsgd.TEXTS
+sst2_spec = test_dpsgd.sst2_spec
+examples = test_dpsgd.examples
 
 
 def _adapter(lm, kind: str, seed: int = 0, rank: int = 4) -> adapters.TrainableModel:

@@ -91,6 +91,16 @@ def _no_dropout(model: nn.Module) -> None:
             setattr(model.config, name, 0.0)
 
 
+def _peft(model: nn.Module, config) -> nn.Module:
+    """PEFT's LoRA wrapper of `model` (modified in place), without the deprecation notice PEFT's own call to
+    transformers prints on every command."""
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, config)
+
+
 class TrainableModel(nn.Module):
     """The trainable copy of the LM's model (fp32, on its device): LoRA matrices (PEFT) or every weight.
     `parameters_()` are the ones DP-SGD updates, in a fixed order."""
@@ -134,11 +144,11 @@ def init_adapter(lm, kind: str, generator: torch.Generator, rank: int = LORA_RAN
         for p in model.parameters():
             p.requires_grad_(True)
         return TrainableModel(kind, model)
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
 
     config = LoraConfig(r=int(rank), lora_alpha=LORA_ALPHA, target_modules=list(LORA_TARGETS), lora_dropout=0.0,
                         bias="none")
-    peft_model = get_peft_model(model, config)
+    peft_model = _peft(model, config)
     inner = peft_model.get_base_model()
     with torch.no_grad():
         for name, p in inner.named_parameters():
@@ -248,12 +258,12 @@ def adapted_lm(lm, path):
     if kind == "full":
         model.load_state_dict({k: v.to(dtype=lm.dtype) for k, v in state.items()}, strict=True)
     else:
-        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+        from peft import LoraConfig, set_peft_model_state_dict
 
         manifest = json.loads(Path(path).with_suffix(".json").read_text())
         config = LoraConfig(r=int(manifest["rank"]), lora_alpha=manifest["lora_alpha"],
                             target_modules=list(manifest["target_modules"]), lora_dropout=0.0, bias="none")
-        peft_model = get_peft_model(model.float(), config)
+        peft_model = _peft(model.float(), config)
         loaded = set_peft_model_state_dict(peft_model, state)
         if loaded.unexpected_keys or any(".lora_" in key for key in loaded.missing_keys):
             raise ConfigError(f"prompt: {Path(path).name} does not hold the LoRA matrices its manifest describes")
