@@ -47,7 +47,7 @@ import copy
 import functools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,22 +293,28 @@ def dp_optimizer(prompt, noise_multiplier: float, clip: float, expected_batch_si
                        secure_mode=True)
 
 
-def private_step(optimizer, prompt, chunks: Sequence) -> None:
+def private_step(optimizer, prompt, chunks: Iterable) -> None:
     """One step of Algorithm 1 lines 6-8 from a Poisson batch's per-example gradients, given in
     physical chunks ([b_i, *P.shape] each, or a list of such, one per trainable parameter of an adapter;
     an empty batch is one chunk of 0 rows): every chunk is clipped (the norm over all parameters) and
     summed, the noise added once, the update made. `.grad` keeps the noisy mean gradient until the next step."""
     params = trainable_parameters(prompt)
     optimizer.zero_grad(set_to_none=True)
-    chunks = [c if isinstance(c, list | tuple) else [c] for c in chunks] or [
-        [p.new_zeros((0, *p.shape)) for p in params]]
-    for index, grads in enumerate(chunks):
-        for p, g in zip(params, grads, strict=True):
+    # chunks may be a generator: read one ahead (to know the last), so at most two chunks are held at once
+    # (a fine-tuned model's chunk is 0.54 GB an example)
+    pending = iter(chunks)
+    current = next(pending, None)
+    if current is None:
+        current = [p.new_zeros((0, *p.shape)) for p in params]
+    while current is not None:
+        following = next(pending, None)
+        for p, g in zip(params, current if isinstance(current, list | tuple) else [current], strict=True):
             p.grad_sample = g
-        optimizer.signal_skip_step(index < len(chunks) - 1)
+        optimizer.signal_skip_step(following is not None)
         optimizer.step()
-        if index < len(chunks) - 1:
+        if following is not None:
             optimizer.zero_grad(set_to_none=True)
+        current = following
 
 
 # --------------------------------------------------------------------------- training
@@ -334,6 +340,15 @@ def check_resume(state: dict, fingerprint: str) -> None:
     """A checkpoint serves only the plan and data it was saved for."""
     if state.get("fingerprint") != fingerprint:
         raise ConfigError("checkpoint: it belongs to another plan or dataset; start a new run id")
+
+
+def _chunk_gradients(lm, trainable, examples: Sequence[Example], physical_batch_size: int, losses: list):
+    """Per-example gradients of a Poisson batch, one physical chunk at a time (each chunk's losses appended
+    to `losses`): computed as `private_step` reads them, never all held at once."""
+    for first in range(0, len(examples), physical_batch_size):
+        grads, chunk_losses = example_gradients(lm, trainable, examples[first:first + physical_batch_size])
+        losses.append(chunk_losses)
+        yield grads
 
 
 def train(lm, prompt: TrainablePrompt | adapters.TrainableModel, train_examples: Sequence[Example], val_examples: Sequence[Example], *,
@@ -374,16 +389,12 @@ def train(lm, prompt: TrainablePrompt | adapters.TrainableModel, train_examples:
         result.curve.append({"step": 0, "val_loss": validation_loss(lm, prompt, val_examples, physical_batch_size),
                              "epsilon": 0.0})
     for step, indices in enumerate(poisson_batches(n, sampling_rate, steps - start, sampling_generator), start + 1):
-        chunks, losses = [], []
+        losses: list[torch.Tensor] = []
         # similar lengths share a chunk (less padding); the clipped sum does not depend on the order
         indices = sorted(indices, key=lambda i: len(train_examples[i].context))
         result.sampled.update(int(i) for i in indices)
-        for first in range(0, len(indices), physical_batch_size):
-            grads, chunk_losses = example_gradients(
-                lm, prompt, [train_examples[i] for i in indices[first:first + physical_batch_size]])
-            chunks.append(grads)
-            losses.append(chunk_losses)
-        private_step(optimizer, prompt, chunks)
+        private_step(optimizer, prompt, _chunk_gradients(lm, prompt, [train_examples[i] for i in indices],
+                                                         physical_batch_size, losses))
         schedule.step()
         result.private_losses.append(float(torch.cat(losses).mean()) if indices else math.nan)
         info: dict[str, Any] = {}
