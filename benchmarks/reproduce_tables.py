@@ -10,7 +10,7 @@ only orchestrates and formats):
 - Duan et al. Table 2 (PromptPATE): `dpicl pate --json --public iid` (with the zero-shot, ensemble and
   upper-bound baselines) and `--public ood`; epsilon charged (data-independent) beside the data-dependent bound;
 - Duan et al. Table 1 (PromptDPSGD): `dpicl tune --json` for a soft prompt and a prefix at epsilon 3, 8 and inf,
-  beside the same dataset's zero-shot and DP few-shot generation at epsilon 3 and 8 (from its Tang cell).
+  and the DP fine-tuning baselines (`--kind lora`, `--kind full`) at epsilon 8, beside the same dataset's zero-shot and DP few-shot generation at epsilon 3 and 8 (from its Tang cell).
 
 Every cell charges the ledger id `<dataset>-tables` (`--dataset-id`), so a user's budget on `<dataset>` is
 untouched (the non-private baselines are infinite spends on that id). A finished cell's JSON is kept in
@@ -60,6 +60,10 @@ TANG_EPSILONS = (1, 2, 3, 4, 8)  # Tang Table 1's 1, 2, 4, 8 and Duan Table 1's 
 TANG_BASELINES = "zero-shot,instruction-only,sigma-zero,random-real"
 DPSGD_KINDS = ("soft-prompt", "prefix")
 DPSGD_EPSILONS = ("3", "8", "inf")
+# Duan et al. Table 1's DP fine-tuning baselines, at its epsilon 8 (`dpicl tune --kind lora|full`)
+FINE_TUNING_KINDS = ("lora", "full")
+DPSGD_KEYS = ([(kind, eps) for kind in DPSGD_KINDS for eps in DPSGD_EPSILONS]
+              + [(kind, "8") for kind in FINE_TUNING_KINDS])
 INF = math.inf
 
 # ---------------------------------------------------------------- published numbers (accuracy in %)
@@ -85,7 +89,8 @@ PATE_PAPER = {
 # AG News and TREC are not in those tables.
 DPSGD_PAPER = {
     "sst2": {("soft-prompt", "3"): 90.48, ("soft-prompt", "8"): 92.31, ("soft-prompt", "inf"): 95.64,
-             ("prefix", "3"): 90.37, ("prefix", "8"): 91.97, ("prefix", "inf"): 96.33},
+             ("prefix", "3"): 90.37, ("prefix", "8"): 91.97, ("prefix", "inf"): 96.33,
+             ("lora", "8"): 92.97, ("full", "8"): 85.89},
 }
 
 # ---------------------------------------------------------------- cell settings
@@ -192,11 +197,10 @@ def build_cells(args) -> list[Cell]:
             trainings = _seeds(args, "dpsgd")
             preset = ["--preset", "gpu"] if args.full else ["--preset", "cpu", "--steps", str(args.dpsgd_steps),
                                                             "--validation-size", DPSGD_CPU_VALIDATION]
-            for kind in DPSGD_KINDS:
-                for eps in DPSGD_EPSILONS:
-                    argv = ["tune", "--json", *head, "--kind", kind, "--epsilon", eps, *preset,
-                            "--seeds", str(trainings), *common_tail, *extra]
-                    cells.append(Cell(f"dpsgd-{kind}-eps{eps}-{dataset}", "dpsgd", dataset, argv, key=(kind, eps)))
+            for kind, eps in DPSGD_KEYS:
+                argv = ["tune", "--json", *head, "--kind", kind, "--epsilon", eps, *preset,
+                        "--seeds", str(trainings), *common_tail, *extra]
+                cells.append(Cell(f"dpsgd-{kind}-eps{eps}-{dataset}", "dpsgd", dataset, argv, key=(kind, eps)))
     return cells
 
 
@@ -376,7 +380,7 @@ def _raw_calibrated(result: dict | None, method: str, epsilon: float | None) -> 
 
 
 def dpsgd_section(cells: list[Cell], walls: dict, model: str, tang_cells: list[Cell] = ()) -> list[str]:
-    keys = [(kind, eps) for kind in DPSGD_KINDS for eps in DPSGD_EPSILONS]
+    keys = DPSGD_KEYS
     references = [e for e in DPSGD_EPSILONS if e != "inf"]
     heads = ["0-shot", *[f"DP few-shot generation ε = {e}" for e in references],
              *[f"{k} ε = {'∞' if e == 'inf' else e}" for k, e in keys]]

@@ -31,8 +31,8 @@ from dpcore.names import (
     PatePublic,
     PateVoteMode,
     PromptInit,
-    PromptKind,
     Sampler,
+    TuneKind,
     method_name,
 )
 
@@ -214,13 +214,15 @@ class RunConfig(_Frozen):
     pate_teacher_block: int = Field(25, ge=1, description="teachers per mapped flock-scoring task")
 
     # --- PromptDPSGD (Duan et al. Section 4.1, App. C.1): fields named dpsgd_*
-    dpsgd_kind: PromptKind = Field(
-        "soft-prompt", description="trainable prompt: soft-prompt (s input embeddings) or prefix (keys and values "
-        "at every layer, P-tuning v2)")
+    dpsgd_kind: TuneKind = Field(
+        "soft-prompt", description="what trains: soft-prompt (s input embeddings) or prefix (keys and values at "
+        "every layer, P-tuning v2); the DP fine-tuning baselines lora (rank-r adapters on q_proj/v_proj) or full "
+        "(every weight)")
     dpsgd_preset: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="defaults of the unset dpsgd_* fields: gpu = Duan et al. Table 6 (C 0.1, batch 1024, "
         "length 10, 100 epochs, lr 0.005), cpu = minutes on the embedded model; auto: by device")
     dpsgd_length: int | None = Field(None, ge=1, description="s: prompt positions (default: the preset's, 10)")
+    dpsgd_rank: int | None = Field(None, description="LoRA rank r for --kind lora (default 8)")
     dpsgd_init: PromptInit | None = Field(
         None, description="P_0: embeddings of random vocabulary tokens (vocab), random, or the embeddings of the "
         "task's instruction tokens (instruction); default: the preset's (instruction on CPU, vocab on GPU)")

@@ -54,6 +54,13 @@ PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit", "baseline", "pate"
 RAW_SCORED_METHODS: tuple[str, ...] = ("dpsgd",)
 PromptKind = Literal["soft-prompt", "prefix"]
 PROMPT_KINDS: tuple[str, ...] = get_args(PromptKind)
+# The DP fine-tuning baselines trained the same way (`dpcore.dpsgd.adapters`, Duan et al. Table 1): LoRA
+# matrices beside the frozen weights, or every weight of the model.
+AdapterKind = Literal["lora", "full"]
+ADAPTER_KINDS: tuple[str, ...] = get_args(AdapterKind)
+# What `dpicl tune --kind` trains: a prompt or an adapter.
+TuneKind = Literal["soft-prompt", "prefix", "lora", "full"]
+TUNE_KINDS: tuple[str, ...] = get_args(TuneKind)
 PromptInit = Literal["vocab", "random", "instruction"]
 PROMPT_INITS: tuple[str, ...] = get_args(PromptInit)
 

@@ -26,11 +26,12 @@ from dpcore.display import fmt_eps
 from dpcore.fewshot.plan import RANDOM_REAL
 from tasks.common import cached_task, open_stage, report_progress, stage_dir, stage_logger
 
-EVAL_MODULES = ("dpcore.lm.icl", "dpcore.lm.prefix_cache", "dpcore.data.taskspec", "dpcore.lm.model", "dpcore.dpsgd.soft_prompt")
+EVAL_MODULES = ("dpcore.lm.icl", "dpcore.lm.prefix_cache", "dpcore.data.taskspec", "dpcore.lm.model", "dpcore.dpsgd.soft_prompt",
+                "dpcore.dpsgd.adapters")
 EVALUATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "epsilon", "demo_keys", "eval_config", "labels",
                        "model", "dtype")
 ZERO_SHOT = "zero-shot"
-DPSGD = "dpsgd"  # demo_paths = [the trained prompt's safetensors], demo_keys = [its sha256]
+DPSGD = "dpsgd"  # demo_paths = [the trained prompt's or adapter's safetensors], demo_keys = [its sha256]
 
 
 class DemoSet(BaseModel):
@@ -101,11 +102,11 @@ def evaluate(
     past = None
     if method == ZERO_SHOT:
         pool = None
-    elif method == DPSGD:  # a trained prompt (PromptDPSGD): its cache before every prompt, no demos
-        from dpcore.dpsgd.soft_prompt import load_prompt
+    elif method == DPSGD:  # a trained prompt: its cache before every prompt, no demos; or the adapted model
+        from dpcore.dpsgd.adapters import trained_scoring
 
         pool = None
-        past = load_prompt(demo_paths[0], lm.device)[0].cache_layers(lm)
+        lm, past = trained_scoring(lm, demo_paths[0])
     elif method == RANDOM_REAL:
         pool = private_split(records_path, "train")
     else:

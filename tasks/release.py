@@ -238,10 +238,11 @@ def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, mo
         connection = remote.connect(config, known_model=manifest.get("model"))
         return manifest, connection.model, remote.answer(connection, spec, demos, texts, calibrate=calibrate)
     lm = language_model(model or manifest["model"], device=device)
-    past = (predict.trained_prompt_cache(lm, Path(manifest["release_dir"]) / manifest["artifact"]["file"],
+    name, past = lm.name, None
+    if manifest.get("method") == "dpsgd":
+        lm, past = predict.trained_model(lm, Path(manifest["release_dir"]) / manifest["artifact"]["file"],
                                          manifest["model_weights_sha256"], manifest["model"])
-            if manifest.get("method") == "dpsgd" else None)
-    return manifest, lm.name, predict.answer(lm, spec, demos, texts, calibrate=calibrate, past=past)
+    return manifest, name, predict.answer(lm, spec, demos, texts, calibrate=calibrate, past=past)
 
 
 def export_release(release: str, dataset_id: str | None, placeholder: str | None = None) -> tuple[dict, dict]:
@@ -363,10 +364,10 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     lm = language_model(artifact.info["model"], device, dtype)
     past = None
     if method == "dpsgd":
-        from dpcore.release.predict import trained_prompt_cache
+        from dpcore.release.predict import trained_model
 
-        past = trained_prompt_cache(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
-                                    artifact.info["model"])
+        lm, past = trained_model(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
+                                 artifact.info["model"])
     spec = load_task_spec(artifact.info["task_spec"])
     split_seed = derive_seed(seed if seed is not None else int(str(artifact.info["data_hash"])[:15], 16),
                              "release-audit")

@@ -43,6 +43,7 @@ from dpcore.data.artifacts import (
 )
 from dpcore.data.datasets import load_test_file
 from dpcore.data.taskspec import load_task_spec
+from dpcore.dpsgd import adapters
 from dpcore.dpsgd import training as dpsgd
 from dpcore.dpsgd.soft_prompt import (
     check_prompt,
@@ -55,6 +56,7 @@ from dpcore.dpsgd.soft_prompt import (
 from dpcore.dpsgd.training import dpsgd_config, dpsgd_plan
 from dpcore.errors import ConfigError
 from dpcore.lm.icl import summarise_metrics
+from dpcore.names import ADAPTER_KINDS
 from dpcore.privacy.plan import PrivacyPlan
 from tasks.common import (
     code_version,
@@ -94,6 +96,9 @@ def check_model(config: RunConfig) -> dict:
     """The trainable prompt fits the model (loaded here, before the charge: no private record is read)."""
     lm = language_model(config.model, config.device, config.dtype)
     dp_config = dpsgd_config(config)
+    if dp_config.kind in ADAPTER_KINDS:
+        parameters = adapters.check_adapter(lm, dp_config.kind, dp_config.rank)
+        return {"shape": [parameters], "parameters": parameters}
     shape = check_prompt(lm, dp_config.kind, dp_config.length)
     return {"shape": list(shape), "parameters": int(math.prod(shape))}
 
@@ -159,8 +164,7 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
     validation = public_validation(spec, records_path, config.dpsgd_validation_path, dp_config.validation_size)
     train_examples, val_examples, train_ids = _examples(lm, spec, records_path, validation)
     noise_gen, sampling_gen, seeded = dpsgd.generators(seed, lm.device)
-    prompt = init_prompt(lm, dp_config.kind, dp_config.length, dp_config.init, sampling_gen,
-                         instruction_ids(lm, spec)).to(lm.device)
+    prompt = _start(lm, spec, dp_config, sampling_gen)
 
     def keep(state: dict) -> None:  # private store only: P, optimizer and generator states
         buffer = io.BytesIO()
@@ -180,12 +184,15 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
         "method": METHOD, "model": config.model, "model_weights_sha256": weights, "data_hash": data_hash,
         "epsilon": epsilon, "delta": plan["delta"], "noise_multiplier": spend["noise_multiplier"],
         "sampling_rate": spend["sampling_rate"], "steps": spend["steps"], "clip": dp_config.clip,
-        "batch_size": dp_config.batch_size, "lr": dp_config.lr, "init": dp_config.init, "training": training,
+        "batch_size": dp_config.batch_size, "lr": dp_config.lr, "training": training,
         "task_spec": task_spec, "seeded_noise": seeded, "accountants": accountant_versions(),
         "code_version": code_version(), "fingerprint": fingerprint, "curve": result.curve,
         "seconds": round(result.seconds), "optimizer": "adamw (weight decay 0), linear decay to 0",
     }
-    save_prompt(result.prompt, prompt_path, manifest)
+    if dp_config.kind in ADAPTER_KINDS:
+        adapters.save_adapter(result.prompt, prompt_path, manifest)
+    else:
+        save_prompt(result.prompt, prompt_path, {**manifest, "init": dp_config.init})
     write_json_atomic(Path(private_dir) / "training" / f"{name}.json",
                       {"training_losses": result.private_losses, "seconds": result.seconds,
                        "sampled_ids": [train_ids[i] for i in sorted(result.sampled)]})
@@ -194,6 +201,15 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
                 f"{result.curve[-1]['val_loss']:.4f}" if result.curve else "-")
     return {"epsilon": epsilon, "training": training, "prompt_path": str(prompt_path), "curve": result.curve,
             "seeded_noise": seeded, "seconds": round(result.seconds), "reused": False}
+
+
+def _start(lm, spec, dp_config, generator):
+    """What training starts from (Algorithm 1 line 2): P_0 of a prompt kind, or the adapter's start on a copy
+    of the model (`adapters.init_adapter`)."""
+    if dp_config.kind in ADAPTER_KINDS:
+        return adapters.init_adapter(lm, dp_config.kind, generator, dp_config.rank)
+    return init_prompt(lm, dp_config.kind, dp_config.length, dp_config.init, generator,
+                       instruction_ids(lm, spec)).to(lm.device)
 
 
 def _finished_manifest(prompt_path: Path, fingerprint: str) -> dict | None:

@@ -123,7 +123,7 @@ def _data_flags(files: dict, variant: str) -> list[str]:
             "--test-path", files["test"], "--model", "tiny-random", "--delta", "1e-3", "--seed", "5"]
 
 
-COMMANDS = ("run", "generate", "pate", "tune", "evaluate", "audit", "release")
+COMMANDS = ("run", "generate", "pate", "tune", "tune-lora", "evaluate", "audit", "release")
 GENERATION = ["--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--max-tokens", "3"]
 PATE = ["--pate-teachers", "8", "--pate-queries", "10", "--pate-sigma1", "50", "--pate-sigma2", "50",
         "--pate-threshold", "0", "--pate-repeats", "1", "--pate-student-candidates", "2"]
@@ -149,6 +149,10 @@ def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[str]]:
         "tune": ["tune", *data, *ds, "--epsilon", "1", "--length", "2", "--steps", "2", "--batch-size", "8",
                  "--validation-size", "6", "--validation-path", files["validation"], "--test-size", "6",
                  "--run-id", f"nb-tune-{variant}", "--json"],
+        # the DP LoRA baseline: its adapter file, manifest and accuracy are DP outputs like a trained prompt
+        "tune-lora": ["tune", *data, *ds, "--epsilon", "1", "--kind", "lora", "--rank", "2", "--steps", "2",
+                      "--batch-size", "8", "--validation-size", "6", "--validation-path", files["validation"],
+                      "--test-size", "6", "--run-id", f"nb-tune-lora-{variant}", "--json"],
         "evaluate": ["evaluate", *data, "--demos", demos, "--seeds", "1", "--shots", "2",
                      "--out", str(Path(files["spec"]).parent / f"evaluate-{variant}"), "--json"],
         "audit": ["audit", *data, *ds, "--epsilon", "1", *GENERATION, "--trials", "2", "--audit-members", "4",
@@ -173,7 +177,7 @@ LOG_LINE = re.compile(r"\| (DEBUG|INFO|WARNING|ERROR|CRITICAL) +\||^\d{4}/\d{2}/
 
 
 def _text(value: str, variant: str) -> str:
-    for kind in ("run", "pate", "tune"):
+    for kind in ("run", "pate", "tune-lora", "tune"):
         value = value.replace(f"nb-{kind}-{variant}", f"<{kind.upper()}>")
     value = value.replace(f"nb-{variant}", "<DS>")
     value = value.replace(f"generate-{variant}", "<OUT>").replace(f"evaluate-{variant}", "<OUT>")
@@ -326,7 +330,7 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
                 if command == "generate" and variant == "D":
                     run_ids["demos_of_D"] = str(Path(summary["out"]) / "demos.parquet")
                 run_tag = {"run": f"nb-run-{variant}", "pate": f"nb-pate-{variant}",
-                           "tune": f"nb-tune-{variant}"}.get(command)
+                           "tune": f"nb-tune-{variant}", "tune-lora": f"nb-tune-lora-{variant}"}.get(command)
                 outputs.setdefault(command, {})[variant] = {
                     "exit": code, "json": summary, "files": _public_files(before), "mlflow": _mlflow(run_tag),
                     "artifacts": _prefect_artifacts(artifacts_before), "logs": _logs(handler.records),

@@ -333,6 +333,51 @@ def test_dpsgd_prompt_is_audited_released_and_answers_on_its_model_only(tiny_lm,
     assert "only on the model it was trained on" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_a_fine_tuning_baseline_is_audited_released_and_answers_on_its_model_only(tiny_lm, capsys, tmp_path, kind):
+    from dpcore.data.taskspec import TaskSpec
+    from dpcore.dpsgd.adapters import adapted_lm
+    from dpcore.dpsgd.soft_prompt import weights_hash
+    from dpcore.lm import icl
+    from dpcore.lm.model import LanguageModel
+    from flows.cli import main
+    from flows.release import release
+
+    share_tiny_model(tiny_lm)
+    dataset_id = f"release-{kind}"
+    args = [a for a in _tune_args(dataset_id, "--epsilon", "8", "--steps", "12") if a not in ("--length", "2")]
+    extra = ["--rank", "2"] if kind == "lora" else ["--physical-batch-size", "4"]
+    assert main([*args[:args.index("--kind") + 1], kind, *args[args.index("--kind") + 2:], *extra]) == 0
+    run_id = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_id"]
+    result = release(run_id=run_id, method="dpsgd", audit_config=TINY_AUDIT, seed=AUDIT_SEED)
+    folder = Path(result["release_dir"])
+    manifest = json.loads((folder / "release.json").read_text())
+    assert manifest["method"] == "dpsgd" and manifest["audit"]["passed"] is True
+    assert manifest["parameters"]["kind"] == kind and manifest["model_weights_sha256"] == weights_hash(tiny_lm.model)
+    assert manifest["spends"][0]["purpose"] == "dpsgd" and manifest["noise_multiplier"] > 0
+    assert json.loads((folder / "prompt.json").read_text())["kind"] == kind
+
+    text = "The striker scored twice in the final."
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"text": text}) + "\n")
+    out = tmp_path / "answers.jsonl"
+    assert main(["predict", "--release", "production", "--input", str(queries), "--out", str(out),
+                 "--dataset-id", dataset_id]) == 0
+    answer = json.loads(out.read_text())
+    # the answer is the adapted model's, scored as evaluation scored it (raw label likelihood)
+    spec = TaskSpec.model_validate(manifest["task_spec"])
+    scores = icl.label_logprobs(adapted_lm(tiny_lm, folder / "prompt.safetensors"), spec, [], [text])
+    assert answer["prediction"] == spec.label_names[int(scores[0].argmax())]
+    capsys.readouterr()
+    other = tmp_path / "other-model"
+    lm = LanguageModel.tiny_random(seed=1)
+    lm.model.save_pretrained(other)
+    lm.tokenizer.save_pretrained(other)
+    assert main(["predict", "--release", "production", "--input", str(queries), "--dataset-id", dataset_id,
+                 "--model", str(other)]) == 2
+    assert "only on the model it was trained on" in capsys.readouterr().err
+
+
 def test_a_non_private_soft_prompt_is_refused_by_the_gate(tiny_lm, capsys):
     """A soft prompt trained with sigma = 0 (epsilon inf) never passes the release gate, whatever its audit
     says: its plan has no finite guarantee for the accountants to agree on. Its audit reads the records its

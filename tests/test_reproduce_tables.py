@@ -32,8 +32,9 @@ def tables():
 def test_the_dry_run_lists_every_cell_and_its_command(tables, capsys, dpicl_home):
     assert tables.main(["--dry-run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    # per dataset: one DP few-shot generation run, PromptPATE IID and OOD, 2 kinds x 3 epsilons of PromptDPSGD
-    assert len(lines) == 3 * (1 + 2 + 6)
+    # per dataset: one DP few-shot generation run, PromptPATE IID and OOD, 2 kinds x 3 epsilons of PromptDPSGD and
+    # its two fine-tuning baselines at epsilon 8
+    assert len(lines) == 3 * (1 + 2 + 6 + 2)
     by_name = {line.split(": ", 1)[0].split("] ", 1)[1]: line.split(": ", 1)[1] for line in lines}
     tang = by_name["tang-trec"]
     # Tang Table 1's epsilons and Duan Table 1's 3, for the PromptDPSGD table's DP few-shot column
@@ -47,6 +48,8 @@ def test_the_dry_run_lists_every_cell_and_its_command(tables, capsys, dpicl_home
     assert by_name["dpsgd-prefix-epsinf-sst2"].startswith("dpicl tune --json")
     assert ("--kind prefix --epsilon inf --preset cpu --steps 20 --validation-size 32 --seeds 3 "
             in by_name["dpsgd-prefix-epsinf-sst2"])
+    assert "--kind lora --epsilon 8 --preset cpu" in by_name["dpsgd-lora-eps8-trec"]
+    assert "--kind full --epsilon 8 --preset cpu" in by_name["dpsgd-full-eps8-agnews"]
     assert "--repeats 2 " in by_name["pate-iid-trec"]
     assert all(f"--dataset-id {name.rsplit('-', 1)[1]}-tables" in command for name, command in by_name.items())
     assert not (dpicl_home / "benchmarks" / "tables").exists()  # a dry run writes nothing
@@ -125,19 +128,19 @@ def test_the_dpsgd_table_puts_zero_shot_and_tang_at_the_same_epsilon_beside_it(t
         {"method": "tang", "epsilon": 8.0, "accuracy_mean": 0.66, "accuracy_std": 0.04, "calibrated_accuracy_mean": 0.75},
     ]}
     cells = []
-    for kind in tables.DPSGD_KINDS:
-        for eps in tables.DPSGD_EPSILONS:
-            cell = tables.Cell(f"dpsgd-{kind}-eps{eps}-sst2", "dpsgd", "sst2", ["tune"], key=(kind, eps))
-            cell.result = {"accuracy": {"mean": 0.9, "std": 0.01}, "calibrated_accuracy": {"mean": 0.91},
-                           "delta": 1e-5, "noise_multiplier": 0.3, "sampling_rate": 1e-4, "steps": 10}
-            cells.append(cell)
+    for kind, eps in tables.DPSGD_KEYS:
+        cell = tables.Cell(f"dpsgd-{kind}-eps{eps}-sst2", "dpsgd", "sst2", ["tune"], key=(kind, eps))
+        cell.result = {"accuracy": {"mean": 0.9, "std": 0.01}, "calibrated_accuracy": {"mean": 0.91},
+                       "delta": 1e-5, "noise_multiplier": 0.3, "sampling_rate": 1e-4, "steps": 10}
+        cells.append(cell)
     lines = tables.dpsgd_section(cells, {}, "m", tang_cells=[tang])
     header = next(line for line in lines if line.startswith("| dataset"))
     assert header.split(" | ")[2:5] == ["0-shot", "DP few-shot generation ε = 3", "DP few-shot generation ε = 8"]
     ours = next(line for line in lines if line.startswith("| sst2 | m"))
     cols = [c.strip() for c in ours.strip("|").split("|")]
     assert cols[2:5] == ["50.0 ± 0.0 [80.0]", "61.0 ± 2.0 [70.0]", "66.0 ± 4.0 [75.0]"]
-    assert cols[5:] == ["90.0 ± 1.0 [91.0]"] * 6
+    assert cols[5:] == ["90.0 ± 1.0 [91.0]"] * 8
+    assert header.split(" | ")[-2:] == ["lora ε = 8", "full ε = 8 |"]
     paper = next(line for line in lines if line.startswith("| sst2 | paper"))
     assert len(paper.strip("|").split("|")) == len(cols)
     # without a finished Tang cell the reference columns say so instead of failing

@@ -47,7 +47,7 @@ import copy
 import functools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpcore.config import RunConfig, flag
+from dpcore.dpsgd import adapters
 from dpcore.dpsgd.soft_prompt import (
     Example,
     TrainablePrompt,
@@ -65,7 +66,7 @@ from dpcore.dpsgd.soft_prompt import (
 from dpcore.errors import ConfigError
 from dpcore.fewshot.mechanisms import noise_seed_sequence
 from dpcore.lm.model import pick_device
-from dpcore.names import PROMPT_INITS, PROMPT_KINDS
+from dpcore.names import PROMPT_INITS, TUNE_KINDS
 from dpcore.privacy import composition
 from dpcore.privacy.events import DpEvent, tang_event
 from dpcore.privacy.plan import PrivacyPlan
@@ -91,21 +92,36 @@ CPU_PRESET: dict[str, Any] = {"batch_size": 64, "length": 10, "clip": 0.1, "epoc
                               "lr": 0.3, "init": "instruction", "physical_batch_size": 16, "validation_size": 64}
 
 
-def preset(device: str) -> dict[str, Any]:
-    """The GPU preset (paper Table 6) on CUDA, the CPU preset otherwise."""
-    return dict(GPU_PRESET if pick_device(device).type == "cuda" else CPU_PRESET)
+# The DP fine-tuning baselines (`adapters`) keep the prompts' sampling, steps and C (the same privacy event at
+# the same epsilon) and change what an update is worth: AdamW learning rates of the DP fine-tuning literature
+# for adapters (LoRA, 1e-3) and whole models (5e-5 on CPU's few steps: each weight moves at most about lr per
+# step), not yet chosen on public data as the prompts' CPU recipe was. Full fine-tuning's per-example
+# gradients are 0.54 GB an example on the 135M model: chunks of 2 on CPU, 8 on GPU.
+ADAPTER_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "lora": {"cpu": {"lr": 1e-3, "physical_batch_size": 16}, "gpu": {"lr": 5e-4, "physical_batch_size": 64}},
+    "full": {"cpu": {"lr": 5e-5, "physical_batch_size": 2}, "gpu": {"lr": 5e-5, "physical_batch_size": 8}},
+}
+
+
+def preset(device: str, kind: str = "soft-prompt") -> dict[str, Any]:
+    """The GPU preset (paper Table 6) on CUDA, the CPU preset otherwise; an adapter kind's learning rate and
+    chunk size on top."""
+    gpu = pick_device(device).type == "cuda"
+    values = dict(GPU_PRESET if gpu else CPU_PRESET)
+    values.update(ADAPTER_PRESETS.get(kind, {}).get("gpu" if gpu else "cpu", {}))
+    return values
 
 
 def dpsgd_config(config: RunConfig) -> DpsgdConfig:
     """The run's `DpsgdConfig`: the preset (`dpsgd_preset`, by device when auto) with every dpsgd_* field
     that is set on top; dpsgd_steps beats dpsgd_epochs beats the preset's length."""
     values = preset("cuda" if config.dpsgd_preset == "gpu" else "cpu" if config.dpsgd_preset == "cpu"
-                    else config.device)
+                    else config.device, config.dpsgd_kind)
     if config.dpsgd_epochs is not None:
         values.update(epochs=config.dpsgd_epochs, steps=None)
     if config.dpsgd_steps is not None:
         values["steps"] = config.dpsgd_steps
-    for name in ("length", "init", "clip", "batch_size", "lr", "physical_batch_size", "validation_size"):
+    for name in ("length", "init", "clip", "batch_size", "lr", "physical_batch_size", "validation_size", "rank"):
         if getattr(config, f"dpsgd_{name}") is not None:
             values[name] = getattr(config, f"dpsgd_{name}")
     return DpsgdConfig(kind=config.dpsgd_kind, **values).check()
@@ -116,7 +132,8 @@ class DpsgdConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: str = Field("soft-prompt", description="soft-prompt or prefix")
+    kind: str = Field("soft-prompt", description="soft-prompt or prefix; lora or full (the fine-tuning baselines)")
+    rank: int = Field(adapters.LORA_RANK, description="LoRA rank r (kind lora)")
     length: int = Field(10, description="s: prompt positions")
     init: str = Field("vocab", description="P_0: embeddings of random vocabulary tokens, at random, or the "
                       "embeddings of the task's instruction tokens")
@@ -133,8 +150,10 @@ class DpsgdConfig(BaseModel):
 
     def check(self) -> DpsgdConfig:
         """Every parameter in range, or ConfigError naming it (before anything is charged)."""
-        if self.kind not in PROMPT_KINDS:
-            raise ConfigError(f"{flag('dpsgd_kind')}: must be one of {', '.join(PROMPT_KINDS)}, got {self.kind!r}")
+        if self.kind not in TUNE_KINDS:
+            raise ConfigError(f"{flag('dpsgd_kind')}: must be one of {', '.join(TUNE_KINDS)}, got {self.kind!r}")
+        if self.kind == "lora" and (isinstance(self.rank, bool) or self.rank < 1):
+            raise ConfigError(f"{flag('dpsgd_rank')}: the LoRA rank must be >= 1, got {self.rank}")
         if self.init not in PROMPT_INITS:
             raise ConfigError(f"{flag('dpsgd_init')}: must be one of {', '.join(PROMPT_INITS)}, got {self.init!r}")
         if self.length < 1:
@@ -207,7 +226,9 @@ def dpsgd_plan(epsilon: float, num_records: int, config: DpsgdConfig, delta: flo
         raise ConfigError(f"delta: must be in (0, 1), got {delta}")
     sigma = 0.0 if math.isinf(eps) else _calibrated(eps, q, steps, delta)
     spend = Spend.sampled_steps(MECHANISM, sigma, q, steps, PURPOSE, what="DP-SGD steps on the trainable prompt")
-    parameters = {"kind": config.kind, "length": config.length, "init": config.init, "clip": config.clip,
+    shape = ({"rank": config.rank} if config.kind == "lora" else {} if config.kind == "full"
+             else {"length": config.length, "init": config.init})
+    parameters = {"kind": config.kind, **shape, "clip": config.clip,
                   "batch_size": config.batch_size, "epochs": steps * q, "steps": steps, "lr": config.lr,
                   "noise_multiplier": sigma, "sampling_rate": q, "training_records": num_records,
                   "trainings": trainings, "optimizer": "adamw, linear decay"}
@@ -241,30 +262,59 @@ def poisson_batches(num_records: int, q: float, steps: int, generator: torch.Gen
     return UniformWithReplacementSampler(num_samples=num_records, sample_rate=q, generator=generator, steps=steps)
 
 
-def dp_optimizer(prompt: TrainablePrompt, noise_multiplier: float, clip: float, expected_batch_size: float,
+def trainable_parameters(trainable) -> list[torch.nn.Parameter]:
+    """What DP-SGD updates: P of a prompt, or the trainable weights of an adapter (`adapters.TrainableModel`)."""
+    return trainable.parameters_() if isinstance(trainable, adapters.TrainableModel) else [trainable.weight]
+
+
+def example_gradients(lm, trainable, examples: Sequence[Example]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """([per-example gradients per trainable parameter], losses) of a prompt or an adapter (line 5)."""
+    if isinstance(trainable, adapters.TrainableModel):
+        return adapters.per_example_gradients(lm, trainable, examples)
+    grads, losses = per_example_gradients(lm, trainable, examples)
+    return [grads], losses
+
+
+def validation_loss(lm, trainable, examples: Sequence[Example], batch_size: int) -> float:
+    if isinstance(trainable, adapters.TrainableModel):
+        return adapters.mean_loss(lm, trainable, examples, batch_size)
+    return mean_loss(lm, trainable, examples, batch_size)
+
+
+def dp_optimizer(prompt, noise_multiplier: float, clip: float, expected_batch_size: float,
                  lr: float, generator: torch.Generator):
-    """Opacus' DPOptimizer over AdamW on P: clipping to C, noise std sigma C on the sum, mean over qN."""
+    """Opacus' DPOptimizer over AdamW on P (or an adapter's weights): clipping to C, noise std sigma C on the
+    sum, mean over qN."""
     from opacus.optimizers import DPOptimizer
 
-    base = torch.optim.AdamW([prompt.weight], lr=lr, weight_decay=0.0)
+    base = torch.optim.AdamW(trainable_parameters(prompt), lr=lr, weight_decay=0.0)
     return DPOptimizer(base, noise_multiplier=float(noise_multiplier), max_grad_norm=float(clip),
                        expected_batch_size=expected_batch_size, loss_reduction="mean", generator=generator,
                        secure_mode=True)
 
 
-def private_step(optimizer, prompt: TrainablePrompt, chunks: Sequence[torch.Tensor]) -> None:
+def private_step(optimizer, prompt, chunks: Iterable) -> None:
     """One step of Algorithm 1 lines 6-8 from a Poisson batch's per-example gradients, given in
-    physical chunks ([b_i, *P.shape] each; an empty batch is one chunk of 0 rows): every chunk is
-    clipped and summed, the noise added once, the update made. `prompt.weight.grad` keeps the noisy
-    mean gradient until the next step."""
+    physical chunks ([b_i, *P.shape] each, or a list of such, one per trainable parameter of an adapter;
+    an empty batch is one chunk of 0 rows): every chunk is clipped (the norm over all parameters) and
+    summed, the noise added once, the update made. `.grad` keeps the noisy mean gradient until the next step."""
+    params = trainable_parameters(prompt)
     optimizer.zero_grad(set_to_none=True)
-    chunks = list(chunks) or [prompt.weight.new_zeros((0, *prompt.weight.shape))]
-    for index, grads in enumerate(chunks):
-        prompt.weight.grad_sample = grads
-        optimizer.signal_skip_step(index < len(chunks) - 1)
+    # chunks may be a generator: read one ahead (to know the last), so at most two chunks are held at once
+    # (a fine-tuned model's chunk is 0.54 GB an example)
+    pending = iter(chunks)
+    current = next(pending, None)
+    if current is None:
+        current = [p.new_zeros((0, *p.shape)) for p in params]
+    while current is not None:
+        following = next(pending, None)
+        for p, g in zip(params, current if isinstance(current, list | tuple) else [current], strict=True):
+            p.grad_sample = g
+        optimizer.signal_skip_step(following is not None)
         optimizer.step()
-        if index < len(chunks) - 1:
+        if following is not None:
             optimizer.zero_grad(set_to_none=True)
+        current = following
 
 
 # --------------------------------------------------------------------------- training
@@ -292,13 +342,22 @@ def check_resume(state: dict, fingerprint: str) -> None:
         raise ConfigError("checkpoint: it belongs to another plan or dataset; start a new run id")
 
 
-def train(lm, prompt: TrainablePrompt, train_examples: Sequence[Example], val_examples: Sequence[Example], *,
+def _chunk_gradients(lm, trainable, examples: Sequence[Example], physical_batch_size: int, losses: list):
+    """Per-example gradients of a Poisson batch, one physical chunk at a time (each chunk's losses appended
+    to `losses`): computed as `private_step` reads them, never all held at once."""
+    for first in range(0, len(examples), physical_batch_size):
+        grads, chunk_losses = example_gradients(lm, trainable, examples[first:first + physical_batch_size])
+        losses.append(chunk_losses)
+        yield grads
+
+
+def train(lm, prompt: TrainablePrompt | adapters.TrainableModel, train_examples: Sequence[Example], val_examples: Sequence[Example], *,
           noise_multiplier: float, sampling_rate: float, steps: int, clip: float, lr: float, delta: float,
           noise_generator: torch.Generator, sampling_generator: torch.Generator, seeded: bool,
           physical_batch_size: int = 64, eval_every: int | None = None, checkpoint_every: int = 50,
           checkpoint: Callable[[dict], None] | None = None, resume: dict | None = None,
           fingerprint: str = "", progress: Callable[[int, int, dict], None] | None = None) -> TrainResult:
-    """Algorithm 1 for T = `steps` steps on `train_examples`; P is updated in place and returned.
+    """Algorithm 1 for T = `steps` steps on `train_examples`; P (or an adapter) is updated in place and returned.
 
     `val_examples` are public labelled examples (never private records). `progress(step, T, info)` gets
     public values only: `val_loss` on those (when evaluated) and `epsilon` spent so far (at eval points);
@@ -314,7 +373,9 @@ def train(lm, prompt: TrainablePrompt, train_examples: Sequence[Example], val_ex
     if resume is not None:
         check_resume(resume, fingerprint)
         with torch.no_grad():
-            prompt.weight.copy_(resume["weight"].to(prompt.weight.device))
+            for p, saved in zip(trainable_parameters(prompt), resume.get("weights") or [resume["weight"]],
+                                strict=True):
+                p.copy_(saved.to(p.device))
         optimizer.original_optimizer.load_state_dict(resume["optimizer"])
         schedule.load_state_dict(resume["schedule"])
         noise_generator.set_state(resume["noise_generator"])
@@ -325,30 +386,26 @@ def train(lm, prompt: TrainablePrompt, train_examples: Sequence[Example], val_ex
         result.sampled = set(resume.get("sampled", ()))
     began = time.perf_counter()
     if start == 0 and val_examples:
-        result.curve.append({"step": 0, "val_loss": mean_loss(lm, prompt, val_examples, physical_batch_size),
+        result.curve.append({"step": 0, "val_loss": validation_loss(lm, prompt, val_examples, physical_batch_size),
                              "epsilon": 0.0})
     for step, indices in enumerate(poisson_batches(n, sampling_rate, steps - start, sampling_generator), start + 1):
-        chunks, losses = [], []
+        losses: list[torch.Tensor] = []
         # similar lengths share a chunk (less padding); the clipped sum does not depend on the order
         indices = sorted(indices, key=lambda i: len(train_examples[i].context))
         result.sampled.update(int(i) for i in indices)
-        for first in range(0, len(indices), physical_batch_size):
-            grads, chunk_losses = per_example_gradients(
-                lm, prompt, [train_examples[i] for i in indices[first:first + physical_batch_size]])
-            chunks.append(grads)
-            losses.append(chunk_losses)
-        private_step(optimizer, prompt, chunks)
+        private_step(optimizer, prompt, _chunk_gradients(lm, prompt, [train_examples[i] for i in indices],
+                                                         physical_batch_size, losses))
         schedule.step()
         result.private_losses.append(float(torch.cat(losses).mean()) if indices else math.nan)
         info: dict[str, Any] = {}
         if step % eval_every == 0 or step == steps:
             point = {"step": step, "epsilon": epsilon_after(noise_multiplier, sampling_rate, step, delta),
-                     "val_loss": mean_loss(lm, prompt, val_examples, physical_batch_size) if val_examples
+                     "val_loss": validation_loss(lm, prompt, val_examples, physical_batch_size) if val_examples
                      else math.nan}
             result.curve.append(point)
             info.update(val_loss=point["val_loss"], epsilon=point["epsilon"])
         if checkpoint is not None and (step % checkpoint_every == 0 and step < steps):
-            checkpoint({"fingerprint": fingerprint, "step": step, "weight": prompt.weight.detach().cpu().clone(),
+            checkpoint({"fingerprint": fingerprint, "step": step, "weights": [p.detach().cpu().clone() for p in trainable_parameters(prompt)],
                         "optimizer": copy.deepcopy(optimizer.original_optimizer.state_dict()),
                         "schedule": copy.deepcopy(schedule.state_dict()),
                         "noise_generator": noise_generator.get_state(),

@@ -208,7 +208,8 @@ METHOD_ASSUMPTIONS = {
              "the epsilon is the data-independent bound the ledger charged (threshold test and GNMax on every "
              "query of every repeat); the data-dependent bound is a non-DP statistic kept in the private store",
              ASSUMPTIONS[1]),
-    "dpsgd": ("the trained prompt means something only on the model whose weight sha256 the manifest names; "
+    "dpsgd": ("the trained prompt (or LoRA adapter, or fine-tuned weights) means something only on the model whose "
+              "weight sha256 the manifest names; "
               "`dpicl predict` refuses any other model",
               "add/remove neighbours over the DP-SGD training records (every private record); the loss curve "
               "was computed on public examples only",
@@ -347,7 +348,7 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
               "dataset_id": _set(run.get("config", {}).get("dataset_id")) or run.get("dataset"),
               "data_hash": m.get("data_hash"), "task_spec": m.get("task_spec"),
               "model_weights_sha256": m["model_weights_sha256"],
-              "parameters": {k: m.get(k) for k in ("kind", "length", "clip", "batch_size", "lr", "init", "training",
+              "parameters": {k: m.get(k) for k in ("kind", "length", "rank", "clip", "batch_size", "lr", "init", "training",
                                                    "noise_multiplier", "sampling_rate", "steps")}},
         prompt_path=json_path.with_suffix(".safetensors"), changed_files=_changed(path),
         audit=read_table(audit_path) if audit_path.exists() else None,

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dpcore.data.taskspec import TaskSpec
-from dpcore.dpsgd.soft_prompt import load_prompt, weights_hash
+from dpcore.dpsgd.adapters import trained_scoring
+from dpcore.dpsgd.soft_prompt import weights_hash
 from dpcore.errors import ConfigError
 from dpcore.lm import icl
 from dpcore.names import RAW_SCORED_METHODS
@@ -43,12 +44,12 @@ def answer(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], queries: Sequen
              "calibrated": calibrate} for row in probs]
 
 
-def trained_prompt_cache(lm, prompt_path, weights_sha256: str, trained_on: str):
-    """The cache of a PromptDPSGD trained prompt (`soft_prompt.load_prompt(...).cache_layers(lm)`), refused
-    unless `lm` holds the weights it was trained on (`soft_prompt.weights_hash`): a trained prompt means
-    nothing on another model."""
+def trained_model(lm, prompt_path, weights_sha256: str, trained_on: str):
+    """(the model to answer with, the cache before every prompt) of a PromptDPSGD release
+    (`adapters.trained_scoring`: a trained prompt's cache on `lm`, or `lm` with a LoRA adapter or fine-tuned
+    weights applied), refused unless `lm` holds the weights it was trained on (`soft_prompt.weights_hash`):
+    a trained prompt or adapter means nothing on another model."""
     if weights_hash(lm.model) != weights_sha256:
-        raise ConfigError(f"model {lm.name!r}: a PromptDPSGD prompt answers only on the model it was trained on "
-                          f"({trained_on}, weight sha256 {weights_sha256[:12]}...)")
-    prompt, _ = load_prompt(prompt_path, lm.device)
-    return prompt.cache_layers(lm)
+        raise ConfigError(f"model {lm.name!r}: a PromptDPSGD prompt or adapter answers only on the model it was "
+                          f"trained on ({trained_on}, weight sha256 {weights_sha256[:12]}...)")
+    return trained_scoring(lm, prompt_path)

@@ -1,6 +1,6 @@
 """CLI: `dpicl tune` — PromptDPSGD: train a soft prompt or prefix with DP-SGD, evaluate it, record it.
 
-    dpicl tune --dataset D --kind soft-prompt|prefix --epsilon 8 [--length S --clip C --batch-size B
+    dpicl tune --dataset D --kind soft-prompt|prefix|lora|full --epsilon 8 [--length S | --rank R --clip C --batch-size B
                --epochs E | --steps T --lr LR --init vocab|random|instruction --seeds K --test-size N --delta D
                --preset auto|cpu|gpu --model M --device DEV --seed S --run-id ID] [--json]
 
@@ -43,7 +43,7 @@ from flows.cli.run import delta_note, format_ledger
 
 CONFIG_FLAGS = [*DATA_FLAGS, "delta", "seed", "test_size", "calibrate"]
 # Short spellings of the dpsgd_* fields (the long `--dpsgd-*` forms work too).
-SHORT_FLAGS = {"kind": "dpsgd_kind", "length": "dpsgd_length", "clip": "dpsgd_clip", "batch_size": "dpsgd_batch_size",
+SHORT_FLAGS = {"kind": "dpsgd_kind", "length": "dpsgd_length", "rank": "dpsgd_rank", "clip": "dpsgd_clip", "batch_size": "dpsgd_batch_size",
                "epochs": "dpsgd_epochs", "steps": "dpsgd_steps", "lr": "dpsgd_lr", "init": "dpsgd_init",
                "seeds": "dpsgd_seeds", "preset": "dpsgd_preset", "validation_size": "dpsgd_validation_size",
                "physical_batch_size": "dpsgd_physical_batch_size", "validation_path": "dpsgd_validation_path"}
@@ -57,7 +57,8 @@ def _choices(annotation) -> list[str]:
 
 def register(subparsers) -> None:
     parser = command(
-        subparsers, "tune", run_tune, help="PromptDPSGD: train a soft prompt or prefix with DP-SGD (Duan et al. Section 4.1)",
+        subparsers, "tune", run_tune, help="PromptDPSGD: train a soft prompt or prefix (or the LoRA / full fine-tuning baselines) with DP-SGD "
+        "(Duan et al. Section 4.1, Table 1)",
         description="Train a soft prompt or prefix on the private data with DP-SGD (Duan et al. App. C.1 "
         "Algorithm 1, Opacus), evaluate it on the test split and record it (safetensors + manifest, MLflow).")
     parser.add_argument("--epsilon", type=parse_epsilon, required=True, help="target epsilon (> 0; inf: no noise)")
@@ -105,7 +106,8 @@ def run_tune(args) -> int:
                      "trainings": row["trainings"]},
         "calibrated_accuracy": {"mean": row["calibrated_accuracy_mean"], "std": row["calibrated_accuracy_std"]},
         "prompt": summary["prompts"][0]["path"], "prompts": [p["path"] for p in summary["prompts"]],
-        "params": params, "kind": params["kind"], "length": params["length"], "clip": params["clip"],
+        "params": params, "kind": params["kind"], "length": params.get("length"),
+        "rank": params.get("rank"), "clip": params["clip"],
         "batch_size": params["batch_size"], "lr": params["lr"], "epochs": params["epochs"],
         "seeded_noise": summary["seeded_noise"], "run_id": summary["run_id"], "run_dir": summary["run_dir"],
         "dataset": summary["dataset"], "model": summary["model"], "mlflow_run_ids": summary["mlflow_run_ids"],
@@ -114,7 +116,8 @@ def run_tune(args) -> int:
     if args.json:
         print_json(out)
         return 0
-    print(f"PromptDPSGD {params['kind']} (length {params['length']}, {params['trainable_parameters']} parameters) on "
+    shape = f"rank {params['rank']}, " if "rank" in params else f"length {params['length']}, " if "length" in params else ""
+    print(f"PromptDPSGD {params['kind']} ({shape}{params['trainable_parameters']} parameters) on "
           f"{summary['model']}, dataset {summary['dataset']}")
     print(f"epsilon {fmt_eps(row['epsilon'])} (delta {fmt_delta(row['delta'])}), sigma {fmt_sigma(row['noise_multiplier'])}, "
           f"q {row['sampling_rate']:.3g}, T {row['steps']} steps ({params['epochs']:.3g} epochs), C {params['clip']:g}, "
