@@ -155,8 +155,11 @@ class Bench:
             examples = encode_examples(self.lm, spec, train["text"].astype(str).tolist(),
                                        train["label"].astype(str).tolist())
             public = data.public.sort_values("id", kind="stable").reset_index(drop=True)
+            # the loss curve's examples: the first of the public split in id order (tasks.tune's rule), encoded once
+            public_examples = encode_examples(self.lm, spec, public["text"].astype(str).tolist(),
+                                              public["label"].astype(str).tolist()) if len(public) else []
             self.data[name] = {"spec": spec, "train": examples, "test": data.test, "public": public,
-                               "instruction": instruction_ids(self.lm, spec)}
+                               "public_examples": public_examples, "instruction": instruction_ids(self.lm, spec)}
         return self.data[name]
 
     def evaluate(self, name: str, split: str, size: int, method: str, epsilon: float, past=None) -> dict:
@@ -188,17 +191,13 @@ class Bench:
         from dpcore.dpsgd.soft_prompt import init_prompt
 
         d = self.dataset(name)
-        config = dpsgd.DpsgdConfig(**recipe).check()
+        config = dpsgd.DpsgdConfig(**recipe)
         plan = dpsgd.dpsgd_plan(epsilon, len(d["train"]), config)
         spend = plan.spends[0]
         noise, sampling, seeded = dpsgd.generators(_seed(phase, name, epsilon, training, recipe), self.lm.device)
         prompt = init_prompt(self.lm, config.kind, config.length, config.init, sampling,
                              d["instruction"]).to(self.lm.device)
-        validation = self.dataset(name)["public"].head(config.validation_size)
-        from dpcore.dpsgd.soft_prompt import encode_examples
-
-        val_examples = encode_examples(self.lm, d["spec"], validation["text"].astype(str).tolist(),
-                                       validation["label"].astype(str).tolist()) if len(validation) else []
+        val_examples = d["public_examples"][:config.validation_size]
         with PeakMemory(self.lm.device) as memory:
             began = time.perf_counter()
             result = dpsgd.train(self.lm, prompt, d["train"], val_examples,
