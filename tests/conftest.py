@@ -28,6 +28,31 @@ import torch  # noqa: E402
 from dpcore.home import configure_environment  # noqa: E402
 
 configure_environment()
+
+
+def _share_converted_models() -> None:
+    """Every test home's `models/` is one folder per environment: the embedded model's GGUF is dequantised
+    once (about 30 s) for all sessions and xdist workers of this venv, not once per worker per session
+    (the tiny model borrows its tokenizer, so nearly every worker needed it). A lock keeps two workers
+    from converting at once; the conversion itself stays atomic (`dpcore.lm.models.convert_gguf`)."""
+    import fcntl
+    import sys
+
+    import transformers
+
+    from dpcore.lm.models import embedded_gguf, resolve_model
+
+    gguf = embedded_gguf("smollm2-135m").stat()
+    key = f"transformers-{transformers.__version__}-gguf-{gguf.st_size}-{gguf.st_mtime_ns}"
+    shared = Path(sys.prefix) / "dpicl-test-cache" / f"models-{key}"
+    shared.mkdir(parents=True, exist_ok=True)
+    (Path(_HOME) / "models").symlink_to(shared, target_is_directory=True)
+    with open(shared.parent / f"{shared.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        resolve_model("smollm2-135m")
+
+
+_share_converted_models()
 # Under pytest-xdist (`make test` runs two workers) each worker is one process per core: a second torch
 # thread per worker only contends with the other worker.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")

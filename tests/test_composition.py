@@ -176,3 +176,27 @@ def test_calibration_rejects_bad_or_unreachable_targets():
         composition.calibrate(_gaussian_family, 1e-4, DELTA)
     with pytest.raises(ConfigError, match="unreachable"):
         composition.calibrate(_gaussian_family, 1e-2, DELTA, sigma_max=10.0)
+
+
+@pytest.mark.parametrize("groups", [
+    (("gaussian", 0.8, 0.01, 1000),),
+    (("gaussian", 1.1, 0.004, 200), ("rnm", 0.5, 0.02, 30)),
+    (("rnm", 2.0, 1.0, 40), ("gaussian", 0.6, 0.1, 10), ("gaussian", 0.9, 0.05, 300)),
+    (("laplace", 2.0, 1.0, 3), ("gaussian", 3.0, 1.0, 5)),
+])
+@pytest.mark.parametrize("delta", [1e-5, 1e-3])
+def test_the_safe_domain_from_cached_rdp_curves_is_prv_accountants(groups, delta):
+    """The prv-accountant grid's half-width is computed from per-step RDP curves cached across compositions:
+    the same number as prv-accountant's own `compute_safe_domain_size`, before and after the cache is warm."""
+    import warnings
+
+    from prv_accountant.accountant import compute_safe_domain_size
+
+    prvs, counts = composition._prv_variables(groups)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = compute_safe_domain_size(prvs, counts, eps_error=composition.PRV_EPS_ERROR_MAX,
+                                             delta_error=composition._delta_error(delta))
+    composition._rdp_curve.cache_clear()
+    assert composition._safe_domain(groups, delta) == pytest.approx(reference, rel=1e-12)
+    assert composition._safe_domain(groups, delta) == pytest.approx(reference, rel=1e-12)  # from the cache

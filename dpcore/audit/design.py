@@ -158,6 +158,7 @@ def cheapest(planner: Callable[[int, int, int], AuditDesign], member_cap: int, n
     return best if best is not None else narrowest if narrowest is not None else planner(1, 1, 2)
 
 
+@functools.lru_cache(maxsize=1024)  # pure in public sizes; a run asks the same ones per method
 def cheapest_conclusive(member_pool: int, non_member_pool: int, *, attacks: int, confidence: float,
                         tolerance: float, max_trials: int = MAX_TRIALS) -> AuditDesign:
     """`cheapest` over `plan`'s designs for one member pool and one non-member pool."""
@@ -166,6 +167,7 @@ def cheapest_conclusive(member_pool: int, non_member_pool: int, *, attacks: int,
                     member_pool, non_member_pool, max_trials)
 
 
+@functools.lru_cache(maxsize=1024)  # pure in public sizes; a run asks the same ones per method
 def pool_needed(*, attacks: int, confidence: float, tolerance: float) -> int:
     """The smallest pool size (on each side) for which some design concludes (`cheapest_conclusive`)."""
     low, high = 2, 4
@@ -183,6 +185,7 @@ def pool_needed(*, attacks: int, confidence: float, tolerance: float) -> int:
     return high
 
 
+@functools.lru_cache(maxsize=1024)  # pure in public sizes; a run asks the same ones per method
 def tolerance_reachable(member_pool: int, non_member_pool: int, *, attacks: int, confidence: float) -> float:
     """The narrowest band 0.5 +/- tolerance (to 0.01) in which these pools can conclude."""
     for hundredths in range(1, 50):
