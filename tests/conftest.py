@@ -219,3 +219,21 @@ def tickets_spec(tmp_path):
     path = tmp_path / "tickets.yaml"
     path.write_text(SPEC_YAML)
     return load_task_spec(path)
+
+
+_STOP_SHARED_HARNESS = []
+
+
+def pytest_configure(config):
+    """Under xdist, the controller starts the one Prefect test server both workers use (in the background:
+    the workers import and collect meanwhile)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        return
+    from pipeline_support import start_shared_harness
+
+    _STOP_SHARED_HARNESS.append(start_shared_harness())
+
+
+def pytest_unconfigure(config):
+    while _STOP_SHARED_HARNESS:
+        _STOP_SHARED_HARNESS.pop()()

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -31,20 +34,37 @@ if os.environ.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") == "":
 
 _HARNESS = {}
 _LOCK = threading.Lock()
+# Under xdist the controller starts one harness for both workers (`start_shared_harness`, from conftest's
+# pytest_configure) and writes its URL to this file: a server boot (about 20 s of CPU) once per suite.
+SHARED_URL_FILE = "DPICL_TEST_PREFECT_URL_FILE"
 
 PER_LABEL_TRAIN = 100
 TEST_ITEMS = 40
 
 
+def _wait_for_url(path: Path, timeout: float = 180.0) -> str:
+    began = time.monotonic()
+    while not path.exists() or not path.read_text().strip():
+        if time.monotonic() - began > timeout:
+            raise RuntimeError(f"the shared Prefect test server did not start within {timeout:.0f} s")
+        time.sleep(0.2)
+    return path.read_text().strip()
+
+
 def ensure_harness() -> bool:
-    """Start `prefect_test_harness` once for this process (about 10 s), heartbeats off; True if started now."""
+    """Use the shared harness, or start `prefect_test_harness` for this process (about 20 s); heartbeats
+    off either way. True if this call entered it."""
     with _LOCK:
         if "cm" in _HARNESS:
             return False
-        from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+        from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
         from prefect.testing.utilities import prefect_test_harness
 
-        harness = prefect_test_harness(server_startup_timeout=120)
+        shared = os.environ.get(SHARED_URL_FILE)
+        if shared:
+            harness = temporary_settings(updates={PREFECT_API_URL: _wait_for_url(Path(shared))})
+        else:
+            harness = prefect_test_harness(server_startup_timeout=120)
         harness.__enter__()
         no_heartbeats = temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
         no_heartbeats.__enter__()
@@ -58,6 +78,33 @@ def stop_harness() -> None:
     if harness is not None:
         no_heartbeats.__exit__(None, None, None)
         harness.__exit__(None, None, None)
+
+
+def start_shared_harness() -> Callable[[], None]:
+    """Start one `prefect_test_harness` in a thread of this (controller) process for the workers it spawns;
+    they find its URL in the file named by `SHARED_URL_FILE`. Returns the function that stops it."""
+    folder = Path(tempfile.mkdtemp(prefix="dpicl-test-prefect-"))
+    url_file = folder / "api_url"
+    os.environ[SHARED_URL_FILE] = str(url_file)
+    stop = threading.Event()
+
+    def serve() -> None:
+        from prefect.settings import PREFECT_API_URL
+        from prefect.testing.utilities import prefect_test_harness
+
+        with prefect_test_harness(server_startup_timeout=120):
+            url_file.write_text(PREFECT_API_URL.value())
+            stop.wait()
+
+    thread = threading.Thread(target=serve, name="prefect-test-harness", daemon=True)
+    thread.start()
+
+    def stop_it() -> None:
+        stop.set()
+        thread.join(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    return stop_it
 
 
 @pytest.fixture(scope="session")
