@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -268,11 +269,15 @@ def _artifact_ids() -> set:
         return {a.id for a in client.read_artifacts()}
 
 
-def _prefect_artifacts(before: set) -> list[dict]:
+def _prefect_artifacts(before: set, tag: str) -> list[dict]:
+    """The artifacts of the flow runs tagged `tag` (one command's): the test server is shared with the
+    other test process, whose runs write artifacts meanwhile."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
     with get_client(sync_client=True) as client:
-        artifacts = [a for a in client.read_artifacts() if a.id not in before]
+        runs = {r.id for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[tag])))}
+        artifacts = [a for a in client.read_artifacts() if a.id not in before and a.flow_run_id in runs]
     return sorted(({"key": a.key, "type": a.type, "data": _markdown(a.data) if isinstance(a.data, str) else a.data,
                     "description": a.description}
                    for a in artifacts), key=lambda a: str(a["key"]))
@@ -309,6 +314,7 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
     files = _datasets(tmp_path_factory.mktemp("neighbours"))
     outputs: dict[str, dict[str, dict]] = {}
     run_ids: dict = {}
+    from prefect import tags
     from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 
     handler = _Collect()
@@ -324,7 +330,9 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
                 argv = _commands(files, variant, run_ids)[command]
                 before, artifacts_before = _snapshot(), _artifact_ids()
                 handler.records.clear()
-                code, out, err = _run(main, argv)
+                tag = f"neighbours-{uuid.uuid4().hex}"
+                with tags(tag):  # the command's flow runs, among those of the other test process
+                    code, out, err = _run(main, argv)
                 assert code in (0, 1), f"{command} on {variant}: exit {code}: {err[-2000:]}"
                 summary = json.loads(out) if out.strip().startswith("{") else {"stdout": out}
                 if command == "generate" and variant == "D":
@@ -333,7 +341,7 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
                            "tune": f"nb-tune-{variant}", "tune-lora": f"nb-tune-lora-{variant}"}.get(command)
                 outputs.setdefault(command, {})[variant] = {
                     "exit": code, "json": summary, "files": _public_files(before), "mlflow": _mlflow(run_tag),
-                    "artifacts": _prefect_artifacts(artifacts_before), "logs": _logs(handler.records),
+                    "artifacts": _prefect_artifacts(artifacts_before, tag), "logs": _logs(handler.records),
                     # the command's own lines (log lines are compared through the log records)
                     "stderr": [SECONDS.sub("<T>", line) for line in err.splitlines()
                                if "\r" not in line and not LOG_LINE.search(line)]}
@@ -341,6 +349,7 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
         refresh.__exit__(None, None, None)
         for name in LOGGERS:
             logging.getLogger(name).removeHandler(handler)
+    assert {a["key"] for a in outputs["run"]["D"]["artifacts"]} >= {"dp-fewshot-summary", "dp-fewshot-results", "prompt-pate-results"}
     return outputs
 
 
