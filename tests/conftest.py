@@ -69,6 +69,19 @@ def _share_converted_models() -> None:
 
 
 _share_converted_models()
+
+
+def _use_the_shared_prefect_server() -> None:
+    """An xdist worker sends its flow runs, and those of the `dpicl` subprocesses its tests start, to the
+    controller's Prefect test server (`pytest_configure`): no temporary server per process. Tests of the
+    temporary server itself drop PREFECT_API_URL from their subprocess's environment."""
+    from pipeline_support import SHARED_URL_FILE, wait_for_url
+
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(SHARED_URL_FILE):
+        os.environ["PREFECT_API_URL"] = wait_for_url(Path(os.environ[SHARED_URL_FILE]))
+
+
+_use_the_shared_prefect_server()
 # Under pytest-xdist (`make test` runs two workers) each worker is one process per core: a second torch
 # thread per worker only contends with the other worker.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")

@@ -42,7 +42,7 @@ PER_LABEL_TRAIN = 100
 TEST_ITEMS = 40
 
 
-def _wait_for_url(path: Path, timeout: float = 180.0) -> str:
+def wait_for_url(path: Path, timeout: float = 180.0) -> str:
     began = time.monotonic()
     while not path.exists() or not path.read_text().strip():
         if time.monotonic() - began > timeout:
@@ -62,7 +62,7 @@ def ensure_harness() -> bool:
 
         shared = os.environ.get(SHARED_URL_FILE)
         if shared:
-            harness = temporary_settings(updates={PREFECT_API_URL: _wait_for_url(Path(shared))})
+            harness = temporary_settings(updates={PREFECT_API_URL: wait_for_url(Path(shared))})
         else:
             harness = prefect_test_harness(server_startup_timeout=120)
         harness.__enter__()
@@ -112,6 +112,24 @@ def prefect_harness(request):
     """The shared harness; stopped at the end of the session (while pytest's output capture still works)."""
     if ensure_harness():
         request.addfinalizer(stop_harness)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(home: Path, *, temporary_prefect_server: bool = False) -> dict:
+    """The environment of a `dpicl` subprocess on a fresh `$DPICL_HOME`, the way a user's shell has it (no
+    test-session paths). The home gets the session's converted models (conftest: one folder per
+    environment), so `tiny-random` or the embedded model is not converted again. Flow runs go to the shared
+    test server, or, with `temporary_prefect_server`, to the one the CLI starts itself (a fresh machine)."""
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "models").exists():
+        (home / "models").symlink_to((Path(os.environ["DPICL_HOME"]) / "models").resolve(), target_is_directory=True)
+    env = dict(os.environ, DPICL_HOME=str(home), PYTHONPATH=str(REPO))
+    dropped = ("PREFECT_HOME", "HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_LOGGING_SETTINGS_PATH")
+    for key in dropped + (("PREFECT_API_URL",) if temporary_prefect_server else ()):
+        env.pop(key, None)
+    return env
 
 
 def share_tiny_model(tiny_lm) -> None:

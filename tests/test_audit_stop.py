@@ -4,7 +4,6 @@ nothing half-written is left behind."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from pipeline_support import subprocess_env
 
 from dpcore.data.taskspec import TASKS_DIR
 
@@ -26,10 +26,7 @@ DEMO_SETS = 2
 
 
 def _env(home: Path) -> dict:
-    env = dict(os.environ, DPICL_HOME=str(home), PYTHONPATH=str(REPO))
-    for key in ("PREFECT_HOME", "HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_LOGGING_SETTINGS_PATH"):
-        env.pop(key, None)
-    return env
+    return subprocess_env(home)
 
 
 def _dataset(folder: Path, per_label: int = 2000) -> tuple[Path, Path]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -11,16 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+from pipeline_support import subprocess_env
 
 REPO = Path(__file__).resolve().parent.parent
 DPICL = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
 
 
 def _env(home: Path) -> dict:
-    env = dict(os.environ, DPICL_HOME=str(home), PYTHONPATH=str(REPO))
-    for key in ("PREFECT_HOME", "HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_LOGGING_SETTINGS_PATH"):
-        env.pop(key, None)
-    return env
+    return subprocess_env(home, temporary_prefect_server=True)
 
 
 def _free_port() -> int:

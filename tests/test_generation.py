@@ -670,7 +670,6 @@ def test_cli_generate_bad_input_exits_2(tiny_model_dir, tmp_path, cli, flags, ma
 
 @pytest.mark.slow
 def test_real_model_generates_agnews_demo(embedded_lm, agnews):
-    torch.set_num_threads(2)
     spec = agnews.spec
     label_records = {"Sports": agnews.records_for("Sports")}
     prompts = [embedded_lm.encode(spec.generation.build("Sports", label_records["Sports"][i:i + k]))
@@ -687,11 +686,11 @@ def test_real_model_generates_agnews_demo(embedded_lm, agnews):
 
 @pytest.mark.slow
 def test_real_model_neighbouring_datasets_move_the_sum_by_at_most_sqrt2(embedded_lm, agnews):
-    """The sensitivity bound on the embedded model and real AG News text, with RVP (K=100)."""
-    torch.set_num_threads(2)
+    """The sensitivity bound on the embedded model and real AG News text, with RVP (K=100): the peaked
+    distributions of real weights, which the tiny model's test above does not have."""
     spec, label = agnews.spec, "Business"
-    pool = agnews.records_for(label)[:40]
-    base, extras = pool[:30], pool[30:]
+    pool = agnews.records_for(label)[:16]
+    base, extras = pool[:12], pool[12:]
     rng = np.random.default_rng(11)
     forward = BatchedForward(embedded_lm)
     keep = public_top_k(forward([embedded_lm.encode(spec.generation.build(label, []))])[0], 100)
@@ -716,7 +715,6 @@ def test_real_model_rvp_and_labels_at_once_equal_one_at_a_time(embedded_lm, agne
     together gives the tokens each gets alone with the same seed."""
     import dpcore.fewshot.generation as generation
 
-    torch.set_num_threads(2)
     spec = agnews.spec
     labels = ["World", "Sports"]
     label_records = {y: agnews.records_for(y)[:400] for y in labels}
