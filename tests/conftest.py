@@ -61,7 +61,10 @@ def _share_converted_models() -> None:
     gguf = embedded_gguf("smollm2-135m").stat()
     key = f"transformers-{transformers.__version__}-gguf-{gguf.st_size}-{gguf.st_mtime_ns}"
     shared = Path(sys.prefix) / "dpicl-test-cache" / f"models-{key}"
-    shared.mkdir(parents=True, exist_ok=True)
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+    except OSError:  # an environment this user cannot write (a system Python): convert per home, as dpicl does
+        return
     (Path(_HOME) / "models").symlink_to(shared, target_is_directory=True)
     with open(shared.parent / f"{shared.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

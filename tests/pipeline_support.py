@@ -123,8 +123,9 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False) -> dic
     environment), so `tiny-random` or the embedded model is not converted again. Flow runs go to the shared
     test server, or, with `temporary_prefect_server`, to the one the CLI starts itself (a fresh machine)."""
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "models").exists():
-        (home / "models").symlink_to((Path(os.environ["DPICL_HOME"]) / "models").resolve(), target_is_directory=True)
+    models = Path(os.environ["DPICL_HOME"]) / "models"
+    if models.is_dir() and not (home / "models").exists():
+        (home / "models").symlink_to(models.resolve(), target_is_directory=True)
     env = dict(os.environ, DPICL_HOME=str(home), PYTHONPATH=str(REPO))
     dropped = ("PREFECT_HOME", "HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_LOGGING_SETTINGS_PATH")
     for key in dropped + (("PREFECT_API_URL",) if temporary_prefect_server else ()):
