@@ -21,8 +21,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach a hub
 os.environ["PREFECT_LOGGING_TO_API_ENABLED"] = "false"
 
 # glibc hands every freed block over 32 MB back to the kernel and maps it again, zeroed, on the next
-# allocation: the tiny model's 49k-word logits are such blocks, and the page faults cost a third of the
-# suite's CPU time in the kernel (measured: sys 137 s of 349 s in test_release_methods). Keep freed memory
+# allocation: the tiny model's 49k-word logits are such blocks, and the page faults cost over a third of
+# the CPU time of test_release_methods.py in the kernel (measured: 137 s of 349 s). Keep freed memory
 # in the heap instead, here (mallopt) and in every process the tests start (the environment).
 _MALLOC = {"MALLOC_MMAP_MAX_": 0, "MALLOC_TRIM_THRESHOLD_": 16 << 30, "MALLOC_TOP_PAD_": 256 << 20}
 for _key, _value in _MALLOC.items():

@@ -1,7 +1,8 @@
 """Shared set-up of the pipeline tests (test_pipeline, test_dask_runner, test_privacy_boundary).
 
-- one `prefect_test_harness` per test process (started on first use, stopped at exit), so
-  the pipeline test files share one temporary Prefect server;
+- one `prefect_test_harness` per `make test` (the xdist controller starts it, both workers use it) or, when
+  pytest runs in one process, per process (started on first use, stopped at exit);
+- `subprocess_env`: the environment of a `dpicl` subprocess on a fresh home;
 - `mini_agnews`: a small user-format AG News dataset (CSV + task YAML), so runs exercise
   the user-data path and stay fast (400 private records, 40 test items);
 - `tiny_config`: a RunConfig on the tiny random model sized for seconds per run;
