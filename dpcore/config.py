@@ -201,7 +201,8 @@ class RunConfig(_Frozen):
                                          "probabilities) or black-box (greedy next token; other tokens vote 'other')")
     pate_target_epsilon: float | None = Field(None, gt=0, description="PromptPATE's epsilon (all repeats together, "
                                               "data-independent): labelling stops before it would be exceeded "
-                                              "(default: the largest finite epsilon of epsilons)")
+                                              "(default: the largest epsilon of epsilons; inf: every query "
+                                              "asked, charged at its data-independent bound)")
     pate_repeats: int = Field(3, ge=1, description="noisy labellings and student choices (fresh noise each); "
                               "accuracy is mean +/- std over them, each charged")
     pate_student_candidates: int | None = Field(None, ge=1, description="candidate student prompts evaluated on "

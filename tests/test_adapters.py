@@ -240,10 +240,12 @@ def test_tune_charges_the_plans_one_event_and_saves_the_trained_weights_with_the
 def test_tune_bad_input_is_one_clear_line_and_charges_nothing(tiny_lm, capsys, flags, needle):
     from pipeline_support import home, share_tiny_model
 
+    from dpcore.home import content_key
     from dpcore.privacy.ledger import Ledger
     from flows.cli import main
 
     share_tiny_model(tiny_lm)
+    content_key()  # the home's own key, made on its first data read: not written by the refused command
     before = _written(home())
     capsys.readouterr()
     assert main(_tune_args("--epsilon", "8", *flags, dataset_id="tune-adapter-bad")) == 2

@@ -65,10 +65,10 @@ def check_adapter(lm, kind: str, rank: int = LORA_RANK) -> int:
     if kind == "full":
         return sum(p.numel() for p in lm.model.parameters())
     targets = _lora_targets(lm.model)
-    if isinstance(rank, bool) or int(rank) != rank or not 1 <= rank <= min(min(t.in_features, t.out_features)
-                                                                           for t in targets):
+    smallest_side = min(min(t.in_features, t.out_features) for t in targets)
+    if isinstance(rank, bool) or int(rank) != rank or not 1 <= rank <= smallest_side:
         raise ConfigError(f"{flag('dpsgd_rank')}: the LoRA rank must be an integer from 1 to the projections' "
-                          f"smallest side ({min(min(t.in_features, t.out_features) for t in targets)}), got {rank}")
+                          f"smallest side ({smallest_side}), got {rank}")
     return sum(int(rank) * (t.in_features + t.out_features) for t in targets)
 
 
