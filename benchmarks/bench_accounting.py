@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from dp_accounting.pld import privacy_loss_distribution  # noqa: F401
 
     from dpcore.fewshot import accounting
+    from dpcore.privacy import memo
 
     import_seconds = time.perf_counter() - started
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         "total_cached_seconds": round(sum(r["cached_seconds"] for r in rows), 4),
         "all_cache_identical": all(r["cache_identical"] for r in rows),
         "all_within_target": all(r["epsilon"] <= r["target_epsilon"] or math.isinf(r["target_epsilon"]) for r in rows),
-        "versions": accounting.accountant_versions(),
+        "versions": memo.accountant_versions(),
         "python": platform.python_version(), "cpus": os.cpu_count(),
     }
     if args.json:

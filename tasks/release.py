@@ -109,8 +109,8 @@ def register(run_id: str, method: str = "tang", epsilon: float | None = None, tr
     import shutil
 
     from dpcore.data.taskspec import load_task_spec
-    from dpcore.fewshot.accounting import accountant_versions
     from dpcore.privacy.ledger import Ledger
+    from dpcore.privacy.memo import accountant_versions
 
     artifact = load_artifact(run_id, method, epsilon, training, repeat)
     client = mlflow_client()

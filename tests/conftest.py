@@ -73,6 +73,25 @@ def _share_converted_models() -> None:
 
 _share_converted_models()
 
+# The accountants' answers on disk (`dpcore.privacy.memo`): one folder for every home of this test run (both
+# xdist workers and the `dpicl` subprocesses their tests start), as one user's scheduled runs share their home's.
+# A composition or calibration of the same public parameters is then computed once per test run, not once per
+# home (the accounting was about a fifth of the suite's CPU time). Made by the first process (the xdist
+# controller, before its workers start), removed at its exit.
+SHARED_ACCOUNTING_CACHE = "DPICL_TEST_ACCOUNTING_CACHE"
+_MADE_ACCOUNTING_CACHE = []
+
+
+def _share_accounting_cache() -> None:
+    if not os.environ.get(SHARED_ACCOUNTING_CACHE):
+        os.environ[SHARED_ACCOUNTING_CACHE] = tempfile.mkdtemp(prefix="dpicl-test-accounting-")
+        _MADE_ACCOUNTING_CACHE.append(os.environ[SHARED_ACCOUNTING_CACHE])
+    (Path(_HOME) / "cache").mkdir(exist_ok=True)
+    (Path(_HOME) / "cache" / "accounting").symlink_to(os.environ[SHARED_ACCOUNTING_CACHE], target_is_directory=True)
+
+
+_share_accounting_cache()
+
 
 def _use_the_shared_prefect_server() -> None:
     """An xdist worker sends its flow runs, and those of the `dpicl` subprocesses its tests start, to the
@@ -251,5 +270,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    import shutil
+
     while _STOP_SHARED_HARNESS:
         _STOP_SHARED_HARNESS.pop()()
+    while _MADE_ACCOUNTING_CACHE:
+        shutil.rmtree(_MADE_ACCOUNTING_CACHE.pop(), ignore_errors=True)

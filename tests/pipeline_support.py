@@ -121,12 +121,15 @@ REPO = Path(__file__).resolve().parent.parent
 def subprocess_env(home: Path, *, temporary_prefect_server: bool = False) -> dict:
     """The environment of a `dpicl` subprocess on a fresh `$DPICL_HOME`, the way a user's shell has it (no
     test-session paths). The home gets the session's converted models (conftest: one folder per
-    environment), so `tiny-random` or the embedded model is not converted again. Flow runs go to the shared
-    test server, or, with `temporary_prefect_server`, to the one the CLI starts itself (a fresh machine)."""
+    environment), so `tiny-random` or the embedded model is not converted again, and the session's
+    accounting cache. Flow runs go to the shared test server, or, with `temporary_prefect_server`, to the
+    one the CLI starts itself (a fresh machine)."""
     home.mkdir(parents=True, exist_ok=True)
-    models = Path(os.environ["DPICL_HOME"]) / "models"
-    if models.is_dir() and not (home / "models").exists():
-        (home / "models").symlink_to(models.resolve(), target_is_directory=True)
+    for shared in ("models", "cache/accounting"):  # conftest: one folder of each per test run
+        source = Path(os.environ["DPICL_HOME"]) / shared
+        if source.is_dir() and not (home / shared).exists():
+            (home / shared).parent.mkdir(parents=True, exist_ok=True)
+            (home / shared).symlink_to(source.resolve(), target_is_directory=True)
     env = dict(os.environ, DPICL_HOME=str(home), PYTHONPATH=str(REPO))
     dropped = ("PREFECT_HOME", "HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_LOGGING_SETTINGS_PATH")
     for key in dropped + (("PREFECT_API_URL",) if temporary_prefect_server else ()):

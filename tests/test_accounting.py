@@ -24,7 +24,7 @@ from dpcore.errors import ConfigError
 from dpcore.fewshot import accounting
 from dpcore.fewshot.accounting import PrivacyReport
 from dpcore.names import MECHANISMS
-from dpcore.privacy import composition
+from dpcore.privacy import composition, memo
 
 AGNEWS_Q, DBPEDIA_Q, STEPS = 20 / 30000, 80 / 40000, 100
 AGNEWS_DELTA, DBPEDIA_DELTA = 1 / 30000, 1 / 40000
@@ -286,7 +286,7 @@ def test_cache_hit_is_served_without_the_accountants_and_identical(agnews_calibr
     monkeypatch.setattr(composition, "calibrate", no_accountant)
     again = accounting.calibrate(4.0, AGNEWS_Q, STEPS, AGNEWS_DELTA)
     assert again == agnews_calibrations[4.0]
-    files = list((dpicl_home / "cache" / "accounting").glob("calibrate-gaussian-*.json"))
+    files = list((dpicl_home / "cache" / "accounting").glob("calibrate-*.json"))
     assert len(files) >= len(TARGETS)
 
 
@@ -308,7 +308,7 @@ def test_cache_can_be_disabled(tmp_path, monkeypatch):
 def test_report_round_trips_and_versions():
     report = accounting.epsilon_for(1.0, 0.01, 10, 1e-5)
     assert PrivacyReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
-    versions = accounting.accountant_versions()
+    versions = memo.accountant_versions()
     assert versions["prv-accountant"] == "0.2.0" and versions["dp-accounting"] != "unknown"
 
 

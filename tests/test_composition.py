@@ -18,7 +18,7 @@ from dp_accounting.dp_event import (
 
 from dpcore.errors import ConfigError
 from dpcore.fewshot import accounting
-from dpcore.privacy import composition
+from dpcore.privacy import composition, memo
 from dpcore.privacy.composition import compose
 from dpcore.privacy.events import ReportNoisyMaxDpEvent, tang_event
 from dpcore.privacy.ledger import Ledger
@@ -27,7 +27,9 @@ DELTA = 1e-5
 
 
 @pytest.fixture()
-def fresh_cache():
+def fresh_cache(monkeypatch):
+    """Compositions computed anew: the memory cache emptied and the disk cache (`dpcore.privacy.memo`) off."""
+    monkeypatch.setattr(memo, "folder", lambda cache_dir=None: None)
     composition._compose_cached.cache_clear()
     yield
     composition._compose_cached.cache_clear()
@@ -200,3 +202,54 @@ def test_the_safe_domain_from_cached_rdp_curves_is_prv_accountants(groups, delta
     composition._rdp_curve.cache_clear()
     assert composition._safe_domain(groups, delta) == pytest.approx(reference, rel=1e-12)
     assert composition._safe_domain(groups, delta) == pytest.approx(reference, rel=1e-12)  # from the cache
+
+
+def test_a_composition_is_stored_under_its_full_key_and_read_back_equal(tmp_path, monkeypatch):
+    """The disk memo (`dpcore.privacy.memo`): a composition computed once is the same `Composition` when read
+    back from disk; other inputs, another accountant version or another composition.py are misses; an
+    unreadable or foreign file is ignored (recomputed), never trusted."""
+    import json
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(memo, "folder", lambda cache_dir=None: tmp_path)
+    events = [tang_event("gaussian", 0.83, 0.013, 17)]
+    composition._compose_cached.cache_clear()
+    first = compose(events, DELTA)
+    stored = list(tmp_path.glob("compose-*.json"))
+    assert len(stored) == 1 and first == compose(events, DELTA, cache=False)
+    composition._compose_cached.cache_clear()
+    calls = []
+    monkeypatch.setattr(composition, "_compose_groups", lambda *args: calls.append(args))
+    assert compose(events, DELTA) == first and not calls  # from disk: nothing computed
+    # the key holds every input exactly, the accountants' versions and the code's digest
+    key = json.loads(stored[0].read_text())["key"]
+    assert key["delta"] == repr(DELTA) and key["groups"] == [["gaussian", "0.83", "0.013", 17]]
+    assert key["versions"] == memo.accountant_versions() and len(key["code"]) == 16
+    assert memo.get(tmp_path, {**key, "code": "0" * 16}) is None
+    assert memo.get(tmp_path, {**key, "versions": {"prv-accountant": "9", "dp-accounting": "9"}}) is None
+    # a file whose stored key differs (a collision, an edit) or that is not JSON is a miss
+    text = stored[0].read_text()
+    stored[0].write_text(text.replace('"0.83"', '"0.84"'))
+    assert memo.get(tmp_path, key) is None
+    stored[0].write_text("{not json")
+    assert memo.get(tmp_path, key) is None
+    # another process sharing the folder reads what this one wrote
+    stored[0].write_text(text)
+    probe = ("import sys; from dpcore.privacy import composition, memo; from dpcore.privacy.events import tang_event; "
+             "from pathlib import Path; memo.folder = lambda cache_dir=None: Path(sys.argv[1]); "
+             "composition._compose_groups = None; "
+             "print(composition.compose([tang_event('gaussian', 0.83, 0.013, 17)], 1e-5).epsilon)")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert float(out.stdout) == first.epsilon
+
+
+def test_a_calibration_repeated_in_a_fresh_process_computes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(memo, "folder", lambda cache_dir=None: tmp_path)
+    composition._compose_cached.cache_clear()
+    first = composition.calibrate(_gaussian_family, 1.0, DELTA)
+    composition._compose_cached.cache_clear()  # as a new process: the memory cache is empty
+    monkeypatch.setattr(composition, "_compose_groups", None)  # any computation would raise
+    monkeypatch.setattr(composition, "_fast_epsilon", None)
+    again = composition.calibrate(_gaussian_family, 1.0, DELTA)
+    assert (again.noise_multiplier, again.composition) == (first.noise_multiplier, first.composition)

@@ -56,31 +56,24 @@ $DPICL_HOME/cache/accounting/, keyed by every input and the accountant versions.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from dpcore.config import flag
-from dpcore.data.artifacts import write_json_atomic
 from dpcore.display import fmt_delta, fmt_sigma
 from dpcore.errors import ConfigError
-from dpcore.home import subdir
 from dpcore.names import Mechanism, check_mechanism
-from dpcore.privacy import composition
+from dpcore.privacy import composition, memo
 from dpcore.privacy.composition import SIGMA_MAX, SIGMA_MIN, SIGMA_TOLERANCE, rnm_step_epsilon
+from dpcore.privacy.memo import CacheDir
 
 logger = logging.getLogger(__name__)
 
 MAX_TARGET_EPSILON = 100.0       # larger targets are vacuous; epsilon = inf (sigma = 0) is the baseline
-CACHE_FORMAT = 3                 # bump when the computation changes (invalidates the cache)
-
-CacheDir = Path | str | None | Literal[False]
 
 
 @dataclass(frozen=True)
@@ -244,65 +237,15 @@ def _evaluate(sigma: float, q: float, steps: int, delta: float, mechanism: str,
 
 
 # ---------------------------------------------------------------------------------------------
-# Disk cache
+# Disk cache (`dpcore.privacy.memo`)
 
 
-def accountant_versions() -> dict[str, str]:
-    """Versions of the two accountants (for release manifests and cache keys)."""
-    versions = {}
-    for name in ("prv-accountant", "dp-accounting"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "unknown"
-    return versions
-
-
-def _cache_folder(cache_dir: CacheDir) -> Path | None:
-    if cache_dir is False:
-        return None
-    if cache_dir is None:
-        return subdir("cache/accounting")
-    folder = Path(cache_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def _cache_key(kind: str, **inputs: Any) -> dict[str, Any]:
-    key = {"kind": kind, "format": CACHE_FORMAT, "versions": accountant_versions()}
-    key.update({name: repr(value) if isinstance(value, float) else value for name, value in inputs.items()})
-    return key
-
-
-def _cache_path(folder: Path, key: dict[str, Any]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return folder / f"{key['kind']}-{key['mechanism']}-{digest}.json"
-
-
-def _cache_get(folder: Path | None, key: dict[str, Any]) -> PrivacyReport | None:
-    if folder is None:
-        return None
-    path = _cache_path(folder, key)
+def _cached_report(where: Path | None, full_key: dict[str, Any]) -> PrivacyReport | None:
+    stored = memo.get(where, full_key)
     try:
-        data = json.loads(path.read_text())
-        if data.get("key") != key:
-            return None
-        return PrivacyReport.from_dict(data["report"])
-    except FileNotFoundError:
+        return None if stored is None else PrivacyReport.from_dict(stored)
+    except (KeyError, TypeError, ValueError):
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        logger.warning("ignoring unreadable accounting cache file %s (%s)", path, type(exc).__name__)
-        return None
-
-
-def _cache_put(folder: Path | None, key: dict[str, Any], report: PrivacyReport) -> None:
-    if folder is None:
-        return
-
-    try:
-        write_json_atomic(_cache_path(folder, key), {"key": key, "report": report.to_dict()})
-    except OSError as exc:
-        logger.warning("could not write the accounting cache in %s (%s)", folder, exc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,13 +261,13 @@ def epsilon_for(noise_multiplier: float, sampling_rate: float, steps: int, delta
     q, t, d, mech = _check_common(sampling_rate, steps, delta, mechanism)
     if sigma == 0:
         return _no_noise_report(q, t, d, mech)
-    folder = _cache_folder(cache_dir)
-    key = _cache_key("epsilon", noise_multiplier=sigma, sampling_rate=q, steps=t, delta=d, mechanism=mech)
-    cached = _cache_get(folder, key)
+    folder = memo.folder(cache_dir)
+    key = memo.key("epsilon", noise_multiplier=sigma, sampling_rate=q, steps=t, delta=d, mechanism=mech)
+    cached = _cached_report(folder, key)
     if cached is not None:
         return cached
     report = _evaluate(sigma, q, t, d, mech, cache=folder is not None)
-    _cache_put(folder, key, report)
+    memo.put(folder, key, report.to_dict())
     return report
 
 
@@ -348,10 +291,10 @@ def calibrate(target_epsilon: float, sampling_rate: float, steps: int, delta: fl
     if target > MAX_TARGET_EPSILON:
         raise ConfigError(f"target_epsilon {target} is above {MAX_TARGET_EPSILON:g}, a vacuous guarantee; "
                           "use epsilon = inf for the non-private (sigma = 0) baseline")
-    folder = _cache_folder(cache_dir)
-    key = _cache_key("calibrate", target_epsilon=target, sampling_rate=q, steps=t, delta=d, mechanism=mech,
-                     tolerance=SIGMA_TOLERANCE)
-    cached = _cache_get(folder, key)
+    folder = memo.folder(cache_dir)
+    key = memo.key("calibrate", target_epsilon=target, sampling_rate=q, steps=t, delta=d, mechanism=mech,
+                   tolerance=SIGMA_TOLERANCE)
+    cached = _cached_report(folder, key)
     if cached is not None:
         return cached
 
@@ -360,7 +303,7 @@ def calibrate(target_epsilon: float, sampling_rate: float, steps: int, delta: fl
     logger.debug("calibrated sigma %.4f for epsilon %s: %d full evaluations, %.1f s", result.noise_multiplier,
                  target, result.evaluations, result.seconds)
     best = _report(result.noise_multiplier, q, t, d, mech, result.composition)
-    _cache_put(folder, key, best)
+    memo.put(folder, key, best.to_dict())
     return best
 
 

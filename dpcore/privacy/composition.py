@@ -55,6 +55,7 @@ This module imports prv-accountant and dp-accounting only when it computes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -67,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from dpcore.errors import ConfigError, check_positive
+from dpcore.privacy import memo
 
 logger = logging.getLogger(__name__)
 
@@ -448,7 +450,8 @@ def _check_delta(delta: Any) -> float:
 def compose(events: Iterable, delta: float, *, cache: bool = True) -> Composition:
     """Epsilon at `delta` of all `events` composed (any order, adaptively): the module docstring.
 
-    `cache`: remember the answer in memory (keyed by the events' steps and delta)."""
+    `cache`: remember the answer in memory and on disk (`dpcore.privacy.memo`), keyed by the events' steps
+    and delta."""
     steps, d = groups(events), _check_delta(delta)
     return (_compose_cached if cache else _compose_groups)(steps, d)
 
@@ -572,7 +575,30 @@ def _crosscheck(groups: Sequence[Group], delta: float, prv: tuple[float, float, 
     return agreed
 
 
-_compose_cached = functools.lru_cache(maxsize=256)(_compose_groups)
+@functools.lru_cache(maxsize=256)
+def _compose_cached(groups: tuple[Group, ...], delta: float) -> Composition:
+    """`_compose_groups`, remembered in memory and on disk."""
+    where, key = memo.folder(), memo.key("compose", groups=groups, delta=delta)
+    stored = memo.get(where, key)
+    if stored is not None:
+        try:
+            return Composition(**{**stored, "warnings": tuple(stored["warnings"])})
+        except (KeyError, TypeError):
+            pass
+    result = _compose_groups(groups, delta)
+    memo.put(where, key, dataclasses.asdict(result))
+    return result
+
+
+def _fast_epsilon_cached(groups: tuple[Group, ...], delta: float) -> float:
+    """`_fast_epsilon`, remembered on disk (a calibration's first pass repeats on every scheduled run)."""
+    where, key = memo.folder(), memo.key("fast", groups=groups, delta=delta)
+    stored = memo.get(where, key)
+    if stored is not None and isinstance(stored.get("epsilon"), float):
+        return stored["epsilon"]
+    epsilon = _fast_epsilon(groups, delta)
+    memo.put(where, key, {"epsilon": float(epsilon)})
+    return epsilon
 
 
 def _fast_epsilon(groups: tuple[Group, ...], delta: float) -> float:
@@ -593,14 +619,14 @@ def _fast_epsilon(groups: tuple[Group, ...], delta: float) -> float:
 
 
 def _solve_fast(family: Callable[[float], Any], target: float, delta: float, sigma_min: float,
-                sigma_max: float) -> float:
+                sigma_max: float, cache: bool = True) -> float:
     """sigma with the fast (PLD alone, coarse) epsilon of family(sigma) ~= target, to 1e-4.
 
     Brackets by doubling/halving from sigma = 1, then Brent's method on log epsilon."""
     from scipy.optimize import brentq
 
     def eps(sigma: float) -> float:
-        return _fast_epsilon(groups([family(sigma)]), delta)
+        return (_fast_epsilon_cached if cache else _fast_epsilon)(groups([family(sigma)]), delta)
 
     lo, hi = 0.5, 1.0
     eps_lo, eps_hi = eps(lo), eps(hi)
@@ -631,8 +657,8 @@ def calibrate(family: Callable[[float], Any], target_epsilon: float, delta: floa
     coarse grid, aiming just below the target by prv-accountant's eps_error) places the bracket,
     then a walk and a bisection on the full composition (`compose`) shrink it to `tolerance`; the
     upper end is returned, so the guarantee holds, and family(sigma - tolerance) breaks the target.
-    sigma is searched in [sigma_min, sigma_max]. Raises ConfigError for a bad input or an
-    unreachable target."""
+    sigma is searched in [sigma_min, sigma_max]; `cache`: every composition remembered in memory and on
+    disk (`compose`). Raises ConfigError for a bad input or an unreachable target."""
     target = check_positive("target_epsilon", target_epsilon)
     d = _check_delta(delta)
     started = time.perf_counter()
@@ -640,7 +666,7 @@ def calibrate(family: Callable[[float], Any], target_epsilon: float, delta: floa
     if target - margin <= 0:
         raise ConfigError(f"target_epsilon {target} is unreachable: below the accountants' resolution "
                           f"(about {margin:.2g})")
-    guess = max(_solve_fast(family, target - margin, d, sigma_min, sigma_max), sigma_min)
+    guess = max(_solve_fast(family, target - margin, d, sigma_min, sigma_max, cache), sigma_min)
     evaluations = 0
 
     def full(sigma: float) -> Composition:
