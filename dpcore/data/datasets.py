@@ -15,6 +15,7 @@ Errors name the file, row and column, never a record's text.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -155,7 +156,9 @@ def content_hash(frame: pd.DataFrame) -> str:
     (id, label, text) rows in id order. Published (run folders, MLflow tags, manifests), it says only
     whether two runs read the same records: unkeyed, it would let anyone test a guess of the records."""
     digest = hashlib.blake2b(key=content_key(), digest_size=32)
-    for row in frame.sort_values("id", kind="stable")[COLUMNS].itertuples(index=False):
+    ordered = frame.sort_values("id", kind="stable")
+    columns = [ordered[name].tolist() for name in COLUMNS]  # plain lists: iterating Arrow strings is slow
+    for row in zip(*columns, strict=True):
         for value in row:
             encoded = str(value).encode("utf-8")
             digest.update(len(encoded).to_bytes(8, "little"))
@@ -168,7 +171,7 @@ def record_split(frame: pd.DataFrame, fraction: float, seed: int, purpose: str,
     """(rest, part): each record goes to `part` by a keyed hash of its id alone (`dpcore.data.splits`), so one
     record more or less moves no other record. Both frames in id order."""
     ordered = frame.sort_values("id", kind="stable").reset_index(drop=True)
-    mask = hash_split(ordered["id"].astype(str), fraction, split_key(seed, purpose), name)
+    mask = hash_split(ordered["id"].astype(str).tolist(), fraction, split_key(seed, purpose), name)
     rest, part = ordered[~mask].reset_index(drop=True), ordered[mask].reset_index(drop=True)
     if part.empty or rest.empty:
         raise DataValidationError(f"{name}={fraction:g} leaves no rows on one side of the split")
@@ -344,21 +347,31 @@ def _check_labels_present(train: pd.DataFrame, spec: TaskSpec, where: str) -> No
 
 def _load_staicc(spec: TaskSpec) -> tuple[pd.DataFrame, str]:
     path = staicc_file(spec.source.file or f"{spec.name}.dataset")
-    rows = restricted_load(path)
-    label_map = spec.source.label_map or {}
+    stat = path.stat()
+    texts, labels = _staicc_rows(str(path), stat.st_size, stat.st_mtime_ns,
+                                 tuple(sorted((spec.source.label_map or {}).items())))
+    frame = pd.DataFrame({"id": [f"{spec.name}-{i}" for i in range(len(texts))], "text": texts, "label": labels})
+    frame = frame[frame["text"].str.len() > 0].reset_index(drop=True)
+    return frame, f"StaICC==0.1.1:{path.name}"
+
+
+@functools.lru_cache(maxsize=4)  # a shipped file, read once per process (keyed by its size and time too)
+def _staicc_rows(path: str, size: int, mtime_ns: int,
+                 label_map: tuple[tuple[int, str], ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(texts, labels) of a StaICC `.dataset` file, checked row by row."""
+    rows = restricted_load(Path(path))
+    labels_of = dict(label_map)
     texts, labels = [], []
     for i, row in enumerate(rows):
         if not (isinstance(row, tuple | list) and len(row) == 2 and isinstance(row[1], int)):
             raise DataValidationError(f"{path}: row {i}: expected ([text], label_int)")
         parts, label_id = row
         text = " ".join(parts) if isinstance(parts, list | tuple) else parts
-        if label_id not in label_map:
+        if label_id not in labels_of:
             raise DataValidationError(f"{path}: row {i}: column label: unknown label id {label_id}")
         texts.append(str(text).strip())
-        labels.append(label_map[label_id])
-    frame = pd.DataFrame({"id": [f"{spec.name}-{i}" for i in range(len(rows))], "text": texts, "label": labels})
-    frame = frame[frame["text"].str.len() > 0].reset_index(drop=True)
-    return frame, f"StaICC==0.1.1:{path.name}"
+        labels.append(labels_of[label_id])
+    return tuple(texts), tuple(labels)
 
 
 def _bio_to_frame(dataset, slot: str, where: str) -> pd.DataFrame:
@@ -466,8 +479,8 @@ def load_dataset(spec: TaskSpec, data_path: str | Path | None = None,
         fraction = split_fraction(spec.split.public_size, shipped_rows, "split.public_size")
         train, public = record_split(train, fraction, spec.split.seed, "public", "split.public_size")
         # A text that also occurs among the private or test rows (a duplicate in the source) is not public.
-        elsewhere = set(normalise_text(t) for t in train["text"]) | set(normalise_text(t) for t in test["text"])
-        public = public[[normalise_text(t) not in elsewhere for t in public["text"]]].reset_index(drop=True)
+        elsewhere = {normalise_text(t) for t in train["text"].tolist() + test["text"].tolist()}
+        public = public[[normalise_text(t) not in elsewhere for t in public["text"].tolist()]].reset_index(drop=True)
     _check_labels_present(train, spec, where)
     return LoadedDataset(spec=spec, train=train, test=test, source=where, content_hash=content_hash(train),
                          public=public, shipped=shipped)
