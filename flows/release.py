@@ -1,6 +1,7 @@
 """Audited release: gate a finished run, then register its DP artifact as `production`.
 
-    every method:  [pate, dpsgd: membership-inference audit of the artifact (and, opt-in, the single-teacher
+    every method:  [pate, dpsgd: the gate's conditions the audit cannot change (a refusal here runs no audit),
+                   then the membership-inference audit of the artifact (and, opt-in, the single-teacher
                    contrast); tang's demos were audited by their run] -> release gate (`tasks.release.check_gate`:
                    audit passed, no seeded noise, ledger entries, cross-check agreed) -> release folder + manifest
                    -> MLflow registry version (`tasks.release.register`)
@@ -32,13 +33,19 @@ def audited_release(run_id: str, epsilon: float | None = None, alias: str = rele
     default the smallest, and `training`). For pate and dpsgd the artifact's audit runs first
     (`audit_only`: and nothing more; the flow returns the audit), sized to the pools when `size_to_pools`
     (`tasks.release.planned_audit`); `seed` fixes the audit's member draws and trials (default: derived from
-    the data's content hash), as `RunConfig.seed` does for the pipeline's audit of the same artifacts.
+    the data's content hash), as `RunConfig.seed` does for the pipeline's audit of the same artifacts. A
+    release the gate refuses whatever the audit finds (seeded noise, a missing ledger entry, no agreed
+    guarantee, changed files) is refused before the audit: no forward pass, no spend of the contrast.
 
     A refusal ends the flow run Failed, in a state named "Refused" whose message
     lists the gate's reasons (shown in the UI), with no stored result to clutter the artifacts."""
     selector = dict(epsilon=epsilon, training=training, repeat=repeat)
     audited = {}
     if method in release_stage.AUDITED_AT_RELEASE:  # tang's demos were audited by their run
+        if not audit_only:  # what refuses the release whatever the audit finds refuses it before the audit
+            early = release_stage.check_gate(run_id, method, **selector, before_audit=True)
+            if early["refused"]:
+                return Failed(name=REFUSED, message=early["refused"])
         audited = release_stage.audit_artifact(run_id, method, audit_config or AuditConfig(), **selector,
                                                teacher_reference=teacher_reference, device=device, dtype=dtype,
                                                size_to_pools=size_to_pools, seed=seed)

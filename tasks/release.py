@@ -62,19 +62,26 @@ def load_artifact(run_id: str, method: str, epsilon: float | None = None, traini
 
 @task(name="release-gate", retries=0)
 def check_gate(run_id: str, method: str = "tang", epsilon: float | None = None, training: int = 0,
-               repeat: int | None = None) -> dict:
+               repeat: int | None = None, before_audit: bool = False) -> dict:
     """Evaluate every release condition of what releasing `method` of the run would publish: `refused` lists
     every one that fails (a refusal is an answer, not a task failure: the flow turns it into a Failed state
-    with that message and no stored result); `selector` picks the same artifact for `register`."""
+    with that message and no stored result); `selector` picks the same artifact for `register`.
+
+    `before_audit`: every condition but the audit's verdict (seeded noise, ledger entries, the accountants'
+    cross-check, changed files): what refuses the release whatever the audit would find."""
     from dpcore.privacy.ledger import Ledger
 
     artifact = load_artifact(run_id, method, epsilon, training, repeat)
-    failures = gate.release_failures(gate.evidence(artifact, Ledger().entries_for_run(run_id)))
+    evidence = gate.evidence(artifact, Ledger().entries_for_run(run_id))
+    if before_audit:
+        evidence = replace(evidence, audit_ran=True, audit_passed=True)
+    failures = gate.release_failures(evidence)
     if artifact.changed_files:
         failures.append(f"run files changed since the run finished: {', '.join(artifact.changed_files)}")
-    refused = (f"release of run {run_id} ({method} {artifact.name}, epsilon {fmt_eps(artifact.epsilon)}) refused:\n"
-               + "\n".join(f"- {line}" for line in failures) if failures else None)
-    if refused is None:
+    when = " before its membership audit, which was not run" if before_audit else ""
+    refused = (f"release of run {run_id} ({method} {artifact.name}, epsilon {fmt_eps(artifact.epsilon)}) "
+               f"refused{when}:\n" + "\n".join(f"- {line}" for line in failures) if failures else None)
+    if refused is None and not before_audit:
         get_run_logger().info("release gate passed for run %s (%s %s, epsilon %s)", run_id, method, artifact.name,
                               fmt_eps(artifact.epsilon))
     return {"run_id": run_id, "method": method, "artifact": artifact.name, "epsilon": artifact.epsilon,

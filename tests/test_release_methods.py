@@ -212,11 +212,15 @@ def seeded_pate_run(tiny_lm):
 
 
 def test_a_seeded_pate_run_is_refused(seeded_pate_run):
+    from dpcore.privacy.ledger import Ledger
     from flows.release import release
 
     with pytest.raises(ReleaseRefusedError) as info:
-        release(run_id=seeded_pate_run["run_id"], method="pate", audit_config=TINY_AUDIT)
+        release(run_id=seeded_pate_run["run_id"], method="pate", audit_config=TINY_AUDIT, teacher_reference=True)
     assert "fixed seed" in str(info.value) and "no privacy-ledger entry" not in str(info.value)
+    # refused before the audit and before the single-teacher contrast's infinite spend
+    assert not (Path(seeded_pate_run["run_dir"]) / gate.AUDIT_FILES["pate"]).exists()
+    assert all(e.noise_multiplier > 0 for e in Ledger().entries("release-pate-seeded"))
 
 
 def test_the_teacher_contrast_is_refused_over_budget_before_any_teacher_prompt(seeded_pate_run, capsys):
@@ -380,8 +384,9 @@ def test_a_fine_tuning_baseline_is_audited_released_and_answers_on_its_model_onl
 
 def test_a_non_private_soft_prompt_is_refused_by_the_gate(tiny_lm, capsys):
     """A soft prompt trained with sigma = 0 (epsilon inf) never passes the release gate, whatever its audit
-    says: its plan has no finite guarantee for the accountants to agree on. Its audit reads the records its
-    batches drew, so it is not diluted by the records training never read."""
+    says: its plan has no finite guarantee for the accountants to agree on. So it is refused before the audit
+    (no forward pass is spent on it); `--audit-only` still audits it, on the records its batches drew (not
+    diluted by the records training never read)."""
     from flows.cli import main
     from flows.release import release
 
@@ -390,7 +395,9 @@ def test_a_non_private_soft_prompt_is_refused_by_the_gate(tiny_lm, capsys):
     run_id = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_id"]
     with pytest.raises(ReleaseRefusedError) as info:
         release(run_id=run_id, method="dpsgd", audit_config=TINY_AUDIT)
-    assert "cross-check" in str(info.value)
+    assert "cross-check" in str(info.value) and "before its membership audit" in str(info.value)
+    assert not list((home() / "private").rglob(f"*{run_id}/mia_scores_dpsgd.parquet"))
+    release(run_id=run_id, method="dpsgd", audit_config=TINY_AUDIT, audit_only=True)
     training = json.loads(next((home() / "private").rglob(f"*{run_id}/training/dpsgd-epsinf-0.json")).read_text())
     scores = pd.read_parquet(next((home() / "private").rglob(f"*{run_id}/mia_scores_dpsgd.parquet")))
     assert set(scores.loc[scores["member"], "record_id"]) <= set(training["sampled_ids"])
@@ -406,6 +413,8 @@ def test_a_seeded_dpsgd_run_is_refused(tiny_lm, capsys):
     with pytest.raises(ReleaseRefusedError) as info:
         release(run_id=run_id, method="dpsgd", audit_config=TINY_AUDIT)
     assert "fixed seed" in str(info.value) and "no privacy-ledger entry" not in str(info.value)
+    assert "before its membership audit" in str(info.value)  # refused whatever it would find: not run
+    assert not list((home() / "private").rglob(f"*{run_id}/mia_scores_dpsgd.parquet"))
 
 
 def test_bad_release_requests_are_named(pate_run):
