@@ -73,19 +73,27 @@ def _share_converted_models() -> None:
 
 _share_converted_models()
 
-# The accountants' answers on disk (`dpcore.privacy.memo`): one folder for every home of this test run (both
-# xdist workers and the `dpicl` subprocesses their tests start), as one user's scheduled runs share their home's.
-# A composition or calibration of the same public parameters is then computed once per test run, not once per
-# home (the accounting was about a fifth of the suite's CPU time). Made by the first process (the xdist
-# controller, before its workers start), removed at its exit.
+# The accountants' answers on disk (`dpcore.privacy.memo`): one folder per environment, beside the converted
+# models, for every home of every test run (both xdist workers and the `dpicl` subprocesses their tests start),
+# as one user's scheduled runs share their home's. Each answer is keyed by its public inputs, the accountants'
+# versions and a digest of the code that computes it, so a change to that code is computed afresh; a fresh
+# environment (a fresh clone's `make test`) computes every answer once. An environment this user cannot write
+# gets a folder for this test run only.
 SHARED_ACCOUNTING_CACHE = "DPICL_TEST_ACCOUNTING_CACHE"
 _MADE_ACCOUNTING_CACHE = []
 
 
 def _share_accounting_cache() -> None:
+    import sys
+
     if not os.environ.get(SHARED_ACCOUNTING_CACHE):
-        os.environ[SHARED_ACCOUNTING_CACHE] = tempfile.mkdtemp(prefix="dpicl-test-accounting-")
-        _MADE_ACCOUNTING_CACHE.append(os.environ[SHARED_ACCOUNTING_CACHE])
+        shared = Path(sys.prefix) / "dpicl-test-cache" / "accounting"
+        try:
+            shared.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            shared = Path(tempfile.mkdtemp(prefix="dpicl-test-accounting-"))
+            _MADE_ACCOUNTING_CACHE.append(str(shared))
+        os.environ[SHARED_ACCOUNTING_CACHE] = str(shared)
     (Path(_HOME) / "cache").mkdir(exist_ok=True)
     (Path(_HOME) / "cache" / "accounting").symlink_to(os.environ[SHARED_ACCOUNTING_CACHE], target_is_directory=True)
 

@@ -3,9 +3,10 @@
 A composition or a calibration is a pure function of public parameters (mechanism, sigma, q, T, delta)
 and of the code that computes it, and costs seconds to minutes; a scheduled run repeats the same ones
 on every refresh, and a ledger recomposes its earlier entries on every charge. Each answer is stored
-under its full key: the inputs, this format, the accountants' versions and a digest of
-`dpcore/privacy/composition.py` (where every accountant call lives), so a change to any of them is a
-miss, never a stale answer. A file is read back only when its stored key equals the key asked for;
+under its full key: the inputs, this format, the accountants' versions and a digest of the code that
+computes it (`composition.py`, where every accountant call lives, the events it reads, this module and
+Algorithm 1's front `dpcore/fewshot/accounting.py`), so a change to any of them is a miss, never a
+stale answer. A file is read back only when its stored key equals the key asked for;
 an unreadable file is a miss (with a warning), and files are written atomically, so processes that
 share a home (the pipeline's workers, a CLI beside a scheduled run) never read half a file.
 """
@@ -46,10 +47,17 @@ def _versions() -> tuple[tuple[str, str], ...]:
     return tuple(versions)
 
 
+# The code an answer depends on: the numerics, the events they read, this store and Algorithm 1's front.
+_CODE = ("privacy/composition.py", "privacy/events.py", "privacy/memo.py", "fewshot/accounting.py")
+
+
 @cache
 def _code_digest() -> str:
-    source = Path(__file__).with_name("composition.py").read_bytes()
-    return hashlib.sha256(source).hexdigest()[:16]
+    package = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for name in _CODE:
+        digest.update((package / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def folder(cache_dir: CacheDir = None) -> Path | None:
