@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(VENV)/bin/dpicl demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 -n 2 --dist loadfile --no-loadscope-reorder tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -78,11 +78,10 @@ def key(kind: str, **inputs: Any) -> dict[str, Any]:
 
 
 def _exact(value: Any) -> Any:
-    if isinstance(value, float):
-        return repr(value)
+    """A key's value with every float, also inside lists and tuples, as its `repr`."""
     if isinstance(value, list | tuple):
         return [_exact(item) for item in value]
-    return value
+    return repr(value) if isinstance(value, float) else value
 
 
 def _path(where: Path, full_key: dict[str, Any]) -> Path:
