@@ -293,7 +293,8 @@ def test_cache_hit_is_served_without_the_accountants_and_identical(agnews_calibr
 def test_cache_keyed_by_inputs_and_corruption_ignored(tmp_path):
     first = accounting.epsilon_for(1.0, 0.01, 10, 1e-5, cache_dir=tmp_path)
     other = accounting.epsilon_for(1.0, 0.01, 10, 2e-5, cache_dir=tmp_path)
-    assert other.epsilon < first.epsilon and len(list(tmp_path.glob("*.json"))) == 2
+    assert other.epsilon < first.epsilon and len(list(tmp_path.glob("epsilon-*.json"))) == 2
+    assert len(list(tmp_path.glob("compose-*.json"))) == 2  # the compositions behind them, in the same folder
     for path in tmp_path.glob("*.json"):
         path.write_text("{not json")
     assert accounting.epsilon_for(1.0, 0.01, 10, 1e-5, cache_dir=tmp_path) == first

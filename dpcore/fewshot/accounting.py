@@ -230,7 +230,7 @@ def _report(sigma: float, q: float, steps: int, delta: float, mechanism: str,
 
 
 def _evaluate(sigma: float, q: float, steps: int, delta: float, mechanism: str,
-              cache: bool = True) -> PrivacyReport:
+              cache: bool | Path = True) -> PrivacyReport:
     """Epsilon of validated inputs (sigma > 0), through `dpcore.privacy.composition.compose`."""
     result = composition.compose([_family(q, steps, mechanism)(sigma)], delta, cache=cache)
     return _report(sigma, q, steps, delta, mechanism, result)
@@ -266,7 +266,7 @@ def epsilon_for(noise_multiplier: float, sampling_rate: float, steps: int, delta
     cached = _cached_report(folder, key)
     if cached is not None:
         return cached
-    report = _evaluate(sigma, q, t, d, mech, cache=folder is not None)
+    report = _evaluate(sigma, q, t, d, mech, cache=False if folder is None else folder)
     memo.put(folder, key, report.to_dict())
     return report
 
@@ -299,7 +299,8 @@ def calibrate(target_epsilon: float, sampling_rate: float, steps: int, delta: fl
         return cached
 
     result = composition.calibrate(_family(q, t, mech), target, d, tolerance=SIGMA_TOLERANCE,
-                                   sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX, cache=folder is not None)
+                                   sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX,
+                                   cache=False if folder is None else folder)
     logger.debug("calibrated sigma %.4f for epsilon %s: %d full evaluations, %.1f s", result.noise_multiplier,
                  target, result.evaluations, result.seconds)
     best = _report(result.noise_multiplier, q, t, d, mech, result.composition)

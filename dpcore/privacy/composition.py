@@ -63,6 +63,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -447,13 +448,15 @@ def _check_delta(delta: Any) -> float:
     return value
 
 
-def compose(events: Iterable, delta: float, *, cache: bool = True) -> Composition:
+def compose(events: Iterable, delta: float, *, cache: bool | Path = True) -> Composition:
     """Epsilon at `delta` of all `events` composed (any order, adaptively): the module docstring.
 
-    `cache`: remember the answer in memory and on disk (`dpcore.privacy.memo`), keyed by the events' steps
-    and delta."""
+    `cache`: remember the answer in memory and on disk (`dpcore.privacy.memo`: True, the home's cache; a
+    folder, that one), keyed by the events' steps and delta; False computes it afresh."""
     steps, d = groups(events), _check_delta(delta)
-    return (_compose_cached if cache else _compose_groups)(steps, d)
+    if cache is False:
+        return _compose_groups(steps, d)
+    return _compose_cached(steps, d, None if cache is True else Path(cache))
 
 
 def _compose_groups(groups: tuple[Group, ...], delta: float) -> Composition:
@@ -576,9 +579,9 @@ def _crosscheck(groups: Sequence[Group], delta: float, prv: tuple[float, float, 
 
 
 @functools.lru_cache(maxsize=256)
-def _compose_cached(groups: tuple[Group, ...], delta: float) -> Composition:
-    """`_compose_groups`, remembered in memory and on disk."""
-    where, key = memo.folder(), memo.key("compose", groups=groups, delta=delta)
+def _compose_cached(groups: tuple[Group, ...], delta: float, folder: Path | None) -> Composition:
+    """`_compose_groups`, remembered in memory and on disk (in `folder`; None: the home's cache)."""
+    where, key = memo.folder(folder), memo.key("compose", groups=groups, delta=delta)
     stored = memo.get(where, key)
     if stored is not None:
         try:
@@ -590,9 +593,9 @@ def _compose_cached(groups: tuple[Group, ...], delta: float) -> Composition:
     return result
 
 
-def _fast_epsilon_cached(groups: tuple[Group, ...], delta: float) -> float:
+def _fast_epsilon_cached(groups: tuple[Group, ...], delta: float, folder: Path | None) -> float:
     """`_fast_epsilon`, remembered on disk (a calibration's first pass repeats on every scheduled run)."""
-    where, key = memo.folder(), memo.key("fast", groups=groups, delta=delta)
+    where, key = memo.folder(folder), memo.key("fast", groups=groups, delta=delta)
     stored = memo.get(where, key)
     if stored is not None and isinstance(stored.get("epsilon"), float):
         return stored["epsilon"]
@@ -619,14 +622,17 @@ def _fast_epsilon(groups: tuple[Group, ...], delta: float) -> float:
 
 
 def _solve_fast(family: Callable[[float], Any], target: float, delta: float, sigma_min: float,
-                sigma_max: float, cache: bool = True) -> float:
+                sigma_max: float, cache: bool | Path = True) -> float:
     """sigma with the fast (PLD alone, coarse) epsilon of family(sigma) ~= target, to 1e-4.
 
     Brackets by doubling/halving from sigma = 1, then Brent's method on log epsilon."""
     from scipy.optimize import brentq
 
     def eps(sigma: float) -> float:
-        return (_fast_epsilon_cached if cache else _fast_epsilon)(groups([family(sigma)]), delta)
+        steps = groups([family(sigma)])
+        if cache is False:
+            return _fast_epsilon(steps, delta)
+        return _fast_epsilon_cached(steps, delta, None if cache is True else Path(cache))
 
     lo, hi = 0.5, 1.0
     eps_lo, eps_hi = eps(lo), eps(hi)
@@ -649,7 +655,7 @@ def _solve_fast(family: Callable[[float], Any], target: float, delta: float, sig
 
 def calibrate(family: Callable[[float], Any], target_epsilon: float, delta: float, *,
               tolerance: float = SIGMA_TOLERANCE, sigma_min: float = SIGMA_MIN, sigma_max: float = SIGMA_MAX,
-              cache: bool = True) -> Calibration:
+              cache: bool | Path = True) -> Calibration:
     """The smallest sigma (to `tolerance`, absolute) with compose([family(sigma)], delta).epsilon <= target.
 
     `family` maps a noise multiplier to an event (e.g. `lambda s: tang_event("gaussian", s, q, T)`);
