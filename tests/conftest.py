@@ -1,7 +1,8 @@
 """Test session setup: a temporary $DPICL_HOME (nothing is written under ~ or ./.dpicl),
 offline-safe Prefect/MLflow settings, and shared model/data fixtures.
 
-The embedded model is converted once per test session into the temporary home.
+The embedded model's conversion and the accountants' answers are kept once per environment
+(`<venv>/dpicl-test-cache/`) and linked into every test home.
 """
 
 from __future__ import annotations

@@ -121,11 +121,11 @@ REPO = Path(__file__).resolve().parent.parent
 def subprocess_env(home: Path, *, temporary_prefect_server: bool = False) -> dict:
     """The environment of a `dpicl` subprocess on a fresh `$DPICL_HOME`, the way a user's shell has it (no
     test-session paths). The home gets the session's converted models (conftest: one folder per
-    environment), so `tiny-random` or the embedded model is not converted again, and the session's
-    accounting cache. Flow runs go to the shared test server, or, with `temporary_prefect_server`, to the
+    environment), so `tiny-random` or the embedded model is not converted again, and the environment's
+    accounting cache (conftest). Flow runs go to the shared test server, or, with `temporary_prefect_server`, to the
     one the CLI starts itself (a fresh machine)."""
     home.mkdir(parents=True, exist_ok=True)
-    for shared in ("models", "cache/accounting"):  # conftest: one folder of each per test run
+    for shared in ("models", "cache/accounting"):  # conftest: one folder of each per environment
         source = Path(os.environ["DPICL_HOME"]) / shared
         if source.is_dir() and not (home / shared).exists():
             (home / shared).parent.mkdir(parents=True, exist_ok=True)

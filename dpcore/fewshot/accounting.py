@@ -50,8 +50,9 @@ unless the PLD agrees with the exact composition, see above). The 2% tolerance, 
 accountants' resolutions and their speed guards are `dpcore.privacy.composition`'s, shared with the ledger.
 sigma = 0 means no noise: epsilon is math.inf everywhere, never a number.
 
-Calibration results (and single evaluations) are cached as JSON under
-$DPICL_HOME/cache/accounting/, keyed by every input and the accountant versions.
+Calibration results (and single evaluations), and the compositions behind them, are cached as JSON under
+$DPICL_HOME/cache/accounting/ (`dpcore.privacy.memo`), keyed by every input, the accountant versions and
+a digest of the accounting code.
 """
 
 from __future__ import annotations

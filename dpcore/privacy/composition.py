@@ -50,7 +50,9 @@ larger and adds a warning: prv-accountant's eps_error is doubled (up to PRV_EPS_
 its grid would exceed PRV_MAX_GRID_POINTS, and prv-accountant is skipped beyond (the PLD answers);
 the PLD interval grows with the privacy-loss range.
 
-This module imports prv-accountant and dp-accounting only when it computes.
+Answers are remembered in memory and on disk (`dpcore.privacy.memo`, keyed by the groups, delta and a digest
+of this code): a scheduled rerun's calibrations and the ledger's repeated compositions are read back. This
+module imports prv-accountant and dp-accounting only when it computes.
 """
 
 from __future__ import annotations

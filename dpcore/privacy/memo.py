@@ -1,8 +1,9 @@
 """The accountants' answers on disk: `$DPICL_HOME/cache/accounting/<kind>-<digest>.json`.
 
 A composition or a calibration is a pure function of public parameters (mechanism, sigma, q, T, delta)
-and of the code that computes it, and costs seconds to minutes; a scheduled run repeats the same ones
-on every refresh, and a ledger recomposes its earlier entries on every charge. Each answer is stored
+and of the code that computes it, and costs seconds to minutes; a scheduled run repeats the same
+calibrations on every refresh, and the ledger composes the same entries again for a dry run, its charge
+and every report. Each answer is stored
 under its full key: the inputs, this format, the accountants' versions and a digest of the code that
 computes it (`composition.py`, where every accountant call lives, the events it reads, this module and
 Algorithm 1's front `dpcore/fewshot/accounting.py`), so a change to any of them is a miss, never a
