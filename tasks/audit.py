@@ -325,7 +325,7 @@ def _audit_regenerated(lm, spec, train: pd.DataFrame, demos: pd.DataFrame | None
     logger = stage_logger()
     members, non_members, member_counts = audit_members(train, split_seed, spec.label_names)
     tokenize = model_tokenize(lm)
-    pool_tokens: dict = {}
+    pool_tokens = cache.setdefault(mia.OVERLAP_POOLS, {})  # the records' tokens, shared with the audits'
     results = []
     for target in targets:
         eps = float(target.epsilon)

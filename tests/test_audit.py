@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from dpcore.audit import attacks as mia_attacks
+from dpcore.audit import procedures
 from dpcore.audit.attacks import ATTACKS, CALIBRATED_ATTACKS, PromptScores
 from dpcore.audit.procedures import MIA_SCORE_COLUMNS
 
@@ -356,9 +357,18 @@ def test_demos_audit_on_run_demos(tiny_lm, agnews, monkeypatch):
     assert set(scores.loc[scores["member"], "record_id"]) <= set(members["id"])
     assert set(scores.loc[~scores["member"], "record_id"]) <= set(held_out["id"])
     cached = len(cache)
+    tokenized = []
+    real_tokenize = procedures.model_tokenize
+
+    def counting_tokenize(lm):
+        tokenize = real_tokenize(lm)
+        return lambda texts: tokenized.append(len(texts)) or tokenize(texts)
+
+    monkeypatch.setattr(procedures, "model_tokenize", counting_tokenize)
     again = demos_audit(tiny_lm, agnews.spec, demos, members, held_out, config, seed=0, epsilon=1.0,
                         noise_multiplier=2.0, delta=1e-4, crosscheck_agreed=True, cache=cache)
     assert len(cache) == cached  # same candidates at another epsilon: no new reference pass
+    assert tokenized == [1] * len(labels)  # ... and the members' tokens for the overlap check are reused
     assert again.passed
     # a "DP" demo that is a member record verbatim fails the verbatim check
     copied = members.groupby("label").head(1)
@@ -425,3 +435,22 @@ def test_default_audit_plan_is_the_calibrated_attacks():
     assert lira_config.reference_prompts == 4 and lira.attacks == 5
     assert lira.scored_records > chosen.scored_records  # Bonferroni over 5 attacks: more records, each 6 passes
     assert "x 6 forward passes" in design_line(lira_config, lira, 3)
+
+
+def test_the_overlap_check_reuses_a_pool_only_for_the_same_records(tiny_lm):
+    """`demo_overlap`'s shared token pools are keyed by the records themselves: a second call on other records
+    of the same label tokenizes and checks those, never the first call's pool."""
+    from dpcore.audit.overlap import model_tokenize
+
+    demo = "the central bank raised its interest rate outlook for the coming quarter sharply"
+    clean = pd.DataFrame({"id": ["a", "b"], "label": ["Business"] * 2,
+                          "text": ["markets were calm on a quiet day", "a new phone was announced"]})
+    leaky = pd.DataFrame({"id": ["a", "c"], "label": ["Business"] * 2,
+                          "text": ["markets were calm on a quiet day", f"reports say {demo} today"]})
+    pools: dict = {}
+    tokenize = model_tokenize(tiny_lm)
+    assert procedures.demo_overlap(tokenize, [demo], ["Business"], clean, 8, pools)[1] == 0
+    longest, overlapping = procedures.demo_overlap(tokenize, [demo], ["Business"], leaky, 8, pools)
+    assert overlapping == 1 and longest >= 8 and len(pools) == 2
+    assert procedures.demo_overlap(tokenize, [demo], ["Business"], leaky, 8, pools) == (longest, 1)
+    assert len(pools) == 2  # the same records again: their pool is reused

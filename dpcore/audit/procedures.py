@@ -64,6 +64,9 @@ from dpcore.errors import ConfigError, DataValidationError, stop_if_requested
 
 log = logging.getLogger(__name__)
 
+# The key of the member pools' tokens (`demo_overlap`) in an audit's `cache`, beside the reference scores'
+# (prompt, record) keys: several epsilons' audits of the same members tokenize them once.
+OVERLAP_POOLS = "overlap token pools"
 MIA_SCORE_COLUMNS = ["setting", "epsilon", "demo_set", "trial", "role", "member", "record_id", "attack", "score"]
 AUC_CI_METHOD = ("Student t over trials, per-trial variance >= Hanley-McNeil null variance, within [0, 1]; "
                  "Bonferroni over the attacks")
@@ -491,7 +494,7 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
         log.info("DP audit demo set %d/%d (label %s) scored", demo_set + 1, config.demo_sets, label)
     scores = pd.concat(frames, ignore_index=True)
     max_overlap, overlapping = demo_overlap(model_tokenize(lm), demo_texts, demo_labels, members,
-                                            config.overlap_threshold)
+                                            config.overlap_threshold, cache.setdefault(OVERLAP_POOLS, {}))
     return _finish(
         thresholds or GateThresholds.from_config(config), scores, confidence=config.confidence, delta=delta,
         members_per_trial=config.members, non_members_per_trial=config.non_members,
@@ -545,8 +548,9 @@ def demos_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: p
     if not frames:
         raise ConfigError("audit: none of the demonstrations' labels has enough records to query")
     scores = pd.concat(frames, ignore_index=True)
+    pools_tokens = {} if cache is None else cache.setdefault(OVERLAP_POOLS, {})
     max_overlap, overlapping = demo_overlap(model_tokenize(lm), [t for t, _ in audited], [y for _, y in audited],
-                                            members, config.overlap_threshold)
+                                            members, config.overlap_threshold, pools_tokens)
     return _finish(
         thresholds or GateThresholds.from_config(config), scores, confidence=config.confidence, delta=delta,
         members_per_trial=config.members, non_members_per_trial=config.non_members,
@@ -680,15 +684,18 @@ def demo_overlap(tokenize: Callable[[Sequence[str]], list[list[int]]], demo_text
 
     Returns (the longest token run any demo shares with a record, the records sharing >= `threshold`
     tokens). A label's records are tokenized once however many demos share the label; `pool_tokens`
-    (label -> token ids) keeps them across calls on the same records (several epsilons' demos)."""
+    keeps them across calls (several epsilons' demos), keyed by the label and the records' texts
+    themselves, so a call on other records never reads another pool's tokens."""
     pool_tokens = {} if pool_tokens is None else pool_tokens
     record_labels = records["label"].astype(str).to_numpy()
     max_overlap, overlapping = 0, 0
     for label in dict.fromkeys(str(y) for y in demo_labels):
         texts = [str(text) for text, y in zip(demo_texts, demo_labels, strict=True) if str(y) == label]
-        if label not in pool_tokens:
-            pool_tokens[label] = tokenize(records.loc[record_labels == label, "text"].astype(str).tolist())
-        report = verbatim_overlap_tokens(tokenize(texts), pool_tokens[label], threshold=threshold, tokenizer="model")
+        pool = tuple(records.loc[record_labels == label, "text"].astype(str).tolist())
+        key = (label, len(pool), hash(pool))
+        if key not in pool_tokens:
+            pool_tokens[key] = tokenize(pool)
+        report = verbatim_overlap_tokens(tokenize(texts), pool_tokens[key], threshold=threshold, tokenizer="model")
         max_overlap = max(max_overlap, report.max_overlap)
         overlapping += report.overlapping_records
     return max_overlap, overlapping
