@@ -37,6 +37,7 @@ try:
 except OSError:  # not glibc: nothing to tune
     pass
 
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -46,6 +47,9 @@ from dpcore.home import configure_environment  # noqa: E402
 
 configure_environment()
 
+# What the test runs of this environment share (the converted model, the accountants' answers).
+_TEST_CACHE = Path(sys.prefix) / "dpicl-test-cache"
+
 
 def _share_converted_models() -> None:
     """Every test home's `models/` is one folder per environment: the embedded model's GGUF is dequantised
@@ -53,7 +57,6 @@ def _share_converted_models() -> None:
     (the tiny model borrows its tokenizer, so nearly every worker needed it). A lock keeps two workers
     from converting at once; the conversion itself stays atomic (`dpcore.lm.models.convert_gguf`)."""
     import fcntl
-    import sys
 
     import transformers
 
@@ -61,7 +64,7 @@ def _share_converted_models() -> None:
 
     gguf = embedded_gguf("smollm2-135m").stat()
     key = f"transformers-{transformers.__version__}-gguf-{gguf.st_size}-{gguf.st_mtime_ns}"
-    shared = Path(sys.prefix) / "dpicl-test-cache" / f"models-{key}"
+    shared = _TEST_CACHE / f"models-{key}"
     try:
         shared.mkdir(parents=True, exist_ok=True)
     except OSError:  # an environment this user cannot write (a system Python): convert per home, as dpicl does
@@ -85,10 +88,8 @@ _MADE_ACCOUNTING_CACHE = []
 
 
 def _share_accounting_cache() -> None:
-    import sys
-
     if not os.environ.get(SHARED_ACCOUNTING_CACHE):
-        shared = Path(sys.prefix) / "dpicl-test-cache" / "accounting"
+        shared = _TEST_CACHE / "accounting"
         try:
             shared.mkdir(parents=True, exist_ok=True)
         except OSError:

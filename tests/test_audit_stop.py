@@ -19,7 +19,6 @@ from pipeline_support import subprocess_env
 
 from dpcore.data.taskspec import TASKS_DIR
 
-REPO = Path(__file__).resolve().parent.parent
 DPICL = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
 LABELS = ["World", "Sports", "Business", "Technology"]
 DEMO_SETS = 2

@@ -241,6 +241,14 @@ def _evaluate(sigma: float, q: float, steps: int, delta: float, mechanism: str,
 # Disk cache (`dpcore.privacy.memo`)
 
 
+def _composition_cache(cache_dir: CacheDir) -> bool | Path:
+    """`composition.compose`'s `cache` for `cache_dir`: the home's cache as True, so the compositions are one
+    memory entry whoever asks (the ledger asks with True)."""
+    if cache_dir is None or cache_dir is False:
+        return cache_dir is None
+    return Path(cache_dir)
+
+
 def _cached_report(where: Path | None, full_key: dict[str, Any]) -> PrivacyReport | None:
     stored = memo.get(where, full_key)
     try:
@@ -267,7 +275,7 @@ def epsilon_for(noise_multiplier: float, sampling_rate: float, steps: int, delta
     cached = _cached_report(folder, key)
     if cached is not None:
         return cached
-    report = _evaluate(sigma, q, t, d, mech, cache=False if folder is None else folder)
+    report = _evaluate(sigma, q, t, d, mech, cache=_composition_cache(cache_dir))
     memo.put(folder, key, report.to_dict())
     return report
 
@@ -300,8 +308,7 @@ def calibrate(target_epsilon: float, sampling_rate: float, steps: int, delta: fl
         return cached
 
     result = composition.calibrate(_family(q, t, mech), target, d, tolerance=SIGMA_TOLERANCE,
-                                   sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX,
-                                   cache=False if folder is None else folder)
+                                   sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX, cache=_composition_cache(cache_dir))
     logger.debug("calibrated sigma %.4f for epsilon %s: %d full evaluations, %.1f s", result.noise_multiplier,
                  target, result.evaluations, result.seconds)
     best = _report(result.noise_multiplier, q, t, d, mech, result.composition)
