@@ -47,13 +47,6 @@ from dpcore.home import configure_environment  # noqa: E402
 
 configure_environment()
 
-# `prefect.main` configures logging at its first import, and that configuration closes the handlers there
-# before (logging.shutdown). absl's handler (absl comes with dp-accounting) closes its stream on close unless
-# the stream is the sys.stderr of that moment: inside a test using `capsys` it is not, and pytest's own
-# capture stream would be closed under it ("I/O operation on closed file", sys.stderr lost). Configure
-# Prefect's logging here, before any test imports absl.
-import prefect.main  # noqa: E402, F401
-
 # What the test runs of this environment share (the converted model, the accountants' answers).
 _TEST_CACHE = Path(sys.prefix) / "dpicl-test-cache"
 
@@ -121,6 +114,15 @@ def _use_the_shared_prefect_server() -> None:
 
 
 _use_the_shared_prefect_server()
+
+# `prefect.main` configures logging at its first import, and that configuration closes the handlers there
+# before (logging.shutdown). absl's handler (absl comes with dp-accounting) closes its stream on close unless
+# the stream is the sys.stderr of that moment: inside a test using `capsys` it is not, and pytest's own
+# capture stream would be closed under it ("I/O operation on closed file", sys.stderr lost). So Prefect is
+# imported here, before any test imports absl, and after PREFECT_API_URL is set: Prefect reads its settings
+# from the environment once, at import.
+import prefect.main  # noqa: E402, F401
+
 # Under pytest-xdist (`make test` runs two workers) each worker is one process per core: a second torch
 # thread per worker only contends with the other worker.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
