@@ -132,7 +132,10 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False) -> dic
             (home / shared).symlink_to(source.resolve(), target_is_directory=True)
     env = dict(os.environ, DPICL_HOME=str(home), PYTHONPATH=str(REPO))
     dropped = ("PREFECT_HOME", "HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_LOGGING_SETTINGS_PATH")
-    for key in dropped + (("PREFECT_API_URL",) if temporary_prefect_server else ()):
+    # a fresh machine's temporary server: Prefect's defaults, not the suite server's settings (conftest)
+    server = ("PREFECT_API_URL", "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED",
+              "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED")
+    for key in dropped + (server if temporary_prefect_server else ()):
         env.pop(key, None)
     return env
 
