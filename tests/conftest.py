@@ -22,7 +22,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach a hub
 os.environ["PREFECT_LOGGING_TO_API_ENABLED"] = "false"
 # The suite's Prefect server (one per test run, on SQLite) keeps what the tests read: flow runs, task runs
 # (the task-run recorder), artifacts, deployments. Persisting every event and evaluating automations on them
-# are writes to the same SQLite file no test reads, and under two busy workers they held its write lock long
+# are writes to the same SQLite file no test reads, and under busy workers they held its write lock long
 # enough for other writes to wait out SQLite's busy timeout (tests stalled for up to a minute).
 os.environ.update({"PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
                    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false"})
@@ -84,7 +84,7 @@ def _share_converted_models() -> None:
 _share_converted_models()
 
 # The accountants' answers on disk (`dpcore.privacy.memo`): one folder per environment, beside the converted
-# models, for every home of every test run (both xdist workers and the `dpicl` subprocesses their tests start),
+# models, for every home of every test run (every xdist worker and the `dpicl` subprocesses their tests start),
 # as one user's scheduled runs share their home's. Each answer is keyed by its public inputs, the accountants'
 # versions and a digest of the code that computes it, so a change to that code is computed afresh; a fresh
 # environment (a fresh clone's `make test`) computes every answer once. An environment this user cannot write
@@ -129,8 +129,8 @@ _use_the_shared_prefect_server()
 # from the environment once, at import.
 import prefect.main  # noqa: E402, F401
 
-# Under pytest-xdist (`make test` runs two workers) each worker is one process per core: a second torch
-# thread per worker only contends with the other worker.
+# Under pytest-xdist (`make test` runs a worker per core and one more: Makefile) a second torch thread per worker only
+# contends with the other workers.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 torch.set_num_threads(1 if _WORKER else max(1, min(2, os.cpu_count() or 1)))
 
@@ -282,16 +282,16 @@ def tickets_spec(tmp_path):
 
 
 # The files measured slowest (setup, calls and teardown on the 2-core machine, `--durations`), slowest first.
-# `make test` hands files to its two workers in collection order (`--no-loadscope-reorder`; xdist would
-# otherwise order them by their number of tests), so these start first and the two workers finish together
+# `make test` hands files to its workers in collection order (`--no-loadscope-reorder`; xdist would
+# otherwise order them by their number of tests), so these start first and the workers finish together
 # (longest-processing-time-first) instead of one of them running a long file alone at the end. The other
 # files follow in their usual order.
 SLOWEST_FIRST = (
-    "test_release_methods.py", "test_neighbours.py", "test_audit.py", "test_ledger_pipeline.py",
-    "test_cli_experience.py", "test_generation.py", "test_prefect_server.py", "test_audit_stop.py",
-    "test_reproduce_tables.py", "test_endpoint.py", "test_dask_runner.py", "test_accounting.py",
-    "test_privacy_boundary.py", "test_pipeline.py", "test_dpsgd.py", "test_ledger.py", "test_compare.py",
-    "test_adapters.py",
+    "test_release_methods.py", "test_ledger_pipeline.py", "test_neighbours.py", "test_audit.py",
+    "test_cli_experience.py", "test_generation.py", "test_prefect_server.py", "test_reproduce_tables.py",
+    "test_audit_stop.py", "test_endpoint.py", "test_dask_runner.py", "test_accounting.py",
+    "test_privacy_boundary.py", "test_pipeline.py", "test_ledger.py", "test_compare.py", "test_icl.py",
+    "test_dpsgd.py", "test_adapters.py",
 )
 
 
@@ -304,7 +304,7 @@ _STOP_SHARED_HARNESS = []
 
 
 def pytest_configure(config):
-    """Under xdist, the controller starts the one Prefect test server both workers use (in the background:
+    """Under xdist, the controller starts the one Prefect test server every worker uses (in the background:
     the workers import and collect meanwhile)."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
         return

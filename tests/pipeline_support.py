@@ -1,6 +1,6 @@
 """Shared set-up of the pipeline tests (test_pipeline, test_dask_runner, test_privacy_boundary).
 
-- one `prefect_test_harness` per `make test` (the xdist controller starts it, both workers use it) or, when
+- one `prefect_test_harness` per `make test` (the xdist controller starts it, every worker uses it) or, when
   pytest runs in one process, per process (started on first use, stopped at exit);
 - `subprocess_env`: the environment of a `dpicl` subprocess on a fresh home;
 - `mini_agnews`: a small user-format AG News dataset (CSV + task YAML), so runs exercise
@@ -35,7 +35,7 @@ if os.environ.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") == "":
 
 _HARNESS = {}
 _LOCK = threading.Lock()
-# Under xdist the controller starts one harness for both workers (`start_shared_harness`, from conftest's
+# Under xdist the controller starts one harness for every worker (`start_shared_harness`, from conftest's
 # pytest_configure) and writes its URL to this file: a server boot (about 20 s of CPU) once per suite.
 SHARED_URL_FILE = "DPICL_TEST_PREFECT_URL_FILE"
 
