@@ -25,7 +25,9 @@ DEMO_SETS = 2
 
 
 def _env(home: Path) -> dict:
-    return subprocess_env(home)
+    # The temporary Prefect server a fresh machine's `dpicl run` starts: a run stopped mid-request must not
+    # leave the suite's shared server holding its SQLite write lock for every other test.
+    return subprocess_env(home, temporary_prefect_server=True)
 
 
 def _dataset(folder: Path, per_label: int = 2000) -> tuple[Path, Path]:
