@@ -25,8 +25,8 @@ DEMO_SETS = 2
 
 
 def _env(home: Path) -> dict:
-    # The temporary Prefect server a fresh machine's `dpicl run` starts: a run stopped mid-request must not
-    # leave the suite's shared server holding its SQLite write lock for every other test.
+    # The temporary Prefect server a fresh machine's `dpicl run` starts: with these runs stopped on the suite's
+    # shared server, the other tests' writes to it waited out its SQLite busy timeout (up to a minute).
     return subprocess_env(home, temporary_prefect_server=True)
 
 
