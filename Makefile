@@ -27,8 +27,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/dpicl demo
 
-# One worker more than the 2-core machine has: a test waits on a subprocess or the Prefect server for about a
-# fifth of its time, and a third worker computes meanwhile (benchmarks/RESULTS.md, the test suite).
+# One worker more than the 2-core machine has: tests wait on subprocesses and the Prefect server part of their
+# time, and a third worker computes meanwhile (benchmarks/RESULTS.md, the test suite).
 TEST_WORKERS ?= 3
 
 test: $(STAMP)

@@ -22,8 +22,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach a hub
 os.environ["PREFECT_LOGGING_TO_API_ENABLED"] = "false"
 # The suite's Prefect server (one per test run, on SQLite) keeps what the tests read: flow runs, task runs
 # (the task-run recorder), artifacts, deployments. Persisting every event and evaluating automations on them
-# are writes to the same SQLite file no test reads, and under busy workers they held its write lock long
-# enough for other writes to wait out SQLite's busy timeout (tests stalled for up to a minute).
+# are writes to the same SQLite file that no test reads; with them on, other writes waited out SQLite's busy
+# timeout under busy workers (tests stalled for up to a minute).
 os.environ.update({"PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
                    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false"})
 
@@ -129,8 +129,8 @@ _use_the_shared_prefect_server()
 # from the environment once, at import.
 import prefect.main  # noqa: E402, F401
 
-# Under pytest-xdist (`make test` runs a worker per core and one more: Makefile) a second torch thread per worker only
-# contends with the other workers.
+# Under pytest-xdist (`make test` runs a worker per core and one more: Makefile) a second torch thread per
+# worker only contends with the other workers.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 torch.set_num_threads(1 if _WORKER else max(1, min(2, os.cpu_count() or 1)))
 
