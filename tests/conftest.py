@@ -20,12 +20,6 @@ os.environ["XDG_CONFIG_HOME"] = os.path.join(_HOME, "config")
 os.environ["XDG_CACHE_HOME"] = os.path.join(_HOME, "cache", "xdg")
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach a hub
 os.environ["PREFECT_LOGGING_TO_API_ENABLED"] = "false"
-# The suite's Prefect server (one per test run, on SQLite) keeps what the tests read: flow runs, task runs
-# (the task-run recorder), artifacts, deployments. Persisting every event and evaluating automations on them
-# are writes to the same SQLite file that no test reads; with them on, other writes waited out SQLite's busy
-# timeout under busy workers (tests stalled for up to a minute).
-os.environ.update({"PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
-                   "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false"})
 
 # glibc hands every freed block over 32 MB back to the kernel and maps it again, zeroed, on the next
 # allocation: the tiny model's 49k-word logits are such blocks, and the page faults cost over a third of

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -52,6 +53,21 @@ def wait_for_url(path: Path, timeout: float = 180.0) -> str:
     return path.read_text().strip()
 
 
+def suite_server_settings():
+    """The settings the suite's Prefect server starts with (it inherits them; no `dpicl` subprocess does). It
+    keeps what the tests read: flow runs, task runs (the task-run recorder), artifacts, deployments. It
+    neither persists events nor evaluates automations on them: writes to its SQLite file that no test reads,
+    with which other writes waited out SQLite's busy timeout under busy workers (tests stalled up to a minute)."""
+    from prefect.settings import (
+        PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED,
+        PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED,
+        temporary_settings,
+    )
+
+    return temporary_settings(updates={PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED: False,
+                                       PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED: False})
+
+
 def ensure_harness() -> bool:
     """Use the shared harness, or start `prefect_test_harness` for this process (about 20 s); heartbeats
     off either way. True if this call entered it."""
@@ -61,24 +77,23 @@ def ensure_harness() -> bool:
         from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
         from prefect.testing.utilities import prefect_test_harness
 
+        stack = contextlib.ExitStack()
         shared = os.environ.get(SHARED_URL_FILE)
         if shared:
-            harness = temporary_settings(updates={PREFECT_API_URL: wait_for_url(Path(shared))})
+            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: wait_for_url(Path(shared))}))
         else:
-            harness = prefect_test_harness(server_startup_timeout=120)
-        harness.__enter__()
-        no_heartbeats = temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
-        no_heartbeats.__enter__()
-        _HARNESS["cm"] = (harness, no_heartbeats)
+            stack.enter_context(suite_server_settings())
+            stack.enter_context(prefect_test_harness(server_startup_timeout=120))
+        stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
+        _HARNESS["cm"] = stack
         return True
 
 
 def stop_harness() -> None:
     with _LOCK:
-        harness, no_heartbeats = _HARNESS.pop("cm", (None, None))
-    if harness is not None:
-        no_heartbeats.__exit__(None, None, None)
-        harness.__exit__(None, None, None)
+        stack = _HARNESS.pop("cm", None)
+    if stack is not None:
+        stack.close()
 
 
 def start_shared_harness() -> Callable[[], None]:
@@ -93,7 +108,7 @@ def start_shared_harness() -> Callable[[], None]:
         from prefect.settings import PREFECT_API_URL
         from prefect.testing.utilities import prefect_test_harness
 
-        with prefect_test_harness(server_startup_timeout=120):
+        with suite_server_settings(), prefect_test_harness(server_startup_timeout=120):
             url_file.write_text(PREFECT_API_URL.value())
             stop.wait()
 
@@ -132,10 +147,7 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False) -> dic
             (home / shared).symlink_to(source.resolve(), target_is_directory=True)
     env = dict(os.environ, DPICL_HOME=str(home), PYTHONPATH=str(REPO))
     dropped = ("PREFECT_HOME", "HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_LOGGING_SETTINGS_PATH")
-    # a fresh machine's temporary server: Prefect's defaults, not the suite server's settings (conftest)
-    server = ("PREFECT_API_URL", "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED",
-              "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED")
-    for key in dropped + (server if temporary_prefect_server else ()):
+    for key in dropped + (("PREFECT_API_URL",) if temporary_prefect_server else ()):
         env.pop(key, None)
     return env
 

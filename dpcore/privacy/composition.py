@@ -458,7 +458,12 @@ def compose(events: Iterable, delta: float, *, cache: bool | Path = True) -> Com
     steps, d = groups(events), _check_delta(delta)
     if cache is False:
         return _compose_groups(steps, d)
-    return _compose_cached(steps, d, None if cache is True else Path(cache))
+    return _compose_cached(steps, d, _memo_folder(cache))
+
+
+def _memo_folder(cache: bool | Path) -> Path | None:
+    """The folder of a `cache=` that is not False: None for True (the home's cache), else the one given."""
+    return None if cache is True else Path(cache)
 
 
 def _compose_groups(groups: tuple[Group, ...], delta: float) -> Composition:
@@ -634,7 +639,7 @@ def _solve_fast(family: Callable[[float], Any], target: float, delta: float, sig
         steps = groups([family(sigma)])
         if cache is False:
             return _fast_epsilon(steps, delta)
-        return _fast_epsilon_cached(steps, delta, None if cache is True else Path(cache))
+        return _fast_epsilon_cached(steps, delta, _memo_folder(cache))
 
     lo, hi = 0.5, 1.0
     eps_lo, eps_hi = eps(lo), eps(hi)
