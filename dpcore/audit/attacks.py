@@ -150,14 +150,22 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
             stop_if_requested(should_stop, "the audit")
             items = order[begin:begin + batch_size]
             suffixes = [contexts[i][shared:] for i in items]
-            batch, logp = prefix.extend(prefix.start(len(items)), suffixes, keep="all")  # [B, W, V]
+            # Log-probabilities at the positions read only: those predicting the record's tokens (token t,
+            # absolute, is predicted at relative position t - shared - 1) and the last (the label's first).
+            wanted = torch.zeros((len(items), max(1, max(len(s) for s in suffixes))), dtype=torch.bool)
             for b, i in enumerate(items):
                 _, lo, hi = encoded[i]
-                if hi > lo:  # token t (absolute) is predicted at relative position t - shared - 1
-                    steps = torch.arange(lo - shared - 1, hi - shared - 1, device=lm.device)
+                wanted[b, lo - shared - 1:hi - shared - 1] = True
+                wanted[b, len(suffixes[b]) - 1] = True
+            row_of = (wanted.flatten().cumsum(0) - 1).view(wanted.shape).to(lm.device)  # [B, W] -> row of logp
+            batch, logp = prefix.extend(prefix.start(len(items)), suffixes, keep=wanted)  # [N, V]
+            for b, i in enumerate(items):
+                _, lo, hi = encoded[i]
+                if hi > lo:
+                    steps = row_of[b, lo - shared - 1:hi - shared - 1]
                     target = torch.as_tensor(contexts[i][lo:hi], dtype=torch.long, device=lm.device)
-                    text_lp[i] = float(logp[b, steps, target].double().sum())
-                label_lp[i] = logp[b, len(suffixes[b]) - 1, first].double().cpu().numpy()
+                    text_lp[i] = float(logp[steps, target].double().sum())
+                label_lp[i] = logp[row_of[b, len(suffixes[b]) - 1], first].double().cpu().numpy()
             del logp
             if multi:
                 rows = torch.as_tensor([b for b in range(len(items)) for _ in multi], dtype=torch.long,

@@ -110,11 +110,14 @@ class PrefixCache:
         )
 
     @torch.inference_mode()
-    def extend(self, batch: PrefixBatch, rows: Sequence[Sequence[int]], keep: str = "last") -> tuple[PrefixBatch, torch.Tensor]:
+    def extend(self, batch: PrefixBatch, rows: Sequence[Sequence[int]],
+               keep: str | torch.Tensor = "last") -> tuple[PrefixBatch, torch.Tensor]:
         """Feed each row's tokens after its cached context.
 
         keep="last": log-softmax at each row's last real token, [B, V].
         keep="all":  log-softmax at every position, [B, W, V].
+        keep=a boolean [B, W] tensor: log-softmax at its True positions only, [N, V] in row-major order
+        (the vocabulary head and the softmax run on those N positions, not on all B x W).
         The returned batch holds the grown cache (pad slots masked out).
         """
         lm = self.lm
@@ -125,13 +128,16 @@ class PrefixCache:
         attention = torch.cat([batch.key_mask, mask], dim=1)
         lengths = mask.sum(dim=1)
         last = (lengths - 1).clamp(min=0)
-        keep_arg = last[:, None] if keep == "last" else 0  # per-row position: logits for one token per row
+        if isinstance(keep, torch.Tensor):
+            keep_arg = keep.to(lm.device)
+        else:  # per-row position: logits for one token per row
+            keep_arg = last[:, None] if keep == "last" else 0
         began = time.perf_counter()
         out = lm.model(input_ids=ids, attention_mask=attention, position_ids=positions,
                        past_key_values=batch.cache, use_cache=True, logits_to_keep=keep_arg)
         lm.stats.record(mask, began)
         logits = out.logits.float()
-        if keep == "last":
+        if isinstance(keep, str) and keep == "last":
             logits = logits[:, 0, :]
         grown = PrefixBatch(cache=out.past_key_values, key_mask=attention, next_position=batch.next_position + lengths)
         return grown, torch.log_softmax(logits, dim=-1)
