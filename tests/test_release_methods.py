@@ -251,10 +251,12 @@ def test_an_edited_audit_table_is_refused(pate_run):
         Ledger().charge("release-pate", pate_run["plan"]["data_hash"], "pate-edited-audit", spend["mechanism"],
                         spend["noise_multiplier"], spend["sampling_rate"], spend["steps"],
                         pate_run["plan"]["plan"]["delta"], spend["purpose"])
-    strict = AuditConfig(trials=40, members=5, non_members=5, reference_prompts=2)  # the default 0.05 band
+    # Two trials cannot conclude within the default 0.05 band: an audit that did not pass, edited to pass below.
+    strict = AuditConfig(trials=2, members=2, non_members=2, reference_prompts=0)
     release(run_id="pate-edited-audit", method="pate", audit_config=strict, audit_only=True)
     assert gate.AUDIT_FILES["pate"] in json.loads((copy / "manifest.json").read_text())["files"]
     audit = pd.read_parquet(copy / gate.AUDIT_FILES["pate"])
+    assert not audit["passed"].iloc[-1]
     audit["passed"], audit["reasons"] = True, ""
     write_table(audit, copy / gate.AUDIT_FILES["pate"])
     with pytest.raises(ReleaseRefusedError, match="changed since the run finished: audit_pate.parquet"):
