@@ -66,6 +66,17 @@ def is_private_path(path: Path) -> bool:
         return False
 
 
+# A run without PREFECT_API_URL starts a temporary Prefect server for itself, on the home's SQLite file. Its
+# event feed and automations live no longer than the run, and their writes to that file made the server's other
+# writers wait out SQLite's 60 s busy timeout under load: a stopped run then took up to a minute to record its
+# end. Flow runs, task runs, logs and artifacts are kept. A long-lived server (`dpicl ui`) keeps Prefect's defaults.
+TEMPORARY_SERVER_SETTINGS = {
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+}
+_DEFAULTED: set[str] = set()  # the keys configure_environment set (a user's own values are never in it)
+
+
 def configure_environment() -> Path:
     """Point every library's state (Hugging Face, Prefect, MLflow, XDG) under $DPICL_HOME.
 
@@ -91,8 +102,20 @@ def configure_environment() -> Path:
         # the working directory first on sys.path: a user's `inspect.py` there would shadow the stdlib.
         "PYTHONSAFEPATH": "1",
     }
+    if not os.environ.get("PREFECT_API_URL"):
+        defaults.update(TEMPORARY_SERVER_SETTINGS)
     for key, value in defaults.items():
-        os.environ.setdefault(key, value)
+        if key not in os.environ:
+            os.environ[key] = value
+            _DEFAULTED.add(key)
     for key in ("HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_HOME"):
         Path(os.environ[key]).mkdir(parents=True, exist_ok=True)
     return home
+
+
+def long_lived_server_environment(environment: dict[str, str]) -> dict[str, str]:
+    """`environment` for a Prefect server that outlives a run (`dpicl ui`): without the temporary server's
+    settings that `configure_environment` set (a user's own values stay)."""
+    return {key: value for key, value in environment.items()
+            if not (key in TEMPORARY_SERVER_SETTINGS and key in _DEFAULTED)}
+

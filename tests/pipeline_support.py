@@ -53,21 +53,6 @@ def wait_for_url(path: Path, timeout: float = 180.0) -> str:
     return path.read_text().strip()
 
 
-def suite_server_settings():
-    """The settings the suite's Prefect server starts with (it inherits them; no `dpicl` subprocess does). It
-    keeps what the tests read: flow runs, task runs (the task-run recorder), artifacts, deployments. It
-    neither persists events nor evaluates automations on them: writes to its SQLite file that no test reads,
-    with which other writes waited out SQLite's busy timeout under busy workers (tests stalled up to a minute)."""
-    from prefect.settings import (
-        PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED,
-        PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED,
-        temporary_settings,
-    )
-
-    return temporary_settings(updates={PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED: False,
-                                       PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED: False})
-
-
 def ensure_harness() -> bool:
     """Use the shared harness, or start `prefect_test_harness` for this process (about 20 s); heartbeats
     off either way. True if this call entered it."""
@@ -82,7 +67,6 @@ def ensure_harness() -> bool:
         if shared:
             stack.enter_context(temporary_settings(updates={PREFECT_API_URL: wait_for_url(Path(shared))}))
         else:
-            stack.enter_context(suite_server_settings())
             stack.enter_context(prefect_test_harness(server_startup_timeout=120))
         stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         _HARNESS["cm"] = stack
@@ -108,7 +92,7 @@ def start_shared_harness() -> Callable[[], None]:
         from prefect.settings import PREFECT_API_URL
         from prefect.testing.utilities import prefect_test_harness
 
-        with suite_server_settings(), prefect_test_harness(server_startup_timeout=120):
+        with prefect_test_harness(server_startup_timeout=120):
             url_file.write_text(PREFECT_API_URL.value())
             stop.wait()
 

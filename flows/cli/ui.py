@@ -16,7 +16,7 @@ import sys
 import time
 
 from dpcore.errors import ConfigError
-from dpcore.home import dpicl_home, subdir
+from dpcore.home import dpicl_home, long_lived_server_environment, subdir
 from flows.cli.common import command
 
 STOP_GRACE_S = 15.0
@@ -74,7 +74,7 @@ def _ui(args) -> int:
     if not args.no_mlflow:
         _check_port(args.host, args.mlflow_port, "--mlflow-port")
     home = dpicl_home()
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    env = long_lived_server_environment(dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
     bin_dir = os.path.dirname(sys.executable)
     commands: list[tuple[str, list[str], int]] = []
     if not args.no_prefect:
