@@ -718,7 +718,7 @@ def test_real_model_rvp_and_labels_at_once_equal_one_at_a_time(embedded_lm, agne
     spec = agnews.spec
     labels = ["World", "Sports"]
     label_records = {y: agnews.records_for(y)[:400] for y in labels}
-    config = GenerationConfig(num_subsets=3, subset_size=2, top_k=10, max_tokens=5)
+    config = GenerationConfig(num_subsets=3, subset_size=1, top_k=10, max_tokens=4)
     chosen = []
     original = generation.noisy_argmax
 
