@@ -112,9 +112,9 @@ def prompt_scores(lm, spec: TaskSpec, demos: Sequence[tuple], texts: Sequence[st
 
     The prompt's shared prefix (instruction + demonstrations) runs once (`dpcore.lm.prefix_cache.PrefixCache`),
     cut at least one token before the first record token so every record token is predicted
-    inside the batch. Per batch, the query tokens run once with logits at every position:
-    the record's tokens give the text log-probability, the last position the first token of
-    every label; labels of several tokens continue from the cache (as `icl.label_logprobs`,
+    inside the batch. Per batch, the query tokens run once, with the vocabulary head at the positions
+    read only: those predicting the record's tokens give the text log-probability, the last position
+    the first token of every label; labels of several tokens continue from the cache (as `icl.label_logprobs`,
     whose scores these equal). `past`: a trained prompt's per-layer cache
     (`dpcore.dpsgd.soft_prompt.TrainablePrompt.cache_layers`) before the text prompt, as in
     `icl.label_logprobs(past=...)`: the scores of a PromptDPSGD prompt. `should_stop()` is asked before
