@@ -67,9 +67,9 @@ def is_private_path(path: Path) -> bool:
 
 
 # A run without PREFECT_API_URL starts a temporary Prefect server for itself, on the home's SQLite file. Its
-# event feed and automations live no longer than the run, and their writes to that file made the server's other
-# writers wait out SQLite's 60 s busy timeout under load: a stopped run then took up to a minute to record its
-# end. Flow runs, task runs, logs and artifacts are kept. A long-lived server (`dpicl ui`) keeps Prefect's defaults.
+# event feed and automations would live no longer than the run, and they add writers to that file, whose lock
+# (Prefect waits up to 60 s for it) made a stopped run take up to a minute to record its end under load. Flow
+# runs, task runs, logs and artifacts are kept. A long-lived server (`dpicl ui`) keeps Prefect's defaults.
 TEMPORARY_SERVER_SETTINGS = {
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
     "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
@@ -118,4 +118,3 @@ def long_lived_server_environment(environment: dict[str, str]) -> dict[str, str]
     settings that `configure_environment` set (a user's own values stay)."""
     return {key: value for key, value in environment.items()
             if not (key in TEMPORARY_SERVER_SETTINGS and key in _DEFAULTED)}
-

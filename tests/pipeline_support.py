@@ -82,7 +82,9 @@ def stop_harness() -> None:
 
 def start_shared_harness() -> Callable[[], None]:
     """Start one `prefect_test_harness` in a thread of this (controller) process for the workers it spawns;
-    they find its URL in the file named by `SHARED_URL_FILE`. Returns the function that stops it."""
+    they find its URL in the file named by `SHARED_URL_FILE`. Returns the function that stops it. Its server,
+    like a run's temporary one, neither persists events nor runs automations (`dpcore.home.
+    TEMPORARY_SERVER_SETTINGS`, set by conftest's `configure_environment`)."""
     folder = Path(tempfile.mkdtemp(prefix="dpicl-test-prefect-"))
     url_file = folder / "api_url"
     os.environ[SHARED_URL_FILE] = str(url_file)
