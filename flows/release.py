@@ -12,6 +12,7 @@ A refused release raises `ReleaseRefusedError` listing every failed condition.
 from __future__ import annotations
 
 from prefect import flow
+from prefect.exceptions import FailedRun
 from prefect.states import Failed
 
 from dpcore.config import AuditConfig
@@ -60,8 +61,12 @@ def audited_release(run_id: str, epsilon: float | None = None, alias: str = rele
 
 def release(run_id: str, epsilon: float | None = None, alias: str = release_stage.DEFAULT_ALIAS,
             method: str = "tang", **options) -> dict:
-    """Run the release flow; a refusal raises `ReleaseRefusedError` listing every failed condition."""
-    state = audited_release(run_id=run_id, epsilon=epsilon, alias=alias, method=method, return_state=True, **options)
-    if state.name == REFUSED:
-        raise ReleaseRefusedError(state.message or f"release of run {run_id} refused")
-    return state.result()
+    """Run the release flow; a refusal raises `ReleaseRefusedError` listing every failed condition.
+
+    The flow's return value comes from the engine's memory, not from its final state: when the server rejects
+    a state proposal (a busy SQLite server's retry of one it had already recorded), the engine holds the
+    server's copy of the state, which lacks the flow's unpersisted result."""
+    try:
+        return audited_release(run_id=run_id, epsilon=epsilon, alias=alias, method=method, **options)
+    except FailedRun as refused:  # the one Failed state the flow returns is its refusal (REFUSED)
+        raise ReleaseRefusedError(str(refused) or f"release of run {run_id} refused") from None

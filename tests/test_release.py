@@ -181,6 +181,25 @@ def test_release_registers_and_moves_the_production_alias(finished_run, capsys, 
     assert f"production -> v{second['version']}" in err
 
 
+def test_a_release_whose_final_state_comes_back_from_the_server_keeps_its_result(finished_run, monkeypatch):
+    """A busy SQLite Prefect server can reject a retried state proposal it had already recorded, and the
+    engine then holds the server's copy of the Completed state, without the flow's unpersisted result: the
+    release still returns what the flow returned."""
+    import prefect.flow_engine
+
+    from flows.release import release
+
+    real = prefect.flow_engine.propose_state_sync
+
+    def rejected_with_the_servers_copy(client, state, **kwargs):
+        proposed = real(client, state, **kwargs)
+        return proposed.model_copy(update={"data": None}) if proposed.is_completed() else proposed
+
+    monkeypatch.setattr(prefect.flow_engine, "propose_state_sync", rejected_with_the_servers_copy)
+    released = release(run_id=_releasable_copy(finished_run, "release-server-copy"))
+    assert released["run_id"] == "release-server-copy" and released["version"] >= 1
+
+
 def test_predict_bad_input_names_the_line(finished_run, tmp_path):
     from flows.cli import main
 
