@@ -9,6 +9,17 @@ items; wall time and peak memory per training. `--spread D:E:K` trains K prompts
 (the spread over trainings). Every row is an experiment: the noise is seeded (`seeded_noise`), nothing is
 charged to a ledger, nothing can be released.
 
+The DP fine-tuning baselines of Duan et al. Table 1 train through the same function: `--set kind=prefix`,
+`--set kind=lora` or `--set kind=full` (an adapter kind starts from its `ADAPTER_PRESETS` learning rate and
+chunk size, as `dpicl tune` does; the trained adapter is scored as `dpicl predict` scores a release, on the
+adapted copy of the model).
+
+PromptPATE (`--pate-datasets`): one row per dataset at `--pate-teachers` x `--pate-queries` (Duan et al.
+Table 7: 200 x 500 on a GPU), R repeats of Confident-GNMax, the best of `--pate-candidates` students scored on
+the same test items, and three epsilons: the data-independent bound the ledger charges, the data-dependent
+bound of Papernot et al. 2018 (not DP; the figure of Duan et al. Table 2) and that bound released through
+smooth sensitivity at parameters fixed in this file.
+
 Choosing the recipe (`--grid`): hyperparameters are never tuned on private data outside the budget, so the
 preset was chosen on public data once, by this command: each combination of `--grid` values is trained on
 the `--sweep-datasets` at the `--sweep-epsilons` and scored on the tasks' PUBLIC split (rows held out of the
@@ -19,6 +30,8 @@ compute of every combination the same: T = round(N / batch size) unless `steps` 
     python benchmarks/utility.py [--datasets sst2,agnews,trec] [--epsilons 1,8,inf] [--spread agnews:1:3]
         [--test-size 300] [--set KEY=VALUE ...] [--examples N]
         [--grid KEY=V1,V2 ...] [--sweep-datasets sst2,agnews] [--sweep-epsilons 8] [--sweep-size 300]
+        [--pate-datasets sst2,agnews] [--pate-teachers E] [--pate-queries Q] [--pate-repeats R]
+        [--pate-shots K] [--pate-sigma2 S] [--pate-candidates C] [--pate-max-rows N]
         [--model smollm2-135m|tiny] [--device cpu] [--dtype float32] [--threads T] [--physical-batch-size B]
         [--out-dir DIR] [--json]
 
@@ -63,6 +76,14 @@ def _parse(argv):
     parser.add_argument("--sweep-datasets", default="sst2,agnews")
     parser.add_argument("--sweep-epsilons", default="8")
     parser.add_argument("--sweep-size", type=int, default=300, help="public items that score a combination")
+    parser.add_argument("--pate-datasets", default="", help="PromptPATE rows on these datasets ('' for none)")
+    parser.add_argument("--pate-teachers", type=int, default=20, help="E (Duan et al. Table 7: 200)")
+    parser.add_argument("--pate-queries", type=int, default=50, help="Q per repeat (Table 7: 500)")
+    parser.add_argument("--pate-repeats", type=int, default=3)
+    parser.add_argument("--pate-shots", type=int, default=1)
+    parser.add_argument("--pate-sigma2", type=float, default=20.0, help="GNMax noise (Table 7: 20)")
+    parser.add_argument("--pate-candidates", type=int, default=50, help="candidate students (Table 7: 50)")
+    parser.add_argument("--pate-max-rows", type=int, default=64, help="(teacher, query) rows per forward")
     parser.add_argument("--model", default="smollm2-135m", help="a model name, or `tiny` (random tiny Llama)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
@@ -100,9 +121,11 @@ def _assignments(items: list[str], what: str) -> dict:
 
 def recipes(args) -> list[dict]:
     """The CPU preset with --set on top, once per --grid combination (one recipe without --grid)."""
-    from dpcore.dpsgd.training import CPU_PRESET
+    from dpcore.dpsgd.training import ADAPTER_PRESETS, CPU_PRESET
 
-    base = {**CPU_PRESET, **{k: _value(v) for k, v in _assignments(args.set, "--set").items()}}
+    settings = {k: _value(v) for k, v in _assignments(args.set, "--set").items()}
+    # an adapter kind starts from its own learning rate and chunk size (`ADAPTER_PRESETS`), as `dpicl tune` does
+    base = {**CPU_PRESET, **ADAPTER_PRESETS.get(settings.get("kind"), {}).get("cpu", {}), **settings}
     grid = {k: [_value(v) for v in values.split(",")] for k, values in _assignments(args.grid, "--grid").items()}
     combos = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())] if grid else [{}]
     out = []
@@ -143,33 +166,44 @@ class Bench:
         self.data: dict = {}
         self.zero_shot: dict = {}
 
-    def dataset(self, name: str):
+    def dataset(self, name: str) -> dict:
+        """The task's spec and splits, loaded once."""
         from dpcore.data.datasets import load_dataset
         from dpcore.data.taskspec import load_task_spec
-        from dpcore.dpsgd.soft_prompt import encode_examples, instruction_ids
 
         if name not in self.data:
             spec = load_task_spec(name)
             data = load_dataset(spec)
-            train = data.train.reset_index(drop=True)
-            examples = encode_examples(self.lm, spec, train["text"].astype(str).tolist(),
-                                       train["label"].astype(str).tolist())
             public = data.public.sort_values("id", kind="stable").reset_index(drop=True)
-            # the loss curve's examples: the first of the public split in id order (tasks.tune's rule), encoded once
-            public_examples = encode_examples(self.lm, spec, public["text"].astype(str).tolist(),
-                                              public["label"].astype(str).tolist()) if len(public) else []
-            self.data[name] = {"spec": spec, "train": examples, "test": data.test, "public": public,
-                               "public_examples": public_examples, "instruction": instruction_ids(self.lm, spec)}
+            self.data[name] = {"spec": spec, "loaded": data, "train_frame": data.train.reset_index(drop=True),
+                               "test": data.test, "public": public}
         return self.data[name]
 
-    def evaluate(self, name: str, split: str, size: int, method: str, epsilon: float, past=None) -> dict:
+    def examples(self, name: str) -> dict:
+        """`dataset` with the training records and the loss curve's public examples encoded (once; a PromptPATE
+        row needs the raw splits only)."""
+        from dpcore.dpsgd.soft_prompt import encode_examples, instruction_ids
+
+        d = self.dataset(name)
+        if "train" not in d:
+            spec, train, public = d["spec"], d["train_frame"], d["public"]
+            d["train"] = encode_examples(self.lm, spec, train["text"].astype(str).tolist(),
+                                         train["label"].astype(str).tolist())
+            # the loss curve's examples: the first of the public split in id order (tasks.tune's rule)
+            d["public_examples"] = encode_examples(self.lm, spec, public["text"].astype(str).tolist(),
+                                                   public["label"].astype(str).tolist()) if len(public) else []
+            d["instruction"] = instruction_ids(self.lm, spec)
+        return d
+
+    def evaluate(self, name: str, split: str, size: int, method: str, epsilon: float, past=None, lm=None,
+                 demos=None, shots: int = 0) -> dict:
         from dpcore.config import EvalConfig
         from dpcore.lm import icl
 
         d = self.dataset(name)
         frame = d[split]
-        _, metrics = icl.evaluate(self.lm, d["spec"], frame, None, method, epsilon,
-                                  EvalConfig(shots=0, seeds=1, test_size=min(size, len(frame)), calibrate=True),
+        _, metrics = icl.evaluate(lm or self.lm, d["spec"], frame, demos, method, epsilon,
+                                  EvalConfig(shots=shots, seeds=1, test_size=min(size, len(frame)), calibrate=True),
                                   batch_size=self.args.eval_batch_size, past=past)
         row = metrics.iloc[0]
         return {"n": int(row["n"]), "accuracy": float(row["accuracy"]),
@@ -187,16 +221,21 @@ class Bench:
               split: str, size: int) -> dict:
         import torch
 
+        from dpcore.dpsgd import adapters
         from dpcore.dpsgd import training as dpsgd
         from dpcore.dpsgd.soft_prompt import init_prompt
+        from dpcore.names import ADAPTER_KINDS
 
-        d = self.dataset(name)
+        d = self.examples(name)
         config = dpsgd.DpsgdConfig(**recipe)
         plan = dpsgd.dpsgd_plan(epsilon, len(d["train"]), config)
         spend = plan.spends[0]
         noise, sampling, seeded = dpsgd.generators(_seed(phase, name, epsilon, training, recipe), self.lm.device)
-        prompt = init_prompt(self.lm, config.kind, config.length, config.init, sampling,
-                             d["instruction"]).to(self.lm.device)
+        if config.kind in ADAPTER_KINDS:  # LoRA or full fine-tuning: a trainable copy of the model
+            prompt = adapters.init_adapter(self.lm, config.kind, sampling, config.rank)
+        else:
+            prompt = init_prompt(self.lm, config.kind, config.length, config.init, sampling,
+                                 d["instruction"]).to(self.lm.device)
         val_examples = d["public_examples"][:config.validation_size]
         with PeakMemory(self.lm.device) as memory:
             began = time.perf_counter()
@@ -208,24 +247,41 @@ class Bench:
             if self.lm.device.type == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - began
-        scores = self.evaluate(name, split, size, "dpsgd", epsilon, past=prompt.cache_layers(self.lm))
+        curve = result.curve
+        if config.kind in ADAPTER_KINDS:  # scored as `dpicl predict` scores a release: the adapted model
+            path = self.out_dir / "adapter.safetensors"
+            adapters.save_adapter(result.prompt, path, {"kind": config.kind})
+            adapted, _ = adapters.trained_scoring(self.lm, path)
+            scores = self.evaluate(name, split, size, "dpsgd", epsilon, lm=adapted)
+            del adapted, result
+            if self.lm.device.type == "cuda":
+                torch.cuda.empty_cache()
+        else:
+            scores = self.evaluate(name, split, size, "dpsgd", epsilon, past=prompt.cache_layers(self.lm))
         row = {"phase": phase, "dataset": name, "split": split, "epsilon": epsilon, "training": training,
                "grid": grid, **scores, "delta": plan.delta, "noise_multiplier": spend.noise_multiplier,
                "sampling_rate": spend.sampling_rate, "steps": spend.steps, "batch_size": config.batch_size,
                "examples_in_expectation": round(spend.sampling_rate * len(d["train"]) * spend.steps),
                "training_records": len(d["train"]), "recipe": config.model_dump(), "train_seconds": seconds,
-               "peak_memory_mb": memory.peak_mb, "curve": result.curve, "seeded_noise": seeded}
+               "peak_memory_mb": memory.peak_mb, "curve": curve, "seeded_noise": seeded}
         self._write(row)
         return row
 
     def _write(self, row: dict) -> None:
         with self.rows_path.open("a") as handle:
             handle.write(json.dumps(row, default=str) + "\n")
-        if row["phase"] == "zero-shot":
+        if row["phase"] == "pate":
+            print(f"[pate {row['dataset']}] E {row['teachers']}, Q {row['queries']} x {row['repeats']}: answered "
+                  f"{[r['answered'] for r in row['per_repeat']]}, calibrated accuracy {row['calibrated_accuracy']} "
+                  f"(raw {row['accuracy']}); epsilon charged {row['epsilon_charged']:.1f}, data-dependent "
+                  f"{row['epsilon_data_dependent']:.3f}, GNSS release {row['epsilon_released_gnss']}; flock "
+                  f"{row['flock_seconds']:.0f} s, {row['seconds']:.0f} s", flush=True)
+        elif row["phase"] == "zero-shot":
             print(f"[{row['dataset']} {row['split']}] zero-shot: raw {row['accuracy']:.3f}, calibrated "
                   f"{row['calibrated_accuracy']:.3f} (n {row['n']})", flush=True)
         else:
-            print(f"[{row['phase']} {row['dataset']} eps {row['epsilon']:g} #{row['training']}] {row['grid'] or ''} "
+            print(f"[{row['phase']} {row['recipe']['kind']} {row['dataset']} eps {row['epsilon']:g} "
+                  f"#{row['training']}] {row['grid'] or ''} "
                   f"raw {row['accuracy']:.3f}, calibrated {row['calibrated_accuracy']:.3f} (n {row['n']}); "
                   f"sigma {row['noise_multiplier']:.3f}, q {row['sampling_rate']:.2e}, T {row['steps']}, "
                   f"{row['train_seconds']:.0f} s, +{row['peak_memory_mb']:.0f} MB", flush=True)
@@ -273,6 +329,100 @@ def table(bench: Bench, args, recipe: dict, grid: dict) -> list[dict]:
             for training in range(spread.get((name, epsilon), 1)):
                 rows.append(bench.train("table", name, epsilon, training, recipe, grid, "test", args.test_size))
     return rows
+
+
+# The smooth-sensitivity release of the data-dependent epsilon (Papernot et al. 2018, GNSS) at parameters
+# fixed here, before any vote is seen: order 15 (at sigma2 = 20 the analysis's condition C6 fails from order
+# 20 on), beta 0.03 (below 1 / (2 order)), sigma_ss 10.
+GNSS_ORDER, GNSS_BETA, GNSS_SIGMA = 15.0, 0.03, 10.0
+
+
+def pate_row(bench: Bench, args, name: str) -> dict:
+    """PromptPATE (Duan et al. Algorithm 2) on one dataset at the --pate-* sizes, as `dpicl pate` runs it
+    (disjoint one-shot teachers keyed by record id, calibrated votes on IID public queries, Confident-GNMax
+    with sigma1 from the task YAML, R repeats of fresh noise, the best of the candidate students on its
+    answered queries), scored on the first --test-size test items. Three epsilons per row: the
+    data-independent bound the ledger charges (all repeats), the data-dependent bound (Papernot et al. 2018,
+    not DP: Duan et al. Table 2's figure), and that bound released through smooth sensitivity (GNSS at the
+    fixed order, beta and sigma_ss above). Votes, histograms and noise never leave this process."""
+    import numpy as np
+    import torch
+
+    from dpcore.pate import flock, gnmax, public_queries
+    from dpcore.pate.data_dependent import data_dependent_epsilon, epsilon_from_rdp
+    from dpcore.pate.privacy import data_independent_epsilon
+    from dpcore.pate.smooth_sensitivity import release_data_dependent_epsilon
+    from dpcore.pate.student import select_student, student_candidates
+    from dpcore.pate.teachers import assign_teachers
+
+    zero_shot = bench.zero_shot_row(name, "test", args.test_size)
+    d = bench.dataset(name)
+    spec, train = d["spec"], d["train_frame"]
+    teachers, shots, repeats = args.pate_teachers, args.pate_shots, args.pate_repeats
+    threshold, sigma1, sigma2 = gnmax.default_threshold(teachers), float(spec.pate.sigma1), args.pate_sigma2
+    delta = 1.0 / len(train)
+    labels = list(spec.labels)
+    began = time.perf_counter()
+    ids = train["id"].astype(str).tolist()
+    texts = dict(zip(ids, train["text"].astype(str), strict=True))
+    gold = dict(zip(ids, train["label"].astype(str), strict=True))
+    assignment = assign_teachers(ids, teachers, shots, np.random.default_rng(_seed("pate-teachers", name)))
+    prompts = [[(texts[i], gold[i]) for i in members] for members in assignment.demos]
+    pool, where = public_queries.public_texts(d["loaded"], "iid")
+    queries = public_queries.select_queries(pool, args.pate_queries, where)["text"].tolist()
+    scores = flock.flock_scores(bench.lm, spec, prompts, queries, labels, calibrate=True,
+                                max_rows=args.pate_max_rows)
+    histograms = gnmax.vote_histograms(flock.votes(bench.lm, spec, scores, labels, "calibrated"), len(labels))
+    flock_seconds = time.perf_counter() - began
+    print(f"[pate {name}] flock of {teachers} teachers x {len(queries)} queries scored in {flock_seconds:.0f} s",
+          flush=True)
+    rng = np.random.default_rng(_seed("pate-gnmax", name))
+    repeats_out, total_rdp, masks = [], None, []
+    for repeat in range(repeats):
+        answers = gnmax.confident_gnmax(histograms, threshold, sigma1, sigma2, rng)
+        answered = answers >= 0
+        masks.append(answered)
+        report = data_dependent_epsilon(histograms, threshold, sigma1, sigma2, delta, answered=answered)
+        total_rdp = report.rdp if total_rdp is None else total_rdp + report.rdp
+        student_texts = [q for q, a in zip(queries, answered, strict=True) if a]
+        noisy = np.asarray([int(a) for a in answers if a >= 0])
+        groups = student_candidates(len(student_texts), shots, args.pate_candidates, np.random.default_rng(repeat))
+        out = {"repeat": repeat, "answered": int(answered.sum()), "accuracy": None, "calibrated_accuracy": None}
+        if groups:
+            candidates = [[(student_texts[i], labels[noisy[i]]) for i in g] for g in groups]
+            cand_scores = flock.flock_scores(bench.lm, spec, candidates, student_texts, labels, calibrate=True,
+                                             max_rows=args.pate_max_rows)
+            choice = select_student(flock.votes(bench.lm, spec, cand_scores, labels, "calibrated"), noisy, groups)
+            demos = [(student_texts[i], labels[noisy[i]]) for i in choice.members]
+            out.update(bench.evaluate(name, "test", args.test_size, "pate", math.inf, demos=demos, shots=shots))
+        repeats_out.append(out)
+        print(f"[pate {name}] repeat {repeat}: {out}", flush=True)
+    try:
+        released = release_data_dependent_epsilon(
+            np.concatenate([histograms] * repeats), np.concatenate(masks), teachers=teachers, threshold=threshold,
+            sigma1=sigma1, sigma2=sigma2, delta=delta, order=GNSS_ORDER, beta=GNSS_BETA, sigma_ss=GNSS_SIGMA,
+            rng=np.random.default_rng(_seed("pate-gnss", name))).epsilon
+    except Exception as error:  # noqa: BLE001 - the analysis's conditions can fail at these parameters
+        released = f"not applicable: {error}"
+    if bench.lm.device.type == "cuda":
+        torch.cuda.synchronize()
+    done = [r for r in repeats_out if r["accuracy"] is not None]
+    row = {"phase": "pate", "dataset": name, "teachers": teachers, "shots": shots, "queries": len(queries),
+           "repeats": repeats, "threshold": threshold, "sigma1": sigma1, "sigma2": sigma2, "delta": delta,
+           "public": where, "student_candidates": args.pate_candidates,
+           "epsilon_charged": data_independent_epsilon(sigma1, sigma2, len(queries) * repeats, delta),
+           "epsilon_data_dependent": epsilon_from_rdp(report.orders, total_rdp, delta)[0],
+           "epsilon_released_gnss": released, "gnss": {"order": GNSS_ORDER, "beta": GNSS_BETA, "sigma_ss": GNSS_SIGMA},
+           "per_repeat": repeats_out, "n": done[0]["n"] if done else 0,
+           "zero_shot": {k: zero_shot[k] for k in ("accuracy", "calibrated_accuracy")},
+           "accuracy": float(np.mean([r["accuracy"] for r in done])) if done else None,
+           "accuracy_std": float(np.std([r["accuracy"] for r in done])) if done else None,
+           "calibrated_accuracy": float(np.mean([r["calibrated_accuracy"] for r in done])) if done else None,
+           "calibrated_accuracy_std": float(np.std([r["calibrated_accuracy"] for r in done])) if done else None,
+           "flock_seconds": flock_seconds, "seconds": time.perf_counter() - began,
+           "scorings": teachers * len(queries)}
+    bench._write(row)
+    return row
 
 
 def _stat(group: list[dict], key: str) -> str:
@@ -327,7 +477,8 @@ def main(argv=None) -> int:
     else:
         chosen = candidates[0]
     rows = table(bench, args, chosen["recipe"], chosen["grid"]) if args.datasets else []
-    result.update(recipe=chosen["recipe"], rows=rows, seconds=time.perf_counter() - began)
+    pate = [pate_row(bench, args, name) for name in _names(args.pate_datasets)]
+    result.update(recipe=chosen["recipe"], rows=rows, pate=pate, seconds=time.perf_counter() - began)
     text = summary_table(rows)
     print(text)
     path = bench.out_dir / "utility.json"

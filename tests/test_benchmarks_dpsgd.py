@@ -41,3 +41,26 @@ def test_utility_chooses_on_the_public_split_and_tables_the_test_split(tmp_path,
     assert [r["noise_multiplier"] > 0 for r in table] == [True, True, False]
     rows = [json.loads(line) for line in (tmp_path / "utility_rows.jsonl").read_text().splitlines()]
     assert len(rows) == len(sweep) + len(table) + 2  # streamed as they finished, zero-shot rows included
+
+
+def test_utility_trains_an_adapter_and_tables_promptpate(tmp_path, capsys):
+    from dpcore.dpsgd.training import ADAPTER_PRESETS
+    from dpcore.pate.privacy import data_independent_epsilon
+
+    code = run_benchmark("utility", [
+        "--model", "tiny", "--datasets", "sst2", "--epsilons", "8", "--spread=", "--test-size", "6",
+        "--set", "kind=lora", "--set", "batch_size=4", "--set", "steps=1", "--set", "validation_size=2",
+        "--pate-datasets", "sst2", "--pate-teachers", "4", "--pate-queries", "6", "--pate-repeats", "2",
+        "--pate-candidates", "2", "--threads", "1", "--out-dir", str(tmp_path), "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (lora,) = [r for r in result["rows"] if r["phase"] == "table"]
+    assert lora["recipe"]["kind"] == "lora" and lora["recipe"]["lr"] == ADAPTER_PRESETS["lora"]["cpu"]["lr"]
+    assert lora["n"] == 6 and lora["noise_multiplier"] > 0
+    (pate,) = result["pate"]
+    assert (pate["teachers"], pate["queries"], pate["repeats"], pate["threshold"]) == (4, 6, 2, 4.0)
+    # the charged epsilon is the ledger's data-independent bound for every query of every repeat
+    assert pate["epsilon_charged"] == data_independent_epsilon(pate["sigma1"], pate["sigma2"], 12, pate["delta"])
+    assert pate["epsilon_data_dependent"] > 0 and len(pate["per_repeat"]) == 2
+    assert all(0 <= r["answered"] <= 6 for r in pate["per_repeat"])
+    assert set(pate["zero_shot"]) == {"accuracy", "calibrated_accuracy"}
