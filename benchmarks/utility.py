@@ -10,8 +10,8 @@ items; wall time and peak memory per training. `--spread D:E:K` trains K prompts
 charged to a ledger, nothing can be released.
 
 The DP fine-tuning baselines of Duan et al. Table 1 train through the same function: `--set kind=prefix`,
-`--set kind=lora` or `--set kind=full` (an adapter kind starts from its `ADAPTER_PRESETS` learning rate and
-chunk size, as `dpicl tune` does; the trained adapter is scored as `dpicl predict` scores a release, on the
+`--set kind=lora` or `--set kind=full` (each kind starts from its `KIND_PRESETS` learning rate and chunk
+size, as `dpicl tune` does; the trained adapter is scored as `dpicl predict` scores a release, on the
 adapted copy of the model).
 
 PromptPATE (`--pate-datasets`): one row per dataset at `--pate-teachers` x `--pate-queries` (Duan et al.
@@ -121,11 +121,11 @@ def _assignments(items: list[str], what: str) -> dict:
 
 def recipes(args) -> list[dict]:
     """The CPU preset with --set on top, once per --grid combination (one recipe without --grid)."""
-    from dpcore.dpsgd.training import ADAPTER_PRESETS, CPU_PRESET
+    from dpcore.dpsgd.training import CPU_PRESET, KIND_PRESETS
 
     settings = {k: _value(v) for k, v in _assignments(args.set, "--set").items()}
-    # an adapter kind starts from its own learning rate and chunk size (`ADAPTER_PRESETS`), as `dpicl tune` does
-    base = {**CPU_PRESET, **ADAPTER_PRESETS.get(settings.get("kind"), {}).get("cpu", {}), **settings}
+    # a kind starts from its own learning rate and chunk size (`KIND_PRESETS`), as `dpicl tune` does
+    base = {**CPU_PRESET, **KIND_PRESETS.get(settings.get("kind"), {}).get("cpu", {}), **settings}
     grid = {k: [_value(v) for v in values.split(",")] for k, values in _assignments(args.grid, "--grid").items()}
     combos = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())] if grid else [{}]
     out = []

@@ -44,7 +44,7 @@ def test_utility_chooses_on_the_public_split_and_tables_the_test_split(tmp_path,
 
 
 def test_utility_trains_an_adapter_and_tables_promptpate(tmp_path, capsys):
-    from dpcore.dpsgd.training import ADAPTER_PRESETS
+    from dpcore.dpsgd.training import KIND_PRESETS
     from dpcore.pate.privacy import data_independent_epsilon
 
     code = run_benchmark("utility", [
@@ -55,7 +55,7 @@ def test_utility_trains_an_adapter_and_tables_promptpate(tmp_path, capsys):
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     (lora,) = [r for r in result["rows"] if r["phase"] == "table"]
-    assert lora["recipe"]["kind"] == "lora" and lora["recipe"]["lr"] == ADAPTER_PRESETS["lora"]["cpu"]["lr"]
+    assert lora["recipe"]["kind"] == "lora" and lora["recipe"]["lr"] == KIND_PRESETS["lora"]["cpu"]["lr"]
     assert lora["n"] == 6 and lora["noise_multiplier"] > 0
     (pate,) = result["pate"]
     assert (pate["teachers"], pate["queries"], pate["repeats"], pate["threshold"]) == (4, 6, 2, 4.0)

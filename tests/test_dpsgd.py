@@ -439,10 +439,12 @@ def test_tune_over_budget_is_refused_with_exit_3_and_spends_nothing(tiny_lm, cap
 def test_tune_bad_input_is_a_clear_error_and_writes_nothing(tiny_lm, capsys, flags, needle):
     from pipeline_support import home, share_tiny_model
 
+    from dpcore.home import content_key
     from dpcore.privacy.ledger import Ledger
     from flows.cli import main
 
     share_tiny_model(tiny_lm)
+    content_key()  # the home's own key, made on its first data read: not written by the refused command
     before = _written(home())
     capsys.readouterr()
     assert main(_tune_args(dataset_id="tune-bad") + flags) == 2
