@@ -451,14 +451,123 @@ def _check_delta(delta: Any) -> float:
 
 
 def compose(events: Iterable, delta: float, *, cache: bool | Path = True) -> Composition:
-    """Epsilon at `delta` of all `events` composed (any order, adaptively): the module docstring.
+    """Epsilon at `delta` of all `events` composed (any order, adaptively): the module docstring. Events
+    known only by a Renyi guarantee (`RenyiDpEvent`) are composed by `_compose_with_renyi`.
 
     `cache`: remember the answer in memory and on disk (`dpcore.privacy.memo`: True, the home's cache; a
     folder, that one), keyed by the events' steps and delta; False computes it afresh."""
-    steps, d = groups(events), _check_delta(delta)
+    others, renyi = split_renyi(events)
+    if renyi:
+        return _compose_with_renyi(others, renyi, _check_delta(delta), cache)
+    steps, d = groups(others), _check_delta(delta)
     if cache is False:
         return _compose_groups(steps, d)
     return _compose_cached(steps, d, _memo_folder(cache))
+
+
+# ---------------------------------------------------------------------------------------------
+# Renyi guarantees
+
+
+def split_renyi(events: Iterable) -> tuple[list, dict[float, float]]:
+    """(the events with every `RenyiDpEvent` taken out, {order: the summed epsilon of the Renyi guarantees at
+    that order}); nested compositions are followed (a self-composition multiplies). A Renyi guarantee inside
+    a sampled event is refused: no amplification theorem is applied to it."""
+    from dpcore.privacy import events as ev
+
+    others: list = []
+    renyi: dict[float, float] = {}
+
+    def holds_renyi(event) -> bool:
+        if isinstance(event, ev.RenyiDpEvent):
+            return True
+        if isinstance(event, ev.ComposedDpEvent):
+            return any(holds_renyi(item) for item in event.events)
+        inner = getattr(event, "event", None)
+        return isinstance(inner, ev.DpEvent) and holds_renyi(inner)
+
+    def visit(event, count: int) -> None:
+        if not holds_renyi(event):
+            if count:
+                others.append(event if count == 1 else ev.SelfComposedDpEvent(event, count))
+            return
+        if isinstance(event, ev.RenyiDpEvent):
+            order, epsilon = float(event.order), float(event.epsilon)
+            if not (math.isfinite(order) and order > 1):
+                raise ConfigError(f"RenyiDpEvent order must be a finite number > 1, got {event.order!r}")
+            if not (math.isfinite(epsilon) and epsilon >= 0):
+                raise ConfigError(f"RenyiDpEvent epsilon must be a finite number >= 0, got {event.epsilon!r}")
+            renyi[order] = renyi.get(order, 0.0) + count * epsilon
+        elif isinstance(event, ev.ComposedDpEvent):
+            for item in event.events:
+                visit(item, count)
+        elif isinstance(event, ev.SelfComposedDpEvent):
+            if isinstance(event.count, bool) or int(event.count) != event.count or event.count < 0:
+                raise ConfigError(f"SelfComposedDpEvent count must be an integer >= 0, got {event.count!r}")
+            visit(event.event, count * int(event.count))
+        else:
+            raise ConfigError(f"cannot account for a Renyi guarantee inside {type(event).__name__}: only "
+                              "compositions of it are supported")
+
+    for item in events:
+        visit(item, 1)
+    return others, renyi
+
+
+def renyi_epsilon(rdp: float, order: float, delta: float) -> float:
+    """(order, rdp)-RDP as (epsilon, delta)-DP: rdp + log(1 - 1/order) - log(delta * order) / (order - 1)
+    (Canonne, Kamath and Steinke 2020, Proposition 12; the conversion of dp-accounting's RDP accountant),
+    never below 0."""
+    return max(0.0, float(rdp) + math.log1p(-1.0 / order) - math.log(delta * order) / (order - 1.0))
+
+
+def _rdp_at(others: Sequence, order: float, renyi: float, delta: float) -> float | None:
+    """Everything composed in RDP at one order and converted once: dp-accounting's RDP accountant at that
+    order alone, the others' steps as they are and the Renyi guarantee as its constant (a `ZCDpEvent` with
+    rho 0 and xi = epsilon is (order, epsilon)-RDP at every order, so at this one). None where the
+    accountant does not take a step (report-noisy-max)."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    accountant = rdp.RdpAccountant([order])
+    for kind, sigma, q, steps in groups(others):
+        if kind == NONPRIVATE:
+            return math.inf
+        if kind not in ("gaussian", "laplace"):
+            return None
+        step = dp_event.GaussianDpEvent(sigma) if kind == "gaussian" else dp_event.LaplaceDpEvent(sigma)
+        accountant.compose(step if q >= 1.0 else dp_event.PoissonSampledDpEvent(q, step), int(steps))
+    accountant.compose(dp_event.ZCDpEvent(rho=0.0, xi=renyi))
+    return float(accountant.get_epsilon(delta))
+
+
+def _compose_with_renyi(others: list, renyi: dict[float, float], delta: float, cache: bool | Path) -> Composition:
+    """Events of which some are known only by Renyi guarantees, composed two ways, the smaller reported (both
+    are upper bounds):
+
+    - split: delta shared equally between the other events (composed by `compose`: PLD, prv-accountant) and
+      each order's summed Renyi guarantee (converted by `renyi_epsilon`); the epsilons add up (basic
+      composition of (epsilon_i, delta_i) guarantees);
+    - together (one order only): every event in RDP at that order (`_rdp_at`), converted once at delta."""
+    parts = len(renyi) + (1 if others else 0)
+    share = delta / parts
+    base = compose(others, share, cache=cache) if others else None
+    notes = list(base.warnings) if base else []
+    split = (base.epsilon if base else 0.0) + sum(renyi_epsilon(total, order, share) for order, total in renyi.items())
+    candidates = [split]
+    if len(renyi) == 1:
+        ((order, total),) = renyi.items()
+        together = _rdp_at(others, order, total, delta)
+        if together is not None:
+            candidates.append(together)
+    epsilon = min(candidates)
+    orders = ", ".join(f"{order:g}" for order in sorted(renyi))
+    notes.append(f"Renyi guarantees at order {orders} composed with the other events: delta split {parts} ways "
+                 f"{_fmt(split)}" + (f", all in RDP at order {orders} {_fmt(candidates[1])}" if len(candidates) > 1
+                                      else "") + "; the smaller reported")
+    # the cross-check is the other events' (their accountants at their share of delta); the Renyi part is
+    # one closed form
+    return Composition(float(epsilon), delta, None, None, base.crosscheck_agreed if base else True, tuple(notes))
 
 
 def _memo_folder(cache: bool | Path) -> Path | None:

@@ -73,6 +73,18 @@ class ReportNoisyMaxDpEvent(DpEvent):
     noise_multiplier: float
 
 
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class RenyiDpEvent(DpEvent):
+    """A mechanism known only by a Renyi-DP guarantee at one order (Mironov 2017): D_order(M(D) || M(D'))
+    <= epsilon for neighbouring D, D'. PromptPATE's smooth-sensitivity release (Papernot et al. 2018,
+    Theorem 23) and its released data-dependent cost are such guarantees. Composed by adding epsilons at
+    the same order and converting to (epsilon, delta) (`dpcore.privacy.composition`); sampling does not
+    amplify it here."""
+
+    order: float
+    epsilon: float
+
+
 def gaussian_event(standard_deviation: float, sensitivity: float) -> DpEvent:
     """A Gaussian mechanism with noise std `standard_deviation` on a sum of L2 `sensitivity`:
     `GaussianDpEvent(std / sensitivity)`; std = 0 is `NonPrivateDpEvent`."""
@@ -162,6 +174,7 @@ EVENT_CLASSES: dict[str, type[DpEvent]] = {
     **{name: cls for name, cls in vars(_dp_event).items()
        if isinstance(cls, type) and issubclass(cls, DpEvent) and cls is not DpEvent},
     ReportNoisyMaxDpEvent.__name__: ReportNoisyMaxDpEvent,
+    RenyiDpEvent.__name__: RenyiDpEvent,
 }
 
 

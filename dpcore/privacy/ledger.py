@@ -234,7 +234,8 @@ def _check_request(request: Spend) -> Spend:
         raise ConfigError(f"delta: must be a number in (0, 1), got {request.delta!r}") from None
     if not 0 < delta < 1:
         raise ConfigError(f"delta: must be in (0, 1), got {request.delta}")
-    composition.groups([request.event])  # ConfigError for an event the accountants cannot compose
+    # ConfigError for an event the accountants cannot compose
+    composition.groups(composition.split_renyi([request.event])[0])
     return dataclasses.replace(request, delta=delta)
 
 
