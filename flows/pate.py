@@ -14,6 +14,7 @@ The flow composes `tasks/` and holds no algorithm logic.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from dpcore.display import fmt_eps
 from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
 from dpcore.pate.privacy import data_independent_epsilon
+from dpcore.pate.released_cost import ACCOUNTING, settled_plan
 from flows.runner import default_run_id, map_calls, results, running
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
@@ -91,8 +93,9 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     teachers = pate_stage.pate_teachers(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                                         teachers=settings["teachers"], shots=settings["shots"], seed=config.seed,
                                         noise_scope=scope, noise_charged=fresh)
-    done = _label_and_learn(config, ingested, plan, teachers, scope, fresh)
+    done = _label_and_learn(config, ingested, plan, teachers, scope, fresh, run_id)
     aggregate, students, evaluations = done["aggregate"], done["students"], done["evaluations"]
+    plan, plans = done["plan"], done["plan"].plans  # data-dependent accounting: settled, both spends
     _write_tables(paths, teachers, aggregate, students, evaluations, done["zero"], plan.checkpoints)
     rows, n_test = _result_rows(config, plan, aggregate, evaluations, done["zero"], done["test_rows"])
     results_path = write_table(pd.DataFrame(rows, columns=pate_stage.RESULT_COLUMNS),
@@ -118,7 +121,11 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         "dataset": config.dataset,
         "data_hash": ingested["data_hash"],
         "epsilon": plans[0].epsilon,
-        "epsilon_per_repeat": _per_repeat_epsilon(settings, per_repeat, plan.delta),
+        "epsilon_per_repeat": (None if settings["accounting"] == ACCOUNTING
+                               else _per_repeat_epsilon(settings, per_repeat, plan.delta)),
+        "accounting": settings["accounting"],
+        "epsilon_data_independent": plans[0].parameters["epsilon_data_independent"],
+        "released_rdp": plans[0].parameters.get("released_rdp"),
         "delta": plan.delta,
         "queries": per_repeat,
         "queries_requested": settings["queries"],
@@ -158,11 +165,12 @@ def _plan(config: RunConfig, ingested: dict, run_plan: RunPlan, checkpoint_epsil
 
 
 def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: dict, scope: str,
-                     fresh: bool) -> dict:
+                     fresh: bool, run_id: str) -> dict:
     """The mapped stages, on the charge already made: the flock's votes on the public queries (and on the
     test split for the non-private baselines), Confident-GNMax's noisy labels, a student per repeat (and per
     smaller epsilon's prefix), their evaluation beside zero-shot's. Fills each checkpoint's `answered`,
-    `students` and `evaluations`."""
+    `students` and `evaluations`. Data-dependent accounting: the labelling's released cost is charged
+    (`_settle`) before any label or student is made public; `plan` in the result is the plan as settled."""
     settings, labels = plan.settings, list(ingested["labels"])
     common = dict(task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
                   dtype=config.dtype)
@@ -193,7 +201,10 @@ def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: d
             threshold=settings["threshold"], sigma1=settings["sigma1"], sigma2=settings["sigma2"],
             repeats=settings["repeats"], queries=plan.per_repeat, delta=plan.delta, seed=config.seed,
             noise_scope=scope, noise_charged=fresh, checkpoints=[c["queries"] for c in plan.checkpoints] or None,
-            **common)
+            release=settings.get("gnss"), **common)
+        if aggregate["released_rdp"] is not None:
+            plan = _settle(config, ingested, plan, aggregate["released_rdp"], run_id)
+            aggregate = pate_stage.publish_labels(aggregate=aggregate)
         students = _students(runner, config, plan, aggregate, common)
         evaluations = _evaluate_students(runner, config, plan, students, eval_common)
         zero = results(zero_futures)
@@ -204,7 +215,18 @@ def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: d
                 records_path=ingested["records_path"], scores_paths=[b["scores_path"] for b in test_blocks],
                 vote_mode=settings["vote_mode"], test_size=config.test_size, **common)
     return {"aggregate": aggregate, "students": students, "evaluations": evaluations, "zero": zero,
-            "test_rows": test_rows}
+            "test_rows": test_rows, "plan": plan}
+
+
+def _settle(config: RunConfig, ingested: dict, plan: _Plan, released_rdp: float, run_id: str) -> _Plan:
+    """Data-dependent accounting: the labelling charged at its released cost (`dpcore.pate.released_cost`),
+    refused (nothing published) over the epsilon asked or the dataset's budget."""
+    settled = settled_plan(plan.plans[0], released_rdp)
+    charge_plans(config.ledger_id, ingested["data_hash"], run_id, [settled],
+                 same_records_ok=config.new_budget_for_same_records)
+    get_run_logger().info("ledger %s: PromptPATE labelling charged at its released data-dependent cost: the run's "
+                          "PromptPATE epsilon %.4g at delta %.3g", config.ledger_id, settled.epsilon, plan.delta)
+    return dataclasses.replace(plan, plans=[settled, *plan.plans[1:]])
 
 
 def _students(runner, config: RunConfig, plan: _Plan, aggregate: dict, common: dict) -> list[dict]:

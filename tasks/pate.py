@@ -31,6 +31,13 @@ from dpcore.pate import gnmax, public_queries
 from dpcore.pate.gnmax import check_gnmax_parameters, default_threshold
 from dpcore.pate.presets import preset
 from dpcore.pate.privacy import labelling_checkpoints, max_queries_within, pate_plan
+from dpcore.pate.released_cost import (
+    ACCOUNTING,
+    ReleaseParameters,
+    data_dependent_plan,
+    release_parameters,
+    released_labelling_rdp,
+)
 from dpcore.pate.student import select_student, student_candidates
 from dpcore.pate.teachers import Teachers, assign_teachers, check_flock_size
 from dpcore.privacy.plan import PrivacyPlan
@@ -47,12 +54,13 @@ from tasks.common import (
 from tasks.ingest import public_test_split
 
 PATE_MODULES = ("dpcore.pate.teachers", "dpcore.pate.gnmax", "dpcore.pate.flock", "dpcore.lm.icl", "dpcore.pate.public_queries",
-                "dpcore.pate.student", "dpcore.pate.data_dependent", "dpcore.lm.model", "dpcore.data.taskspec")
+                "dpcore.pate.student", "dpcore.pate.data_dependent", "dpcore.pate.smooth_sensitivity",
+                "dpcore.pate.released_cost", "dpcore.lm.model", "dpcore.data.taskspec")
 TEACHERS_KEY = ("data_hash", "teachers", "shots", "seed", "noise_scope")
 FLOCK_KEY = ("data_hash", "assignment_key", "queries_key", "task_spec", "labels", "first", "last", "calibrate",
              "split", "test_size", "model", "dtype")
 AGGREGATE_KEY = ("data_hash", "votes_keys", "labels", "vote_mode", "threshold", "sigma1", "sigma2", "repeats",
-                 "delta", "seed", "noise_scope", "checkpoints")
+                 "delta", "seed", "noise_scope", "checkpoints", "release")
 STUDENT_KEY = ("labels_key", "repeat", "task_spec", "labels", "shots", "candidates", "calibrate", "model", "dtype",
                "queries_limit")
 
@@ -72,10 +80,17 @@ def pate_settings(config, spec) -> dict:
         values["sigma1"] = spec.pate.sigma1
     teachers = int(values["teachers"])
     threshold = config.pate_threshold if config.pate_threshold is not None else default_threshold(teachers)
-    return {"preset": name, "teachers": teachers, "shots": config.pate_shots, "threshold": float(threshold),
-            "sigma1": float(values["sigma1"]), "sigma2": float(values["sigma2"]), "vote_mode": config.pate_vote_mode,
-            "repeats": config.pate_repeats, "public": config.pate_public, "queries": int(values["queries"]),
-            "student_candidates": int(values["student_candidates"])}
+    settings = {"preset": name, "teachers": teachers, "shots": config.pate_shots, "threshold": float(threshold),
+                "sigma1": float(values["sigma1"]), "sigma2": float(values["sigma2"]),
+                "vote_mode": config.pate_vote_mode, "repeats": config.pate_repeats, "public": config.pate_public,
+                "queries": int(values["queries"]), "student_candidates": int(values["student_candidates"]),
+                "accounting": config.pate_accounting}
+    if config.pate_accounting == ACCOUNTING:  # the release's parameters, from public settings alone
+        classes = len(spec.labels) + (1 if config.pate_vote_mode == "black-box" else 0)
+        release = release_parameters(settings["sigma2"], classes, config.pate_gnss_order, config.pate_gnss_beta,
+                                     config.pate_gnss_sigma)
+        settings["gnss"] = {"order": release.order, "beta": release.beta, "sigma_ss": release.sigma_ss}
+    return settings
 
 
 def target_epsilon(config) -> float:
@@ -117,6 +132,12 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
     repeats = settings["repeats"]
     per_repeat = settings["queries"]
     target = target_epsilon(config)
+    if settings.get("accounting") == ACCOUNTING:  # every query asked; the labelling is settled against the target
+        plans = [data_dependent_plan(epsilon_target=target, delta=delta, queries=per_repeat * repeats,
+                                     threshold_sigma=settings["sigma1"], vote_sigma=settings["sigma2"],
+                                     teachers=settings["teachers"], threshold=settings["threshold"],
+                                     release=ReleaseParameters(**settings["gnss"]))]
+        return plans + _baseline_plans(config, delta), per_repeat
     if math.isfinite(target):
         per_repeat = max_queries_within(target, delta, settings["sigma1"], settings["sigma2"],
                                         limit=per_repeat * repeats) // repeats
@@ -131,11 +152,16 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
     plans = [pate_plan(epsilon_target=None, delta=delta, queries=per_repeat * repeats,
                        threshold_sigma=settings["sigma1"], vote_sigma=settings["sigma2"],
                        teachers=settings["teachers"], threshold=settings["threshold"])]
-    if set(config.pate_baselines) & set(NON_PRIVATE_BASELINES):
-        plans.append(PrivacyPlan(method="pate", epsilon=math.inf, delta=delta, spends=(Spend.sampled_steps(
-            "gaussian", 0.0, 1.0, 1, "baseline", "PromptPATE non-private baselines: teacher prompts on the test "
-            "split (ensemble, best single teacher)"),), parameters={"baselines": sorted(config.pate_baselines)}))
-    return plans, per_repeat
+    return plans + _baseline_plans(config, delta), per_repeat
+
+
+def _baseline_plans(config, delta: float) -> list[PrivacyPlan]:
+    """The non-private baselines' infinite spend, when asked."""
+    if not set(config.pate_baselines) & set(NON_PRIVATE_BASELINES):
+        return []
+    return [PrivacyPlan(method="pate", epsilon=math.inf, delta=delta, spends=(Spend.sampled_steps(
+        "gaussian", 0.0, 1.0, 1, "baseline", "PromptPATE non-private baselines: teacher prompts on the test "
+        "split (ensemble, best single teacher)"),), parameters={"baselines": sorted(config.pate_baselines)})]
 
 
 NON_PRIVATE_BASELINES = ("ensemble", "upper-bound")
@@ -144,6 +170,8 @@ NON_PRIVATE_BASELINES = ("ensemble", "upper-bound")
 def checkpoints(epsilons: list[float], settings: dict, per_repeat: int, delta: float) -> list[dict]:
     """The smaller epsilons a run reports from prefixes of its labelling
     (`dpcore.pate.privacy.labelling_checkpoints`): epsilon, Q_i per repeat, its data-independent epsilon."""
+    if settings.get("accounting") == ACCOUNTING:  # a prefix's cost is data-dependent too: no free smaller epsilons
+        return []
     return [{"epsilon": eps, "queries": prefix, "epsilon_data_independent": bound}
             for eps, prefix, bound in labelling_checkpoints(epsilons, delta, settings["sigma1"], settings["sigma2"],
                                                            repeats=settings["repeats"], queries=per_repeat)]
@@ -230,13 +258,16 @@ def load_votes(block_paths: list[str], lm, spec, labels: list[str], mode: str) -
 def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[str], task_spec: str,
                    labels: list[str], vote_mode: str, threshold: float, sigma1: float, sigma2: float, repeats: int,
                    queries: int, delta: float, model: str, device: str = "auto", dtype: str = "auto",
-                   seed: int | None, noise_scope: str, noise_charged: bool, checkpoints: list[int] | None = None
-                   ) -> dict:
+                   seed: int | None, noise_scope: str, noise_charged: bool, checkpoints: list[int] | None = None,
+                   release: dict | None = None) -> dict:
     """Vote histograms (private) and R independent Confident-GNMax labellings of the first Q queries (public).
     Each repeat's data-dependent epsilon (Papernot et al. 2018) is a non-DP function of the vote histograms:
     it is written to the private store only, never returned (a task's result is public).
     `checkpoints`: query counts Q_i < Q per repeat whose prefixes are reported too
-    (`dpcore.pate.privacy.labelling_checkpoints`): their answered and labelled counts (DP outputs)."""
+    (`dpcore.pate.privacy.labelling_checkpoints`): their answered and labelled counts (DP outputs).
+    `release` (data-dependent accounting: the GNSS order, beta, sigma_ss): the labels stay in the private
+    store until the flow has charged their cost, and the labelling's released cost (`released_rdp`, a DP
+    output, `dpcore.pate.released_cost`) is returned."""
     from dpcore.fewshot.mechanisms import noise_generator
     from dpcore.pate.data_dependent import data_dependent_epsilon, epsilon_from_rdp
     from dpcore.pate.flock import vote_classes
@@ -276,15 +307,39 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
         "repeats": reports, "epsilon_data_dependent": epsilon_all,
         "checkpoints": [{"queries": prefix, "epsilon_data_dependent": epsilon_from_rdp(
             report.orders, prefix_rdp[prefix], delta)[0]} for prefix in prefixes]})
-    labels_path = write_table(pd.concat(rows, ignore_index=True), stage_dir("pate-aggregate", key) /
-                              "pate_noisy_labels.parquet")
+    released = None
+    if release is not None:  # the labels are published only once their released cost is charged
+        gnss_rng, _ = noise_generator(derive_seed(seed, "pate-gnss"))
+        released = released_labelling_rdp(histograms, [frame["answered"].to_numpy() for frame in rows],
+                                          teachers=len(votes), threshold=threshold, sigma1=sigma1, sigma2=sigma2,
+                                          delta=delta, release=ReleaseParameters(**release), rng=gnss_rng)
+    labels_path = write_table(pd.concat(rows, ignore_index=True), stage_dir(
+        "pate-aggregate", key, private=release is not None) / "pate_noisy_labels.parquet")
     answered = [int(frame["answered"].sum()) for frame in rows]
     labelled = [int(frame["labelled"].sum()) for frame in rows]
     prefix_reports = [{"queries": prefix, "answered": [int(f["answered"].iloc[:prefix].sum()) for f in rows],
                        "labelled": [int(f["labelled"].iloc[:prefix].sum()) for f in rows]} for prefix in prefixes]
+    if release is not None:  # the labelling's outcome stays private until its cost is charged (`publish_labels`)
+        return {"key": key, "labels_path": str(labels_path), "histograms_path": str(hist_path), "answered": None,
+                "labelled": None, "seeded_noise": seeded, "checkpoints": [], "released_rdp": released}
     get_run_logger().info("PromptPATE: %d queries, answered per repeat %s (of %d)", queries, answered, queries)
     return {"key": key, "labels_path": str(labels_path), "histograms_path": str(hist_path),
-            "answered": answered, "labelled": labelled, "seeded_noise": seeded, "checkpoints": prefix_reports}
+            "answered": answered, "labelled": labelled, "seeded_noise": seeded, "checkpoints": prefix_reports,
+            "released_rdp": None}
+
+
+@uncached_task("pate-publish-labels")
+def publish_labels(*, aggregate: dict) -> dict:
+    """Data-dependent accounting, once the labelling's released cost is charged: its noisy labels copied from
+    the private store to a public stage folder, and the aggregate with their public path and counts."""
+    labels = read_table(Path(aggregate["labels_path"]))
+    path = write_table(labels, stage_dir("pate-aggregate", aggregate["key"]) / "pate_noisy_labels.parquet")
+    frames = [frame for _, frame in labels.groupby("repeat", sort=True)]
+    answered = [int(frame["answered"].sum()) for frame in frames]
+    get_run_logger().info("PromptPATE: %d queries, answered per repeat %s (labelling charged at its released "
+                          "cost)", len(frames[0]) if frames else 0, answered)
+    return {**aggregate, "labels_path": str(path), "answered": answered,
+            "labelled": [int(frame["labelled"].sum()) for frame in frames]}
 
 
 @cached_task("pate-student", STUDENT_KEY, PATE_MODULES, tags=["gpu"], task_run_name="pate-student-{repeat}")

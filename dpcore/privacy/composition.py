@@ -562,9 +562,12 @@ def _compose_with_renyi(others: list, renyi: dict[float, float], delta: float, c
             candidates.append(together)
     epsilon = min(candidates)
     orders = ", ".join(f"{order:g}" for order in sorted(renyi))
-    notes.append(f"Renyi guarantees at order {orders} composed with the other events: delta split {parts} ways "
-                 f"{_fmt(split)}" + (f", all in RDP at order {orders} {_fmt(candidates[1])}" if len(candidates) > 1
-                                      else "") + "; the smaller reported")
+    if parts == 1:
+        notes.append(f"Renyi guarantee at order {orders} converted at delta (Canonne et al. 2020, Proposition 12)")
+    else:
+        notes.append(f"Renyi guarantees at order {orders} composed with the other events: delta split {parts} ways "
+                     f"{_fmt(split)}" + (f", all in RDP at order {orders} {_fmt(candidates[1])}"
+                                          if len(candidates) > 1 else "") + "; the smaller reported")
     # the cross-check is the other events' (their accountants at their share of delta); the Renyi part is
     # one closed form
     return Composition(float(epsilon), delta, None, None, base.crosscheck_agreed if base else True, tuple(notes))

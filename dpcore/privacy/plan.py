@@ -30,7 +30,7 @@ from typing import Any
 from dpcore.errors import ConfigError
 from dpcore.names import METHODS
 from dpcore.privacy import composition
-from dpcore.privacy.events import DpEvent
+from dpcore.privacy.events import DpEvent, event_to_dict
 from dpcore.privacy.spend import Spend
 
 # What a plan may be named: a method, or one of DP few-shot generation's charged rows (`dpcore.fewshot.plan`).
@@ -82,5 +82,5 @@ class PrivacyPlan:
         return {"method": self.method, "epsilon": self.epsilon, "delta": self.delta,
                 "parameters": dict(self.parameters),
                 "spends": [{"what": s.what, "mechanism": s.mechanism, "noise_multiplier": s.noise_multiplier,
-                            "sampling_rate": s.sampling_rate, "steps": s.steps, "purpose": s.purpose}
-                           for s in self.spends]}
+                            "sampling_rate": s.sampling_rate, "steps": s.steps, "purpose": s.purpose,
+                            "event": event_to_dict(s.event)} for s in self.spends]}

@@ -45,7 +45,7 @@ from dpcore.fewshot.sampling import ACCOUNTED_SAMPLERS
 from dpcore.names import METHODS, method_name
 from dpcore.pate.teachers import Teachers
 from dpcore.privacy import composition
-from dpcore.privacy.events import sampled_steps_event
+from dpcore.privacy.events import event_from_dict, sampled_steps_event
 
 
 @dataclass(frozen=True)
@@ -375,11 +375,21 @@ def load_artifact(method: str, run_id: str, home: Path, epsilon: float | None = 
 
 def plan_crosscheck(spends: tuple[dict, ...], delta: float) -> bool:
     """The accountant cross-check (PRV vs PLD, `dpcore.privacy.composition.compose`) on a plan's spends."""
-    if not spends or any(float(s["noise_multiplier"]) <= 0 for s in spends):
+    if not spends or any(s.get("noise_multiplier") is not None and float(s["noise_multiplier"]) <= 0 for s in spends):
         return False
-    events = [sampled_steps_event(str(s["mechanism"]), float(s["noise_multiplier"]), float(s["sampling_rate"]),
-                                  int(s["steps"])) for s in spends]
-    return bool(composition.compose(events, delta).crosscheck_agreed)
+    events = [_spend_event(s) for s in spends]
+    return None not in events and bool(composition.compose(events, delta).crosscheck_agreed)
+
+
+def _spend_event(spend: dict):
+    """A plan spend's event: its stored form (plans sealed since events were kept), else its parameters; None
+    when it has neither (nothing to check: the gate refuses)."""
+    if spend.get("event") is not None:
+        return event_from_dict(spend["event"])
+    if any(spend.get(k) is None for k in ("mechanism", "noise_multiplier", "sampling_rate", "steps")):
+        return None
+    return sampled_steps_event(str(spend["mechanism"]), float(spend["noise_multiplier"]),
+                               float(spend["sampling_rate"]), int(spend["steps"]))
 
 
 LEDGER_ENTRY_KEYS = ("id", "run_id", "purpose", "mechanism", "noise_multiplier", "sampling_rate", "steps", "delta",
@@ -389,8 +399,12 @@ LEDGER_ENTRY_KEYS = ("id", "run_id", "purpose", "mechanism", "noise_multiplier",
 def _recorded(entries: list, run_id: str, spend: dict, delta: float, purposes: tuple[str, ...]) -> list:
     """The entries of `run_id` (of one of `purposes`) holding `spend` (mechanism, sigma, q, T) at `delta`."""
     # dp-accounting loads here, not when the module is imported
-    from dpcore.privacy.ledger import matching_entries
+    from dpcore.privacy.ledger import matching_entries, same_event
 
+    if spend.get("noise_multiplier") is None and spend.get("event") is not None:  # an event of no steps' shape
+        wanted = event_from_dict(spend["event"])
+        return [e for e in entries if e.run_id == run_id and e.purpose in purposes
+                and math.isclose(e.delta, float(delta), rel_tol=1e-9) and same_event(e.event, wanted)]
     if any(spend.get(k) is None for k in ("mechanism", "noise_multiplier", "sampling_rate", "steps")):
         return []
     try:

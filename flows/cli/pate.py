@@ -39,12 +39,14 @@ from flows.cli.progress import showing_progress, stopping_on_signals
 # RunConfig fields `dpicl pate` takes, and the short spellings of the PromptPATE ones.
 FIELDS = [*DATA_FLAGS, "delta", "seed", "test_size", "calibrate", "task_runner", "pate_teachers", "pate_shots", "pate_public_path",
           "pate_public_column", "pate_queries", "pate_threshold", "pate_sigma1", "pate_sigma2", "pate_vote_mode",
-          "pate_repeats", "pate_student_candidates", "pate_baselines", "pate_teacher_block", "pate_preset"]
+          "pate_repeats", "pate_student_candidates", "pate_baselines", "pate_teacher_block", "pate_preset",
+          "pate_accounting", "pate_gnss_order", "pate_gnss_beta", "pate_gnss_sigma"]
 ALIASES = {"pate_teachers": "--teachers", "pate_shots": "--shots", "pate_public_path": "--public-path",
            "pate_queries": "--queries", "pate_threshold": "--threshold", "pate_sigma1": "--sigma1",
            "pate_sigma2": "--sigma2", "pate_vote_mode": "--vote-mode", "pate_preset": "--preset",
            "pate_repeats": "--repeats", "pate_student_candidates": "--student-candidates",
-           "pate_baselines": "--baselines"}
+           "pate_baselines": "--baselines", "pate_accounting": "--accounting", "pate_gnss_order": "--gnss-order",
+           "pate_gnss_beta": "--gnss-beta", "pate_gnss_sigma": "--gnss-sigma"}
 
 
 def _config(args) -> RunConfig:
@@ -65,11 +67,19 @@ def format_plan(plan) -> str:
     settings, queries per repeat and the epsilon charged before any teacher sees a query. Public: parameters
     only."""
     settings, charged = plan.pate.settings, plan.pate.plans[0]
-    return (f"PromptPATE plan ({settings['preset']} preset): E={settings['teachers']} teachers x {settings['shots']} "
+    head = (f"PromptPATE plan ({settings['preset']} preset): E={settings['teachers']} teachers x {settings['shots']} "
             f"shot(s), T={settings['threshold']:g}, sigma1={settings['sigma1']:g}, sigma2={settings['sigma2']:g}; "
-            f"{plan.pate.per_repeat} queries x {settings['repeats']} repeat(s) (at most {settings['queries']} asked); "
-            f"charged epsilon {fmt_eps(charged.epsilon)} at delta {fmt_delta(plan.delta)} (data-independent) before "
-            "any teacher sees a query")
+            f"{plan.pate.per_repeat} queries x {settings['repeats']} repeat(s) (at most {settings['queries']} asked); ")
+    if settings["accounting"] == "data-dependent":
+        gnss = settings["gnss"]
+        return head + (f"data-dependent accounting: the smooth-sensitivity release (order {gnss['order']:g}, beta "
+                       f"{gnss['beta']:.3g}, sigma_ss {gnss['sigma_ss']:g}) charged epsilon "
+                       f"{fmt_eps(charged.parameters['epsilon_release'])} before any teacher sees a query, the "
+                       f"labelling at its released cost after it, up to epsilon {fmt_eps(charged.epsilon)} at delta "
+                       f"{fmt_delta(plan.delta)} (over it, nothing is published; the data-independent bound would be "
+                       f"{fmt_eps(charged.parameters['epsilon_data_independent'])})")
+    return head + (f"charged epsilon {fmt_eps(charged.epsilon)} at delta {fmt_delta(plan.delta)} (data-independent) "
+                   "before any teacher sees a query")
 
 
 def format_summary(summary: dict) -> str:
@@ -84,7 +94,7 @@ def format_summary(summary: dict) -> str:
         f"student {which} {_fmt(accuracy['mean'])} +/- {_fmt(accuracy['std'])} over {len(accuracy['per_repeat'])} "
         f"repeat(s), {accuracy['n']} test items",
         *[f"baseline {name}: {which} {_fmt(value)}" for name, value in summary["baselines"].items()],
-        f"epsilon {fmt_eps(summary['epsilon'])} (charged, data-independent, all repeats) at delta "
+        f"epsilon {fmt_eps(summary['epsilon'])} (charged, {summary['accounting']}, all repeats) at delta "
         f"{fmt_delta(summary['delta'])}",
         "student prompt: " + " | ".join(f"{d['text']!r} -> {d['label']}" for d in summary["student_prompt"]),
         f"noise: {'FIXED SEED (experiment, never releasable)' if summary['seeded_noise'] else 'cryptographically seeded'}",
