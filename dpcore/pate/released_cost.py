@@ -65,12 +65,7 @@ def release_parameters(sigma2: float, classes: int, order: float | None = None, 
     sigma2 = check_positive(flag("pate_sigma2"), sigma2)
     sigma_ss = check_positive(flag("pate_gnss_sigma"), sigma_ss)
     if order is None:
-        fitting = [o for o in ORDERS if all(gnss.check_conditions(sigma2, classes, o))]
-        if not fitting:
-            raise ConfigError(f"{flag('pate_accounting', ACCOUNTING)}: the smooth-sensitivity analysis applies at no "
-                              f"order of 2-64 at {flag('pate_sigma2')} {sigma2:g}; raise sigma2 or give "
-                              f"{flag('pate_gnss_order')}")
-        order = max(fitting)
+        order = _largest_order(sigma2, classes)
     order = float(order)
     if not (math.isfinite(order) and order > 1):
         raise ConfigError(f"{flag('pate_gnss_order')}: must be a finite number > 1, got {order}")
@@ -82,6 +77,26 @@ def release_parameters(sigma2: float, classes: int, order: float | None = None, 
     if not beta < 1 / (2 * order):
         raise ConfigError(f"{flag('pate_gnss_beta')}: must be below 1 / (2 order) = {1 / (2 * order):.4g}, got {beta}")
     return ReleaseParameters(order, float(beta), float(sigma_ss))
+
+
+def _largest_order(sigma2: float, classes: int) -> float:
+    """The largest of ORDERS where conditions C5 and C6 hold, by bisection: they hold at small orders and fail
+    from some order on (each check is a fine numerical grid, a quarter of a second). The order returned is
+    one where they were checked to hold."""
+    def holds(index: int) -> bool:
+        return all(gnss.check_conditions(sigma2, classes, ORDERS[index]))
+
+    if not holds(0):
+        raise ConfigError(f"{flag('pate_accounting', ACCOUNTING)}: the smooth-sensitivity analysis applies at no "
+                          f"order of 2-64 at {flag('pate_sigma2')} {sigma2:g}; raise sigma2 or give "
+                          f"{flag('pate_gnss_order')}")
+    lo, hi = 0, len(ORDERS) - 1
+    if holds(hi):
+        return ORDERS[hi]
+    while hi - lo > 1:  # holds(lo), not holds(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return ORDERS[lo]
 
 
 def release_spend(release: ReleaseParameters) -> Spend:

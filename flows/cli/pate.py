@@ -94,7 +94,8 @@ def format_summary(summary: dict) -> str:
         f"student {which} {_fmt(accuracy['mean'])} +/- {_fmt(accuracy['std'])} over {len(accuracy['per_repeat'])} "
         f"repeat(s), {accuracy['n']} test items",
         *[f"baseline {name}: {which} {_fmt(value)}" for name, value in summary["baselines"].items()],
-        f"epsilon {fmt_eps(summary['epsilon'])} (charged, {summary['accounting']}, all repeats) at delta "
+        f"epsilon {fmt_eps(summary['epsilon'])} (charged, {summary.get('accounting', 'data-independent')}, all "
+        f"repeats) at delta "
         f"{fmt_delta(summary['delta'])}",
         "student prompt: " + " | ".join(f"{d['text']!r} -> {d['label']}" for d in summary["student_prompt"]),
         f"noise: {'FIXED SEED (experiment, never releasable)' if summary['seeded_noise'] else 'cryptographically seeded'}",
