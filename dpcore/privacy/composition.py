@@ -13,7 +13,9 @@ concatenates, `NoOpDpEvent` costs nothing, `NonPrivateDpEvent` (or a step with n
 Poisson-subsampled Gaussian mechanism), "rnm" (`ReportNoisyMaxDpEvent`, pure 1/sigma-DP,
 amplified by sampling to log(1 + q (e^{1/sigma} - 1)), Tang et al. Theorems A.4, A.5) or
 "laplace" (`LaplaceDpEvent`, scale sigma on an L1-sensitivity-1 sum, composed by its PLD). Steps
-with the same (kind, sigma, q) are one group whose counts add up.
+with the same (kind, sigma, q) are one group whose counts add up. A mechanism known only by a Renyi
+guarantee at one order (`RenyiDpEvent`: PromptPATE's smooth-sensitivity release and its released cost) has
+no PLD: those are added at their order and composed with the rest by `_compose_with_renyi`.
 
 Three computations, one answer:
 

@@ -28,7 +28,8 @@ generation of T = max_tokens x demos_per_label steps is `SelfComposedDpEvent(...
 Other mechanisms follow the same pattern: a PATE-style noisy threshold or GNMax vote is a
 Gaussian on a vote histogram with its own sensitivity, i.e. `gaussian_event(std, sensitivity)`,
 sampled and composed with the same wrappers; a new noise distribution is a new event class here
-and a new step kind in `dpcore.privacy.composition`.
+and a new step kind in `dpcore.privacy.composition`. A mechanism known only by its Renyi-DP guarantee at
+one order (PromptPATE's smooth-sensitivity release, Papernot et al. 2018) is a `RenyiDpEvent`.
 
 The per-label counts |D_y| (hence q) are public, as in the paper; labels partition the private
 set, so they compose in parallel (the run's cost is the worst label's event, not the sum).
