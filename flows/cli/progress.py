@@ -33,6 +33,7 @@ from rich.progress import (
 )
 
 from dpcore.errors import RunStopped
+from flows.temporary_server import detach_temporary_server
 from tasks.common import STOP_REQUESTED, add_progress_sink, remove_progress_sink
 
 
@@ -76,6 +77,7 @@ def stopping_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():  # signals only reach the main thread
         yield
         return
+    detach_temporary_server()  # a terminal's Ctrl-C reaches the run, not the server it stops through
 
     received: list[int] = []
 
