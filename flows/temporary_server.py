@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import subprocess
 
-from prefect.settings import PREFECT_API_URL
-
 
 class _SessionSubprocess:
     """`subprocess` as Prefect's server module sees it: `Popen` starts the child in a new session."""
@@ -29,6 +27,10 @@ class _SessionSubprocess:
 def detach_temporary_server() -> None:
     """Have Prefect start its temporary server in a session of its own (a no-op where a server is configured:
     `PREFECT_API_URL` set, nothing is started). Idempotent."""
+    # Prefect loads here, in a command already running: `dpicl` configures Prefect's settings and logging
+    # before any of it loads (`flows.cli.main`)
+    from prefect.settings import PREFECT_API_URL
+
     if PREFECT_API_URL.value():
         return
     # Prefect's server module (FastAPI, 2 s of imports): only for a run that will start the server anyway
