@@ -1,10 +1,13 @@
 """CLI: `dpicl pate`, PromptPATE (Duan et al. Section 4.2) through the same flow and tasks the pipeline runs.
 
     dpicl pate --dataset sst2 --epsilon E [--preset auto|cpu|gpu --teachers 200 --shots 1 --public iid
-               --queries 500 --threshold T --sigma1 S1 --sigma2 S2 --test-size N --vote-mode black-box] [--json]
+               --queries 500 --threshold T --sigma1 S1 --sigma2 S2 --test-size N --vote-mode black-box
+               --accounting data-independent|data-dependent --gnss-order L --gnss-beta B --gnss-sigma S] [--json]
 
 The plan labels, per repeat, the most public queries whose data-independent epsilon (all repeats) stays within
-E, at most --queries; the preset fills the flags left unset (Table 7 on a GPU, minutes on a CPU).
+E, at most --queries; the preset fills the flags left unset (Table 7 on a GPU, minutes on a CPU). With
+--accounting data-dependent every query is labelled and the labelling is charged at its released
+data-dependent cost, up to E (`dpcore.pate.released_cost`).
 
 Before anything is written: every check (E*k within the private records, T in [0, E], sigmas > 0,
 the public source non-empty, no public text in the private or test split, Q within the public set,
