@@ -86,9 +86,8 @@ def pate_settings(config, spec) -> dict:
                 "queries": int(values["queries"]), "student_candidates": int(values["student_candidates"]),
                 "accounting": config.pate_accounting}
     if config.pate_accounting == ACCOUNTING:  # the release's parameters, from public settings alone
-        classes = len(spec.labels) + (1 if config.pate_vote_mode == "black-box" else 0)
-        release = release_parameters(settings["sigma2"], classes, config.pate_gnss_order, config.pate_gnss_beta,
-                                     config.pate_gnss_sigma)
+        release = release_parameters(settings["sigma2"], gnmax.vote_classes(spec.label_names, config.pate_vote_mode),
+                                     config.pate_gnss_order, config.pate_gnss_beta, config.pate_gnss_sigma)
         settings["gnss"] = {"order": release.order, "beta": release.beta, "sigma_ss": release.sigma_ss}
     return settings
 
@@ -270,13 +269,12 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
     output, `dpcore.pate.released_cost`) is returned."""
     from dpcore.fewshot.mechanisms import noise_generator
     from dpcore.pate.data_dependent import data_dependent_epsilon, epsilon_from_rdp
-    from dpcore.pate.flock import vote_classes
 
     _refuse_redraw("pate-aggregate", noise_charged, noise_scope)
     key = stage_key("pate-aggregate", {k: v for k, v in locals().items() if k in AGGREGATE_KEY}, PATE_MODULES)
     spec = load_task_spec(task_spec)
     votes = load_votes(votes_paths, language_model(model, device, dtype), spec, labels, vote_mode)[:, :queries]
-    classes = vote_classes(labels, vote_mode)
+    classes = gnmax.vote_classes(labels, vote_mode)
     histograms = gnmax.vote_histograms(votes, classes)
     rng, seeded = noise_generator(derive_seed(seed, "pate-gnmax"))
     names = list(labels) + ["other"]
@@ -315,13 +313,12 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
                                           delta=delta, release=ReleaseParameters(**release), rng=gnss_rng)
     labels_path = write_table(pd.concat(rows, ignore_index=True), stage_dir(
         "pate-aggregate", key, private=release is not None) / "pate_noisy_labels.parquet")
-    answered = [int(frame["answered"].sum()) for frame in rows]
-    labelled = [int(frame["labelled"].sum()) for frame in rows]
-    prefix_reports = [{"queries": prefix, "answered": [int(f["answered"].iloc[:prefix].sum()) for f in rows],
-                       "labelled": [int(f["labelled"].iloc[:prefix].sum()) for f in rows]} for prefix in prefixes]
     if release is not None:  # the labelling's outcome stays private until its cost is charged (`publish_labels`)
         return {"key": key, "labels_path": str(labels_path), "histograms_path": str(hist_path), "answered": None,
                 "labelled": None, "seeded_noise": seeded, "checkpoints": [], "released_rdp": released}
+    answered, labelled = _counts(rows)
+    prefix_reports = [{"queries": prefix, "answered": [int(f["answered"].iloc[:prefix].sum()) for f in rows],
+                       "labelled": [int(f["labelled"].iloc[:prefix].sum()) for f in rows]} for prefix in prefixes]
     get_run_logger().info("PromptPATE: %d queries, answered per repeat %s (of %d)", queries, answered, queries)
     return {"key": key, "labels_path": str(labels_path), "histograms_path": str(hist_path),
             "answered": answered, "labelled": labelled, "seeded_noise": seeded, "checkpoints": prefix_reports,
@@ -335,11 +332,15 @@ def publish_labels(*, aggregate: dict) -> dict:
     labels = read_table(Path(aggregate["labels_path"]))
     path = write_table(labels, stage_dir("pate-aggregate", aggregate["key"]) / "pate_noisy_labels.parquet")
     frames = [frame for _, frame in labels.groupby("repeat", sort=True)]
-    answered = [int(frame["answered"].sum()) for frame in frames]
+    answered, labelled = _counts(frames)
     get_run_logger().info("PromptPATE: %d queries, answered per repeat %s (labelling charged at its released "
                           "cost)", len(frames[0]) if frames else 0, answered)
-    return {**aggregate, "labels_path": str(path), "answered": answered,
-            "labelled": [int(frame["labelled"].sum()) for frame in frames]}
+    return {**aggregate, "labels_path": str(path), "answered": answered, "labelled": labelled}
+
+
+def _counts(frames: list[pd.DataFrame]) -> tuple[list[int], list[int]]:
+    """(answered, labelled) per repeat of a labelling's tables (DP outputs once its cost is charged)."""
+    return ([int(frame["answered"].sum()) for frame in frames], [int(frame["labelled"].sum()) for frame in frames])
 
 
 @cached_task("pate-student", STUDENT_KEY, PATE_MODULES, tags=["gpu"], task_run_name="pate-student-{repeat}")

@@ -156,7 +156,7 @@ def test_black_box_votes_map_greedy_tokens_and_other(tiny_lm):
     greedy = np.array([[first[1], first[0], 5]])
     scores = flock.FlockScores(np.zeros((1, 3, 2)), np.zeros((1, 0, 2)), greedy)
     assert flock.votes(tiny_lm, spec, scores, labels, "black-box").tolist() == [[1, 0, 2]]  # 2 = "other"
-    assert flock.vote_classes(labels, "black-box") == 3
+    assert gnmax.vote_classes(labels, "black-box") == 3
 
 
 def test_ensemble_and_single_prompt_accuracy():

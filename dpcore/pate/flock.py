@@ -133,11 +133,6 @@ def votes(lm, spec: TaskSpec, scores: FlockScores, labels: Sequence[str], mode: 
     raise ConfigError(f"{flag('pate_vote_mode')}: {mode!r} is not one of {', '.join(VOTE_MODES)}")
 
 
-def vote_classes(labels: Sequence[str], mode: str) -> int:
-    """Histogram width: the labels, plus "other" in black-box mode."""
-    return len(labels) + (1 if mode == "black-box" else 0)
-
-
 def ensemble_accuracy(votes_matrix: np.ndarray, gold: np.ndarray, classes: int) -> float:
     """Accuracy of the flock's plurality vote (ties: the lowest class index) against gold label indices
     (Duan et al. Table 2 "Ens. Acc.", epsilon = infinity)."""

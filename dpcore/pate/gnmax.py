@@ -51,6 +51,11 @@ def check_gnmax_parameters(threshold: float, sigma1: float, sigma2: float, teach
                           f"possible vote count is E); default: round(0.9 E) = {default_threshold(teachers):g}")
 
 
+def vote_classes(labels, mode: str) -> int:
+    """Histogram width: the labels, plus "other" in black-box mode."""
+    return len(labels) + (1 if mode == "black-box" else 0)
+
+
 def vote_histograms(votes: np.ndarray, classes: int) -> np.ndarray:
     """[E, Q] teacher votes (class index, or `ABSTAIN` for no vote) -> [Q, classes] vote counts (PRIVATE)."""
     votes = np.asarray(votes, dtype=np.int64)

@@ -319,10 +319,17 @@ def matching_entries(entries: Iterable[Spend], *, run_id: str, mechanism: str, n
     event those parameters describe (`dpcore.privacy.events.sampled_steps_event`)."""
     from dpcore.privacy.events import sampled_steps_event
 
-    wanted = sampled_steps_event(mechanism, noise_multiplier, sampling_rate, steps)
+    return entries_holding(entries, run_id=run_id, event=sampled_steps_event(mechanism, noise_multiplier,
+                                                                             sampling_rate, steps),
+                           delta=delta, purposes=purposes)
+
+
+def entries_holding(entries: Iterable[Spend], *, run_id: str, event, delta: float,
+                    purposes: Sequence[str] = ("pipeline", "generate")) -> list[Spend]:
+    """Entries of `run_id`, of one of `purposes`, that record `event` at `delta` (any event shape: a Renyi
+    guarantee has no calibration parameters to match)."""
     return [e for e in entries
-            if e.run_id == run_id and e.purpose in purposes and _close(e.delta, delta)
-            and same_event(e.event, wanted)]
+            if e.run_id == run_id and e.purpose in purposes and _close(e.delta, delta) and same_event(e.event, event)]
 
 
 @dataclass(frozen=True)
@@ -724,5 +731,5 @@ def _refusal(dataset_id: str, entries: list[Spend], requests: Sequence[Spend], b
 
 __all__ = [
     "Budget", "ChargeOutcome", "Composition", "DatasetSpend", "Ledger", "PURPOSES", "SCHEMA_VERSION", "Spend",
-    "compose_epsilon", "matching_entries", "rnm_step_epsilon", "same_event", "same_spend", "unrecorded",
+    "compose_epsilon", "entries_holding", "matching_entries", "rnm_step_epsilon", "same_event", "same_spend", "unrecorded",
 ]

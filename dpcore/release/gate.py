@@ -399,12 +399,11 @@ LEDGER_ENTRY_KEYS = ("id", "run_id", "purpose", "mechanism", "noise_multiplier",
 def _recorded(entries: list, run_id: str, spend: dict, delta: float, purposes: tuple[str, ...]) -> list:
     """The entries of `run_id` (of one of `purposes`) holding `spend` (mechanism, sigma, q, T) at `delta`."""
     # dp-accounting loads here, not when the module is imported
-    from dpcore.privacy.ledger import matching_entries, same_event
+    from dpcore.privacy.ledger import entries_holding, matching_entries
 
     if spend.get("noise_multiplier") is None and spend.get("event") is not None:  # an event of no steps' shape
-        wanted = event_from_dict(spend["event"])
-        return [e for e in entries if e.run_id == run_id and e.purpose in purposes
-                and math.isclose(e.delta, float(delta), rel_tol=1e-9) and same_event(e.event, wanted)]
+        return entries_holding(entries, run_id=run_id, event=event_from_dict(spend["event"]), delta=float(delta),
+                               purposes=purposes)
     if any(spend.get(k) is None for k in ("mechanism", "noise_multiplier", "sampling_rate", "steps")):
         return []
     try:
