@@ -22,8 +22,10 @@ Nothing here logs or raises with a record's text or length.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from dpcore.config import flag
 from dpcore.errors import ConfigError
@@ -174,7 +176,7 @@ _TINY_CONTEXT = 2048  # LanguageModel.tiny_random's max_position_embeddings
 
 def model_tokenizer_and_context(model: str):
     """(encode: text -> ids, context positions) of a model by name, without loading its weights."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     # torch loads here, not when the module is imported
     from dpcore.lm.model import RANDOM_SHAPES
@@ -186,8 +188,24 @@ def model_tokenizer_and_context(model: str):
     else:
         path = resolve_model(model).path
         context = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or 0)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = _tokenizer(str(path), _folder_stamp(path))
     return (lambda text: tokenizer.encode(text, add_special_tokens=False)), context
+
+
+def _folder_stamp(path) -> tuple:
+    """What identifies a model folder's tokenizer files on disk (names, sizes, modification times)."""
+    folder = Path(path)
+    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir()
+                        if f.is_file() and "token" in f.name)) if folder.is_dir() else ()
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(path: str, stamp: tuple):
+    """A model folder's tokenizer, loaded once per process while its files are unchanged (`stamp`): every
+    check before a charge asks for it, and loading one parses its whole vocabulary (about half a second)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
 
 
 def check_model_budget(model: str, spec, labels: Sequence[str], config) -> PromptBudget:
