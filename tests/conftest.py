@@ -103,18 +103,17 @@ def _share_accounting_cache() -> None:
 _share_accounting_cache()
 
 
-def _use_the_worker_prefect_server() -> None:
+def _use_the_shared_prefect_server() -> None:
     """An xdist worker sends its flow runs, and those of the `dpicl` subprocesses its tests start, to the
-    Prefect test server the controller started for it (`pytest_configure`): no temporary server per process.
-    Tests of the temporary server itself drop PREFECT_API_URL from their subprocess's environment."""
-    from pipeline_support import worker_server_url
+    controller's Prefect test server (`pytest_configure`): no temporary server per process. Tests of the
+    temporary server itself drop PREFECT_API_URL from their subprocess's environment."""
+    from pipeline_support import SHARED_URL_FILE, wait_for_url
 
-    url = worker_server_url()
-    if url:
-        os.environ["PREFECT_API_URL"] = url
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(SHARED_URL_FILE):
+        os.environ["PREFECT_API_URL"] = wait_for_url(Path(os.environ[SHARED_URL_FILE]))
 
 
-_use_the_worker_prefect_server()
+_use_the_shared_prefect_server()
 
 # `prefect.main` configures logging at its first import, and that configuration closes the handlers there
 # before (logging.shutdown). absl's handler (absl comes with dp-accounting) closes its stream on close unless
@@ -295,24 +294,23 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
-_STOP_WORKER_SERVERS = []
+_STOP_SHARED_HARNESS = []
 
 
 def pytest_configure(config):
-    """Under xdist, the controller starts a Prefect test server for each worker (in the background: the
-    workers import and collect meanwhile)."""
-    workers = getattr(config.option, "numprocesses", None)
-    if os.environ.get("PYTEST_XDIST_WORKER") or not workers:
+    """Under xdist, the controller starts the one Prefect test server every worker uses (in the background:
+    the workers import and collect meanwhile)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
         return
-    from pipeline_support import start_worker_servers
+    from pipeline_support import start_shared_harness
 
-    _STOP_WORKER_SERVERS.append(start_worker_servers(workers if isinstance(workers, int) else os.cpu_count() or 1))
+    _STOP_SHARED_HARNESS.append(start_shared_harness())
 
 
 def pytest_unconfigure(config):
     import shutil
 
-    while _STOP_WORKER_SERVERS:
-        _STOP_WORKER_SERVERS.pop()()
+    while _STOP_SHARED_HARNESS:
+        _STOP_SHARED_HARNESS.pop()()
     while _MADE_ACCOUNTING_CACHE:
         shutil.rmtree(_MADE_ACCOUNTING_CACHE.pop(), ignore_errors=True)

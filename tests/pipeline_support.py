@@ -1,7 +1,7 @@
 """Shared set-up of the pipeline tests (test_pipeline, test_dask_runner, test_privacy_boundary).
 
-- one Prefect test server per xdist worker (the controller starts them) or, when pytest runs in one
-  process, one `prefect_test_harness` per process (started on first use, stopped at exit);
+- one `prefect_test_harness` per `make test` (the xdist controller starts it, every worker uses it) or, when
+  pytest runs in one process, per process (started on first use, stopped at exit);
 - `subprocess_env`: the environment of a `dpicl` subprocess on a fresh home;
 - `mini_agnews`: a small user-format AG News dataset (CSV + task YAML), so runs exercise
   the user-data path and stay fast (400 private records, 40 test items);
@@ -15,7 +15,6 @@ import contextlib
 import functools
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -37,8 +36,8 @@ if os.environ.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") == "":
 
 _HARNESS = {}
 _LOCK = threading.Lock()
-# Under xdist the controller starts one Prefect test server per worker (`start_worker_servers`, from conftest's
-# pytest_configure) and writes each one's URL to `<folder>/<worker id>` in the folder this variable names.
+# Under xdist the controller starts one harness for every worker (`start_shared_harness`, from conftest's
+# pytest_configure) and writes its URL to this file: a server boot (about 20 s of CPU) once per suite.
 SHARED_URL_FILE = "DPICL_TEST_PREFECT_URL_FILE"
 
 PER_LABEL_TRAIN = 100
@@ -49,19 +48,13 @@ def wait_for_url(path: Path, timeout: float = 180.0) -> str:
     began = time.monotonic()
     while not path.exists() or not path.read_text().strip():
         if time.monotonic() - began > timeout:
-            raise RuntimeError(f"the Prefect test server did not start within {timeout:.0f} s")
+            raise RuntimeError(f"the shared Prefect test server did not start within {timeout:.0f} s")
         time.sleep(0.2)
     return path.read_text().strip()
 
 
-def worker_server_url() -> str | None:
-    """This xdist worker's Prefect test server (None outside xdist, or when the controller started none)."""
-    folder, worker = os.environ.get(SHARED_URL_FILE), os.environ.get("PYTEST_XDIST_WORKER")
-    return wait_for_url(Path(folder) / worker) if folder and worker else None
-
-
 def ensure_harness() -> bool:
-    """Use this worker's test server, or start `prefect_test_harness` for this process (about 20 s); heartbeats
+    """Use the shared harness, or start `prefect_test_harness` for this process (about 20 s); heartbeats
     off either way. True if this call entered it."""
     with _LOCK:
         if "cm" in _HARNESS:
@@ -70,9 +63,9 @@ def ensure_harness() -> bool:
         from prefect.testing.utilities import prefect_test_harness
 
         stack = contextlib.ExitStack()
-        url = worker_server_url()
-        if url:
-            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: url}))
+        shared = os.environ.get(SHARED_URL_FILE)
+        if shared:
+            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: wait_for_url(Path(shared))}))
         else:
             stack.enter_context(prefect_test_harness(server_startup_timeout=120))
         stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
@@ -87,45 +80,33 @@ def stop_harness() -> None:
         stack.close()
 
 
-def start_worker_servers(workers: int) -> Callable[[], None]:
-    """Start one Prefect test server per xdist worker, in threads of this (controller) process, while the
-    workers start and collect; worker `gwN` finds its URL in `<folder>/gwN` (`worker_server_url`). Returns the
-    function that stops them. One server per worker, not one for all: a single SQLite database written by
-    every worker at once stalled the whole suite for a minute at a time ("database is locked" after
-    SQLite's busy timeout; PrefectHQ/prefect#18934). Like a run's temporary server, they neither persist
-    events nor run automations (`dpcore.home.TEMPORARY_SERVER_SETTINGS`, set by conftest's
-    `configure_environment`)."""
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
-
+def start_shared_harness() -> Callable[[], None]:
+    """Start one `prefect_test_harness` in a thread of this (controller) process for the workers it spawns;
+    they find its URL in the file named by `SHARED_URL_FILE`. Returns the function that stops it. Its server,
+    like a run's temporary one, neither persists events nor runs automations (`dpcore.home.
+    TEMPORARY_SERVER_SETTINGS`, set by conftest's `configure_environment`)."""
     folder = Path(tempfile.mkdtemp(prefix="dpicl-test-prefect-"))
-    os.environ[SHARED_URL_FILE] = str(folder)
-    servers: list = []
+    url_file = folder / "api_url"
+    os.environ[SHARED_URL_FILE] = str(url_file)
+    stop = threading.Event()
 
-    def serve(worker: str) -> None:
-        database = f"sqlite+aiosqlite:///{folder / worker}.db"
-        with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database}):
-            with socket.socket() as probe:  # a free port (the server retries another if it is taken)
-                probe.bind(("127.0.0.1", 0))
-                server = SubprocessASGIServer(port=probe.getsockname()[1])
-            servers.append(server)
-            server.start(timeout=120)
-        (folder / f".{worker}").write_text(server.api_url)
-        os.replace(folder / f".{worker}", folder / worker)
+    def serve() -> None:
+        from prefect.settings import PREFECT_API_URL
+        from prefect.testing.utilities import prefect_test_harness
 
-    threads = [threading.Thread(target=serve, args=(f"gw{i}",), name=f"prefect-test-server-gw{i}", daemon=True)
-               for i in range(workers)]
-    for thread in threads:
-        thread.start()
+        with prefect_test_harness(server_startup_timeout=120):
+            url_file.write_text(PREFECT_API_URL.value())
+            stop.wait()
 
-    def stop_them() -> None:
-        for thread in threads:
-            thread.join(timeout=150)
-        for server in servers:
-            server.stop()
+    thread = threading.Thread(target=serve, name="prefect-test-harness", daemon=True)
+    thread.start()
+
+    def stop_it() -> None:
+        stop.set()
+        thread.join(timeout=60)
         shutil.rmtree(folder, ignore_errors=True)
 
-    return stop_them
+    return stop_it
 
 
 @pytest.fixture(scope="session")
