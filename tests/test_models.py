@@ -83,3 +83,23 @@ def test_random_shapes_match_the_embedded_model_and_a_1b_llama(embedded_lm):
     assert 0.9e9 < total < 1.3e9
     with pytest.raises(ValueError, match="unknown random shape"):
         LanguageModel.random("gpt-5")
+
+
+def test_a_model_folders_tokenizer_is_loaded_once_until_its_files_change(tmp_path, tiny_lm):
+    """The check before a charge reads a model's tokenizer by name (`model_tokenizer_and_context`): loaded once per
+    process, and again when the folder's tokenizer files change."""
+    import os
+
+    from dpcore.data.records import _tokenizer, model_tokenizer_and_context
+
+    tiny_lm.model.save_pretrained(tmp_path)
+    tiny_lm.tokenizer.save_pretrained(tmp_path)
+    _tokenizer.cache_clear()
+    encode, _ = model_tokenizer_and_context(str(tmp_path))
+    assert encode("hello world") == tiny_lm.encode("hello world")
+    model_tokenizer_and_context(str(tmp_path))
+    assert _tokenizer.cache_info().misses == 1 and _tokenizer.cache_info().hits == 1
+    later = (tmp_path / "tokenizer.json").stat().st_mtime_ns + 10**9
+    os.utime(tmp_path / "tokenizer.json", ns=(later, later))
+    model_tokenizer_and_context(str(tmp_path))
+    assert _tokenizer.cache_info().misses == 2
