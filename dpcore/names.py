@@ -38,7 +38,7 @@ Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]
 PatePublic = Literal["iid", "ood", "file"]
 PateVoteMode = Literal["calibrated", "black-box"]
 # How PromptPATE's labelling is charged: its bound for any votes (the default), or Papernot et al. 2018's
-# data-dependent cost released through smooth sensitivity (`dpcore.pate.privacy.data_dependent_plan`).
+# data-dependent cost released through smooth sensitivity (`dpcore.pate.released_cost.data_dependent_plan`).
 PateAccounting = Literal["data-independent", "data-dependent"]
 PateBaseline = Literal["zero-shot", "ensemble", "upper-bound"]
 ALL_BASELINES: tuple[str, ...] = get_args(Baseline)

@@ -195,8 +195,10 @@ def model_tokenizer_and_context(model: str):
 def _folder_stamp(path) -> tuple:
     """What identifies a model folder's tokenizer files on disk (names, sizes, modification times)."""
     folder = Path(path)
-    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir()
-                        if f.is_file() and "token" in f.name)) if folder.is_dir() else ()
+    if not folder.is_dir():
+        return ()
+    stats = [(f.name, f.stat()) for f in folder.iterdir() if "token" in f.name and f.is_file()]
+    return tuple(sorted((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats))
 
 
 @functools.lru_cache(maxsize=8)
