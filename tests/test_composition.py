@@ -187,9 +187,11 @@ def test_calibration_rejects_bad_or_unreachable_targets():
     (("laplace", 2.0, 1.0, 3), ("gaussian", 3.0, 1.0, 5)),
 ])
 @pytest.mark.parametrize("delta", [1e-5, 1e-3])
-def test_the_safe_domain_from_cached_rdp_curves_is_prv_accountants(groups, delta):
-    """The prv-accountant grid's half-width is computed from per-step RDP curves cached across compositions:
-    the same number as prv-accountant's own `compute_safe_domain_size`, before and after the cache is warm."""
+def test_the_safe_domain_from_cached_rdp_curves_covers_prv_accountants(groups, delta):
+    """The prv-accountant grid's half-width is computed from per-step RDP curves, at fewer orders, cached
+    across compositions: never narrower than prv-accountant's own `compute_safe_domain_size` (a narrower grid
+    would drop privacy loss its error bound counts on), and at most 4% wider, before and after the cache is
+    warm."""
     import warnings
 
     from prv_accountant.accountant import compute_safe_domain_size
@@ -200,8 +202,9 @@ def test_the_safe_domain_from_cached_rdp_curves_is_prv_accountants(groups, delta
         reference = compute_safe_domain_size(prvs, counts, eps_error=composition.PRV_EPS_ERROR_MAX,
                                              delta_error=composition._delta_error(delta))
     composition._rdp_curve.cache_clear()
-    assert composition._safe_domain(groups, delta) == pytest.approx(reference, rel=1e-12)
-    assert composition._safe_domain(groups, delta) == pytest.approx(reference, rel=1e-12)  # from the cache
+    cold = composition._safe_domain(groups, delta)
+    assert reference * (1 - 1e-12) <= cold <= reference * 1.04
+    assert composition._safe_domain(groups, delta) == cold  # from the cache
 
 
 def test_a_composition_is_stored_under_its_full_key_and_read_back_equal(tmp_path, monkeypatch):
