@@ -92,6 +92,32 @@ def test_content_hash_changes_with_any_record(agnews):
     assert content_hash(frame) != base
 
 
+def test_a_shipped_source_is_loaded_once_per_process_and_each_caller_gets_its_own_frames(monkeypatch, tmp_path,
+                                                                                         tickets_spec):
+    """A shipped source is split and hashed once per process, keyed by its spec, its file and the home's content
+    key: a caller changing its frames changes no later caller's, another task or another home loads afresh, and
+    a user's file is read every time."""
+    from dpcore.data import datasets
+
+    loads = []
+    real = datasets._load_dataset
+    monkeypatch.setattr(datasets, "_load_dataset", lambda *a: loads.append(a[0].name) or real(*a))
+    monkeypatch.setattr(datasets, "_SHIPPED_DATASETS", type(datasets._SHIPPED_DATASETS)())
+    spec = load_task_spec("sst2")
+    first = load_dataset(spec)
+    first.train.loc[0, "text"] = "changed by its caller"
+    second = load_dataset(spec)
+    assert loads == ["sst2"] and second.train.loc[0, "text"] != "changed by its caller"
+    assert second.content_hash == first.content_hash and len(second.public) == len(first.public) > 0
+    assert load_dataset(load_task_spec("trec")).spec.name == "trec" and loads == ["sst2", "trec"]
+    monkeypatch.setenv("DPICL_HOME", str(tmp_path / "another-home"))  # another content key
+    assert load_dataset(spec).content_hash != first.content_hash and loads == ["sst2", "trec", "sst2"]
+    user_file = write_csv(tmp_path / "rows.csv", GOOD_ROWS)
+    for _ in range(2):
+        load_dataset(tickets_spec, data_path=user_file)
+    assert loads == ["sst2", "trec", "sst2", "tickets", "tickets"]
+
+
 def test_movies_sample_extraction_labels(movies_genre):
     assert movies_genre.spec.kind == "extraction"
     assert movies_genre.spec.made_up
