@@ -55,9 +55,9 @@ from dpcore.dpsgd.soft_prompt import (
 )
 from dpcore.dpsgd.training import dpsgd_config, dpsgd_plan
 from dpcore.errors import ConfigError
-from dpcore.lm.icl import summarise_metrics
 from dpcore.names import ADAPTER_KINDS
 from dpcore.privacy.plan import PrivacyPlan
+from dpcore.report.summary import summarise_metrics
 from tasks.common import (
     code_version,
     derive_seed,

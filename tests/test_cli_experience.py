@@ -126,6 +126,18 @@ def test_the_cli_reaches_the_model_the_engine_the_ledger_and_the_accountant_only
     assert found == []
 
 
+def test_the_cli_starts_without_the_model_stack_prefect_or_the_accountants(tmp_path):
+    """`dpicl --help`, `dpicl ledger show` and every command's flags are read without importing torch,
+    transformers, Prefect, MLflow or the accountants (seconds of start-up): those load when a command runs."""
+    probe = ("import sys; from flows.cli import build_parser; build_parser(); "
+             "print(sorted(m for m in ('torch', 'transformers', 'prefect', 'mlflow', 'dp_accounting', "
+             "'prv_accountant', 'scipy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=subprocess_env(tmp_path / "home"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_bad_numbers_name_their_flag(capsys):
     from flows.cli import main
 

@@ -241,7 +241,9 @@ def test_evaluate_classification_schema(tiny_lm, agnews):
         assert m.accuracy == pytest.approx(rows["correct_raw"].mean())
         assert m.calibrated_accuracy == pytest.approx(rows["correct_calibrated"].mean())
     assert metrics["calibrated"].all() and (metrics["shots"] == 4).all()
-    summary = icl.summarise_metrics(metrics)
+    from dpcore.report.summary import summarise_metrics
+
+    summary = summarise_metrics(metrics)
     assert summary.loc[0, "seeds"] == 2 and summary.loc[0, "accuracy_mean"] == pytest.approx(metrics["accuracy"].mean())
     assert summary.loc[0, "accuracy_std"] == pytest.approx(np.std(metrics["accuracy"]))
 

@@ -522,14 +522,3 @@ def seconds_per_100_items(metrics: pd.DataFrame) -> float:
     return 100.0 * float(scored["seconds"].sum()) / items if items else math.nan
 
 
-def summarise_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Mean and standard deviation (over seeds, ddof=0 as numpy) per (method, epsilon)."""
-    grouped = metrics.groupby(["method", "epsilon"], sort=False, dropna=False)
-    summary = grouped.agg(
-        seeds=("seed", "nunique"), n=("n", "max"),
-        accuracy_mean=("accuracy", "mean"), accuracy_std=("accuracy", lambda s: float(np.std(s))),
-        calibrated_accuracy_mean=("calibrated_accuracy", "mean"),
-        calibrated_accuracy_std=("calibrated_accuracy", lambda s: float(np.std(s))),
-        seconds=("seconds", "sum"),
-    )
-    return summary.reset_index()

@@ -35,7 +35,7 @@ BASELINE_STYLES = {
 
 
 def accuracy_summary(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Mean and standard deviation (ddof=0, as `dpcore.lm.icl.summarise_metrics`) over seeds per (method, epsilon)."""
+    """Mean and standard deviation (ddof=0, as `dpcore.report.summary.summarise_metrics`) over seeds per (method, epsilon)."""
     rows = []
     metrics = current_method_names(metrics)  # a table written before tang was named so says dp
     for (method, epsilon), group in metrics.groupby(["method", "epsilon"], dropna=False, sort=True):

@@ -1,7 +1,7 @@
 """Summary tables of a finished run: accuracy per (method, epsilon) beside sigma and the audit's figures.
 
-Pure functions over the run's public tables (`metrics`, `calibration`, `audit`): the results
-table (`results_table`), the audit's verdict (`audit_verdict`), the markdown summary shown as
+Pure functions over the run's public tables (`metrics`, `calibration`, `audit`): accuracy over seeds
+(`summarise_metrics`), the results table (`results_table`), the audit's verdict (`audit_verdict`), the markdown summary shown as
 a Prefect artifact (`summary_markdown`), JSON-safe rows (`jsonable_rows`) and whether the private
 data paid against calibrated zero-shot (`private_data_verdict`). Aggregates and
 public configuration only; no per-record data enters them.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
-from dpcore.lm.icl import summarise_metrics
 from dpcore.names import METHODS, RAW_SCORED_METHODS, current_method_names, method_name
 
 
@@ -29,6 +29,19 @@ def finite_or_none(value) -> float | None:
 def epsilon_text(epsilon: float) -> str:
     """An epsilon as a label: `inf` or the shortest float form."""
     return "inf" if math.isinf(float(epsilon)) else f"{float(epsilon):g}"
+
+
+def summarise_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Mean and standard deviation (over seeds, ddof=0 as numpy) per (method, epsilon)."""
+    grouped = metrics.groupby(["method", "epsilon"], sort=False, dropna=False)
+    summary = grouped.agg(
+        seeds=("seed", "nunique"), n=("n", "max"),
+        accuracy_mean=("accuracy", "mean"), accuracy_std=("accuracy", lambda s: float(np.std(s))),
+        calibrated_accuracy_mean=("calibrated_accuracy", "mean"),
+        calibrated_accuracy_std=("calibrated_accuracy", lambda s: float(np.std(s))),
+        seconds=("seconds", "sum"),
+    )
+    return summary.reset_index()
 
 
 def results_table(metrics: pd.DataFrame, calibration: pd.DataFrame, audit: pd.DataFrame | None) -> pd.DataFrame:

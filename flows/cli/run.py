@@ -246,14 +246,14 @@ def _confirmed() -> bool:
 
 
 def _run(args, defaults: dict | None = None) -> int:
-    # torch, Prefect, dp-accounting, scipy load here, not for `dpicl --help`
-    from flows.pipeline import run_pipeline
-
     config = _config(args, defaults)
     # A multi-method run on a terminal asks before spending; scripts pass --yes (--json never asks).
     confirm = (len(config.methods) > 1 and not args.yes and not args.json and defaults is not DEMO_DEFAULTS
                and sys.stdin.isatty())
     plan = _before_run(config, args.run_id, defaults, confirm=confirm)
+    # The flow (Prefect, MLflow, the model's stack) loads here: not for `dpicl --help`, nor for a refusal above
+    from flows.pipeline import run_pipeline
+
     began = time.perf_counter()
     with stopping_on_signals(), showing_progress():
         summary = run_pipeline(config, run_id=args.run_id, plan=plan)
