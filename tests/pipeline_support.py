@@ -15,6 +15,7 @@ import contextlib
 import functools
 import os
 import shutil
+import sqlite3
 import tempfile
 import threading
 import time
@@ -39,6 +40,9 @@ _LOCK = threading.Lock()
 # Under xdist the controller starts one harness for every worker (`start_shared_harness`, from conftest's
 # pytest_configure) and writes its URL to this file: a server boot (about 20 s of CPU) once per suite.
 SHARED_URL_FILE = "DPICL_TEST_PREFECT_URL_FILE"
+# ... and beside it a copy of that server's database as it started (migrated, no flow run yet), for the
+# `dpicl` subprocesses whose temporary server should not run Prefect's 200 migrations again (`subprocess_env`).
+MIGRATED_DATABASE = "migrated-prefect.db"
 
 PER_LABEL_TRAIN = 100
 TEST_ITEMS = 40
@@ -98,6 +102,7 @@ def start_shared_harness() -> Callable[[], None]:
         # suite's lock stalls (PrefectHQ/prefect#18934) end with it (benchmarks/RESULTS.md, the test suite).
         with temporary_settings(updates={PREFECT_TESTING_UNIT_TEST_MODE: True}), \
                 prefect_test_harness(server_startup_timeout=120):
+            _copy_started_database(folder / MIGRATED_DATABASE)
             url_file.write_text(PREFECT_API_URL.value())
             stop.wait()
 
@@ -112,6 +117,16 @@ def start_shared_harness() -> Callable[[], None]:
     return stop_it
 
 
+def _copy_started_database(target: Path) -> None:
+    """SQLite's online backup of the harness's database, taken before any worker has its URL: Prefect's schema
+    at its last migration and the block types it registers on start, no run."""
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
+
+    source = PREFECT_API_DATABASE_CONNECTION_URL.value().split(":///", 1)[1]
+    with contextlib.closing(sqlite3.connect(source)) as started, contextlib.closing(sqlite3.connect(target)) as copy:
+        started.backup(copy)
+
+
 @pytest.fixture(scope="session")
 def prefect_harness(request):
     """The shared harness; stopped at the end of the session (while pytest's output capture still works)."""
@@ -122,13 +137,21 @@ def prefect_harness(request):
 REPO = Path(__file__).resolve().parent.parent
 
 
-def subprocess_env(home: Path, *, temporary_prefect_server: bool = False) -> dict:
+def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
+                   migrated_prefect_database: bool = False) -> dict:
     """The environment of a `dpicl` subprocess on a fresh `$DPICL_HOME`, the way a user's shell has it (no
     test-session paths). The home gets the session's converted models (conftest: one folder per
     environment), so `tiny-random` or the embedded model is not converted again, and the environment's
     accounting cache (conftest). Flow runs go to the shared test server, or, with `temporary_prefect_server`, to the
-    one the CLI starts itself (a fresh machine)."""
+    one the CLI starts itself (a fresh machine). With `migrated_prefect_database` that server finds its database
+    migrated, as on a machine that has run before (the shared server's, as it started: about 6 s less of
+    server start-up; none outside the shared server's session)."""
     home.mkdir(parents=True, exist_ok=True)
+    shared_url = os.environ.get(SHARED_URL_FILE)
+    if migrated_prefect_database and shared_url:
+        wait_for_url(Path(shared_url))  # written after the copy
+        (home / "prefect").mkdir(exist_ok=True)
+        shutil.copyfile(Path(shared_url).with_name(MIGRATED_DATABASE), home / "prefect" / "prefect.db")
     for shared in ("models", "cache/accounting"):  # conftest: one folder of each per environment
         source = Path(os.environ["DPICL_HOME"]) / shared
         if source.is_dir() and not (home / shared).exists():

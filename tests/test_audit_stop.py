@@ -25,9 +25,10 @@ DEMO_SETS = 2
 
 
 def _env(home: Path) -> dict:
-    # The temporary Prefect server a fresh machine's `dpicl run` starts: with these runs stopped on the suite's
-    # shared server, the other tests' writes to it waited out its SQLite busy timeout (up to a minute).
-    return subprocess_env(home, temporary_prefect_server=True)
+    # The temporary Prefect server a `dpicl run` with no server configured starts (on a database migrated before,
+    # as a machine that has run once): with these runs stopped on the suite's shared server, the other tests'
+    # writes to it waited out its SQLite busy timeout (up to a minute).
+    return subprocess_env(home, temporary_prefect_server=True, migrated_prefect_database=True)
 
 
 def _dataset(folder: Path, per_label: int = 2000) -> tuple[Path, Path]:

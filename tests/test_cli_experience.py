@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 DPICL = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
 
 
-def _env(home: Path) -> dict:
-    return subprocess_env(home, temporary_prefect_server=True)
+def _env(home: Path, **kwargs) -> dict:
+    return subprocess_env(home, temporary_prefect_server=True, **kwargs)
 
 
 def _free_port() -> int:
@@ -202,8 +202,8 @@ def test_ctrl_c_stops_a_run_within_a_step_and_keeps_the_charge(tmp_path):
             "--seeds", "1", "--test-size", "4", "--no-audit", "--dataset-id", "ctrl-c"]
     # its own process group, as a terminal's foreground job: Ctrl-C reaches every process of it, the run's
     # temporary Prefect server too unless that runs in a session of its own
-    proc = subprocess.Popen(DPICL + argv, cwd=tmp_path, env=_env(home), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(DPICL + argv, cwd=tmp_path, env=_env(home, migrated_prefect_database=True),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines = []
     try:
         deadline = time.monotonic() + 240
