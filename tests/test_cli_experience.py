@@ -128,7 +128,8 @@ def test_the_cli_reaches_the_model_the_engine_the_ledger_and_the_accountant_only
 
 def test_the_cli_starts_without_the_model_stack_prefect_or_the_accountants(tmp_path):
     """`dpicl --help`, `dpicl ledger show` and every command's flags are read without importing torch,
-    transformers, Prefect, MLflow or the accountants (seconds of start-up): those load when a command runs."""
+    transformers, Prefect, MLflow or the accountants (seconds of start-up): those load when a command runs, and
+    not for a command refused on its task."""
     probe = ("import sys; from flows.cli import build_parser; build_parser(); "
              "print(sorted(m for m in ('torch', 'transformers', 'prefect', 'mlflow', 'dp_accounting', "
              "'prv_accountant', 'scipy') if m in sys.modules))")
@@ -136,6 +137,13 @@ def test_the_cli_starts_without_the_model_stack_prefect_or_the_accountants(tmp_p
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+    # a misspelt task is refused before the ledger, the accountants or the model's stack load
+    refusal = ("import sys; from flows.cli import main; code = main(['run', '--dataset', 'agnwes', '--yes']); "
+               "print(code, sorted(m for m in ('torch', 'dp_accounting', 'prv_accountant') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", refusal], cwd=REPO, env=subprocess_env(tmp_path / "home"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "2 []", done.stderr
+    assert done.stderr.startswith("dpicl run: error: dataset: unknown task 'agnwes'"), done.stderr
 
 
 def test_bad_numbers_name_their_flag(capsys):

@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from dpcore.config import FLAG_SPELLINGS, RunConfig, flag
 from dpcore.data.artifacts import jsonable
-from dpcore.errors import ConfigError
+from dpcore.data.taskspec import load_task_spec
+from dpcore.errors import ConfigError, DpiclError
 
 __all__ = ["add_config_flags", "add_output_flags", "checked_config", "command", "config_from_args", "fmt_value", "parse_epsilon",
            "print_json", "say"]
@@ -121,13 +122,14 @@ def add_config_flags(parser: argparse.ArgumentParser, fields: list[str], aliases
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     """The command's `RunConfig`; its delta, when not given, is the dataset's budget delta (if a budget is
     set): a run composes with its budget at one delta. A --delta that differs from the budget's is said
-    here, before anything is charged."""
-    # dp-accounting loads here, not for `dpicl --help`
-    from tasks.charge import budget_delta
-
+    here, before anything is charged. A task that does not load (a misspelt name, a bad YAML) is refused first."""
     values = {name: getattr(args, name) for name in RunConfig.model_fields if getattr(args, name, None) is not None}
     values.update({k: v for k, v in overrides.items() if v is not None})
     config = RunConfig.model_validate(values)
+    load_task_spec(config.task_spec or config.dataset)
+    # dp-accounting (through the ledger) loads here, not for `dpicl --help` nor for a task that does not load
+    from tasks.charge import budget_delta
+
     budget = budget_delta(config.ledger_id)
     if budget is not None and config.delta is None:
         say(f"note: delta = {budget:.3g}, the delta of the budget of ledger id '{config.ledger_id}' (pass --delta "
@@ -145,6 +147,8 @@ def checked_config(args: argparse.Namespace, **overrides: Any) -> RunConfig:
         return config_from_args(args, **overrides)
     except ValidationError as exc:
         raise ConfigError(validation_problems(exc)) from None
+    except DpiclError:  # a task that does not load: said as it is
+        raise
     except ValueError as exc:  # an int flag that is not an int
         raise ConfigError(str(exc)) from None
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from dpcore.config import AuditConfig, RunConfig
 from dpcore.display import fmt_delta, fmt_eps
-from dpcore.errors import ConfigError
+from dpcore.errors import ConfigError, DpiclError
 from dpcore.report.summary import verdict_line
 from flows.cli.common import (
     add_config_flags,
@@ -116,6 +116,8 @@ def _config(args, defaults: dict | None = None) -> RunConfig:
         return config_from_args(args, **overrides)
     except ValidationError as exc:
         raise ConfigError(validation_problems(exc)) from None
+    except DpiclError:  # a task that does not load: said as it is
+        raise
     except ValueError as exc:  # an integer flag that is not an integer
         raise ConfigError(f"an integer flag has a non-integer value ({exc})") from None
 
