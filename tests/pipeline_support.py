@@ -41,7 +41,7 @@ _LOCK = threading.Lock()
 # pytest_configure) and writes its URL to this file: a server boot (about 20 s of CPU) once per suite.
 SHARED_URL_FILE = "DPICL_TEST_PREFECT_URL_FILE"
 # ... and beside it a copy of that server's database as it started (migrated, no flow run yet), for the
-# `dpicl` subprocesses whose temporary server should not run Prefect's 200 migrations again (`subprocess_env`).
+# `dpicl` subprocesses whose temporary server should not run Prefect's 113 migrations again (`subprocess_env`).
 MIGRATED_DATABASE = "migrated-prefect.db"
 
 PER_LABEL_TRAIN = 100

@@ -16,6 +16,7 @@ from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.lm import icl
 from dpcore.lm.model import LanguageModel
+from dpcore.report.summary import summarise_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 
@@ -241,8 +242,6 @@ def test_evaluate_classification_schema(tiny_lm, agnews):
         assert m.accuracy == pytest.approx(rows["correct_raw"].mean())
         assert m.calibrated_accuracy == pytest.approx(rows["correct_calibrated"].mean())
     assert metrics["calibrated"].all() and (metrics["shots"] == 4).all()
-    from dpcore.report.summary import summarise_metrics
-
     summary = summarise_metrics(metrics)
     assert summary.loc[0, "seeds"] == 2 and summary.loc[0, "accuracy_mean"] == pytest.approx(metrics["accuracy"].mean())
     assert summary.loc[0, "accuracy_std"] == pytest.approx(np.std(metrics["accuracy"]))
