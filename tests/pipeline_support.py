@@ -119,12 +119,19 @@ def start_shared_harness() -> Callable[[], None]:
 
 def _copy_started_database(target: Path) -> None:
     """SQLite's online backup of the harness's database, taken before any worker has its URL: Prefect's schema
-    at its last migration and the block types it registers on start, no run."""
+    at its last migration and the block types it registers on start, no run. Without a copy (a database that is
+    not an SQLite file), the subprocesses' servers migrate their own."""
     from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
 
-    source = PREFECT_API_DATABASE_CONNECTION_URL.value().split(":///", 1)[1]
-    with contextlib.closing(sqlite3.connect(source)) as started, contextlib.closing(sqlite3.connect(target)) as copy:
-        started.backup(copy)
+    url = PREFECT_API_DATABASE_CONNECTION_URL.value() or ""
+    if not url.startswith("sqlite") or ":///" not in url:
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(url.split(":///", 1)[1])) as started, \
+                contextlib.closing(sqlite3.connect(target)) as copy:
+            started.backup(copy)
+    except sqlite3.Error:
+        target.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
@@ -145,13 +152,15 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
     accounting cache (conftest). Flow runs go to the shared test server, or, with `temporary_prefect_server`, to the
     one the CLI starts itself (a fresh machine). With `migrated_prefect_database` that server finds its database
     migrated, as on a machine that has run before (the shared server's, as it started: about 6 s less of
-    server start-up; none outside the shared server's session)."""
+    server start-up; none outside the shared server's session, or when it could not be copied)."""
     home.mkdir(parents=True, exist_ok=True)
     shared_url = os.environ.get(SHARED_URL_FILE)
     if migrated_prefect_database and shared_url:
         wait_for_url(Path(shared_url))  # written after the copy
-        (home / "prefect").mkdir(exist_ok=True)
-        shutil.copyfile(Path(shared_url).with_name(MIGRATED_DATABASE), home / "prefect" / "prefect.db")
+        migrated = Path(shared_url).with_name(MIGRATED_DATABASE)
+        if migrated.exists():
+            (home / "prefect").mkdir(exist_ok=True)
+            shutil.copyfile(migrated, home / "prefect" / "prefect.db")
     for shared in ("models", "cache/accounting"):  # conftest: one folder of each per environment
         source = Path(os.environ["DPICL_HOME"]) / shared
         if source.is_dir() and not (home / shared).exists():
