@@ -102,7 +102,7 @@ def test_a_shipped_source_is_loaded_once_per_process_and_each_caller_gets_its_ow
     loads = []
     real = datasets._load_dataset
     monkeypatch.setattr(datasets, "_load_dataset", lambda *a: loads.append(a[0].name) or real(*a))
-    monkeypatch.setattr(datasets, "_SHIPPED_DATASETS", type(datasets._SHIPPED_DATASETS)())
+    datasets._loaded_shipped.cache_clear()
     spec = load_task_spec("sst2")
     first = load_dataset(spec)
     first.train.loc[0, "text"] = "changed by its caller"

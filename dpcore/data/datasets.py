@@ -20,8 +20,6 @@ import hashlib
 import io
 import json
 import pickle
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -456,29 +454,19 @@ def load_dataset(spec: TaskSpec, data_path: str | Path | None = None,
     return _load_dataset(spec, data_path, test_path)
 
 
-# A shipped source's split, public-split de-duplication and keyed hashes cost about a second for AG News's
-# 127k rows, and a process running several flows (a Prefect worker, `dpicl serve`, a benchmark) repeats them.
-# Kept by (spec, the file's size and time, the home's content key); each caller gets frames of its own.
-_SHIPPED_DATASETS: OrderedDict[tuple, LoadedDataset] = OrderedDict()
-_SHIPPED_DATASETS_KEPT = 2
-_SHIPPED_LOCK = threading.Lock()
-
-
 def _shipped_dataset(spec: TaskSpec) -> LoadedDataset:
     path = staicc_file(spec.source.file or f"{spec.name}.dataset")
     stat = path.stat()
-    key = (spec.model_dump_json(), str(path), stat.st_size, stat.st_mtime_ns, content_key())
-    with _SHIPPED_LOCK:
-        loaded = _SHIPPED_DATASETS.get(key)
-        if loaded is not None:
-            _SHIPPED_DATASETS.move_to_end(key)
-    if loaded is None:
-        loaded = _load_dataset(spec, None, None)
-        with _SHIPPED_LOCK:
-            _SHIPPED_DATASETS[key] = loaded
-            while len(_SHIPPED_DATASETS) > _SHIPPED_DATASETS_KEPT:
-                _SHIPPED_DATASETS.popitem(last=False)
+    loaded = _loaded_shipped(spec.model_dump_json(), str(path), stat.st_size, stat.st_mtime_ns, content_key())
     return replace(loaded, train=loaded.train.copy(), test=loaded.test.copy(), public=loaded.public.copy())
+
+
+# A shipped source's split, public-split de-duplication and keyed hashes cost about a second for AG News's
+# 127k rows, and a process running several flows (a Prefect worker, `dpicl serve`, a benchmark) repeats them.
+# Kept by (spec, the file's size and time, the home's content key); each caller gets frames of its own.
+@functools.lru_cache(maxsize=2)
+def _loaded_shipped(spec_json: str, path: str, size: int, mtime_ns: int, key: bytes) -> LoadedDataset:
+    return _load_dataset(TaskSpec.model_validate_json(spec_json), None, None)
 
 
 def _load_dataset(spec: TaskSpec, data_path: str | Path | None, test_path: str | Path | None) -> LoadedDataset:
