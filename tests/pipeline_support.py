@@ -154,13 +154,8 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
     migrated, as on a machine that has run before (the shared server's, as it started: about 6 s less of
     server start-up; none outside the shared server's session, or when it could not be copied)."""
     home.mkdir(parents=True, exist_ok=True)
-    shared_url = os.environ.get(SHARED_URL_FILE)
-    if migrated_prefect_database and shared_url:
-        wait_for_url(Path(shared_url))  # written after the copy
-        migrated = Path(shared_url).with_name(MIGRATED_DATABASE)
-        if migrated.exists():
-            (home / "prefect").mkdir(exist_ok=True)
-            shutil.copyfile(migrated, home / "prefect" / "prefect.db")
+    if migrated_prefect_database:
+        copy_migrated_prefect_database(home / "prefect" / "prefect.db")
     for shared in ("models", "cache/accounting"):  # conftest: one folder of each per environment
         source = Path(os.environ["DPICL_HOME"]) / shared
         if source.is_dir() and not (home / shared).exists():
@@ -171,6 +166,21 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
     for key in dropped + (("PREFECT_API_URL",) if temporary_prefect_server else ()):
         env.pop(key, None)
     return env
+
+
+def copy_migrated_prefect_database(target: Path) -> bool:
+    """Put the shared server's database, as it started (migrated, no run), at `target`; False (nothing
+    copied) outside the shared server's session or when it could not be copied."""
+    shared_url = os.environ.get(SHARED_URL_FILE)
+    if not shared_url:
+        return False
+    wait_for_url(Path(shared_url))  # written after the copy
+    migrated = Path(shared_url).with_name(MIGRATED_DATABASE)
+    if not migrated.exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(migrated, target)
+    return True
 
 
 def share_tiny_model(tiny_lm) -> None:

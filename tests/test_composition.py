@@ -4,6 +4,7 @@ guards, and calibration over any event family. Small T throughout (seconds in al
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -168,6 +169,18 @@ def test_calibration_over_a_family_is_the_smallest_sigma(family, target):
     assert result.composition.epsilon <= target
     assert compose([family(sigma * (1 - 1e-3))], DELTA).epsilon > target
     assert compose([family(sigma - composition.SIGMA_TOLERANCE)], DELTA).epsilon > target
+
+
+def test_a_bracket_one_tolerance_wide_ends_the_calibration(monkeypatch):
+    """First pass at 0.5512, which holds; 0.5502 breaks the target: the bracket is the tolerance (up to
+    rounding), so two full compositions decide sigma = 0.5512, and no third one bisects it."""
+    fake = composition.Composition(0.0, DELTA, None, None, True)
+    monkeypatch.setattr(composition, "_solve_fast", lambda *args, **kwargs: 0.5512)
+    monkeypatch.setattr(composition, "compose",
+                        lambda events, delta, cache=True: dataclasses.replace(fake, epsilon=1 / events[0]))
+    assert 0.5512 - 0.5502 > composition.SIGMA_TOLERANCE  # the rounding the loop must tolerate
+    result = composition.calibrate(lambda sigma: sigma, 1 / 0.5507, DELTA)
+    assert (result.noise_multiplier, result.evaluations) == (0.5512, 2)
 
 
 def test_calibration_rejects_bad_or_unreachable_targets():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pipeline_support import mini_agnews
+from pipeline_support import copy_migrated_prefect_database, mini_agnews
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -36,10 +36,13 @@ def _prefect() -> str:
 
 @pytest.fixture(scope="module")
 def server(dpicl_home):
-    """`prefect server start` with PREFECT_HOME inside the test home; killed at the end."""
+    """`prefect server start` with PREFECT_HOME inside the test home, on a copy of the shared test server's
+    migrated database where there is one (Prefect's migrations are most of a fresh server's start); killed
+    at the end."""
     port = _free_port()
     prefect_home = dpicl_home / "prefect-server"
     prefect_home.mkdir(parents=True, exist_ok=True)
+    copy_migrated_prefect_database(prefect_home / "prefect.db")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         PREFECT_HOME=str(prefect_home),

@@ -826,7 +826,9 @@ def calibrate(family: Callable[[float], Any], target_epsilon: float, delta: floa
                 raise ConfigError(f"target_epsilon {target} is unreachable: even noise_multiplier {sigma_max:g} "
                                   "does not reach it")
             best = full(hi)
-    while hi - lo > tolerance:
+    # the walk's first step leaves hi - lo = tolerance up to rounding (0.5512 - 0.5502 > 0.001 in floats): a
+    # bracket that wide is done, not bisected once more for a sigma no nearer than the tolerance promises
+    while hi - lo > tolerance * (1 + 1e-9):
         mid = (lo + hi) / 2
         result = full(mid)
         if result.epsilon <= target:
