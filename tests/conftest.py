@@ -124,9 +124,12 @@ _use_the_shared_prefect_server()
 import prefect.main  # noqa: E402, F401
 
 # Under pytest-xdist (`make test` runs a worker per core and one more: Makefile) a second torch thread per
-# worker only contends with the other workers.
+# worker only contends with the other workers; so does one in the processes its tests start (`dpicl`
+# commands, Dask workers, Prefect's flow-run subprocess), which read OMP_NUM_THREADS when torch loads.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 torch.set_num_threads(1 if _WORKER else max(1, min(2, os.cpu_count() or 1)))
+if _WORKER:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

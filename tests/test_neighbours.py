@@ -270,22 +270,14 @@ def _mlflow(run_id_tag: str | None) -> list[dict]:
                     "tags": r.data.tags} for r in runs), key=lambda r: str(r["name"]))
 
 
-def _artifact_ids() -> set:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        return {a.id for a in client.read_artifacts()}
-
-
-def _prefect_artifacts(before: set, tag: str) -> list[dict]:
-    """The artifacts of the flow runs tagged `tag` (one command's): the test server is shared with the
-    other test process, whose runs write artifacts meanwhile."""
+def _prefect_artifacts(tag: str) -> list[dict]:
+    """The artifacts of the flow runs tagged `tag` (one command's, a tag no earlier run had): the test server
+    is shared with the other test processes, whose runs write artifacts meanwhile."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
     with get_client(sync_client=True) as client:
-        runs = {r.id for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[tag])))}
-        artifacts = [a for a in client.read_artifacts() if a.id not in before and a.flow_run_id in runs]
+        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[tag])))
     return sorted(({"key": a.key, "type": a.type, "data": _markdown(a.data) if isinstance(a.data, str) else a.data,
                     "description": a.description}
                    for a in artifacts), key=lambda a: str(a["key"]))
@@ -336,7 +328,7 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
         for variant in ("D", "added", "changed"):
             for command in COMMANDS:  # built one at a time: evaluate reads the demos generate wrote for D
                 argv = _commands(files, variant, run_ids)[command]
-                before, artifacts_before = _snapshot(), _artifact_ids()
+                before = _snapshot()
                 handler.records.clear()
                 tag = f"neighbours-{uuid.uuid4().hex}"
                 with tags(tag):  # the command's flow runs, among those of the other test process
@@ -349,7 +341,7 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
                            "tune": f"nb-tune-{variant}", "tune-lora": f"nb-tune-lora-{variant}"}.get(command)
                 outputs.setdefault(command, {})[variant] = {
                     "exit": code, "json": summary, "files": _public_files(before), "mlflow": _mlflow(run_tag),
-                    "artifacts": _prefect_artifacts(artifacts_before, tag), "logs": _logs(handler.records),
+                    "artifacts": _prefect_artifacts(tag), "logs": _logs(handler.records),
                     # the command's own lines (log lines are compared through the log records)
                     "stderr": [SECONDS.sub("<T>", line) for line in err.splitlines()
                                if "\r" not in line and not LOG_LINE.search(line)]}
