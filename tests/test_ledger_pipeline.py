@@ -141,7 +141,7 @@ def test_cli_run_warns_before_non_private_baselines(capsys, monkeypatch):
     data_path, spec_path, _, _ = mini_agnews()
     with pytest.raises(SystemExit):
         main(["run", "--task-spec", spec_path, "--data-path", data_path, "--model", "tiny-random",
-              "--baselines", "zero-shot,sigma-zero"])
+              "--methods", "tang", "--epsilons", "1", "--baselines", "zero-shot,sigma-zero"])
     err = capsys.readouterr().err
     assert "WARNING: non-private baseline(s) sigma-zero" in err and "'agnews-mini'" in err
     with pytest.raises(SystemExit):
