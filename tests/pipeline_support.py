@@ -168,19 +168,17 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
     return env
 
 
-def copy_migrated_prefect_database(target: Path) -> bool:
-    """Put the shared server's database, as it started (migrated, no run), at `target`; False (nothing
-    copied) outside the shared server's session or when it could not be copied."""
+def copy_migrated_prefect_database(target: Path) -> None:
+    """Put the shared server's database, as it started (migrated, no run), at `target`; nothing outside the
+    shared server's session or when it could not be copied (the server then migrates its own)."""
     shared_url = os.environ.get(SHARED_URL_FILE)
     if not shared_url:
-        return False
+        return
     wait_for_url(Path(shared_url))  # written after the copy
     migrated = Path(shared_url).with_name(MIGRATED_DATABASE)
-    if not migrated.exists():
-        return False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(migrated, target)
-    return True
+    if migrated.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(migrated, target)
 
 
 def share_tiny_model(tiny_lm) -> None:
