@@ -220,6 +220,48 @@ def test_the_safe_domain_from_cached_rdp_curves_covers_prv_accountants(groups, d
     assert composition._safe_domain(groups, delta) == cold  # from the cache
 
 
+@pytest.mark.parametrize("groups", [
+    (("gaussian", 0.61, 0.01, 100),),  # 79,598 points on the safe domain: 2 x 39,799, a prime
+    (("gaussian", 1.0, 0.02, 1000),),
+    (("gaussian", 1.1, 0.004, 200), ("rnm", 0.5, 0.02, 30)),
+])
+def test_the_prv_grid_is_widened_to_a_fast_fft_length_and_gives_the_same_epsilon(groups, monkeypatch):
+    """prv-accountant's grid is widened from the safe domain to the next even 2^a 3^b 5^c length (its FFTs
+    at a length with a large prime factor are tens of times slower): the grid it builds has exactly the
+    length `_grid_points` says, the domain is never narrower than the safe one, and the epsilon is the
+    safe domain's to 1e-5 (relative; prv-accountant's own error bound is 0.01 absolute)."""
+    import prv_accountant.composers as composers
+
+    delta, eps_error = 1e-5, composition.PRV_EPS_ERROR_MAX
+    domain = composition._safe_domain(groups, delta)
+    total = sum(n for *_, n in groups)
+    half_width, points = composition._grid_points(domain, eps_error, total, delta)
+    mesh = half_width / (points / 2 - 1.5)  # _grid_points: half width (cells - 1/2) mesh, 2 (cells + 1) points
+    assert half_width >= domain and points == composition.fast_fft_length(points)
+    assert points <= 1.05 * 2 * (math.ceil(domain / mesh) + 1)  # at most 5% more points than the safe domain's
+    lengths = []
+    fourier = composers.Fourier.__init__
+    monkeypatch.setattr(composers.Fourier, "__init__",
+                        lambda self, prvs: (lengths.append(len(prvs[0].pmf)), fourier(self, prvs))[1])
+    widened = composition._prv_epsilon(groups, delta, eps_error, half_width)
+    assert lengths == [points] * len(groups)
+    safe = composition._prv_epsilon(groups, delta, eps_error, domain)
+    assert widened == pytest.approx(safe, rel=1e-5)
+
+
+def test_fast_fft_lengths_are_the_smallest_even_5_smooth_lengths():
+    def smooth(n: int) -> bool:
+        for p in (2, 3, 5):
+            while n % p == 0:
+                n //= p
+        return n == 1
+
+    for n in [*range(1, 400), 40_064, 79_598, 187_886]:
+        length = composition.fast_fft_length(n)
+        assert length >= n and length % 2 == 0 and smooth(length)
+        assert not any(k % 2 == 0 and smooth(k) for k in range(n, length))
+
+
 def test_a_composition_is_stored_under_its_full_key_and_read_back_equal(tmp_path, monkeypatch):
     """The disk memo (`dpcore.privacy.memo`): a composition computed once is the same `Composition` when read
     back from disk; other inputs, another accountant version or another composition.py are misses; an

@@ -348,10 +348,33 @@ def _safe_domain(groups: Sequence[Group], delta: float) -> float:
 
 
 def _grid_points(domain: float, eps_error: float, steps: int, delta: float) -> tuple[float, float]:
-    """(half width, number of points) of the grid prv-accountant builds (its Theorem 5.5 mesh)."""
+    """(half width, number of points) of the grid prv-accountant builds (its Theorem 5.5 mesh), the half width
+    widened from the safe domain to the nearest grid whose length is a fast FFT length.
+
+    prv-accountant's grid on [-L, L] with mesh m (`Domain.create_aligned`) has 2 (ceil(L / m) + 1) points,
+    and its composition runs a real FFT and its inverse of that length: at a length with a large prime
+    factor (2 x 39799 for 100 steps at sigma 0.61, q 0.01) they take about 0.14 s, at the next
+    2^a 3^b 5^c length 0.003 s. A wider domain only truncates less of the privacy loss: still valid."""
     half_width = max(domain, eps_error + 3)
     mesh = eps_error / math.sqrt(steps / 2 * math.log(12 / _delta_error(delta)))
-    return half_width, 2 * half_width / mesh
+    cells = fast_fft_length(2 * (math.ceil(half_width / mesh + 0.5) + 1)) // 2 - 1
+    # (cells - 1/2) m: ceil(L / m) is `cells` whatever the last bit of prv-accountant's own mesh
+    return (cells - 0.5) * mesh, 2 * (cells + 1)
+
+
+def fast_fft_length(n: int) -> int:
+    """The smallest even 2^a 3^b 5^c >= n: a length pocketfft transforms without Bluestein's algorithm."""
+    best, two = None, 2
+    while two < 2 * n:
+        three = two
+        while three < 2 * n:
+            five = three
+            while five < n:
+                five *= 5
+            best = five if best is None else min(best, five)
+            three *= 3
+        two *= 2
+    return best if best is not None else 2
 
 
 def _prv_epsilon(groups: Sequence[Group], delta: float, eps_error: float,
