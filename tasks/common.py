@@ -317,7 +317,7 @@ def language_model(name: str, device: str = "auto", dtype: str = "auto"):
     """One `LanguageModel` per (name, device, dtype) per process (threads share it; Dask workers load their own).
 
     `tiny-random` selects `LanguageModel.tiny_random(seed=0)`: a randomly initialised tiny Llama
-    with the embedded tokenizer, for tests and smoke runs.
+    on the embedded tokenizer cut to its first words (`dpcore.lm.models.TINY_VOCABULARY`), for tests and smoke runs.
     """
     from dpcore.lm.model import LanguageModel
 

@@ -174,25 +174,25 @@ def test_rvp_token_is_always_in_the_public_top_k(tiny_lm, spec, records, monkeyp
 
 
 def test_no_rvp_uses_no_public_prompt(tiny_lm, spec, records):
-    hello = tiny_lm.encode(" hello")[0]
-    forward = PlannedForward(tiny_lm.vocab_size, [hello])
+    good = tiny_lm.encode(" good")[0]
+    forward = PlannedForward(tiny_lm.vocab_size, [good])
     generate_demos(tiny_lm, spec, records, _config(rvp=False, max_tokens=2, top_k=10**9), 0.0, seed=0,
                    labels=["World"], forward=forward)
     public = tiny_lm.encode(spec.generation.build("World", []))
     for step, batch in enumerate(forward.batches):
         assert 1 <= len(batch) <= 4  # at most M group prompts, no public prompt
-        assert all(prompt != public + [hello] * step for prompt in batch)
+        assert all(prompt != public + [good] * step for prompt in batch)
 
 
 def test_group_prompts_are_the_tokenised_prefix_plus_generated_ids(tiny_lm, spec, records):
-    hello = tiny_lm.encode(" hello")[0]
-    forward = PlannedForward(tiny_lm.vocab_size, [hello])
+    good = tiny_lm.encode(" good")[0]
+    forward = PlannedForward(tiny_lm.vocab_size, [good])
     generate_demos(tiny_lm, spec, records, _config(max_tokens=3), 0.0, seed=0, labels=["World"], forward=forward)
     public = tiny_lm.encode(spec.generation.build("World", []))
     for step, batch in enumerate(forward.batches):
-        assert batch[-1] == public + [hello] * step
+        assert batch[-1] == public + [good] * step
         for prompt in batch[:-1]:
-            assert prompt[len(prompt) - step:] == [hello] * step
+            assert prompt[len(prompt) - step:] == [good] * step
             assert prompt[:16] == public[:16]  # the instruction line
 
 
@@ -201,43 +201,43 @@ def test_group_prompts_are_the_tokenised_prefix_plus_generated_ids(tiny_lm, spec
 
 def test_stops_at_end_token_without_keeping_it(tiny_lm, spec, records):
     eos = min(tiny_lm.eos_token_ids)
-    hello = tiny_lm.encode(" hello")[0]
-    forward = PlannedForward(tiny_lm.vocab_size, [hello, hello, eos])
+    good = tiny_lm.encode(" good")[0]
+    forward = PlannedForward(tiny_lm.vocab_size, [good, good, eos])
     demo = generate_demos(tiny_lm, spec, records, _config(max_tokens=10), 0.0, seed=0, labels=["World"],
                           forward=forward).demos[0]
-    assert (demo.stop_reason, demo.tokens, demo.text, forward.calls) == ("eos", 2, "hello hello", 3)
+    assert (demo.stop_reason, demo.tokens, demo.text, forward.calls) == ("eos", 2, "good good", 3)
 
 
 def test_stops_at_stop_string_and_strips_what_follows(tiny_lm, spec, records):
-    hello, world = tiny_lm.encode(" hello")[0], tiny_lm.encode(" world")[0]
+    good, day = tiny_lm.encode(" good")[0], tiny_lm.encode(" day")[0]
     newline = tiny_lm.encode("\n")[0]
     demo = generate_demos(tiny_lm, spec, records, _config(max_tokens=10), 0.0, seed=0, labels=["World"],
-                          forward=PlannedForward(tiny_lm.vocab_size, [hello, world, newline, hello])).demos[0]
-    assert (demo.stop_reason, demo.tokens, demo.text) == ("stop_string", 3, "hello world")
-    custom = spec.model_copy(update={"generation": spec.generation.model_copy(update={"stop": "lo w"})})
+                          forward=PlannedForward(tiny_lm.vocab_size, [good, day, newline, good])).demos[0]
+    assert (demo.stop_reason, demo.tokens, demo.text) == ("stop_string", 3, "good day")
+    custom = spec.model_copy(update={"generation": spec.generation.model_copy(update={"stop": "od d"})})
     demo = generate_demos(tiny_lm, custom, records, _config(max_tokens=10), 0.0, seed=0, labels=["World"],
-                          forward=PlannedForward(tiny_lm.vocab_size, [hello, world, hello])).demos[0]
-    assert (demo.stop_reason, demo.tokens, demo.text) == ("stop_string", 2, "hel")
+                          forward=PlannedForward(tiny_lm.vocab_size, [good, day, good])).demos[0]
+    assert (demo.stop_reason, demo.tokens, demo.text) == ("stop_string", 2, "go")
 
 
 def test_stops_at_max_tokens(tiny_lm, spec, records):
-    hello = tiny_lm.encode(" hello")[0]
-    forward = PlannedForward(tiny_lm.vocab_size, [hello])
+    good = tiny_lm.encode(" good")[0]
+    forward = PlannedForward(tiny_lm.vocab_size, [good])
     result = generate_demos(tiny_lm, spec, records, _config(max_tokens=4, demos_per_label=2), 0.0, seed=0,
                             labels=["World", "Sports"], forward=forward)
-    assert [(d.stop_reason, d.tokens, d.text) for d in result.demos] == [("max_tokens", 4, "hello hello hello hello")] * 4
+    assert [(d.stop_reason, d.tokens, d.text) for d in result.demos] == [("max_tokens", 4, "good good good good")] * 4
     assert forward.calls == 4
 
 
 def test_finished_sequences_drop_out_of_the_batch(tiny_lm, spec, records):
-    eos, hello = min(tiny_lm.eos_token_ids), tiny_lm.encode(" hello")[0]
+    eos, good = min(tiny_lm.eos_token_ids), tiny_lm.encode(" good")[0]
     batches = []
 
     def forward(prompts):  # from the second step on, every World prompt prefers the end token
         texts = [tiny_lm.decode(p) for p in prompts]
         batches.append(["News Type: World" in t for t in texts])
         logits = torch.zeros((len(prompts), tiny_lm.vocab_size))
-        logits[:, hello] = 50.0
+        logits[:, good] = 50.0
         for row, text in enumerate(texts):
             if len(batches) >= 2 and "News Type: World" in text:
                 logits[row, eos] = 100.0
@@ -363,8 +363,8 @@ def test_records_longer_than_the_context_are_cut_and_generation_never_overflows(
     """Before: a prompt of private records longer than the context raised mid-run (after the
     charge) with its length in the message. Now every record is cut to the public cap and every
     prompt of every step fits the context."""
-    hello = tiny_lm.encode(" hello")[0]
-    forward = PlannedForward(tiny_lm.vocab_size, [hello])
+    good = tiny_lm.encode(" good")[0]
+    forward = PlannedForward(tiny_lm.vocab_size, [good])
     config = _config(max_tokens=3, num_subsets=2, subset_size=2)
     records = _long_records(8)
     assert min(len(tiny_lm.encode(r)) for r in records["World"]) > 2048  # each alone overflows
@@ -376,7 +376,7 @@ def test_records_longer_than_the_context_are_cut_and_generation_never_overflows(
 def test_poisson_groups_larger_than_n_are_fitted_to_the_context(tiny_lm, spec):
     """A Poisson group can hold many more than N records; its prompt keeps its first records that fit."""
     small = _SmallContext(tiny_lm, 400)
-    forward = PlannedForward(tiny_lm.vocab_size, [tiny_lm.encode(" hello")[0]])
+    forward = PlannedForward(tiny_lm.vocab_size, [tiny_lm.encode(" good")[0]])
     config = _config(max_tokens=3, num_subsets=2, subset_size=2)
     records = _long_records(8, words=60)  # q = 4/8: groups of Binomial(8, 1/4) records, often > N
     result = generate_demos(small, spec, records, config, 0.0, seed=2, forward=forward)
@@ -475,18 +475,18 @@ def test_a_group_with_non_finite_logits_does_not_take_over_the_step(tiny_lm, spe
     """fp16 overflow in one group: before, the NaN row made the noisy sum NaN and arg max returned the
     public favourite whatever the other groups said; now the group counts as uniform over the kept
     set and the other groups' choice wins (sigma = 0, so the choice is deterministic)."""
-    favourite, hello = tiny_lm.encode(" the")[0], tiny_lm.encode(" hello")[0]
+    favourite, good = tiny_lm.encode(" the")[0], tiny_lm.encode(" good")[0]
 
     def forward(prompts):
         logits = torch.zeros((len(prompts), tiny_lm.vocab_size))
-        logits[:, hello] = 50.0  # every group prefers " hello"
+        logits[:, good] = 50.0  # every group prefers " good"
         logits[0, :] = math.nan  # the first group overflowed
-        logits[-1, favourite], logits[-1, hello] = 50.0, 40.0  # the public prompt (last row): " the" first
+        logits[-1, favourite], logits[-1, good] = 50.0, 40.0  # the public prompt (last row): " the" first
         return logits
 
     result = generate_demos(tiny_lm, spec, records, _config(max_tokens=2, num_subsets=4), 0.0, seed=3,
                             labels=["World"], forward=forward)
-    assert result.demos[0].text == "hello hello"
+    assert result.demos[0].text == "good good"
 
 
 # --------------------------------------------------------------------------- sensitivity through the LM

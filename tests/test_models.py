@@ -103,3 +103,34 @@ def test_a_model_folders_tokenizer_is_loaded_once_until_its_files_change(tmp_pat
     os.utime(tmp_path / "tokenizer.json", ns=(later, later))
     model_tokenizer_and_context(str(tmp_path))
     assert _tokenizer.cache_info().misses == 2
+
+
+def test_the_tiny_model_reads_the_embedded_tokenizer_cut_to_its_first_words(tiny_lm):
+    """`tiny-random`'s tokenizer: the embedded one's first `TINY_VOCABULARY` words (the same strings and ids), its
+    special tokens and chat template, and every shipped task's labels in as many tokens as in the embedded tokenizer
+    (one for most: a random model's label distribution then stays near uniform); any text still round-trips."""
+    from transformers import AutoTokenizer
+
+    from dpcore.data.taskspec import TASKS_DIR, load_task_spec
+    from dpcore.lm.icl import label_token_ids
+    from dpcore.lm.models import TINY_LABEL_WORDS, TINY_VOCABULARY
+
+    full = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m").path)
+    tiny = tiny_lm.tokenizer
+    assert TINY_VOCABULARY <= tiny_lm.vocab_size == len(tiny) < TINY_VOCABULARY + 4 * len(TINY_LABEL_WORDS)
+    assert [tiny.convert_ids_to_tokens(i) for i in range(TINY_VOCABULARY)] == \
+        [full.convert_ids_to_tokens(i) for i in range(TINY_VOCABULARY)]
+    assert tiny.convert_tokens_to_ids("<|im_end|>") == 2 and 2 in tiny_lm.eos_token_ids
+    assert tiny.chat_template == full.chat_template
+    for text in ("Wall St. Bears Claw Back Into the Black (Reuters)", "naïve café, 東京 ✓ 42%\n\tend"):
+        ids = tiny_lm.encode(text)
+        assert tiny.decode(ids) == text and max(ids) < tiny_lm.vocab_size
+        assert len(ids) >= len(full.encode(text, add_special_tokens=False))  # fewer merges: more, shorter tokens
+    for path in sorted(TASKS_DIR.glob("*.yaml")):
+        spec = load_task_spec(path.stem)
+        if spec.kind != "classification":
+            continue
+        words = [spec.verbalizer(label) for label in spec.label_names]
+        assert set(words) <= set(TINY_LABEL_WORDS), path.name
+        assert [len(ids) for ids in label_token_ids(tiny_lm, spec, spec.label_names)] == \
+            [len(full.encode(" " + word, add_special_tokens=False)) for word in words], path.name

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from dpcore.config import flag
 from dpcore.errors import ConfigError
-from dpcore.lm.models import resolve_model
+from dpcore.lm.models import resolve_model, tiny_tokenizer_folder
 
 # Tokens allowed per record for merges across its boundaries inside a prompt (a record's
 # tokens in context can differ from its tokens alone at the first and last position).
@@ -169,7 +169,7 @@ def fit_group(build: Callable[[list[str]], str], encode: Callable[[str], list[in
 
 
 # Models built in code rather than loaded (tasks.common.TINY_MODEL_NAMES, `LanguageModel.random`):
-# the embedded model's tokenizer and the context their shapes declare.
+# their tokenizers (the tiny one cut to its first words) and the context their shapes declare.
 _TINY_NAMES = ("tiny-random", "tiny-random-llama")
 _TINY_CONTEXT = 2048  # LanguageModel.tiny_random's max_position_embeddings
 
@@ -181,10 +181,11 @@ def model_tokenizer_and_context(model: str):
     # torch loads here, not when the module is imported
     from dpcore.lm.model import RANDOM_SHAPES
 
-    if model in _TINY_NAMES or (model.startswith("random-") and model.removeprefix("random-") in RANDOM_SHAPES):
+    if model in _TINY_NAMES:
+        path, context = tiny_tokenizer_folder(), _TINY_CONTEXT
+    elif model.startswith("random-") and model.removeprefix("random-") in RANDOM_SHAPES:
         path = resolve_model("smollm2-135m").path
-        context = _TINY_CONTEXT if model in _TINY_NAMES else \
-            int(RANDOM_SHAPES[model.removeprefix("random-")]["max_position_embeddings"])
+        context = int(RANDOM_SHAPES[model.removeprefix("random-")]["max_position_embeddings"])
     else:
         path = resolve_model(model).path
         context = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or 0)

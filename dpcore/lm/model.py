@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpcore.lm.models import resolve_model
+from dpcore.lm.models import resolve_model, tiny_tokenizer_folder
 
 # Llama shapes for random-weight speed benchmarks: the embedded model's own, and a 1B one
 # (the Llama 3.2 1B body: 16 layers of width 2048, grouped-query attention 32/8).
@@ -98,13 +98,13 @@ class LanguageModel:
         return cls(model, tokenizer, name, torch_device, torch_dtype)
 
     @classmethod
-    def tiny_random(cls, seed: int = 0, hidden_size: int = 64, layers: int = 2, tokenizer_from: str = "smollm2-135m",
-                    device: str = "cpu") -> LanguageModel:
-        """A randomly initialised Llama of the embedded model's vocabulary (unit tests, speed tests)."""
+    def tiny_random(cls, seed: int = 0, hidden_size: int = 64, layers: int = 2, device: str = "cpu") -> LanguageModel:
+        """A randomly initialised tiny Llama on the embedded model's tokenizer cut to its first words
+        (`dpcore.lm.models.tiny_tokenizer_folder`): unit tests and smoke runs."""
         shape = {"hidden_size": hidden_size, "intermediate_size": hidden_size * 2, "num_hidden_layers": layers,
                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048}
-        return cls._random(shape, f"tiny-random-llama-{hidden_size}x{layers}", seed, tokenizer_from, device,
-                           "float32")
+        return cls._random(shape, f"tiny-random-llama-{hidden_size}x{layers}", seed, str(tiny_tokenizer_folder()),
+                           device, "float32")
 
     @classmethod
     def random(cls, shape: str, seed: int = 0, device: str = "auto", dtype: str = "auto") -> LanguageModel:
@@ -112,13 +112,14 @@ class LanguageModel:
         tokenizer: speed benchmarks at real sizes (1B on a GPU) without downloading weights."""
         if shape not in RANDOM_SHAPES:
             raise ValueError(f"model: unknown random shape {shape!r}; choose from {sorted(RANDOM_SHAPES)}")
-        return cls._random(RANDOM_SHAPES[shape], f"random-{shape}", seed, "smollm2-135m", device, dtype)
+        return cls._random(RANDOM_SHAPES[shape], f"random-{shape}", seed, resolve_model("smollm2-135m").path, device,
+                           dtype)
 
     @classmethod
-    def _random(cls, shape: dict, name: str, seed: int, tokenizer_from: str, device: str, dtype: str) -> LanguageModel:
+    def _random(cls, shape: dict, name: str, seed: int, tokenizer_path: str, device: str, dtype: str) -> LanguageModel:
         from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer_from).path)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         config = LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                              eos_token_id=tokenizer.eos_token_id, **shape)
         torch_device = pick_device(device)

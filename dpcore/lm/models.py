@@ -108,6 +108,87 @@ def resolve_model(name: str) -> ResolvedModel:
     raise ModelNotFoundError(f"model {name!r} not found; tried: " + "; ".join(tried))
 
 
+# The tiny random model (`LanguageModel.tiny_random`) reads the embedded model's tokenizer cut to its first
+# TINY_VOCABULARY ids: its cost is its vocabulary head and the softmax over it (97% of a scoring pass at the full
+# 49,152 words), and a test model needs real words, not all of them. The shipped tasks' label words stay one token
+# each, as in the embedded tokenizer, so a random tiny model's label distribution stays near uniform
+# (tests/test_models.py keeps this list in step with the shipped task specs).
+TINY_VOCABULARY = 4096
+TINY_LABEL_WORDS = ("World", "Sports", "Business", "Technology", "Negative", "Positive", "Number", "Location",
+                    "Person", "Description", "Entity", "Abbreviation", "Company", "School", "Artist", "Athlete",
+                    "Politician", "Transportation", "Building", "Nature", "Village", "Animal", "Plant", "Album",
+                    "Film", "Book")
+
+
+def cut_bpe_tokenizer(tokenizer_json: dict, vocabulary: int, keep: list[str] = ()) -> dict:
+    """A byte-level BPE `tokenizer.json` cut to the ids below `vocabulary` and the tokens `keep` (with the tokens
+    their merges are made of), renumbered in their order: the merges whose parts and result stay, in their
+    order. Every text still tokenizes, into more, shorter tokens."""
+    cut = json.loads(json.dumps(tokenizer_json))
+    model = cut.get("model", {})
+    if model.get("type") != "BPE":
+        raise ModelNotFoundError(f"a {model.get('type')} tokenizer cannot be cut to a vocabulary (BPE only)")
+    vocab: dict[str, int] = model["vocab"]
+    made_of = {"".join(_merge_parts(pair)): _merge_parts(pair) for pair in model["merges"]}
+    kept = {token for token, index in vocab.items() if index < vocabulary}
+
+    def add(token: str) -> None:
+        if token in kept or token not in vocab:
+            return
+        for part in made_of.get(token, ()):
+            add(part)
+        kept.add(token)
+
+    for token in keep:
+        add(token)
+    order = sorted(kept, key=vocab.__getitem__)
+    renumbered = {token: index for index, token in enumerate(order)}
+    model["vocab"] = renumbered
+    model["merges"] = [pair for pair in model["merges"]
+                       if all(part in kept for part in (*_merge_parts(pair), "".join(_merge_parts(pair))))]
+    added = []
+    for token in cut.get("added_tokens", []):
+        if token["content"] in renumbered:
+            added.append({**token, "id": renumbered[token["content"]]})
+    cut["added_tokens"] = added
+    return cut
+
+
+def _merge_parts(pair) -> list[str]:
+    return pair.split(" ") if isinstance(pair, str) else list(pair)
+
+
+def tiny_tokenizer_folder(vocabulary: int = TINY_VOCABULARY) -> Path:
+    """A tokenizer folder: the embedded model's tokenizer cut to its first `vocabulary` ids and the label words
+    of the shipped tasks (`TINY_LABEL_WORDS`), made once under `$DPICL_HOME/models/` (atomically)."""
+    target = subdir("models") / f"smollm2-135m-tokenizer-{vocabulary}"
+    if (target / "tokenizer.json").exists():
+        return target
+    from transformers import AutoTokenizer
+
+    source = Path(resolve_model("smollm2-135m").path)
+    full = json.loads((source / "tokenizer.json").read_text())
+    encoder = AutoTokenizer.from_pretrained(source)
+    keep = [token for word in TINY_LABEL_WORDS for text in (word, " " + word) for token in encoder.tokenize(text)]
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for path in source.iterdir():
+            if "token" in path.name or path.name == "chat_template.jinja":
+                shutil.copyfile(path, work / path.name)
+        (work / "tokenizer.json").write_text(json.dumps(cut_bpe_tokenizer(full, vocabulary, keep),
+                                                        ensure_ascii=False))
+        try:
+            os.rename(work, target)
+        except OSError:
+            if not (target / "tokenizer.json").exists():
+                raise
+            shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return target
+
+
 # The context of each embedded model (its config's max_position_embeddings), known without converting it.
 EMBEDDED_CONTEXT = {"smollm2-135m": 8192}
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
