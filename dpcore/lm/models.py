@@ -6,6 +6,8 @@
   and saved as a safetensors folder under `$DPICL_HOME/models/`, then loaded from there.
 - a local folder with a `config.json`.
 - a Hugging Face hub id (used when online; cached under `$HF_HOME`).
+
+The tiny random model's tokenizer (`tiny_tokenizer_folder`) is derived from the embedded one, once, beside it.
 """
 
 from __future__ import annotations
