@@ -677,7 +677,7 @@ def test_real_model_generates_agnews_demo(embedded_lm, agnews):
     single = torch.cat([embedded_lm.next_token_logits([p]) for p in prompts])
     batched = BatchedForward(embedded_lm)(prompts)
     assert torch.allclose(torch.softmax(batched, -1), torch.softmax(single, -1), atol=1e-5)
-    config = GenerationConfig(num_subsets=4, subset_size=1, top_k=100, max_tokens=6)
+    config = GenerationConfig(num_subsets=4, subset_size=1, top_k=100, max_tokens=3)
     result = generate_demos(embedded_lm, spec, label_records, config, 0.0, seed=0)
     demo = result.demos[0]
     assert demo.tokens >= 1 and demo.text.strip()
@@ -718,7 +718,7 @@ def test_real_model_rvp_and_labels_at_once_equal_one_at_a_time(embedded_lm, agne
     spec = agnews.spec
     labels = ["World", "Sports"]
     label_records = {y: agnews.records_for(y)[:400] for y in labels}
-    config = GenerationConfig(num_subsets=3, subset_size=1, top_k=10, max_tokens=4)
+    config = GenerationConfig(num_subsets=3, subset_size=1, top_k=10, max_tokens=3)
     chosen = []
     original = generation.noisy_argmax
 
