@@ -40,9 +40,6 @@ _LOCK = threading.Lock()
 # Under xdist the controller starts one harness for every worker (`start_shared_harness`, from conftest's
 # pytest_configure) and writes its URL to this file: a server boot (about 20 s of CPU) once per suite.
 SHARED_URL_FILE = "DPICL_TEST_PREFECT_URL_FILE"
-# The server's URL is known before it starts (its port is chosen first): the workers import and collect with it
-# set while the server migrates its database (about 12 s), and wait for the file only before their first test.
-SHARED_URL = "DPICL_TEST_PREFECT_URL"
 # ... and beside it a copy of that server's database as it started (migrated, no flow run yet), for the
 # `dpicl` subprocesses whose temporary server should not run Prefect's 113 migrations again (`subprocess_env`).
 MIGRATED_DATABASE = "migrated-prefect.db"
@@ -89,27 +86,22 @@ def stop_harness() -> None:
 
 def start_shared_harness() -> Callable[[], None]:
     """Start one `prefect_test_harness` in a thread of this (controller) process for the workers it spawns;
-    they have its URL at once (`SHARED_URL`) and find it in the file named by `SHARED_URL_FILE` once the server
-    answers. Returns the function that stops it. Its server,
+    they find its URL in the file named by `SHARED_URL_FILE`. Returns the function that stops it. Its server,
     like a run's temporary one, neither persists events nor runs automations (`dpcore.home.
     TEMPORARY_SERVER_SETTINGS`, set by conftest's `configure_environment`)."""
-    import prefect.testing.utilities as harness
-
     folder = Path(tempfile.mkdtemp(prefix="dpicl-test-prefect-"))
     url_file = folder / "api_url"
-    port = harness._find_available_port()
     os.environ[SHARED_URL_FILE] = str(url_file)
-    os.environ[SHARED_URL] = f"http://127.0.0.1:{port}/api"
     stop = threading.Event()
 
     def serve() -> None:
         from prefect.settings import PREFECT_API_URL, PREFECT_TESTING_UNIT_TEST_MODE, temporary_settings
+        from prefect.testing.utilities import prefect_test_harness
 
-        harness._find_available_port = lambda: port  # the harness's server on the port the workers were given
         # Prefect's test mode, for this server only: its SQLite busy timeout is 30 s instead of 60 s, and the
         # suite's lock stalls (PrefectHQ/prefect#18934) end with it (benchmarks/RESULTS.md, the test suite).
         with temporary_settings(updates={PREFECT_TESTING_UNIT_TEST_MODE: True}), \
-                harness.prefect_test_harness(server_startup_timeout=120):
+                prefect_test_harness(server_startup_timeout=120):
             _copy_started_database(folder / MIGRATED_DATABASE)
             url_file.write_text(PREFECT_API_URL.value())
             stop.wait()
