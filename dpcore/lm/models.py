@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -54,9 +55,7 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
     """Dequantise a GGUF to a safetensors folder, atomically (temp folder, then rename)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    def fill(work: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         # The dequantised weights are plain fp32: drop the GGUF quantizer so the folder loads as a normal model.
@@ -66,10 +65,21 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
             del model.config.quantization_config
         model.save_pretrained(work, safe_serialization=True)
         tokenizer.save_pretrained(work)
+
+    return _make_folder(target, "config.json", fill)
+
+
+def _make_folder(target: Path, marker: str, fill: Callable[[Path], None]) -> Path:
+    """`fill` a fresh folder beside `target`, then rename it into place: a crash leaves no half-made folder, and a
+    process that loses the race to another keeps the winner's (once it holds `marker`)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        fill(work)
         try:
             os.rename(work, target)
         except OSError:
-            if not (target / "config.json").exists():  # lost a race only if the winner finished
+            if not (target / marker).exists():  # lost a race only if the winner finished
                 raise
             shutil.rmtree(work, ignore_errors=True)
     except BaseException:
@@ -172,23 +182,15 @@ def tiny_tokenizer_folder(vocabulary: int = TINY_VOCABULARY) -> Path:
     full = json.loads((source / "tokenizer.json").read_text())
     encoder = AutoTokenizer.from_pretrained(source)
     keep = [token for word in TINY_LABEL_WORDS for text in (word, " " + word) for token in encoder.tokenize(text)]
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+
+    def fill(work: Path) -> None:
         for path in source.iterdir():
             if "token" in path.name or path.name == "chat_template.jinja":
                 shutil.copyfile(path, work / path.name)
         (work / "tokenizer.json").write_text(json.dumps(cut_bpe_tokenizer(full, vocabulary, keep),
                                                         ensure_ascii=False))
-        try:
-            os.rename(work, target)
-        except OSError:
-            if not (target / "tokenizer.json").exists():
-                raise
-            shutil.rmtree(work, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return target
+
+    return _make_folder(target, "tokenizer.json", fill)
 
 
 # The context of each embedded model (its config's max_position_embeddings), known without converting it.
