@@ -12,6 +12,7 @@ The tiny random model's tokenizer (`tiny_tokenizer_folder`) is derived from the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -122,9 +123,9 @@ def resolve_model(name: str) -> ResolvedModel:
 
 # The tiny random model (`LanguageModel.tiny_random`) reads the embedded model's tokenizer cut to its first
 # TINY_VOCABULARY ids: its cost is its vocabulary head and the softmax over it (97% of a scoring pass at the full
-# 49,152 words), and a test model needs real words, not all of them. The shipped tasks' label words stay one token
-# each, as in the embedded tokenizer, so a random tiny model's label distribution stays near uniform
-# (tests/test_models.py keeps this list in step with the shipped task specs).
+# 49,152 words), and a test model needs real words, not all of them. The shipped tasks' label words keep the tokens
+# they have in the embedded tokenizer (one each for most), so a random tiny model's label distribution stays near
+# uniform (tests/test_models.py keeps this list in step with the shipped task specs).
 TINY_VOCABULARY = 4096
 TINY_LABEL_WORDS = ("World", "Sports", "Business", "Technology", "Negative", "Positive", "Number", "Location",
                     "Person", "Description", "Entity", "Abbreviation", "Company", "School", "Artist", "Athlete",
@@ -173,7 +174,8 @@ def _merge_parts(pair) -> list[str]:
 def tiny_tokenizer_folder(vocabulary: int = TINY_VOCABULARY) -> Path:
     """A tokenizer folder: the embedded model's tokenizer cut to its first `vocabulary` ids and the label words
     of the shipped tasks (`TINY_LABEL_WORDS`), made once under `$DPICL_HOME/models/` (atomically)."""
-    target = subdir("models") / f"smollm2-135m-tokenizer-{vocabulary}"
+    words = hashlib.sha256("\n".join(TINY_LABEL_WORDS).encode()).hexdigest()[:8]  # another word list: another folder
+    target = subdir("models") / f"smollm2-135m-tokenizer-{vocabulary}-{words}"
     if (target / "tokenizer.json").exists():
         return target
     from transformers import AutoTokenizer
