@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -133,14 +133,14 @@ TINY_LABEL_WORDS = ("World", "Sports", "Business", "Technology", "Negative", "Po
                     "Film", "Book")
 
 
-def cut_bpe_tokenizer(tokenizer_json: dict, vocabulary: int, keep: list[str] = ()) -> dict:
+def cut_bpe_tokenizer(tokenizer_json: dict, vocabulary: int, keep: Sequence[str] = ()) -> dict:
     """A byte-level BPE `tokenizer.json` cut to the ids below `vocabulary` and the tokens `keep` (with the tokens
     their merges are made of), renumbered in their order: the merges whose parts and result stay, in their
     order. Every text still tokenizes, into more, shorter tokens."""
     cut = json.loads(json.dumps(tokenizer_json))
     model = cut.get("model", {})
     if model.get("type") != "BPE":
-        raise ModelNotFoundError(f"a {model.get('type')} tokenizer cannot be cut to a vocabulary (BPE only)")
+        raise ValueError(f"a {model.get('type')} tokenizer cannot be cut to a vocabulary (BPE only)")
     vocab: dict[str, int] = model["vocab"]
     made_of = {"".join(_merge_parts(pair)): _merge_parts(pair) for pair in model["merges"]}
     kept = {token for token, index in vocab.items() if index < vocabulary}
