@@ -15,7 +15,9 @@ import contextlib
 import functools
 import os
 import shutil
+import socket
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
@@ -85,7 +87,7 @@ def stop_harness() -> None:
 
 
 def start_shared_harness() -> Callable[[], None]:
-    """Start one `prefect_test_harness` in a thread of this (controller) process for the workers it spawns;
+    """Start one Prefect test server from a thread of this (controller) process for the workers it spawns;
     they find its URL in the file named by `SHARED_URL_FILE`. Returns the function that stops it. Its server,
     like a run's temporary one, neither persists events nor runs automations (`dpcore.home.
     TEMPORARY_SERVER_SETTINGS`, set by conftest's `configure_environment`)."""
@@ -95,13 +97,9 @@ def start_shared_harness() -> Callable[[], None]:
     stop = threading.Event()
 
     def serve() -> None:
-        from prefect.settings import PREFECT_API_URL, PREFECT_TESTING_UNIT_TEST_MODE, temporary_settings
-        from prefect.testing.utilities import prefect_test_harness
+        from prefect.settings import PREFECT_API_URL
 
-        # Prefect's test mode, for this server only: its SQLite busy timeout is 30 s instead of 60 s, and the
-        # suite's lock stalls (PrefectHQ/prefect#18934) end with it (benchmarks/RESULTS.md, the test suite).
-        with temporary_settings(updates={PREFECT_TESTING_UNIT_TEST_MODE: True}), \
-                prefect_test_harness(server_startup_timeout=120):
+        with _prefect_test_server(folder):
             _copy_started_database(folder / MIGRATED_DATABASE)
             url_file.write_text(PREFECT_API_URL.value())
             stop.wait()
@@ -115,6 +113,75 @@ def start_shared_harness() -> Callable[[], None]:
         shutil.rmtree(folder, ignore_errors=True)
 
     return stop_it
+
+
+# Prefect's SQLite server sometimes leaves a write transaction waiting on a writer that waits on it
+# (PrefectHQ/prefect#18934): only SQLite's busy timeout (60 s; 30 s in Prefect's test mode) breaks the wait,
+# and every worker's tests wait meanwhile. The waiter that gives up gets "database is locked", which the
+# server answers with a 503 that Prefect's client retries, and the task-run recorder retries its flush: so
+# the shared server waits 3 s instead (benchmarks/RESULTS.md, the test suite).
+SHARED_SERVER_BUSY_TIMEOUT_MS = 3000
+_SERVER_SHIM = """
+import runpy, sys
+from prefect.server.database import configurations
+
+_setup_sqlite = configurations.AioSqliteConfiguration.setup_sqlite
+
+def setup_sqlite(self, conn, record):
+    _setup_sqlite(self, conn, record)
+    cursor = conn.cursor()
+    cursor.execute("PRAGMA busy_timeout = BUSY_TIMEOUT_MS;")
+    cursor.close()
+
+configurations.AioSqliteConfiguration.setup_sqlite = setup_sqlite
+sys.argv = ["uvicorn", *sys.argv[1:]]
+runpy.run_module("uvicorn", run_name="__main__")
+""".replace("BUSY_TIMEOUT_MS", str(SHARED_SERVER_BUSY_TIMEOUT_MS))
+
+
+@contextlib.contextmanager
+def _prefect_test_server(folder: Path):
+    """`prefect_test_harness`'s server (its own SQLite file, Prefect's test mode), with SQLite's busy timeout
+    at `SHARED_SERVER_BUSY_TIMEOUT_MS`; PREFECT_API_URL points at it inside."""
+    import subprocess
+
+    import prefect
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        PREFECT_TESTING_UNIT_TEST_MODE,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    database = f"sqlite+aiosqlite:///{folder / 'prefect-test.db'}"
+    with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database,
+                                     PREFECT_TESTING_UNIT_TEST_MODE: True}):
+        server = SubprocessASGIServer(port=_free_port())
+
+        def start_uvicorn() -> subprocess.Popen:
+            # `SubprocessASGIServer._run_uvicorn_command`'s command line and environment, through the shim
+            return subprocess.Popen(
+                [sys.executable, "-c", _SERVER_SHIM, "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(server.port),
+                 "--log-level", "error", "--lifespan", "on"],
+                env={**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                     "PREFECT__SERVER_FINAL": "1", **get_current_settings().to_environment_variables(exclude_unset=True)})
+
+        server._run_uvicorn_command = start_uvicorn
+        server.start(timeout=120)
+        try:
+            with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+                yield server
+        finally:
+            server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _copy_started_database(target: Path) -> None:
