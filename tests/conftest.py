@@ -40,8 +40,8 @@ except OSError:  # not glibc: nothing to tune
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import prefect_test_server  # noqa: E402
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from dpcore.home import configure_environment  # noqa: E402
 
@@ -75,8 +75,6 @@ def _share_converted_models() -> None:
         resolve_model("smollm2-135m")
 
 
-_share_converted_models()
-
 # The accountants' answers on disk (`dpcore.privacy.memo`): one folder per environment, beside the converted
 # models, for every home of every test run (every xdist worker and the `dpicl` subprocesses their tests start),
 # as one user's scheduled runs share their home's. Each answer is keyed by its public inputs, the accountants'
@@ -103,33 +101,32 @@ def _share_accounting_cache() -> None:
 _share_accounting_cache()
 
 
-def _use_the_shared_prefect_server() -> None:
-    """An xdist worker sends its flow runs, and those of the `dpicl` subprocesses its tests start, to the
-    controller's Prefect test server (`pytest_configure`): no temporary server per process. Tests of the
-    temporary server itself drop PREFECT_API_URL from their subprocess's environment."""
-    from pipeline_support import SHARED_URL_FILE, wait_for_url
+def _set_up_a_test_process() -> None:
+    """What every process that runs tests needs (an xdist worker, or pytest in one process); the xdist
+    controller runs none and skips it (`pytest_configure`)."""
+    _share_converted_models()
+    # An xdist worker sends its flow runs, and those of the `dpicl` subprocesses its tests start, to the
+    # controller's Prefect test server: no temporary server per process. It answers by the worker's first test
+    # (`pytest_collection_finish`). Tests of the temporary server itself drop PREFECT_API_URL from their
+    # subprocess's environment.
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(prefect_test_server.URL):
+        os.environ["PREFECT_API_URL"] = os.environ[prefect_test_server.URL]
+    # `prefect.main` configures logging at its first import, and that configuration closes the handlers there
+    # before (logging.shutdown). absl's handler (absl comes with dp-accounting) closes its stream on close unless
+    # the stream is the sys.stderr of that moment: inside a test using `capsys` it is not, and pytest's own
+    # capture stream would be closed under it ("I/O operation on closed file", sys.stderr lost). So Prefect is
+    # imported here, before any test module (and absl) is imported, and after PREFECT_API_URL is set: Prefect
+    # reads its settings from the environment once, at import.
+    import prefect.main  # noqa: F401
+    import torch
 
-    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(SHARED_URL_FILE):
-        os.environ["PREFECT_API_URL"] = wait_for_url(Path(os.environ[SHARED_URL_FILE]))
-
-
-_use_the_shared_prefect_server()
-
-# `prefect.main` configures logging at its first import, and that configuration closes the handlers there
-# before (logging.shutdown). absl's handler (absl comes with dp-accounting) closes its stream on close unless
-# the stream is the sys.stderr of that moment: inside a test using `capsys` it is not, and pytest's own
-# capture stream would be closed under it ("I/O operation on closed file", sys.stderr lost). So Prefect is
-# imported here, before any test imports absl, and after PREFECT_API_URL is set: Prefect reads its settings
-# from the environment once, at import.
-import prefect.main  # noqa: E402, F401
-
-# Under pytest-xdist (`make test` runs a worker per core and one more: Makefile) a second torch thread per
-# worker only contends with the other workers; so does one in the processes its tests start (`dpicl`
-# commands, Dask workers, Prefect's flow-run subprocess), which read OMP_NUM_THREADS when torch loads.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
-torch.set_num_threads(1 if _WORKER else max(1, min(2, os.cpu_count() or 1)))
-if _WORKER:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Under pytest-xdist (`make test` runs a worker per core and one more: Makefile) a second torch thread per
+    # worker only contends with the other workers; so does one in the processes its tests start (`dpicl`
+    # commands, Dask workers, Prefect's flow-run subprocess), which read OMP_NUM_THREADS when torch loads.
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    torch.set_num_threads(1 if worker else max(1, min(2, os.cpu_count() or 1)))
+    if worker:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -217,6 +214,8 @@ def movies_genre():
 def one_thread():
     """One torch thread: tiny models gain nothing from two, and on a CPU shared with other test
     processes two spinning threads per process made the tiny-model tests 5-10x slower (measured)."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -297,23 +296,28 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
-_STOP_SHARED_HARNESS = []
+_STOP_SHARED_SERVER = []
 
 
 def pytest_configure(config):
-    """Under xdist, the controller starts the one Prefect test server every worker uses (in the background:
-    the workers import and collect meanwhile)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+    """The xdist controller runs no test: it starts the one Prefect test server every worker uses, first thing
+    (the workers import, and collect, while it starts). Every other process sets itself up for tests."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") and getattr(config.option, "numprocesses", None):
+        _STOP_SHARED_SERVER.append(prefect_test_server.start())
         return
-    from pipeline_support import start_shared_harness
+    _set_up_a_test_process()
 
-    _STOP_SHARED_HARNESS.append(start_shared_harness())
+
+def pytest_collection_finish(session):
+    """A worker waits for the shared server after collecting, before its first test."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(prefect_test_server.URL):
+        prefect_test_server.wait_until_ready()
 
 
 def pytest_unconfigure(config):
     import shutil
 
-    while _STOP_SHARED_HARNESS:
-        _STOP_SHARED_HARNESS.pop()()
+    while _STOP_SHARED_SERVER:
+        _STOP_SHARED_SERVER.pop()()
     while _MADE_ACCOUNTING_CACHE:
         shutil.rmtree(_MADE_ACCOUNTING_CACHE.pop(), ignore_errors=True)

@@ -1,7 +1,7 @@
 """Shared set-up of the pipeline tests (test_pipeline, test_dask_runner, test_privacy_boundary).
 
-- one `prefect_test_harness` per `make test` (the xdist controller starts it, every worker uses it) or, when
-  pytest runs in one process, per process (started on first use, stopped at exit);
+- one Prefect server per `make test` (`prefect_test_server`: the xdist controller starts it, every worker uses
+  it) or, when pytest runs in one process, a `prefect_test_harness` (started on first use, stopped at exit);
 - `subprocess_env`: the environment of a `dpicl` subprocess on a fresh home;
 - `mini_agnews`: a small user-format AG News dataset (CSV + task YAML), so runs exercise
   the user-data path and stay fast (400 private records, 40 test items);
@@ -15,16 +15,12 @@ import contextlib
 import functools
 import os
 import shutil
-import socket
-import sqlite3
-import sys
 import tempfile
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import prefect_test_server
 import pytest
 import yaml
 
@@ -39,24 +35,9 @@ if os.environ.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") == "":
 
 _HARNESS = {}
 _LOCK = threading.Lock()
-# Under xdist the controller starts one harness for every worker (`start_shared_harness`, from conftest's
-# pytest_configure) and writes its URL to this file: a server boot (about 20 s of CPU) once per suite.
-SHARED_URL_FILE = "DPICL_TEST_PREFECT_URL_FILE"
-# ... and beside it a copy of that server's database as it started (migrated, no flow run yet), for the
-# `dpicl` subprocesses whose temporary server should not run Prefect's 113 migrations again (`subprocess_env`).
-MIGRATED_DATABASE = "migrated-prefect.db"
 
 PER_LABEL_TRAIN = 100
 TEST_ITEMS = 40
-
-
-def wait_for_url(path: Path, timeout: float = 180.0) -> str:
-    began = time.monotonic()
-    while not path.exists() or not path.read_text().strip():
-        if time.monotonic() - began > timeout:
-            raise RuntimeError(f"the shared Prefect test server did not start within {timeout:.0f} s")
-        time.sleep(0.2)
-    return path.read_text().strip()
 
 
 def ensure_harness() -> bool:
@@ -69,9 +50,8 @@ def ensure_harness() -> bool:
         from prefect.testing.utilities import prefect_test_harness
 
         stack = contextlib.ExitStack()
-        shared = os.environ.get(SHARED_URL_FILE)
-        if shared:
-            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: wait_for_url(Path(shared))}))
+        if os.environ.get(prefect_test_server.URL):  # under xdist: the controller's server (conftest)
+            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: prefect_test_server.wait_until_ready()}))
         else:
             stack.enter_context(prefect_test_harness(server_startup_timeout=120))
         stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
@@ -84,121 +64,6 @@ def stop_harness() -> None:
         stack = _HARNESS.pop("cm", None)
     if stack is not None:
         stack.close()
-
-
-def start_shared_harness() -> Callable[[], None]:
-    """Start one Prefect test server from a thread of this (controller) process for the workers it spawns;
-    they find its URL in the file named by `SHARED_URL_FILE`. Returns the function that stops it. Its server,
-    like a run's temporary one, neither persists events nor runs automations (`dpcore.home.
-    TEMPORARY_SERVER_SETTINGS`, set by conftest's `configure_environment`)."""
-    folder = Path(tempfile.mkdtemp(prefix="dpicl-test-prefect-"))
-    url_file = folder / "api_url"
-    os.environ[SHARED_URL_FILE] = str(url_file)
-    stop = threading.Event()
-
-    def serve() -> None:
-        from prefect.settings import PREFECT_API_URL
-
-        with _prefect_test_server(folder):
-            _copy_started_database(folder / MIGRATED_DATABASE)
-            url_file.write_text(PREFECT_API_URL.value())
-            stop.wait()
-
-    thread = threading.Thread(target=serve, name="prefect-test-harness", daemon=True)
-    thread.start()
-
-    def stop_it() -> None:
-        stop.set()
-        thread.join(timeout=60)
-        shutil.rmtree(folder, ignore_errors=True)
-
-    return stop_it
-
-
-# Prefect's SQLite server sometimes leaves a write transaction waiting on a writer that waits on it
-# (PrefectHQ/prefect#18934): only SQLite's busy timeout (60 s; 30 s in Prefect's test mode) breaks the wait,
-# and every worker's tests wait meanwhile. The waiter that gives up gets "database is locked", which the
-# server answers with a 503 that Prefect's client retries, and the task-run recorder retries its flush: so
-# the shared server waits 3 s instead (benchmarks/RESULTS.md, the test suite).
-SHARED_SERVER_BUSY_TIMEOUT_MS = 3000
-_SERVER_SHIM = """
-import runpy, sys
-from prefect.server.database import configurations
-
-_setup_sqlite = configurations.AioSqliteConfiguration.setup_sqlite
-
-def setup_sqlite(self, conn, record):
-    _setup_sqlite(self, conn, record)
-    cursor = conn.cursor()
-    cursor.execute("PRAGMA busy_timeout = BUSY_TIMEOUT_MS;")
-    cursor.close()
-
-configurations.AioSqliteConfiguration.setup_sqlite = setup_sqlite
-sys.argv = ["uvicorn", *sys.argv[1:]]
-runpy.run_module("uvicorn", run_name="__main__")
-""".replace("BUSY_TIMEOUT_MS", str(SHARED_SERVER_BUSY_TIMEOUT_MS))
-
-
-@contextlib.contextmanager
-def _prefect_test_server(folder: Path):
-    """`prefect_test_harness`'s server (its own SQLite file, Prefect's test mode), with SQLite's busy timeout
-    at `SHARED_SERVER_BUSY_TIMEOUT_MS`; PREFECT_API_URL points at it inside."""
-    import subprocess
-
-    import prefect
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_SERVER_DATABASE_CONNECTION_URL,
-        PREFECT_TESTING_UNIT_TEST_MODE,
-        get_current_settings,
-        temporary_settings,
-    )
-
-    database = f"sqlite+aiosqlite:///{folder / 'prefect-test.db'}"
-    with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database,
-                                     PREFECT_TESTING_UNIT_TEST_MODE: True}):
-        server = SubprocessASGIServer(port=_free_port())
-
-        def start_uvicorn() -> subprocess.Popen:
-            # `SubprocessASGIServer._run_uvicorn_command`'s command line and environment, through the shim
-            return subprocess.Popen(
-                [sys.executable, "-c", _SERVER_SHIM, "--app-dir", str(prefect.__module_path__.parent), "--factory",
-                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(server.port),
-                 "--log-level", "error", "--lifespan", "on"],
-                env={**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                     "PREFECT__SERVER_FINAL": "1", **get_current_settings().to_environment_variables(exclude_unset=True)})
-
-        server._run_uvicorn_command = start_uvicorn
-        server.start(timeout=120)
-        try:
-            with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-                yield server
-        finally:
-            server.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _copy_started_database(target: Path) -> None:
-    """SQLite's online backup of the harness's database, taken before any worker has its URL: Prefect's schema
-    at its last migration and the block types it registers on start, no run. Without a copy (a database that is
-    not an SQLite file), the subprocesses' servers migrate their own."""
-    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
-
-    url = PREFECT_API_DATABASE_CONNECTION_URL.value() or ""
-    if not url.startswith("sqlite") or ":///" not in url:
-        return
-    try:
-        with contextlib.closing(sqlite3.connect(url.split(":///", 1)[1])) as started, \
-                contextlib.closing(sqlite3.connect(target)) as copy:
-            started.backup(copy)
-    except sqlite3.Error:
-        target.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
@@ -238,12 +103,10 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
 def copy_migrated_prefect_database(target: Path) -> None:
     """Put the shared server's database, as it started (migrated, no run), at `target`; nothing outside the
     shared server's session or when it could not be copied (the server then migrates its own)."""
-    shared_url = os.environ.get(SHARED_URL_FILE)
-    if not shared_url:
+    if not os.environ.get(prefect_test_server.URL):
         return
-    wait_for_url(Path(shared_url))  # written after the copy
-    migrated = Path(shared_url).with_name(MIGRATED_DATABASE)
-    if migrated.exists():
+    migrated = prefect_test_server.migrated_database()
+    if migrated is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(migrated, target)
 

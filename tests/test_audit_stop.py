@@ -25,10 +25,9 @@ DEMO_SETS = 2
 
 
 def _env(home: Path) -> dict:
-    # The temporary Prefect server a `dpicl run` with no server configured starts (on a database migrated before,
-    # as a machine that has run once): with these runs stopped on the suite's shared server, the other tests'
-    # writes to it waited out its SQLite busy timeout (up to a minute).
-    return subprocess_env(home, temporary_prefect_server=True, migrated_prefect_database=True)
+    # The suite's shared Prefect server, as a user's configured one: a stopped run's flow run ends there like
+    # any other (the temporary server a `dpicl` command starts itself is tested in test_cli_experience.py).
+    return subprocess_env(home)
 
 
 def _dataset(folder: Path, per_label: int = 2000) -> tuple[Path, Path]:

@@ -1,4 +1,4 @@
-"""The flow's generation tasks on a real `distributed` LocalCluster (2 worker processes, prefect-dask)
+"""The flow's generation tasks on a real `distributed` LocalCluster (a worker process of its own, prefect-dask)
 give the same demonstrations as the thread runner for the same seeds."""
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ def test_dask_local_cluster_generates_the_same_demos_as_threads(tiny_lm):
     config = tiny_config(seed=2024, epsilons=[1.0, 8.0], audit=False, baselines=[], seeds=1, test_size=4)
     threads = run_pipeline(config)
     with temporary_settings(updates={PREFECT_TASKS_REFRESH_CACHE: True}):  # recompute, do not reuse the cache
-        dask = run_pipeline(config.model_copy(update={"task_runner": "dask:2"}))
+        # one worker process: each imports the model stack (about 9 s of CPU); the demos' sameness is the point
+        dask = run_pipeline(config.model_copy(update={"task_runner": "dask:1"}))
 
     here = f"{os.uname().nodename}:{os.getpid()}"
     assert threads["generation_workers"] == [here]
     assert here not in dask["generation_workers"]
-    assert len(dask["generation_workers"]) >= 1  # Dask worker processes (2 in the cluster)
+    assert len(dask["generation_workers"]) == 1  # the cluster's one worker process
 
     columns = ["method", "label", "epsilon", "shot", "text", "tokens", "stop_reason", "noise_multiplier"]
     first = pd.read_parquet(Path(threads["run_dir"]) / "demos.parquet").sort_values(["method", "epsilon", "label"])
