@@ -118,6 +118,31 @@ def test_a_shipped_source_is_loaded_once_per_process_and_each_caller_gets_its_ow
     assert loads == ["sst2", "trec", "sst2", "tickets", "tickets"]
 
 
+def test_a_datasets_record_set_is_hashed_once_per_content_and_key(monkeypatch, tmp_path):
+    """The record set (a keyed hash of every private record) is kept by the records' content hash and the home's
+    key: another load of the same records reuses it, changed records or another home's key hash afresh, and
+    records without a content hash are never kept."""
+    from dataclasses import replace
+
+    from dpcore.data import datasets
+    from dpcore.privacy.record_sets import record_set
+
+    hashed = []
+    monkeypatch.setattr(datasets, "record_set", lambda records, key: hashed.append(key) or record_set(records, key))
+    monkeypatch.setattr(datasets, "_RECORD_SETS", {})
+    spec = load_task_spec("sst2")
+    first = load_dataset(spec).record_set()
+    assert load_dataset(spec).record_set() == first and len(hashed) == 1
+    loaded = load_dataset(spec)
+    fewer = loaded.train.iloc[1:]
+    changed = replace(loaded, train=fewer, content_hash=content_hash(fewer)).record_set()
+    assert first.records - 1 <= changed.records <= first.records and len(hashed) == 2
+    unhashed = replace(loaded, content_hash="")
+    assert unhashed.record_set() == unhashed.record_set() == first and len(hashed) == 4
+    monkeypatch.setenv("DPICL_HOME", str(tmp_path / "another-home"))  # another content key
+    assert load_dataset(spec).record_set() != first and len(hashed) == 5
+
+
 def test_movies_sample_extraction_labels(movies_genre):
     assert movies_genre.spec.kind == "extraction"
     assert movies_genre.spec.made_up

@@ -100,6 +100,13 @@ def staicc_file(name: str) -> Path:
 # --------------------------------------------------------------------------- the loaded dataset
 
 
+# A record set hashes every private record with the home's key (0.7 s for AG News' 119,047), and a process that
+# ingests one dataset for several runs (a Prefect worker, a benchmark) would repeat it: kept by the records'
+# content hash and the key, as a shipped source's split is (`_loaded_shipped`).
+_RECORD_SETS: dict[tuple[str, bytes], RecordSet] = {}
+_RECORD_SETS_KEPT = 4
+
+
 @dataclass(frozen=True)
 class LoadedDataset:
     """A task's records. `train` holds the private records and never leaves the private store."""
@@ -128,7 +135,15 @@ class LoadedDataset:
 
     def record_set(self) -> RecordSet:
         """The private records' keyed sketch (`dpcore.privacy.record_sets`): which records a budget belongs to."""
-        return record_set(zip(self.train["label"], self.train["text"], strict=True), content_key())
+        key = content_key()
+        if not self.content_hash:
+            return record_set(zip(self.train["label"], self.train["text"], strict=True), key)
+        memo = (self.content_hash, key)
+        if memo not in _RECORD_SETS:
+            while len(_RECORD_SETS) >= _RECORD_SETS_KEPT:
+                _RECORD_SETS.pop(next(iter(_RECORD_SETS)))
+            _RECORD_SETS[memo] = record_set(zip(self.train["label"], self.train["text"], strict=True), key)
+        return _RECORD_SETS[memo]
 
     def records_for(self, label: str) -> list[str]:
         return self.train.loc[self.train["label"] == label, "text"].tolist()
