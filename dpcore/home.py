@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dpcore.errors import ConfigError
+
 
 def dpicl_home() -> Path:
     """The absolute project home, created on first use."""
@@ -29,6 +31,17 @@ def subdir(name: str) -> Path:
     path = dpicl_home() / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def find_run_dir(run_id: str, home: Path) -> Path:
+    """The public folder of `run_id` (`runs/<dataset>/<data-hash>/<run-id>/`); a clear error when it is missing or
+    ambiguous."""
+    matches = [p for p in (home / "runs").glob(f"*/*/{run_id}") if p.is_dir()]
+    if not matches:
+        raise ConfigError(f"run {run_id!r}: no run folder under {home / 'runs'} (see `dpicl run` output)")
+    if len(matches) > 1:
+        raise ConfigError(f"run {run_id!r}: several run folders match: {', '.join(str(m) for m in matches)}")
+    return matches[0]
 
 
 def private_dir() -> Path:

@@ -42,6 +42,7 @@ from dpcore.data.artifacts import read_table, verify_manifest
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.fewshot.sampling import ACCOUNTED_SAMPLERS
+from dpcore.home import find_run_dir
 from dpcore.names import METHODS, method_name
 from dpcore.pate.teachers import Teachers
 from dpcore.privacy import composition
@@ -132,16 +133,6 @@ class RunFolder:
     @property
     def run_id(self) -> str:
         return str(self.manifest.get("run_id", self.path.name))
-
-
-def find_run_dir(run_id: str, home: Path) -> Path:
-    """The public folder of `run_id`; a clear error when it is missing or ambiguous."""
-    matches = [p for p in (home / "runs").glob(f"*/*/{run_id}") if p.is_dir()]
-    if not matches:
-        raise ConfigError(f"run {run_id!r}: no run folder under {home / 'runs'} (see `dpicl run` output)")
-    if len(matches) > 1:
-        raise ConfigError(f"run {run_id!r}: several run folders match: {', '.join(str(m) for m in matches)}")
-    return matches[0]
 
 
 def load_run(run_id: str, home: Path) -> RunFolder:

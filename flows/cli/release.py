@@ -12,6 +12,7 @@ from dpcore.data.artifacts import jsonable, write_bytes_atomic, write_json_atomi
 from dpcore.data.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError, DataValidationError
+from dpcore.home import dpicl_home, find_run_dir
 from dpcore.names import METHODS, method_name
 from flows.cli.common import command, print_json
 from flows.cli.endpoint import add_endpoint_flags, endpoint_config
@@ -29,9 +30,6 @@ def _audit_config(args):
 
 
 def _release(args) -> int:
-    # torch, Prefect load here, not for `dpicl --help`
-    from flows.release import release
-
     if args.method == "tang" and (args.teacher_reference or args.audit_only or args.repeat is not None
                                   or args.seed is not None):
         raise ConfigError("--teacher-reference, --audit-only, --repeat and --seed apply to --method pate or dpsgd")
@@ -41,6 +39,10 @@ def _release(args) -> int:
         audit_config=_audit_config(args), teacher_reference=args.teacher_reference, audit_only=args.audit_only,
         training=args.training, repeat=args.repeat, device=args.device, seed=args.seed,
         size_to_pools=args.trials is None and args.audit_members is None)
+    find_run_dir(args.run, dpicl_home())  # a run id with no folder is refused before Prefect and its server start
+    # torch, Prefect load here, not for `dpicl --help`
+    from flows.release import release
+
     if args.teacher_reference:
         print("WARNING: the single-teacher contrast puts real private records in prompts: it is charged to the "
               "run's ledger id as an infinite spend (epsilon = inf) before any record is read.", file=sys.stderr)
