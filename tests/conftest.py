@@ -296,11 +296,12 @@ def tickets_spec(tmp_path):
 # (longest-processing-time-first) instead of one of them running a long file alone at the end. The other
 # files follow in their usual order.
 SLOWEST_FIRST = (
-    "test_neighbours.py", "test_audit_stop.py", "test_cli_experience.py", "test_release_methods.py",
-    "test_prefect_server.py", "test_dask_runner.py", "test_endpoint.py", "test_ledger_pipeline.py",
-    "test_generation.py", "test_reproduce_tables.py", "test_audit.py", "test_pate_released_cost.py",
-    "test_pipeline.py", "test_compare.py", "test_accounting.py", "test_ledger.py", "test_icl.py",
-    "test_dpsgd.py", "test_benchmarks_dpsgd.py",
+    "test_neighbours.py", "test_cli_experience.py", "test_release_methods.py", "test_audit_stop.py",
+    "test_prefect_server.py", "test_endpoint.py", "test_audit.py", "test_generation.py", "test_pipeline.py",
+    "test_reproduce_tables.py", "test_ledger_pipeline.py", "test_dask_runner.py", "test_compare.py",
+    "test_ledger.py", "test_accounting.py", "test_pate_released_cost.py", "test_icl.py", "test_release.py",
+    "test_run_plans.py", "test_adapters.py", "test_privacy_boundary.py", "test_pate_privacy.py",
+    "test_benchmarks_dpsgd.py", "test_dpsgd.py",
 )
 
 
