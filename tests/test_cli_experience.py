@@ -205,11 +205,11 @@ def test_ctrl_c_stops_a_run_within_a_step_and_keeps_the_charge(tmp_path):
     argv = ["run", "--task-spec", spec_path, "--data-path", data_path, "--model", "tiny-random", "--epsilons", "2",
             "--num-subsets", "2", "--subset-size", "1", "--top-k", "20", "--max-tokens", "1500", "--shots", "4",
             "--seeds", "1", "--test-size", "4", "--no-audit", "--dataset-id", "ctrl-c"]
-    # its own process group, as a terminal's foreground job: Ctrl-C reaches every process of it, the run's
-    # temporary Prefect server too unless that runs in a session of its own
     # A user's own `inspect.py` in the working directory must not shadow the stdlib in the temporary Prefect
     # server the run starts.
     (tmp_path / "inspect.py").write_text("raise SystemExit('a user file named inspect.py was imported')\n")
+    # its own process group, as a terminal's foreground job: Ctrl-C reaches every process of it, the run's
+    # temporary Prefect server too unless that runs in a session of its own
     proc = subprocess.Popen(DPICL + argv, cwd=tmp_path, env=_env(home, migrated_prefect_database=True),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines = []
