@@ -62,7 +62,7 @@ def start() -> Callable[[], None]:
     in the environment from conftest's `configure_environment`)."""
     folder = Path(tempfile.mkdtemp(prefix="dpicl-test-prefect-"))
     database = folder / "prefect-test.db"
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     ready = folder / "ready"
     os.environ[URL], os.environ[READY_FILE] = url, str(ready)
@@ -123,7 +123,8 @@ def migrated_database() -> Path | None:
     return copy if copy.exists() else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on now (the suite's servers, and the tests' own)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from pipeline_support import subprocess_env
+from prefect_test_server import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DPICL = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
@@ -20,11 +21,6 @@ DPICL = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit
 def _env(home: Path, **kwargs) -> dict:
     return subprocess_env(home, temporary_prefect_server=True, **kwargs)
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_a_release_of_an_unknown_run_is_refused_in_one_line_before_prefect_starts(tmp_path):
@@ -62,7 +58,7 @@ def test_ui_names_a_port_in_use(tmp_path):
 def test_sigterm_stops_ui_and_its_servers(tmp_path):
     from flows.cli.ui import port_in_use
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(DPICL + ["ui", "--no-prefect", "--mlflow-port", str(port)], cwd=tmp_path,
                             env=_env(tmp_path / "home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 from pipeline_support import copy_migrated_prefect_database, mini_agnews
+from prefect_test_server import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _prefect() -> str:
@@ -39,7 +34,7 @@ def server(dpicl_home):
     """`prefect server start` with PREFECT_HOME inside the test home, on a copy of the shared test server's
     migrated database where there is one (Prefect's migrations are most of a fresh server's start); killed
     at the end."""
-    port = _free_port()
+    port = free_port()
     prefect_home = dpicl_home / "prefect-server"
     prefect_home.mkdir(parents=True, exist_ok=True)
     copy_migrated_prefect_database(prefect_home / "prefect.db")
