@@ -52,15 +52,13 @@ _TEST_CACHE = Path(sys.prefix) / "dpicl-test-cache"
 
 
 def _share_converted_models() -> None:
-    """Every test home's `models/` is one folder per environment: the embedded model's GGUF is dequantised
-    once (about 30 s) for all sessions and xdist workers of this venv, not once per worker per session
-    (the tiny model borrows its tokenizer, so nearly every worker needed it). A lock keeps two workers
-    from converting at once; the conversion itself stays atomic (`dpcore.lm.models.convert_gguf`)."""
-    import fcntl
-
+    """Every test home's `models/` is one folder per environment: the embedded model's GGUF is dequantised once
+    (about 20 s) for all sessions and xdist workers of this venv, by the first test that needs it, not once per
+    worker per session; the tiny model's tokenizer, which nearly every worker needs first, is read from the GGUF
+    alone. `dpcore.lm.models` makes each folder under a lock: a worker needing one another is making waits."""
     import transformers
 
-    from dpcore.lm.models import embedded_gguf, resolve_model
+    from dpcore.lm.models import embedded_gguf
 
     gguf = embedded_gguf("smollm2-135m").stat()
     key = f"transformers-{transformers.__version__}-gguf-{gguf.st_size}-{gguf.st_mtime_ns}"
@@ -70,9 +68,6 @@ def _share_converted_models() -> None:
     except OSError:  # an environment this user cannot write (a system Python): convert per home, as dpicl does
         return
     (Path(_HOME) / "models").symlink_to(shared, target_is_directory=True)
-    with open(shared.parent / f"{shared.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        resolve_model("smollm2-135m")
 
 
 # The accountants' answers on disk (`dpcore.privacy.memo`): one folder per environment, beside the converted

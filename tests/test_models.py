@@ -30,6 +30,55 @@ def test_embedded_model_predicts_sensibly(embedded_lm):
     assert embedded_lm.decode([int(probs[0].argmax())]).strip() == "Paris"
 
 
+def test_a_folder_is_made_once_and_a_second_process_waits_for_it(tmp_path):
+    """`_make_folder` under its lock: a second maker (another `dpicl` command on the same home) waits for the first
+    and takes its folder instead of making it again; a failed fill leaves neither the folder nor its work folder."""
+    import threading
+
+    from dpcore.lm.models import _make_folder
+
+    target, started, release, calls = tmp_path / "models" / "m", threading.Event(), threading.Event(), []
+
+    def slow_fill(work):
+        calls.append("first")
+        started.set()
+        assert release.wait(10)
+        (work / "marker").write_text("first")
+
+    first = threading.Thread(target=_make_folder, args=(target, "marker", slow_fill))
+    first.start()
+    assert started.wait(10)
+    second = []
+    waiter = threading.Thread(target=lambda: second.append(_make_folder(target, "marker", lambda w: calls.append("x"))))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and not target.exists()  # waiting on the lock, nothing renamed yet
+    release.set()
+    first.join(10)
+    waiter.join(10)
+    assert second == [target] and calls == ["first"] and (target / "marker").read_text() == "first"
+
+    def failing_fill(work):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _make_folder(tmp_path / "models" / "n", "marker", failing_fill)
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [".m.lock", ".n.lock", "m"]
+
+
+def test_the_tiny_tokenizer_is_read_from_the_gguf_without_converting_the_model(tiny_lm, tmp_path, monkeypatch):
+    """A fresh home's `tiny-random` needs seconds, not the embedded model's conversion (about 20 s): its tokenizer
+    comes from the GGUF, the same files as when it is cut from the converted folder."""
+    from dpcore.lm.models import tiny_tokenizer_folder
+
+    shared = tiny_tokenizer_folder()
+    monkeypatch.setenv("DPICL_HOME", str(tmp_path))
+    fresh = tiny_tokenizer_folder()
+    assert fresh.parent == tmp_path / "models" and not (tmp_path / "models" / "smollm2-135m").exists()
+    assert sorted(p.name for p in fresh.iterdir()) == sorted(p.name for p in shared.iterdir())
+    assert all((fresh / p.name).read_bytes() == p.read_bytes() for p in shared.iterdir())
+
+
 def test_local_folder_resolves(tmp_path, tiny_lm):
     tiny_lm.model.save_pretrained(tmp_path / "tiny")
     tiny_lm.tokenizer.save_pretrained(tmp_path / "tiny")

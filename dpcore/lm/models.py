@@ -7,11 +7,13 @@
 - a local folder with a `config.json`.
 - a Hugging Face hub id (used when online; cached under `$HF_HOME`).
 
-The tiny random model's tokenizer (`tiny_tokenizer_folder`) is derived from the embedded one, once, beside it.
+The tiny random model's tokenizer (`tiny_tokenizer_folder`) is derived from the embedded one, once, beside it,
+read from the GGUF when the model is not converted yet (its tokenizer alone takes seconds, the weights about 20 s).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -71,21 +73,22 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
 
 
 def _make_folder(target: Path, marker: str, fill: Callable[[Path], None]) -> Path:
-    """`fill` a fresh folder beside `target`, then rename it into place: a crash leaves no half-made folder, and a
-    process that loses the race to another keeps the winner's (once it holds `marker`)."""
+    """`target` once it holds `marker`: made by `fill` in a fresh folder beside it, then renamed into place, so a
+    crash leaves no half-made folder. A lock beside it makes a second process (another `dpicl` command on the same
+    home) wait for the first and take its folder, rather than make it again."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        fill(work)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / marker).exists():
+            return target
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
+            fill(work)
+            shutil.rmtree(target, ignore_errors=True)  # a folder without its marker: left by an older version
             os.rename(work, target)
-        except OSError:
-            if not (target / marker).exists():  # lost a race only if the winner finished
-                raise
+        except BaseException:
             shutil.rmtree(work, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+            raise
     return target
 
 
@@ -171,6 +174,18 @@ def _merge_parts(pair) -> list[str]:
     return pair.split(" ") if isinstance(pair, str) else list(pair)
 
 
+def _embedded_tokenizer(name: str):
+    """The embedded model's tokenizer: from its converted folder, else from its GGUF without converting the
+    weights (the same tokenizer: the converted folder's is saved from it)."""
+    from transformers import AutoTokenizer
+
+    converted = subdir("models") / name
+    if (converted / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(converted)
+    gguf = embedded_gguf(name)
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
 def tiny_tokenizer_folder(vocabulary: int = TINY_VOCABULARY) -> Path:
     """A tokenizer folder: the embedded model's tokenizer cut to its first `vocabulary` ids and the label words
     of the shipped tasks (`TINY_LABEL_WORDS`), made once under `$DPICL_HOME/models/` (atomically)."""
@@ -178,17 +193,12 @@ def tiny_tokenizer_folder(vocabulary: int = TINY_VOCABULARY) -> Path:
     target = subdir("models") / f"smollm2-135m-tokenizer-{vocabulary}-{words}"
     if (target / "tokenizer.json").exists():
         return target
-    from transformers import AutoTokenizer
-
-    source = Path(resolve_model("smollm2-135m").path)
-    full = json.loads((source / "tokenizer.json").read_text())
-    encoder = AutoTokenizer.from_pretrained(source)
-    keep = [token for word in TINY_LABEL_WORDS for text in (word, " " + word) for token in encoder.tokenize(text)]
 
     def fill(work: Path) -> None:
-        for path in source.iterdir():
-            if "token" in path.name or path.name == "chat_template.jinja":
-                shutil.copyfile(path, work / path.name)
+        encoder = _embedded_tokenizer("smollm2-135m")
+        encoder.save_pretrained(work)
+        full = json.loads((work / "tokenizer.json").read_text())
+        keep = [token for word in TINY_LABEL_WORDS for text in (word, " " + word) for token in encoder.tokenize(text)]
         (work / "tokenizer.json").write_text(json.dumps(cut_bpe_tokenizer(full, vocabulary, keep),
                                                         ensure_ascii=False))
 
