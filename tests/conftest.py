@@ -42,7 +42,7 @@ from pathlib import Path  # noqa: E402
 
 
 # Prefect builds a verifying TLS context for every API client it creates, http:// URL or not, from the CA file it
-# is given: certifi's whole bundle by default, 20 ms a client, and the suite's flow runs create hundreds of clients.
+# is given: certifi's whole bundle by default, 20 ms a client, and the suite creates about 300 clients.
 # The suite's Prefect servers are http:// on 127.0.0.1: a CA file of one certificate does (0.3 ms a client).
 def _one_certificate_ca_file() -> str:
     import re
@@ -72,7 +72,8 @@ def _share_converted_models() -> None:
     """Every test home's `models/` is one folder per environment: the embedded model's GGUF is dequantised once
     (about 20 s) for all sessions and xdist workers of this venv, by the first test that needs it, not once per
     worker per session; the tiny model's tokenizer, which nearly every worker needs first, is read from the GGUF
-    alone. `dpcore.lm.models` makes each folder under a lock: a worker needing one another is making waits."""
+    alone. `dpcore.lm.models` makes each folder under a lock: a worker that needs a folder another worker is
+    making waits for it."""
     import transformers
 
     from dpcore.lm.models import embedded_gguf

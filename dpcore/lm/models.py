@@ -84,7 +84,7 @@ def _make_folder(target: Path, marker: str, fill: Callable[[Path], None]) -> Pat
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
             fill(work)
-            shutil.rmtree(target, ignore_errors=True)  # a folder without its marker: left by an older version
+            shutil.rmtree(target, ignore_errors=True)  # a folder without its marker (a copy cut short): made anew
             os.rename(work, target)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
