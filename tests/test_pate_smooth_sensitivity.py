@@ -68,6 +68,29 @@ def test_plateau_and_conditions_match_reference(sigma2, order, log_q0, c5, c6):
     assert pss.check_conditions(sigma2, 2, order) == (c5, c6)
 
 
+@pytest.mark.parametrize("sigma2", [2.0, 5.0, 40.0, 100.0])
+def test_the_conditions_are_checked_on_the_scalar_analysis_elementwise(sigma2):
+    """C5 and C6 are checked on grids of thousands of q at once (`rdp_from_log_qs`, `_log_upper_bounds`): the same
+    values as the one-q functions the release itself uses, on every branch (Theorem 6 or the data-independent
+    bound, q = 0 and q = 1, below and above mu1)."""
+    log_q = np.concatenate([np.linspace(-700.0, 0.0, 2001), np.linspace(-3.0, -1e-6, 500), [-1e-300, 0.0, -np.inf]])
+    below_independent = []
+    for order in (2.0, 8.0, 44.0, 64.0):
+        grid = dd.rdp_from_log_qs(log_q, sigma2, order)
+        one = np.array([dd.rdp_from_log_q(x, sigma2, [order])[0] for x in log_q])
+        np.testing.assert_allclose(grid, one, rtol=1e-13, atol=0)
+        assert grid[-1] == 0.0 and grid[-2] == order / sigma2 ** 2  # q = 0: fixed output; q = 1: independent
+        below_independent.append(bool((grid < order / sigma2 ** 2).any()))
+    assert sum(below_independent) >= 3  # Theorem 6's branch is taken (not at order 64 when sigma2 is 2: mu1 < 64)
+    finite = log_q[np.isfinite(log_q)]
+    for classes in (2, 4, 14):
+        bounds = pss._log_upper_bounds(finite, sigma2, classes)
+        one = np.array([pss._log_bound(x, sigma2, classes, upper=True) for x in finite])
+        np.testing.assert_allclose(bounds, one, rtol=1e-13, atol=0)
+    with pytest.raises(ConfigError):
+        dd.rdp_from_log_qs([0.5], sigma2, 2.0)
+
+
 def test_gnss_cost_matches_theorem_23_reference():
     # smooth_sensitivity.compute_rdp_of_smooth_sensitivity_gaussian(beta, 10.0, order), beta = 0.4 / order
     for order, cost in ((10.0, 0.2421863685693903), (20.0, 0.2715684156920066), (50.0, 0.5326504438503342)):

@@ -149,6 +149,37 @@ def rdp_from_log_q(log_q: float, sigma: float, orders=DEFAULT_ORDERS) -> np.ndar
     return np.where(lam < mu1, np.minimum(independent, dependent), independent)
 
 
+def rdp_from_log_qs(log_qs, sigma: float, order: float) -> np.ndarray:
+    """`rdp_from_log_q` at one order for many log q at once: the same formulas and branches, elementwise (the
+    smooth-sensitivity analysis checks its conditions on grids of thousands of q)."""
+    log_q = np.asarray(log_qs, dtype=float)
+    if np.any(np.isnan(log_q)) or np.any(log_q > 0):
+        raise ConfigError("log_q must be <= 0")
+    lam = float(_orders([order])[0])
+    independent = float(rdp_gaussian_data_independent(sigma, [lam])[0])
+    variance = float(sigma) ** 2
+    with np.errstate(all="ignore"):  # the branches not taken compute infinities and nans, discarded below
+        mu2 = np.sqrt(variance * -log_q)
+        mu1 = mu2 + 1.0
+        eps1, eps2 = mu1 / variance, mu2 / variance
+        theorem_6 = (mu2 > 1) & (-log_q > eps2)
+        theorem_6 &= log_q <= (mu2 - 1) * eps2 - mu2 * (np.log1p(1 / (mu1 - 1)) + np.log1p(1 / (mu2 - 1)))
+        log_1q = _log1mexps(log_q)
+        log_a = log_1q - _log1mexps(np.minimum((log_q + eps2) * (1 - 1 / mu2), 0.0))
+        log_b = eps1 - log_q / (mu1 - 1)
+        dependent = np.logaddexp(log_1q + (lam - 1) * log_a, log_q + (lam - 1) * log_b) / (lam - 1)
+        rdp = np.where(theorem_6 & (lam < mu1), np.minimum(independent, dependent), independent)
+    return np.where(log_q == -np.inf, 0.0, rdp)
+
+
+def _log1mexps(x: np.ndarray) -> np.ndarray:
+    """`_log1mexp` elementwise (x <= 0)."""
+    with np.errstate(all="ignore"):
+        near = np.log(-np.expm1(x))
+        far = np.log1p(-np.exp(x))
+    return np.where(x == 0, -np.inf, np.where(x > -math.log(2), near, far))
+
+
 def log_pr_answered(counts, threshold: float, sigma1: float) -> float:
     """log P[max_j n_j + N(0, sigma1^2) >= T]: the probability that the threshold test answers.
     (max_j n_j is rounded to an integer: vote counts are integers.)"""

@@ -81,7 +81,7 @@ def release_parameters(sigma2: float, classes: int, order: float | None = None, 
 
 def _largest_order(sigma2: float, classes: int) -> float:
     """The largest of ORDERS where conditions C5 and C6 hold, by bisection: they hold at small orders and fail
-    from some order on (each check is a fine numerical grid, a quarter of a second). The order returned is
+    from some order on (each check is a fine numerical grid, about 2 ms). The order returned is
     one where they were checked to hold."""
     def holds(index: int) -> bool:
         return all(gnss.check_conditions(sigma2, classes, ORDERS[index]))

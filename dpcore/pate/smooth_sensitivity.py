@@ -103,6 +103,14 @@ def _log_bound(log_q: float, sigma2: float, classes: int, upper: bool) -> float:
     return math.log(value) if value > 0 else -math.inf
 
 
+def _log_upper_bounds(log_q: np.ndarray, sigma2: float, classes: int) -> np.ndarray:
+    """`_log_bound(..., upper=True)` elementwise, for finite log q."""
+    half = (classes - 1) / 2
+    value = np.minimum(1.0, half * erfc(erfcinv(np.exp(log_q) / half) - 1 / sigma2))
+    with np.errstate(divide="ignore"):
+        return np.where(value > 0, np.log(value), -np.inf)
+
+
 @functools.lru_cache(maxsize=256)
 def _log_q0(sigma2: float, order: float) -> float:
     """log q0: GNMax's data-dependent bound is below the data-independent one for q < q0 (bisection;
@@ -152,12 +160,12 @@ def check_conditions(sigma2: float, classes: int, order: float) -> tuple[bool, b
     def grid(top: float) -> np.ndarray:
         return np.linspace(max(20 * top, -700.0), top, _CONDITION_GRID)
 
-    beta = np.array([_gnmax_rdp(x, sigma, lam) for x in grid(log_q0)])
+    beta = dd.rdp_from_log_qs(grid(log_q0), sigma, lam)
     c5 = non_decreasing(beta)
     if not c5 or log_q1 == -math.inf:
         return c5, False
-    gap = np.array([_gnmax_rdp(_log_bound(x, sigma, classes, upper=True), sigma, lam) - _gnmax_rdp(x, sigma, lam)
-                    for x in grid(log_q1)])
+    log_q = grid(log_q1)
+    gap = dd.rdp_from_log_qs(_log_upper_bounds(log_q, sigma, classes), sigma, lam) - dd.rdp_from_log_qs(log_q, sigma, lam)
     return c5, non_decreasing(gap)
 
 
