@@ -10,7 +10,7 @@ lengths (prompt/forward/padded tokens, prompt counts, tokens/s).
 
 Files are decoded before the search: Parquet cells (strings and lists of strings), JSON strings
 (recursively, also JSON inside JSON: Prefect's persisted results), other files as UTF-8 bytes. The
-converted model's weight files (public, written before any private record is read) are skipped.
+converted model's weight files (public: a function of the shipped GGUF alone) are skipped.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _scanned_files(root: Path) -> list[Path]:
         if path.name.endswith(DATABASE_SUFFIXES) and path.name.startswith(("prefect", "mlflow")):
             continue  # the Prefect and MLflow databases
         if path.suffix == ".safetensors" and "models" in path.relative_to(root).parts:
-            continue  # public model weights, converted before any private data is read
+            continue  # public model weights: a function of the shipped GGUF alone
         out.append(path)
     return out
 
