@@ -70,7 +70,7 @@ def test_plateau_and_conditions_match_reference(sigma2, order, log_q0, c5, c6):
 
 @pytest.mark.parametrize("sigma2", [2.0, 5.0, 40.0, 100.0])
 def test_the_conditions_are_checked_on_the_scalar_analysis_elementwise(sigma2):
-    """C5 and C6 are checked on grids of thousands of q at once (`rdp_from_log_qs`, `_log_upper_bounds`): the same
+    """C5 and C6 are checked on grids of thousands of q at once (`rdp_from_log_qs`, `_log_bounds`): the same
     values as the one-q functions the release itself uses, on every branch (Theorem 6 or the data-independent
     bound, q = 0 and q = 1, below and above mu1)."""
     log_q = np.concatenate([np.linspace(-700.0, 0.0, 2001), np.linspace(-3.0, -1e-6, 500), [-1e-300, 0.0, -np.inf]])
@@ -84,7 +84,7 @@ def test_the_conditions_are_checked_on_the_scalar_analysis_elementwise(sigma2):
     assert sum(below_independent) >= 3  # Theorem 6's branch is taken (not at order 64 when sigma2 is 2: mu1 < 64)
     finite = log_q[np.isfinite(log_q)]
     for classes in (2, 4, 14):
-        bounds = pss._log_upper_bounds(finite, sigma2, classes)
+        bounds = pss._log_bounds(finite, sigma2, classes, upper=True)
         one = np.array([pss._log_bound(x, sigma2, classes, upper=True) for x in finite])
         np.testing.assert_allclose(bounds, one, rtol=1e-13, atol=0)
     with pytest.raises(ConfigError):

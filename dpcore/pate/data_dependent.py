@@ -77,13 +77,13 @@ class DataDependentReport:
     rdp_gnmax: np.ndarray       # GNMax's share (answered queries, or expected)
 
 
-def _log1mexp(x: float) -> float:
-    """log(1 - e^x) for x <= 0, stably."""
-    if x > 0:
-        raise ValueError(f"log1mexp needs x <= 0, got {x}")
-    if x == 0:
-        return -math.inf
-    return math.log(-math.expm1(x)) if x > -math.log(2) else math.log1p(-math.exp(x))
+def _log1mexp(x):
+    """log(1 - e^x) for x <= 0, stably, elementwise."""
+    x = np.asarray(x, dtype=float)
+    if np.any(x > 0):
+        raise ValueError(f"log1mexp needs x <= 0, got {x[x > 0].flat[0]}")
+    with np.errstate(divide="ignore"):  # x = 0: log 0 = -inf
+        return np.where(x > -math.log(2), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
 
 
 def _orders(orders) -> np.ndarray:
@@ -127,57 +127,37 @@ def rdp_from_log_q(log_q: float, sigma: float, orders=DEFAULT_ORDERS) -> np.ndar
     fails with probability at most e^log_q: Theorem 6 with Proposition 10's mu1, mu2 where its
     conditions hold (the smaller of it and the data-independent bound), else lambda / sigma^2.
     q = 0 (log_q = -inf): the output is fixed, RDP 0."""
-    lam = _orders(orders)
-    independent = rdp_gaussian_data_independent(sigma, lam)
-    log_q = float(log_q)
-    if math.isnan(log_q) or log_q > 0:
-        raise ConfigError(f"log_q must be <= 0, got {log_q}")
-    if log_q == -math.inf:
-        return np.zeros_like(lam)
-    variance = float(sigma) ** 2
-    mu2 = math.sqrt(variance * -log_q)
-    mu1 = mu2 + 1.0
-    eps1, eps2 = mu1 / variance, mu2 / variance
-    if mu2 <= 1 or -log_q <= eps2:  # Theorem 6 needs mu2 > 1 and q e^{eps2} < 1
-        return independent
-    if log_q > (mu2 - 1) * eps2 - mu2 * (math.log1p(1 / (mu1 - 1)) + math.log1p(1 / (mu2 - 1))):
-        return independent  # q beyond the range where Theorem 6's bound holds (Lemma 9)
-    log_1q = _log1mexp(log_q)
-    log_a = log_1q - _log1mexp((log_q + eps2) * (1 - 1 / mu2))
-    log_b = eps1 - log_q / (mu1 - 1)
-    dependent = np.logaddexp(log_1q + (lam - 1) * log_a, log_q + (lam - 1) * log_b) / (lam - 1)
-    return np.where(lam < mu1, np.minimum(independent, dependent), independent)
+    return _rdp_table([log_q], sigma, _orders(orders))[0]
 
 
 def rdp_from_log_qs(log_qs, sigma: float, order: float) -> np.ndarray:
-    """`rdp_from_log_q` at one order for many log q at once: the same formulas and branches, elementwise (the
-    smooth-sensitivity analysis checks its conditions on grids of thousands of q)."""
+    """`rdp_from_log_q` at one order for many log q at once (the smooth-sensitivity analysis checks its
+    conditions on grids of thousands of q)."""
+    return _rdp_table(log_qs, sigma, _orders([order]))[:, 0]
+
+
+def _rdp_table(log_qs, sigma: float, lam: np.ndarray) -> np.ndarray:
+    """(log q, order) table of `rdp_from_log_q`: Theorem 6's conditions and bound elementwise."""
+    independent = rdp_gaussian_data_independent(sigma, lam)
     log_q = np.asarray(log_qs, dtype=float)
-    if np.any(np.isnan(log_q)) or np.any(log_q > 0):
-        raise ConfigError("log_q must be <= 0")
-    lam = float(_orders([order])[0])
-    independent = float(rdp_gaussian_data_independent(sigma, [lam])[0])
+    bad = np.isnan(log_q) | (log_q > 0)
+    if bad.any():
+        raise ConfigError(f"log_q must be <= 0, got {log_q[bad][0]}")
+    log_q = log_q[:, None]
     variance = float(sigma) ** 2
-    with np.errstate(all="ignore"):  # the branches not taken compute infinities and nans, discarded below
+    with np.errstate(all="ignore"):  # where Theorem 6 does not apply its terms may be inf or nan: not used
         mu2 = np.sqrt(variance * -log_q)
         mu1 = mu2 + 1.0
         eps1, eps2 = mu1 / variance, mu2 / variance
-        theorem_6 = (mu2 > 1) & (-log_q > eps2)
+        theorem_6 = (mu2 > 1) & (-log_q > eps2)  # Theorem 6 needs mu2 > 1 and q e^{eps2} < 1 ...
+        # ... and q within the range where its bound holds (Lemma 9)
         theorem_6 &= log_q <= (mu2 - 1) * eps2 - mu2 * (np.log1p(1 / (mu1 - 1)) + np.log1p(1 / (mu2 - 1)))
-        log_1q = _log1mexps(log_q)
-        log_a = log_1q - _log1mexps(np.minimum((log_q + eps2) * (1 - 1 / mu2), 0.0))
+        log_1q = _log1mexp(log_q)
+        log_a = log_1q - _log1mexp(np.minimum((log_q + eps2) * (1 - 1 / mu2), 0.0))
         log_b = eps1 - log_q / (mu1 - 1)
         dependent = np.logaddexp(log_1q + (lam - 1) * log_a, log_q + (lam - 1) * log_b) / (lam - 1)
         rdp = np.where(theorem_6 & (lam < mu1), np.minimum(independent, dependent), independent)
     return np.where(log_q == -np.inf, 0.0, rdp)
-
-
-def _log1mexps(x: np.ndarray) -> np.ndarray:
-    """`_log1mexp` elementwise (x <= 0)."""
-    with np.errstate(all="ignore"):
-        near = np.log(-np.expm1(x))
-        far = np.log1p(-np.exp(x))
-    return np.where(x == 0, -np.inf, np.where(x > -math.log(2), near, far))
 
 
 def log_pr_answered(counts, threshold: float, sigma1: float) -> float:
@@ -193,7 +173,7 @@ def rdp_threshold(log_p_answered: float, sigma1: float, orders=DEFAULT_ORDERS) -
     of which has probability q = min(p, 1 - p), with the Gaussian's curve lambda / (2 sigma1^2)
     (sensitivity 1: GNMax's curve at sigma = sqrt(2) sigma1)."""
     log_p = float(log_p_answered)
-    log_q = min(log_p, _log1mexp(log_p))
+    log_q = min(log_p, float(_log1mexp(log_p)))
     return rdp_from_log_q(log_q, math.sqrt(2.0) * check_positive("threshold_sigma (sigma1)", sigma1), orders)
 
 

@@ -93,20 +93,16 @@ def _gnmax_rdp(log_q: float, sigma2: float, order: float) -> float:
 
 def _log_bound(log_q: float, sigma2: float, classes: int, upper: bool) -> float:
     """log B_U(q) or log B_L(q) (Proposition 13's bounds): q after one teacher changes its vote."""
-    if log_q == -math.inf:
-        return -math.inf
+    return float(_log_bounds(log_q, sigma2, classes, upper))
+
+
+def _log_bounds(log_q, sigma2: float, classes: int, upper: bool) -> np.ndarray:
+    """`_log_bound` elementwise (q = 0 stays 0)."""
     half = (classes - 1) / 2
     shift = -1 / sigma2 if upper else 1 / sigma2
-    value = half * erfc(erfcinv(math.exp(log_q) / half) + shift)
+    value = half * erfc(erfcinv(np.exp(np.asarray(log_q, dtype=float)) / half) + shift)
     if upper:
-        value = min(1.0, value)
-    return math.log(value) if value > 0 else -math.inf
-
-
-def _log_upper_bounds(log_q: np.ndarray, sigma2: float, classes: int) -> np.ndarray:
-    """`_log_bound(..., upper=True)` elementwise, for finite log q."""
-    half = (classes - 1) / 2
-    value = np.minimum(1.0, half * erfc(erfcinv(np.exp(log_q) / half) - 1 / sigma2))
+        value = np.minimum(1.0, value)
     with np.errstate(divide="ignore"):
         return np.where(value > 0, np.log(value), -np.inf)
 
@@ -132,15 +128,15 @@ def _log_q0(sigma2: float, order: float) -> float:
     return lo
 
 
-def _ls_gnmax_at(log_q: float, sigma2: float, classes: int, order: float, log_q0: float, log_q1: float) -> float:
-    """Algorithm 3 (correct by Proposition 13): an upper bound on GNMax's local sensitivity at q
-    (the plateau value on [q1, q0])."""
-    if log_q1 <= log_q <= log_q0:
-        log_q = log_q1
-    here = _gnmax_rdp(log_q, sigma2, order)
-    up = _gnmax_rdp(_log_bound(log_q, sigma2, classes, upper=True), sigma2, order)
-    down = _gnmax_rdp(_log_bound(log_q, sigma2, classes, upper=False), sigma2, order)
-    return max(up - here, here - down)
+def _ls_gnmax(log_q, sigma2: float, classes: int, order: float, log_q0: float, log_q1: float) -> np.ndarray:
+    """Algorithm 3 (correct by Proposition 13), elementwise: an upper bound on GNMax's local sensitivity at each
+    q (the plateau value on [q1, q0])."""
+    log_q = np.asarray(log_q, dtype=float)
+    log_q = np.where((log_q1 <= log_q) & (log_q <= log_q0), log_q1, log_q)
+    here = dd.rdp_from_log_qs(log_q, sigma2, order)
+    up = dd.rdp_from_log_qs(_log_bounds(log_q, sigma2, classes, upper=True), sigma2, order)
+    down = dd.rdp_from_log_qs(_log_bounds(log_q, sigma2, classes, upper=False), sigma2, order)
+    return np.maximum(up - here, here - down)
 
 
 @functools.lru_cache(maxsize=256)
@@ -165,7 +161,7 @@ def check_conditions(sigma2: float, classes: int, order: float) -> tuple[bool, b
     if not c5 or log_q1 == -math.inf:
         return c5, False
     log_q = grid(log_q1)
-    gap = dd.rdp_from_log_qs(_log_upper_bounds(log_q, sigma, classes), sigma, lam) - dd.rdp_from_log_qs(log_q, sigma, lam)
+    gap = dd.rdp_from_log_qs(_log_bounds(log_q, sigma, classes, upper=True), sigma, lam) - dd.rdp_from_log_qs(log_q, sigma, lam)
     return c5, non_decreasing(gap)
 
 
@@ -178,19 +174,17 @@ def local_sensitivities_gnmax(counts, teachers: int, sigma2: float, order: float
     log_q0 = _log_q0(sigma, lam)
     log_q1 = _log_bound(log_q0, sigma, classes, upper=False)
 
-    def sensitivity(log_q: float) -> float:
-        return _ls_gnmax_at(log_q, sigma, classes, lam, log_q0, log_q1)
+    def sensitivities(log_qs: list[float]) -> np.ndarray:
+        return _ls_gnmax(log_qs, sigma, classes, lam, log_q0, log_q1)
 
-    result = np.full(int(teachers) + 1, sensitivity(log_q1))  # the plateau bounds every distance
+    result = np.full(int(teachers) + 1, sensitivities([log_q1])[0])  # the plateau bounds every distance
     log_q = dd.log_q_gnmax(votes, sigma)
     if log_q1 <= log_q <= log_q0:
         return result
-    result[0] = sensitivity(log_q)
+    walk = [log_q]  # q at distance d = 0, 1, ...: the walk depends on the votes only
     towards_smaller_q = log_q > log_q0
-    d = 0
-    while d + 1 < result.size and ((towards_smaller_q and log_q > log_q0 and votes[1] > 0)
-                                   or (not towards_smaller_q and log_q < log_q1)):
-        d += 1
+    while len(walk) < result.size and ((towards_smaller_q and log_q > log_q0 and votes[1] > 0)
+                                       or (not towards_smaller_q and log_q < log_q1)):
         if towards_smaller_q:  # a runner-up vote goes to the top class; keep the votes sorted
             votes[0] += 1
             votes[1] -= 1
@@ -199,7 +193,8 @@ def local_sensitivities_gnmax(counts, teachers: int, sigma2: float, order: float
             votes[0] -= 1
             votes[1] += 1
         log_q = dd.log_q_gnmax(votes, sigma)
-        result[d] = sensitivity(log_q)
+        walk.append(log_q)
+    result[:len(walk)] = sensitivities(walk)
     return np.maximum.accumulate(result)  # within d, not only at d (the discounted max is the same)
 
 
