@@ -21,26 +21,14 @@ from __future__ import annotations
 import sys
 import time
 
-from pydantic import ValidationError
-
 from dpcore.config import RunConfig, flag
 from dpcore.display import fmt_delta, fmt_eps
-from dpcore.errors import ConfigError
-from flows.cli.common import (
-    DATA_FLAGS,
-    add_config_flags,
-    add_output_flags,
-    command,
-    config_from_args,
-    parse_epsilon,
-    print_json,
-    validation_problems,
-)
+from flows.cli import common as cli
 from flows.cli.common import fmt_value as _fmt
 from flows.cli.progress import showing_progress, stopping_on_signals
 
 # RunConfig fields `dpicl pate` takes, and the short spellings of the PromptPATE ones.
-FIELDS = [*DATA_FLAGS, "delta", "seed", "test_size", "calibrate", "task_runner", "pate_teachers", "pate_shots", "pate_public_path",
+FIELDS = [*cli.DATA_FLAGS, "delta", "seed", "test_size", "calibrate", "task_runner", "pate_teachers", "pate_shots", "pate_public_path",
           "pate_public_column", "pate_queries", "pate_threshold", "pate_sigma1", "pate_sigma2", "pate_vote_mode",
           "pate_repeats", "pate_student_candidates", "pate_baselines", "pate_teacher_block", "pate_preset",
           "pate_accounting", "pate_gnss_order", "pate_gnss_beta", "pate_gnss_sigma"]
@@ -59,10 +47,7 @@ def _config(args) -> RunConfig:
             overrides["pate_public"] = args.public
         else:  # a path
             overrides.update(pate_public="file", pate_public_path=args.public)
-    try:
-        return config_from_args(args, **overrides)
-    except ValidationError as exc:
-        raise ConfigError(validation_problems(exc)) from None
+    return cli.checked_config(args, **overrides)
 
 
 def format_plan(plan) -> str:
@@ -126,28 +111,28 @@ def _pate(args) -> int:
         summary = pate_flow(config=config, run_id=args.run_id, plan=plan)
     summary["wall_seconds"] = round(time.perf_counter() - began)
     if args.json:
-        print_json(summary)
+        cli.print_json(summary)
     else:
         print(format_summary(summary))
     return 0
 
 
 def register(subparsers) -> None:
-    parser = command(
+    parser = cli.command(
         subparsers, "pate", _pate, help="PromptPATE: a private discrete prompt from a flock of teacher prompts (Duan et al.)",
         description="PromptPATE (Duan et al. Section 4.2): E teacher prompts from disjoint private records vote on "
                     "public queries; Confident-GNMax labels them privately; the best student prompt of labelled "
                     "public queries is evaluated on the test split. The ledger is charged before any teacher "
                     "sees a query.")
-    parser.add_argument("--epsilon", type=parse_epsilon, required=True,
+    parser.add_argument("--epsilon", type=cli.parse_epsilon, required=True,
                         help="PromptPATE's epsilon over all repeats (> 0; inf: every --queries query, charged at "
                              "its data-independent bound): each repeat labels the most queries it affords, at "
                              f"most --queries (the same as {flag('pate_target_epsilon')} in dpicl run)")
-    add_config_flags(parser, FIELDS, aliases=ALIASES)
+    cli.add_config_flags(parser, FIELDS, aliases=ALIASES)
     parser.add_argument("--public", default=None, metavar="iid|ood|PATH",
                         help="public queries: iid (the task's public split), ood (the task YAML's OOD dataset) or a "
                              "CSV/JSONL/Parquet file with a text column (default: iid)")
-    add_output_flags(parser, run_id=True, json_help="print one JSON object (its keys: docs/json.md)")
+    cli.add_output_flags(parser, run_id=True, json_help="print one JSON object (its keys: docs/json.md)")
 
 
 

@@ -13,19 +13,16 @@ import argparse
 import sys
 import time
 
-from pydantic import ValidationError
-
 from dpcore.config import AuditConfig, RunConfig
 from dpcore.display import fmt_delta, fmt_eps
-from dpcore.errors import ConfigError, DpiclError
+from dpcore.errors import ConfigError
 from dpcore.report.summary import verdict_line
 from flows.cli.common import (
     add_config_flags,
+    checked_config,
     command,
-    config_from_args,
     parse_epsilon,
     print_json,
-    validation_problems,
 )
 from flows.cli.common import fmt_value as _fmt
 from flows.cli.pate import format_plan as format_pate_plan
@@ -112,14 +109,7 @@ def _config(args, defaults: dict | None = None) -> RunConfig:
     overrides = {k: v for k, v in (defaults or {}).items() if k not in explicit}
     if args.epsilon_single:
         overrides["epsilons"] = list(args.epsilon_single)
-    try:
-        return config_from_args(args, **overrides)
-    except ValidationError as exc:
-        raise ConfigError(validation_problems(exc)) from None
-    except DpiclError:  # a task that does not load: said as it is
-        raise
-    except ValueError as exc:  # an integer flag that is not an integer
-        raise ConfigError(f"an integer flag has a non-integer value ({exc})") from None
+    return checked_config(args, **overrides)
 
 
 def format_results(summary: dict) -> str:

@@ -19,29 +19,17 @@ import sys
 import time
 from typing import get_args
 
-from pydantic import ValidationError
-
 from dpcore.config import RunConfig
 from dpcore.display import fmt_delta, fmt_eps, fmt_sigma
 from dpcore.errors import ConfigError
-from flows.cli.common import (
-    DATA_FLAGS,
-    _flag_type,
-    add_config_flags,
-    add_output_flags,
-    command,
-    config_from_args,
-    parse_epsilon,
-    print_json,
-    validation_problems,
-)
+from flows.cli import common as cli
 from flows.cli.common import (
     fmt_value as _fmt,
 )
 from flows.cli.progress import showing_progress, stopping_on_signals
 from flows.cli.run import delta_note, format_ledger
 
-CONFIG_FLAGS = [*DATA_FLAGS, "delta", "seed", "test_size", "calibrate"]
+CONFIG_FLAGS = [*cli.DATA_FLAGS, "delta", "seed", "test_size", "calibrate"]
 # Short spellings of the dpsgd_* fields (the long `--dpsgd-*` forms work too).
 SHORT_FLAGS = {"kind": "dpsgd_kind", "length": "dpsgd_length", "rank": "dpsgd_rank", "clip": "dpsgd_clip", "batch_size": "dpsgd_batch_size",
                "epochs": "dpsgd_epochs", "steps": "dpsgd_steps", "lr": "dpsgd_lr", "init": "dpsgd_init",
@@ -56,27 +44,24 @@ def _choices(annotation) -> list[str]:
 
 
 def register(subparsers) -> None:
-    parser = command(
+    parser = cli.command(
         subparsers, "tune", run_tune, help="PromptDPSGD: train a soft prompt or prefix (or the LoRA / full fine-tuning baselines) with DP-SGD "
         "(Duan et al. Section 4.1, Table 1)",
         description="Train a soft prompt or prefix on the private data with DP-SGD (Duan et al. App. C.1 "
         "Algorithm 1, Opacus), evaluate it on the test split and record it (safetensors + manifest, MLflow).")
-    parser.add_argument("--epsilon", type=parse_epsilon, required=True, help="target epsilon (> 0; inf: no noise)")
-    add_config_flags(parser, CONFIG_FLAGS)
+    parser.add_argument("--epsilon", type=cli.parse_epsilon, required=True, help="target epsilon (> 0; inf: no noise)")
+    cli.add_config_flags(parser, CONFIG_FLAGS)
     for short, field in SHORT_FLAGS.items():
         info = RunConfig.model_fields[field]
         choices = _choices(info.annotation) if short in ("kind", "init", "preset") else None
         parser.add_argument("--" + short.replace("_", "-"), "--" + field.replace("_", "-"), dest=field, default=None,
-                            choices=choices, type=None if choices else _flag_type(field, info.annotation),
+                            choices=choices, type=None if choices else cli._flag_type(field, info.annotation),
                             help=(info.description or "").replace("%", "%%"))
-    add_output_flags(parser, run_id=True)
+    cli.add_output_flags(parser, run_id=True)
 
 
 def _config(args) -> RunConfig:
-    try:
-        return config_from_args(args, epsilons=[args.epsilon], methods=["dpsgd"])
-    except ValidationError as exc:
-        raise ConfigError(validation_problems(exc)) from None
+    return cli.checked_config(args, epsilons=[args.epsilon], methods=["dpsgd"])
 
 
 def run_tune(args) -> int:
@@ -114,7 +99,7 @@ def run_tune(args) -> int:
         "ledger": summary["ledger_after"], "curve": summary["prompts"][0]["curve"], "wall_seconds": wall,
     }
     if args.json:
-        print_json(out)
+        cli.print_json(out)
         return 0
     shape = f"rank {params['rank']}, " if "rank" in params else f"length {params['length']}, " if "length" in params else ""
     print(f"PromptDPSGD {params['kind']} ({shape}{params['trainable_parameters']} parameters) on "
