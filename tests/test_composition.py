@@ -101,6 +101,21 @@ def test_the_gaussian_pld_is_dp_accountings_bit_for_bit(sigma, q, interval):
     assert ours.get_epsilon_for_delta(DELTA) == theirs.get_epsilon_for_delta(DELTA)
 
 
+@pytest.mark.parametrize("q", [1.0, 0.02])
+@pytest.mark.parametrize("adjacency", ["ADD", "REMOVE"])
+def test_the_hockey_stick_divergences_are_dp_accountings_on_either_side(adjacency, q):
+    """Both adjacencies and q = 1 (whose add side the PLD never builds), over a grid through eps = 0 and
+    past the edges +-log(1 - q)."""
+    import numpy as np
+    from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType, GaussianPrivacyLoss
+
+    loss = GaussianPrivacyLoss(0.8, sensitivity=1.0, sampling_prob=q, adjacency_type=AdjacencyType[adjacency])
+    epsilons = np.arange(-400, 401) * 1e-3
+    ours = composition._gaussian_hockey_stick(loss, 0.8, q, epsilons)
+    assert ours.tobytes() == loss.get_delta_for_epsilon(epsilons).tobytes()
+    assert ours.min() < ours.max()
+
+
 def test_rnm_exact_closed_form_brackets_the_numerical_bounds():
     sigma, q, steps = 0.5, 0.01, 40
     ours = compose([tang_event("rnm", sigma, q, steps)], DELTA)

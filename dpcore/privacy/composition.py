@@ -221,7 +221,8 @@ def _gaussian_hockey_stick(loss, sigma: float, q: float, epsilons: np.ndarray) -
 def _gaussian_inverse_loss(eps: np.ndarray, sigma: float, q: float, add: bool) -> np.ndarray:
     """The largest x whose subsampled-Gaussian privacy loss is at least eps (dp-accounting's
     `_inverse_privacy_loss_add`/`_remove` and `common.log_a_times_exp_b_plus_c`, elementwise): the loss
-    without subsampling is log(1 + (e^{+-eps} - 1) / q), then x = -1/2 - loss sigma^2 (plus 1 for add)."""
+    without subsampling is log(1 + (e^{+-eps} - 1) / q), then x = -1/2 - loss sigma^2 (plus 1 for add: the
+    sensitivity)."""
     if q == 1.0:
         unsampled = eps
     else:
@@ -234,8 +235,8 @@ def _gaussian_inverse_loss(eps: np.ndarray, sigma: float, q: float, add: bool) -
         unsampled = np.where(b == 0, np.log(a + c), d + np.log1p(-np.exp(log_minus_c - d)))
         if add:
             unsampled = -unsampled
-    x = -0.5 * 1.0 - unsampled * (sigma ** 2) / 1.0
-    return 1.0 + x if add and q != 1.0 else x
+    x = -0.5 - unsampled * sigma ** 2
+    return 1.0 + x if add else x
 
 
 def _rnm_prv(sigma: float, q: float):
