@@ -23,9 +23,7 @@ from dpcore.config import RunConfig
 from dpcore.display import fmt_delta, fmt_eps, fmt_sigma
 from dpcore.errors import ConfigError
 from flows.cli import common as cli
-from flows.cli.common import (
-    fmt_value as _fmt,
-)
+from flows.cli.common import fmt_value as _fmt
 from flows.cli.progress import showing_progress, stopping_on_signals
 from flows.cli.run import delta_note, format_ledger
 
