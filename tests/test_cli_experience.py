@@ -22,7 +22,6 @@ def _env(home: Path, **kwargs) -> dict:
     return subprocess_env(home, temporary_prefect_server=True, **kwargs)
 
 
-
 def test_a_release_of_an_unknown_run_is_refused_in_one_line_before_prefect_starts(tmp_path):
     began = time.monotonic()
     done = subprocess.run(DPICL + ["release", "--run", "no-such-run"], cwd=tmp_path, env=_env(tmp_path / "home"),

@@ -24,7 +24,6 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-
 def _prefect() -> str:
     return str(Path(sys.executable).with_name("prefect"))
 

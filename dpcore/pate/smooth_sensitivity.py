@@ -87,10 +87,6 @@ def gnss_rdp(beta: float, sigma_ss: float, order: float) -> float:
     return lam * math.exp(2 * b) / s ** 2 + (b * lam - 0.5 * math.log1p(-2 * lam * b)) / (lam - 1)
 
 
-def _gnmax_rdp(log_q: float, sigma2: float, order: float) -> float:
-    return float(dd.rdp_from_log_q(log_q, sigma2, [order])[0])
-
-
 def _log_bound(log_q: float, sigma2: float, classes: int, upper: bool) -> float:
     """log B_U(q) or log B_L(q) (Proposition 13's bounds): q after one teacher changes its vote."""
     return float(_log_bounds(log_q, sigma2, classes, upper))
@@ -114,7 +110,7 @@ def _log_q0(sigma2: float, order: float) -> float:
     independent = order / sigma2 ** 2
 
     def dependent_better(log_q: float) -> bool:
-        return _gnmax_rdp(log_q, sigma2, order) < independent
+        return dd.rdp_from_log_qs([log_q], sigma2, order)[0] < independent
 
     lo, hi = -1.0, 0.0  # at hi (q = 1) the bound is data-independent
     while not dependent_better(lo):
