@@ -141,6 +141,8 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
     others, wall = _other_methods(config, run_id, ingested, plan, ledger_entry)
     if tang:
         wall["tang"] = tang_summary.pop("wall_seconds")
+    # each method's wall time depends on its private records (batch sizes, lengths): the private store keeps it
+    write_json_atomic(paths.private / "timings.json", {"method_wall_seconds": wall})
     recorded, audit = _record(config, run_id, flow_run_id, ingested, paths, tang_summary, others)
     # the membership audit of the other methods' artifacts (PromptPATE's student, PromptDPSGD's prompts):
     # nothing generated, nothing charged; their verdict joins the comparison beside the DP demos' audit
@@ -150,7 +152,7 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
         run_dir=str(paths.public), run_id=run_id, dataset=config.dataset,
         tang_rows=recorded["results"] if tang else [],
         pate_results_path=str(paths.public / "pate_results.parquet") if "pate" in others else None,
-        dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), wall_seconds=wall, cost=cost,
+        dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), cost=cost,
         calibrated=config.calibrate, method_audits=method_audits) if others else None
     seeded_noise = bool((tang_summary or {}).get("seeded_noise")) or any(o["seeded_noise"] for o in others.values())
     results = comparison["rows"] if comparison is not None else recorded["results"]
@@ -179,7 +181,6 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
         "ledger_after": ledger_report(config.ledger_id, run_id),  # audit charges included
         "epsilons": ["inf" if math.isinf(e) else e for e in config.epsilons],
         "delta": plan.delta,
-        "method_wall_seconds": {m: round(w) for m, w in wall.items()},  # whole seconds on the public side
     }
 
 
@@ -215,11 +216,11 @@ def _other_methods(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan
         # PromptPATE at the run's smaller epsilons too: prefixes of its one labelling, charged once
         others["pate"] = pate_flow(config=pate_config, run_id=run_id, ingested=ingested, charge=ledger_entry,
                                    checkpoint_epsilons=list(config.epsilons), plan=plan)
-        wall["pate"] = round(time.perf_counter() - began)  # whole seconds: a timing of work on private records
+        wall["pate"] = time.perf_counter() - began
     if "dpsgd" in config.methods:
         began = time.perf_counter()
         others["dpsgd"] = dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry, plan=plan)
-        wall["dpsgd"] = round(time.perf_counter() - began)
+        wall["dpsgd"] = time.perf_counter() - began
     return others, wall
 
 
@@ -344,7 +345,7 @@ def _tang_stages(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths
 
     return {"seeded_noise": seeded_noise, "audit_summary": audit_summary, "audit_reference": audit_reference,
             "generation_workers": sorted({s.worker for s in shards}),
-            "wall_seconds": round(time.perf_counter() - began)}
+            "wall_seconds": time.perf_counter() - began}
 
 
 def run_pipeline(config: RunConfig, run_id: str | None = None, plan: RunPlan | None = None) -> dict:

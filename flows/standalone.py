@@ -189,8 +189,7 @@ def generate(config: RunConfig, epsilon: float, out: Path | None, say: Say) -> t
         **_generation_privacy(calibration), "seeded_noise": result.seeded_noise,
         "demos_per_label": generation.demos_per_label, "labels": labels, "config": generation.model_dump(),
         "stats": result.stats, "ledger_entry": entries[0] if entries else None,
-        # Wall time depends on the records' lengths (a weak timing channel): whole seconds only.
-        "wall_seconds": round(wall_seconds),
+        # no wall time: it depends on the sampled records' lengths (generation_stats.json, private, keeps it)
     }
     write_json_atomic(out / "generation.json", jsonable(summary))
     write_manifest(out, {"run_id": run_id, "kind": "generate"})
@@ -231,7 +230,6 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
     from dpcore.audit.gate import GateThresholds
     from tasks.audit import audit_members, audit_plan, dp_audit_at, reference_audit, write_audit
 
-    began = time.perf_counter()
     data = load_data(config)
     if data.spec.kind != "classification":
         raise ConfigError(f"dataset: task {data.spec.name!r} is {data.spec.kind}; the membership audit scores "
@@ -289,8 +287,8 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
     summary = {key: result.summary()[key] for key in AUDIT_KEYS}
     summary.update(verdict=result.public_summary()["verdict"], run_id=run_id, out=str(out),
                    private_out=str(private_out), content_hash=data.content_hash,
-                   wall_seconds=round(time.perf_counter() - began), privacy=privacy, ledger_entries=len(entries),
-                   seeded_noise=config.seed is not None)
+                   privacy=privacy, ledger_entries=len(entries), seeded_noise=config.seed is not None)
+    # no wall time in the public summary: it depends on the members' lengths (the diagnostic's `seconds`)
     diagnostic = {key: result.summary()[key] for key in PRIVATE_AUDIT_KEYS}
     if ref is not None:
         summary["reference"] = {**{key: ref.summary()[key] for key in AUDIT_KEYS},

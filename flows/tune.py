@@ -82,7 +82,7 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
         "run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"], "model": config.model,
         "run_dir": paths["public"], "results": rows, "seeded_noise": seeded,
         "prompts": [{"epsilon": t["epsilon"], "training": t["training"], "path": t["prompt_path"],
-                     "seconds": t["seconds"], "curve": t["curve"]} for t in trained],
+                     "curve": t["curve"]} for t in trained],
         "prompt_shape": shape["shape"], "trainable_parameters": shape["parameters"],
         "ledger": charge, "ledger_after": ledger_report(config.ledger_id, run_id),
         "mlflow_run_ids": recorded["mlflow_run_ids"], "plans": [p.to_dict() for p in plans],

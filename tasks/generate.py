@@ -13,10 +13,10 @@ The plan of generation tasks (`GenerationItem`s) comes from the run's `FewShotPl
 Outputs: DP and instruction-only demos are DP/public outputs and go to the public stage
 folder; sigma = 0 demos carry no privacy guarantee, so they stay in the private store.
 The task result, its log lines and progress lines hold only public counters (steps,
-synthetic tokens, demos: functions of the DP outputs and the configuration) and the
-total time rounded to whole seconds. Counters that depend on the sampled records
-(prompts, prompt/forward/padded tokens, per-phase timings, tokens/s) go to a private
-`generation_stats.json` in the private stage folder (`private_stats_path`).
+synthetic tokens, demos: functions of the DP outputs and the configuration). Counters that
+depend on the sampled records (prompts, prompt/forward/padded tokens, the wall time and its
+phases, tokens/s) go to a private `generation_stats.json` in the private stage folder
+(`private_stats_path`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ class Shard(BaseModel):
     demos: int
     tokens: int
     steps: int
-    seconds: int
     seeded_noise: bool
     worker: str
     private_stats_path: str
@@ -210,16 +209,14 @@ def generate(
         {"method": method, "label": label, "epsilon": _eps_text(epsilon), "seconds": seconds,
          "stats": dict(result.stats), "private_stats": dict(result.private_stats)},
     )
-    # Wall-clock time depends on the records' lengths too: a weak timing channel, and one Prefect's own
-    # task-run timestamps expose anyway. Only the total, in whole seconds, is public; exact timings are private.
-    public_seconds = round(seconds)
+    # no wall time: it depends on the sampled groups' lengths (the private stats file keeps it)
     logger.info(
-        "generated %d %s demo(s) for label %s at epsilon %s (sigma %.4g) in about %d s, %d tokens",
-        len(frame), method, label, _eps_text(epsilon), noise_multiplier, public_seconds, tokens,
+        "generated %d %s demo(s) for label %s at epsilon %s (sigma %.4g), %d tokens",
+        len(frame), method, label, _eps_text(epsilon), noise_multiplier, tokens,
     )
     return Shard(key=key, method=method, label=label, epsilon=float(epsilon), noise_multiplier=float(noise_multiplier),
                  path=str(path), private=private, demos=len(frame), tokens=tokens,
-                 steps=int(result.stats.get("steps", 0)), seconds=public_seconds, seeded_noise=bool(result.seeded_noise),
+                 steps=int(result.stats.get("steps", 0)), seeded_noise=bool(result.seeded_noise),
                  worker=f"{socket.gethostname()}:{os.getpid()}", private_stats_path=str(stats_path))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 
 import numpy as np
@@ -108,8 +107,8 @@ def _user_dataset(folder: Path, longer: bool) -> tuple[Path, Path]:
 
 
 # Fields that legitimately differ between the two runs: where they wrote, the ledger identity we gave them,
-# the content hash (it identifies the dataset version by design) and the whole-second wall time.
-RUN_SPECIFIC = ("run_id", "out", "content_hash", "ledger_entry", "wall_seconds")
+# the content hash (it identifies the dataset version by design).
+RUN_SPECIFIC = ("run_id", "out", "content_hash", "ledger_entry")
 
 
 def test_cli_generate_public_outputs_are_identical_for_neighbouring_datasets(tiny_model_dir, tmp_path, cli,
@@ -142,7 +141,7 @@ def test_cli_generate_public_outputs_are_identical_for_neighbouring_datasets(tin
         assert "private_stats" not in a and "prompt_tokens" not in json.dumps(a)
     assert logs[0] == logs[1]
     assert reports[0]["stats"]["synthetic_tokens"] == sum(d["tokens"] for d in reports[0]["demos"])
-    assert isinstance(reports[0]["wall_seconds"], int)
+    assert "wall_seconds" not in reports[0] and "wall_seconds" not in texts[0]  # a timing of the records' work
     # ... while the private counters (private store only) differ: the longer record was sampled.
     assert private[1]["private_stats"]["prompt_tokens"] > private[0]["private_stats"]["prompt_tokens"]
 
@@ -199,16 +198,16 @@ def test_generate_task_result_and_logs_are_identical_for_neighbouring_datasets(t
         finally:
             for logger in watched:
                 logger.removeHandler(captured)
-        logs.append([re.sub(r"about \d+ s", "about N s", r.getMessage()) for r in captured.records
+        logs.append([r.getMessage() for r in captured.records
                      if r.name.startswith("dpcore.fewshot.generation")
                      or "generate-" in str(getattr(r, "task_run_name", ""))])
     results = [r.model_dump() for r in results]  # the task's result: a `tasks.generate.Shard`
     assert pd.read_parquet(results[0]["path"])["text"].tolist() == pd.read_parquet(results[1]["path"])["text"].tolist()
-    varying = ("key", "path", "private_stats_path", "seconds", "worker")
+    varying = ("key", "path", "private_stats_path", "worker")
     a, b = ({k: v for k, v in r.items() if k not in varying} for r in results)
     assert a == b and not {"forward_tokens_per_s", "prompt_tokens", "prompts"} & set(results[0])
     assert logs[0] == logs[1] and any("demos done" in line for line in logs[0])
-    assert isinstance(results[0]["seconds"], int)
+    assert "seconds" not in results[0]  # the wall time depends on the groups' lengths: private stats only
     # The record-dependent counters are kept, in the private store.
     stats = [json.loads(Path(r["private_stats_path"]).read_text()) for r in results]
     assert stats[1]["private_stats"]["prompt_tokens"] > stats[0]["private_stats"]["prompt_tokens"]

@@ -161,7 +161,7 @@ def test_the_run_table_names_raw_and_calibrated_accuracy_and_rounds_epsilons():
 
     row = {"method": "pate", "epsilon": 2.0570712345, "noise_multiplier": None, "accuracy_mean": 0.5,
            "accuracy_std": 0.01, "calibrated_accuracy_mean": 0.6, "calibrated_accuracy_std": 0.02, "n": 100,
-           "seeds": 1, "audit": None, "wall_seconds": 12}
+           "seeds": 1, "audit": None}
     summary = {"methods": ["tang", "pate"], "results": [row], "delta": 1.0e-5, "seeded_noise": False,
                "run_id": "r", "mlflow_run_id": "m", "tracking_uri": "sqlite://", "run_dir": "/x",
                "audit": {"ran": False},

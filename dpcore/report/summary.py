@@ -171,8 +171,7 @@ def jsonable_rows(table: pd.DataFrame) -> list[dict]:
 
 
 COMPARISON_COLUMNS = ["method", "epsilon", "delta", "noise_multiplier", "accuracy_mean",
-                      "accuracy_std", "calibrated_accuracy_mean", "calibrated_accuracy_std", "n", "audit",
-                      "wall_seconds"]
+                      "accuracy_std", "calibrated_accuracy_mean", "calibrated_accuracy_std", "n", "audit"]
 
 
 def with_audit_verdict(rows: list[dict], audits: list[dict]) -> list[dict]:
@@ -187,15 +186,15 @@ def with_audit_verdict(rows: list[dict], audits: list[dict]) -> list[dict]:
 
 
 def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: list[dict],
-                     wall_seconds: dict[str, float], delta: float | None = None) -> pd.DataFrame:
+                     delta: float | None = None) -> pd.DataFrame:
     """One row per (method, epsilon) over the three private-prompting methods run on the same test split:
     DP few-shot generation (`tang`, Tang et al.), PromptPATE (`pate`) and PromptDPSGD (`dpsgd`, Duan et
     al.), beside the references (zero-shot once, the non-private baselines). `epsilon` is what the
     ledger charged (PromptPATE's data-dependent bound is a non-DP statistic of the votes and stays in the
-    private store). `wall_seconds` is per method
-    (its own stages; None for references)."""
+    private store). No wall time: each method's depends on its private records (the private run folder
+    keeps them)."""
     rows, seen = [], set()
-    for source, source_rows in (("tang", tang_rows), ("pate", pate_rows), ("dpsgd", dpsgd_rows)):
+    for source_rows in (tang_rows, pate_rows, dpsgd_rows):
         for row in source_rows:
             method = method_name(row["method"])  # rows of an older run may say dp
             epsilon = float(row["epsilon"]) if row.get("epsilon") is not None else math.nan
@@ -211,8 +210,6 @@ def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: l
                                                            "calibrated_accuracy_mean", "calibrated_accuracy_std")},
                 "n": int(row["n"]) if row.get("n") is not None else None,
                 "audit": row.get("audit"),
-                "wall_seconds": round(float(wall_seconds[source])) if method == source and source in wall_seconds
-                else None,
             })
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
@@ -220,13 +217,13 @@ def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: l
 def comparison_markdown(run_id: str, table: pd.DataFrame, cost: dict | None = None) -> str:
     """The comparison table as markdown (the Prefect artifact of a multi-method run)."""
     lines = [f"# Private prompts compared, run `{run_id}`", "",
-             "| method | epsilon | accuracy | calibrated | audit | wall s |",
-             "|---|---|---|---|---|---|"]
+             "| method | epsilon | accuracy | calibrated | audit |",
+             "|---|---|---|---|---|"]
     for r in table.to_dict(orient="records"):
         lines.append(f"| {r['method']} | {epsilon_text(r['epsilon'])} | "
                      f"{_fmt(r['accuracy_mean'])} +/- {_fmt(r['accuracy_std'])} | "
                      f"{_fmt(r['calibrated_accuracy_mean'])} +/- {_fmt(r['calibrated_accuracy_std'])} | "
-                     f"{r['audit'] or '-'} | {_fmt(r['wall_seconds'], '.0f')} |")
+                     f"{r['audit'] or '-'} |")
     if cost:
         lines += ["", f"Planned cost of every method, composed as the ledger composes it: epsilon "
                       f"{_fmt(cost.get('epsilon'), '.4g')} at delta {_fmt(cost.get('delta'), '.3g')}."]

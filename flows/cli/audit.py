@@ -115,7 +115,7 @@ def _print_text(result, reference, summary: dict) -> None:
           f"{result.non_members_per_trial} non-members each, {100 * result.confidence:g}% intervals")
     if reference is not None:
         print(f"reference (non-private): {summary['reference']['verdict']}")
-    print(f"gate: {summary['verdict'].upper()} ({summary['wall_seconds']} s); wrote {summary['out']}")
+    print(f"gate: {summary['verdict'].upper()}; wrote {summary['out']}")
     for reason in result.reasons:
         print(f"  - {reason}")
     print(f"figures (AUC per attack, intervals, TPR, overlap): {summary['private_out']}/audit.json, in the private "

@@ -14,8 +14,8 @@ charged). The demos Parquet goes to `--out DIR` or
 `$DPICL_HOME/runs/<dataset>/<content_hash[:12]>/generate-<timestamp>/demos.parquet`,
 written atomically next to `generation.json` (privacy report, public counters) and a manifest.
 Only DP outputs, public counters (steps, synthetic tokens, demos) and public configuration are
-printed or written there; the total time is given in whole seconds only. Counters that depend on
-the private records (prompt/forward/padded tokens, prompts, per-phase timings, tokens/s) go to
+printed or written there. Counters that depend on the private records (prompt/forward/padded
+tokens, prompts, the wall time and its phases, tokens/s) go to
 `generation_stats.json` under `$DPICL_HOME/private/runs/<dataset>/<hash12>/<out folder name>/`.
 """
 
@@ -65,6 +65,6 @@ def run_generate(args) -> int:
         print(delta_note(config, summary["delta"]))
     for demo in demos:
         print(f"[{demo.label} #{demo.shot}] ({demo.tokens} tokens, {demo.stop_reason}) {demo.text}")
-    print(f"{summary['wall_seconds']} s, {summary['stats']['steps']} steps, {summary['stats']['synthetic_tokens']} "
+    print(f"{summary['stats']['steps']} steps, {summary['stats']['synthetic_tokens']} "
           f"synthetic tokens; wrote {Path(summary['out']) / 'demos.parquet'}")
     return 0

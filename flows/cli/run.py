@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from dpcore.config import AuditConfig, RunConfig
 from dpcore.display import fmt_delta, fmt_eps
@@ -114,11 +113,8 @@ def _config(args, defaults: dict | None = None) -> RunConfig:
 
 def format_results(summary: dict) -> str:
     """The results table: one line per (method, epsilon)."""
-    compared = len(summary.get("methods", ["tang"])) > 1 or summary.get("methods", ["tang"]) != ["tang"]
     header = (f"{'method':<17} {'epsilon':>7} {'sigma':>7} {'raw accuracy':>15} {'calibrated accuracy':>19} "
               f"{'audit':>12}")
-    if compared:
-        header += f" {'wall s':>7}"
     lines = [header, "-" * len(header)]
     for row in summary["results"]:
         eps = row["epsilon"]
@@ -128,8 +124,6 @@ def format_results(summary: dict) -> str:
             f"{_fmt(row['calibrated_accuracy_mean']) + ' +/- ' + _fmt(row['calibrated_accuracy_std']):>19} "
             f"{row.get('audit') or '-':>12}"
         )
-        if compared:
-            line += f" {_fmt(row.get('wall_seconds'), '.0f'):>7}"
         lines.append(line)
     verdict = summary["audit"]
     ledger_line = format_ledger(summary.get("ledger_after"))
@@ -246,16 +240,14 @@ def _run(args, defaults: dict | None = None) -> int:
     # The flow (Prefect, MLflow, the model's stack) loads here: not for `dpicl --help`, nor for a refusal above
     from flows.pipeline import run_pipeline
 
-    began = time.perf_counter()
+    # no wall time: generation, teacher votes and training take time that depends on the private records
     with stopping_on_signals(), showing_progress():
         summary = run_pipeline(config, run_id=args.run_id, plan=plan)
-    summary["wall_seconds"] = round(time.perf_counter() - began)
     summary["delta_note"] = delta_note(config, float(summary["delta"]))
     if args.json:
         print_json(summary)
     else:
         print(format_results(summary))
-        print(f"wall time:       {summary['wall_seconds']:.0f} s")
         print(format_next(summary))
         paid = verdict_line(summary.get("private_data_verdict"))
         if paid:  # last: the answer to "was it worth it"
