@@ -23,7 +23,7 @@ def _number(value, spec: str) -> str:
     if math.isinf(number):
         return "inf" if number > 0 else "-inf"
     text = format(number, spec)
-    if "e" in text and abs(number) >= 1:  # 12345.6 reads as 12346, not 1.235e+04
+    if "e" in text and 1 <= abs(number) < 1e16:  # 12345.6 reads as 12346, not 1.235e+04; 1e+300 stays short
         return f"{number:.0f}"
     return text
 

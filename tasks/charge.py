@@ -279,11 +279,12 @@ def ledger_spends(path: str | None, dataset_id: str | None = None, delta: float 
     return str(book.path), [book.spend(one, delta=delta) for one in ([dataset_id] if dataset_id else known)]
 
 
-def set_budget(path: str | None, dataset_id: str, epsilon: float, delta: float) -> tuple:
-    """Set or replace a dataset id's (epsilon, delta) budget: (the budget, the dataset's composed spend)."""
+def set_budget(path: str | None, dataset_id: str, epsilon: float, delta: float, allow_raise: bool = False) -> tuple:
+    """Set, lower or raise a dataset id's (epsilon, delta) budget (`dpcore.privacy.ledger.Ledger.set_budget`: raising
+    a spent budget needs `allow_raise`): (the change, the dataset's composed spend)."""
     book = ledger.Ledger(path)
-    budget = book.set_budget(dataset_id, epsilon, delta)
-    return budget, book.spend(dataset_id)
+    change = book.set_budget(dataset_id, epsilon, delta, allow_raise=allow_raise)
+    return change, book.spend(dataset_id)
 
 
 def record_spend(path: str | None, request: dict) -> tuple:

@@ -117,8 +117,9 @@ def test_refusal_at_budget_names_spend_cost_and_budget(ledger):
     assert f"budget epsilon={BUDGET_FOR_ONE:.4g}" in message and f"delta={DELTA:.4g}" in message
     assert len(ledger.entries("ds")) == 1 and not ledger.has_entry("run-2") and ledger.has_entry("run-1")
 
-    # A larger budget lets it through; a budget below the spend refuses everything after.
-    ledger.set_budget("ds", 3.0, DELTA)
+    # A larger budget (raised knowingly: it was spent on) lets it through; a budget below the spend refuses
+    # everything after.
+    ledger.set_budget("ds", 3.0, DELTA, allow_raise=True)
     _charge(ledger, "run-2")
     ledger.set_budget("ds", 1.0, DELTA)
     with pytest.raises(BudgetExceededError):
@@ -190,10 +191,31 @@ def test_invalid_charges_and_budgets_are_config_errors(ledger):
     for kwargs in bad:
         with pytest.raises(ConfigError):
             _charge(ledger, "r", **kwargs)
-    for eps, delta in [(math.inf, DELTA), (0.0, DELTA), (-1.0, DELTA), (1.0, 0.0), (1.0, 1.0)]:
+    for eps, delta in [(math.inf, DELTA), (0.0, DELTA), (-1.0, DELTA), (1.0, 0.0), (1.0, 1.0), (100.5, DELTA),
+                       (1e300, DELTA)]:
         with pytest.raises(ConfigError):
             ledger.set_budget("ds", eps, delta)
-    assert ledger.entries() == [] and ledger.get_budget("ds") is None
+    assert ledger.entries() == [] and ledger.get_budget("ds") is None and ledger.budget_history("ds") == []
+    assert ledger.set_budget("ds", 100.0, DELTA).epsilon == 100.0  # the largest epsilon a run is planned for
+
+
+def test_raising_a_spent_budget_is_explicit_and_every_change_is_kept(ledger):
+    assert ledger.set_budget("ds", 8.0, DELTA).change == "first"
+    assert ledger.set_budget("ds", 9.0, DELTA).change == "raised"  # nothing spent yet: an ordinary change
+    _charge(ledger, "run-1")
+    for epsilon, delta in ((100.0, DELTA), (9.0, 1e-3)):  # a larger epsilon, or a larger delta, is a raise
+        with pytest.raises(ConfigError, match="must be explicit: pass --raise") as refused:
+            ledger.set_budget("ds", epsilon, delta)
+        assert "budget epsilon 9 at delta 1e-05 has been spent on (1 entries)" in str(refused.value)
+    assert ledger.get_budget("ds").epsilon == 9.0 and len(ledger.budget_history("ds")) == 2  # nothing changed
+    assert ledger.set_budget("ds", 4.0, DELTA).change == "lowered"  # tightening is never refused
+    raised = ledger.set_budget("ds", 100.0, DELTA, allow_raise=True)
+    assert (raised.change, raised.previous_epsilon, raised.epsilon, raised.entries) == ("raised", 4.0, 100.0, 1)
+    assert raised.describe() == "raised from epsilon 4 at delta 1e-05 to epsilon 100 at delta 1e-05"
+    history = ledger.budget_history("ds")
+    assert [(c.change, c.previous_epsilon, c.epsilon, c.entries) for c in history] == [
+        ("first", None, 8.0, 0), ("raised", 8.0, 9.0, 0), ("lowered", 9.0, 4.0, 1), ("raised", 4.0, 100.0, 1)]
+    assert ledger.spend("ds").budget_history == tuple(history)
 
 
 def test_fifty_distinct_entries_compose_within_two_percent_of_dp_accountings_pld(ledger):
@@ -320,6 +342,34 @@ def test_cli_set_budget_show_and_refusal_exit_code(tmp_path, capsys):
     assert main(["ledger", "set-budget", "--dataset", "agnews", "--epsilon", "-1", "--delta", "1e-5",
                  "--ledger", path]) == 2
     assert "epsilon" in capsys.readouterr().err
+
+
+def test_cli_raising_a_spent_budget_needs_raise_and_prints_both_budgets(tmp_path, cli):
+    from dpcore.display import fmt_eps
+
+    path = str(tmp_path / "cli-ledger.db")
+    budget = ["ledger", "set-budget", "--dataset", "agnews", "--delta", str(DELTA), "--ledger", path]
+    assert cli([*budget, "--epsilon", "8"])[0] == 0
+    assert cli(["ledger", "charge", "--dataset", "agnews", "--run-id", "first", "--content-hash", "abc123",
+                "--noise-multiplier", str(SIGMA), "--sampling-rate", str(Q), "--steps", str(T), "--delta", str(DELTA),
+                "--ledger", path])[0] == 0
+    for epsilon, needle in (("100", "must be explicit: pass --raise"), ("1e300", "a budget is at most 100")):
+        code, out, err = cli([*budget, "--epsilon", epsilon])
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and needle in err, err
+        assert len(err) < 400  # never 300 digits
+    assert fmt_eps(1e300) == "1e+300"
+    code, out, _ = cli([*budget, "--epsilon", "100", "--raise"])
+    assert code == 0
+    assert ("budget of dataset agnews raised from epsilon 8 at delta 1e-05 to epsilon 100 at delta 1e-05 after 1 "
+            "entries spent on it (kept in the ledger's budget history)") in out
+    code, out, _ = cli(["ledger", "show", "--dataset", "agnews", "--ledger", path])
+    assert "budget history:" in out and "raised from epsilon 8 at delta 1e-05 to epsilon 100" in out
+    code, out, _ = cli(["ledger", "show", "--dataset", "agnews", "--ledger", path, "--json"])
+    history = json.loads(out)["budget_history"]
+    assert [(c["change"], c["previous_epsilon"], c["epsilon"], c["entries"]) for c in history] == [
+        ("first", None, 8.0, 0), ("raised", 8.0, 100.0, 1)]
+    code, out, _ = cli([*budget, "--epsilon", "50", "--json"])
+    assert code == 0 and json.loads(out)["budget_change"]["change"] == "lowered"
 
 
 # ----------------------------------------------------------------- fresh noise only under a fresh charge

@@ -58,7 +58,7 @@ def test_a_schema_2_ledger_opens_as_events_with_the_same_spend_and_rows(tmp_path
     before = json.loads((DATA / "ledger_schema2_show.json").read_text())["datasets"]
     book = Ledger(path)
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert "event" in _columns(path, "entries") and not {"mechanism", "steps"} & _columns(path, "entries")
     for old in before:
         spend = book.spend(old["dataset_id"], delta=old["delta"])
@@ -73,6 +73,10 @@ def test_a_schema_2_ledger_opens_as_events_with_the_same_spend_and_rows(tmp_path
     assert code == 0 and out == (DATA / "ledger_schema2_show.txt").read_text()
     code, out, _ = cli(["ledger", "show", "--ledger", str(path), "--json"])
     shown = json.loads(out)["datasets"]
+    # the old ledger's budget begins its history (a key the old contract did not have)
+    assert [[(c["change"], c["epsilon"], c["previous_epsilon"]) for c in new.pop("budget_history")]
+            for new in shown] == [[] if old["budget"] is None else [("first", old["budget"]["epsilon"], None)]
+                                  for old in before]
     for new, old in zip(shown, before, strict=True):
         assert all(entry.pop("event")["class_name"] == "SelfComposedDpEvent" for entry in new["entries"])
         assert _to_nine_digits(new) == _to_nine_digits(old)

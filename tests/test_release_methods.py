@@ -231,7 +231,7 @@ def test_the_teacher_contrast_is_refused_over_budget_before_any_teacher_prompt(s
     from flows.cli import main
 
     book = Ledger()
-    book.set_budget("release-pate-seeded", 1000.0, 1e-2)  # finite: the infinite spend of real records exceeds it
+    book.set_budget("release-pate-seeded", 100.0, 1e-2)  # finite: the infinite spend of real records exceeds it
     before = len(book.entries("release-pate-seeded"))
     capsys.readouterr()
     code = main(["release", "--run", seeded_pate_run["run_id"], "--method", "pate", "--teacher-reference",

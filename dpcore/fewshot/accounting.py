@@ -69,12 +69,12 @@ from dpcore.display import fmt_delta, fmt_sigma
 from dpcore.errors import ConfigError
 from dpcore.names import Mechanism, check_mechanism
 from dpcore.privacy import composition, memo
-from dpcore.privacy.composition import SIGMA_MAX, SIGMA_MIN, SIGMA_TOLERANCE, rnm_step_epsilon
+from dpcore.privacy.composition import MAX_EPSILON, SIGMA_MAX, SIGMA_MIN, SIGMA_TOLERANCE, rnm_step_epsilon
 from dpcore.privacy.memo import CacheDir
 
 logger = logging.getLogger(__name__)
 
-MAX_TARGET_EPSILON = 100.0       # larger targets are vacuous; epsilon = inf (sigma = 0) is the baseline
+MAX_TARGET_EPSILON = MAX_EPSILON  # larger targets are vacuous; epsilon = inf (sigma = 0) is the baseline
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,9 @@ PRV_MAX_GROUPS = 8               # more distinct events: prv-accountant (30 s at
 RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512])
 SIGMA_TOLERANCE = 1e-3           # calibration: bisection until the sigma bracket is this narrow
 SIGMA_MIN, SIGMA_MAX = 0.01, 1e4  # calibration search range (sigma is never searched below SIGMA_MIN)
+# The largest finite epsilon dpicl plans a run for or takes as a budget: beyond it a guarantee is vacuous
+# (epsilon = inf, sigma = 0, is the non-private baseline).
+MAX_EPSILON = 100.0
 
 NONPRIVATE = "nonprivate"
 Group = tuple[str, float, float, int]  # (step kind, noise multiplier sigma, sampling rate q, steps)

@@ -1,8 +1,11 @@
 """The privacy budget ledger: every spend of a dataset's privacy, composed.
 
-One SQLite file (`$DPICL_HOME/ledger.db` unless a path is given) with three tables:
+One SQLite file (`$DPICL_HOME/ledger.db` unless a path is given) with four tables:
 
     budgets(dataset_id, epsilon, delta, set_at)       one budget per dataset id
+    budget_changes(id, dataset_id, epsilon, delta,    every budget set, raised or lowered, in order
+            previous_epsilon, previous_delta, change,
+            entries, set_at)
     entries(id, dataset_id, content_hash, run_id, event, delta, epsilon_upper,
             purpose, status, created_at)              one spend each (`dpcore.privacy.spend.Spend`)
     record_sets(content_hash, records, sketch)        what each content hash's records are
@@ -11,10 +14,11 @@ An entry's `event` is its privacy event as JSON (`dpcore.privacy.events.event_to
 event classes and ours), so any event the accountants compose is stored as it is, without a schema
 change: a generation's Poisson-sampled steps, a composed PromptPATE round, a Laplace release. The
 mechanism, sigma, q and T that `dpicl ledger show` prints are read back from the event
-(`Spend.mechanism` ...; None for an event of another shape). Schema 3; a ledger of schema 1 or 2
+(`Spend.mechanism` ...; None for an event of another shape). Schema 4; a ledger of schema 1 or 2
 (flat mechanism, noise_multiplier, sampling_rate, steps columns) is converted when opened, in one
 transaction: each row becomes the event those columns describe (`sampled_steps_event`), ids,
-times and statuses kept; a row that cannot be converted leaves the file as it was.
+times and statuses kept; a row that cannot be converted leaves the file as it was. A ledger of
+schema 3 and earlier gains `budget_changes`, its budgets as their first rows.
 
 Identity. `dataset_id` is a stable name the user chooses (default: the dataset name,
 `RunConfig.ledger_id`). It names a population of people, not a file: a data refresh that
@@ -66,6 +70,13 @@ inside it when the dataset's entries or budget changed meanwhile. A dataset with
 budget records every charge and refuses none (including sigma = 0, which shows as an
 infinite spend); once a budget is set, a charge that makes the spend exceed it (any
 sigma = 0 charge, in particular) is refused.
+
+Budget changes. A budget is a finite epsilon in (0, MAX_EPSILON] (`dpcore.privacy.composition`: the
+largest epsilon a run is planned for) at a delta in (0, 1). Lowering a budget, or setting one where
+nothing was spent, is ordinary; raising one (a larger epsilon or a larger delta) that entries already
+spend on is refused (`ConfigError`) unless the caller says so (`allow_raise`). Every change, whichever
+kind, is one row of `budget_changes` with the budget before and after, in the same transaction as the
+budget itself (`Ledger.budget_history`).
 """
 
 from __future__ import annotations
@@ -89,8 +100,9 @@ from dpcore.privacy.spend import Spend
 STATUS_CHARGED = "charged"
 
 LEDGER_FILENAME = "ledger.db"
-# 2: record_sets (an older ledger gains the table when opened); 3: entries hold events (converted when opened)
-SCHEMA_VERSION = 3
+# 2: record_sets (an older ledger gains the table when opened); 3: entries hold events (converted when opened);
+# 4: budget_changes (an older ledger gains the table, its budgets as first rows)
+SCHEMA_VERSION = 4
 # A writer may hold the lock while it composes (seconds, rarely tens of seconds): wait for it.
 LOCK_TIMEOUT_S = 600.0
 
@@ -125,6 +137,18 @@ CREATE TABLE IF NOT EXISTS record_sets (
     records      INTEGER NOT NULL,
     sketch       TEXT    NOT NULL
 );
+CREATE TABLE IF NOT EXISTS budget_changes (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    dataset_id       TEXT    NOT NULL,
+    epsilon          REAL    NOT NULL,
+    delta            REAL    NOT NULL,
+    previous_epsilon REAL,
+    previous_delta   REAL,
+    change           TEXT    NOT NULL,
+    entries          INTEGER NOT NULL,
+    set_at           TEXT    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS budget_changes_by_dataset ON budget_changes (dataset_id);
 """
 
 _ENTRY_COLUMNS = ("id", "dataset_id", "content_hash", "run_id", "event", "delta", "epsilon_upper", "purpose",
@@ -147,6 +171,63 @@ class Budget:
         return asdict(self)
 
 
+# What a budget change did (`BudgetChange.change`): the first budget of a dataset id, a larger epsilon or
+# delta (looser), a smaller one in both (tighter), or the same budget again.
+BUDGET_CHANGES = ("first", "raised", "lowered", "unchanged")
+
+
+@dataclass(frozen=True)
+class BudgetChange:
+    """One row of a dataset's budget history: the budget after (`epsilon` at `delta`), the one before (None:
+    there was none), what kind of change it was (`BUDGET_CHANGES`) and how many entries the dataset had then."""
+
+    dataset_id: str
+    epsilon: float
+    delta: float
+    previous_epsilon: float | None
+    previous_delta: float | None
+    change: str
+    entries: int
+    set_at: str
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.dataset_id, self.epsilon, self.delta, self.set_at)
+
+    @property
+    def raised_spent_budget(self) -> bool:
+        """A raise of a budget that entries already spent on (what `allow_raise` must say)."""
+        return self.change == "raised" and self.entries > 0
+
+    def describe(self) -> str:
+        """The change for a person: `raised from epsilon 8 at delta 1e-06 to epsilon 10 at delta 1e-06`."""
+        after = f"epsilon {fmt_eps(self.epsilon)} at delta {fmt_delta(self.delta)}"
+        if self.previous_epsilon is None:
+            return f"set to {after}"
+        before = f"epsilon {fmt_eps(self.previous_epsilon)} at delta {fmt_delta(self.previous_delta)}"
+        if self.change == "unchanged":
+            return f"kept at {after}"
+        return f"{self.change} from {before} to {after}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def budget_change(dataset_id: str, epsilon: float, delta: float, previous: Budget | None, entries: int,
+                  set_at: str) -> BudgetChange:
+    """The change from `previous` to (epsilon, delta): looser in either number is a raise."""
+    if previous is None:
+        change = "first"
+    elif epsilon > previous.epsilon or delta > previous.delta:
+        change = "raised"
+    elif (epsilon, delta) == (previous.epsilon, previous.delta):
+        change = "unchanged"
+    else:
+        change = "lowered"
+    return BudgetChange(dataset_id, epsilon, delta, None if previous is None else previous.epsilon,
+                        None if previous is None else previous.delta, change, int(entries), set_at)
+
+
 @dataclass(frozen=True)
 class DatasetSpend:
     """A dataset's total composed spend (`epsilon` at `delta`) and the entries it composes."""
@@ -160,6 +241,7 @@ class DatasetSpend:
     epsilon_pld: float | None = None
     crosscheck_agreed: bool = True
     warnings: tuple[str, ...] = ()
+    budget_history: tuple[BudgetChange, ...] = ()  # every change of the budget, oldest first
 
     @property
     def remaining(self) -> float | None:
@@ -179,6 +261,7 @@ class DatasetSpend:
             "epsilon_pld": self.epsilon_pld,
             "crosscheck_agreed": self.crosscheck_agreed,
             "warnings": list(self.warnings),
+            "budget_history": [change.to_dict() for change in self.budget_history],
             "entries": [entry.to_dict() for entry in self.entries],
         }
 
@@ -210,7 +293,10 @@ def _check_budget(epsilon, delta) -> tuple[float, float]:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"budget: epsilon and delta must be numbers, got {epsilon!r}, {delta!r}") from exc
     if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ConfigError(f"epsilon: a budget must be a finite epsilon > 0, got {epsilon}")
+        raise ConfigError(f"epsilon: a budget must be a finite epsilon > 0, got {fmt_eps(epsilon)}")
+    if epsilon > composition.MAX_EPSILON:
+        raise ConfigError(f"epsilon: a budget is at most {composition.MAX_EPSILON:g}, the largest epsilon a run is "
+                          f"planned for (larger is a vacuous guarantee), got {epsilon:.4g}")
     if not 0 < delta < 1:
         raise ConfigError(f"delta: a budget's delta must be in (0, 1), got {delta}")
     return epsilon, delta
@@ -382,25 +468,42 @@ class Ledger:
 
     # -- budgets
 
-    def set_budget(self, dataset_id: str, epsilon: float, delta: float) -> Budget:
-        """Set (or replace) a dataset's budget. A budget below the current spend refuses every later charge."""
+    def set_budget(self, dataset_id: str, epsilon: float, delta: float, allow_raise: bool = False) -> BudgetChange:
+        """Set, lower or raise a dataset's budget, the change kept in its history (`budget_history`), in one
+        transaction. A budget below the current spend refuses every later charge. Raising a budget (a larger
+        epsilon or delta) that entries already spend on is refused (`ConfigError`, nothing changed) unless
+        `allow_raise`."""
         _check_dataset_id(dataset_id)
         epsilon, delta = _check_budget(epsilon, delta)
-        budget = Budget(dataset_id, epsilon, delta, _now())
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
+            previous = _read_budget(conn, dataset_id)
+            entries = _entry_count(conn, dataset_id)
+            change = budget_change(dataset_id, epsilon, delta, previous, entries, _now())
+            if change.raised_spent_budget and not allow_raise:
+                conn.execute("ROLLBACK")
+                raise ConfigError(f"dataset {dataset_id}: its budget epsilon {fmt_eps(previous.epsilon)} at delta "
+                                  f"{fmt_delta(previous.delta)} has been spent on ({entries} entries); raising it to "
+                                  f"epsilon {fmt_eps(epsilon)} at delta {fmt_delta(delta)} must be explicit: pass "
+                                  "--raise (the change is kept in the ledger's budget history); nothing changed")
             conn.execute(
                 "INSERT INTO budgets (dataset_id, epsilon, delta, set_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(dataset_id) DO UPDATE SET epsilon=excluded.epsilon, delta=excluded.delta, "
                 "set_at=excluded.set_at",
-                (budget.dataset_id, budget.epsilon, budget.delta, budget.set_at),
+                (dataset_id, epsilon, delta, change.set_at),
             )
+            _insert_change(conn, change)
             conn.execute("COMMIT")
-        return budget
+        return change
 
     def get_budget(self, dataset_id: str) -> Budget | None:
         with self._connect() as conn:
             return _read_budget(conn, dataset_id)
+
+    def budget_history(self, dataset_id: str) -> list[BudgetChange]:
+        """Every change of the dataset's budget, oldest first."""
+        with self._connect() as conn:
+            return _read_budget_history(conn, dataset_id)
 
     # -- reads
 
@@ -434,7 +537,8 @@ class Ledger:
         with self._connect() as conn:
             entries = _read_entries(conn, dataset_id)
             budget = _read_budget(conn, dataset_id)
-        return _spend(dataset_id, entries, budget, delta)
+            history = _read_budget_history(conn, dataset_id)
+        return dataclasses.replace(_spend(dataset_id, entries, budget, delta), budget_history=tuple(history))
 
     def projected_spend(self, requests: Sequence[Spend], delta: float | None = None) -> DatasetSpend:
         """The spend the dataset would have after these charges (nothing is recorded; no check)."""
@@ -577,9 +681,16 @@ def _upgrade(conn: sqlite3.Connection, path: Path) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(entries)")}
     if "mechanism" in columns:
         _convert_flat_entries(conn, path)
+    had_history = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'budget_changes'"
+                               ).fetchone() is not None
     for statement in _SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
+    if not had_history:  # the budgets of an older ledger begin their history
+        for dataset_id, epsilon, delta, set_at in conn.execute(
+                "SELECT dataset_id, epsilon, delta, set_at FROM budgets ORDER BY set_at, dataset_id").fetchall():
+            _insert_change(conn, BudgetChange(dataset_id, float(epsilon), float(delta), None, None, "first",
+                                              _entry_count(conn, dataset_id), set_at))
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
@@ -661,6 +772,26 @@ def _read_budget(conn: sqlite3.Connection, dataset_id: str) -> Budget | None:
     return None if row is None else Budget(row[0], float(row[1]), float(row[2]), row[3])
 
 
+_CHANGE_COLUMNS = ("dataset_id", "epsilon", "delta", "previous_epsilon", "previous_delta", "change", "entries",
+                   "set_at")
+
+
+def _insert_change(conn: sqlite3.Connection, change: BudgetChange) -> None:
+    conn.execute(f"INSERT INTO budget_changes ({', '.join(_CHANGE_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                 tuple(getattr(change, column) for column in _CHANGE_COLUMNS))
+
+
+def _read_budget_history(conn: sqlite3.Connection, dataset_id: str) -> list[BudgetChange]:
+    rows = conn.execute(f"SELECT {', '.join(_CHANGE_COLUMNS)} FROM budget_changes WHERE dataset_id = ? ORDER BY id",
+                        (dataset_id,)).fetchall()
+    return [BudgetChange(row[0], float(row[1]), float(row[2]), None if row[3] is None else float(row[3]),
+                         None if row[4] is None else float(row[4]), row[5], int(row[6]), row[7]) for row in rows]
+
+
+def _entry_count(conn: sqlite3.Connection, dataset_id: str) -> int:
+    return int(conn.execute("SELECT COUNT(*) FROM entries WHERE dataset_id = ?", (dataset_id,)).fetchone()[0])
+
+
 def _records_owner(conn: sqlite3.Connection, dataset_id: str, content_hash: str) -> str | None:
     """Another dataset id with a budget that already spends on (largely) the records of `content_hash`,
     when `dataset_id` itself has spent on none of them; else None. An id without a budget guards nothing
@@ -730,6 +861,6 @@ def _refusal(dataset_id: str, entries: list[Spend], requests: Sequence[Spend], b
 
 
 __all__ = [
-    "Budget", "ChargeOutcome", "Composition", "DatasetSpend", "Ledger", "PURPOSES", "SCHEMA_VERSION", "Spend",
+    "BUDGET_CHANGES", "Budget", "BudgetChange", "ChargeOutcome", "Composition", "DatasetSpend", "Ledger", "PURPOSES", "SCHEMA_VERSION", "Spend",
     "compose_epsilon", "entries_holding", "matching_entries", "rnm_step_epsilon", "same_event", "same_spend", "unrecorded",
 ]

@@ -1,10 +1,12 @@
 """CLI: `dpicl ledger show | set-budget | charge` (the privacy budget ledger).
 
     dpicl ledger show [--dataset ID] [--delta D] [--json]
-    dpicl ledger set-budget --dataset ID --epsilon E --delta D [--json]
+    dpicl ledger set-budget --dataset ID --epsilon E --delta D [--raise] [--json]
     dpicl ledger charge --dataset ID --run-id R --content-hash H --noise-multiplier S
                         --sampling-rate Q --steps T --delta D [--mechanism gaussian|rnm] [--purpose P]
 
+`set-budget` raising a budget that entries already spend on (a larger epsilon or delta) needs `--raise`;
+every change is printed with the budget before and after and kept in the ledger's budget history.
 `charge` records a spend made outside dpicl (a notebook run of the same mechanism) so the
 ledger stays complete; it is refused, exit code 3, when it would exceed the budget.
 Every subcommand takes `--ledger PATH` (default `$DPICL_HOME/ledger.db`).
@@ -32,10 +34,14 @@ def register(subparsers) -> None:
                       help="compose at this delta (default: the budget's delta, else the smallest entry delta)")
     _common(show)
 
-    budget = command(actions, "set-budget", _set_budget, help="set or replace a dataset's (epsilon, delta) budget")
+    budget = command(actions, "set-budget", _set_budget, help="set, lower or raise a dataset's (epsilon, delta) budget")
     budget.add_argument("--dataset", dest="dataset_id", required=True, help="dataset id (default id: the dataset name)")
-    budget.add_argument("--epsilon", type=float, required=True, help="total epsilon the dataset may spend")
+    budget.add_argument("--epsilon", type=float, required=True,
+                        help="total epsilon the dataset may spend (at most 100, the largest a run is planned for)")
     budget.add_argument("--delta", type=float, required=True, help="the delta the total is measured at")
+    budget.add_argument("--raise", dest="allow_raise", action="store_true",
+                        help="raise a budget that has been spent on (a larger epsilon or delta); without it such a "
+                             "raise is refused")
     _common(budget)
 
     charge = command(actions, "charge", _charge, help="record a spend made outside dpicl (refused beyond the budget)")
@@ -91,6 +97,10 @@ def _print_spend(spend) -> None:
     note = delta_note(spend)
     if note:
         print(f"  {note}")
+    if any(change.change != "first" for change in spend.budget_history):  # a budget set once says it above
+        print("  budget history:")
+        for change in spend.budget_history:
+            print(f"    {change.set_at}  {change.describe()} ({change.entries} entries then)")
     if spend.entries:
         header = ("id", "created_at", "run_id", "purpose", "mechanism", "sigma", "q", "T", "delta",
                   "epsilon_alone(own delta)", "content_hash")
@@ -126,11 +136,13 @@ def _set_budget(args) -> int:
     # dp-accounting loads here, not for `dpicl --help`
     from tasks.charge import set_budget
 
-    budget, spend = set_budget(args.ledger_path, args.dataset_id, args.epsilon, args.delta)
+    change, spend = set_budget(args.ledger_path, args.dataset_id, args.epsilon, args.delta, args.allow_raise)
     if args.json:
-        print_json(spend.to_dict())
+        print_json({**spend.to_dict(), "budget_change": change.to_dict()})
         return 0
-    print(f"budget of dataset {budget.dataset_id} set: epsilon {_fmt(budget.epsilon)} at delta {fmt_delta(budget.delta)}")
+    budget = change.budget
+    spent = f" after {change.entries} entries spent on it" if change.entries else ""
+    print(f"budget of dataset {budget.dataset_id} {change.describe()}{spent} (kept in the ledger's budget history)")
     print(_summary(spend))
     if spend.epsilon > budget.epsilon:
         print("  note: the current spend already exceeds this budget: every further charge is refused")
