@@ -5,6 +5,7 @@
 - `subprocess_env`: the environment of a `dpicl` subprocess on a fresh home;
 - `mini_agnews`: a small user-format AG News dataset (CSV + task YAML), so runs exercise
   the user-data path and stay fast (400 private records, 40 test items);
+- `write_hub_task`: a local hub-type source (a folder of Parquet files) and its task YAML;
 - `tiny_config`: a RunConfig on the tiny random model sized for seconds per run;
 - `standard_run`: one seeded pipeline run with audit, shared by the test files that only read it.
 """
@@ -118,6 +119,33 @@ def share_tiny_model(tiny_lm) -> None:
     with common._MODELS_LOCK:
         for device in ("auto", "cpu"):
             common._MODELS[("tiny-random", device, "auto")] = tiny_lm
+
+
+def write_hub_task(folder: Path, frame: pd.DataFrame, name: str = "hubtask",
+                   test_frame: pd.DataFrame | None = None) -> Path:
+    """A local hub-type source and its task spec; returns the spec's path (`dpicl run --task-spec SPEC
+    --dataset NAME` runs on it, offline, with no --data-path).
+
+    `frame` (columns `text`, `label`, and `id` when the records have ids) is written as the dataset's
+    `train` split under `folder/NAME-data/` (a folder of Parquet files `datasets.load_dataset` reads);
+    `test_frame`, when given, as its `test` split (the loader merges the splits). The spec is AG News's
+    prompts with the frame's labels, each its own verbalizer, and a 0.2 seeded test split."""
+    data = folder / f"{name}-data"
+    data.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(data / "train.parquet", index=False)
+    splits = ["train"]
+    if test_frame is not None:
+        test_frame.to_parquet(data / "test.parquet", index=False)
+        splits.append("test")
+    labels = sorted(set(frame["label"]) | (set(test_frame["label"]) if test_frame is not None else set()))
+    spec = yaml.safe_load((TASKS_DIR / "agnews.yaml").read_text())
+    spec.update(name=name, description=f"{len(frame)} records from a local hub-type folder (tests)",
+                source={"type": "hub", "path": str(data), "splits": splits, "text_column": "text",
+                        "label_column": "label", **({"id_column": "id"} if "id" in frame.columns else {})},
+                split={"test_size": 0.2, "seed": 0}, labels={str(label): str(label) for label in labels})
+    spec_path = folder / f"{name}.yaml"
+    spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return spec_path
 
 
 @functools.cache

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import pickletools
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,6 +22,7 @@ from dpcore.data.datasets import (
 )
 from dpcore.data.taskspec import load_task_spec, shipped_task_names
 from dpcore.errors import ConfigError, DataValidationError
+from dpcore.home import is_private_path
 
 
 def write_csv(path, rows):
@@ -315,12 +317,20 @@ def test_hub_loader_with_class_labels(monkeypatch):
         ),
         "test": hf.Dataset.from_dict({"content": ["t1", "t2"], "label": [0, 1]}),
     }
-    monkeypatch.setattr(hf, "load_dataset", lambda path, name=None, split=None: parts[split])
+    caches = []
+
+    def fake_hub(path, name=None, split=None, cache_dir=None):
+        caches.append(cache_dir)
+        return parts[split]
+
+    monkeypatch.setattr(hf, "load_dataset", fake_hub)
     spec = load_task_spec("dbpedia")
     spec = spec.model_copy(update={"split": spec.split.model_copy(update={"test_size": 0.1})})
     data = load_dataset(spec)
     assert len(data.train) + len(data.test) == 32
     assert set(data.train["label"]) <= set(spec.label_names)
+    # not the shipped spec any more, so possibly a user's records: `datasets` caches them in the private store
+    assert caches and all(is_private_path(Path(cache)) for cache in caches)
 
 
 def test_hub_loader_bio_slots(monkeypatch):
@@ -333,7 +343,7 @@ def test_hub_loader_bio_slots(monkeypatch):
     rows = {"tokens": [["a", "science", "fiction", "film"], ["by", "nolan"], ["a", "comedy"]] * 4,
             "tags": [[0, 1, 2, 0], [0, 3], [0, 1]] * 4}
     part = hf.Dataset.from_dict(rows, features=features)
-    monkeypatch.setattr(hf, "load_dataset", lambda path, name=None, split=None: part)
+    monkeypatch.setattr(hf, "load_dataset", lambda path, name=None, split=None, cache_dir=None: part)
     spec = load_task_spec("mit-g")
     spec = spec.model_copy(update={"split": spec.split.model_copy(update={"test_size": 0.2})})
     data = load_dataset(spec)

