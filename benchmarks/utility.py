@@ -274,7 +274,7 @@ class Bench:
             print(f"[pate {row['dataset']}] E {row['teachers']}, Q {row['queries']} x {row['repeats']}: answered "
                   f"{[r['answered'] for r in row['per_repeat']]}, calibrated accuracy {row['calibrated_accuracy']} "
                   f"(raw {row['accuracy']}); epsilon charged {row['epsilon_charged']:.1f}, data-dependent "
-                  f"{row['epsilon_data_dependent']:.3f}, GNSS release {row['epsilon_released_gnss']}; flock "
+                  f"{row['epsilon_data_dependent']:.3f}, released bound {row['epsilon_released_bound']}; flock "
                   f"{row['flock_seconds']:.0f} s, {row['seconds']:.0f} s", flush=True)
         elif row["phase"] == "zero-shot":
             print(f"[{row['dataset']} {row['split']}] zero-shot: raw {row['accuracy']:.3f}, calibrated "
@@ -331,29 +331,30 @@ def table(bench: Bench, args, recipe: dict, grid: dict) -> list[dict]:
     return rows
 
 
-# The smooth-sensitivity release of the data-dependent epsilon (Papernot et al. 2018, GNSS) at parameters
-# fixed here, before any vote is seen: order 15 (at sigma2 = 20 the analysis's condition C6 fails from order
-# 20 on), beta 0.03 (below 1 / (2 order)), sigma_ss 10.
-GNSS_ORDER, GNSS_BETA, GNSS_SIGMA = 15.0, 0.03, 10.0
-
-
 def pate_row(bench: Bench, args, name: str) -> dict:
     """PromptPATE (Duan et al. Algorithm 2) on one dataset at the --pate-* sizes, as `dpicl pate` runs it
     (disjoint one-shot teachers keyed by record id, calibrated votes on IID public queries, Confident-GNMax
     with sigma1 from the task YAML, R repeats of fresh noise, the best of the candidate students on its
     answered queries), scored on the first --test-size test items. Three epsilons per row: the
     data-independent bound the ledger charges (all repeats), the data-dependent bound (Papernot et al. 2018,
-    not DP: Duan et al. Table 2's figure), and that bound released through smooth sensitivity (GNSS at the
-    fixed order, beta and sigma_ss above). Votes, histograms and noise never leave this process."""
+    not DP: Duan et al. Table 2's figure), and what `--accounting data-dependent` charges: the GNSS release of an
+    upper bound on it with its failure probability (`dpcore.pate.released_cost`, its default order, beta,
+    sigma_ss and delta0). Votes, histograms and noise never leave this process."""
     import numpy as np
     import torch
 
     from dpcore.pate import flock, gnmax, public_queries
     from dpcore.pate.data_dependent import data_dependent_epsilon, epsilon_from_rdp
     from dpcore.pate.privacy import data_independent_epsilon
-    from dpcore.pate.smooth_sensitivity import release_data_dependent_epsilon
+    from dpcore.pate.released_cost import (
+        labelling_spend,
+        release_parameters,
+        release_spends,
+        released_labelling_rdp,
+    )
     from dpcore.pate.student import select_student, student_candidates
     from dpcore.pate.teachers import assign_teachers
+    from dpcore.privacy.composition import compose
 
     zero_shot = bench.zero_shot_row(name, "test", args.test_size)
     d = bench.dataset(name)
@@ -397,13 +398,17 @@ def pate_row(bench: Bench, args, name: str) -> dict:
             out.update(bench.evaluate(name, "test", args.test_size, "pate", math.inf, demos=demos, shots=shots))
         repeats_out.append(out)
         print(f"[pate {name}] repeat {repeat}: {out}", flush=True)
-    try:
-        released = release_data_dependent_epsilon(
-            np.concatenate([histograms] * repeats), np.concatenate(masks), teachers=teachers, threshold=threshold,
-            sigma1=sigma1, sigma2=sigma2, delta=delta, order=GNSS_ORDER, beta=GNSS_BETA, sigma_ss=GNSS_SIGMA,
-            rng=np.random.default_rng(_seed("pate-gnss", name))).epsilon
+    try:  # the charge `--accounting data-dependent` makes: the release, its failure and the released bound
+        gnss_release = release_parameters(sigma2, len(labels), delta)
+        bound = released_labelling_rdp(histograms, masks, teachers=teachers, threshold=threshold, sigma1=sigma1,
+                                       sigma2=sigma2, delta=delta, release=gnss_release,
+                                       rng=np.random.default_rng(_seed("pate-gnss", name)))
+        released = compose([*(s.event for s in release_spends(gnss_release)),
+                            labelling_spend(gnss_release, bound).event], delta).epsilon
+        gnss = {"order": gnss_release.order, "beta": gnss_release.beta, "sigma_ss": gnss_release.sigma_ss,
+                "delta0": gnss_release.delta0, "released_rdp": bound}
     except Exception as error:  # noqa: BLE001 - the analysis's conditions can fail at these parameters
-        released = f"not applicable: {error}"
+        released, gnss = f"not applicable: {error}", {}
     if bench.lm.device.type == "cuda":
         torch.cuda.synchronize()
     done = [r for r in repeats_out if r["accuracy"] is not None]
@@ -412,7 +417,7 @@ def pate_row(bench: Bench, args, name: str) -> dict:
            "public": where, "student_candidates": args.pate_candidates,
            "epsilon_charged": data_independent_epsilon(sigma1, sigma2, len(queries) * repeats, delta),
            "epsilon_data_dependent": epsilon_from_rdp(report.orders, total_rdp, delta)[0],
-           "epsilon_released_gnss": released, "gnss": {"order": GNSS_ORDER, "beta": GNSS_BETA, "sigma_ss": GNSS_SIGMA},
+           "epsilon_released_bound": released, "gnss": gnss,
            "per_repeat": repeats_out, "n": done[0]["n"] if done else 0,
            "zero_shot": {k: zero_shot[k] for k in ("accuracy", "calibrated_accuracy")},
            "accuracy": float(np.mean([r["accuracy"] for r in done])) if done else None,

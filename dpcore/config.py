@@ -207,13 +207,17 @@ class RunConfig(_Frozen):
     pate_accounting: PateAccounting = Field(
         "data-independent", description="how the labelling is charged: data-independent (its bound for any votes, "
         "charged before any teacher votes: the default) or data-dependent (Papernot et al. 2018: the "
-        "smooth-sensitivity release is charged before any teacher votes, the released data-dependent cost after "
-        "the labelling and before any label is published; over the epsilon asked, nothing is published)")
+        "smooth-sensitivity release of an upper bound on the labelling's data-dependent cost, which fails with "
+        "probability delta0 added to delta, is charged before any teacher votes, the released bound after the "
+        "labelling and before any label is published; over the epsilon asked, nothing is published)")
     pate_gnss_order: float | None = Field(None, gt=1, description="data-dependent: the Renyi order of the release "
                                           "(default: the largest of 2-64 where the analysis applies at sigma2)")
     pate_gnss_beta: float | None = Field(None, gt=0, description="data-dependent: the smoothness beta (default "
-                                         "0.4 / order)")
+                                         "0.4 / order, lowered so the bound's noise is at most twice sigma_ss)")
     pate_gnss_sigma: float = Field(10.0, gt=0, description="data-dependent: sigma_ss, the release's noise scale")
+    pate_gnss_delta0: float | None = Field(None, gt=0, lt=1, description="data-dependent: the probability that "
+                                           "the released upper bound falls below the labelling's data-dependent "
+                                           "cost, part of delta (default: half the run's delta)")
     pate_repeats: int = Field(3, ge=1, description="noisy labellings and student choices (fresh noise each); "
                               "accuracy is mean +/- std over them, each charged")
     pate_student_candidates: int | None = Field(None, ge=1, description="candidate student prompts evaluated on "

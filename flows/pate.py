@@ -126,6 +126,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         "accounting": settings["accounting"],
         "epsilon_data_independent": plans[0].parameters["epsilon_data_independent"],
         "released_rdp": plans[0].parameters.get("released_rdp"),
+        "gnss_delta0": plans[0].parameters.get("gnss_delta0"),
         "delta": plan.delta,
         "queries": per_repeat,
         "queries_requested": settings["queries"],
@@ -219,13 +220,14 @@ def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: d
 
 
 def _settle(config: RunConfig, ingested: dict, plan: _Plan, released_rdp: float, run_id: str) -> _Plan:
-    """Data-dependent accounting: the labelling charged at its released cost (`dpcore.pate.released_cost`),
-    refused (nothing published) over the epsilon asked or the dataset's budget."""
+    """Data-dependent accounting: the labelling charged at the released upper bound on its cost
+    (`dpcore.pate.released_cost`), refused (nothing published) over the epsilon asked or the dataset's budget."""
     settled = settled_plan(plan.plans[0], released_rdp)
     charge_plans(config.ledger_id, ingested["data_hash"], run_id, [settled],
                  same_records_ok=config.new_budget_for_same_records)
-    get_run_logger().info("ledger %s: PromptPATE labelling charged at its released data-dependent cost: the run's "
-                          "PromptPATE epsilon %.4g at delta %.3g", config.ledger_id, settled.epsilon, plan.delta)
+    get_run_logger().info("ledger %s: PromptPATE labelling charged at the released upper bound on its data-dependent "
+                          "cost: the run's PromptPATE epsilon %.4g at delta %.3g", config.ledger_id, settled.epsilon,
+                          plan.delta)
     return dataclasses.replace(plan, plans=[settled, *plan.plans[1:]])
 
 

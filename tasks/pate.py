@@ -68,7 +68,7 @@ STUDENT_KEY = ("labels_key", "repeat", "task_spec", "labels", "shots", "candidat
 # --------------------------------------------------------------------------- inputs and checks (no task)
 
 
-def pate_settings(config, spec) -> dict:
+def pate_settings(config, spec, delta: float) -> dict:
     """The Confident-GNMax parameters of a run: every unset pate_* field from the preset (`pate_preset`, by
     device when auto: `dpcore.pate.presets`), sigma1 then from the task YAML; T defaults to round(0.9 E).
     `queries`: the most each repeat may label (the plan labels what its epsilon affords)."""
@@ -87,8 +87,10 @@ def pate_settings(config, spec) -> dict:
                 "accounting": config.pate_accounting}
     if config.pate_accounting == ACCOUNTING:  # the release's parameters, from public settings alone
         release = release_parameters(settings["sigma2"], gnmax.vote_classes(spec.label_names, config.pate_vote_mode),
-                                     config.pate_gnss_order, config.pate_gnss_beta, config.pate_gnss_sigma)
-        settings["gnss"] = {"order": release.order, "beta": release.beta, "sigma_ss": release.sigma_ss}
+                                     delta, config.pate_gnss_order, config.pate_gnss_beta, config.pate_gnss_sigma,
+                                     config.pate_gnss_delta0)
+        settings["gnss"] = {"order": release.order, "beta": release.beta, "sigma_ss": release.sigma_ss,
+                            "delta0": release.delta0}
     return settings
 
 
@@ -105,14 +107,14 @@ def target_epsilon(config) -> float:
     return largest
 
 
-def check_inputs(config, data) -> tuple[pd.DataFrame, str, dict]:
+def check_inputs(config, data, delta: float) -> tuple[pd.DataFrame, str, dict]:
     """Every PromptPATE check that needs the data, before anything is written or charged: E*k within the
     private records, T in [0, E], sigmas > 0, the public source readable and non-empty (never compared with the
     private records: that would be a free query on them), Q within the public set, --test-size within the test split. Returns (the Q
     queries, where they come from, the settings)."""
     from dpcore.lm.icl import check_test_size
 
-    settings = pate_settings(config, data.spec)
+    settings = pate_settings(config, data.spec, delta)
     check_flock_size(settings["teachers"], config.pate_shots, len(data.train))
     check_gnmax_parameters(settings["threshold"], settings["sigma1"], settings["sigma2"], settings["teachers"])
     check_test_size(config.test_size, len(data.test))
@@ -264,9 +266,9 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
     it is written to the private store only, never returned (a task's result is public).
     `checkpoints`: query counts Q_i < Q per repeat whose prefixes are reported too
     (`dpcore.pate.privacy.labelling_checkpoints`): their answered and labelled counts (DP outputs).
-    `release` (data-dependent accounting: the GNSS order, beta, sigma_ss): the labels stay in the private
-    store until the flow has charged their cost, and the labelling's released cost (`released_rdp`, a DP
-    output, `dpcore.pate.released_cost`) is returned."""
+    `release` (data-dependent accounting: the GNSS order, beta, sigma_ss, delta0): the labels stay in the
+    private store until the flow has charged their cost, and the released upper bound on the labelling's
+    data-dependent RDP (`released_rdp`, a DP output, `dpcore.pate.released_cost`) is returned."""
     from dpcore.fewshot.mechanisms import noise_generator
     from dpcore.pate.data_dependent import data_dependent_epsilon, epsilon_from_rdp
 
@@ -333,8 +335,8 @@ def publish_labels(*, aggregate: dict) -> dict:
     path = write_table(labels, stage_dir("pate-aggregate", aggregate["key"]) / "pate_noisy_labels.parquet")
     frames = [frame for _, frame in labels.groupby("repeat", sort=True)]
     answered, labelled = _counts(frames)
-    get_run_logger().info("PromptPATE: %d queries, answered per repeat %s (labelling charged at its released "
-                          "cost)", len(frames[0]) if frames else 0, answered)
+    get_run_logger().info("PromptPATE: %d queries, answered per repeat %s (labelling charged at the released "
+                          "upper bound on its cost)", len(frames[0]) if frames else 0, answered)
     return {**aggregate, "labels_path": str(path), "answered": answered, "labelled": labelled}
 
 

@@ -185,7 +185,7 @@ def _pate_plan(config: RunConfig, data: LoadedDataset, delta: float) -> PatePlan
     parameters, test size, the public queries)."""
     if data.spec.kind != "classification":
         raise ConfigError(f"pate: PromptPATE votes on labels; task {data.spec.name!r} is not a classification task")
-    queries, where, settings = pate_stage.check_inputs(config, data)
+    queries, where, settings = pate_stage.check_inputs(config, data, delta)
     plans, per_repeat = pate_stage.privacy_plans(config, settings, delta)
     return PatePlan(settings, tuple(plans), per_repeat, queries.head(per_repeat), where)
 

@@ -300,15 +300,15 @@ def test_presets_fill_only_the_unset_fields():
     from tasks.pate import pate_settings
 
     spec = load_task_spec("sst2")
-    cpu = pate_settings(RunConfig(dataset="sst2", pate_preset="cpu"), spec)
+    cpu = pate_settings(RunConfig(dataset="sst2", pate_preset="cpu"), spec, 1e-5)
     assert (cpu["preset"], cpu["teachers"], cpu["queries"], cpu["sigma1"], cpu["sigma2"], cpu["threshold"],
             cpu["student_candidates"]) == ("cpu", 20, 50, 10.0, 10.0, 18.0, 10)
-    gpu = pate_settings(RunConfig(dataset="sst2", pate_preset="gpu"), spec)  # Table 7: E 200, Q 500, T 180
+    gpu = pate_settings(RunConfig(dataset="sst2", pate_preset="gpu"), spec, 1e-5)  # Table 7: E 200, Q 500, T 180
     assert (gpu["teachers"], gpu["queries"], gpu["sigma1"], gpu["sigma2"], gpu["threshold"]) == \
         (200, 500, spec.pate.sigma1, 20.0, 180.0)
     assert GPU_PRESET["teachers"] == 200 and CPU_PRESET["teachers"] < GPU_PRESET["teachers"]
     mine = pate_settings(RunConfig(dataset="sst2", pate_preset="gpu", pate_teachers=30, pate_sigma1=2.0,
-                                   pate_queries=7, pate_student_candidates=3), spec)
+                                   pate_queries=7, pate_student_candidates=3), spec, 1e-5)
     assert (mine["teachers"], mine["sigma1"], mine["queries"], mine["threshold"], mine["student_candidates"]) == \
         (30, 2.0, 7, 27.0, 3)
-    assert pate_settings(RunConfig(dataset="sst2", device="cpu"), spec)["preset"] == "cpu"  # auto, by device
+    assert pate_settings(RunConfig(dataset="sst2", device="cpu"), spec, 1e-5)["preset"] == "cpu"  # auto, by device

@@ -137,43 +137,60 @@ def test_local_sensitivity_at_distance_bounds_brute_force(kind):
             assert bound[d] >= true_ls[distance[i] <= d].max() * (1 - 1e-9) - 1e-15
 
 
-def test_release_adds_the_scaled_noise_and_its_own_cost():
-    votes, answered, order, beta, sigma_ss, delta = MIXED, np.array(MIXED_ANSWERED), 10.0, 0.04, 10.0, 1e-6
+def test_release_adds_the_shift_the_scaled_noise_and_its_own_cost():
+    votes, answered, order, beta, sigma_ss, delta, delta0 = MIXED, np.array(MIXED_ANSWERED), 10.0, 0.01, 10.0, 1e-6, 5e-7
     kwargs = dict(teachers=200, threshold=180, sigma1=5.0, sigma2=20.0, delta=delta, order=order, beta=beta,
-                  sigma_ss=sigma_ss)
+                  sigma_ss=sigma_ss, delta0=delta0)
     exact = dd.data_dependent_epsilon(votes, 180, 5.0, 20.0, delta, orders=[order], answered=answered).rdp[0]
     ss = pss.smooth_sensitivity(votes, answered, teachers=200, threshold=180, sigma1=5.0, sigma2=20.0, order=order,
                                 beta=beta)
     z = np.random.default_rng(3).standard_normal()
+    shift, scale = pss.upper_bound_factors(beta, sigma_ss, delta0)
     release = pss.release_data_dependent_epsilon(votes, answered, rng=np.random.default_rng(3), **kwargs)
-    assert release.rdp_released == pytest.approx(max(0.0, exact + ss * sigma_ss * z), rel=1e-12)
-    assert release.rdp_gnss == pss.gnss_rdp(beta, sigma_ss, order)
+    assert release.rdp_released == pytest.approx(max(0.0, exact + ss * (shift + scale * sigma_ss * z)), rel=1e-12)
+    assert release.rdp_gnss == pss.gnss_rdp(beta, sigma_ss, order) and release.delta0 == delta0
     assert release.epsilon == pytest.approx(release.rdp_released + release.rdp_gnss + math.log(1 / delta) / (order - 1))
 
 
-def test_release_noise_is_centred_on_the_exact_cost_with_the_smooth_sensitivity_scale():
+def test_the_upper_bound_factors_put_the_release_below_the_cost_with_probability_delta0():
+    """k / (c sigma_ss) = Phi^{-1}(1 - delta0) and c = 1 + k (e^beta - 1): the shift is z standard deviations of
+    the release's own noise, and that noise is scaled by a smooth bound on the shifted function's sensitivity."""
+    from scipy.stats import norm
+
+    for beta, sigma_ss, delta0 in ((0.01, 10.0, 1e-6), (0.02, 1.0, 0.05), (0.001, 30.0, 1e-9)):
+        shift, scale = pss.upper_bound_factors(beta, sigma_ss, delta0)
+        assert scale == pytest.approx(1 + shift * math.expm1(beta), rel=1e-12)
+        assert norm.sf(shift / (scale * sigma_ss)) == pytest.approx(delta0, rel=1e-6)
+    with pytest.raises(ConfigError, match="must be below 1"):
+        pss.upper_bound_factors(0.04, 10.0, 1e-6)  # z sigma_ss (e^beta - 1) = 1.9: no finite shift
+
+
+def test_release_noise_is_the_shifted_cost_with_the_smooth_bound_scale():
     votes, answered = [[45, 5], [30, 20], [50, 0]], np.array([True, False, True])
     kwargs = dict(teachers=50, threshold=40, sigma1=5.0, sigma2=10.0, order=5.0, beta=0.08)
     exact = dd.data_dependent_epsilon(votes, 40, 5.0, 10.0, 1e-5, orders=[5.0], answered=answered).rdp[0]
     ss = pss.smooth_sensitivity(votes, answered, **kwargs)
-    assert exact > 4 * ss * 1.0  # far from the clip at 0 with sigma_ss = 1
+    sigma_ss, delta0 = 0.5, 0.2
+    shift, scale = pss.upper_bound_factors(0.08, sigma_ss, delta0)
+    assert exact > 4 * ss * scale * sigma_ss  # far from the clip at 0
     rng = np.random.default_rng(11)
-    draws = np.array([pss.release_data_dependent_epsilon(votes, answered, delta=1e-5, sigma_ss=1.0, rng=rng,
-                                                         **kwargs).rdp_released for _ in range(300)])
-    assert draws.mean() == pytest.approx(exact, abs=4 * ss / math.sqrt(300))
-    assert draws.std() == pytest.approx(ss, rel=0.15)
+    draws = np.array([pss.release_data_dependent_epsilon(votes, answered, delta=1e-5, sigma_ss=sigma_ss,
+                                                         delta0=delta0, rng=rng, **kwargs).rdp_released
+                      for _ in range(300)])
+    assert draws.mean() == pytest.approx(exact + shift * ss, abs=4 * scale * sigma_ss * ss / math.sqrt(300))
+    assert draws.std() == pytest.approx(scale * sigma_ss * ss, rel=0.15)
 
 
 def test_release_refuses_parameters_outside_the_analysis():
     with pytest.raises(ConfigError, match="C6"):
         pss.release_data_dependent_epsilon(CONSENSUS, np.ones(8, bool), teachers=200, threshold=180, sigma1=1.0,
-                                           sigma2=20.0, delta=1e-6, order=20.0, beta=0.02, sigma_ss=10.0,
-                                           rng=np.random.default_rng(0))
+                                           sigma2=20.0, delta=1e-6, order=20.0, beta=0.02, sigma_ss=1.0,
+                                           delta0=1e-7, rng=np.random.default_rng(0))
     with pytest.raises(ConfigError, match="answered"):
         pss.release_data_dependent_epsilon(CONSENSUS, [True], teachers=200, threshold=180, sigma1=1.0, sigma2=20.0,
-                                           delta=1e-6, order=10.0, beta=0.04, sigma_ss=10.0,
-                                           rng=np.random.default_rng(0))
+                                           delta=1e-6, order=10.0, beta=0.04, sigma_ss=1.0,
+                                           delta0=1e-7, rng=np.random.default_rng(0))
     with pytest.raises(ConfigError, match="teachers"):
         pss.release_data_dependent_epsilon(CONSENSUS, np.ones(8, bool), teachers=100, threshold=80, sigma1=1.0,
-                                           sigma2=20.0, delta=1e-6, order=10.0, beta=0.04, sigma_ss=10.0,
-                                           rng=np.random.default_rng(0))
+                                           sigma2=20.0, delta=1e-6, order=10.0, beta=0.04, sigma_ss=1.0,
+                                           delta0=1e-7, rng=np.random.default_rng(0))

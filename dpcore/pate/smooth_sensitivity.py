@@ -16,14 +16,26 @@ is (lambda, eps_GNSS)-RDP with (Theorem 23)
 
     eps_GNSS = lambda e^{2 beta} / sigma_ss^2 + (beta lambda - log(1 - 2 lambda beta) / 2) / (lambda - 1),
 
-for 1 < lambda < 1 / (2 beta). The published epsilon is the released RDP plus eps_GNSS
-converted at delta: released + eps_GNSS + log(1/delta) / (lambda - 1) (Mironov 2017,
-Proposition 3), the figure Papernot et al. report. It is a differentially private ESTIMATE of the
-data-dependent bound (the noise may push it below the exact R(D)), and it is private only when
-lambda, beta and sigma_ss are chosen without looking at the private votes. It is informative only
-while SS_beta(D) * sigma_ss is small against R(D): with little threshold noise (sigma1 = 1, as in
-Duan et al. Table 7) near-threshold votes make both large, and the estimate is mostly noise
-(clipped at 0); the ledger's data-independent charge stays the safe figure.
+for 1 < lambda < 1 / (2 beta). That release is an ESTIMATE of R(D): its noise places it below R(D)
+about half the time, so it cannot be charged as the labelling's cost.
+
+What is released here is an upper bound instead: the GNSS release of the upward-shifted function
+
+    f(D) = R(D) + k SS_beta(D),    released f~ = f(D) + c SS_beta(D) N(0, sigma_ss^2),  clipped at 0,
+
+with c = 1 + k (e^beta - 1). Why it is still a GNSS release: SS_beta is beta-smooth, so for neighbours
+|SS_beta(D) - SS_beta(D')| <= (e^beta - 1) SS_beta(D), and the local sensitivity of f is at most
+LS_R(D) + k (e^beta - 1) SS_beta(D) <= c SS_beta(D); c SS_beta is beta-smooth as well, so Theorem 23
+applies to f with the smooth bound c SS_beta, at the same eps_GNSS. Why it is a bound: f~ < R(D) only when
+k + c sigma_ss Z < 0, i.e. Z < -k / (c sigma_ss). With z = Phi^{-1}(1 - delta0) and
+
+    k = z sigma_ss / (1 - z sigma_ss (e^beta - 1))   (which needs z sigma_ss (e^beta - 1) < 1),
+
+k / (c sigma_ss) = z, so P[f~ < R(D)] = delta0 exactly (clipping at 0 only raises f~, and R(D) >= 0). Charged
+as (lambda, f~)-RDP, the labelling's guarantee holds except with probability delta0 over the release's
+noise: delta0 is added to the run's delta (the generalized propose-test-release argument of Redberg, Zhu
+and Wang, AISTATS 2023, whose PATE application tests a privately released upper bound of the same
+data-dependent RDP). lambda, beta, sigma_ss and delta0 must be fixed without looking at the votes.
 
 Local sensitivities (Papernot et al., appendix Section B.4):
 
@@ -55,7 +67,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import erfc, erfcinv
+from scipy.special import erfc, erfcinv, ndtri
 
 from dpcore.errors import ConfigError, check_positive
 from dpcore.pate import data_dependent as dd
@@ -66,15 +78,16 @@ _CONDITION_SLACK = 1e-12  # relative decrease tolerated as rounding in that chec
 
 @dataclass(frozen=True)
 class SmoothSensitivityRelease:
-    """The published data-dependent epsilon and what it was computed with (all public: the
-    parameters were fixed in advance and the RDP value is noised)."""
+    """The released upper bound on the data-dependent RDP and what it was computed with (all public: the
+    parameters were fixed in advance and the bound is noised)."""
 
-    epsilon: float         # released RDP + eps_GNSS + log(1/delta) / (order - 1)
+    epsilon: float         # rdp_released + rdp_gnss converted at delta: the guarantee holds at delta + delta0
     delta: float
+    delta0: float          # the probability that rdp_released < R(D)
     order: float
     beta: float
     sigma_ss: float
-    rdp_released: float    # R(D) + SS_beta(D) * N(0, sigma_ss^2), clipped at 0
+    rdp_released: float    # R(D) + k SS_beta(D) + c SS_beta(D) N(0, sigma_ss^2), clipped at 0
     rdp_gnss: float        # the release's own cost at `order` (Theorem 23)
 
 
@@ -85,6 +98,23 @@ def gnss_rdp(beta: float, sigma_ss: float, order: float) -> float:
     if not 1 < lam < 1 / (2 * b):
         raise ConfigError(f"order must be in (1, 1 / (2 beta)) = (1, {1 / (2 * b):.4g}), got {order}")
     return lam * math.exp(2 * b) / s ** 2 + (b * lam - 0.5 * math.log1p(-2 * lam * b)) / (lam - 1)
+
+
+def upper_bound_factors(beta: float, sigma_ss: float, delta0: float) -> tuple[float, float]:
+    """(k, c) of the upward-shifted release (module docstring): the shift k SS_beta and the noise scale
+    c SS_beta sigma_ss that put the release below R(D) with probability exactly delta0. ConfigError when
+    z sigma_ss (e^beta - 1) >= 1 (no finite shift does it: lower beta or sigma_ss, or raise delta0)."""
+    b, s = check_positive("beta", beta), check_positive("sigma_ss", sigma_ss)
+    d0 = float(delta0)
+    if not 0.0 < d0 < 0.5:
+        raise ConfigError(f"delta0 must be in (0, 0.5), got {delta0}")
+    z = -float(ndtri(d0))  # Phi^{-1}(1 - delta0), accurate for small delta0
+    growth = z * s * math.expm1(b)
+    if not growth < 1.0:
+        raise ConfigError(f"beta {b:.4g} with sigma_ss {s:g} at delta0 {d0:.3g}: z sigma_ss (e^beta - 1) = "
+                          f"{growth:.3g} must be below 1 for a finite upward shift; lower beta or sigma_ss")
+    k = z * s / (1.0 - growth)
+    return k, 1.0 + k * math.expm1(b)
 
 
 def _log_bound(log_q: float, sigma2: float, classes: int, upper: bool) -> float:
@@ -242,16 +272,27 @@ def _mask(answered, queries: int) -> np.ndarray:
     return mask
 
 
+def shifted_release(rdp, smooth_sens, noise, *, beta: float, sigma_ss: float, delta0: float):
+    """The upper bound's arithmetic (module docstring): max(0, R + SS_beta (k + c sigma_ss noise)) for standard
+    normal `noise` (elementwise over arrays of any of the three). Pure: the noise is drawn by the caller."""
+    shift, scale = upper_bound_factors(beta, sigma_ss, delta0)
+    value = np.asarray(rdp, dtype=float) + np.asarray(smooth_sens, dtype=float) * (
+        shift + scale * float(sigma_ss) * np.asarray(noise, dtype=float))
+    return np.maximum(0.0, value)
+
+
 def release_data_dependent_epsilon(vote_histograms, answered, *, teachers: int, threshold: float, sigma1: float,
                                    sigma2: float, delta: float, order: float, beta: float, sigma_ss: float,
-                                   rng: np.random.Generator) -> SmoothSensitivityRelease:
-    """Publish Confident-GNMax's data-dependent epsilon through GNSS (module docstring): R(D) at
-    `order` (GNMax counted on the `answered` queries) plus SS_beta(D) * N(0, sigma_ss^2) from `rng`,
-    plus eps_GNSS, converted at `delta`. `order`, `beta`, `sigma_ss` must be fixed without looking
-    at the votes. Raises ConfigError when conditions C5/C6 fail at these parameters."""
+                                   delta0: float, rng: np.random.Generator) -> SmoothSensitivityRelease:
+    """Publish an upper bound on Confident-GNMax's data-dependent RDP at `order` (GNMax counted on the
+    `answered` queries) that holds except with probability `delta0`: the GNSS release of
+    R(D) + k SS_beta(D) with noise c SS_beta(D) N(0, sigma_ss^2) from `rng` (module docstring), and its
+    epsilon at `delta` with eps_GNSS. `order`, `beta`, `sigma_ss`, `delta0` must be fixed without looking at
+    the votes. Raises ConfigError when conditions C5/C6 fail at these parameters or no finite shift exists."""
     votes = dd.check_vote_histograms(vote_histograms)
     mask = _mask(answered, votes.shape[0])
     cost = gnss_rdp(beta, sigma_ss, order)
+    upper_bound_factors(beta, sigma_ss, delta0)  # ConfigError before any computation on the votes
     e = int(teachers)
     if e < 1 or float(votes.sum(axis=1).max()) > e:
         raise ConfigError(f"teachers must be >= 1 and at least every histogram's total, got {teachers}")
@@ -262,12 +303,15 @@ def release_data_dependent_epsilon(vote_histograms, answered, *, teachers: int, 
     report = dd.data_dependent_epsilon(votes, threshold, sigma1, sigma2, delta, orders=[order], answered=mask)
     ss = smooth_sensitivity(votes, mask, teachers=e, threshold=threshold, sigma1=sigma1, sigma2=sigma2,
                             order=order, beta=beta)
-    released = max(0.0, float(report.rdp[0]) + ss * float(sigma_ss) * float(rng.standard_normal()))
+    released = float(shifted_release(float(report.rdp[0]), ss, float(rng.standard_normal()), beta=beta,
+                                     sigma_ss=sigma_ss, delta0=delta0))
     epsilon = released + cost + math.log(1 / float(delta)) / (float(order) - 1)
-    return SmoothSensitivityRelease(epsilon, float(delta), float(order), float(beta), float(sigma_ss), released, cost)
+    return SmoothSensitivityRelease(epsilon, float(delta), float(delta0), float(order), float(beta), float(sigma_ss),
+                                    released, cost)
 
 
 __all__ = [
     "SmoothSensitivityRelease", "check_conditions", "gnss_rdp", "local_sensitivities_gnmax",
-    "local_sensitivities_threshold", "release_data_dependent_epsilon", "smooth_sensitivity",
+    "local_sensitivities_threshold", "release_data_dependent_epsilon", "shifted_release", "smooth_sensitivity",
+    "upper_bound_factors",
 ]

@@ -350,6 +350,12 @@ def groups(events: Iterable) -> tuple[Group, ...]:
     return tuple((m, s, q, n) for (m, s, q), n in sorted(totals.items()))
 
 
+def step_groups(events: Iterable) -> tuple[Group, ...]:
+    """`groups` of the events' steps, the Renyi guarantees and bound failure probabilities set aside (each
+    checked as it is set aside): ConfigError for any event the accountants cannot compose."""
+    return groups(split_renyi(split_bound_failures(events)[0])[0])
+
+
 def _pure_epsilons(groups: Sequence[Group]) -> list[float] | None:
     """Per-group pure step epsilons, or None when some step is not pure DP."""
     values = []
@@ -551,10 +557,14 @@ def _check_delta(delta: Any) -> float:
 
 def compose(events: Iterable, delta: float, *, cache: bool | Path = True) -> Composition:
     """Epsilon at `delta` of all `events` composed (any order, adaptively): the module docstring. Events
-    known only by a Renyi guarantee (`RenyiDpEvent`) are composed by `_compose_with_renyi`.
+    known only by a Renyi guarantee (`RenyiDpEvent`) are composed by `_compose_with_renyi`; the failure
+    probabilities of data-dependent bounds (`BoundFailureDpEvent`) are taken out of delta first.
 
     `cache`: remember the answer in memory and on disk (`dpcore.privacy.memo`: True, the home's cache; a
     folder, that one), keyed by the events' steps and delta; False computes it afresh."""
+    events, failure = split_bound_failures(events)
+    if failure:
+        return _compose_with_failures(events, failure, _check_delta(delta), cache)
     others, renyi = split_renyi(events)
     if renyi:
         return _compose_with_renyi(others, renyi, _check_delta(delta), cache)
@@ -562,6 +572,66 @@ def compose(events: Iterable, delta: float, *, cache: bool | Path = True) -> Com
     if cache is False:
         return _compose_groups(steps, d)
     return _compose_cached(steps, d, _memo_folder(cache))
+
+
+# ---------------------------------------------------------------------------------------------
+# Failure probabilities of data-dependent bounds
+
+
+def split_bound_failures(events: Iterable) -> tuple[list, float]:
+    """(the events with every `BoundFailureDpEvent` taken out, the sum of their probabilities); nested
+    compositions are followed (a self-composition multiplies). One inside a sampled event is refused."""
+    from dpcore.privacy import events as ev
+
+    def holds_failure(event) -> bool:
+        if isinstance(event, ev.BoundFailureDpEvent):
+            return True
+        if isinstance(event, ev.ComposedDpEvent):
+            return any(holds_failure(item) for item in event.events)
+        inner = getattr(event, "event", None)
+        return isinstance(inner, ev.DpEvent) and holds_failure(inner)
+
+    others: list = []
+    total = 0.0
+
+    def visit(event, count: int) -> None:
+        nonlocal total
+        if not holds_failure(event):
+            if count:
+                others.append(event if count == 1 else ev.SelfComposedDpEvent(event, count))
+            return
+        if isinstance(event, ev.BoundFailureDpEvent):
+            probability = float(event.probability)
+            if not (math.isfinite(probability) and 0.0 <= probability < 1.0):
+                raise ConfigError(f"BoundFailureDpEvent probability must be in [0, 1), got {event.probability!r}")
+            total += count * probability
+        elif isinstance(event, ev.ComposedDpEvent):
+            for item in event.events:
+                visit(item, count)
+        elif isinstance(event, ev.SelfComposedDpEvent):
+            if isinstance(event.count, bool) or int(event.count) != event.count or event.count < 0:
+                raise ConfigError(f"SelfComposedDpEvent count must be an integer >= 0, got {event.count!r}")
+            visit(event.event, count * int(event.count))
+        else:
+            raise ConfigError(f"cannot account for a bound's failure probability inside {type(event).__name__}: "
+                              "only compositions of it are supported")
+
+    for item in events:
+        visit(item, 1)
+    return others, total
+
+
+def _compose_with_failures(others: list, failure: float, delta: float, cache: bool | Path) -> Composition:
+    """Events beside failure probabilities summing to `failure`: each is (0, p)-DP, so by basic composition
+    the rest converted at delta - failure is an (epsilon, delta) bound for them all; infinite when the
+    failures leave no delta."""
+    note = f"failure probability {failure:.3g} of data-dependent bounds added to delta"
+    if failure >= delta:
+        return Composition(math.inf, delta, math.inf, math.inf, True,
+                           (note + f": it is not below delta {delta:.3g}, so epsilon is infinite",),
+                           epsilon_lower=math.inf, epsilon_estimate=math.inf)
+    rest = compose(others, delta - failure, cache=cache)
+    return dataclasses.replace(rest, delta=delta, warnings=(*rest.warnings, note))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ Other mechanisms follow the same pattern: a PATE-style noisy threshold or GNMax 
 Gaussian on a vote histogram with its own sensitivity, i.e. `gaussian_event(std, sensitivity)`,
 sampled and composed with the same wrappers; a new noise distribution is a new event class here
 and a new step kind in `dpcore.privacy.composition`. A mechanism known only by its Renyi-DP guarantee at
-one order (PromptPATE's smooth-sensitivity release, Papernot et al. 2018) is a `RenyiDpEvent`.
+one order (PromptPATE's smooth-sensitivity release, Papernot et al. 2018) is a `RenyiDpEvent`; the probability
+that a DP-released upper bound charged as such a guarantee fails is a `BoundFailureDpEvent`, added to delta.
 
 The per-label counts |D_y| (hence q) are public, as in the paper; labels partition the private
 set, so they compose in parallel (the run's cost is the worst label's event, not the sum).
@@ -84,6 +85,16 @@ class RenyiDpEvent(DpEvent):
 
     order: float
     epsilon: float
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class BoundFailureDpEvent(DpEvent):
+    """The failure probability of a data-dependent bound charged beside it: a cost charged as a DP-released
+    upper bound (PromptPATE's labelling at its released data-dependent RDP) holds except with probability
+    `probability` over that release's noise. It composes as (0, probability)-DP: `probability` is added to
+    delta (the rest is converted at delta minus every such probability, `dpcore.privacy.composition`)."""
+
+    probability: float
 
 
 def gaussian_event(standard_deviation: float, sensitivity: float) -> DpEvent:
@@ -176,6 +187,7 @@ EVENT_CLASSES: dict[str, type[DpEvent]] = {
        if isinstance(cls, type) and issubclass(cls, DpEvent) and cls is not DpEvent},
     ReportNoisyMaxDpEvent.__name__: ReportNoisyMaxDpEvent,
     RenyiDpEvent.__name__: RenyiDpEvent,
+    BoundFailureDpEvent.__name__: BoundFailureDpEvent,
 }
 
 
@@ -243,7 +255,7 @@ def event_from_json(text: str) -> DpEvent:
 
 
 __all__ = [
-    "EVENT_CLASSES", "ComposedDpEvent", "DpEvent", "GaussianDpEvent", "LaplaceDpEvent", "NoOpDpEvent",
+    "EVENT_CLASSES", "BoundFailureDpEvent", "ComposedDpEvent", "DpEvent", "GaussianDpEvent", "LaplaceDpEvent", "NoOpDpEvent",
     "NonPrivateDpEvent", "PoissonSampledDpEvent", "ReportNoisyMaxDpEvent", "SelfComposedDpEvent",
     "tang_event", "tang_step", "event_from_dict", "event_from_json", "event_kind", "event_to_dict",
     "event_to_json", "gaussian_event", "sampled_steps_event", "steps_parameters",

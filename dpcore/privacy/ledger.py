@@ -321,7 +321,7 @@ def _check_request(request: Spend) -> Spend:
     if not 0 < delta < 1:
         raise ConfigError(f"delta: must be in (0, 1), got {request.delta}")
     # ConfigError for an event the accountants cannot compose
-    composition.groups(composition.split_renyi([request.event])[0])
+    composition.step_groups([request.event])
     return dataclasses.replace(request, delta=delta)
 
 

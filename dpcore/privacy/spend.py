@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dpcore.privacy.composition import NONPRIVATE, groups, split_renyi
+from dpcore.privacy.composition import NONPRIVATE, step_groups
 
 if TYPE_CHECKING:
     from dp_accounting.dp_event import DpEvent
@@ -102,7 +102,7 @@ class Spend:
     @property
     def non_private(self) -> bool:
         """No noise somewhere in the event: an infinite spend."""
-        return any(kind == NONPRIVATE for kind, *_ in groups(split_renyi([self.event])[0]))
+        return any(kind == NONPRIVATE for kind, *_ in step_groups([self.event]))
 
     def describe(self) -> str:
         """The spend's parameters for a message: "gaussian sigma=0.9 q=0.02 T=40" (public quantities)."""

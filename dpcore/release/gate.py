@@ -199,6 +199,15 @@ METHOD_ASSUMPTIONS = {
              "the epsilon is the data-independent bound the ledger charged (threshold test and GNMax on every "
              "query of every repeat); the data-dependent bound is a non-DP statistic kept in the private store",
              ASSUMPTIONS[1]),
+    # PromptPATE under `--pate-accounting data-dependent` (`dpcore.pate.released_cost`)
+    "pate-data-dependent": (
+        "the public queries are public data: a shipped source's public split, a shipped out-of-distribution "
+        "set, or a file the user declared public (never compared with the private records)",
+        "the epsilon composes the smooth-sensitivity release (Papernot et al. 2018, Theorem 23) with the labelling "
+        "charged at the released upper bound on its data-dependent Renyi cost (parameters.released_rdp, a DP "
+        "statistic); that bound falls below the true data-dependent cost with probability parameters.gnss_delta0, "
+        "which is part of delta; the data-dependent cost is Papernot et al.'s analysis of the votes",
+        ASSUMPTIONS[1]),
     "dpsgd": ("the trained prompt (or LoRA adapter, or fine-tuned weights) means something only on the model whose "
               "weight sha256 the manifest names; "
               "`dpicl predict` refuses any other model",
@@ -467,6 +476,12 @@ def teacher_prompts(train: pd.DataFrame, assignment: pd.DataFrame) -> list[pd.Da
     return [by_id.loc[list(ids), ["text", "label"]].reset_index() for ids in teachers.demos if ids]
 
 
+def _assumptions_key(artifact: Artifact) -> str:
+    """The `METHOD_ASSUMPTIONS` entry of an artifact: its method's, PromptPATE's by its accounting mode."""
+    accounting = (artifact.info.get("parameters") or {}).get("accounting")
+    return "pate-data-dependent" if artifact.method == "pate" and accounting == "data-dependent" else artifact.method
+
+
 def release_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256: str, audit_summary: dict,
                      code_version: str, accountant_versions: dict, version: int, ledger_spend: dict | None,
                      task_spec: dict, ledger_entries: list | None = None) -> dict:
@@ -483,7 +498,8 @@ def release_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256:
         "ledger_entries": [{k: getattr(e, k) for k in LEDGER_ENTRY_KEYS} for e in ledger_entries or []],
         "parameters": dict(artifact.info.get("parameters") or {}), "model": artifact.info.get("model"),
         "accountant_versions": accountant_versions, "code_version": code_version, "audit": audit_summary,
-        "ledger": ledger_spend, "assumptions": list(METHOD_ASSUMPTIONS[artifact.method]), "task_spec": task_spec,
+        "ledger": ledger_spend, "assumptions": list(METHOD_ASSUMPTIONS[_assumptions_key(artifact)]),
+        "task_spec": task_spec,
         "demos": [{"label": y, "text": t} for t, y in artifact.demos],
     }
     if artifact_file == DEMOS_FILE:
