@@ -14,6 +14,7 @@ the public token cap applied to every private record before generation (`dpcore.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -122,7 +123,8 @@ class RunConfig(_Frozen):
     test_path: str | None = Field(
         None, description="a separate test file (same columns as the data file): the test split, instead of "
         "holding test rows out of the private file")
-    task_spec: str | None = Field(None, description="path of a task YAML for a user dataset")
+    task_spec: str | None = Field(None, description="path of a task YAML for a user dataset (kept resolved: a run "
+                                  "reads the same file from any working directory)")
     dataset_id: str | None = Field(None, description="ledger identity; default: the dataset name (with "
                                    "--task-spec and no --dataset: the task spec's name)")
     new_budget_for_same_records: bool = Field(
@@ -270,6 +272,15 @@ class RunConfig(_Frozen):
         if isinstance(values, dict) and values.get("task_spec") and not values.get("dataset"):
             values = {**values, "dataset": load_task_spec(values["task_spec"]).name}
         return values
+
+    @field_validator("task_spec")
+    @classmethod
+    def _resolve_task_spec(cls, value: str | None) -> str | None:
+        """A task YAML's path made absolute, so what a run keeps (its manifest, its release) names the same file
+        from any working directory; a shipped task's name (no suffix) stays a name."""
+        if value is None or not Path(value).suffix:
+            return value
+        return str(Path(value).expanduser().resolve())
 
     @field_validator("task_runner")
     @classmethod

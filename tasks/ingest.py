@@ -2,6 +2,8 @@
 
 Ingest writes the private `records` table (train = D_priv and the test split: a separate
 `test_path` file, or rows held out of the data file) into the run's private folder and returns only paths, the content hash and counts.
+Beside it, in the public run folder, `run_inputs.json` (`dpcore.data.artifacts.RUN_INPUTS_FILE`): the task
+spec's content and resolved path, the run's delta and its source, what a release of the run reads.
 Partition writes the private `partitions` table (which record ids form D_y, in the
 order the sampler indexes them) and the public `label_counts` table: per-label record
 counts |D_y| are treated as public, as in Tang et al. (they set the sampling rate).
@@ -14,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import get_run_logger
 
-from dpcore.data.artifacts import read_table, write_table
+from dpcore.data.artifacts import RUN_INPUTS_FILE, read_table, write_json_atomic, write_table
 from dpcore.data.datasets import LoadedDataset, load_dataset
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import DpiclError
@@ -64,6 +66,9 @@ def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: s
     )[["split", "id", "text", "label"]]
     records["id"] = records["id"].astype(str)
     records_path = write_table(records, paths.private / "records.parquet")
+    write_json_atomic(paths.public / RUN_INPUTS_FILE, {
+        "task_spec": spec.model_dump(mode="json"), "task_spec_path": task_spec or dataset,
+        "delta": None if plan is None else plan.delta, "delta_source": None if plan is None else plan.delta_source})
     summary = data.summary()
     get_run_logger().info(
         "ingested %s: %d private records, %d test items, %d labels, content hash %s",

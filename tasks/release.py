@@ -5,7 +5,10 @@ module reads the ledger, writes the release folder `$DPICL_HOME/releases/<datase
 (`release.json` and the artifact: `demos.parquet` for DP few-shot demos and PromptPATE's student
 prompt, `prompt.safetensors` for a PromptDPSGD prompt) and registers it as a new version of the
 registered model `dpicl-<dataset-id>` with the alias `production` (earlier versions are kept; the
-alias moves). One path for every method: `load_artifact` (what the release publishes,
+alias moves). A release is written whole or not at all: its folder is assembled under a temporary name and
+renamed into place, and removed again when the registry refuses it. Its record `release.json` is sealed: its
+sha256 is the registry version's tag `release_sha256`, and `load_release` refuses a record that no longer
+matches it (or has none), as it refuses an artifact that no longer matches the record. One path for every method: `load_artifact` (what the release publishes,
 `dpcore.release.gate.load_artifact`), `check_gate`, `register`.
 
 `audit_artifact` is the membership-inference audit of a PromptPATE student prompt or a PromptDPSGD
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +42,8 @@ from tasks.common import code_version, derive_seed, language_model, report_progr
 from tasks.tracking import mlflow_client
 
 DEFAULT_ALIAS = "production"
+RELEASE_FILE = "release.json"
+SEAL_TAG = "release_sha256"  # the registry version's tag holding the sha256 of its release.json
 # The methods whose artifact is audited at release (tang's demos are audited by their own run).
 AUDITED_AT_RELEASE = tuple(gate.AUDIT_FILES)
 
@@ -99,10 +106,15 @@ def _registry_version(client, dataset_id: str) -> tuple[str, int]:
 
 
 def _publish(client, name: str, folder: Path, run_id: str, tags: dict, description: str, alias: str) -> int:
-    """A registry version pointing at the release folder, the alias moved to it."""
+    """A registry version pointing at the release folder, the alias moved to it; the version is deleted again
+    when the alias cannot be moved (no version is left half-published)."""
     model_version = client.create_model_version(name, source=folder.as_uri(), run_id=_mlflow_parent_run(client, run_id),
                                                 tags=tags, description=description)
-    client.set_registered_model_alias(name, alias, model_version.version)
+    try:
+        client.set_registered_model_alias(name, alias, model_version.version)
+    except BaseException:
+        client.delete_model_version(name, model_version.version)
+        raise
     get_run_logger().info("released run %s as %s version %s (alias %s)", run_id, name, model_version.version, alias)
     return int(model_version.version)
 
@@ -111,45 +123,66 @@ def _publish(client, name: str, folder: Path, run_id: str, tags: dict, descripti
 def register(run_id: str, method: str = "tang", epsilon: float | None = None, training: int = 0,
              repeat: int | None = None, alias: str = DEFAULT_ALIAS) -> dict:
     """Write the release folder (a text prompt as `demos.parquet`: tang's demos, PromptPATE's student prompt;
-    a trained prompt as `prompt.safetensors` + `prompt.json`) and `release.json`, register it in MLflow, move
-    the alias to it."""
-    import shutil
-
-    from dpcore.data.taskspec import load_task_spec
+    a trained prompt as `prompt.safetensors` + `prompt.json`) and `release.json`, whole or not at all, register
+    it in MLflow with `release.json`'s seal, move the alias to it."""
     from dpcore.privacy.ledger import Ledger
     from dpcore.privacy.memo import accountant_versions
 
-    artifact = load_artifact(run_id, method, epsilon, training, repeat)
+    artifact = load_artifact(run_id, method, epsilon, training, repeat)  # its task spec included: refused here
     client = mlflow_client()
     name, version = _registry_version(client, artifact.dataset_id)
     folder = subdir("releases") / safe_name(artifact.dataset_id) / f"v{version}"
-    if artifact.prompt_path is None:
-        path = write_table(artifact.table, folder / gate.DEMOS_FILE)
-    else:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "prompt.safetensors"
-        shutil.copyfile(artifact.prompt_path, folder / ".prompt.safetensors.tmp")
-        (folder / ".prompt.safetensors.tmp").replace(path)
-        write_json_atomic(folder / "prompt.json", json.loads(artifact.prompt_path.with_suffix(".json").read_text()))
-    audit = gate.audit_rows(artifact)
     book = Ledger()
-    manifest = gate.release_manifest(
-        artifact, artifact_file=path.name, artifact_sha256=file_sha256(path),
-        audit_summary=_audit_summary(audit.iloc[0].to_dict()) if audit is not None and len(audit) else {},
-        code_version=code_version(), accountant_versions=accountant_versions(), version=version,
-        ledger_spend=_ledger_spend(book, artifact.dataset_id),
-        task_spec=load_task_spec(artifact.info["task_spec"]).model_dump(mode="json"),
-        ledger_entries=gate.covering_entries(book.entries_for_run(run_id), artifact))
-    write_json_atomic(folder / "release.json", manifest)
+    audit = gate.audit_rows(artifact)
+
+    def manifest_of(path: Path) -> dict:
+        return gate.release_manifest(
+            artifact, artifact_file=path.name, artifact_sha256=file_sha256(path),
+            audit_summary=_audit_summary(audit.iloc[0].to_dict()) if audit is not None and len(audit) else {},
+            code_version=code_version(), accountant_versions=accountant_versions(), version=version,
+            ledger_spend=_ledger_spend(book, artifact.dataset_id), task_spec=artifact.task_spec,
+            ledger_entries=gate.covering_entries(book.entries_for_run(run_id), artifact))
+
+    manifest = _write_release_folder(folder, artifact, manifest_of)
     hashes = {k: manifest[k] for k in ("demos_sha256",) if k in manifest} | {"artifact_sha256": manifest["artifact"]["sha256"]}
     tags = {"dpicl_run_id": run_id, "method": method, "artifact": artifact.name, "epsilon": f"{artifact.epsilon:g}",
             "delta": str(artifact.delta), "dataset_id": artifact.dataset_id, **hashes, "model": str(manifest["model"]),
-            "code_version": manifest["code_version"]}
-    number = _publish(client, name, folder, run_id, tags, f"run {run_id}, {method} {artifact.name}, epsilon "
-                      f"{artifact.epsilon:g}", alias)
+            "code_version": manifest["code_version"], SEAL_TAG: file_sha256(folder / RELEASE_FILE)}
+    try:
+        number = _publish(client, name, folder, run_id, tags, f"run {run_id}, {method} {artifact.name}, epsilon "
+                          f"{artifact.epsilon:g}", alias)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)  # no release folder without its registry version
+        raise
     return {"registered_model": name, "version": number, "alias": alias, "method": method, "artifact": artifact.name,
-            "release_dir": str(folder), **hashes, "epsilon": artifact.epsilon, "delta": artifact.delta,
-            "run_id": run_id, "audit": manifest["audit"]}
+            "release_dir": str(folder), **hashes, SEAL_TAG: tags[SEAL_TAG], "epsilon": artifact.epsilon,
+            "delta": artifact.delta, "run_id": run_id, "audit": manifest["audit"]}
+
+
+def _write_release_folder(folder: Path, artifact: gate.Artifact, manifest_of) -> dict:
+    """The release folder, whole or not at all: the artifact and `release.json` (`manifest_of(artifact path)`)
+    written into a temporary folder beside it, renamed into place last. A folder already at that version's
+    place was left by a release the registry never recorded (the version number is the registry's next), and
+    is replaced."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    try:
+        if artifact.prompt_path is None:
+            path = write_table(artifact.table, staging / gate.DEMOS_FILE)
+        else:
+            path = staging / "prompt.safetensors"
+            shutil.copyfile(artifact.prompt_path, path)
+            write_json_atomic(staging / "prompt.json",
+                              json.loads(artifact.prompt_path.with_suffix(".json").read_text()))
+        manifest = manifest_of(path)
+        write_json_atomic(staging / RELEASE_FILE, manifest)
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.replace(folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
 
 
 AUDIT_SUMMARY_KEYS = ("verdict", "passed", "trials", "members_per_trial", "non_members_per_trial", "confidence")
@@ -205,12 +238,23 @@ def load_release(alias_or_version: str = DEFAULT_ALIAS, dataset_id: str | None =
     if len(found) > 1:
         raise ConfigError(f"release {alias_or_version!r}: several datasets have one "
                           f"({', '.join(v.name for v in found)}); pass --dataset-id")
-    folder = Path(found[0].source.removeprefix("file://"))
-    manifest = json.loads((folder / "release.json").read_text())
+    version = found[0]
+    folder = Path(version.source.removeprefix("file://"))
+    named = f"release {version.name} v{version.version}"
+    record = folder / RELEASE_FILE
+    if not record.is_file():
+        raise ConfigError(f"{named}: {record} is missing")
+    seal = (version.tags or {}).get(SEAL_TAG)
+    if seal is None:
+        raise ConfigError(f"{named}: its record {RELEASE_FILE} has no seal (released by an earlier dpicl), so a "
+                          "change to it could not be told; release the run again")
+    if file_sha256(record) != seal:
+        raise ConfigError(f"{named}: {record} changed since it was released (it no longer matches its seal); "
+                          "refused: release the run again")
+    manifest = json.loads(record.read_text())
     artifact = manifest.get("artifact") or {"file": "demos.parquet", "sha256": manifest["demos_sha256"]}
-    if file_sha256(folder / artifact["file"]) != artifact["sha256"]:
-        raise ConfigError(f"release {found[0].name} v{found[0].version}: {artifact['file']} does not match its "
-                          "manifest")
+    if not (folder / artifact["file"]).is_file() or file_sha256(folder / artifact["file"]) != artifact["sha256"]:
+        raise ConfigError(f"{named}: {artifact['file']} does not match its manifest")
     return {**manifest, "release_dir": str(folder)}
 
 
@@ -353,7 +397,7 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     falls short, when none would, before minutes are spent; `cap_to_pools` caps the sizes asked."""
     from dpcore.audit import procedures as mia
     from dpcore.audit.gate import GateThresholds
-    from dpcore.data.taskspec import load_task_spec
+    from dpcore.data.taskspec import TaskSpec
     from tasks.audit import public_summary
 
     artifact = load_artifact(run_id, method, epsilon, training, repeat)
@@ -375,7 +419,7 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
 
         lm, past = trained_model(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
                                  artifact.info["model"])
-    spec = load_task_spec(artifact.info["task_spec"])
+    spec = TaskSpec.model_validate(artifact.task_spec)
     split_seed = derive_seed(seed if seed is not None else int(str(artifact.info["data_hash"])[:15], 16),
                              "release-audit")
     thresholds = GateThresholds.from_config(audit_config)

@@ -50,8 +50,9 @@ QUERIES = [
 
 def _register(dataset_id: str, folder_files, manifest_of) -> dict:
     """A release folder and registry version as `tasks.release.register` makes them: `folder_files(folder)`
-    writes the artifact and returns its path; `manifest_of(version, path)` is the release manifest."""
-    from tasks.release import registered_model_name
+    writes the artifact and returns its path; `manifest_of(version, path)` is the release manifest, sealed by
+    the version's tag."""
+    from tasks.release import SEAL_TAG, registered_model_name
     from tasks.tracking import mlflow_client
 
     client = mlflow_client()
@@ -65,7 +66,8 @@ def _register(dataset_id: str, folder_files, manifest_of) -> dict:
     path = folder_files(folder)
     manifest = manifest_of(version, path)
     write_json_atomic(folder / "release.json", manifest)
-    registered = client.create_model_version(name, source=folder.as_uri(), tags={"method": manifest["method"]})
+    registered = client.create_model_version(name, source=folder.as_uri(), tags={
+        "method": manifest["method"], SEAL_TAG: file_sha256(folder / "release.json")})
     client.set_registered_model_alias(name, "production", registered.version)
     return {**manifest, "release_dir": str(folder)}
 
@@ -233,6 +235,29 @@ def test_a_dpsgd_release_is_refused_by_export_and_by_endpoint(cli, tmp_path):
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "cannot be sent to an endpoint" in err and "on that local model (smollm2-135m)" in err
     assert "unreachable" not in err
+
+
+def test_a_changed_release_record_is_refused_in_one_line(tiny_model_dir, cli, tmp_path):
+    from tasks.release import SEAL_TAG, registered_model_name
+    from tasks.tracking import mlflow_client
+
+    release = register_tang("endpoint-sealed", str(tiny_model_dir))
+    record = Path(release["release_dir"]) / "release.json"
+    assert cli(["export", "--dataset-id", "endpoint-sealed"])[0] == 0
+    edited = json.loads(record.read_text()) | {"epsilon": 0.1}  # a smaller epsilon than was released
+    record.write_text(json.dumps(edited, indent=2))
+    for argv in (["export", "--dataset-id", "endpoint-sealed"],
+                 ["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-sealed"]):
+        code, out, err = cli(argv)
+        assert code == 2 and out == "" and "0.1" not in err, err
+        assert "release.json changed since it was released" in _one_clear_line(err)
+    # a record without a seal cannot be checked: refused too
+    register_tang("endpoint-unsealed", str(tiny_model_dir))
+    client = mlflow_client()
+    name = registered_model_name("endpoint-unsealed")
+    client.delete_model_version_tag(name, client.get_model_version_by_alias(name, "production").version, SEAL_TAG)
+    code, _, err = cli(["export", "--dataset-id", "endpoint-unsealed"])
+    assert code == 2 and "has no seal" in _one_clear_line(err)
 
 
 # --------------------------------------------------------------------------- predict through a real server

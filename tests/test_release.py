@@ -63,9 +63,10 @@ def finished_run(tiny_lm):
     return standard_run()
 
 
-def _releasable_copy(run: dict, new_id: str, charged_sigma_factor: float = 1.0) -> str:
+def _releasable_copy(run: dict, new_id: str, charged_sigma_factor: float = 1.0, config: dict | None = None) -> str:
     """A copy of a finished run made releasable: fresh-noise flag, passing audit, a ledger entry
-    (of its calibration row; `charged_sigma_factor` != 1 charges another sigma instead)."""
+    (of its calibration row; `charged_sigma_factor` != 1 charges another sigma instead); `config` changes its
+    manifest's configuration."""
     from dpcore.privacy.ledger import Ledger
 
     source = Path(run["run_dir"])
@@ -80,6 +81,7 @@ def _releasable_copy(run: dict, new_id: str, charged_sigma_factor: float = 1.0) 
     write_table(audit, target / "audit.parquet")
     manifest = json.loads((target / "manifest.json").read_text())
     manifest.update(run_id=new_id, seeded_noise=False)
+    manifest["config"] = {**manifest.get("config", {}), **(config or {})}
     (target / "manifest.json").unlink()
     write_manifest(target, extra={k: v for k, v in manifest.items() if k != "files"})
     calibration = read_table(target / "calibration.parquet").iloc[0]
@@ -179,6 +181,41 @@ def test_release_registers_and_moves_the_production_alias(finished_run, capsys, 
     err = capsys.readouterr().err
     assert "release '99': no such version or alias" in err and f"v{first['version']}" in err
     assert f"production -> v{second['version']}" in err
+
+
+def test_a_release_is_whole_or_nothing_sealed_and_reads_its_run_from_any_folder(finished_run, monkeypatch,
+                                                                                   tmp_path):
+    from dpcore.data.artifacts import RUN_INPUTS_FILE, file_sha256
+    from flows.release import release
+    from tasks.release import SEAL_TAG, registered_model_name
+    from tasks.tracking import mlflow_client
+
+    # the run kept its task spec (content and resolved path) and where its delta came from
+    kept = json.loads((Path(finished_run["run_dir"]) / RUN_INPUTS_FILE).read_text())
+    assert kept["task_spec"]["name"] == "agnews-mini" and Path(kept["task_spec_path"]).is_absolute()
+    assert (kept["delta"], kept["delta_source"]) == (finished_run["delta"], "1/|D|")
+    # a copy whose configuration names its spec relatively, released from another folder
+    run_id = _releasable_copy(finished_run, "release-elsewhere", config={"task_spec": "agnews-mini.yaml"})
+    monkeypatch.chdir(tmp_path)
+    releases = home() / "releases" / finished_run["dataset"]
+
+    def folders() -> list[str]:
+        return sorted(p.name for p in releases.iterdir()) if releases.exists() else []
+
+    before = folders()
+    with monkeypatch.context() as failing:  # the disk fills up while the record is written: nothing is left
+        failing.setattr(gate, "release_manifest", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+        with pytest.raises(OSError, match="disk full"):
+            release(run_id=run_id)
+    assert folders() == before
+    released = release(run_id=run_id)
+    folder = Path(released["release_dir"])
+    assert folders() == sorted([*before, folder.name])
+    record = json.loads((folder / "release.json").read_text())
+    assert record["task_spec"] == kept["task_spec"] and record["delta_source"] == "1/|D|"
+    version = mlflow_client().get_model_version(registered_model_name(finished_run["dataset"]),
+                                                str(released["version"]))
+    assert version.tags[SEAL_TAG] == released[SEAL_TAG] == file_sha256(folder / "release.json")
 
 
 def test_a_release_whose_final_state_comes_back_from_the_server_keeps_its_result(finished_run, monkeypatch):

@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dpcore.data.artifacts import read_table, write_manifest, write_table
+from dpcore.data.artifacts import RUN_INPUTS_FILE, read_table, write_manifest, write_table
+from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home
 from dpcore.release import gate
 
@@ -28,9 +29,12 @@ def _run_folder(run_id: str) -> Path:
     return folder
 
 
-def _tang_run(run_id: str, method_column: str = "dp") -> Path:
-    """A finished pipeline run's public tables; `method_column` as an older dpicl wrote it."""
+def _tang_run(run_id: str, method_column: str = "dp", config: dict | None = None, inputs: dict | None = None) -> Path:
+    """A finished pipeline run's public tables; `method_column` as an older dpicl wrote it; `config` its manifest's
+    configuration; `inputs` its `run_inputs.json` (none: a run made before runs kept their inputs)."""
     folder = _run_folder(run_id)
+    if inputs is not None:
+        (folder / RUN_INPUTS_FILE).write_text(json.dumps(inputs))
     write_table(pd.DataFrame({"method": [method_column, method_column, "zero-shot"], "epsilon": [4.0, 4.0, 0.0],
                               "label": ["World", "Sports", "World"], "text": ["a", "b", "c"],
                               "seeded_noise": [False, False, False], "sampler": ["poisson"] * 3}),
@@ -38,7 +42,7 @@ def _tang_run(run_id: str, method_column: str = "dp") -> Path:
     write_table(pd.DataFrame([{"epsilon": 4.0, "method": method_column, "mechanism": "gaussian",
                                "noise_multiplier": 1.2, "sampling_rate": 0.01, "steps": 20, "delta": DELTA,
                                "crosscheck_agreed": True}]), folder / "calibration.parquet")
-    write_manifest(folder, extra={"run_id": run_id, "dataset": "agnews", "model": "tiny", "config": {}})
+    write_manifest(folder, extra={"run_id": run_id, "dataset": "agnews", "model": "tiny", "config": config or {}})
     return folder
 
 
@@ -141,6 +145,54 @@ def test_passing_evidence_and_the_manifest_are_the_same_for_every_method():
         if method != "pate":  # one spend: its mechanism, sigma, q, T at the top level, as tang's manifest had
             assert manifest["noise_multiplier"] == artifact.spends[0]["noise_multiplier"]
             assert {"mechanism", "sampling_rate", "steps"} <= set(manifest)
+
+
+# --------------------------------------------------------------------------- what a release states of its run
+
+
+@pytest.mark.parametrize("source, config, expected", [
+    ("budget", {}, "delta = 0.001 is the delta of the ledger budget of dataset id 'agnews', which the run took"),
+    ("flag", {}, "delta = 0.001 was given to the run (--delta)"),
+    (None, {"delta": "None"}, "delta = 0.001 is 1/|D|, the default when a run is given no delta"),  # an older run
+])
+def test_the_manifest_states_the_delta_the_run_used_and_where_it_came_from(source, config, expected):
+    run_id = f"delta-from-{source}"
+    _tang_run(run_id, "tang", config=config, inputs={"delta": DELTA, "delta_source": source} if source else None)
+    artifact = gate.load_artifact("tang", run_id, dpicl_home())
+    manifest = gate.release_manifest(artifact, artifact_file=gate.DEMOS_FILE, artifact_sha256="f" * 64,
+                                     audit_summary={}, code_version="test", accountant_versions={}, version=1,
+                                     ledger_spend=None, task_spec=artifact.task_spec)
+    delta_lines = [line for line in manifest["assumptions"] if "delta" in line]
+    assert len(delta_lines) == 1 and delta_lines[0].startswith(expected) and manifest["delta"] == DELTA
+    assert manifest["delta_source"] == (source or "1/|D|")
+    if source is not None:  # 1/|D| is said only of a run that used it
+        assert "1/|D|" not in " ".join(manifest["assumptions"])
+
+
+def test_a_run_keeps_its_task_spec_and_is_released_from_any_folder(tmp_path, monkeypatch):
+    import yaml
+
+    from dpcore.config import RunConfig
+    from dpcore.data.taskspec import TASKS_DIR, load_task_spec
+
+    started_in = tmp_path / "project"
+    started_in.mkdir()
+    spec = yaml.safe_load((TASKS_DIR / "agnews.yaml").read_text()) | {"name": "hatespeech"}
+    (started_in / "hatespeech.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.chdir(started_in)
+    config = RunConfig(task_spec="hatespeech.yaml")  # a run keeps the path resolved
+    assert config.task_spec == str(started_in / "hatespeech.yaml") and config.dataset == "hatespeech"
+    kept = load_task_spec(config.task_spec).model_dump(mode="json")
+    _tang_run("spec-kept", "tang", config={"task_spec": "hatespeech.yaml"},
+              inputs={"task_spec": kept, "task_spec_path": config.task_spec, "delta": DELTA, "delta_source": "flag"})
+    _tang_run("spec-not-kept", "tang", config={"task_spec": "hatespeech.yaml"})  # a run made by an earlier dpicl
+
+    monkeypatch.chdir(tmp_path)  # elsewhere: the relative name no longer reads
+    assert gate.load_artifact("tang", "spec-kept", dpicl_home()).task_spec == kept
+    with pytest.raises(ConfigError) as refused:  # refused when the release is read, before anything is written
+        gate.load_artifact("tang", "spec-not-kept", dpicl_home())
+    assert str(refused.value).startswith("run spec-not-kept: task spec hatespeech.yaml: file not found")
+    assert "release it from the folder it was started in" in str(refused.value)
 
 
 # --------------------------------------------------------------------------- one name

@@ -23,6 +23,11 @@ import pyarrow.parquet as pq
 from dpcore.home import is_private_path
 from dpcore.names import current_method_names
 
+# A run's public record of what it was made from, written when its data is ingested and sealed by the run's
+# manifest with its other files: the task spec's content and resolved path, the run's delta and where it came
+# from (`tasks.run_plans.DELTA_SOURCES`). What a release of the run needs, from any working directory.
+RUN_INPUTS_FILE = "run_inputs.json"
+
 # Tables holding private record text, the ids of the real demos of the random-real baseline, or
 # per-record functions of private data (test predictions with ids and probabilities, membership scores).
 PRIVATE_TABLES = frozenset({"records", "partitions", "real_demos", "predictions", "mia_scores", "teacher_assignments",

@@ -25,8 +25,10 @@ Artifacts released here are DP outputs: answering queries with them later is pos
 The release manifest states the guarantee of the demos themselves (their epsilon at their
 delta) and the ledger's composed spend of the dataset when they were released (every entry
 of the dataset id: other runs, audits, baselines), with what the guarantee assumes:
-per-label record counts are treated as public, and delta = 1/|D| (the default) is the
-paper's choice, weak for a real deployment.
+per-label record counts are treated as public, and the delta the run used, with where it came from
+(`delta_assumption`: the run's --delta, its ledger budget's delta, or 1/|D|, the default: the paper's
+choice, weak for a real deployment). The task spec it states is the one the run kept
+(`dpcore.data.artifacts.RUN_INPUTS_FILE`), so a release reads the same from any working directory.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpcore.data.artifacts import read_table, verify_manifest
-from dpcore.display import fmt_eps
+from dpcore.data.artifacts import RUN_INPUTS_FILE, read_table, verify_manifest
+from dpcore.data.taskspec import TaskSpec, load_task_spec
+from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.fewshot.sampling import ACCOUNTED_SAMPLERS
 from dpcore.home import find_run_dir
@@ -98,11 +101,28 @@ def release_failures(evidence: ReleaseEvidence) -> list[str]:
     return failures
 
 
+# Where a release's assumptions state its delta: replaced in every manifest by `delta_assumption`, the delta the
+# run used and where it came from.
+DELTA_ASSUMPTION = "delta: the run's, and where it came from"
 ASSUMPTIONS = (
     "per-label record counts |D_y| are treated as public (they set q = MN/|D_y|), as in Tang et al.",
-    "delta = 1/|D| (the default) is the paper's choice for comparability and weak: a mechanism at that delta may "
-    "expose about one record; a deployment should set a smaller delta (dpicl run --delta)",
+    DELTA_ASSUMPTION,
 )
+
+
+def delta_assumption(delta: float, source: str | None, dataset_id: str) -> str:
+    """What a release's guarantee assumes of its delta, by where the run took it from (`source`: one of
+    `tasks.run_plans.DELTA_SOURCES`; None for a run that did not record it)."""
+    shown = f"delta = {fmt_delta(delta)}"
+    if source == "1/|D|":
+        return (f"{shown} is 1/|D|, the default when a run is given no delta: the paper's choice for comparability, "
+                "and weak (a mechanism at that delta may expose about one record); a deployment should set a "
+                "smaller delta (dpicl run --delta, or a ledger budget's delta)")
+    if source == "budget":
+        return f"{shown} is the delta of the ledger budget of dataset id '{dataset_id}', which the run took"
+    if source == "flag":
+        return f"{shown} was given to the run (--delta)"
+    return f"{shown} was given to the run (--delta, or its ledger budget's delta)"
 
 
 def audit_verdict(audit: pd.DataFrame | None) -> tuple[bool, bool, tuple[str, ...]]:
@@ -242,6 +262,8 @@ class Artifact:
     crosscheck_agreed: bool | None = None  # as recorded when calibrated (tang); None: recomputed on the spends
     table: pd.DataFrame | None = field(default=None, compare=False)  # the rows of the released demos file
     selector: dict = field(default_factory=dict, compare=False)  # the flags that pick this artifact again
+    task_spec: dict | None = None  # the task spec the run was made with (`run_task_spec`), as JSON
+    delta_source: str | None = None  # where the run's delta came from (`run_delta_source`); None: not recorded
 
     @property
     def dataset_id(self) -> str:
@@ -261,6 +283,39 @@ def _set(value) -> str | None:
     return None if value in (None, "None", "") else str(value)
 
 
+def run_inputs(path: Path) -> dict:
+    """What a run kept of its inputs (`RUN_INPUTS_FILE`); {} for a run made before they were kept."""
+    return _json(path / RUN_INPUTS_FILE) if (path / RUN_INPUTS_FILE).exists() else {}
+
+
+def run_task_spec(run_id: str, inputs: dict, named: str | None) -> dict:
+    """The task spec a run was made with, as JSON: the content it kept; for a run made before it kept one, the
+    shipped task or spec file it names, read now (a relative path reads from the working directory: refused
+    in one line when it is not there, before anything is written)."""
+    if inputs.get("task_spec") is not None:
+        try:
+            return TaskSpec.model_validate(inputs["task_spec"]).model_dump(mode="json")
+        except ValueError:
+            raise ConfigError(f"run {run_id}: {RUN_INPUTS_FILE}: its task_spec is not a task spec") from None
+    if not named:
+        raise ConfigError(f"run {run_id}: it names no task spec")
+    try:
+        return load_task_spec(named).model_dump(mode="json")
+    except ConfigError as exc:
+        raise ConfigError(f"run {run_id}: {exc} (the run, made by an earlier dpicl, kept only this name of its task "
+                          "spec: release it from the folder it was started in)") from None
+
+
+def run_delta_source(inputs: dict, config: dict | None) -> str | None:
+    """Where a run's delta came from: as it recorded it; for an older run whose configuration gave no delta,
+    1/|D|; else None (given, by --delta or its budget: the run did not say which)."""
+    if inputs.get("delta_source"):
+        return str(inputs["delta_source"])
+    if config and "delta" in config and _set(config.get("delta")) is None:
+        return "1/|D|"
+    return None
+
+
 def tang_artifact(run_id: str, run: RunFolder, epsilon: float | None = None) -> Artifact:
     """DP few-shot generation's demos at `epsilon` (default the smallest of the run: the strongest guarantee),
     with the calibration row of that epsilon as the spend the ledger must hold (Tang et al. Algorithm 1)."""
@@ -274,6 +329,7 @@ def tang_artifact(run_id: str, run: RunFolder, epsilon: float | None = None) -> 
     config = run.manifest.get("config", {})
     dataset = str(run.manifest.get("dataset", config.get("dataset", "")))
     spend = {k: row.get(k) for k in ("mechanism", "noise_multiplier", "sampling_rate", "steps")}
+    inputs = run_inputs(run.path)
     return Artifact(
         method="tang", run_id=run_id, path=run.path, name="demos", epsilon=chosen,
         delta=math.nan if row.get("delta") is None else float(row["delta"]), spends=({**spend, "purpose": "pipeline"},),
@@ -287,7 +343,9 @@ def tang_artifact(run_id: str, run: RunFolder, epsilon: float | None = None) -> 
                   if len(rows) else ()),
         ledger_purposes=TANG_PURPOSES,
         crosscheck_agreed=bool(len(calib) == 0 or calib["crosscheck_agreed"].astype(bool).all()),
-        table=rows, selector={"epsilon": chosen})
+        table=rows, selector={"epsilon": chosen},
+        task_spec=run_task_spec(run_id, inputs, _set(config.get("task_spec")) or dataset),
+        delta_source=run_delta_source(inputs, config))
 
 
 def load_tang_artifact(run_id: str, home: Path, epsilon: float | None = None) -> Artifact:
@@ -310,6 +368,8 @@ def load_pate_artifact(run_id: str, home: Path, repeat: int | None = None) -> Ar
     rows = students[students["repeat"] == chosen].sort_values("position") if chosen is not None else students[:0]
     demos = tuple((str(t), str(y)) for t, y in zip(rows["text"], rows["label"], strict=True))
     audit_path = path / AUDIT_FILES["pate"]
+    inputs = run_inputs(path)
+    config = (_json(path / "manifest.json") if (path / "manifest.json").exists() else {}).get("config")
     return Artifact(
         method="pate", run_id=run_id, path=path, name=f"student-r{chosen}", epsilon=float(plan["plan"]["epsilon"]),
         delta=float(plan["plan"]["delta"]), spends=tuple(plan["plan"]["spends"]),
@@ -318,7 +378,9 @@ def load_pate_artifact(run_id: str, home: Path, repeat: int | None = None) -> Ar
         | {"parameters": plan["plan"]["parameters"], "repeat": chosen},
         demos=demos, changed_files=_changed(path), audit=read_table(audit_path) if audit_path.exists() else None,
         table=pd.DataFrame([{"text": t, "label": y} for t, y in demos], columns=["text", "label"]),
-        selector={"repeat": chosen})
+        selector={"repeat": chosen},
+        task_spec=run_task_spec(run_id, inputs, plan.get("task_spec") or plan.get("dataset")),
+        delta_source=run_delta_source(inputs, config))
 
 
 def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, training: int = 0) -> Artifact:
@@ -352,7 +414,9 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
                                                    "noise_multiplier", "sampling_rate", "steps")}},
         prompt_path=json_path.with_suffix(".safetensors"), changed_files=_changed(path),
         audit=read_table(audit_path) if audit_path.exists() else None,
-        samplers=("poisson",), selector={"epsilon": chosen, "training": training})
+        samplers=("poisson",), selector={"epsilon": chosen, "training": training},
+        task_spec=run_task_spec(run_id, run_inputs(path), m.get("task_spec") or run.get("dataset")),
+        delta_source=run_delta_source(run_inputs(path), run.get("config")))
 
 
 def load_artifact(method: str, run_id: str, home: Path, epsilon: float | None = None, training: int = 0,
@@ -502,6 +566,10 @@ def release_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256:
         "task_spec": task_spec,
         "demos": [{"label": y, "text": t} for t, y in artifact.demos],
     }
+    # the delta the run used and where it came from, in place of DELTA_ASSUMPTION
+    manifest["assumptions"] = [delta_assumption(artifact.delta, artifact.delta_source, artifact.dataset_id)
+                               if line == DELTA_ASSUMPTION else line for line in manifest["assumptions"]]
+    manifest["delta_source"] = artifact.delta_source
     if artifact_file == DEMOS_FILE:
         manifest["demos_sha256"] = artifact_sha256
     if len(artifact.spends) == 1:
