@@ -260,6 +260,68 @@ def test_a_changed_release_record_is_refused_in_one_line(tiny_model_dir, cli, tm
     assert code == 2 and "has no seal" in _one_clear_line(err)
 
 
+def test_an_out_that_is_a_folder_is_refused_before_any_work(tiny_release, cli, tmp_path, monkeypatch):
+    import tasks.release
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the release was read before --out was checked")
+
+    monkeypatch.setattr(tasks.release, "answer_queries", no_work)
+    monkeypatch.setattr(tasks.release, "export_release", no_work)
+    (tmp_path / "taken.jsonl").mkdir()
+    (tmp_path / "prompt.txt.release.json").mkdir()
+    for argv in (["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-tiny", "--out", str(tmp_path)],
+                 ["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-tiny", "--out",
+                  str(tmp_path / "taken.jsonl")],
+                 ["export", "--dataset-id", "endpoint-tiny", "--out", str(tmp_path)],
+                 ["export", "--dataset-id", "endpoint-tiny", "--format", "text", "--out", str(tmp_path / "prompt.txt")]):
+        code, out, err = cli(argv)
+        assert code == 2 and out == "" and "is a folder; name the file to write" in _one_clear_line(err), err
+
+
+class _NotOpenAI:
+    """A server on a free 127.0.0.1 port that answers every request with HTTP 501, for the `with` block."""
+
+    def __enter__(self) -> str:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                body = b'{"detail": "Not Implemented"}'
+                self.send_response(501)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_server_that_is_not_openai_compatible_is_one_line(tiny_release, cli, tmp_path):
+    with _NotOpenAI() as url:
+        predict = ["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-tiny", "--endpoint", url,
+                   "--retries", "0"]
+        code, out, err = cli(predict)
+        line = _one_clear_line(err)
+        assert code == 2 and out == "" and "lists no models" not in line
+        assert f"endpoint {url}: no model list there (HTTP 501" in line and "OpenAI-compatible" in line
+        code, out, err = cli([*predict, "--model", "any"])
+        line = _one_clear_line(err)
+        assert code == 2 and out == "" and "refused a completion request (HTTP 501" in line, err
+
+
 # --------------------------------------------------------------------------- predict through a real server
 
 

@@ -22,7 +22,8 @@ content-free inputs of `dpcore.lm.icl`, in the same prompt). Extraction tasks an
 
 The network client is built in one place (`connect`); every other function
 takes an `Endpoint`. A server that is down, slow or refuses a request becomes one `EndpointError` naming
-the endpoint and what to check; the API key (`OPENAI_API_KEY`, else a placeholder local servers ignore)
+the endpoint and what to check (a server that does not implement the OpenAI API, answering HTTP 501 or
+refusing every request, among them); `Unsupported` only ever chooses between scoring modes; the API key (`OPENAI_API_KEY`, else a placeholder local servers ignore)
 is never part of a message.
 """
 
@@ -125,9 +126,12 @@ def connect(config: EndpointConfig, known_model: str | None = None, client=None)
     probe = Endpoint(client, url, config.model or "", config)
     try:
         served = tuple(m.id for m in _call(probe, lambda: list(client.models.list())))
-    except (Unsupported, NotFound):  # a server without a model list: the model must be named
+    except (Unsupported, NotFound) as exc:  # no model list there: the model must be named
         if config.model is None:
-            raise ConfigError(f"--model: {url} lists no models; name the model to ask for") from None
+            answer = str(exc) if isinstance(exc, Unsupported) else "HTTP 404"
+            raise EndpointError(f"endpoint {url}: no model list there ({answer}): is it an OpenAI-compatible server "
+                                "at this URL (its base URL usually ends in /v1)? If it is one without a model list, "
+                                "name the model with --model") from None
         served = ()
     model = config.model
     if model is None:
@@ -252,8 +256,13 @@ def score_first_token(endpoint: Endpoint, prompts: Sequence[str], conts: Sequenc
 
 def generate(endpoint: Endpoint, prompts: Sequence[str]) -> list[str]:
     """Greedy answers (temperature 0), cut at the first newline and stripped."""
-    choices = _complete(endpoint, prompts, max_tokens=endpoint.config.max_new_tokens, temperature=0,
-                        stop=[ANSWER_STOP])
+    try:
+        choices = _complete(endpoint, prompts, max_tokens=endpoint.config.max_new_tokens, temperature=0,
+                            stop=[ANSWER_STOP])
+    except Unsupported as exc:  # text is the last mode: a refusal here is the server's, not a mode to skip
+        raise EndpointError(f"endpoint {endpoint.url}: the server refused a completion request ({exc}): is it an "
+                            f"OpenAI-compatible completions server serving model {endpoint.model}? check the URL "
+                            "and --model") from None
     return [str(c.text or "").split(ANSWER_STOP, 1)[0].strip() for c in choices]
 
 

@@ -18,8 +18,16 @@ BROKEN_PIPE_EXIT = 141
 COMMAND_MODULES = ["accounting", "generate", "evaluate", "audit", "ledger", "run", "pate", "tune", "release", "serve", "ui"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line, like every other user error (`dpicl run: error: argument --delta: ...`), exit 2;
+    `--help` shows the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dpicl", description="Privacy-preserving in-context learning: DP few-shot generation, PromptPATE and PromptDPSGD on one ledger."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -45,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
     except DpiclError as exc:
-        print(f"dpicl {args.command}: {exc.kind}: {exc}", file=sys.stderr)
+        action = getattr(args, "ledger_command", None)  # `dpicl ledger set-budget: error: ...`
+        print(f"dpicl {args.command}{f' {action}' if action else ''}: {exc.kind}: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"dpicl {args.command}: interrupted", file=sys.stderr)

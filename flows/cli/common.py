@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,8 +22,8 @@ from dpcore.data.artifacts import jsonable
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
 
-__all__ = ["add_config_flags", "add_output_flags", "checked_config", "command", "config_from_args", "fmt_value", "parse_epsilon",
-           "print_json", "say"]
+__all__ = ["add_config_flags", "add_output_flags", "check_out_file", "checked_config", "command", "config_from_args",
+           "fmt_value", "parse_epsilon", "print_json", "say"]
 
 # CLI spellings that differ from the RunConfig field name (documented in docs/).
 FLAG_ALIASES = FLAG_SPELLINGS
@@ -151,6 +153,24 @@ def checked_config(args: argparse.Namespace, **overrides: Any) -> RunConfig:
         raise
     except ValueError as exc:  # an int flag that is not an int
         raise ConfigError(str(exc)) from None
+
+
+def check_out_file(flag: str, value: str | None) -> Path | None:
+    """A file a command will write (`--out FILE`), checked before any work: not a folder, and the first folder
+    on its path that exists is a writable folder (the file is written atomically, its folders made)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{flag} {value}: is a folder; name the file to write")
+    probe = path.parent
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{flag} {value}: {probe} is a file, so the folder cannot be made")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {value}: {probe} is not writable")
+    return path
 
 
 def say(line: str) -> None:

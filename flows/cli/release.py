@@ -14,7 +14,7 @@ from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.home import dpicl_home, find_run_dir
 from dpcore.names import METHODS, method_name
-from flows.cli.common import command, print_json
+from flows.cli.common import check_out_file, command, print_json
 from flows.cli.endpoint import add_endpoint_flags, endpoint_config
 
 
@@ -78,6 +78,7 @@ def _predict(args) -> int:
     from tasks.release import answer_queries
 
     endpoint = endpoint_config(args, args.model)
+    out = check_out_file("--out", args.out)  # before any work
     path = Path(args.input)
     if not path.exists():
         raise DataValidationError(f"{path}: file not found")
@@ -85,15 +86,15 @@ def _predict(args) -> int:
     manifest, model_name, answers = answer_queries(args.release, args.dataset_id, [q["text"] for q in queries],
                                                    model=args.model, device=args.device,
                                                    calibrate=args.calibration, endpoint=endpoint)
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
-    try:
-        for query, answer in zip(queries, answers, strict=True):
-            row = {k: v for k, v in query.items() if k not in ("text", "line")}
-            row.update(answer)
-            out.write(json.dumps(row) + "\n")
-    finally:
-        if args.out:
-            out.close()
+    lines = []
+    for query, answer in zip(queries, answers, strict=True):
+        row = {k: v for k, v in query.items() if k not in ("text", "line")}
+        row.update(answer)
+        lines.append(json.dumps(row) + "\n")
+    if out is None:
+        sys.stdout.writelines(lines)
+    else:
+        write_text_atomic(out, "".join(lines))
     eps = manifest.get("epsilon")
     where = f"on model {model_name}"
     if endpoint is not None:
@@ -115,6 +116,9 @@ def _export(args) -> int:
     from dpcore.release.export import guarantee_line
     from tasks.release import export_release
 
+    out = check_out_file("--out", args.out)  # before the release is read
+    if out is not None and args.format == "text":
+        check_out_file("--out", f"{args.out}.release.json")  # the guarantee's copy beside the template
     manifest, exported = export_release(args.release, args.dataset_id, args.placeholder)
     if args.format == "json":
         if args.out:
