@@ -315,9 +315,10 @@ def _tang_stages(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths
             if plan.audit.note:
                 get_run_logger().warning(plan.audit.note)
             if plan.audit.config is not None:
+                charged = all(noise_charged(ledger_entry, p.method, p.epsilon) for p in plan.audit.plans)
                 audit_futures = map_calls(runner, audit_stage.audit, [
                     audit_stage.audit_call(config, ingested, fewshot, shards, generation_config, scope,
-                                           plan.audit.config)])
+                                           plan.audit.config, charged=charged)])
 
         evaluations = results(eval_futures)
         # Per-item predictions (test ids, gold labels, probabilities) are private; metrics are aggregates.

@@ -36,6 +36,7 @@ plan, the DP audit at one epsilon, the non-private reference and the writing of 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from pathlib import Path
@@ -43,11 +44,12 @@ from pathlib import Path
 import pandas as pd
 
 from dpcore.audit.design import AuditDesign
-from dpcore.audit.procedures import verdict_word
+from dpcore.audit.procedures import MEMBER_FRACTION, verdict_word
 from dpcore.config import AuditConfig, GenerationConfig, RunConfig
 from dpcore.data.artifacts import read_table, write_table
 from dpcore.errors import ConfigError
 from dpcore.fewshot.plan import TANG, Calibration, FewShotPlan, fewshot_plan
+from dpcore.privacy.plan import AUDIT_PLAN, PrivacyPlan
 from tasks.common import (
     cached_task,
     derive_seed,
@@ -134,16 +136,17 @@ def design_line(audit_config: AuditConfig, chosen: AuditDesign, demo_sets: int =
 
 
 def audit_call(config: RunConfig, ingested: dict, plan: FewShotPlan, shards: list, generation_config: GenerationConfig,
-               noise_scope: str, audit_config: AuditConfig) -> dict:
+               noise_scope: str, audit_config: AuditConfig, charged: bool = False) -> dict:
     """The keyword arguments of the `audit` task for a pipeline run: its DP epsilons (`FewShotPlan.dp`) and
-    the run's own DP demos (`tasks.generate.Shard`s), with the audit as planned (`run_audit_design`)."""
+    the run's own DP demos (`tasks.generate.Shard`s), with the audit as planned (`run_audit_design`).
+    `charged`: this attempt of the run charged every DP demo set the audit generates, with its other spends."""
     dp_shards = sorted((s for s in shards if s.method == TANG), key=lambda s: (s.epsilon, s.label))
     return dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                 task_spec=ingested["task_spec"], targets=plan.tang(), generation=generation_config,
                 audit_config=audit_config, model=config.model, device=config.device, dtype=config.dtype,
                 seed=config.seed, noise_scope=noise_scope, demo_paths=[s.path for s in dp_shards],
                 demo_keys=[s.key for s in dp_shards], non_private_reference=config.audit_reference,
-                delta=plan.delta, dataset_id=config.ledger_id, run_id=ingested["paths"]["run_id"])
+                delta=plan.delta, dataset_id=config.ledger_id, run_id=ingested["paths"]["run_id"], charged=charged)
 
 
 def _progress(what: str):
@@ -169,6 +172,23 @@ def audit_plan(generation: GenerationConfig, member_counts: dict[str, int], epsi
     `demo_sets` generations charged (purpose "audit")."""
     return fewshot_plan([epsilon], member_counts, generation.model_copy(update={"demos_per_label": 1}), delta,
                         purpose="audit", repeats=demo_sets)
+
+
+def audit_generation_plans(generation: GenerationConfig, label_counts: dict[str, int], fewshot: FewShotPlan,
+                           delta: float, audit_config: AuditConfig | None) -> list[PrivacyPlan]:
+    """The plans of the DP demo sets a regenerate-mode audit generates, from public counts: per DP epsilon of
+    the run, `audit_plan` on the members' label counts (`split_members` takes round(half) of each label),
+    named "audit". What the audit task then spends, charged with the run's other spends before anything
+    runs; none for a run-demos audit or one not run."""
+    if audit_config is None or audit_config.mode != "regenerate":
+        return []
+    members = {label: int(round(MEMBER_FRACTION * n)) for label, n in label_counts.items()}
+    plans = []
+    for target in fewshot.tang():
+        (charged,) = audit_plan(generation, members, float(target.epsilon), delta,
+                                audit_config.demo_sets).privacy_plans()
+        plans.append(dataclasses.replace(charged, method=AUDIT_PLAN))
+    return plans
 
 
 def dp_audit_at(lm, spec, members: pd.DataFrame, non_members: pd.DataFrame, audit_config: AuditConfig,
@@ -242,8 +262,13 @@ def audit(
     delta: float | None = None,
     dataset_id: str | None = None,
     run_id: str | None = None,
+    charged: bool = False,
 ) -> dict:
-    """Audit every DP epsilon of a run; returns stage paths and the per-epsilon summaries (public)."""
+    """Audit every DP epsilon of a run; returns stage paths and the per-epsilon summaries (public).
+    `charged` (not in the cache key): the run charged every DP demo set of a regenerate-mode audit before it
+    started (`audit_generation_plans`), so none is charged here; otherwise (a resumed run whose charge an
+    earlier attempt made) each demo set is charged anew before it is generated: never a draw under an old
+    charge."""
     from dpcore.audit.gate import GateThresholds
     from dpcore.fewshot.plan import default_delta
     from tasks.charge import audit_charge_hook
@@ -265,7 +290,8 @@ def audit(
         results = _audit_run_demos(lm, spec, records_path, train, demos, targets, audit_config, delta=delta,
                                    **shared)
     else:
-        charge = functools.partial(audit_charge_hook, dataset_id, data_hash, run_id)
+        charge = _charged_with_the_run if charged else functools.partial(audit_charge_hook, dataset_id, data_hash,
+                                                                          run_id)
         results = _audit_regenerated(lm, spec, train, demos, targets, generation, audit_config, delta=delta,
                                      split_seed=split_seed, noise_seed=seed, charge=charge, **shared)
     reference = None
@@ -282,6 +308,11 @@ def audit(
     if reference is not None:
         result["reference"] = public_summary(reference)
     return result
+
+
+def _charged_with_the_run(plan: PrivacyPlan):
+    """The `charge(plan)` of an audit whose demo sets the run charged before it started: nothing more."""
+    return lambda demo_set: None
 
 
 def _audit_run_demos(lm, spec, records_path: str, train: pd.DataFrame, demos: pd.DataFrame | None,

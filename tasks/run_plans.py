@@ -3,8 +3,8 @@
 `build_run_plan` loads the dataset once (validated, its keyed content hash), picks delta (the flag, the
 budget's delta the CLI put in the config, or 1/|D|), and plans every method the run names on that data:
 DP few-shot generation's `FewShotPlan` (a sigma per epsilon, `dpcore.fewshot.plan`), PromptPATE's settings,
-public queries and plans (`tasks.pate`), PromptDPSGD's plans (`tasks.tune`), and the audit's design from
-public counts (`tasks.audit.run_audit_design`). Nothing is written but the records' sketch beside the
+public queries and plans (`tasks.pate`), PromptDPSGD's plans (`tasks.tune`), and the audit's design and the
+plans of its DP demo sets from public counts (`tasks.audit`): every spend the run will make. Nothing is written but the records' sketch beside the
 ledger (`tasks.ingest.load_data`); no model loads.
 
 The CLI builds it, says it and dry-runs its spends (`dry_run`); the flows receive it in the same process
@@ -32,7 +32,7 @@ from dpcore.privacy import ledger
 from dpcore.privacy.plan import PrivacyPlan
 from tasks import pate as pate_stage
 from tasks import tune as tune_stage
-from tasks.audit import run_audit_design
+from tasks.audit import audit_generation_plans, run_audit_design
 from tasks.calibrate import plan_arguments
 from tasks.charge import budget_delta, charge_spends, plan_spends, preflight
 from tasks.ingest import load_data
@@ -79,11 +79,14 @@ class PatePlan:
 @dataclass(frozen=True)
 class AuditPlan:
     """The run's audit planned from public counts (`tasks.audit.run_audit_design`): the configuration to
-    run (None: skipped), its design, and the line said about it (None: nothing to say)."""
+    run (None: skipped), its design, the line said about it (None: nothing to say), and the plans of the DP
+    demo sets a regenerate-mode audit generates (`tasks.audit.audit_generation_plans`), charged with the run's
+    other spends before anything runs."""
 
     config: AuditConfig | None
     design: AuditDesign
     note: str | None
+    plans: tuple[PrivacyPlan, ...] = ()
 
     @property
     def demo_sets(self) -> int:
@@ -128,10 +131,11 @@ class RunPlan:
         return self.held.get()
 
     def privacy_plans(self) -> list[PrivacyPlan]:
-        """Every method's plans, in the order the ledger charges them: DP few-shot generation's, PromptPATE's,
-        PromptDPSGD's."""
+        """Every plan of the run, in the order the ledger charges them: DP few-shot generation's, PromptPATE's,
+        PromptDPSGD's, the audit's DP demo sets."""
         return ([*self.fewshot.privacy_plans()] if self.fewshot is not None else []) + \
-            [*(self.pate.plans if self.pate is not None else ()), *self.dpsgd]
+            [*(self.pate.plans if self.pate is not None else ()), *self.dpsgd,
+             *(self.audit.plans if self.audit is not None else ())]
 
     def spends(self, run_id: str | None) -> list[tuple[str, float, ledger.Spend]]:
         """The run's ledger requests under `run_id` (a dry run's: "dry-run"), on the plan's content hash."""
@@ -171,7 +175,9 @@ def build_run_plan(config: RunConfig, methods: Iterable[str] | None = None) -> R
         generation = arguments["generation"]
         fewshot = fewshot_plan(**arguments)
         if config.audit:
-            audit = AuditPlan(*run_audit_design(config, counts, len(data.test)))
+            audit_config, design, note = run_audit_design(config, counts, len(data.test))
+            audit = AuditPlan(audit_config, design, note, tuple(audit_generation_plans(
+                generation, counts, fewshot, delta, audit_config)))
     return RunPlan(
         config=config, methods=methods, data_hash=data.content_hash, delta=float(delta), delta_source=source,
         labels=tuple(data.labels), label_counts=counts, num_private_records=len(data.train),

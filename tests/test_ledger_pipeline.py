@@ -122,13 +122,23 @@ def test_the_run_summary_shows_the_ledger_after_the_audit(capsys):
     from flows.cli.run import format_results
     from flows.pipeline import run_pipeline
 
+    from tasks.charge import planned_cost
+    from tasks.run_plans import build_run_plan
+
     # a seed of its own: a seeded audit cached by another test would be reused, drawing (and charging) nothing
-    summary = run_pipeline(_quick(epsilons=[2.0], dataset_id="item8-summary", audit=True, seed=8008),
-                           run_id="item8-run")
+    config = _quick(epsilons=[2.0], dataset_id="item8-summary", audit=True, seed=8008)
+    cost = planned_cost(build_run_plan(config).spends("item8-run"))  # what `dpicl run` prints as its plan
+    assert set(cost["methods"]) == {"tang", "audit"}
+    summary = run_pipeline(config, run_id="item8-run")
+    # the audit's DP demo set is in the one charge made before anything ran, and nothing is charged after it
+    assert summary["ledger"]["charged"] == 2
+    assert sorted(e["purpose"] for e in summary["ledger"]["entries"]) == ["audit", "pipeline"]
     after = summary["ledger_after"]
     assert after["entries_this_run"] == 2 and after["purposes_this_run"] == ["audit", "pipeline"]
     assert after["epsilon"] == pytest.approx(Ledger().spend("item8-summary").epsilon)
     assert after["epsilon"] > 2.0  # the audit's own DP generation composes on top of the run's epsilon
+    # the plan's epsilon is the ledger's total after the run, audit included
+    assert after["epsilon"] == pytest.approx(cost["epsilon"], rel=1e-9)
     table = format_results(summary)
     assert "ledger: dataset item8-summary spent epsilon" in table and "(2 entries this run: audit, pipeline" in table
 

@@ -79,6 +79,7 @@ EPSILON_LB_METHOD = "holdout"  # threshold chosen on even trials, bounded on odd
 # The audit's public face (`AuditResult.public_summary`): design and verdict, no statistic of the records.
 PUBLIC_AUDIT_FIELDS = ("setting", "epsilon", "noise_multiplier", "delta", "trials", "demo_sets", "members_per_trial",
                        "non_members_per_trial", "confidence", "passed", "reasons")
+MEMBER_FRACTION = 0.5  # Tang et al. Appendix F: half of each label's records are members
 
 
 def verdict_word(passed: bool, reasons) -> str:
@@ -316,7 +317,7 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
     )
 
 
-def split_members(records: pd.DataFrame, seed=None, member_fraction: float = 0.5
+def split_members(records: pd.DataFrame, seed=None, member_fraction: float = MEMBER_FRACTION
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Tang et al. Appendix F: a seeded random split of the private records into members and non-members.
 

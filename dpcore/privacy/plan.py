@@ -35,7 +35,8 @@ from dpcore.privacy.spend import Spend
 
 # What a plan may be named: a method, or one of DP few-shot generation's charged rows (`dpcore.fewshot.plan`).
 FEWSHOT_ROWS: tuple[str, ...] = ("tang", "sigma-zero", "random-real", "audit-reference")
-PLAN_NAMES: tuple[str, ...] = METHODS + FEWSHOT_ROWS[1:]
+AUDIT_PLAN = "audit"  # the DP demo sets a regenerate-mode audit generates from its members (`tasks.audit`)
+PLAN_NAMES: tuple[str, ...] = METHODS + FEWSHOT_ROWS[1:] + (AUDIT_PLAN,)
 
 
 @dataclass(frozen=True)
