@@ -228,6 +228,21 @@ def test_empty_text_names_file_row_column(tmp_path, tickets_spec):
     assert str(path) in message and "line 4" in message and "'body'" in message and "empty text" in message
 
 
+def test_a_record_longer_than_any_prompt_holds_is_refused_naming_its_line_not_its_text(tmp_path, tickets_spec):
+    from dpcore.data.datasets import MAX_RECORD_CHARS
+
+    rows = [dict(r) for r in GOOD_ROWS]
+    rows[1]["body"] = "secretword " * (MAX_RECORD_CHARS // 10)  # about 1.1 MB: a pasted document, not a record
+    message, path = _bad(tmp_path, tickets_spec, rows)
+    assert str(path) in message and "line 3" in message and "'body'" in message
+    assert f"{MAX_RECORD_CHARS:,} characters" in message and "secretword" not in message and "\n" not in message
+    rows[1]["body"] = "x" * MAX_RECORD_CHARS  # at the cap: a record like any other
+    path.unlink()
+    (tmp_path / "ok.csv").write_text("")
+    write_csv(tmp_path / "ok.csv", rows)
+    assert len(load_dataset(tickets_spec, data_path=tmp_path / "ok.csv").train) == 4
+
+
 def test_missing_label(tmp_path, tickets_spec):
     rows = [dict(r) for r in GOOD_ROWS]
     rows[1]["topic"] = ""

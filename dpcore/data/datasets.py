@@ -39,6 +39,10 @@ DATA_DIR = TASKS_DIR.parent
 COLUMNS = ["id", "text", "label"]
 # A user's records file split by a shipped task's spec (whose test size counts the shipped source's rows).
 DEFAULT_TEST_FRACTION = 0.2
+# The most characters a record's text may hold. Every method cuts a record to a token cap before it enters a
+# prompt (Algorithm 1's `max_record_tokens`, the audit's, the model's context of a few thousand tokens), so a
+# longer cell is never a record any method reads whole: it is refused before anything is charged.
+MAX_RECORD_CHARS = 100_000
 
 
 # --------------------------------------------------------------------------- restricted unpickler
@@ -321,6 +325,11 @@ def normalise_records(
         label = frame[label_column].iloc[i]
         if not isinstance(text, str) or not text.strip():
             raise DataValidationError(f"{_row_name(frame, i, where)}: column {text_column!r}: empty text")
+        if len(text) > MAX_RECORD_CHARS:
+            raise DataValidationError(
+                f"{_row_name(frame, i, where)}: column {text_column!r}: longer than {MAX_RECORD_CHARS:,} characters, "
+                "more than any prompt holds (each method cuts a record to a few hundred tokens); shorten or split "
+                "it")
         if label is None or (isinstance(label, float) and np.isnan(label)) or not str(label).strip():
             raise DataValidationError(f"{_row_name(frame, i, where)}: column {label_column!r}: missing label")
         label = str(label).strip()
