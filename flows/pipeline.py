@@ -44,6 +44,7 @@ from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import DpiclError, RunStopped
 from dpcore.fewshot.plan import FewShotPlan
 from dpcore.home import configure_environment
+from dpcore.public_outputs import Kind, declare_line
 from dpcore.report.summary import private_data_verdict
 from flows.pate import pate_flow
 from flows.runner import default_run_id, map_calls, results, running
@@ -243,6 +244,12 @@ def _record(config: RunConfig, run_id: str, flow_run_id: str, ingested: dict, pa
     if tang_summary["audit_summary"] is not None:
         audit = {**audit, "summary": tang_summary["audit_summary"], "reference": tang_summary["audit_reference"]}
     return recorded, audit
+
+
+# the run's charge: the planned cost follows from the public counts; the dataset's total composes every spend
+# on it, PromptPATE's DP-released bounds among them
+declare_line(Kind.COUNT, r"^ledger \S+: .* planned cost epsilon (\S+); dataset total epsilon \S+ at delta")
+declare_line(Kind.DP, r"^ledger \S+: .* planned cost epsilon \S+; dataset total epsilon (\S+) at delta")
 
 
 def charge_line(ledger_entry: dict, cost: dict, run_id: str, delta: float) -> str:

@@ -46,6 +46,7 @@ from dpcore.fewshot.plan import (
 from dpcore.fewshot.sampling import ACCOUNTED_SAMPLERS
 from dpcore.home import dpicl_home, private_dir
 from dpcore.names import DEMO_SOURCES, method_name
+from dpcore.public_outputs import Kind, declare, declare_line
 from tasks.calibrate import generation_config
 from tasks.charge import charge_plans, check_context, check_group_prompt
 from tasks.common import language_model, report_progress
@@ -65,6 +66,28 @@ PRIVATE_AUDIT_KEYS = AUDIT_KEYS + ("attack", "auc", "auc_ci", "auc_ci_method", "
                                    "epsilon_lower_bound_method", "max_overlap_tokens", "overlapping_records",
                                    "overlap_threshold", "seconds")
 
+# The commands' public summaries (--json and the same object in the output folder). Generation: the demos and
+# the counters of them alone are DP outputs; sigma, q and the accountant's epsilons follow from |D_y|.
+for _output in ("json:generate", "file:*generation.json"):
+    declare(_output, Kind.DP, "/demos", "/stats")
+    declare(_output, Kind.COUNT, "/noise_multiplier", "/sampling_rate", "/epsilon", "/epsilon_lower",
+            "/epsilon_crosscheck", "/limiting_label", "/per_label_epsilon/*")
+    declare(_output, Kind.IDENTITY, "/content_hash")
+# Evaluation: accuracies of a DP prompt on test items; the time spent scoring them (public work); the epsilon
+# accounted from the demos' sigma and |D_y|.
+for _output in ("json:evaluate", "file:*summary.json"):
+    declare(_output, Kind.DP, "/accuracy", "/calibrated_accuracy")
+    declare(_output, Kind.PUBLIC_TIMING, "/seconds", "/seconds_per_100_items")
+    declare(_output, Kind.COUNT, "/epsilon")
+    declare(_output, Kind.IDENTITY, "/data_hash")
+declare_line(Kind.COUNT, r"^dpicl evaluate: epsilon (\S+) accounted from the demos' noise multiplier")
+# The audit: its design follows from the configuration and |D_y|; the gate's verdict is its one public bit.
+for _output in ("json:audit", "file:*audit.json"):
+    declare(_output, Kind.VERDICT, "/verdict", "/passed", "/reasons", "/reference/verdict", "/reference/passed",
+            "/reference/reasons")
+    declare(_output, Kind.COUNT, "/epsilon", "/noise_multiplier", "/privacy/epsilon", "/privacy/noise_multiplier",
+            "/privacy/sampling_rate")
+    declare(_output, Kind.IDENTITY, "/content_hash")
 
 # --------------------------------------------------------------------------- folders
 

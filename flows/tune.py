@@ -20,6 +20,7 @@ from dpcore.config import RunConfig
 from dpcore.display import fmt_eps
 from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
+from dpcore.public_outputs import Kind, declare_line
 from flows.runner import default_run_id
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
@@ -28,6 +29,7 @@ from tasks.charge import charge_plans, ledger_report, noise_charged
 from tasks.run_plans import RunPlan, build_run_plan
 
 FLOW_NAME = "prompt-dpsgd"
+declare_line(Kind.DP, r"^ledger \S+: .* dataset total epsilon (\S+); prompt")  # every spend on the dataset
 
 
 def charge_line(charge: dict, shape: str) -> str:

@@ -50,6 +50,7 @@ from dpcore.data.artifacts import read_table, write_table
 from dpcore.errors import ConfigError
 from dpcore.fewshot.plan import TANG, Calibration, FewShotPlan, fewshot_plan
 from dpcore.privacy.plan import AUDIT_PLAN, PrivacyPlan
+from dpcore.public_outputs import Kind, declare, declare_line, declare_log
 from tasks.common import (
     cached_task,
     derive_seed,
@@ -68,6 +69,16 @@ AUDIT_MODULES = ("dpcore.audit.procedures", "dpcore.audit.statistics", "dpcore.a
 REFERENCE_OVERLAP_SAMPLE = 2000
 AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_config", "model", "dtype", "seed",
                     "noise_scope", "demo_keys", "non_private_reference", "delta")
+
+
+# The audit's public face: the gate's verdict (and its figure-free reasons) and its design, which follows from
+# the configuration and the public counts (|D|, |D_y|: the pools of members and non-members the plan draws).
+for _output in ("file:*audit.parquet", "file:*audit_reference.parquet"):
+    declare(_output, Kind.VERDICT, "/*/verdict", "/*/passed", "/*/reasons")
+    declare(_output, Kind.COUNT, "/*/noise_multiplier")
+AUDIT_VERDICT_LOG = declare_log("audit at epsilon %g: %s", verdict=(1,))
+declare_line(Kind.COUNT, r"^audit: \d+ trials x \d+ records exceed the pool of (\d+):")
+declare_line(Kind.COUNT, r"^audit: label\(s\) (.*) lack the members/non-members to query")
 
 
 def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size: int
@@ -378,7 +389,7 @@ def _audit_regenerated(lm, spec, train: pd.DataFrame, demos: pd.DataFrame | None
 
 def _log_result(logger, eps: float, result) -> None:
     """The verdict only: the audit's figures are statistics of private records (private audit table)."""
-    logger.info("audit at epsilon %g: %s", eps, verdict_word(result.passed, result.reasons))
+    logger.info(AUDIT_VERDICT_LOG, eps, verdict_word(result.passed, result.reasons))
 
 
 def public_summary(result) -> dict:

@@ -44,6 +44,7 @@ from dpcore.config import flag
 from dpcore.errors import ConfigError
 from dpcore.fewshot.plan import AUDIT_REFERENCE, RANDOM_REAL, SIGMA_ZERO, real_records_plan
 from dpcore.privacy import ledger
+from dpcore.public_outputs import Kind, declare
 
 __all__ = ["AUDIT_REFERENCE", "RANDOM_REAL", "SIGMA_ZERO", "audit_charge_hook", "charge_plans", "charge_spends",
            "budget_delta", "epsilon_report", "ledger_spends", "noise_charged", "plan_spends", "planned_cost", "preflight",
@@ -51,6 +52,30 @@ __all__ = ["AUDIT_REFERENCE", "RANDOM_REAL", "SIGMA_ZERO", "audit_charge_hook", 
 PURPOSES = ledger.PURPOSES  # what may spend privacy (the ledger's `purpose` column)
 NON_PRIVATE_BASELINES = (SIGMA_ZERO, RANDOM_REAL)
 TINY_CONTEXT_LENGTH = 2048  # LanguageModel.tiny_random's max_position_embeddings
+
+# A ledger charge or report (`charge_plans`, `ledger_report`, a plan's spends), wherever a command's --json embeds
+# one, and the ledger's own rows. A spend's sigma, q and steps follow from the public counts (|D_y| sets q); an
+# entry's and a total's epsilon follow from its event, compared in full, which for PromptPATE's data-dependent
+# labelling is the DP-released bound (a DP output); an entry's number and the records' keyed content hash are
+# identities (they say only whether two runs read the same records).
+LEDGER_OUTPUTS = ("json:run", "json:generate", "json:pate", "json:tune", "json:audit", "json:release", "json:ledger")
+for _output in LEDGER_OUTPUTS:
+    declare(_output, Kind.IDENTITY, "**/ledger_entries/*/id", "**/ledger_entries/*/content_hash",
+            "**/ledger_entry/id", "**/ledger_entry/content_hash")
+    declare(_output, Kind.COUNT, *(f"**/{where}/*/{field}" for where in ("entries", "ledger_entries", "spends")
+                                   for field in ("noise_multiplier", "sampling_rate", "steps")),
+            "**/event/**/noise_multiplier", "**/event/**/sampling_probability", "**/event/**/count",
+            "**/entries/*/epsilon", "**/planned_cost/epsilon", "**/planned_cost/methods/*")
+    declare(_output, Kind.DP, "**/ledger_entries/*/epsilon_upper", "**/ledger_entry/epsilon_upper",
+            "**/event/**/epsilon", "**/ledger/total_epsilon", "**/ledger_after/epsilon", "**/ledger/epsilon")
+declare("sqlite:entries", Kind.IDENTITY, "/id", "/content_hash")
+declare("sqlite:entries", Kind.COUNT, "/event/**/noise_multiplier", "/event/**/sampling_probability", "/event/**/count")
+declare("sqlite:entries", Kind.DP, "/epsilon_upper", "/event/**/epsilon")
+# which records a content hash holds: keyed hashes (the home's secret key), an identity like the content hash
+declare("sqlite:record_sets", Kind.IDENTITY, "/content_hash", "/sketch")
+declare("sqlite:record_sets", Kind.COUNT, "/records")
+declare("sqlite:sqlite_sequence", Kind.IDENTITY, "/seq")  # row numbers of a shared database
+declare("sqlite:budget_changes", Kind.IDENTITY, "/id")
 
 
 def real_records_spend(config, data_hash: str, run_id: str, delta: float) -> ledger.Spend:

@@ -24,6 +24,7 @@ from dpcore.config import EvalConfig
 from dpcore.data.artifacts import read_table, write_table
 from dpcore.display import fmt_eps
 from dpcore.fewshot.plan import RANDOM_REAL
+from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.common import cached_task, open_stage, report_progress, stage_dir, stage_logger
 
 EVAL_MODULES = ("dpcore.lm.icl", "dpcore.lm.prefix_cache", "dpcore.data.taskspec", "dpcore.lm.model", "dpcore.dpsgd.soft_prompt",
@@ -31,6 +32,17 @@ EVAL_MODULES = ("dpcore.lm.icl", "dpcore.lm.prefix_cache", "dpcore.data.taskspec
 EVALUATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "epsilon", "demo_keys", "eval_config", "labels",
                        "model", "dtype")
 ZERO_SHOT = "zero-shot"
+# An evaluation's public outputs: accuracies of a DP prompt on test items (DP post-processing); the epsilon its
+# method was charged (public counts, or PromptPATE's DP-released bound); the time spent scoring the test items
+# (public work: no private record is read, whatever the method).
+for _output in ("file:cache/stages/evaluate/*/metrics.parquet", "file:*/metrics.parquet"):
+    declare(_output, Kind.DP, "/*/accuracy", "/*/calibrated_accuracy", "/*/epsilon")
+    declare(_output, Kind.PUBLIC_TIMING, "/*/seconds")
+declare("file:cache/stages/evaluate/*/prefect-result.json", Kind.DP, "/result/metrics/*/accuracy",
+        "/result/metrics/*/calibrated_accuracy", "/result/epsilon")
+declare("file:cache/stages/evaluate/*/prefect-result.json", Kind.PUBLIC_TIMING, "/result/seconds")
+EVALUATED_LOG = declare_log("evaluated %s at epsilon %s: accuracy %.3f, calibrated %.3f (mean over %d seeds, n=%d) "
+                            "in %d s", dp=(1, 2, 3), public_timing=(6,))
 DPSGD = "dpsgd"  # demo_paths = [the trained prompt's or adapter's safetensors], demo_keys = [its sha256]
 
 
@@ -125,7 +137,7 @@ def evaluate(
     result["metrics_path"] = str(write_table(metrics, out / "metrics.parquet"))
     result["metrics"] = metrics[["seed", "n", "accuracy", "calibrated_accuracy"]].to_dict(orient="records")
     stage_logger().info(
-        "evaluated %s at epsilon %s: accuracy %.3f, calibrated %.3f (mean over %d seeds, n=%d) in %d s",
+        EVALUATED_LOG,
         method, fmt_eps(epsilon), metrics["accuracy"].mean(),
         metrics["calibrated_accuracy"].mean(), len(metrics), int(metrics["n"].max()), round(seconds),
     )

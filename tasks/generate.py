@@ -34,11 +34,21 @@ from dpcore.config import GenerationConfig
 from dpcore.data.artifacts import write_json_atomic, write_table
 from dpcore.errors import DpiclError
 from dpcore.fewshot.plan import INSTRUCTION_ONLY, SIGMA_ZERO, TANG, FewShotPlan
+from dpcore.public_outputs import Kind, declare, declare_line, declare_log
 from tasks.common import cached_task, derive_seed, open_stage, report_progress, stage_dir, stage_logger
 
 __all__ = ["TANG", "INSTRUCTION_ONLY", "SIGMA_ZERO", "GenerationItem", "Shard", "check_generation", "empty_demos_note",
            "generate", "generate_call", "generate_for", "generation_plan", "step_line"]
 GENERATION_MODULES = ("dpcore.fewshot.generation", "dpcore.fewshot.mechanisms", "dpcore.fewshot.sampling", "dpcore.data.taskspec", "dpcore.lm.model")
+# Generation's public outputs: the demos and what is counted from them alone (tokens, steps until every demo
+# ended, empty demos) are DP outputs; sigma follows from |D_y|.
+declare("file:cache/stages/generate/*/demos.parquet", Kind.DP, "/*")
+declare("file:cache/stages/generate/*/prefect-result.json", Kind.DP, "/result/**/demos", "/result/**/tokens",
+        "/result/**/steps")
+declare("file:cache/stages/generate/*/prefect-result.json", Kind.COUNT, "/result/**/noise_multiplier")
+GENERATED_LOG = declare_log("generated %d %s demo(s) for label %s at epsilon %s (sigma %.4g), %d tokens",
+                            dp=(0, 5), count=(4,))
+declare_line(Kind.DP, r": step (\d+)/\d+, (\d+)/\d+ demos done$")  # `step_line`: when demos end is a DP output
 # Public inputs that determine a generation task's output (the records themselves enter through data_hash).
 GENERATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "label", "epsilon", "noise_multiplier", "generation",
                        "model", "dtype", "seed", "noise_scope")
@@ -211,7 +221,7 @@ def generate(
     )
     # no wall time: it depends on the sampled groups' lengths (the private stats file keeps it)
     logger.info(
-        "generated %d %s demo(s) for label %s at epsilon %s (sigma %.4g), %d tokens",
+        GENERATED_LOG,
         len(frame), method, label, _eps_text(epsilon), noise_multiplier, tokens,
     )
     return Shard(key=key, method=method, label=label, epsilon=float(epsilon), noise_multiplier=float(noise_multiplier),

@@ -21,7 +21,13 @@ from dpcore.data.datasets import LoadedDataset, load_dataset
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import DpiclError
 from dpcore.privacy.ledger import Ledger
+from dpcore.public_outputs import declare_log
 from tasks.common import run_paths, uncached_task
+
+# |D| is a public count; the content hash a keyed version id of the records
+INGESTED_LOG = declare_log("ingested %s: %d private records, %d test items, %d labels, content hash %s",
+                           count=(1,), identity=(4,))
+PARTITIONED_LOG = declare_log("partitioned by label: %s", count=(0,))  # |D_y|: they set q
 
 
 def load_data(config) -> LoadedDataset:
@@ -71,7 +77,7 @@ def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: s
         "delta": None if plan is None else plan.delta, "delta_source": None if plan is None else plan.delta_source})
     summary = data.summary()
     get_run_logger().info(
-        "ingested %s: %d private records, %d test items, %d labels, content hash %s",
+        INGESTED_LOG,
         dataset, summary["train_size"], summary["test_size"], summary["labels"], data.content_hash[:12],
     )
     return {
@@ -114,7 +120,7 @@ def partition(ingested: dict) -> dict:
     write_table(pd.concat(rows, ignore_index=True), private / "partitions.parquet")
     write_table(pd.DataFrame(counts, columns=["label", "records"]), public / "label_counts.parquet")
     label_counts = {row["label"]: int(row["records"]) for row in counts}
-    get_run_logger().info("partitioned by label: %s", label_counts)
+    get_run_logger().info(PARTITIONED_LOG, label_counts)
     return {"label_counts": label_counts}
 
 

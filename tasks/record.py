@@ -19,6 +19,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from dpcore.data.artifacts import read_table, write_manifest, write_table
 from dpcore.home import dpicl_home, is_private_path
+from dpcore.public_outputs import Kind, declare, declare_line
 from dpcore.report.summary import (
     audit_verdict,
     comparison_markdown,
@@ -34,6 +35,33 @@ from tasks.common import code_version, uncached_task
 SUMMARY_ARTIFACT_KEY = "dp-fewshot-summary"
 TABLE_ARTIFACT_KEY = "dp-fewshot-results"
 COMPARISON_ARTIFACT_KEY = "private-prompts-compared"
+
+# A run's public tables, plots and artifacts: the DP demos, accuracies of DP prompts on test items and plots of
+# them are DP outputs; sigma, q and the epsilons planned follow from |D_y|; the audit's verdict is its one public
+# bit; the records' keyed content hash is an identity.
+_RESULT_COLUMNS = ("accuracy_mean", "accuracy_std", "calibrated_accuracy_mean", "calibrated_accuracy_std")
+declare("file:*demos.parquet", Kind.DP, "/*")
+declare("file:*.png", Kind.DP, "")
+for _output in ("file:*results.parquet", "file:*comparison.parquet", f"artifact:{TABLE_ARTIFACT_KEY}",
+                "artifact:prompt-pate-results"):
+    _rows = "/data/*" if _output.startswith("artifact:") else "/*"
+    declare(_output, Kind.DP, *(f"{_rows}/{column}" for column in _RESULT_COLUMNS))
+    declare(_output, Kind.COUNT, f"{_rows}/noise_multiplier", f"{_rows}/sampling_rate")
+    declare(_output, Kind.VERDICT, f"{_rows}/audit")
+    declare(_output, Kind.PUBLIC_TIMING, f"{_rows}/seconds")
+declare("file:*calibration.parquet", Kind.COUNT, "/*/noise_multiplier", "/*/sampling_rate", "/*/epsilon_upper",
+        "/*/epsilon_lower", "/*/epsilon_crosscheck", "/*/limiting_label", "/*/per_label_epsilon")
+declare("file:*label_counts.parquet", Kind.COUNT, "/*/records")
+for _key in (SUMMARY_ARTIFACT_KEY, COMPARISON_ARTIFACT_KEY):
+    declare(f"artifact:{_key}", Kind.DP, "/data/tables/*/*/accuracy", "/data/tables/*/*/calibrated accuracy",
+            "/data/tables/*/*/calibrated")
+    declare(f"artifact:{_key}", Kind.COUNT, "/data/tables/*/*/sigma", "/data/tables/*/*/q",
+            "/data/tables/*/*/accountant upper")
+    declare(f"artifact:{_key}", Kind.VERDICT, "/data/tables/*/*/audit")
+declare_line(Kind.COUNT, r"^- dataset \*\*.*\*\* \(content hash `.*`\), (\d+) private records")
+declare_line(Kind.VERDICT, r"^\*\*(PASSED|FAILED|INCONCLUSIVE)\*\*$")
+declare_line(Kind.VERDICT, r"^- epsilon \S+: (.*)$")  # the audit's figure-free reasons
+declare_line(Kind.COUNT, r"^Planned cost of every method, composed as the ledger composes it: epsilon (\S+) at delta")
 
 
 # --------------------------------------------------------------------------- the task

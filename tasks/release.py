@@ -36,6 +36,7 @@ from dpcore.data.artifacts import file_sha256, read_table, write_json_atomic, wr
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, subdir
+from dpcore.public_outputs import Kind, declare, declare_log
 from dpcore.release import gate
 from tasks.charge import AUDIT_REFERENCE, charge_spends, real_records_spend
 from tasks.common import code_version, derive_seed, language_model, report_progress, safe_name, stop_requested
@@ -46,6 +47,17 @@ RELEASE_FILE = "release.json"
 SEAL_TAG = "release_sha256"  # the registry version's tag holding the sha256 of its release.json
 # The methods whose artifact is audited at release (tang's demos are audited by their own run).
 AUDITED_AT_RELEASE = tuple(gate.AUDIT_FILES)
+# A release's public outputs: the artifact and its digest (a DP output), the epsilon its run was charged (public
+# counts, or PromptPATE's DP-released bound), the audit's verdict and its design (configuration and counts).
+declare("json:release", Kind.DP, "/artifact_sha256", "/demos_sha256", "/epsilon")
+declare("json:release", Kind.VERDICT, "/audit/verdict", "/audit/passed", "/audit/reasons")
+declare("json:release", Kind.COUNT, "/audit/noise_multiplier", "/audit/epsilon")
+for _output in ("file:*audit_*.parquet",):
+    declare(_output, Kind.VERDICT, "/*/verdict", "/*/passed", "/*/reasons")
+    declare(_output, Kind.VERDICT, "/*/summary/verdict", "/*/summary/passed", "/*/summary/reasons")
+    declare(_output, Kind.COUNT, "/*/noise_multiplier", "/*/summary/noise_multiplier")
+    declare(_output, Kind.DP, "/*/epsilon", "/*/summary/epsilon")
+ARTIFACT_AUDIT_LOG = declare_log("audit of %s %s: %s", verdict=(2,))
 
 
 def registered_model_name(dataset_id: str) -> str:
@@ -404,7 +416,8 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     if method == "pate" and not artifact.demos:
         raise ConfigError(f"run {run_id}: {gate.NOTHING_RELEASABLE['pate']}")
     train, members, held_out, assignment = _audit_pools(artifact, method)
-    audit_config = planned_audit(audit_config, len(members), len(held_out), size_to_pools, cap_to_pools)
+    audit_config = planned_audit(audit_config, *_public_pool_sizes(artifact, method, train, members, held_out),
+                                 size_to_pools, cap_to_pools)
     # an audit asked for with another seed draws other trials: not the stored one
     key = audit_config.model_dump_json()
     if seed is not None:
@@ -431,7 +444,7 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
         progress=lambda done, total: report_progress(f"audit {artifact.name}", done, total),
         should_stop=stop_requested)
     out = {"artifact": artifact.name, "reused": False, "audit": public_summary(result)}
-    get_run_logger().info("audit of %s %s: %s", method, artifact.name, out["audit"]["verdict"])
+    get_run_logger().info(ARTIFACT_AUDIT_LOG, method, artifact.name, out["audit"]["verdict"])
     _write_audit_rows(artifact, method, key, result, artifact.name, out["audit"])
     results = [result]
     if teacher_reference and method == "pate":
@@ -465,6 +478,17 @@ def _audit_pools(artifact: gate.Artifact, method: str):
     unread = train[~train["id"].astype(str).isin(set(members["id"].astype(str)))]
     held_out = pd.concat([records[records["split"] == "test"][["id", "text", "label"]], unread], ignore_index=True)
     return train, members, held_out, assignment
+
+
+def _public_pool_sizes(artifact: gate.Artifact, method: str, train, members, held_out) -> tuple[int, int]:
+    """The pool sizes the audit is designed from, said and published: functions of public counts. PromptDPSGD's
+    members are the records its Poisson batches drew: how many is a non-DP statistic of the sampling (it
+    reveals the batch sizes), so the design reads its expectation over the sampling, N (1 - (1 - q)^T)."""
+    if method != "dpsgd" or not artifact.spends:
+        return len(members), len(held_out)
+    spend = artifact.spends[0]
+    expected = round(len(train) * (1.0 - (1.0 - float(spend["sampling_rate"])) ** int(spend["steps"])))
+    return expected, len(held_out) + len(members) - expected
 
 
 def _reused_audit(artifact: gate.Artifact, method: str, key: str, teacher_reference: bool) -> dict | None:

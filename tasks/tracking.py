@@ -22,8 +22,25 @@ import pandas as pd
 
 from dpcore.data.artifacts import PRIVATE_TABLES
 from dpcore.home import is_private_path, subdir
+from dpcore.public_outputs import Kind, declare
 from dpcore.report.summary import epsilon_text, finite_or_none
 
+# MLflow's runs (every writer's params, metrics and tags, and the rows of MLflow's store that hold them): the DP
+# outputs' figures (accuracies on public test items, the loss on public examples, PromptPATE's answered
+# queries), the public counts and what the accountant derives from them, the records' keyed content hash,
+# and the time spent scoring public test items.
+_DP_METRICS = ("accuracy", "accuracy_mean", "accuracy_std", "calibrated_accuracy", "calibrated_accuracy_mean",
+               "calibrated_accuracy_std", "val_loss", "answered", "answered_mean", "validation_accuracy",
+               "released_rdp")
+_COUNT_METRICS = ("noise_multiplier", "sampling_rate", "epsilon_spent", "num_private_records", "train_size",
+                  "planned_epsilon", "planned_epsilon_tang", "planned_epsilon_pate", "planned_epsilon_dpsgd",
+                  "epsilon", "epsilon_upper", "epochs", "training_records", "sigma", "q", "limiting_label")
+for _section in ("metrics", "params"):
+    declare("mlflow", Kind.DP, *(f"/*/{_section}/{name}" for name in _DP_METRICS))
+    declare("mlflow", Kind.COUNT, *(f"/*/{_section}/{name}" for name in _COUNT_METRICS))
+    declare("mlflow", Kind.COUNT, f"/*/{_section}/records_*", f"/*/{_section}/epsilon_*")
+    declare("mlflow", Kind.PUBLIC_TIMING, f"/*/{_section}/seconds")
+declare("mlflow", Kind.IDENTITY, "/*/params/data_hash", "/*/tags/data_hash")
 EXPERIMENT_PREFIX = "dp-fewshot"
 
 

@@ -57,6 +57,7 @@ from dpcore.dpsgd.training import dpsgd_config, dpsgd_plan
 from dpcore.errors import ConfigError
 from dpcore.names import ADAPTER_KINDS
 from dpcore.privacy.plan import PrivacyPlan
+from dpcore.public_outputs import Kind, declare, declare_log
 from dpcore.report.summary import summarise_metrics
 from tasks.common import (
     code_version,
@@ -70,6 +71,25 @@ from tasks.tracking import experiment_id, log_batch, mlflow_client
 
 METHOD = "dpsgd"
 CURVE_COLUMNS = ["epsilon", "training", "step", "val_loss", "epsilon_spent"]
+
+# PromptDPSGD's public outputs: the trained prompt or adapter (its tensors), its loss curve on public examples and
+# its accuracy on the test items are DP outputs; sigma, q, the epochs and the epsilon spent so far follow from |D|;
+# the manifest's fingerprint digests the keyed data hash with the configuration (an identity).
+_PROMPT_MANIFEST = {Kind.DP: ("/curve/*/val_loss",),
+                    Kind.COUNT: ("/curve/*/epsilon", "/noise_multiplier", "/sampling_rate", "/epochs", "/training_records"),
+                    Kind.IDENTITY: ("/data_hash", "/fingerprint")}
+for _kind, _paths in _PROMPT_MANIFEST.items():
+    declare("file:*prompts/dpsgd-*.json", _kind, *_paths)
+    declare("file:*prompt/dpsgd-*.json", _kind, *_paths)  # the copy logged to MLflow
+declare("file:*dpsgd-*.safetensors", Kind.DP, "/tensors")
+declare("file:*dpsgd_curve.parquet", Kind.DP, "/*/val_loss")
+declare("file:*dpsgd_curve.parquet", Kind.COUNT, "/*/epsilon_spent")
+for _output in ("file:*dpsgd_results.parquet", "json:tune", "json:run"):
+    declare(_output, Kind.DP, "**/accuracy*", "**/calibrated_accuracy*", "**/curve/*/val_loss")
+    declare(_output, Kind.COUNT, "**/noise_multiplier", "**/sampling_rate", "**/epochs", "**/training_records",
+            "**/curve/*/epsilon")
+TRAINING_STEP_LOG = declare_log("%s step %d/%d: public validation loss %.4f, epsilon spent %.3f", dp=(3,), count=(4,))
+TRAINED_LOG = declare_log("%s: %d steps, final public validation loss %s", dp=(2,))
 
 
 def _eps_name(epsilon: float) -> str:
@@ -197,7 +217,7 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
                       {"training_losses": result.private_losses, "seconds": result.seconds,
                        "sampled_ids": [train_ids[i] for i in sorted(result.sampled)]})
     checkpoint_path.unlink(missing_ok=True)
-    logger.info("%s: %d steps, final public validation loss %s", name, spend["steps"],
+    logger.info(TRAINED_LOG, name, spend["steps"],
                 f"{result.curve[-1]['val_loss']:.4f}" if result.curve else "-")
     return {"epsilon": epsilon, "training": training, "prompt_path": str(prompt_path), "curve": result.curve,
             "seeded_noise": seeded, "reused": False}
@@ -250,7 +270,7 @@ def _training_progress(name: str, epsilon: float, training: int, logger):
                            if last.get(key) is not None and math.isfinite(last[key]))
         report_progress(what, step, steps, detail)
         if "epsilon" in info:
-            logger.info("%s step %d/%d: public validation loss %.4f, epsilon spent %.3f", name, step, steps,
+            logger.info(TRAINING_STEP_LOG, name, step, steps,
                         info["val_loss"], info["epsilon"])
 
     return progress

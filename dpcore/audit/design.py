@@ -36,6 +36,7 @@ from scipy import stats
 
 from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.public_outputs import Kind, declare_line
 
 # A no-leak audit should conclude at least this often: a release gate that a sound prompt fails one
 # time in three is a gate users learn to bypass.
@@ -194,6 +195,15 @@ def tolerance_reachable(member_pool: int, non_member_pool: int, *, attacks: int,
                                tolerance=tolerance).conclusive:
             return tolerance
     return 0.5
+
+
+# `cannot_conclude`'s line: a design and what it can tell, all functions of the pools' sizes, which the callers
+# give as public counts (|D|, |D_y|, the configuration; for PromptDPSGD the expected number of records drawn)
+declare_line(Kind.COUNT, r"the membership audit would not conclude within AUC 0\.5 \+/- \S+: the best design these "
+                         r"pools allow \((\d+)\+(\d+) records x (\d+) trials\) has (no interval|an interval of \+/- "
+                         r"\S+) and concludes with probability about (\d+)% even when nothing leaks, because (.*) fall "
+                         r"short of the about \d+ per side a conclusive audit needs; add records, or audit the band "
+                         r"they can tell \(\S+ (\S+)\)")
 
 
 def cannot_conclude(chosen: AuditDesign, member_pool: int, non_member_pool: int, *, members_are: str,

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from dpcore.home import is_private_path
 from dpcore.names import current_method_names
+from dpcore.public_outputs import Kind, declare
 
 # A run's public record of what it was made from, written when its data is ingested and sealed by the run's
 # manifest with its other files: the task spec's content and resolved path, the run's delta and where it came
@@ -100,6 +101,11 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# a manifest's digests: of the folder's public files, each compared in full where it is read (`dpcore.public_outputs`)
+declare("file:*manifest.json", Kind.DP, "/files/**")
+declare("file:*manifest.json", Kind.IDENTITY, "/data_hash", "/content_hash")
 
 
 def write_manifest(folder: Path, extra: dict | None = None) -> Path:

@@ -24,6 +24,7 @@ import sys
 
 from dpcore.config import RunConfig, flag
 from dpcore.display import fmt_delta, fmt_eps
+from dpcore.public_outputs import Kind, declare, declare_line
 from flows.cli import common as cli
 from flows.cli.common import fmt_value as _fmt
 from flows.cli.progress import showing_progress, stopping_on_signals
@@ -33,6 +34,29 @@ FIELDS = [*cli.DATA_FLAGS, "delta", "seed", "test_size", "calibrate", "task_runn
           "pate_public_column", "pate_queries", "pate_threshold", "pate_sigma1", "pate_sigma2", "pate_vote_mode",
           "pate_repeats", "pate_student_candidates", "pate_baselines", "pate_teacher_block", "pate_preset",
           "pate_accounting", "pate_gnss_order", "pate_gnss_beta", "pate_gnss_sigma", "pate_gnss_delta0"]
+# PromptPATE's public outputs (written by `flows.pate` and `tasks.pate`, this command's --json): the noisy labels,
+# the answered counts, the students built from them and their accuracies are DP outputs; with data-dependent
+# accounting so are the labelling's released RDP and every epsilon charged from it (a DP-released upper bound).
+_PATE_DP = ("/accuracy", "/answered", "/baselines", "/student_prompt", "/student_prompts", "/checkpoints",
+            "/epsilon", "/released_rdp", "/best_repeat")
+declare("json:pate", Kind.DP, *_PATE_DP)
+declare("json:pate", Kind.IDENTITY, "/data_hash")
+declare("file:*pate_plan.json", Kind.DP, "/best_repeat", "/plan/epsilon", "/plan/parameters/released_rdp",
+        "/plan/spends/*/event/**/epsilon", "/plan/spends/*/epsilon")
+declare("file:*pate_plan.json", Kind.IDENTITY, "/data_hash")
+for _output in ("file:*pate_noisy_labels.parquet", "file:*pate_students.parquet", "file:*pate_student.parquet"):
+    declare(_output, Kind.DP, "/*")
+declare("file:*pate_results.parquet", Kind.DP, "/*/epsilon", "/*/answered_mean")
+declare("artifact:prompt-pate-results", Kind.DP, "/data/*/epsilon", "/data/*/answered_mean")
+declare("file:cache/stages/pate-aggregate/*/prefect-result.json", Kind.DP, "/result/answered", "/result/released_rdp",
+        "/result/**/answered", "/result/labelled")
+declare("file:cache/stages/pate-student/*/prefect-result.json", Kind.DP, "/result/**/validation_accuracy",
+        "/result/**/demos", "/result/**/candidates", "/result/**/accuracy")
+declare_line(Kind.DP, r"^PromptPATE: answered (\[[^\]]*\]) of \d+ queries per repeat; student \S+ accuracy (\S+); "
+                      r"epsilon (\S+)$")
+declare_line(Kind.DP, r"^PromptPATE: \d+ queries, answered per repeat (\[[^\]]*\])")
+declare_line(Kind.DP, r"^ledger \S+: PromptPATE labelling charged at the released upper bound .*: the run's "
+                      r"PromptPATE epsilon (\S+) at delta")
 ALIASES = {"pate_teachers": "--teachers", "pate_shots": "--shots", "pate_public_path": "--public-path",
            "pate_queries": "--queries", "pate_threshold": "--threshold", "pate_sigma1": "--sigma1",
            "pate_sigma2": "--sigma2", "pate_vote_mode": "--vote-mode", "pate_preset": "--preset",

@@ -15,6 +15,7 @@ import sys
 from dpcore.config import AuditConfig, RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
+from dpcore.public_outputs import Kind, declare, declare_line
 from dpcore.report.summary import verdict_line
 from flows.cli.common import (
     add_config_flags,
@@ -100,6 +101,30 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--yes", action="store_true",
                         help="run a multi-method plan without asking for confirmation on a terminal")
+
+
+# `dpicl run --json`: the rows of every method (accuracies of DP prompts on test items, the epsilon charged: public
+# counts, or PromptPATE's DP-released bound), the methods' summaries (their own declarations apply inside them),
+# the audits' verdicts, the records' keyed content hash.
+declare("json:run", Kind.DP, "/results/*/accuracy*", "/results/*/calibrated_accuracy*", "/results/*/epsilon",
+        "/private_data_verdict/**/accuracy", "/private_data_verdict/**/zero_shot_calibrated",
+        "/private_data_verdict/**/difference", "/private_data_verdict/**/standard_error",
+        "/private_data_verdict/**/verdict", "/private_data_verdict/**/method", "/private_data_verdict/**/scoring",
+        "/method_summaries/**/accuracy*", "/method_summaries/**/calibrated_accuracy*",
+        "/method_summaries/pate/**/answered*", "/method_summaries/pate/**/student_prompt*",
+        "/method_summaries/pate/**/validation_accuracy", "/method_summaries/pate/**/best_repeat",
+        "/method_summaries/pate/**/per_repeat", "/method_summaries/pate/baselines/*",
+        "/method_summaries/pate/**/epsilon", "/method_summaries/pate/released_rdp",
+        "/method_summaries/dpsgd/prompts/*/curve/*/val_loss")
+declare("json:run", Kind.COUNT, "/results/*/noise_multiplier", "/results/*/sampling_rate",
+        "/method_summaries/dpsgd/**/noise_multiplier", "/method_summaries/dpsgd/**/sampling_rate",
+        "/method_summaries/dpsgd/**/epochs", "/method_summaries/dpsgd/**/training_records",
+        "/method_summaries/dpsgd/prompts/*/curve/*/epsilon", "/method_summaries/dpsgd/results/*/epsilon")
+declare("json:run", Kind.VERDICT, "/results/*/audit", "/audit/**", "/method_audits/*/verdict",
+        "/method_audits/*/passed")
+declare("json:run", Kind.IDENTITY, "/data_hash", "/method_summaries/*/data_hash")
+# the plan said before anything runs: what the accountant composes from the public counts
+declare_line(Kind.COUNT, r"^plan: epsilon (\S+) at delta \S+, composed over every spend of the run \((.*)\)")
 
 
 def _config(args, defaults: dict | None = None) -> RunConfig:
