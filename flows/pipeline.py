@@ -297,13 +297,12 @@ def _tang_stages(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths
     fewshot, items, generation_config = run.plan, run.items, run.generation_config
     labels = list(ingested["labels"])
     scope = noise_scope(config.seed, run_id)
+    calls = [generate_stage.generate_call(item, ingested, generation_config, config, scope,
+                                          noise_charged(ledger_entry, item.method, item.epsilon)) for item in items]
+    generate_stage.keep_charged(calls)  # before any starts: a stop before a stage began leaves it drawable once
     with running(config.task_runner) as runner:
-        # 4. generation, one task per (method, label, epsilon)
-        shards = results(map_calls(runner, generate_stage.generate, [
-            generate_stage.generate_call(item, ingested, generation_config, config, scope,
-                                         noise_charged(ledger_entry, item.method, item.epsilon))
-            for item in items
-        ]))
+        # 4. generation, one task per (method, label, epsilon), each continuing from the steps it kept
+        shards = results(map_calls(runner, generate_stage.generate, calls))
         public_shards = [s.path for s in shards if not s.private]
         private_shards = [s.path for s in shards if s.private]
         demos = _concat(public_shards)

@@ -17,28 +17,40 @@ synthetic tokens, demos: functions of the DP outputs and the configuration). Cou
 depend on the sampled records (prompts, prompt/forward/padded tokens, the wall time and its
 phases, tokens/s) go to a private `generation_stats.json` in the private stage folder
 (`private_stats_path`).
+
+Stopping and resuming: a DP generation task of a pipeline run keeps its `GenerationState` (each finished
+token step's DP output and the generators' states) in the run's private folder, `generation/<stage>.json`,
+before its first draw and after every step. A later attempt of the same run continues from it: the steps
+it took stay as they were and the steps left to T_max are drawn, under the charge the run already made (a
+step that did not finish released nothing). The flow marks every generation whose spend an attempt
+charged, before any of them starts (`keep_charged`: `generation/<stage>.pending`, replaced by the state at
+the first draw), so an attempt stopped before a stage began may still draw it once. With neither, a spend
+charged by an earlier attempt is never drawn again: the stage is refused.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from dpcore.config import GenerationConfig
-from dpcore.data.artifacts import write_json_atomic, write_table
+from dpcore.data.artifacts import write_json_atomic, write_table, write_text_atomic
 from dpcore.errors import DpiclError
 from dpcore.fewshot.plan import INSTRUCTION_ONLY, SIGMA_ZERO, TANG, FewShotPlan
 from dpcore.public_outputs import Kind, declare, declare_line, declare_log
-from tasks.common import cached_task, derive_seed, open_stage, report_progress, stage_dir, stage_logger
+from dpcore.home import is_private_path
+from tasks.common import cached_task, derive_seed, digest, open_stage, report_progress, safe_name, stage_dir, stage_logger
 
 __all__ = ["TANG", "INSTRUCTION_ONLY", "SIGMA_ZERO", "GenerationItem", "Shard", "check_generation", "empty_demos_note",
-           "generate", "generate_call", "generate_for", "generation_plan", "step_line"]
+           "generate", "generate_call", "generate_for", "generation_plan", "keep_charged", "step_line"]
 GENERATION_MODULES = ("dpcore.fewshot.generation", "dpcore.fewshot.mechanisms", "dpcore.fewshot.sampling", "dpcore.data.taskspec", "dpcore.lm.model")
 # Generation's public outputs: the demos and what is counted from them alone (tokens, steps until every demo
 # ended, empty demos) are DP outputs; sigma follows from |D_y|.
@@ -107,12 +119,43 @@ def generation_plan(labels: list[str], plan: FewShotPlan, run_seed: int | None) 
 
 def generate_call(item: GenerationItem, ingested: dict, generation: GenerationConfig, config, noise_scope: str,
                   noise_charged: bool) -> dict:
-    """The keyword arguments of the `generate` task for one item of a pipeline run."""
+    """The keyword arguments of the `generate` task for one item of a pipeline run (its kept state in the run's
+    private folder)."""
     return dict(records_path=None if item.method == INSTRUCTION_ONLY else ingested["records_path"],
                 data_hash=ingested["data_hash"], task_spec=ingested["task_spec"], method=item.method,
                 label=item.label, epsilon=item.epsilon, noise_multiplier=item.noise_multiplier,
                 generation=generation, model=config.model, device=config.device, dtype=config.dtype, seed=item.seed,
-                noise_scope=noise_scope, noise_charged=noise_charged)
+                noise_scope=noise_scope, noise_charged=noise_charged,
+                private_run_dir=str(ingested["paths"]["private"]))
+
+
+def _kept_path(private_run_dir: str, method: str, label: str, epsilon: float, suffix: str) -> Path:
+    """`generation/<method>-<label>-eps<E>-<digest>.<suffix>` in the run's private folder."""
+    name = f"{safe_name(method)}-{safe_name(label)}-eps{_eps_text(epsilon)}-{digest([method, label, epsilon])[:8]}"
+    path = Path(private_run_dir) / "generation" / f"{name}.{suffix}"
+    if not is_private_path(path):
+        raise PermissionError(f"{path.name}: a generation's kept state belongs in the private store")
+    return path
+
+
+def _fields(call: dict) -> str:
+    """What a kept state or mark is for: the stage's public inputs (`GENERATE_KEY_FIELDS`), not its code."""
+    return digest({name: call.get(name) for name in GENERATE_KEY_FIELDS})
+
+
+def keep_charged(calls: list[dict]) -> None:
+    """Mark every DP generation of `calls` whose spend this attempt charged (`noise_charged`) and that has not
+    drawn yet (`generation/<stage>.pending`): an attempt stopped before the stage began may still draw it once.
+    Called right after the charge, before any generation starts."""
+    for call in calls:
+        if call["method"] == INSTRUCTION_ONLY or not call.get("noise_charged") or not call.get("private_run_dir"):
+            continue
+        where = (call["private_run_dir"], call["method"], call["label"], call["epsilon"])
+        write_text_atomic(_kept_path(*where, "pending"), json.dumps({"fields": _fields(call)}) + "\n")
+
+
+def _read_kept(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def check_generation(generation: GenerationConfig, *, label_counts: dict[str, int] | None = None,
@@ -127,9 +170,10 @@ def check_generation(generation: GenerationConfig, *, label_counts: dict[str, in
 
 def generate_for(lm, spec, method: str, labels: list[str], generation: GenerationConfig, noise_multiplier: float,
                  *, records_by_label: dict[str, list[str]] | None, seed: int | None,
-                 progress: Callable[[dict], None] | None = None):
+                 progress: Callable[[dict], None] | None = None, checkpoint=None, resume=None):
     """The demos of one row for `labels`: instruction-only from the public prompt alone (no record read),
-    otherwise Algorithm 1 at sigma on `records_by_label` (private; kept in memory)."""
+    otherwise Algorithm 1 at sigma on `records_by_label` (private; kept in memory), its state handed to
+    `checkpoint` at every step and continued from `resume` (`dpcore.fewshot.generation.GenerationState`)."""
     from dpcore.fewshot import generation as engine
 
     if method == INSTRUCTION_ONLY:
@@ -137,7 +181,7 @@ def generate_for(lm, spec, method: str, labels: list[str], generation: Generatio
     if records_by_label is None:
         raise ValueError(f"generate: method {method!r} needs the private records")
     return engine.generate_demos(lm, spec, records_by_label, generation, noise_multiplier, seed=seed, labels=labels,
-                                 progress=progress)
+                                 progress=progress, checkpoint=checkpoint, resume=resume)
 
 
 def step_line(what: str, info: dict) -> str:
@@ -173,22 +217,37 @@ def generate(
     seed: int | None = None,
     noise_scope: str = "",
     noise_charged: bool = False,
+    private_run_dir: str | None = None,
 ) -> Shard:
     """Generate `generation.demos_per_label` demos for one label at one epsilon; returns its `Shard`.
 
-    `noise_charged` (not part of the cache key): this attempt of the run charged the spend, so a fresh
-    draw is covered. Otherwise the spend was charged by an earlier attempt of the same run and only its
-    cached draw may be served: an unseeded draw that has to run again is refused, never redrawn.
+    `noise_charged` and `private_run_dir` (not part of the cache key): this attempt of the run charged the
+    spend, so a fresh draw is covered; the run's private folder, where the generation keeps its state (see
+    the module docstring). A spend charged by an earlier attempt of the same run is continued from its kept
+    state, or drawn once when that attempt marked it charged and it never began; otherwise it is refused,
+    never drawn again.
     """
-    from dpcore.fewshot.generation import demos_frame
+    from dpcore.fewshot.generation import GenerationState, demos_frame
     from tasks.ingest import records_by_label
 
-    if method != INSTRUCTION_ONLY and not noise_charged:  # seeded or not: the charge covers one draw
-        raise DpiclError(
-            f"stage generate-{method}-{label}-eps{_eps_text(epsilon)} ({noise_scope}): the cached noise draw of this "
-            "run is missing (its stage folder or cache record is gone); drawing fresh "
-            "noise (or a seeded draw for another configuration) would spend privacy the ledger charged only once. Start a new run (a new --run-id): it is "
-            "charged afresh.")
+    kept_path = pending_path = None
+    resume = None
+    if method != INSTRUCTION_ONLY:
+        fields = _fields(locals())
+        if private_run_dir:
+            kept_path = _kept_path(private_run_dir, method, label, epsilon, "json")
+            pending_path = _kept_path(private_run_dir, method, label, epsilon, "pending")
+        kept = _read_kept(kept_path) if kept_path else None
+        pending = _read_kept(pending_path) if pending_path else None
+        if kept is not None and kept.get("fields") == fields:
+            resume = GenerationState.from_dict(kept["state"])
+        elif not noise_charged and not (pending is not None and pending.get("fields") == fields):
+            # seeded or not: the charge covers one draw
+            raise DpiclError(
+                f"stage generate-{method}-{label}-eps{_eps_text(epsilon)} ({noise_scope}): the cached noise draw of "
+                "this run is missing (neither its stage's cached result nor the steps it kept are there, or they "
+                "were made for another configuration); drawing fresh noise would spend privacy the ledger charged "
+                "only once. Start a new run (a new --run-id): it is charged afresh.")
     logger = stage_logger()
     key, spec, lm = open_stage("generate", locals(), GENERATE_KEY_FIELDS, GENERATION_MODULES, task_spec=task_spec,
                                model=model, device=device, dtype=dtype)
@@ -200,9 +259,17 @@ def generate(
         report_progress(what, info["step"], info["max_steps"])
         logger.info(step_line(what, info))
 
+    def checkpoint(state) -> None:  # private store only: the finished steps and the generators' states
+        write_text_atomic(kept_path, json.dumps({"fields": fields, "state": state.to_dict()}) + "\n")
+        if pending_path is not None:
+            pending_path.unlink(missing_ok=True)  # it has begun: what it drew is kept from now on
+
+    if resume is not None:
+        logger.info("%s: continuing this run's generation after step %d of %d", what, resume.step,
+                    generation.max_tokens)
     records = None if method == INSTRUCTION_ONLY else records_by_label(records_path, [label])
     result = generate_for(lm, spec, method, [label], generation, noise_multiplier, records_by_label=records,
-                          seed=seed, progress=progress)
+                          seed=seed, progress=progress, checkpoint=checkpoint if kept_path else None, resume=resume)
     seconds = time.perf_counter() - began
     frame = demos_frame(result.demos)
     note = empty_demos_note(frame, f"{method} {label} eps={_eps_text(epsilon)}")

@@ -124,6 +124,45 @@ def test_prompts_prepared_a_step_ahead_give_the_same_demos(tiny_lm, spec, record
     assert {d.stop_reason for d in inline.demos if d.label != "World"} == {"max_tokens"}
 
 
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_stopped_generation_resumes_from_its_last_finished_step(tiny_lm, spec, records, prefetch):
+    """A call stopped at a step's report keeps every finished step (its state is handed over before the report);
+    resumed from it, the call takes only the steps left to T_max and ends with the uninterrupted call's demos
+    (seeded: bit for bit, also with prompts prepared a step ahead)."""
+    from dpcore.fewshot.generation import GenerationState
+
+    config = _config(max_tokens=6, demos_per_label=2)
+    whole = generate_demos(tiny_lm, spec, records, config, 0.3, seed=8, prefetch=prefetch)
+    kept: list[GenerationState] = []
+
+    def stop_at_3(info):
+        if info["step"] == 3:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        generate_demos(tiny_lm, spec, records, config, 0.3, seed=8, prefetch=prefetch, progress=stop_at_3,
+                       checkpoint=kept.append)
+    assert [s.step for s in kept] == [0, 1, 2, 3]  # before the first draw, then every finished step
+    state = GenerationState.from_dict(json.loads(json.dumps(kept[-1].to_dict())))  # as the private store keeps it
+    steps: list[int] = []
+    resumed = generate_demos(tiny_lm, spec, records, config, 0.3, seed=None, prefetch=prefetch, resume=state,
+                             progress=lambda info: steps.append(info["step"]))
+    assert steps == [4, 5, 6]  # never more than T_max steps in all
+    assert [asdict(d) | {"seeded_noise": True} for d in resumed.demos] == [asdict(d) for d in whole.demos]
+    assert resumed.stats["steps"] == whole.stats["steps"] and resumed.stats["synthetic_tokens"] == \
+        whole.stats["synthetic_tokens"]
+    done = generate_demos(tiny_lm, spec, records, config, 0.3, seed=None,
+                          resume=GenerationState(6, tuple({**s, "stop_reason": "max_tokens"} for s in state.streams)),
+                          progress=lambda info: steps.append(-1))
+    assert len(steps) == 3 and len(done.demos) == len(whole.demos)  # a finished state draws nothing more
+    with pytest.raises(ConfigError, match="other labels or shots"):
+        generate_demos(tiny_lm, spec, records, config, 0.3, labels=["World"], resume=state)
+
+
 def test_encode_batch_equals_encode(tiny_lm, spec, records):
     texts = [spec.generation.build(label, records[label][:k]) for label in LABELS for k in (0, 2)]
     texts += ["café naïve – 東京\n\n  spaces  ", "", "\n"]

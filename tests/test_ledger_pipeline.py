@@ -92,13 +92,71 @@ def test_an_unseeded_retry_whose_noise_draw_is_gone_is_refused():
     stages = home() / "cache" / "stages" / "generate"
     before = set(stages.iterdir()) if stages.exists() else set()
     config = _quick(seed=None, dataset_id="item2-gone")
-    run_pipeline(config, run_id="item2-run")
+    first = run_pipeline(config, run_id="item2-run")
     drawn = sorted(set(stages.iterdir()) - before)
     assert len(drawn) == 4  # one per label
-    shutil.rmtree(drawn[0])
+    shutil.rmtree(drawn[0])  # the cached result is gone; the steps the run kept serve the same demos
+    again = run_pipeline(config, run_id="item2-run")
+    demos = [pd.read_parquet(f"{r['run_dir']}/demos.parquet") for r in (first, again)]
+    assert list(demos[0]["text"]) == list(demos[1]["text"])
+    shutil.rmtree(set(stages.iterdir()).difference(before).pop())
+    for kept in (home() / "private" / "runs").rglob("item2-run/generation/*.json"):
+        kept.unlink()  # and the steps it kept too: nothing may be drawn again under the old charge
     with pytest.raises(DpiclError, match=r"stage generate-tang-.*cached noise draw of this run is missing"):
         run_pipeline(config, run_id="item2-run")
     assert len(Ledger().entries("item2-gone")) == 1  # nothing drawn or charged silently
+
+
+def test_a_stopped_run_resumes_under_its_id_from_its_last_finished_step():
+    """A run stopped mid-generation (what Ctrl-C asks for) resumes under its id: no refusal, no second charge
+    (the run's ledger entries are the same before and after), each stage continuing after the last step it
+    finished and never past T_max, a stage that had not begun drawn once; the demos are the uninterrupted
+    run's (seeded: bit for bit)."""
+    from dpcore.errors import RunStopped
+    from flows.pipeline import run_pipeline
+    from tasks import common
+
+    config = _quick(seed=7, max_tokens=8, dataset_id="item2-stop", task_runner="threads:1")
+    stages = [home() / "cache" / "stages" / "generate", home() / "private" / "cache" / "stages" / "generate"]
+    before = {p for folder in stages if folder.exists() for p in folder.iterdir()}
+    whole = run_pipeline(config, run_id="item2-whole")
+    for made in {p for folder in stages for p in folder.iterdir()} - before:
+        shutil.rmtree(made)  # seeded stages are shared between runs: the stopped run draws its own
+
+    steps: dict[str, list[int]] = {}
+    stopping = [True]
+
+    def sink(what, done, total, detail=""):
+        if what.startswith("generate tang"):
+            steps.setdefault(what, []).append(done)
+            if done == 3 and stopping[0]:
+                common.STOP_REQUESTED.set()  # a stage stops at its next step's report
+
+    common.add_progress_sink(sink)
+    try:
+        with pytest.raises(RunStopped):
+            run_pipeline(config, run_id="item2-stop")
+    finally:
+        common.STOP_REQUESTED.clear()
+    charged = [e.to_dict() for e in Ledger().entries("item2-stop") if e.run_id == "item2-stop"]
+    assert [e["purpose"] for e in charged] == ["pipeline"]
+    stopped, stopping[0] = dict(steps), False
+    assert stopped and all(max(done) < 8 for done in stopped.values())
+    steps.clear()
+    try:
+        resumed = run_pipeline(config, run_id="item2-stop")
+    finally:
+        common.remove_progress_sink(sink)
+    assert [e.to_dict() for e in Ledger().entries("item2-stop") if e.run_id == "item2-stop"] == charged  # once
+    assert resumed["ledger"]["charged"] == 0
+    for what, done in steps.items():  # each stage takes only the steps after its last finished one
+        # a stopped stage finished the step whose report stopped it (kept before the report): it goes on after it
+        assert done == list(range(done[0], max(done) + 1)) and max(done) <= 8, (what, done)
+        assert what not in stopped or done[0] == max(stopped[what]) + 2, (what, done)
+    assert any(done[0] == 1 for done in steps.values())  # one had not begun: drawn once now
+    demos = [pd.read_parquet(f"{r['run_dir']}/demos.parquet") for r in (whole, resumed)]
+    columns = ["label", "shot", "text", "tokens", "stop_reason"]
+    assert demos[0][columns].equals(demos[1][columns])
 
 
 def test_an_audit_whose_draw_is_gone_is_charged_again_when_it_redraws():

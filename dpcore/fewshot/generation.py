@@ -29,6 +29,15 @@ a key of (label name, shot). So a (label, shot) draws the same samples and noise
 is generated alone or together with others, and the tokens agree up to float rounding of
 the batched forward pass.
 
+Stopping and resuming: with a `checkpoint` callback, `generate_demos` hands over a `GenerationState` before
+its first draw and after every finished token step, before that step's progress is reported: what every
+(label, shot) generated so far (each finished step's DP output) and the states of its sampling and noise
+generators. `resume=` continues from such a state at the next step, so the steps already taken are kept as
+they were and the remaining ones draw what the uninterrupted call would have drawn (bit for bit with a
+seed); the loop still ends at T_max token steps per demonstration, so a resumed call never takes more
+steps than were accounted. A step that did not finish released nothing and is drawn again. The state is
+private (its generator states predict every later draw): the caller keeps it in the private store.
+
 Privacy boundary: record text only enters prompt strings; errors name parameters and labels,
 never text. Counters split in two: `GenerationResult.stats` (and the top level of a progress
 callback's dict, and the log lines) hold only what is a function of the DP outputs and the
@@ -123,6 +132,32 @@ class GenerationResult:
     seeded_noise: bool
     stats: dict = field(default_factory=dict)
     private_stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GenerationState:
+    """Where a `generate_demos` call stands after its last finished token step (`step`; 0: before the first
+    draw). `streams`: per (label, shot), in the call's order, its generated token ids, text and stop reason
+    (the DP output of the finished steps) and the bit-generator states of its sampling and noise streams.
+    Private: the generator states predict every later draw."""
+
+    step: int
+    streams: tuple[dict, ...]
+
+    def to_dict(self) -> dict:
+        return {"step": int(self.step), "streams": [dict(s) for s in self.streams]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GenerationState:
+        return cls(step=int(data["step"]), streams=tuple(dict(s) for s in data["streams"]))
+
+    @property
+    def finished(self) -> bool:
+        """Every demonstration has stopped: nothing is left to draw."""
+        return all(s.get("stop_reason") for s in self.streams)
+
+
+Checkpoint = Callable[[GenerationState], None]
 
 
 # --------------------------------------------------------------------------- random streams
@@ -300,12 +335,18 @@ class _Engine:
             stream.stop_reason = STOP_MAX_TOKENS
 
     def run(self, streams: list[_Stream], choose: Callable[[_Stream, torch.Tensor | None, torch.Tensor], int],
-            private: bool) -> None:
+            private: bool, checkpoint: Checkpoint | None = None) -> None:
         """Token steps until every stream stops. `choose(stream, public_logits, group_logits) -> token`.
+
+        Starts after the steps already taken (`stats["steps"]`: a resumed call) and never goes past T_max.
+        `checkpoint` gets the `GenerationState` before the first draw and after every finished step, before
+        the step's progress report (where a stop request ends the call): a stopped call has kept every step
+        it reported.
 
         With `prefetch` (default on CUDA), the next step's group prompts (sampling and
         tokenisation, which do not depend on the token being chosen) are prepared in a
-        background thread while this step's forward pass runs on the GPU.
+        background thread while this step's forward pass runs on the GPU; the sampling states a checkpoint
+        keeps are those from before that preparation.
         """
         config = self.config
         use_public = config.rvp or not private
@@ -313,8 +354,11 @@ class _Engine:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpicl-prompts") \
             if private and self.prefetch else None
         ahead: tuple[list[_Stream], Future] | None = None
+        first = int(self.stats["steps"]) + 1
+        if checkpoint is not None:
+            checkpoint(self.state(streams, first - 1))
         try:
-            for step in range(1, config.max_tokens + 1):
+            for step in range(first, config.max_tokens + 1):
                 active = [s for s in streams if not s.done]
                 if not active:
                     break
@@ -326,8 +370,12 @@ class _Engine:
                 else:
                     group_ids, owners = self._group_prompts(active)
                 prompts = [ids + active[owner].generated for ids, owner in zip(group_ids, owners, strict=True)]
-                ahead = (active, pool.submit(self._group_prompts, active)) \
-                    if pool is not None and step < config.max_tokens else None
+                sampling_before = None
+                if pool is not None and step < config.max_tokens:
+                    sampling_before = [s.sample_rng.bit_generator.state for s in streams]  # before the next draw
+                    ahead = (active, pool.submit(self._group_prompts, active))
+                else:
+                    ahead = None
                 group_count = len(prompts)
                 passes = [active[owner].label for owner in owners]  # one pass per label's private groups
                 if use_public:  # line 8: the public prompt, no private record, in a pass of its own
@@ -349,6 +397,9 @@ class _Engine:
                     public_logits = logits[group_count + index] if use_public else None
                     self._finish_token(stream, choose(stream, public_logits, group_logits))
                 self.private_stats["mechanism_seconds"] += time.perf_counter() - mechanism_began
+                self.stats["steps"] = step
+                if checkpoint is not None:  # kept before the step is reported (and a stop request honoured)
+                    checkpoint(self.state(streams, step, sampling_before))
                 self._record_step(step, streams, active, prompts, forward_seconds, step_began, began)
         finally:
             if pool is not None:
@@ -366,6 +417,36 @@ class _Engine:
         batch_stats = getattr(self.forward, "stats", None)
         if batch_stats is not None and hasattr(batch_stats, "as_dict"):
             private["batching"] = batch_stats.as_dict()
+
+    def state(self, streams: list[_Stream], step: int, sampling: list[dict] | None = None) -> GenerationState:
+        """The `GenerationState` after `step` finished steps (`sampling`: the sampling generators' states, when
+        read before a prefetch moved them on)."""
+        return GenerationState(step=int(step), streams=tuple(
+            {"label": s.label, "shot": int(s.shot), "generated": [int(t) for t in s.generated], "text": s.text,
+             "stop_reason": s.stop_reason,
+             "sampling": sampling[i] if sampling is not None else s.sample_rng.bit_generator.state,
+             "noise": s.noise_rng.bit_generator.state}
+            for i, s in enumerate(streams)))
+
+    def restore(self, streams: list[_Stream], state: GenerationState) -> None:
+        """Continue from `state`: each stream's generated tokens, text, stop reason and generator states, and
+        the step count (the steps taken stay counted against T_max)."""
+        if not 0 <= state.step <= self.config.max_tokens:
+            raise ConfigError(f"resume: the kept generation state is at step {state.step}, outside the "
+                              f"{flag('max_tokens')} = {self.config.max_tokens} steps of this call")
+        kept = [(str(s["label"]), int(s["shot"])) for s in state.streams]
+        if kept != [(s.label, s.shot) for s in streams]:
+            raise ConfigError("resume: the kept generation state is for other labels or shots than this call")
+        for stream, saved in zip(streams, state.streams, strict=True):
+            stream.generated = [int(t) for t in saved["generated"]]
+            if len(stream.generated) > state.step:
+                raise ConfigError("resume: the kept generation state holds more tokens than steps")
+            stream.text = str(saved["text"])
+            stream.stop_reason = str(saved["stop_reason"])
+            stream.sample_rng.bit_generator.state = saved["sampling"]
+            stream.noise_rng.bit_generator.state = saved["noise"]
+        self.stats["steps"] = int(state.step)
+        self.stats["synthetic_tokens"] = sum(len(s.generated) for s in streams)
 
     def _record_step(self, step, streams, active, prompts, forward_seconds, step_began, began) -> None:
         """Counters, the log line and the progress callback of one step.
@@ -432,7 +513,8 @@ def prepare_records(lm, spec, records_by_label: dict[str, list[str]], labels: Se
 def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: GenerationConfig,
                    noise_multiplier: float, seed: int | None = None, labels: list[str] | None = None,
                    progress: Progress | None = None, *, forward: Forward | None = None,
-                   prefetch: bool | None = None) -> GenerationResult:
+                   prefetch: bool | None = None, checkpoint: Checkpoint | None = None,
+                   resume: GenerationState | None = None) -> GenerationResult:
     """Algorithm 1 for every label in `labels` (default: all of `records_by_label`) and
     `config.demos_per_label` shots each, all at once.
 
@@ -441,7 +523,9 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
     seed; an int makes the run reproducible and marks its demos `seeded_noise=True`.
     `forward` overrides the batched forward pass (benchmarks compare a naive one). `prefetch`
     prepares each next step's group prompts in a background thread (default: on CUDA); the
-    demos are the same either way.
+    demos are the same either way. `checkpoint` receives the call's `GenerationState` before its first draw
+    and after every finished step; `resume` continues a call from such a state (the same labels, shots and
+    configuration), keeping its finished steps and taking only the steps left to T_max.
     """
     sigma = check_noise_multiplier(noise_multiplier)
     chosen = _check_labels(labels, list(records_by_label))
@@ -455,6 +539,8 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
         for shot in range(config.demos_per_label):
             sample_rng, noise_rng = stream_generators(root, label, shot)
             streams.append(_Stream(label, shot, public[label], sample_rng, noise_rng, records=records[label]))
+    if resume is not None:
+        engine.restore(streams, resume)
     keep_k = int(config.top_k)
 
     def choose(stream: _Stream, public_logits, group_logits) -> int:
@@ -463,7 +549,7 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
         scores = aggregate(config.mechanism, probs, sigma, stream.noise_rng)  # line 12 or 14-15
         return noisy_argmax(scores, keep)  # lines 16-19
 
-    engine.run(streams, choose, private=True)
+    engine.run(streams, choose, private=True, checkpoint=checkpoint)
     method = "sigma-zero" if sigma == 0 else "tang"
     demos = [_demo(stream, lm, config, sigma, seeded, method) for stream in streams]
     return GenerationResult(demos=demos, seeded_noise=seeded, stats={**engine.stats, "demos": len(demos)},
