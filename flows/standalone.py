@@ -49,9 +49,9 @@ from dpcore.names import DEMO_SOURCES, method_name
 from dpcore.public_outputs import Kind, declare, declare_line
 from tasks.calibrate import generation_config
 from tasks.charge import charge_plans, check_context, check_group_prompt
-from tasks.common import language_model, report_progress
+from tasks.common import language_model
 from tasks.evaluate import endpoint_scorers, evaluate_pool
-from tasks.generate import check_generation, empty_demos_note, generate_for, step_line
+from tasks.generate import check_generation, empty_demos_note, generate_for, report_steps, step_line
 from tasks.ingest import load_data
 
 Say = Callable[[str], None]
@@ -190,7 +190,7 @@ def generate(config: RunConfig, epsilon: float, out: Path | None, say: Say) -> t
     what = f"generate {calibration.method} eps={_eps(epsilon)} ({', '.join(labels)})"
 
     def progress(info: dict) -> None:  # public counters only (tokens/s depends on the records' lengths)
-        report_progress(f"generate eps={_eps(epsilon)}: token steps", info["step"], info["max_steps"])
+        report_steps(f"generate eps={_eps(epsilon)}: token steps", info)
         log.info(step_line(what, info))
 
     # ---- PRIVACY LEDGER: the spend is charged (or refused, exit 3) BEFORE any private record is read.

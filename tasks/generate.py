@@ -190,6 +190,14 @@ def step_line(what: str, info: dict) -> str:
     return f"{what}: step {info['step']}/{info['max_steps']}, {info['finished']}/{info['total']} demos done"
 
 
+def report_steps(what: str, info: dict) -> None:
+    """A generation step on the terminal's bar: steps out of T_max, until every demo has ended; a generation whose
+    demos all ended early (at an end token: when is a DP output) completes its bar at the step it ended on."""
+    step, steps = info["step"], info["max_steps"]
+    ended = info["finished"] >= info["total"] and step < steps
+    report_progress(what, step, step if ended else steps, f"every demo ended before step {steps}" if ended else "")
+
+
 def empty_demos_note(frame, what: str) -> str | None:
     """A DP output worth saying: demos the model ended at their first token (they add nothing to a prompt)."""
     empty = int((frame["tokens"] == 0).sum()) if "tokens" in frame else 0
@@ -256,7 +264,7 @@ def generate(
     what = f"generate {method} {label} eps={_eps_text(epsilon)}"
 
     def progress(info: dict) -> None:  # one log line per step, naming its label (public counters only)
-        report_progress(what, info["step"], info["max_steps"])
+        report_steps(what, info)
         logger.info(step_line(what, info))
 
     def checkpoint(state) -> None:  # private store only: the finished steps and the generators' states

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 from prefect import get_run_logger
 
-from dpcore.config import EvalConfig, RunConfig
+from dpcore.config import EvalConfig, RunConfig, flag
 from dpcore.data.artifacts import (
     file_sha256,
     read_table,
@@ -90,6 +90,10 @@ for _output in ("file:*dpsgd_results.parquet", "json:tune", "json:run"):
             "**/curve/*/epsilon")
 TRAINING_STEP_LOG = declare_log("%s step %d/%d: public validation loss %.4f, epsilon spent %.3f", dp=(3,), count=(4,))
 TRAINED_LOG = declare_log("%s: %d steps, final public validation loss %s", dp=(2,))
+# Without public validation examples (a user's own data and no file declared public) there is no loss to log.
+UNVALIDATED_STEP_LOG = declare_log("%s step %d/%d: epsilon spent %.3f (no public validation examples)", count=(3,))
+UNVALIDATED_LOG = ("%s: %d steps, no validation loss: no public validation examples (a shipped task's public split, "
+                   "or a labelled file you declare public: " + flag("dpsgd_validation_path") + ")")
 
 
 def _eps_name(epsilon: float) -> str:
@@ -197,7 +201,8 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
                          sampling_generator=sampling_gen, seeded=seeded,
                          physical_batch_size=dp_config.physical_batch_size, eval_every=dp_config.eval_every,
                          checkpoint_every=dp_config.checkpoint_every, checkpoint=keep, resume=resume,
-                         fingerprint=fingerprint, progress=_training_progress(name, epsilon, training, logger))
+                         fingerprint=fingerprint,
+                         progress=_training_progress(name, epsilon, training, logger, validated=bool(val_examples)))
     if weights_hash(lm.model) != weights:
         raise RuntimeError(f"{name}: the frozen model's weights changed during training")
     manifest = {
@@ -217,8 +222,11 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
                       {"training_losses": result.private_losses, "seconds": result.seconds,
                        "sampled_ids": [train_ids[i] for i in sorted(result.sampled)]})
     checkpoint_path.unlink(missing_ok=True)
-    logger.info(TRAINED_LOG, name, spend["steps"],
-                f"{result.curve[-1]['val_loss']:.4f}" if result.curve else "-")
+    if val_examples:
+        logger.info(TRAINED_LOG, name, spend["steps"],
+                    f"{result.curve[-1]['val_loss']:.4f}" if result.curve else "-")
+    else:
+        logger.info(UNVALIDATED_LOG, name, spend["steps"])
     return {"epsilon": epsilon, "training": training, "prompt_path": str(prompt_path), "curve": result.curve,
             "seeded_noise": seeded, "reused": False}
 
@@ -255,9 +263,10 @@ def _resume_state(name: str, checkpoint_path: Path, fingerprint: str, noise_char
     return None
 
 
-def _training_progress(name: str, epsilon: float, training: int, logger):
+def _training_progress(name: str, epsilon: float, training: int, logger, validated: bool = True):
     """The `progress(step, steps, info)` callback of `dpsgd.train`: a bar with public values only, and a log
-    line at each public validation."""
+    line at each public validation (`validated`: there are public validation examples; without, the line has
+    the epsilon spent only)."""
     what = f"tune eps={_eps_name(epsilon)} #{training}: DP-SGD steps"
     last: dict = {}
 
@@ -269,7 +278,9 @@ def _training_progress(name: str, epsilon: float, training: int, logger):
         detail = ", ".join(form.format(last[key]) for key, form in shown
                            if last.get(key) is not None and math.isfinite(last[key]))
         report_progress(what, step, steps, detail)
-        if "epsilon" in info:
+        if "epsilon" in info and not validated:
+            logger.info(UNVALIDATED_STEP_LOG, name, step, steps, info["epsilon"])
+        elif "epsilon" in info:
             logger.info(TRAINING_STEP_LOG, name, step, steps,
                         info["val_loss"], info["epsilon"])
 

@@ -301,6 +301,8 @@ def non_private_audit(lm, spec: TaskSpec, records: pd.DataFrame, config: AuditCo
         frames.append(_trial_frame(scores, ids[chosen], 1, setting="non-private", epsilon=math.inf, demo_set=-1,
                                    trial=trial, global_trial=trial))
         log.debug("non-private audit trial %d/%d done", trial + 1, config.trials)
+    if progress is not None:
+        progress(len(picks), len(picks))
     scores = pd.concat(frames, ignore_index=True)
     pool = records if overlap_records is None else overlap_records
     # The demos themselves are always in the pool: a sample that missed them would hide the copy.
@@ -493,6 +495,8 @@ def dp_audit(lm, spec: TaskSpec, members: pd.DataFrame, non_members: pd.DataFram
                                 epsilon=float(epsilon), demo_set=demo_set, batch_size=batch_size, cache=cache,
                                 should_stop=should_stop)
         log.info("DP audit demo set %d/%d (label %s) scored", demo_set + 1, config.demo_sets, label)
+    if progress is not None:
+        progress(config.demo_sets, config.demo_sets)
     scores = pd.concat(frames, ignore_index=True)
     max_overlap, overlapping = demo_overlap(model_tokenize(lm), demo_texts, demo_labels, members,
                                             config.overlap_threshold, cache.setdefault(OVERLAP_POOLS, {}))
@@ -546,6 +550,8 @@ def demos_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: p
         audited.append((text, label))
         frames += _audit_prompt(lm, spec, [(text, label)], label, pools, rng, setting="dp", epsilon=float(epsilon),
                                 demo_set=index, batch_size=batch_size, cache=cache, should_stop=should_stop)
+    if progress is not None:
+        progress(len(todo), len(todo))
     if not frames:
         raise ConfigError("audit: none of the demonstrations' labels has enough records to query")
     scores = pd.concat(frames, ignore_index=True)
@@ -619,6 +625,8 @@ def prompt_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: 
     frames = _scored_trials(lm, spec, prompt, members, candidates, out_demos, picks, config, setting=setting,
                             epsilon=float(epsilon), demo_set=0, batch_size=batch_size, cache=cache, past=past,
                             should_stop=should_stop)
+    if progress is not None:
+        progress(1, 1)
     overlap = verbatim_overlap([t for t, _ in prompt], members["text"].astype(str).tolist(),
                                threshold=config.overlap_threshold, tokenize=model_tokenize(lm))
     return _finish(
@@ -665,6 +673,8 @@ def teacher_audit(lm, spec: TaskSpec, teachers: Sequence[pd.DataFrame], non_memb
                                  [(np.arange(len(teacher)), n_rows)], config, setting="non-private",
                                  epsilon=math.inf, demo_set=-1, batch_size=batch_size, cache=cache,
                                  first_trial=trial, should_stop=should_stop)
+    if progress is not None:
+        progress(len(chosen), len(chosen))
     members = pd.concat(chosen, ignore_index=True)
     overlap = verbatim_overlap([t for t, _ in demos], members["text"].astype(str).tolist(),
                                threshold=config.overlap_threshold, tokenize=model_tokenize(lm))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpcore.lm.models import resolve_model, tiny_tokenizer_folder
+from dpcore.lm.models import quiet_loading, resolve_model, tiny_tokenizer_folder
 
 # Llama shapes for random-weight speed benchmarks: the embedded model's own, and a 1B one
 # (the Llama 3.2 1B body: 16 layers of width 2048, grouped-query attention 32/8).
@@ -93,8 +93,9 @@ class LanguageModel:
         resolved = resolve_model(name)
         torch_device = pick_device(device)
         torch_dtype = pick_dtype(dtype, torch_device)
-        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch_dtype).to(torch_device)
+        with quiet_loading():  # no "Loading weights" bar in the command's progress display or logs
+            tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch_dtype).to(torch_device)
         return cls(model, tokenizer, name, torch_device, torch_dtype)
 
     @classmethod

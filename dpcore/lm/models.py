@@ -19,7 +19,9 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -54,6 +56,34 @@ def embedded_gguf(name: str) -> Path:
     return path
 
 
+_QUIET = threading.Lock()
+_quiet_depth = 0
+_bars_were_on = False
+
+
+@contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' own tqdm bars ("Loading weights", "Writing model shards", the GGUF's tensors) off while the
+    block loads or saves a model: they would print into the command's progress display or the logs. Errors and
+    warnings are untouched (logging, not bars); a hub download happens before, in `resolve_model`, with its bars.
+    Nested and concurrent blocks (a flow's tasks load in threads) turn the bars back on once, after the last."""
+    from transformers.utils import logging as hf_logging
+
+    global _quiet_depth, _bars_were_on
+    with _QUIET:
+        if _quiet_depth == 0:
+            _bars_were_on = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _QUIET:
+            _quiet_depth -= 1
+            if _quiet_depth == 0 and _bars_were_on:
+                hf_logging.enable_progress_bar()
+
+
 def convert_gguf(gguf_path: Path, target: Path) -> Path:
     """Dequantise a GGUF to a safetensors folder, atomically (temp folder, then rename)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -69,7 +99,8 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
         model.save_pretrained(work, safe_serialization=True)
         tokenizer.save_pretrained(work)
 
-    return _make_folder(target, "config.json", fill)
+    with quiet_loading():
+        return _make_folder(target, "config.json", fill)
 
 
 def _make_folder(target: Path, marker: str, fill: Callable[[Path], None]) -> Path:
