@@ -58,7 +58,8 @@ TINY_CONTEXT_LENGTH = 2048  # LanguageModel.tiny_random's max_position_embedding
 # entry's and a total's epsilon follow from its event, compared in full, which for PromptPATE's data-dependent
 # labelling is the DP-released bound (a DP output); an entry's number and the records' keyed content hash are
 # identities (they say only whether two runs read the same records).
-LEDGER_OUTPUTS = ("json:run", "json:generate", "json:pate", "json:tune", "json:audit", "json:release", "json:ledger")
+LEDGER_OUTPUTS = ("json:run", "json:generate", "json:pate", "json:tune", "json:audit", "json:release", "json:ledger",
+                  "file:*generation.json")
 for _output in LEDGER_OUTPUTS:
     declare(_output, Kind.IDENTITY, "**/ledger_entries/*/id", "**/ledger_entries/*/content_hash",
             "**/ledger_entry/id", "**/ledger_entry/content_hash")

@@ -2,31 +2,44 @@
 
 DP's guarantee speaks of datasets that differ in one record. So each command runs three times with the
 same seeds and settings: on D, on D plus one record, and on D with one record changed. Everything it
-makes public (its --json, every file outside the private store, its MLflow params, metrics and tags,
-its log lines and Prefect artifacts) must then be the same, apart from what is declared here:
+makes public must then be the same, byte for byte once run ids, uuids and clock times are normalised,
+apart from the fields its writer declares (`dpcore.public_outputs`: by output and path, each with its
+kind). What is read:
 
-- `DP_OUTPUTS`: the DP outputs and what is computed from them alone (the demonstrations, the trained
-  prompt, the noisy labels and students, accuracies of those on the public test file, the loss curve on
-  public examples, file digests of those);
-- `VOLATILE`: run ids, timings, timestamps and the keyed data hash (a version id of the records: it says
-  only whether two runs read the same records);
-- `AUDIT_VERDICT`: the gate's verdict on a membership audit (passed, inconclusive or failed, with its
-  figure-free reasons): the one bit of an audit that reaches the public side, by design (the figures
-  stay in the private store);
-- `COUNTS`, for the added record only: the record counts the papers treat as public and what the
-  accountant derives from them (q, sigma, the label with the fewest records); markdown artifacts,
-  rendered from those tables, are then compared with their numbers masked.
+- its `--json` and every line it prints on the terminal, and every log line of the run's loggers;
+- every file under `$DPICL_HOME` outside `private/` that it wrote or changed: the run folders, the stage
+  cache (`cache/`, the tasks' persisted results), `logs/`, MLflow's folder and every SQLite database there
+  (the rows the command added: MLflow's store, the ledger), `*.pt`, `*.safetensors` and plots (by content);
+- MLflow's params, metrics and tags of its runs and the Prefect artifacts of its flow runs.
 
-A function of individual private records that reaches the public side (a raw statistic, a private
-validation loss, an audit AUC, an echo of a record) makes one of the comparisons fail. A new public
-output either passes unchanged, or is declared here with the reason it is DP.
+Declared fields are masked only in the output and at the path declared (a DP value quoted anywhere else
+fails the test), and `COUNT` fields only for the added record. Not read: the shared model files, the
+accountant's cache (`cache/accounting/`: public parameters and their answers, shared with the other test
+processes) and the Prefect server's own database (outside the home in this test: its task runs' start
+and end times are the orchestrator's, see docs/privacy.md).
+
+The variants fold the neighbour pairs into few commands: a user file with an id column and a public test
+file (`run`, `pate-dd`, `tune-full`), a file without an id column (rows named by their content: `generate`,
+`audit`, `tune-lora`), a test split carved out of the user's own file (`pate`, `tune` with a prefix,
+`evaluate`: the accuracy published there is over test rows, which no mechanism reads; the guarantee covers
+the training rows, and the split is neighbour-stable, so the differing record is a training row in both
+pairs and the test rows are the same), PromptPATE's data-dependent accounting (`pate-dd`), runs refused over
+the dataset's budget and over PromptPATE's epsilon cap (`refused`), and PromptDPSGD with every kind
+(`soft-prompt` in `run`, `prefix`, `lora`, `full`).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import fnmatch
+import hashlib
+import io
 import json
+import logging
 import math
 import re
+import sqlite3
 import uuid
 from pathlib import Path
 
@@ -35,59 +48,28 @@ import pytest
 import yaml
 from pipeline_support import home, prefect_harness, share_tiny_model  # noqa: F401
 
+from dpcore import public_outputs
 from dpcore.data.taskspec import TASKS_DIR
+from dpcore.public_outputs import Kind
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-# ------------------------------------------------------------------ the declaration: what may differ
-
-# DP outputs, and functions of DP outputs and public data alone (keys of JSON objects, columns of tables,
-# MLflow metric/param names).
-DP_OUTPUTS = frozenset({
-    # DP few-shot generation: the synthetic demonstrations
-    "text", "demos", "demo", "synthetic_tokens", "tokens", "empty_demos",
-    # PromptPATE: noisy labels (answered or not), the students built from them
-    "noisy_label", "answered", "labelled", "answered_mean", "student_prompt", "student_prompts", "validation_accuracy",
-    "best_repeat", "label", "per_repeat",
-    # PromptDPSGD: the prompt tensor and its loss on public examples
-    "val_loss", "curve", "weight",
-    # accuracies on the public test file of the above
-    "accuracy", "accuracy_mean", "accuracy_std", "calibrated_accuracy", "calibrated_accuracy_mean",
-    "calibrated_accuracy_std", "mean", "std", "baselines",
-    # digests of DP output files
-    "sha256", "demos_sha256", "artifact_sha256", "files", "key", "demo_keys",
-})
-# Ids and clocks: different on every run whatever the data.
-VOLATILE = frozenset({
-    "run_id", "mlflow_run_id", "mlflow_run_ids", "mlflow_comparison_run_id", "mlflow_experiment_id", "flow_run_id",
-    "prefect_flow_run_id", "dpicl_run_id", "created_at", "at", "timestamp", "wall_seconds", "seconds",
-    "method_wall_seconds", "seconds_per_100_items", "data_hash", "content_hash", "fingerprint", "id", "ledger_entries", "entry_id",
-    "out", "private_out", "run_dir", "private_run_dir", "manifest", "prompt", "prompts", "path", "prompt_path",
-    "metrics_path", "release_dir", "tracking_uri", "home", "generation_workers", "dataset_id", "mlflow.runName",
-    "mlflow.user", "mlflow.source.name", "mlflow.source.type", "mlflow.parentRunId", "mlflow.source.git.commit",
-})
-# The gate's verdict: the public face of an audit whose figures stay private.
-AUDIT_VERDICT = frozenset({"verdict", "passed", "reasons", "audit", "audit_passed"})
-# The record counts the papers treat as public (|D|, |D_y|: they set q) and what the accountant derives
-# from them; they move when a record is added, never when one is changed.
-COUNTS = frozenset({
-    "num_private_records", "train_size", "records", "label_counts", "sampling_rate", "noise_multiplier", "sigma",
-    "epsilon_upper", "epsilon", "epsilon_alone", "total_epsilon", "training_records", "q", "epochs", "planned_cost",
-    "methods", "remaining", "entries", "ledger", "ledger_after", "privacy", "ledger_entry", "spends",
-    "epsilon_per_repeat", "checkpoints", "steps", "epsilon_spent", "limiting_label", "per_label_epsilon", "planned_epsilon",
-    "planned_epsilon_dp", "planned_epsilon_pate", "planned_epsilon_dpsgd", "planned_delta",
-})
-VERDICT_WORD = re.compile(r"\b(passed|failed|inconclusive)\b")
-NUMBER = re.compile(r"\b\d+(\.\d+)?(e-?\d+)?\b")
+VARIANTS = ("D", "added", "changed")
+# what may differ for a changed record; for an added one, the public counts too
+MASKED_CHANGED = frozenset({Kind.DP, Kind.VERDICT, Kind.IDENTITY, Kind.PUBLIC_TIMING})
+MASKED_ADDED = MASKED_CHANGED | {Kind.COUNT}
 
 DATA_ROWS_PER_LABEL = 20
 LABELS = ("World", "Sports", "Business", "Technology")
+ADDED_TEXT = "A record only the neighbouring dataset holds: rare words zygomorphic quetzal filibuster"
+CHANGED_TEXT = "A changed record: its text differs in the neighbouring dataset, zygomorphic quetzal"
 
 # ------------------------------------------------------------------ the datasets
 
 
 def _datasets(folder: Path) -> dict:
-    """D, D plus one record and D with one record changed (user files), and the public files beside them."""
+    """D, D plus one record and D with one record changed, as user files with and without an id column,
+    the task YAMLs (a carved test split: `test_size` 0.2) and the public files beside them."""
     from dpcore.data.datasets import load_dataset
     from dpcore.data.taskspec import load_task_spec
 
@@ -98,164 +80,257 @@ def _datasets(folder: Path) -> dict:
     test = public.iloc[:12][["id", "text", "label"]]  # a public test file: accuracies on it are DP post-processing
     validation = public.iloc[12:24][["id", "text", "label"]]
     queries = public.iloc[24:60][["text"]]
-    added = pd.concat([train, pd.DataFrame({"id": ["neighbour-added"], "label": ["World"],
-                                            "text": ["A record only the neighbouring dataset holds: rare words "
-                                                     "zygomorphic quetzal filibuster"]})], ignore_index=True)
-    changed = train.copy()
-    changed.loc[3, "text"] = "A changed record: its text differs in the neighbouring dataset, zygomorphic quetzal"
-    files = {}
-    for name, frame in (("D", train), ("added", added), ("changed", changed)):
-        frame.to_csv(folder / f"{name}.csv", index=False)
-        files[name] = str(folder / f"{name}.csv")
-    test.to_csv(folder / "test.csv", index=False)
-    validation.to_csv(folder / "validation.csv", index=False)
-    queries.to_csv(folder / "queries.csv", index=False)
+    added = pd.concat([train, pd.DataFrame({"id": ["neighbour-added"], "label": ["World"], "text": [ADDED_TEXT]})],
+                      ignore_index=True)
     spec = yaml.safe_load((TASKS_DIR / "agnews.yaml").read_text())
-    spec.update(name="neighbours", source={"type": "file", "path": files["D"], "text_column": "text",
+    spec.update(name="neighbours", source={"type": "file", "path": str(folder / "source.csv"), "text_column": "text",
                                            "label_column": "label", "id_column": "id"},
                 split={"test_size": 0.2, "seed": 0})
     (folder / "neighbours.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return {"data": files, "spec": str(folder / "neighbours.yaml"), "test": str(folder / "test.csv"),
-            "validation": str(folder / "validation.csv"), "queries": str(folder / "queries.csv")}
+    train.to_csv(folder / "source.csv", index=False)  # the YAML's own file: every command passes --data-path
+    # the changed record: a training row of the carved split (a test row is no neighbour of the training rows)
+    carved = set(load_dataset(load_task_spec(str(folder / "neighbours.yaml")), str(folder / "source.csv")).train["id"])
+    row = int(train.index[train["id"].isin(carved)][3])
+    changed = train.copy()
+    changed.loc[row, "text"] = CHANGED_TEXT
+    files: dict = {"data": {}, "noid": {}, "changed_row": row}
+    for name, frame in (("D", train), ("added", added), ("changed", changed)):
+        frame.to_csv(folder / f"{name}.csv", index=False)
+        frame[["text", "label"]].to_csv(folder / f"noid-{name}.csv", index=False)
+        files["data"][name] = str(folder / f"{name}.csv")
+        files["noid"][name] = str(folder / f"noid-{name}.csv")
+    test.to_csv(folder / "test.csv", index=False)
+    validation.to_csv(folder / "validation.csv", index=False)
+    queries.to_csv(folder / "queries.csv", index=False)
+    train[["text", "label"]].to_csv(folder / "noid-source.csv", index=False)
+    spec.update(name="neighbours-noid", source={"type": "file", "path": str(folder / "noid-source.csv"), "text_column": "text",
+                                                "label_column": "label"})
+    (folder / "neighbours-noid.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    files.update(spec=str(folder / "neighbours.yaml"), noid_spec=str(folder / "neighbours-noid.yaml"),
+                 test=str(folder / "test.csv"), validation=str(folder / "validation.csv"),
+                 queries=str(folder / "queries.csv"), folder=str(folder))
+    # A hub-type source (a task YAML whose source is a hub dataset) joins here as a fourth data shape:
+    # files["hub"] = pipeline_support.write_hub_task(folder, {variant: frame}) and a command or two below on it.
+    return files
 
 
-def _data_flags(files: dict, variant: str) -> list[str]:
-    return ["--task-spec", files["spec"], "--dataset", "neighbours", "--data-path", files["data"][variant],
-            "--test-path", files["test"], "--model", "tiny-random", "--delta", "1e-3", "--seed", "5"]
+def _data_flags(files: dict, variant: str, shape: str = "public-test") -> list[str]:
+    """The data flags of one shape: `public-test` (an id column, a public test file), `carved` (an id column,
+    the test split carved out of the file) or `noid` (no id column, a public test file)."""
+    if shape == "noid":
+        data = ["--task-spec", files["noid_spec"], "--dataset", "neighbours-noid", "--data-path",
+                files["noid"][variant]]
+    else:
+        data = ["--task-spec", files["spec"], "--dataset", "neighbours", "--data-path", files["data"][variant]]
+    test = [] if shape == "carved" else ["--test-path", files["test"]]
+    return [*data, *test, "--model", "tiny-random", "--delta", "1e-3", "--seed", "5"]
 
 
-COMMANDS = ("run", "generate", "pate", "pate-dd", "tune", "tune-lora", "evaluate", "audit", "release")
-# PromptPATE's data-dependent accounting charges the labelling at its released cost, a DP output: every epsilon
-# the command shows after the labelling (its --json, the ledger's entries and total, its log lines) is one.
-COMMAND_DP_OUTPUTS = {"pate-dd": frozenset({"epsilon", "released_rdp", "epsilon_upper", "total_epsilon", "event",
-                                            "remaining"})}
 GENERATION = ["--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--max-tokens", "3"]
 PATE = ["--pate-teachers", "8", "--pate-queries", "10", "--pate-sigma1", "50", "--pate-sigma2", "50",
         "--pate-threshold", "0", "--pate-repeats", "1", "--pate-student-candidates", "2"]
+PATE_FLAGS = ["--teachers", "8", "--queries", "10", "--sigma1", "50", "--sigma2", "50", "--threshold", "0",
+              "--repeats", "1", "--student-candidates", "2"]
 DPSGD = ["--dpsgd-length", "2", "--dpsgd-steps", "2", "--dpsgd-batch-size", "8", "--dpsgd-validation-size", "6"]
+TUNE = ["--epsilon", "1", "--steps", "2", "--batch-size", "8", "--validation-size", "6", "--test-size", "6"]
 
 
-def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[str]]:
-    """Every command that writes public output, with its arguments for one variant."""
-    data = _data_flags(files, variant)
+def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[list[str]]]:
+    """Every command that writes public output, as the invocations of one variant (a command's outputs are
+    read together)."""
     ds = ["--dataset-id", f"nb-{variant}"]
+    out = home() / "out"  # the commands' --out folders: under the home, read with every other public file
     demos = run_ids.get("demos_of_D", "")  # every variant evaluates D's generated (public, DP) demos
+    public = ["--public-path", files["queries"]]
+    validation = ["--validation-path", files["validation"]]
     return {
-        "run": ["run", *data, *ds, "--methods", "tang,pate,dpsgd", "--epsilons", "1", "--run-id", f"nb-run-{variant}",
-                "--baselines", "zero-shot", "--seeds", "1", "--shots", "2", *GENERATION, *PATE,
-                "--pate-public-path", files["queries"], *DPSGD, "--dpsgd-validation-path", files["validation"],
-                "--audit", "--audit-mode", "run-demos", "--audit-trials", "2", "--audit-demo-sets", "1",
-                "--audit-members", "4", "--audit-reference-prompts", "0", "--no-audit-reference", "--yes", "--json"],
-        "generate": ["generate", *data, *ds, "--epsilon", "1", *GENERATION, "--shots", "1",
-                     "--out", str(Path(files["spec"]).parent / f"generate-{variant}"), "--json"],
-        "pate": ["pate", *data, *ds, "--epsilon", "1", "--teachers", "8", "--queries", "10", "--sigma1", "50", "--sigma2", "50",
-                 "--threshold", "0", "--repeats", "1", "--student-candidates", "2", "--public-path",
-                 files["queries"], "--test-size", "6", "--run-id", f"nb-pate-{variant}", "--json"],
-        "pate-dd": ["pate", *data, *ds, "--epsilon", "1000", "--teachers", "8", "--queries", "10", "--sigma1", "50",
-                    "--sigma2", "50", "--threshold", "0", "--repeats", "1", "--student-candidates", "2",
-                    "--public-path", files["queries"], "--test-size", "6", "--accounting", "data-dependent",
-                    "--run-id", f"nb-pate-dd-{variant}", "--json"],
-        "tune": ["tune", *data, *ds, "--epsilon", "1", "--length", "2", "--steps", "2", "--batch-size", "8",
-                 "--validation-size", "6", "--validation-path", files["validation"], "--test-size", "6",
-                 "--run-id", f"nb-tune-{variant}", "--json"],
-        # the DP LoRA baseline: its adapter file, manifest and accuracy are DP outputs like a trained prompt
-        "tune-lora": ["tune", *data, *ds, "--epsilon", "1", "--kind", "lora", "--rank", "2", "--steps", "2",
-                      "--batch-size", "8", "--validation-size", "6", "--validation-path", files["validation"],
-                      "--test-size", "6", "--run-id", f"nb-tune-lora-{variant}", "--json"],
-        "evaluate": ["evaluate", *data, "--demos", demos, "--seeds", "1", "--shots", "2",
-                     "--out", str(Path(files["spec"]).parent / f"evaluate-{variant}"), "--json"],
-        "audit": ["audit", *data, *ds, "--epsilon", "1", *GENERATION, "--trials", "2", "--audit-members", "4",
-                  "--audit-demo-sets", "1", "--audit-reference-prompts", "0",
-                  "--out", str(Path(files["spec"]).parent / f"audit-{variant}"), "--json"],
-        "release": ["release", "--run", f"nb-run-{variant}", "--method", "dpsgd", "--audit-only", "--trials", "2",
-                    "--audit-members", "4", "--audit-reference-prompts", "0", "--json"],
+        "run": [["run", *_data_flags(files, variant), *ds, "--methods", "tang,pate,dpsgd", "--epsilons", "1",
+                 "--run-id", f"nb-run-{variant}", "--baselines", "zero-shot", "--seeds", "1", "--shots", "2",
+                 *GENERATION, *PATE, "--pate-public-path", files["queries"], *DPSGD, "--dpsgd-validation-path",
+                 files["validation"], "--audit", "--audit-mode", "run-demos", "--audit-trials", "2",
+                 "--audit-demo-sets", "1", "--audit-members", "4", "--audit-reference-prompts", "0",
+                 "--no-audit-reference", "--yes", "--json"]],
+        "generate": [["generate", *_data_flags(files, variant, "noid"), *ds, "--epsilon", "1", *GENERATION,
+                      "--shots", "1", "--out", str(out / f"generate-{variant}"), "--json"]],
+        "pate": [["pate", *_data_flags(files, variant, "carved"), *ds, "--epsilon", "1", *PATE_FLAGS, *public,
+                  "--test-size", "6", "--run-id", f"nb-pate-{variant}", "--json"]],
+        "pate-dd": [["pate", *_data_flags(files, variant), *ds, "--epsilon", "1000", *PATE_FLAGS, *public,
+                     "--test-size", "6", "--accounting", "data-dependent", "--run-id", f"nb-pate-dd-{variant}",
+                     "--json"]],
+        "tune": [["tune", *_data_flags(files, variant, "carved"), *ds, *TUNE, "--kind", "prefix", "--length", "2",
+                  *validation, "--run-id", f"nb-tune-{variant}", "--json"]],
+        # the DP fine-tuning baselines: their adapter files, manifests and accuracies are DP outputs like a prompt
+        "tune-lora": [["tune", *_data_flags(files, variant, "noid"), *ds, *TUNE, "--kind", "lora", "--rank", "2",
+                       *validation, "--run-id", f"nb-tune-lora-{variant}", "--json"]],
+        "tune-full": [["tune", *_data_flags(files, variant), *ds, *TUNE, "--kind", "full", *validation,
+                       "--run-id", f"nb-tune-full-{variant}", "--json"]],
+        "evaluate": [["evaluate", *_data_flags(files, variant, "carved"), "--demos", demos, "--seeds", "1",
+                      "--shots", "2", "--out", str(out / f"evaluate-{variant}"), "--json"]],
+        "audit": [["audit", *_data_flags(files, variant, "noid"), *ds, "--epsilon", "1", *GENERATION, "--trials",
+                   "2", "--audit-members", "4", "--audit-demo-sets", "1", "--audit-reference-prompts", "0",
+                   "--out", str(out / f"audit-{variant}"), "--json"]],
+        "release": [["release", "--run", f"nb-run-{variant}", "--method", "dpsgd", "--audit-only", "--trials", "2",
+                     "--audit-members", "4", "--audit-reference-prompts", "0", "--json"]],
+        # refused: over the dataset's budget (before any record is read), and PromptPATE's data-dependent
+        # labelling over its --epsilon cap (the release charged, no label published)
+        "refused": [["ledger", "set-budget", "--dataset", f"nb-refused-{variant}", "--epsilon", "0.5", "--delta",
+                     "1e-3", "--json"],
+                    ["generate", *_data_flags(files, variant), "--dataset-id", f"nb-refused-{variant}", "--epsilon",
+                     "1", *GENERATION, "--out", str(out / f"refused-{variant}"), "--json"],
+                    ["pate", *_data_flags(files, variant), "--dataset-id", f"nb-cap-{variant}", "--epsilon",
+                     run_ids["cap_epsilon"], *PATE_FLAGS, *public, "--test-size", "6", "--accounting",
+                     "data-dependent", "--run-id", f"nb-cap-{variant}", "--json"]],
     }
+
+
+COMMANDS = ("run", "generate", "pate", "pate-dd", "tune", "tune-lora", "tune-full", "evaluate", "audit", "release",
+            "refused")
+# the names this test gives each variant's runs and folders (normalised: they differ by construction)
+RUN_NAMES = ("nb-run", "nb-pate-dd", "nb-pate", "nb-tune-lora", "nb-tune-full", "nb-tune", "nb-refused", "nb-cap")
+
+
+def _cap_epsilon(files: dict) -> str:
+    """An epsilon just above what PromptPATE's data-dependent release alone costs: the labelling, whatever
+    its released cost, goes over it (the refusal after the release's charge)."""
+    from dpcore.config import RunConfig
+    from tasks.run_plans import build_run_plan
+
+    # the release's cost is a function of the settings and delta alone: planned on the public validation file,
+    # so no variant's records are read (nor remembered in the ledger) before its own commands
+    config = RunConfig(dataset="neighbours", task_spec=files["spec"], data_path=files["validation"],
+                       test_path=files["test"], model="tiny-random", delta=1e-3, seed=5, epsilons=[1000.0],
+                       methods=["pate"], pate_teachers=8, pate_queries=10, pate_sigma1=50, pate_sigma2=50,
+                       pate_threshold=0, pate_repeats=1, pate_student_candidates=2,
+                       pate_public_path=files["queries"], test_size=6, pate_accounting="data-dependent")
+    plan = build_run_plan(config, methods=("pate",))
+    return f"{plan.pate.plans[0].parameters['epsilon_release'] * 1.0001:.6g}"
 
 
 # ------------------------------------------------------------------ what a command made public
 
-HEX = re.compile(r"\b[0-9a-f]{12,64}\b")
-UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
-TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?(\+\d{2}:\d{2}|Z)?")
-SECONDS = re.compile(r"\b\d+(\.\d+)? ?s\b|\b\d+(\.\d+)?s/it|\d+:\d{2}(:\d{2})?")
-# Not compared as files: the private store; library state (models, Prefect and MLflow databases: their
-# contents are compared through MLflow's API and the Prefect artifacts); the stage cache (copies of the
-# outputs compared here, keyed by content, and the accountant's cache of public parameters).
-PUBLIC_SKIP = ("private", "models", "hf", "config", "prefect", "mlflow", "logs", "cache")
+UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|\b[0-9a-f]{32}\b")
+TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T _]\d{2}[:\-]?\d{2}[:\-]?\d{2}(\.\d+)?(\+\d{2}:?\d{2}|Z)?|\b\d{8}T\d{6}Z?\b")
+# a log line's clock (`14:03:12.345 | INFO | ...`)
+CLOCK = re.compile(r"\b\d{2}:\d{2}:\d{2}(\.\d+)?\b")
+# columns of MLflow's and the ledger's tables that hold clock values (epoch milliseconds or ISO times)
+CLOCK_COLUMNS = re.compile(r"(^|_)(time|timestamp|created|updated|at)$|_time$|^creation_time$")
+# Not read: the shared model files and caches of other libraries, the accountant's cache (shared with the other
+# test processes; keyed by public parameters), the suite's CA file.
+SKIPPED = ("private", "models", "hf", "config", "cache/accounting", "cache/xdg", "prefect-api-ca.pem")
 LOG_LINE = re.compile(r"\| (DEBUG|INFO|WARNING|ERROR|CRITICAL) +\||^\d{4}/\d{2}/\d{2} .*\b(DEBUG|INFO|WARNING)\b")
 
 
-def _text(value: str, variant: str) -> str:
-    for kind in ("run", "pate-dd", "pate", "tune-lora", "tune"):
-        value = value.replace(f"nb-{kind}-{variant}", f"<{kind.upper()}>")
-    value = value.replace(f"nb-{variant}", "<DS>")
-    value = value.replace(f"generate-{variant}", "<OUT>").replace(f"evaluate-{variant}", "<OUT>")
-    value = value.replace(f"audit-{variant}", "<OUT>").replace(f"{variant}.csv", "<DATA>.csv")
-    value = UUID.sub("<UUID>", TIME.sub("<TIME>", value))
-    return HEX.sub("<HEX>", value)
+def _skipped(rel: str) -> bool:
+    return any(rel == s or rel.startswith(s + "/") for s in SKIPPED)
 
 
-def _normal(value, variant: str, masked: frozenset):
-    """The JSON-like `value` with masked keys replaced and variant names, hashes and clocks normalised."""
-    if isinstance(value, dict):
-        return {_text(str(k), variant): ("<masked>" if str(k) in masked else _normal(v, variant, masked))
-                for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_normal(v, variant, masked) for v in value]
-    if isinstance(value, str):
-        stripped = value.strip()
-        if stripped[:1] in "[{":
-            try:
-                return _normal(json.loads(stripped), variant, masked)
-            except json.JSONDecodeError:
-                pass
-        return _text(value, variant)
-    if isinstance(value, float) and math.isnan(value):
-        return "nan"
-    return value
-
-
-def _snapshot() -> dict[str, float]:
+def _snapshot() -> dict:
+    """Every file under the home (outside what is not read), by path: (mtime, size), and every SQLite
+    database's rows."""
     root = home()
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+    files, databases = {}, {}
+    for path in root.rglob("*"):
+        rel = path.relative_to(root).as_posix()
+        if _skipped(rel) or not path.is_file():
+            continue
+        files[rel] = (path.stat().st_mtime_ns, path.stat().st_size)
+        if path.suffix == ".db":
+            databases[rel] = _database_rows(path)
+    return {"files": files, "databases": databases}
 
 
-def _public_files(before: dict[str, float]) -> dict[str, object]:
-    """Every file written outside the private store since the `before` snapshot, decoded (Parquet as
-    records, JSON as objects, images by name only)."""
-    root = home()
+def _database_rows(path: Path) -> dict[str, set[str]]:
+    """Each table's rows, as JSON texts (read through SQLite: a database is shared by every command)."""
+    rows: dict[str, set[str]] = {}
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
+        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"):
+            cursor = db.execute(f'SELECT * FROM "{table}"')  # noqa: S608 (the database's own table names)
+            names = [d[0] for d in cursor.description]
+            rows[table] = {json.dumps({n: (base64.b64encode(v).decode() if isinstance(v, bytes) else v)
+                                       for n, v in zip(names, row, strict=True)}, sort_keys=True, default=str)
+                           for row in cursor}
+    return rows
+
+
+def _tensors(state) -> object:
+    """Tensors by shape, dtype and content digest (a file of tensors compared by content)."""
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        data = state.detach().cpu().contiguous()
+        return {"shape": list(data.shape), "dtype": str(data.dtype),
+                "sha256": hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()}
+    if isinstance(state, dict):
+        return {str(k): _tensors(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return [_tensors(v) for v in state]
+    return state if isinstance(state, str | int | float | bool | type(None)) else repr(state)
+
+
+def _decode(path: Path, appended_from: int = 0) -> object:
+    """A public file's content: Parquet as records, JSON as objects, tensor files by content, SQLite by the
+    rows a command added (elsewhere), other files as text (from `appended_from`: a log's new lines)."""
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path).to_dict(orient="records")
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            return {"metadata": {k: _maybe_json(v) for k, v in metadata.items()},
+                    "tensors": {k: _tensors(handle.get_tensor(k)) for k in handle.keys()}}  # noqa: SIM118
+    if path.suffix == ".pt":
+        import torch
+
+        return _tensors(torch.load(path, map_location="cpu", weights_only=False))
+    data = path.read_bytes()
+    try:
+        return data[appended_from:].decode()
+    except UnicodeDecodeError:
+        return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _maybe_json(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _public_files(before: dict) -> tuple[dict, dict]:
+    """(every file written or changed outside the private store since `before`, decoded; the rows each
+    SQLite database gained)."""
+    root, after = home(), _snapshot()
     found = {}
-    for rel, mtime in _snapshot().items():
-        path = root / rel
-        if before.get(rel) == mtime or Path(rel).parts[0] in PUBLIC_SKIP:
+    for rel, (mtime, size) in after["files"].items():
+        old = before["files"].get(rel)
+        if old == (mtime, size) or rel.endswith((".db", ".db-wal", ".db-shm", ".db-journal", ".lock")):
             continue
-        if path.suffix in (".db", ".db-wal", ".db-shm", ".db-journal", ".lock", ".pt"):
-            continue
-        if path.suffix == ".parquet":
-            found[rel] = pd.read_parquet(path).to_dict(orient="records")
-        elif path.suffix == ".json":
-            found[rel] = json.loads(path.read_text())
-        elif path.suffix in (".png", ".safetensors"):
-            found[rel] = "<binary DP output or plot of one>"
-        else:
-            found[rel] = path.read_text(errors="replace")
-    return found
+        grew = old is not None and size > old[1] and Path(rel).suffix in (".log", ".txt", "")
+        found[rel] = _decode(root / rel, old[1] if grew else 0)
+    rows = {}
+    for rel, tables in after["databases"].items():
+        gained = {t: sorted(r - before["databases"].get(rel, {}).get(t, set())) for t, r in tables.items()}
+        rows[rel] = {t: [json.loads(r) for r in new] for t, new in gained.items() if new}
+    return found, {rel: t for rel, t in rows.items() if t}
 
 
-def _markdown(text: str) -> str:
-    """A markdown table's `wall s` column is a timing: blanked (whole seconds, different on every run)."""
-    lines, wall = [], None
+def _markdown(text: str) -> dict:
+    """A markdown artifact as its lines outside tables and its tables' rows by header."""
+    lines, tables, header = [], [], None
     for line in text.splitlines():
-        cells = line.split("|")
-        if line.startswith("|") and "wall s" in cells[-2:][0]:
-            wall = len(cells) - 2
-        elif wall is not None and line.startswith("|") and len(cells) == wall + 2:
-            cells[wall] = " <T> "
-            cells = [VERDICT_WORD.sub("<VERDICT>", cell) for cell in cells]  # AUDIT_VERDICT in a table
-        elif not line.startswith("|"):
-            wall = None
-        lines.append("|".join(cells))
-    return "\n".join(lines)
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if cells is None:
+            header = None
+            lines.append(line)
+        elif header is None:
+            header = cells
+            tables.append([])
+        elif not set("".join(cells)) <= set("-: "):
+            tables[-1].append(dict(zip(header, cells, strict=False)))
+    return {"lines": lines, "tables": tables}
 
 
 def _mlflow(run_id_tag: str | None) -> list[dict]:
@@ -278,84 +353,18 @@ def _prefect_artifacts(tag: str) -> list[dict]:
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[tag])))
-    return sorted(({"key": a.key, "type": a.type, "data": _markdown(a.data) if isinstance(a.data, str) else a.data,
-                    "description": a.description}
-                   for a in artifacts), key=lambda a: str(a["key"]))
+    return sorted(({"key": a.key, "type": a.type, "description": a.description,
+                    "data": _markdown(a.data) if a.type == "markdown" else _maybe_json(a.data)
+                    if isinstance(a.data, str) else a.data} for a in artifacts), key=lambda a: str(a["key"]))
 
 
 RUN_NAME = re.compile(r"((?:sub)?flow run|[Tt]ask run) '[^']+'")
 LOGGERS = ("prefect.flow_runs", "prefect.task_runs", "dpicl", "tasks", "flows", "dpcore")
 
 
-# DP outputs and the audit's verdict inside log lines (the same declarations as DP_OUTPUTS, AUDIT_VERDICT)
-LOGGED_DP = re.compile(r"((?:answered|accuracy|validation loss)(?: per repeat)?)\s*(\[[^\]]*\]|[-\d.]+)")
-
-
-def _logs(records) -> list[str]:
-    """The log lines, with Prefect's random run names and its cache-hit wording (a stage whose inputs
-    are public counts is served from the cache when the counts are unchanged) normalised, and the DP
-    outputs and verdicts they quote masked."""
-    lines = set()
-    for r in records:
-        text = RUN_NAME.sub(r"\1 <NAME>", SECONDS.sub("<T>", r.getMessage()))
-        text = VERDICT_WORD.sub("<VERDICT>", LOGGED_DP.sub(r"\1 <DP>", text))
-        lines.add(text.replace("Cached(type=COMPLETED)", "Completed()"))
-    return sorted(lines)
-
-
-@pytest.fixture(scope="module")
-def neighbour_runs(tiny_lm, tmp_path_factory):
-    """Every command on every variant: {command: {variant: what it made public}}."""
-    import logging
-
-    from flows.cli import main
-
-    share_tiny_model(tiny_lm)
-    files = _datasets(tmp_path_factory.mktemp("neighbours"))
-    outputs: dict[str, dict[str, dict]] = {}
-    run_ids: dict = {}
-    from prefect import tags
-    from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
-
-    handler = _Collect()
-    for name in LOGGERS:  # the run's own loggers, whatever propagation other tests set up
-        logging.getLogger(name).addHandler(handler)
-    # every stage computes in every variant: a stage served from a cache an earlier test (or variant) filled
-    # logs nothing of its own, a difference of caching, not of the data
-    refresh = temporary_settings(updates={PREFECT_TASKS_REFRESH_CACHE: True})
-    refresh.__enter__()
-    try:
-        for variant in ("D", "added", "changed"):
-            for command in COMMANDS:  # built one at a time: evaluate reads the demos generate wrote for D
-                argv = _commands(files, variant, run_ids)[command]
-                before = _snapshot()
-                handler.records.clear()
-                tag = f"neighbours-{uuid.uuid4().hex}"
-                with tags(tag):  # the command's flow runs, among those of the other test process
-                    code, out, err = _run(main, argv)
-                assert code in (0, 1), f"{command} on {variant}: exit {code}: {err[-2000:]}"
-                summary = json.loads(out) if out.strip().startswith("{") else {"stdout": out}
-                if command == "generate" and variant == "D":
-                    run_ids["demos_of_D"] = str(Path(summary["out"]) / "demos.parquet")
-                run_tag = {"run": f"nb-run-{variant}", "pate": f"nb-pate-{variant}", "pate-dd": f"nb-pate-dd-{variant}",
-                           "tune": f"nb-tune-{variant}", "tune-lora": f"nb-tune-lora-{variant}"}.get(command)
-                outputs.setdefault(command, {})[variant] = {
-                    "exit": code, "json": summary, "files": _public_files(before), "mlflow": _mlflow(run_tag),
-                    "artifacts": _prefect_artifacts(tag), "logs": _logs(handler.records),
-                    # the command's own lines (log lines are compared through the log records)
-                    "stderr": [SECONDS.sub("<T>", line) for line in err.splitlines()
-                               if "\r" not in line and not LOG_LINE.search(line)]}
-    finally:
-        refresh.__exit__(None, None, None)
-        for name in LOGGERS:
-            logging.getLogger(name).removeHandler(handler)
-    assert {a["key"] for a in outputs["run"]["D"]["artifacts"]} >= {"dp-fewshot-summary", "dp-fewshot-results", "prompt-pate-results"}
-    return outputs
-
-
-class _Collect(__import__("logging").Handler):
+class _Collect(logging.Handler):
     def __init__(self):
-        super().__init__(level=20)
+        super().__init__(level=logging.INFO)
         self.records = []
 
     def emit(self, record):
@@ -363,83 +372,350 @@ class _Collect(__import__("logging").Handler):
             self.records.append(record)
 
 
-def _run(main, argv):
-    import contextlib
-    import io
+def _log_lines(records) -> list[str]:
+    """The log lines, with Prefect's random run names and its cache-hit wording (a stage whose inputs are
+    public counts is served from the cache when the counts are unchanged) normalised."""
+    return sorted({RUN_NAME.sub(r"\1 <NAME>", r.getMessage()).replace("Cached(type=COMPLETED)", "Completed()")
+                   for r in records})
 
+
+def _run(main, argv):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(argv))
     return code, out.getvalue(), err.getvalue()
 
 
-def _compare(outputs: dict, variant: str, masked: frozenset) -> list[str]:
-    """The public outputs of `variant` that differ from D's, once normalised: [] when none."""
-    base, other = outputs["D"], outputs[variant]
-    problems = []
-    counts_move = bool(masked & COUNTS)
-    for part in ("exit", "json", "mlflow", "artifacts", "logs", "stderr"):
-        a, b = _normal(base[part], "D", masked), _normal(other[part], variant, masked)
-        if counts_move and part in ("artifacts", "logs", "stderr"):  # counts inside rendered text
-            a, b = _numbers_masked(a), _numbers_masked(b)
-        if a != b:
-            problems.append(f"{part}: {_first_difference(a, b)}")
-    a_files = {_text(k, "D"): _normal(v, "D", masked) for k, v in base["files"].items()}
-    b_files = {_text(k, variant): _normal(v, variant, masked) for k, v in other["files"].items()}
-    if set(a_files) != set(b_files):
-        problems.append(f"files: only in D {sorted(set(a_files) - set(b_files))}, only in {variant} "
-                        f"{sorted(set(b_files) - set(a_files))}")
-    for name in sorted(set(a_files) & set(b_files)):
-        if a_files[name] != b_files[name]:
-            problems.append(f"file {name}: {_first_difference(a_files[name], b_files[name])}")
-    return problems
+def _invoke(main, argv: list[str], handler: _Collect) -> dict:
+    """One invocation: what it printed, logged and wrote outside the private store."""
+    from prefect import tags
+
+    before = _snapshot()
+    handler.records.clear()
+    tag = f"neighbours-{uuid.uuid4().hex}"
+    with tags(tag):  # the command's flow runs, among those of the other test process
+        code, out, err = _run(main, argv)
+    assert code in (0, 1, 3), f"{argv[:2]}: exit {code}: {err[-2000:]}"
+    files, rows = _public_files(before)
+    summary = json.loads(out) if out.strip().startswith("{") else {"stdout": out}
+    run_tag = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--run-id"), None)
+    return {"command": argv[0], "exit": code, "json": summary, "stderr": [line for line in err.splitlines()
+                                                      if "\r" not in line and not LOG_LINE.search(line)],
+            "logs": _log_lines(handler.records), "files": files, "databases": rows, "mlflow": _mlflow(run_tag),
+            "artifacts": _prefect_artifacts(tag)}
 
 
-def _numbers_masked(value):
+@pytest.fixture(scope="module")
+def neighbour_runs(tiny_lm, tmp_path_factory):
+    """Every command on every variant: {command: {variant: [what each invocation made public]}}."""
+    from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
+
+    from flows.cli import main
+
+    share_tiny_model(tiny_lm)
+    files = _datasets(tmp_path_factory.mktemp("neighbours"))
+    _differing_records_are_training_rows(files)
+    outputs: dict[str, dict[str, list[dict]]] = {}
+    run_ids: dict = {"cap_epsilon": _cap_epsilon(files)}
+    handler = _Collect()
+    for name in LOGGERS:  # the run's own loggers, whatever propagation other tests set up
+        logging.getLogger(name).addHandler(handler)
+    # every stage computes in every variant: a stage served from a cache an earlier test (or variant) filled
+    # logs nothing of its own, a difference of caching, not of the data
+    # MLflow's store and the ledger created before the first snapshot: their schema rows are no command's output
+    from tasks.tracking import experiment_id, mlflow_client
+
+    for dataset in ("neighbours", "neighbours-noid"):
+        experiment_id(mlflow_client(), dataset)
+    _run(main, ["ledger", "show", "--json"])
+    refresh = temporary_settings(updates={PREFECT_TASKS_REFRESH_CACHE: True})
+    refresh.__enter__()
+    try:
+        for variant in VARIANTS:
+            for command in COMMANDS:  # built one at a time: evaluate reads the demos generate wrote for D
+                invocations = []
+                for argv in _commands(files, variant, run_ids)[command]:
+                    invocations.append(_invoke(main, argv, handler))
+                if command == "generate" and variant == "D":
+                    run_ids["demos_of_D"] = str(Path(invocations[0]["json"]["out"]) / "demos.parquet")
+                outputs.setdefault(command, {})[variant] = invocations
+    finally:
+        refresh.__exit__(None, None, None)
+        for name in LOGGERS:
+            logging.getLogger(name).removeHandler(handler)
+    keys = {a["key"] for a in outputs["run"]["D"][0]["artifacts"]}
+    assert keys >= {"dp-fewshot-summary", "dp-fewshot-results", "prompt-pate-results"}, keys
+    refused = [i["exit"] for i in outputs["refused"]["D"]]
+    assert refused[1:] == [3, 3], f"the refused runs were not refused: {refused}"
+    return outputs
+
+
+def _differing_records_are_training_rows(files: dict) -> None:
+    """In the carved split the added and the changed record are training rows (a keyed hash of the id: the
+    other rows keep their part), so both pairs are neighbours on the training rows, with the same test rows."""
+    from dpcore.data.datasets import load_dataset
+    from dpcore.data.taskspec import load_task_spec
+
+    spec = load_task_spec(files["spec"])
+    loaded = {v: load_dataset(spec, files["data"][v]) for v in VARIANTS}
+    assert "neighbour-added" in set(loaded["added"].train["id"])
+    changed_id = pd.read_csv(files["data"]["changed"])["id"].iloc[files["changed_row"]]
+    assert changed_id in set(loaded["changed"].train["id"])
+    assert all(set(loaded[v].test["id"]) == set(loaded["D"].test["id"]) for v in VARIANTS)
+
+
+# ------------------------------------------------------------------ the comparison
+
+
+def _identities(value, path: tuple[str, ...] = (), found: set | None = None, declared=None) -> set[str]:
+    """The string values at `IDENTITY` paths of one output (keyed data hashes, cache keys): normalised wherever
+    else they are quoted (a folder name, a cache key's path)."""
+    found = set() if found is None else found
     if isinstance(value, dict):
-        return {k: _numbers_masked(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_numbers_masked(v) for v in value]
-    if isinstance(value, str):
-        return NUMBER.sub("<N>", value)
-    return "<N>" if isinstance(value, int | float) and not isinstance(value, bool) else value
+        for k, v in value.items():
+            _identities(v, (*path, str(k)), found, declared)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _identities(v, (*path, str(i)), found, declared)
+    elif isinstance(value, str) and len(value) >= 12 and any(
+            kind == Kind.IDENTITY and public_outputs.matches(p, path) for p, kind in (declared or {}).items()):
+        found.add(value)
+    return found
+
+
+class _Normaliser:
+    """The run's own names (this test's variant names, uuids, clock times, declared identities) normalised;
+    declared fields masked at their paths; nothing else touched."""
+
+    def __init__(self, variant: str, masked: frozenset, identities: set[str]):
+        self.variant, self.masked = variant, masked
+        self.identities = sorted({i for value in identities for i in (value, value[:12]) if len(i) >= 12},
+                                 key=len, reverse=True)
+        self.lines = [(re.compile(p), k) for p, k in public_outputs.declared_lines().items() if k in masked]
+
+    def text(self, value: str) -> str:
+        v = self.variant
+        for name in RUN_NAMES:
+            value = value.replace(f"{name}-{v}", f"<{name}>")
+        value = value.replace("generate-D/demos.parquet", "<generate>/demos.parquet")  # evaluate reads D's demos
+        for folder in ("generate", "evaluate", "audit", "refused"):
+            value = value.replace(f"{folder}-{v}", f"<{folder}>")
+        value = value.replace(f"nb-{v}", "<DS>").replace(f"noid-{v}.csv", "<NOID>.csv").replace(f"{v}.csv", "<DATA>.csv")
+        for identity in self.identities:
+            value = value.replace(identity, "<ID>")
+        return UUID.sub("<UUID>", TIME.sub("<TIME>", value))
+
+    def line(self, value: str) -> str:
+        value = self.text(value)
+        for pattern, kind in self.lines:
+            value = pattern.sub(lambda m, mask=f"<{kind}>": _mask_groups(m, mask), value)
+        return CLOCK.sub("<CLOCK>", value)
+
+    def value(self, value, declared: dict, path: tuple[str, ...] = ()):
+        if any(kind in self.masked and public_outputs.matches(p, path) for p, kind in declared.items()):
+            return "<masked>"
+        if isinstance(value, dict):
+            return {self.text(str(k)): self.value(v, declared, (*path, str(k))) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.value(v, declared, (*path, str(i))) for i, v in enumerate(value)]
+        if isinstance(value, str):
+            stripped = value.strip()
+            if stripped[:1] in "[{" and len(stripped) > 1:
+                try:
+                    return self.value(json.loads(stripped), declared, path)
+                except json.JSONDecodeError:
+                    pass
+            return self.text(value)
+        if isinstance(value, float) and math.isnan(value):
+            return "nan"
+        return value
+
+
+def _mask_groups(match: re.Match, mask: str) -> str:
+    text, start = match.group(0), match.start(0)
+    out, last = "", 0
+    for i in range(1, (match.re.groups or 0) + 1):
+        if match.start(i) < 0:
+            continue
+        out += text[last:match.start(i) - start] + mask
+        last = match.end(i) - start
+    return out + text[last:]
+
+
+def _file_declarations(rel: str) -> dict:
+    found: dict = {}
+    for output, paths in public_outputs.declared_outputs().items():
+        if output.startswith("file:") and fnmatch.fnmatch(rel, output[len("file:"):]):
+            found.update(paths)
+    return found
+
+
+# MLflow's store holds the runs' params, metrics and tags as rows (key, value): declared once, as `mlflow`
+MLFLOW_TABLES = {"params": "params", "tags": "tags", "metrics": "metrics", "latest_metrics": "metrics"}
+
+
+def _row_declarations(table: str, row: dict) -> dict:
+    if table in MLFLOW_TABLES and "key" in row:
+        section = MLFLOW_TABLES[table]
+        kinds = [kind for p, kind in public_outputs.declared("mlflow").items()
+                 if len(p) == 3 and p[1] == section and fnmatch.fnmatchcase(str(row["key"]), p[2])]
+        return {("value",): kinds[0]} if kinds else {}
+    return public_outputs.declared(f"sqlite:{table}")
+
+
+def _normal_rows(tables: dict, n: _Normaliser) -> dict:
+    out = {}
+    for table, rows in tables.items():
+        normal = []
+        for row in rows:
+            row = {k: ("<CLOCK>" if CLOCK_COLUMNS.search(k) and v is not None else v) for k, v in row.items()}
+            normal.append(json.dumps(n.value(row, _row_declarations(table, row)), sort_keys=True, default=str))
+        out[table] = sorted(normal)
+    return out
+
+
+def _normal_files(files: dict, n: _Normaliser) -> dict:
+    """Files by their normalised names; files whose names normalise alike (stage folders named by a key) are
+    told apart by their normalised content."""
+    grouped: dict[str, list] = {}
+    for rel, value in files.items():
+        name = n.text(rel)
+        grouped.setdefault(name, []).append(n.value(value, _file_declarations(name)))
+    out = {}
+    for name, values in grouped.items():
+        values.sort(key=lambda v: json.dumps(v, sort_keys=True, default=str))
+        out.update({name if len(values) == 1 else f"{name}#{i}": v for i, v in enumerate(values)})
+    return out
+
+
+def _normal_artifact(artifact: dict, n: _Normaliser) -> dict:
+    data = artifact["data"]
+    if isinstance(data, dict) and "lines" in data:  # a markdown artifact's text lines: declared as lines
+        data = {**data, "lines": [n.line(line) for line in data["lines"]]}
+    return n.value({**artifact, "data": data}, public_outputs.declared(f"artifact:{artifact['key']}"))
+
+
+def _normal_outputs(run: dict, n: _Normaliser) -> dict:
+    return {
+        "exit": run["exit"],
+        "json": n.value(run["json"], public_outputs.declared(f"json:{run['command']}")),
+        "stderr": sorted(n.line(line) for line in run["stderr"]),
+        "logs": sorted({n.line(line) for line in run["logs"]}),
+        "mlflow": n.value(run["mlflow"], public_outputs.declared("mlflow")),
+        "artifacts": [_normal_artifact(a, n) for a in run["artifacts"]],
+        "databases": {n.text(rel): _normal_rows(tables, n) for rel, tables in run["databases"].items()},
+        "files": _normal_files(run["files"], n),
+    }
+
+
+def _all_identities(run: dict) -> set[str]:
+    found = _identities(run["json"], declared=public_outputs.declared(f"json:{run['command']}"))
+    for rel, value in run["files"].items():
+        _identities(value, found=found, declared=_file_declarations(rel))
+        parts = Path(rel).parts
+        if parts[:2] == ("cache", "stages") and len(parts) > 3:
+            found.add(parts[3])  # a stage's cache key: a digest of its inputs, the data hash among them
+    _identities(run["mlflow"], found=found, declared=public_outputs.declared("mlflow"))
+    for tables in run["databases"].values():
+        for table, rows in tables.items():
+            for row in rows:
+                _identities(row, found=found, declared=_row_declarations(table, row))
+    return found
+
+
+def _compare(outputs: dict, variant: str, masked: frozenset) -> list[str]:
+    """The public outputs of `variant` that differ from D's, once normalised: [] when none. `outputs`:
+    {variant: [one dict per invocation]} of one command."""
+    problems = []
+    base, other = outputs["D"], outputs[variant]
+    if len(base) != len(other):
+        return [f"{len(base)} invocations on D, {len(other)} on {variant}"]
+    for i, (a_run, b_run) in enumerate(zip(base, other, strict=True)):
+        a = _normal_outputs(a_run, _Normaliser("D", masked, _all_identities(a_run)))
+        b = _normal_outputs(b_run, _Normaliser(variant, masked, _all_identities(b_run)))
+        for part in ("exit", "json", "stderr", "logs", "mlflow", "artifacts", "databases"):
+            if a[part] != b[part]:
+                problems.append(f"[{i}] {part}: {_first_difference(a[part], b[part])}")
+        if set(a["files"]) != set(b["files"]):
+            problems.append(f"[{i}] files: only in D {sorted(set(a['files']) - set(b['files']))}, only in "
+                            f"{variant} {sorted(set(b['files']) - set(a['files']))}")
+        for name in sorted(set(a["files"]) & set(b["files"])):
+            if a["files"][name] != b["files"][name]:
+                problems.append(f"[{i}] file {name}: {_first_difference(a['files'][name], b['files'][name])}")
+    return problems
 
 
 def _first_difference(a, b, where: str = "") -> str:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b), key=str):
             if a.get(key, "<absent>") != b.get(key, "<absent>"):
-                return _first_difference(a.get(key, "<absent>"), b.get(key, "<absent>"), f"{where}.{key}")
+                return _first_difference(a.get(key, "<absent>"), b.get(key, "<absent>"), f"{where}/{key}")
     if isinstance(a, list) and isinstance(b, list) and all(isinstance(x, str) for x in a + b) and a != b:
         return f"{where or 'lines'}: only in D {sorted(set(a) - set(b))[:5]}, only in the neighbour {sorted(set(b) - set(a))[:5]}"
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             if x != y:
-                return _first_difference(x, y, f"{where}[{i}]")
+                return _first_difference(x, y, f"{where}/{i}")
     return f"{where or 'value'}: {str(a)[:300]!r} != {str(b)[:300]!r}"
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_changing_one_record_changes_no_public_output_but_dp_outputs(neighbour_runs, command):
-    masked = DP_OUTPUTS | VOLATILE | AUDIT_VERDICT | COMMAND_DP_OUTPUTS.get(command, frozenset())
-    problems = _compare(neighbour_runs[command], "changed", masked)
+def test_changing_one_record_changes_no_public_output_but_declared_dp_outputs(neighbour_runs, command):
+    problems = _compare(neighbour_runs[command], "changed", MASKED_CHANGED)
     assert not problems, f"dpicl {command}: a public output depends on a changed record:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_adding_one_record_changes_no_public_output_but_dp_outputs_and_counts(neighbour_runs, command):
-    masked = DP_OUTPUTS | VOLATILE | AUDIT_VERDICT | COUNTS | COMMAND_DP_OUTPUTS.get(command, frozenset())
-    problems = _compare(neighbour_runs[command], "added", masked)
+def test_adding_one_record_changes_no_public_output_but_declared_dp_outputs_and_counts(neighbour_runs, command):
+    problems = _compare(neighbour_runs[command], "added", MASKED_ADDED)
     assert not problems, f"dpicl {command}: a public output depends on an added record:\n" + "\n".join(problems)
 
 
-def test_the_scan_catches_a_planted_statistic(neighbour_runs):
-    """The comparison is not vacuous: a private statistic (a loss over the private records, which the
-    neighbours move) planted in the run's --json is caught."""
-    planted = json.loads(json.dumps(neighbour_runs["run"]))
-    planted["D"]["json"]["private_loss"] = 1.2345
-    planted["changed"]["json"]["private_loss"] = 1.2351
-    assert any("private_loss" in p for p in _compare(planted, "changed", DP_OUTPUTS | VOLATILE | AUDIT_VERDICT))
+# ------------------------------------------------------------------ the comparison catches planted leaks
+
+
+def _planted(neighbour_runs, command: str) -> dict:
+    return json.loads(json.dumps(neighbour_runs[command], default=str))
+
+
+def _file_named(run: dict, suffix: str) -> str:
+    (name,) = [name for name in run["files"] if not name.startswith(("mlflow/", "cache/")) and name.endswith(suffix)]
+    return name
+
+
+def test_a_timing_planted_in_a_declared_dp_file_is_caught(neighbour_runs):
+    """The trained prompt's manifest is declared field by field (its loss curve on public examples is DP): a
+    training time written into it (it depends on the Poisson batches' sizes and the records' lengths) is not
+    declared, and fails the comparison."""
+    planted = _planted(neighbour_runs, "tune")
+    assert not _compare(planted, "changed", MASKED_CHANGED)
+    for variant, seconds in (("D", 41), ("changed", 43)):
+        run = planted[variant][0]
+        run["files"][_file_named(run, "prompts/dpsgd-eps1-0.json")]["seconds"] = seconds
+    assert any("dpsgd-eps1-0.json: /seconds" in p for p in _compare(planted, "changed", MASKED_CHANGED))
+
+
+def test_a_private_value_under_a_declared_name_in_an_undeclared_place_is_caught(neighbour_runs):
+    """`accuracy` is a DP output where the writers declare it (an evaluation's, PromptPATE's results); the same
+    name elsewhere (a statistic of the private records in the generation summary's settings, say) is not
+    masked, and fails."""
+    for where in ("json", "file"):
+        planted = _planted(neighbour_runs, "generate")
+        assert not _compare(planted, "changed", MASKED_CHANGED)
+        for variant, value in (("D", 0.712), ("changed", 0.734)):
+            run = planted[variant][0]
+            target = run["json"] if where == "json" else run["files"][_file_named(run, "generation.json")]
+            target["config"]["accuracy"] = value
+        assert any("/config/accuracy" in p for p in _compare(planted, "changed", MASKED_CHANGED)), where
+
+
+def test_a_statistic_planted_in_a_log_line_is_caught(neighbour_runs):
+    """A log line quoting a private statistic with the wording of a declared DP line elsewhere is still caught:
+    line declarations mask their groups only in the line they describe."""
+    planted = _planted(neighbour_runs, "run")
+    for variant, loss in (("D", "1.2345"), ("changed", "1.2351")):
+        planted[variant][0]["logs"].append(f"private training loss {loss}")
+    assert any("private training loss" in p for p in _compare(planted, "changed", MASKED_CHANGED))
 
 
 def test_the_splits_put_the_neighbour_into_exactly_ds_splits_plus_the_record(tmp_path):
@@ -454,3 +730,4 @@ def test_the_splits_put_the_neighbour_into_exactly_ds_splits_plus_the_record(tmp
     assert set(d.train["id"]) <= set(added.train["id"]) and set(d.test["id"]) <= set(added.test["id"])
     changed = load_dataset(spec, files["data"]["changed"])
     assert (set(changed.train["id"]), set(changed.test["id"])) == (set(d.train["id"]), set(d.test["id"]))
+    _differing_records_are_training_rows(files)
