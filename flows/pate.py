@@ -30,7 +30,7 @@ from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
 from dpcore.pate.privacy import data_independent_epsilon
 from dpcore.pate.released_cost import ACCOUNTING, settled_plan
-from flows.runner import default_run_id, map_calls, results, running
+from flows.runner import cancelled_on_stop, default_run_id, map_calls, results, running
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
 from tasks import pate as pate_stage
@@ -57,6 +57,7 @@ class _Plan:
 
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
       description="PromptPATE (Duan et al.): a private discrete prompt from a flock of teacher prompts.")
+@cancelled_on_stop
 def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
               ingested: dict | None = None, charge: dict | None = None,
               checkpoint_epsilons: list[float] | None = None, plan: RunPlan | None = None) -> dict:

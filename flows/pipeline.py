@@ -47,7 +47,7 @@ from dpcore.home import configure_environment
 from dpcore.public_outputs import Kind, declare_line
 from dpcore.report.summary import private_data_verdict
 from flows.pate import pate_flow
-from flows.runner import default_run_id, map_calls, results, running
+from flows.runner import cancelled_on_stop, default_run_id, map_calls, results, running
 from flows.tune import dpsgd_flow
 from tasks import audit as audit_stage
 from tasks import calibrate as calibrate_stage
@@ -104,6 +104,7 @@ class _FewShotRun:
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
       description="Private prompting on one dataset: tang (DP few-shot demonstrations, Tang et al. Algorithm 1), "
                   "pate, dpsgd: charge, generate or train, evaluate, audit, record.")
+@cancelled_on_stop
 def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
                                plan: RunPlan | None = None) -> dict:
     """Run the whole pipeline for one configuration; returns a small public summary.

@@ -12,6 +12,7 @@ from prefect.states import Completed
 from dpcore.config import RunConfig
 from dpcore.data import refresh
 from flows.pipeline import private_prompting_pipeline
+from flows.runner import cancelled_on_stop
 from tasks.ingest import load_data
 
 
@@ -31,6 +32,7 @@ def remember(config: RunConfig, content_hash: str, run_id: str) -> str:
 
 @flow(name="scheduled-regeneration", retries=0,
       description="Regenerate DP demonstrations when the dataset changed (no change: no privacy spent).")
+@cancelled_on_stop
 def regenerate(config: RunConfig = RunConfig()):  # noqa: B008
     logger = get_run_logger()
     source = fingerprint(config)

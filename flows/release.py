@@ -17,6 +17,7 @@ from prefect.states import Failed
 
 from dpcore.config import AuditConfig
 from dpcore.errors import ReleaseRefusedError
+from flows.runner import cancelled_on_stop
 from tasks import release as release_stage
 
 REFUSED = "Refused"
@@ -25,6 +26,7 @@ REFUSED = "Refused"
 @flow(name="audited-release", retries=0, persist_result=False,
       description="Release a run's DP demonstrations, PromptPATE student prompt or PromptDPSGD prompt after the "
                   "membership-inference audit gate.")
+@cancelled_on_stop
 def audited_release(run_id: str, epsilon: float | None = None, alias: str = release_stage.DEFAULT_ALIAS,
                     method: str = "tang", audit_config: AuditConfig | None = None, teacher_reference: bool = False,
                     audit_only: bool = False, training: int = 0, repeat: int | None = None,

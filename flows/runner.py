@@ -1,5 +1,7 @@
 """What every flow runs its stages with: the task runner a run names (`RunConfig.task_runner`), entered
-so that a stop reaches every running stage; mapped calls of a task; a run id stable across retries.
+so that a stop reaches every running stage; mapped calls of a task; a run id stable across retries; and
+`cancelled_on_stop`, which ends a flow run that a stop request (Ctrl-C, SIGTERM) cut short in Prefect's
+Cancelled state rather than Failed or Crashed.
 
 The pipeline (`flows.pipeline`), PromptPATE's flow (`flows.pate`) and PromptDPSGD's (`flows.tune`) share
 them, so that a subflow runs the way the pipeline does.
@@ -7,6 +9,8 @@ them, so that a subflow runs the way the pipeline does.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import uuid
 from contextlib import contextmanager
@@ -67,6 +71,31 @@ def running(spec: str = "threads"):
                 STOP_REQUESTED.clear()
     else:
         runner.__exit__(None, None, None)
+
+
+def cancelled_on_stop(body):
+    """Decorate a flow's body (under `@flow`): a stop request that ends it (a stage's `RunStopped`; SIGTERM,
+    which Prefect raises in the flow as `TerminationSignal`) ends the flow run in Prefect's Cancelled state,
+    with the stop's message, instead of Failed or Crashed; the caller (the CLI, a parent flow) still gets the
+    `RunStopped` (exit 130). A subflow stopped this way stops its parent the same way."""
+
+    @functools.wraps(body)
+    def stoppable(*args, **kwargs):
+        from prefect.exceptions import TerminationSignal
+        from prefect.states import Cancelled
+
+        try:
+            return body(*args, **kwargs)
+        except RunStopped as exc:
+            return Cancelled(message=f"stopped on request: {exc}", data=exc)
+        except TerminationSignal:
+            stopped = RunStopped("SIGTERM: the running stages ended at their next step")
+            return Cancelled(message=f"stopped on request: {stopped}", data=stopped)
+
+    # the body's signature with its annotations resolved in its own module (Prefect validates the flow's
+    # parameters by them, in the namespace of the function it is given)
+    stoppable.__signature__ = inspect.signature(body, eval_str=True)
+    return stoppable
 
 
 def map_calls(runner, task, calls: list[dict]) -> list:

@@ -21,7 +21,7 @@ from dpcore.display import fmt_eps
 from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
 from dpcore.public_outputs import Kind, declare_line
-from flows.runner import default_run_id
+from flows.runner import cancelled_on_stop, default_run_id
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
 from tasks import tune as tune_stage
@@ -40,6 +40,7 @@ def charge_line(charge: dict, shape: str) -> str:
 
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
       description="PromptDPSGD (Duan et al. Section 4.1): a soft prompt or prefix trained with DP-SGD.")
+@cancelled_on_stop
 def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
                ingested: dict | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
     """Train, evaluate and record PromptDPSGD prompts for every epsilon of `config`; a public summary.

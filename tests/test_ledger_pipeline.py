@@ -138,6 +138,12 @@ def test_a_stopped_run_resumes_under_its_id_from_its_last_finished_step():
             run_pipeline(config, run_id="item2-stop")
     finally:
         common.STOP_REQUESTED.clear()
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:  # the stopped flow run is Cancelled, neither Failed nor Crashed
+        latest = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
+    assert latest.state.is_cancelled() and "stopped on request" in latest.state.message, latest.state
     charged = [e.to_dict() for e in Ledger().entries("item2-stop") if e.run_id == "item2-stop"]
     assert [e["purpose"] for e in charged] == ["pipeline"]
     stopped, stopping[0] = dict(steps), False
