@@ -195,6 +195,18 @@ def test_a_run_keeps_its_task_spec_and_is_released_from_any_folder(tmp_path, mon
     assert "release it from the folder it was started in" in str(refused.value)
 
 
+@pytest.mark.parametrize("method", ["tang", "pate", "dpsgd"])
+def test_a_stopped_run_is_refused_with_what_to_do_next(method):
+    """A run stopped before it finished has no manifest: its release says to resume it under its id."""
+    folder = dpicl_home() / "runs" / "agnews" / "0123456789ab" / "stopped-run"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_table(pd.DataFrame({"epsilon": [4.0]}), folder / "calibration.parquet")
+    with pytest.raises(ConfigError) as refused:
+        gate.load_artifact(method, "stopped-run", dpicl_home())
+    assert str(refused.value).startswith("run 'stopped-run' stopped before it finished")
+    assert "`dpicl run ... --run-id stopped-run`" in str(refused.value) and "\n" not in str(refused.value)
+
+
 # --------------------------------------------------------------------------- one name
 
 

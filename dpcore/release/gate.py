@@ -155,11 +155,18 @@ class RunFolder:
         return str(self.manifest.get("run_id", self.path.name))
 
 
+def unfinished(run_id: str, path: Path) -> ConfigError:
+    """The refusal of a run that stopped before it finished (no manifest.json), saying what to do next."""
+    return ConfigError(f"run {run_id!r} stopped before it finished ({path} has no manifest.json): resume it with the "
+                       f"command it was started with and --run-id {run_id} (`dpicl run ... --run-id {run_id}`: its "
+                       "finished stages and steps are kept and nothing is charged again), then release it")
+
+
 def load_run(run_id: str, home: Path) -> RunFolder:
     """Read the tables the release gate needs; files changed since the manifest are reported, not trusted."""
     path = find_run_dir(run_id, home)
     if not (path / "manifest.json").exists():
-        raise ConfigError(f"run {run_id!r}: {path} has no manifest.json (the run did not finish)")
+        raise unfinished(run_id, path)
     for name in ("demos", "calibration"):
         if not (path / f"{name}.parquet").exists():
             raise ConfigError(f"run {run_id!r}: {path / (name + '.parquet')} is missing")
@@ -358,6 +365,8 @@ def load_pate_artifact(run_id: str, home: Path, repeat: int | None = None) -> Ar
     validation accuracy) with the run's plan (`pate_plan.json`): every spend of the plan under purpose `pate`."""
     path = find_run_dir(run_id, home)
     if not (path / PATE_PLAN_FILE).exists():
+        if not (path / "manifest.json").exists():
+            raise unfinished(run_id, path)
         raise ConfigError(f"run {run_id!r}: {path / PATE_PLAN_FILE} is missing (not a PromptPATE run)")
     plan = _json(path / PATE_PLAN_FILE)
     students = read_table(path / "pate_students.parquet")
@@ -389,6 +398,8 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
     path = find_run_dir(run_id, home)
     manifests = {p: _json(p) for p in sorted((path / "prompts").glob("dpsgd-eps*.json"))}
     if not manifests:
+        if not (path / "manifest.json").exists():
+            raise unfinished(run_id, path)
         raise ConfigError(f"run {run_id!r}: no trained prompt under {path / 'prompts'} (not a PromptDPSGD run)")
     available = sorted({float(m["epsilon"]) for m in manifests.values()})
     chosen = available[0] if epsilon is None else _pick_epsilon(epsilon, available,
