@@ -45,9 +45,18 @@ from dpcore.config import GenerationConfig
 from dpcore.data.artifacts import write_json_atomic, write_table, write_text_atomic
 from dpcore.errors import DpiclError
 from dpcore.fewshot.plan import INSTRUCTION_ONLY, SIGMA_ZERO, TANG, FewShotPlan
-from dpcore.public_outputs import Kind, declare, declare_line, declare_log
 from dpcore.home import is_private_path
-from tasks.common import cached_task, derive_seed, digest, open_stage, report_progress, safe_name, stage_dir, stage_logger
+from dpcore.public_outputs import Kind, declare, declare_line, declare_log
+from tasks.common import (
+    cached_task,
+    derive_seed,
+    digest,
+    open_stage,
+    report_progress,
+    safe_name,
+    stage_dir,
+    stage_logger,
+)
 
 __all__ = ["TANG", "INSTRUCTION_ONLY", "SIGMA_ZERO", "GenerationItem", "Shard", "check_generation", "empty_demos_note",
            "generate", "generate_call", "generate_for", "generation_plan", "keep_charged", "step_line"]

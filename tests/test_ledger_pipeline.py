@@ -185,7 +185,6 @@ def test_an_audit_whose_draw_is_gone_is_charged_again_when_it_redraws():
 def test_the_run_summary_shows_the_ledger_after_the_audit(capsys):
     from flows.cli.run import format_results
     from flows.pipeline import run_pipeline
-
     from tasks.charge import planned_cost
     from tasks.run_plans import build_run_plan
 
