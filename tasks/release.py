@@ -418,6 +418,9 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     train, members, held_out, assignment = _audit_pools(artifact, method)
     audit_config = planned_audit(audit_config, *_public_pool_sizes(artifact, method, train, members, held_out),
                                  size_to_pools, cap_to_pools)
+    # fewer records drawn than expected: every one of them is a member (the design then says how many)
+    if (cap_to_pools or size_to_pools) and len(members) < audit_config.members:
+        audit_config = audit_config.model_copy(update={"members": len(members)})
     # an audit asked for with another seed draws other trials: not the stored one
     key = audit_config.model_dump_json()
     if seed is not None:
