@@ -34,7 +34,7 @@ from prefect import get_run_logger, task
 
 from dpcore.data.artifacts import file_sha256, read_table, write_json_atomic, write_manifest, write_table
 from dpcore.display import fmt_eps
-from dpcore.errors import ConfigError
+from dpcore.errors import ConfigError, ReleaseRefusedError
 from dpcore.home import dpicl_home, subdir
 from dpcore.public_outputs import Kind, declare, declare_log
 from dpcore.release import gate
@@ -362,7 +362,6 @@ def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_
     they would not conclude, and run as asked."""
     from dpcore.audit import design as audit_design
     from dpcore.audit.attacks import attacks_run
-    from dpcore.errors import ReleaseRefusedError
 
     reserve = audit_config.reference_prompts if audit_config.reference_prompts >= 2 else 0
     pools = (member_pool, max(0, non_member_pool - reserve))
@@ -418,9 +417,12 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     train, members, held_out, assignment = _audit_pools(artifact, method)
     audit_config = planned_audit(audit_config, *_public_pool_sizes(artifact, method, train, members, held_out),
                                  size_to_pools, cap_to_pools)
-    # fewer records drawn than expected: every one of them is a member (the design then says how many)
-    if (cap_to_pools or size_to_pools) and len(members) < audit_config.members:
-        audit_config = audit_config.model_copy(update={"members": len(members)})
+    if len(members) < audit_config.members or len(held_out) < audit_config.non_members:
+        # only below the pools' public lower bounds (`_public_pool_sizes`: a one-in-a-million draw): refused
+        # without the realised counts, which would reveal the batches' sizes
+        raise ReleaseRefusedError(
+            f"run {artifact.run_id}: the audit's design needs more of the records the mechanism read (or left "
+            "unread) than its sampling drew, a rare draw of the sampling; audit it with fewer --audit-members")
     # an audit asked for with another seed draws other trials: not the stored one
     key = audit_config.model_dump_json()
     if seed is not None:
@@ -483,15 +485,26 @@ def _audit_pools(artifact: gate.Artifact, method: str):
     return train, members, held_out, assignment
 
 
+POOL_BOUND_FAILURE = 1e-6  # the probability that the sampling drew fewer records than a pool's lower bound
+
+
 def _public_pool_sizes(artifact: gate.Artifact, method: str, train, members, held_out) -> tuple[int, int]:
     """The pool sizes the audit is designed from, said and published: functions of public counts. PromptDPSGD's
     members are the records its Poisson batches drew: how many is a non-DP statistic of the sampling (it
-    reveals the batch sizes), so the design reads its expectation over the sampling, N (1 - (1 - q)^T)."""
+    reveals the batch sizes). Each of the N records is drawn at least once with probability p = 1 - (1 - q)^T,
+    independently, so the number drawn is Binomial(N, p): the design reads its lower POOL_BOUND_FAILURE
+    quantile for the members and N minus its upper one for the unread records, public numbers the realised
+    pools fall below only in a one-in-a-million draw (then the audit is refused, `audit_artifact`)."""
     if method != "dpsgd" or not artifact.spends:
         return len(members), len(held_out)
+    from scipy.stats import binom
+
     spend = artifact.spends[0]
-    expected = round(len(train) * (1.0 - (1.0 - float(spend["sampling_rate"])) ** int(spend["steps"])))
-    return expected, len(held_out) + len(members) - expected
+    n = len(train)
+    p = 1.0 - (1.0 - float(spend["sampling_rate"])) ** int(spend["steps"])
+    drawn_low = int(binom.ppf(POOL_BOUND_FAILURE, n, p))
+    drawn_high = int(binom.isf(POOL_BOUND_FAILURE, n, p))
+    return drawn_low, len(held_out) + len(members) - drawn_high
 
 
 def _reused_audit(artifact: gate.Artifact, method: str, key: str, teacher_reference: bool) -> dict | None:

@@ -238,3 +238,29 @@ def test_old_metrics_and_the_dp_flag_read_as_tang():
     assert args.method == "tang"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["release", "--run", "r", "--method", "fewshot"])
+
+
+def test_a_trained_prompt_s_audit_pools_are_public_bounds_on_the_records_its_batches_drew():
+    """The design reads bounds on Binomial(N, 1 - (1 - q)^T), never the realised draw (it tells the batches'
+    sizes): the realised pools fall below them in about POOL_BOUND_FAILURE of draws."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pandas as pd
+    from scipy.stats import binom
+
+    from tasks.release import POOL_BOUND_FAILURE, _public_pool_sizes
+
+    n, held, q, steps = 400, 50, 0.02, 48
+    p = 1 - (1 - q) ** steps
+    artifact = SimpleNamespace(spends=({"sampling_rate": q, "steps": steps},))
+    train = pd.DataFrame({"id": range(n)})
+    sizes = set()
+    for drawn in (180, 250, 300):  # whatever the realised draw, the same public pools
+        members, held_out = train.iloc[:drawn], pd.DataFrame({"id": range(held + n - drawn)})
+        sizes.add(_public_pool_sizes(artifact, "dpsgd", train, members, held_out))
+    ((members_low, non_members_low),) = sizes
+    assert members_low == binom.ppf(POOL_BOUND_FAILURE, n, p)
+    assert non_members_low == held + n - binom.isf(POOL_BOUND_FAILURE, n, p)
+    draws = np.random.default_rng(5).binomial(n, p, size=200_000)
+    assert np.mean(draws < members_low) <= 1e-5 and np.mean(held + n - draws < non_members_low) <= 1e-5
