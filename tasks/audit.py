@@ -77,7 +77,6 @@ for _output in ("file:*audit.parquet", "file:*audit_reference.parquet"):
     declare(_output, Kind.VERDICT, "/*/verdict", "/*/passed", "/*/reasons")
     declare(_output, Kind.COUNT, "/*/noise_multiplier")
 AUDIT_VERDICT_LOG = declare_log("audit at epsilon %g: %s", verdict=(1,))
-declare_line(Kind.COUNT, r"^audit: \d+ trials x \d+ records exceed the pool of (\d+):")
 declare_line(Kind.COUNT, r"^audit: label\(s\) (.*) lack the members/non-members to query")
 
 

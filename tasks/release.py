@@ -417,7 +417,7 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     train, members, held_out, assignment = _audit_pools(artifact, method)
     audit_config = planned_audit(audit_config, *_public_pool_sizes(artifact, method, train, members, held_out),
                                  size_to_pools, cap_to_pools)
-    if len(members) < audit_config.members or len(held_out) < audit_config.non_members:
+    if method == "dpsgd" and (len(members) < audit_config.members or len(held_out) < audit_config.non_members):
         # only below the pools' public lower bounds (`_public_pool_sizes`: a one-in-a-million draw): refused
         # without the realised counts, which would reveal the batches' sizes
         raise ReleaseRefusedError(

@@ -211,9 +211,10 @@ def trial_samples(rng: np.random.Generator, pool_size: int, per_trial: int, tria
     if per_trial * trials <= pool_size:
         order = rng.permutation(pool_size)
         return [order[t * per_trial:(t + 1) * per_trial] for t in range(trials)]
-    log.warning("audit: %d trials x %d records exceed the pool of %d: records recur across trials, so the AUC "
-                "interval counts only %d independent trial(s) (fewer records per trial or a larger pool narrow it)",
-                trials, per_trial, pool_size, max(1, pool_size // per_trial))
+    # the pool's size is not said: for a trained prompt it is how many records the Poisson batches drew
+    log.warning("audit: %d trials x %d records exceed the pool: records recur across trials, so the AUC interval "
+                "counts only the independent trials the pool holds (fewer records per trial or a larger pool "
+                "narrow it)", trials, per_trial)
     return [rng.choice(pool_size, size=per_trial, replace=False) for _ in range(trials)]
 
 
@@ -610,8 +611,8 @@ def prompt_audit(lm, spec: TaskSpec, demos: Sequence[tuple[str, str]], members: 
     if spec.kind != "classification":
         raise ConfigError(f"audit: task {spec.name!r} is {spec.kind}; the membership audit scores class labels")
     if len(members) < config.members:
-        raise ConfigError(f"{flag('audit_members')}: {config.members} members per trial but the prompt's mechanism read "
-                          f"{len(members)} private records; audit with fewer members per trial")
+        raise ConfigError(f"{flag('audit_members')}: {config.members} members per trial are more than the records the "
+                          "prompt's mechanism read; audit with fewer members per trial")
     rng = _rng(seed)
     candidates, out_demos = _candidates(rng, non_members, config)
     if len(candidates) < config.non_members:
