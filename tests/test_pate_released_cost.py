@@ -20,7 +20,15 @@ from dpcore.pate import data_dependent as dd
 from dpcore.pate import released_cost as rc
 from dpcore.pate import smooth_sensitivity as gnss
 from dpcore.privacy.composition import compose, renyi_epsilon
-from dpcore.privacy.events import BoundFailureDpEvent, RenyiDpEvent
+from dpcore.privacy.events import (
+    BoundFailureDpEvent,
+    ComposedDpEvent,
+    PoissonSampledDpEvent,
+    RenyiDpEvent,
+    SelfComposedDpEvent,
+    event_from_json,
+    event_to_json,
+)
 
 DELTA = 1e-5
 
@@ -183,6 +191,11 @@ def test_a_bound_s_failure_probability_is_taken_out_of_delta():
     events = [RenyiDpEvent(order, rdp), BoundFailureDpEvent(2e-6)]
     assert compose(events, 1e-5).epsilon == pytest.approx(renyi_epsilon(rdp, order, 8e-6), rel=1e-12)
     assert compose([BoundFailureDpEvent(1e-5)], 1e-5).epsilon == math.inf  # no delta left
+    twice = SelfComposedDpEvent(ComposedDpEvent([RenyiDpEvent(order, rdp), BoundFailureDpEvent(2e-6)]), 2)
+    assert compose([twice], 1e-5).epsilon == pytest.approx(renyi_epsilon(2 * rdp, order, 6e-6), rel=1e-12)
+    with pytest.raises(ConfigError, match="inside PoissonSampledDpEvent"):  # no amplification is applied to it
+        compose([PoissonSampledDpEvent(0.1, BoundFailureDpEvent(1e-6))], 1e-5)
+    assert event_from_json(event_to_json(BoundFailureDpEvent(2e-6))) == BoundFailureDpEvent(2e-6)  # the ledger's form
 
 
 # --------------------------------------------------------------------------- through dpicl pate and the gate

@@ -578,33 +578,29 @@ def compose(events: Iterable, delta: float, *, cache: bool | Path = True) -> Com
 # Failure probabilities of data-dependent bounds
 
 
-def split_bound_failures(events: Iterable) -> tuple[list, float]:
-    """(the events with every `BoundFailureDpEvent` taken out, the sum of their probabilities); nested
-    compositions are followed (a self-composition multiplies). One inside a sampled event is refused."""
+def _split_out(events: Iterable, kind: type, take: Callable[[Any, int], None], what: str) -> list:
+    """The events with every `kind` event taken out (`take(event, count)` receives each, with how many times
+    it composes: a self-composition multiplies); nested compositions are followed. A `kind` event inside any
+    other wrapper (a sampled event) is refused: no amplification theorem is applied to it."""
     from dpcore.privacy import events as ev
 
-    def holds_failure(event) -> bool:
-        if isinstance(event, ev.BoundFailureDpEvent):
+    others: list = []
+
+    def holds(event) -> bool:
+        if isinstance(event, kind):
             return True
         if isinstance(event, ev.ComposedDpEvent):
-            return any(holds_failure(item) for item in event.events)
+            return any(holds(item) for item in event.events)
         inner = getattr(event, "event", None)
-        return isinstance(inner, ev.DpEvent) and holds_failure(inner)
-
-    others: list = []
-    total = 0.0
+        return isinstance(inner, ev.DpEvent) and holds(inner)
 
     def visit(event, count: int) -> None:
-        nonlocal total
-        if not holds_failure(event):
+        if not holds(event):
             if count:
                 others.append(event if count == 1 else ev.SelfComposedDpEvent(event, count))
             return
-        if isinstance(event, ev.BoundFailureDpEvent):
-            probability = float(event.probability)
-            if not (math.isfinite(probability) and 0.0 <= probability < 1.0):
-                raise ConfigError(f"BoundFailureDpEvent probability must be in [0, 1), got {event.probability!r}")
-            total += count * probability
+        if isinstance(event, kind):
+            take(event, count)
         elif isinstance(event, ev.ComposedDpEvent):
             for item in event.events:
                 visit(item, count)
@@ -613,11 +609,28 @@ def split_bound_failures(events: Iterable) -> tuple[list, float]:
                 raise ConfigError(f"SelfComposedDpEvent count must be an integer >= 0, got {event.count!r}")
             visit(event.event, count * int(event.count))
         else:
-            raise ConfigError(f"cannot account for a bound's failure probability inside {type(event).__name__}: "
-                              "only compositions of it are supported")
+            raise ConfigError(f"cannot account for {what} inside {type(event).__name__}: only compositions of it "
+                              "are supported")
 
     for item in events:
         visit(item, 1)
+    return others
+
+
+def split_bound_failures(events: Iterable) -> tuple[list, float]:
+    """(the events with every `BoundFailureDpEvent` taken out, the sum of their probabilities)."""
+    from dpcore.privacy import events as ev
+
+    total = 0.0
+
+    def take(event, count: int) -> None:
+        nonlocal total
+        probability = float(event.probability)
+        if not (math.isfinite(probability) and 0.0 <= probability < 1.0):
+            raise ConfigError(f"BoundFailureDpEvent probability must be in [0, 1), got {event.probability!r}")
+        total += count * probability
+
+    others = _split_out(events, ev.BoundFailureDpEvent, take, "a bound's failure probability")
     return others, total
 
 
@@ -640,46 +653,20 @@ def _compose_with_failures(others: list, failure: float, delta: float, cache: bo
 
 def split_renyi(events: Iterable) -> tuple[list, dict[float, float]]:
     """(the events with every `RenyiDpEvent` taken out, {order: the summed epsilon of the Renyi guarantees at
-    that order}); nested compositions are followed (a self-composition multiplies). A Renyi guarantee inside
-    a sampled event is refused: no amplification theorem is applied to it."""
+    that order}); a Renyi guarantee inside a sampled event is refused (`_split_out`)."""
     from dpcore.privacy import events as ev
 
-    others: list = []
     renyi: dict[float, float] = {}
 
-    def holds_renyi(event) -> bool:
-        if isinstance(event, ev.RenyiDpEvent):
-            return True
-        if isinstance(event, ev.ComposedDpEvent):
-            return any(holds_renyi(item) for item in event.events)
-        inner = getattr(event, "event", None)
-        return isinstance(inner, ev.DpEvent) and holds_renyi(inner)
+    def take(event, count: int) -> None:
+        order, epsilon = float(event.order), float(event.epsilon)
+        if not (math.isfinite(order) and order > 1):
+            raise ConfigError(f"RenyiDpEvent order must be a finite number > 1, got {event.order!r}")
+        if not (math.isfinite(epsilon) and epsilon >= 0):
+            raise ConfigError(f"RenyiDpEvent epsilon must be a finite number >= 0, got {event.epsilon!r}")
+        renyi[order] = renyi.get(order, 0.0) + count * epsilon
 
-    def visit(event, count: int) -> None:
-        if not holds_renyi(event):
-            if count:
-                others.append(event if count == 1 else ev.SelfComposedDpEvent(event, count))
-            return
-        if isinstance(event, ev.RenyiDpEvent):
-            order, epsilon = float(event.order), float(event.epsilon)
-            if not (math.isfinite(order) and order > 1):
-                raise ConfigError(f"RenyiDpEvent order must be a finite number > 1, got {event.order!r}")
-            if not (math.isfinite(epsilon) and epsilon >= 0):
-                raise ConfigError(f"RenyiDpEvent epsilon must be a finite number >= 0, got {event.epsilon!r}")
-            renyi[order] = renyi.get(order, 0.0) + count * epsilon
-        elif isinstance(event, ev.ComposedDpEvent):
-            for item in event.events:
-                visit(item, count)
-        elif isinstance(event, ev.SelfComposedDpEvent):
-            if isinstance(event.count, bool) or int(event.count) != event.count or event.count < 0:
-                raise ConfigError(f"SelfComposedDpEvent count must be an integer >= 0, got {event.count!r}")
-            visit(event.event, count * int(event.count))
-        else:
-            raise ConfigError(f"cannot account for a Renyi guarantee inside {type(event).__name__}: only "
-                              "compositions of it are supported")
-
-    for item in events:
-        visit(item, 1)
+    others = _split_out(events, ev.RenyiDpEvent, take, "a Renyi guarantee")
     return others, renyi
 
 
