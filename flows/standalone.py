@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -29,7 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from dpcore.config import AuditConfig, RunConfig, demos_per_label
-from dpcore.data.artifacts import jsonable, read_table, write_json_atomic, write_manifest, write_table
+from dpcore.data.artifacts import (
+    check_writable_place,
+    jsonable,
+    read_table,
+    write_json_atomic,
+    write_manifest,
+    write_table,
+)
 from dpcore.display import fmt_delta
 from dpcore.display import fmt_eps as _eps
 from dpcore.errors import ConfigError, DataValidationError
@@ -99,15 +105,7 @@ def check_out(out: Path) -> Path:
         raise ConfigError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()):  # its manifest would hash files this command did not write
         raise ConfigError(f"--out {out}: the folder is not empty; name a new or empty folder")
-    probe = out
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"--out {out}: {probe} is a file, so the folder cannot be created")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {probe} is not writable")
+    check_writable_place(out, "--out", out)
     return out
 
 

@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dpcore.errors import ConfigError
 from dpcore.home import is_private_path
 from dpcore.names import current_method_names
 from dpcore.public_outputs import Kind, declare
@@ -124,3 +125,15 @@ def verify_manifest(folder: Path) -> list[str]:
     manifest = json.loads((Path(folder) / "manifest.json").read_text())
     return [name for name, digest in manifest["files"].items()
             if not (Path(folder) / name).exists() or file_sha256(Path(folder) / name) != digest]
+
+
+def check_writable_place(path: Path, flag: str, value: Any) -> None:
+    """What a command will write at `path` can be made: the first folder on the path that exists is a folder
+    this process can write (ConfigError naming `flag` and the `value` given). Checked before any work."""
+    probe = Path(path)
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{flag} {value}: {probe} is a file, so the folder cannot be made")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {value}: {probe} is not writable")

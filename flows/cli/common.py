@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import typing
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dpcore.config import FLAG_SPELLINGS, RunConfig, flag
-from dpcore.data.artifacts import jsonable
+from dpcore.data.artifacts import check_writable_place, jsonable
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
 
@@ -163,13 +162,7 @@ def check_out_file(flag: str, value: str | None) -> Path | None:
     path = Path(value).expanduser()
     if path.is_dir():
         raise ConfigError(f"{flag} {value}: is a folder; name the file to write")
-    probe = path.parent
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"{flag} {value}: {probe} is a file, so the folder cannot be made")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {value}: {probe} is not writable")
+    check_writable_place(path.parent, flag, value)
     return path
 
 
