@@ -46,7 +46,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from pipeline_support import home, prefect_harness, share_tiny_model  # noqa: F401
+from pipeline_support import home, prefect_harness, share_tiny_model, write_hub_task  # noqa: F401
 
 from dpcore import public_outputs
 from dpcore.data.taskspec import TASKS_DIR
@@ -109,8 +109,10 @@ def _datasets(folder: Path) -> dict:
     files.update(spec=str(folder / "neighbours.yaml"), noid_spec=str(folder / "neighbours-noid.yaml"),
                  test=str(folder / "test.csv"), validation=str(folder / "validation.csv"),
                  queries=str(folder / "queries.csv"), folder=str(folder))
-    # A hub-type source (a task YAML whose source is a hub dataset) joins here as a fourth data shape:
-    # files["hub"] = pipeline_support.write_hub_task(folder, {variant: frame}) and a command or two below on it.
+    # a hub-type source (a local folder of data files `datasets` reads), without an id column: its records are
+    # named by their content like a file's, so the neighbour moves no other record
+    files["hub"] = {name: str(write_hub_task(folder / f"hub-{name}", frame[["text", "label"]], name="neighbours-hub"))
+                    for name, frame in (("D", train), ("added", added), ("changed", changed))}
     return files
 
 
@@ -166,6 +168,9 @@ def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[list[s
                        "--run-id", f"nb-tune-full-{variant}", "--json"]],
         "evaluate": [["evaluate", *_data_flags(files, variant, "carved"), "--demos", demos, "--seeds", "1",
                       "--shots", "2", "--out", str(out / f"evaluate-{variant}"), "--json"]],
+        "hub": [["generate", "--task-spec", files["hub"][variant], "--dataset", "neighbours-hub", "--test-path",
+                 files["test"], "--model", "tiny-random", "--delta", "1e-3", "--seed", "5", *ds, "--epsilon", "1",
+                 *GENERATION, "--shots", "1", "--out", str(out / f"hubgen-{variant}"), "--json"]],
         "audit": [["audit", *_data_flags(files, variant, "noid"), *ds, "--epsilon", "1", *GENERATION, "--trials",
                    "2", "--audit-members", "4", "--audit-demo-sets", "1", "--audit-reference-prompts", "0",
                    "--out", str(out / f"audit-{variant}"), "--json"]],
@@ -183,8 +188,8 @@ def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[list[s
     }
 
 
-COMMANDS = ("run", "generate", "pate", "pate-dd", "tune", "tune-lora", "tune-full", "evaluate", "audit", "release",
-            "refused")
+COMMANDS = ("run", "generate", "hub", "pate", "pate-dd", "tune", "tune-lora", "tune-full", "evaluate", "audit",
+            "release", "refused")
 # the names this test gives each variant's runs and folders (normalised: they differ by construction)
 RUN_NAMES = ("nb-run", "nb-pate-dd", "nb-pate", "nb-tune-lora", "nb-tune-full", "nb-tune", "nb-refused", "nb-cap")
 
@@ -425,7 +430,7 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
     # MLflow's store and the ledger created before the first snapshot: their schema rows are no command's output
     from tasks.tracking import experiment_id, mlflow_client
 
-    for dataset in ("neighbours", "neighbours-noid"):
+    for dataset in ("neighbours", "neighbours-noid", "neighbours-hub"):
         experiment_id(mlflow_client(), dataset)
     _run(main, ["ledger", "show", "--json"])
     refresh = temporary_settings(updates={PREFECT_TASKS_REFRESH_CACHE: True})
@@ -498,7 +503,7 @@ class _Normaliser:
         for name in RUN_NAMES:
             value = value.replace(f"{name}-{v}", f"<{name}>")
         value = value.replace("generate-D/demos.parquet", "<generate>/demos.parquet")  # evaluate reads D's demos
-        for folder in ("generate", "evaluate", "audit", "refused"):
+        for folder in ("hubgen", "generate", "evaluate", "audit", "refused", "hub"):
             value = value.replace(f"{folder}-{v}", f"<{folder}>")
         value = value.replace(f"nb-{v}", "<DS>").replace(f"noid-{v}.csv", "<NOID>.csv").replace(f"{v}.csv", "<DATA>.csv")
         for identity in self.identities:

@@ -469,6 +469,10 @@ def _load_hub(spec: TaskSpec) -> tuple[pd.DataFrame, str]:
     frames = []
     for split_name in source.splits:
         where = f"hub:{source.path}[{split_name}]"
+        # `datasets`' progress bars print the split's record count and a throughput rate (a timing of work on
+        # the records): off while it reads, as they were
+        bars_were_on = not hf_datasets.are_progress_bars_disabled()
+        hf_datasets.disable_progress_bars()
         try:
             part = hf_datasets.load_dataset(source.path, source.name, split=split_name, **cache)
         except Exception as exc:  # network and file errors come in many types
@@ -476,6 +480,9 @@ def _load_hub(spec: TaskSpec) -> tuple[pd.DataFrame, str]:
                 f"{where}: could not load from the Hugging Face hub or a local folder ({type(exc).__name__}). "
                 f"Offline? Pass --data-path FILE (CSV/JSONL/Parquet with text,label columns) instead."
             ) from None
+        finally:
+            if bars_were_on:
+                hf_datasets.enable_progress_bars()
         if source.bio_slot:
             frame = _bio_to_frame(part, source.bio_slot, where, source.id_column)
         else:
