@@ -201,6 +201,8 @@ def test_an_audited_comparison_gives_every_method_its_audit_verdict(tiny_lm):
     assert {"audit_pate.parquet", "audit_dpsgd.parquet"} <= {p.name for p in run_dir.iterdir()}
     members = {m: json.loads(pd.read_parquet(run_dir / f"audit_{m}.parquet")["audit_config"].iloc[-1])["members"]
                for m in ("pate", "dpsgd")}
-    assert members == {"pate": 6, "dpsgd": 8}
+    # PromptPATE's 6 teachers' records (a public count); PromptDPSGD's at most the 8 asked, capped to a public
+    # lower bound on the records its Poisson batches drew (never the realised count)
+    assert members["pate"] == 6 and 1 <= members["dpsgd"] <= 8
     assert {"audit_pate.parquet", "audit_dpsgd.parquet"} <= set(json.loads((run_dir / "manifest.json").read_text())
                                                                 ["files"])

@@ -241,8 +241,8 @@ def test_release_gate_refuses_demos_of_a_sampler_the_accountant_does_not_cover()
     audit = pd.DataFrame({"passed": [True]})
 
     def failures(demos):
-        run = gate.RunFolder(path=Path("."), manifest={}, demos=demos, calibration=calibration, audit=audit,
-                             changed_files=())
+        run = gate.RunFolder(path=Path("."), manifest={"dataset": "sst2"}, demos=demos, calibration=calibration,
+                             audit=audit, changed_files=())
         return gate.release_failures(gate.evidence(gate.tang_artifact("r1", run, 1.0), []))
 
     demos = pd.DataFrame({"method": ["tang", "tang"], "epsilon": [1.0, 1.0], "seeded_noise": [False, False],

@@ -303,7 +303,7 @@ def run_task_spec(run_id: str, inputs: dict, named: str | None) -> dict:
         try:
             return TaskSpec.model_validate(inputs["task_spec"]).model_dump(mode="json")
         except ValueError:
-            raise ConfigError(f"run {run_id}: {RUN_INPUTS_FILE}: its task_spec is not a task spec") from None
+            raise ConfigError(f"run {run_id}: {RUN_INPUTS_FILE}: the task spec it kept is not a task spec") from None
     if not named:
         raise ConfigError(f"run {run_id}: it names no task spec")
     try:
