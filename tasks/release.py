@@ -415,9 +415,10 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     if method == "pate" and not artifact.demos:
         raise ConfigError(f"run {run_id}: {gate.NOTHING_RELEASABLE['pate']}")
     train, members, held_out, assignment = _audit_pools(artifact, method)
-    audit_config = planned_audit(audit_config, *_public_pool_sizes(artifact, method, train, members, held_out),
+    audit_config = planned_audit(audit_config, *_public_pool_sizes(artifact, train, members, held_out),
                                  size_to_pools, cap_to_pools)
-    if method == "dpsgd" and (len(members) < audit_config.members or len(held_out) < audit_config.non_members):
+    if artifact.drawn_records is not None and (len(members) < audit_config.members
+                                               or len(held_out) < audit_config.non_members):
         # only below the pools' public lower bounds (`_public_pool_sizes`: a one-in-a-million draw): refused
         # without the realised counts, which would reveal the batches' sizes
         raise ReleaseRefusedError(
@@ -488,20 +489,20 @@ def _audit_pools(artifact: gate.Artifact, method: str):
 POOL_BOUND_FAILURE = 1e-6  # the probability that the sampling drew fewer records than a pool's lower bound
 
 
-def _public_pool_sizes(artifact: gate.Artifact, method: str, train, members, held_out) -> tuple[int, int]:
-    """The pool sizes the audit is designed from, said and published: functions of public counts. PromptDPSGD's
-    members are the records its Poisson batches drew: how many is a non-DP statistic of the sampling (it
-    reveals the batch sizes). Each of the N records is drawn at least once with probability p = 1 - (1 - q)^T,
+def _public_pool_sizes(artifact: gate.Artifact, train, members, held_out) -> tuple[int, int]:
+    """The pool sizes the audit is designed from, said and published: functions of public counts. When the
+    members are a Poisson draw (`Artifact.drawn_records`: PromptDPSGD's batches), how many it drew is a non-DP
+    statistic of the sampling (it reveals the batch sizes). Each of the N records is drawn at least once with probability p = 1 - (1 - q)^T,
     independently, so the number drawn is Binomial(N, p): the design reads its lower POOL_BOUND_FAILURE
     quantile for the members and N minus its upper one for the unread records, public numbers the realised
     pools fall below only in a one-in-a-million draw (then the audit is refused, `audit_artifact`)."""
-    if method != "dpsgd" or not artifact.spends:
+    if artifact.drawn_records is None:
         return len(members), len(held_out)
     from scipy.stats import binom
 
-    spend = artifact.spends[0]
+    q, steps = artifact.drawn_records
     n = len(train)
-    p = 1.0 - (1.0 - float(spend["sampling_rate"])) ** int(spend["steps"])
+    p = 1.0 - (1.0 - q) ** steps
     drawn_low = int(binom.ppf(POOL_BOUND_FAILURE, n, p))
     drawn_high = int(binom.isf(POOL_BOUND_FAILURE, n, p))
     return drawn_low, len(held_out) + len(members) - drawn_high

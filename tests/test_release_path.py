@@ -253,12 +253,12 @@ def test_a_trained_prompt_s_audit_pools_are_public_bounds_on_the_records_its_bat
 
     n, held, q, steps = 400, 50, 0.02, 48
     p = 1 - (1 - q) ** steps
-    artifact = SimpleNamespace(spends=({"sampling_rate": q, "steps": steps},))
+    artifact = SimpleNamespace(drawn_records=(q, steps))
     train = pd.DataFrame({"id": range(n)})
     sizes = set()
     for drawn in (180, 250, 300):  # whatever the realised draw, the same public pools
         members, held_out = train.iloc[:drawn], pd.DataFrame({"id": range(held + n - drawn)})
-        sizes.add(_public_pool_sizes(artifact, "dpsgd", train, members, held_out))
+        sizes.add(_public_pool_sizes(artifact, train, members, held_out))
     ((members_low, non_members_low),) = sizes
     assert members_low == binom.ppf(POOL_BOUND_FAILURE, n, p)
     assert non_members_low == held + n - binom.isf(POOL_BOUND_FAILURE, n, p)

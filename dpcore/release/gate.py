@@ -271,6 +271,10 @@ class Artifact:
     selector: dict = field(default_factory=dict, compare=False)  # the flags that pick this artifact again
     task_spec: dict | None = None  # the task spec the run was made with (`run_task_spec`), as JSON
     delta_source: str | None = None  # where the run's delta came from (`run_delta_source`); None: not recorded
+    assumptions: tuple[str, ...] = ()  # what its guarantee assumes (`METHOD_ASSUMPTIONS`), as its loader states it
+    # (q, T) when the records the mechanism read are a Poisson draw whose realised count is private (DP-SGD's
+    # batches): the release audit then designs from public bounds on it; None when that count is public
+    drawn_records: tuple[float, int] | None = None
 
     @property
     def dataset_id(self) -> str:
@@ -352,7 +356,7 @@ def tang_artifact(run_id: str, run: RunFolder, epsilon: float | None = None) -> 
         crosscheck_agreed=bool(len(calib) == 0 or calib["crosscheck_agreed"].astype(bool).all()),
         table=rows, selector={"epsilon": chosen},
         task_spec=run_task_spec(run_id, inputs, _set(config.get("task_spec")) or dataset),
-        delta_source=run_delta_source(inputs, config))
+        delta_source=run_delta_source(inputs, config), assumptions=METHOD_ASSUMPTIONS["tang"])
 
 
 def load_tang_artifact(run_id: str, home: Path, epsilon: float | None = None) -> Artifact:
@@ -389,7 +393,9 @@ def load_pate_artifact(run_id: str, home: Path, repeat: int | None = None) -> Ar
         table=pd.DataFrame([{"text": t, "label": y} for t, y in demos], columns=["text", "label"]),
         selector={"repeat": chosen},
         task_spec=run_task_spec(run_id, inputs, plan.get("task_spec") or plan.get("dataset")),
-        delta_source=run_delta_source(inputs, config))
+        delta_source=run_delta_source(inputs, config),
+        assumptions=METHOD_ASSUMPTIONS["pate-data-dependent" if plan["plan"]["parameters"].get("accounting")
+                                       == "data-dependent" else "pate"])
 
 
 def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, training: int = 0) -> Artifact:
@@ -427,7 +433,8 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
         audit=read_table(audit_path) if audit_path.exists() else None,
         samplers=("poisson",), selector={"epsilon": chosen, "training": training},
         task_spec=run_task_spec(run_id, run_inputs(path), m.get("task_spec") or run.get("dataset")),
-        delta_source=run_delta_source(run_inputs(path), run.get("config")))
+        delta_source=run_delta_source(run_inputs(path), run.get("config")), assumptions=METHOD_ASSUMPTIONS["dpsgd"],
+        drawn_records=(float(m["sampling_rate"]), int(m["steps"])))
 
 
 def load_artifact(method: str, run_id: str, home: Path, epsilon: float | None = None, training: int = 0,
@@ -551,12 +558,6 @@ def teacher_prompts(train: pd.DataFrame, assignment: pd.DataFrame) -> list[pd.Da
     return [by_id.loc[list(ids), ["text", "label"]].reset_index() for ids in teachers.demos if ids]
 
 
-def _assumptions_key(artifact: Artifact) -> str:
-    """The `METHOD_ASSUMPTIONS` entry of an artifact: its method's, PromptPATE's by its accounting mode."""
-    accounting = (artifact.info.get("parameters") or {}).get("accounting")
-    return "pate-data-dependent" if artifact.method == "pate" and accounting == "data-dependent" else artifact.method
-
-
 def release_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256: str, audit_summary: dict,
                      code_version: str, accountant_versions: dict, version: int, ledger_spend: dict | None,
                      task_spec: dict, ledger_entries: list | None = None) -> dict:
@@ -573,7 +574,7 @@ def release_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256:
         "ledger_entries": [{k: getattr(e, k) for k in LEDGER_ENTRY_KEYS} for e in ledger_entries or []],
         "parameters": dict(artifact.info.get("parameters") or {}), "model": artifact.info.get("model"),
         "accountant_versions": accountant_versions, "code_version": code_version, "audit": audit_summary,
-        "ledger": ledger_spend, "assumptions": list(METHOD_ASSUMPTIONS[_assumptions_key(artifact)]),
+        "ledger": ledger_spend, "assumptions": list(artifact.assumptions),
         "task_spec": task_spec,
         "demos": [{"label": y, "text": t} for t, y in artifact.demos],
     }
