@@ -25,6 +25,7 @@ from dpcore.names import (
     DEFAULT_BASELINES,
     METHODS,
     AuditMode,
+    AuditTest,
     Baseline,
     Mechanism,
     Method,
@@ -99,7 +100,13 @@ class AuditConfig(_Frozen):
     demo_sets: int = Field(3, ge=1, description="independently generated DP demo sets")
     members: int = Field(50, ge=1)
     non_members: int = Field(50, ge=1)
-    auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="gate: |AUC - 0.5| must stay within this")
+    test: AuditTest = Field("detect", description="detect: the gate fails when an attack's interval of the AUC "
+                            "excludes 0.5, sized to detect a leak of leak_auc with probability power; equivalence: "
+                            "it passes only when every interval lies inside 0.5 +/- auc_tolerance")
+    leak_auc: float = Field(0.75, gt=0.5, lt=1, description="detect: the leak (mean per-trial AUC) the audit is "
+                            "sized to detect")
+    power: float = Field(0.95, gt=0, lt=1, description="detect: the probability of detecting a leak of leak_auc")
+    auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="equivalence: |AUC - 0.5| must stay within this")
     overlap_threshold: int = Field(8, ge=1, description="gate: verbatim token overlap that counts as a leak")
     confidence: float = Field(0.95, gt=0, lt=1)
     reference_prompts: int = Field(0, ge=0, description="OUT prompts (1-shot prompts of non-candidate records) "
@@ -107,8 +114,9 @@ class AuditConfig(_Frozen):
                                    "2 (the default): the three calibrated attacks only, no LiRA")
     max_record_tokens: int | None = Field(None, ge=1, description="score each candidate's first N tokens only "
                                           "(a public cap that makes a time-boxed audit cheaper); None: whole text")
-    mode: AuditMode = Field("regenerate", description="regenerate: DP demos generated from half the private records "
-                            "(Tang et al. App. F, charged); run-demos: the run's own demos vs held-out records")
+    mode: AuditMode = Field("run-demos", description="run-demos: the run's own demos vs held-out records (nothing "
+                            "charged); regenerate: DP demos generated from half the private records (Tang et al. "
+                            "App. F, charged)")
 
 
 class RunConfig(_Frozen):
@@ -162,8 +170,18 @@ class RunConfig(_Frozen):
     audit_trials: int = Field(20, ge=1, description="audit trials per demo set")
     audit_demo_sets: int = Field(3, ge=1, description="DP demo sets the audit generates from its members")
     audit_members: int = Field(50, ge=1, description="member (and as many non-member) records per audit trial")
-    audit_mode: AuditMode = Field("regenerate", description="regenerate: DP demos from a member half, scored "
-                                  "against the other half; run-demos: the run's own demos, training vs test rows")
+    audit_mode: AuditMode | None = Field(None, description="run-demos: the run's own demos, training vs held-out "
+                                         "test rows, nothing charged; regenerate: DP demos from a member half, scored "
+                                         "against the other half, charged (default: run-demos; regenerate with "
+                                         "--test-path, whose rows need not share the private file's distribution)")
+    audit_test: AuditTest = Field("detect", description="detect: the audit gate fails when an attack distinguishes "
+                                  "members from non-members, sized by --leak-auc and --audit-power; equivalence: it "
+                                  "passes only when every AUC interval lies inside 0.5 +/- --auc-tolerance (about "
+                                  "1,460 records per side at 0.05)")
+    leak_auc: float = Field(0.75, gt=0.5, lt=1, description="audit (detect): the leak, a mean per-trial AUC, that the "
+                            "audit is sized to detect")
+    audit_power: float = Field(0.95, gt=0, lt=1, description="audit (detect): the probability of detecting a leak of "
+                               "--leak-auc")
     audit_reference: bool = Field(False, description="also run the non-private reference audit (real records as "
                                   "1-shot demos, Duan et al.'s leaky setting) for contrast: an infinite spend, "
                                   "charged to the ledger")
@@ -175,7 +193,8 @@ class RunConfig(_Frozen):
                                          "default 0: the three calibrated attacks")
     audit_max_record_tokens: int | None = Field(None, ge=1, description="score only each record's first tokens "
                                                 "(default: whole records)")
-    auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="audit gate: |AUC - 0.5| must stay within this")
+    auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="audit gate (--audit-test equivalence): |AUC - 0.5| "
+                                 "must stay within this")
     overlap_threshold: int = Field(8, ge=1, description="audit gate: verbatim token overlap that counts as a leak")
 
     # --- PromptPATE (Duan et al. Section 4.2, App. C.2): fields named pate_*
@@ -367,7 +386,18 @@ class RunConfig(_Frozen):
         return self._section(EvalConfig)
 
     def audit_config(self) -> AuditConfig:
-        return self._section(AuditConfig, "audit_", enabled=self.audit, non_members=self.audit_members)
+        return self._section(AuditConfig, "audit_", enabled=self.audit, non_members=self.audit_members,
+                             mode=self.resolved_audit_mode)
+
+    @property
+    def resolved_audit_mode(self) -> AuditMode:
+        """--audit-mode as set; unset, run-demos (the run's own demos against held-out rows: no extra charge),
+        except with --test-path: rows from another file need not share the private records' distribution, and
+        the audit's false-alarm rate holds only for non-members drawn like the members (regenerate: half the
+        private split)."""
+        if self.audit_mode is not None:
+            return self.audit_mode
+        return "regenerate" if self.test_path is not None else "run-demos"
 
     def flat(self) -> dict[str, str]:
         """Strings for MLflow params and manifests (public configuration only)."""

@@ -27,6 +27,9 @@ MECHANISMS: tuple[str, ...] = get_args(Mechanism)
 Sampler = Literal["poisson", "fixed"]
 SAMPLERS: tuple[str, ...] = get_args(Sampler)
 AuditMode = Literal["regenerate", "run-demos"]
+# detect: the gate fails when an attack distinguishes members (interval excludes AUC 0.5), sized by power;
+# equivalence: it passes only when every interval lies inside 0.5 +/- auc_tolerance
+AuditTest = Literal["detect", "equivalence"]
 # Where an evaluated prompt's demonstrations come from (the rows of Tang et al. Table 1):
 # none, instruction-only (epsilon = 0), sigma = 0, real records, DP demonstrations (`tang`), a PromptPATE
 # student (`pate`: public queries with noisy labels), or (`dpsgd`) no demonstration but a trained

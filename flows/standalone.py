@@ -66,7 +66,8 @@ log = logging.getLogger(__name__)
 # intervals, TPRs, epsilon lower bounds, overlap, the strongest attack) are statistics of private
 # records: they go to the private folder's `audit.json` (the operator's diagnostic), never to --json.
 AUDIT_KEYS = ("setting", "dataset", "model", "epsilon", "noise_multiplier", "delta", "confidence", "crosscheck_agreed",
-              "trials", "demo_sets", "members_per_trial", "non_members_per_trial", "passed", "reasons")
+              "trials", "demo_sets", "members_per_trial", "non_members_per_trial", "test", "leak_auc", "power",
+              "false_alarm", "passed", "reasons")
 PRIVATE_AUDIT_KEYS = AUDIT_KEYS + ("attack", "auc", "auc_ci", "auc_ci_method", "attacks", "pooled_auc",
                                    "tpr_at_1pct_fpr", "tpr_at_01pct_fpr", "epsilon_lower_bound",
                                    "epsilon_lower_bound_method", "max_overlap_tokens", "overlapping_records",
@@ -227,8 +228,8 @@ def _audit_line(audit_config: AuditConfig, train, labels: list[str], epsilon: fl
     from dpcore.audit.attacks import attacks_run
     from tasks.audit import design_line
 
-    sizes = dict(trials=audit_config.trials, attacks=len(attacks_run(audit_config.reference_prompts)),
-                 confidence=audit_config.confidence, tolerance=audit_config.auc_tolerance)
+    sizes = dict(trials=audit_config.trials,
+                 **audit_design.settings(audit_config, len(attacks_run(audit_config.reference_prompts))))
     if epsilon is None:  # one real record (the member) vs non-members of the whole split, per trial
         chosen = audit_design.plan(len(train), len(train), members=1, non_members=audit_config.non_members,
                                    **sizes)

@@ -76,7 +76,7 @@ AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_co
 for _output in ("file:*audit.parquet", "file:*audit_reference.parquet"):
     declare(_output, Kind.VERDICT, "/*/verdict", "/*/passed", "/*/reasons")
     declare(_output, Kind.COUNT, "/*/noise_multiplier")
-AUDIT_VERDICT_LOG = declare_log("audit at epsilon %g: %s", verdict=(1,))
+AUDIT_VERDICT_LOG = declare_log("audit at epsilon %g: %s", verdict=(1,))  # `AuditResult.statement`
 declare_line(Kind.COUNT, r"^audit: label\(s\) (.*) lack the members/non-members to query")
 
 
@@ -92,8 +92,7 @@ def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size:
 
     audit_config = config.audit_config()
     reserve = audit_config.reference_prompts if audit_config.reference_prompts >= 2 else 0
-    sizes = dict(attacks=len(attacks_run(audit_config.reference_prompts)), confidence=audit_config.confidence,
-                 tolerance=audit_config.auc_tolerance)
+    sizes = audit_design.settings(audit_config, len(attacks_run(audit_config.reference_prompts)))
     if audit_config.mode == "run-demos":
         # each of the run's demos (per seed, ceil(shots / labels) per label) against its label's records (every
         # private record a member) and its label's share of the test split (taken as even: the split is public
@@ -119,15 +118,15 @@ def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size:
                                                        "trials": max(1, chosen.trials // demo_sets)})
     refusal = audit_design.cannot_conclude(chosen, *pools, members_are="the audit's members",
                                            non_members_are="its non-members")
+    if refusal is not None and audit_config.mode == "regenerate":
+        refusal += " (or --audit-mode run-demos: every private record a member, held-out rows the non-members)"
     if refusal is not None:
         if asked:
             return audit_config, chosen, f"audit: {refusal} (running it as asked)"
-        return None, chosen, (f"audit skipped: {refusal}; without a conclusive audit the release gate refuses the "
-                              "run's demos (--no-audit silences this)")
-    if not chosen.conclusive:
-        return audit_config, chosen, (f"audit: this design concludes with probability about "
-                                      f"{100 * chosen.conclusive_probability:.0f}% when nothing leaks")
-    return audit_config, chosen, None
+        return None, chosen, (f"audit skipped: {refusal}; without an audit that reaches its aim the release gate "
+                              "refuses the run's demos (--no-audit silences this)")
+    note = audit_design.shortfall_note(chosen)
+    return audit_config, chosen, (f"audit: {note}" if note else None)
 
 
 def design_line(audit_config: AuditConfig, chosen: AuditDesign, demo_sets: int = 1) -> str:
@@ -139,10 +138,14 @@ def design_line(audit_config: AuditConfig, chosen: AuditDesign, demo_sets: int =
     sets = f"{demo_sets} demo sets x {chosen.trials // demo_sets}" if demo_sets > 1 else f"{chosen.trials}"
     width = (f"+/- {chosen.half_width:.3f}" if math.isfinite(chosen.half_width) else "no interval")
     scored = f"{chosen.scored_records} records" if chosen.scored_records else "each record"
+    if chosen.test == "detect":
+        aim = (f"detects a leak of AUC {chosen.leak_auc:g} with power {chosen.power:.2f} (false alarm <= "
+               f"{1 - chosen.confidence:.2g}; AUC interval {width} when nothing leaks)")
+    else:
+        aim = f"AUC interval {width} predicted when nothing leaks (band +/- {chosen.tolerance:g})"
     return (f"audit: {len(attacks)} attacks ({', '.join(attacks)}) on {sets} trials of {chosen.members} member(s) vs "
-            f"{chosen.non_members} non-members; AUC interval {width} predicted when nothing leaks (band "
-            f"+/- {chosen.tolerance:g}); {scored} x {passes_per_record(audit_config.reference_prompts)} forward "
-            "passes" + ("" if len(attacks) > 3 else " (--audit-reference-prompts 4 adds LiRA: 4 more passes each)"))
+            f"{chosen.non_members} non-members; {aim}; {scored} x {passes_per_record(audit_config.reference_prompts)} "
+            "forward passes" + ("" if len(attacks) > 3 else " (--audit-reference-prompts 4 adds LiRA: 4 more passes each)"))
 
 
 def audit_call(config: RunConfig, ingested: dict, plan: FewShotPlan, shards: list, generation_config: GenerationConfig,
@@ -388,7 +391,7 @@ def _audit_regenerated(lm, spec, train: pd.DataFrame, demos: pd.DataFrame | None
 
 def _log_result(logger, eps: float, result) -> None:
     """The verdict only: the audit's figures are statistics of private records (private audit table)."""
-    logger.info(AUDIT_VERDICT_LOG, eps, verdict_word(result.passed, result.reasons))
+    logger.info(AUDIT_VERDICT_LOG, eps, result.statement())
 
 
 def public_summary(result) -> dict:

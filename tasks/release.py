@@ -365,8 +365,7 @@ def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_
 
     reserve = audit_config.reference_prompts if audit_config.reference_prompts >= 2 else 0
     pools = (member_pool, max(0, non_member_pool - reserve))
-    sizes = dict(attacks=len(attacks_run(audit_config.reference_prompts)), confidence=audit_config.confidence,
-                 tolerance=audit_config.auc_tolerance)
+    sizes = audit_design.settings(audit_config, len(attacks_run(audit_config.reference_prompts)))
     if size_to_pools:
         chosen = audit_design.cheapest_conclusive(*pools, **sizes)
     else:
@@ -382,10 +381,8 @@ def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_
         raise ReleaseRefusedError(refusal)
     if refusal is not None:
         get_run_logger().warning("%s (running it with the sizes asked)", refusal)
-    elif not chosen.conclusive:
-        get_run_logger().warning("audit design %d+%d records x %d trials concludes with probability about %.0f%% when "
-                                 "nothing leaks", chosen.members, chosen.non_members, chosen.trials,
-                                 100 * chosen.conclusive_probability)
+    elif audit_design.shortfall_note(chosen):
+        get_run_logger().warning("%s", audit_design.shortfall_note(chosen))
     if size_to_pools:
         audit_config = audit_config.model_copy(update={"members": chosen.members, "non_members": chosen.non_members,
                                                        "trials": chosen.trials})

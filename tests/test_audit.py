@@ -189,9 +189,11 @@ def test_cli_dp_audit_writes_tables_and_charges_ledger(mini_task, tiny_model_dir
                            "--num-subsets", "2", "--subset-size", "1", "--top-k", "10", "--seed", "1",
                            "--audit-reference-prompts", "4",  # LiRA, asked for: all five attacks
                            "--audit-max-record-tokens", "16",  # the tables are under test: scoring a third of it
+                           "--audit-test", "equivalence",  # the band: 6 trials cannot resolve it
                            "--dataset-id", "audit-cli-test", "--out", str(out), "--json"])
     summary = json.loads(stdout)
-    for key in ("verdict", "passed", "reasons", "trials", "members_per_trial", "confidence"):
+    for key in ("verdict", "passed", "reasons", "trials", "members_per_trial", "confidence", "test", "leak_auc",
+                "power", "false_alarm"):
         assert key in summary
     # every figure of the audit is a statistic of private records: never in --json or the public folder
     for key in ("auc", "auc_ci", "attack", "attacks", "tpr_at_1pct_fpr", "epsilon_lower_bound", "max_overlap_tokens"):
@@ -426,7 +428,7 @@ def test_default_audit_plan_is_the_calibrated_attacks():
     from tasks.audit import design_line, run_audit_design
 
     counts = {"Negative": 29000, "Positive": 36500}
-    config = RunConfig(dataset="sst2", epsilons=[4])
+    config = RunConfig(dataset="sst2", epsilons=[4], audit_mode="regenerate")
     audit_config, chosen, note = run_audit_design(config, counts, 884)
     assert audit_config.reference_prompts == 0 and chosen.attacks == 3 and note is None and chosen.conclusive
     line = design_line(audit_config, chosen, 3)

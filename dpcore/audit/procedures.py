@@ -55,7 +55,8 @@ import numpy as np
 import pandas as pd
 
 from dpcore.audit import attacks as mia_attacks
-from dpcore.audit.gate import GateThresholds, gate
+from dpcore.audit import design as audit_design
+from dpcore.audit.gate import GateThresholds, gate, pass_statement
 from dpcore.audit.overlap import model_tokenize, verbatim_overlap, verbatim_overlap_tokens
 from dpcore.audit.statistics import AttackMetrics, attack_metrics, strongest_attack
 from dpcore.config import AuditConfig, GenerationConfig, flag
@@ -78,7 +79,8 @@ EPSILON_LB_METHOD = "holdout"  # threshold chosen on even trials, bounded on odd
 
 # The audit's public face (`AuditResult.public_summary`): design and verdict, no statistic of the records.
 PUBLIC_AUDIT_FIELDS = ("setting", "epsilon", "noise_multiplier", "delta", "trials", "demo_sets", "members_per_trial",
-                       "non_members_per_trial", "confidence", "passed", "reasons")
+                       "non_members_per_trial", "confidence", "test", "leak_auc", "power", "false_alarm", "passed",
+                       "reasons")
 MEMBER_FRACTION = 0.5  # Tang et al. Appendix F: half of each label's records are members
 
 
@@ -127,6 +129,10 @@ class AuditResult:
     overlap_tokenizer: str = "model"
     attack: str = "duan"
     attacks: tuple[AttackMetrics, ...] = ()
+    test: str = "detect"  # the gate's test (`AuditConfig.test`)
+    leak_auc: float = math.nan  # detect: the leak the audit was sized against
+    power: float = math.nan  # detect: P(the gate fails | an attack reaches leak_auc), of the sizes run (public)
+    false_alarm: float = math.nan  # P(the gate fails on the AUCs | nothing leaks): at most 1 - confidence
     mia_scores: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MIA_SCORE_COLUMNS),
                                      repr=False, compare=False)
 
@@ -148,6 +154,14 @@ class AuditResult:
         out["reasons"] = list(self.reasons)
         out["verdict"] = verdict_word(self.passed, self.reasons)
         return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in out.items()}
+
+    def statement(self) -> str:
+        """The verdict in words (public: configuration and sizes only): a pass says what it detected none
+        of; a failure or an inconclusive audit its word."""
+        word = verdict_word(self.passed, self.reasons)
+        if not self.passed:
+            return word
+        return f"{word}: {pass_statement(self.test, self.leak_auc, self.power, self.confidence)}"
 
     def public_frame(self) -> pd.DataFrame:
         """The one-row public `audit` table: `public_summary` with `reasons` one per line (what the release
@@ -181,13 +195,21 @@ def _finish(thresholds: GateThresholds, scores: pd.DataFrame, *, confidence: flo
             members_per_trial: int, non_members_per_trial: int, **fields) -> AuditResult:
     attacks = attack_metrics(scores, members_per_trial, non_members_per_trial, confidence, delta)
     top = strongest_attack(attacks)
+    # the power of the sizes run (public: members and non-members per trial, trials, attacks), its trials taken
+    # as drawn disjointly (records that recur, from a small pool, only narrow what it detects: logged when drawn)
+    sized = audit_design.design(max(1, len(top.trial_aucs)), members=members_per_trial,
+                                non_members=non_members_per_trial, trials=max(1, len(top.trial_aucs)),
+                                attacks=len(attacks), confidence=confidence, test=audit_design.DETECT,
+                                leak_auc=thresholds.leak_auc, power=thresholds.power)
+    detect = thresholds.test == audit_design.DETECT
     result = AuditResult(
         auc=top.auc, auc_ci=top.auc_ci, trial_aucs=top.trial_aucs, trials=len(top.trial_aucs),
         tpr_at_1pct_fpr=top.tpr_at_1pct_fpr, tpr_at_01pct_fpr=top.tpr_at_01pct_fpr, pooled_auc=top.pooled_auc,
         epsilon_lower_bound=top.epsilon_lower_bound, epsilon_lower_bound_method="holdout (trial parity)",
         confidence=confidence, delta=delta, members_per_trial=members_per_trial,
-        non_members_per_trial=non_members_per_trial, attack=top.attack, attacks=attacks,
-        mia_scores=scores[MIA_SCORE_COLUMNS].reset_index(drop=True), **fields)
+        non_members_per_trial=non_members_per_trial, attack=top.attack, attacks=attacks, test=thresholds.test,
+        leak_auc=thresholds.leak_auc if detect else math.nan, power=round(sized.power, 4) if detect else math.nan,
+        false_alarm=1.0 - confidence, mia_scores=scores[MIA_SCORE_COLUMNS].reset_index(drop=True), **fields)
     passed, reasons = gate(result, thresholds)
     return dataclasses.replace(result, passed=passed, reasons=reasons)
 

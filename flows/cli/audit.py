@@ -1,7 +1,8 @@
 """CLI: `dpicl audit` — membership-inference audit and verbatim-leakage checks.
 
     dpicl audit --dataset NAME (--epsilon E | --non-private) [--model NAME] [--trials K] [--json]
-                [--audit-demo-sets S] [--audit-members N] [--confidence C] [--auc-tolerance T]
+                [--audit-demo-sets S] [--audit-members N] [--confidence C]
+                [--audit-test detect|equivalence] [--leak-auc A] [--audit-power P] [--auc-tolerance T]
                 [--audit-reference-prompts R] [--audit-max-record-tokens N]
                 [--overlap-threshold K] [--reference] [--out DIR]
                 [--num-subsets M] [--subset-size N] [--top-k K] [--no-rvp] [--max-tokens T]
@@ -52,7 +53,7 @@ from flows.cli.common import (
 from flows.cli.progress import showing_progress, stopping_on_signals
 
 CONFIG_FLAGS = [*DATA_FLAGS, "delta", *GENERATION_FLAGS, "seed", "audit_demo_sets", "audit_members", "audit_reference_prompts", "audit_max_record_tokens",
-                "auc_tolerance", "overlap_threshold"]
+                "audit_test", "leak_auc", "audit_power", "auc_tolerance", "overlap_threshold"]
 NON_PRIVATE_TRIALS = 100  # Duan et al. Section 3 / Tang et al. Appendix F
 
 
@@ -115,7 +116,9 @@ def _print_text(result, reference, summary: dict) -> None:
           f"{result.non_members_per_trial} non-members each, {100 * result.confidence:g}% intervals")
     if reference is not None:
         print(f"reference (non-private): {summary['reference']['verdict']}")
-    print(f"gate: {summary['verdict'].upper()}; wrote {summary['out']}")
+    statement = result.statement()
+    detail = statement.partition(": ")[2] if result.passed else ""
+    print(f"gate: {summary['verdict'].upper()}{': ' + detail if detail else ''}; wrote {summary['out']}")
     for reason in result.reasons:
         print(f"  - {reason}")
     print(f"figures (AUC per attack, intervals, TPR, overlap): {summary['private_out']}/audit.json, in the private "

@@ -115,6 +115,8 @@ def add_config_flags(parser: argparse.ArgumentParser, fields: list[str], aliases
         choices = None
         if typing.get_origin(annotation) is typing.Literal:
             choices = list(args)
+        elif [typing.get_origin(a) for a in args if a is not type(None)] == [typing.Literal]:  # Literal | None
+            choices = [v for a in args if a is not type(None) for v in typing.get_args(a)]
         parser.add_argument(*([aliases[name]] if name in aliases else []), flag, dest=name, default=None, choices=choices, help=help_text,
                             type=_flag_type(name, annotation),
                             metavar=name.upper() if choices is None else None)

@@ -22,7 +22,8 @@ def _audit_config(args):
     updates = {k: v for k, v in (("trials", args.trials), ("members", args.audit_members),
                                  ("non_members", args.audit_members), ("reference_prompts", args.audit_reference_prompts),
                                  ("max_record_tokens", args.audit_max_record_tokens),
-                                 ("auc_tolerance", args.auc_tolerance)) if v is not None}
+                                 ("auc_tolerance", args.auc_tolerance), ("test", args.audit_test),
+                                 ("leak_auc", args.leak_auc), ("power", args.audit_power)) if v is not None}
     try:
         return AuditConfig(**updates)
     except ValueError as exc:
@@ -166,8 +167,17 @@ def register(subparsers) -> None:
                               "passes per record (default 0: the three calibrated attacks)")
     release.add_argument("--audit-max-record-tokens", type=int, default=None,
                          help="pate, dpsgd: score each record's first N tokens only")
+    release.add_argument("--audit-test", choices=["detect", "equivalence"], default=None,
+                         help="pate, dpsgd: the audit gate's test: detect (default) fails when an attack distinguishes "
+                              "members, sized to detect --leak-auc with --audit-power; equivalence passes only when "
+                              "every AUC interval lies inside 0.5 +/- --auc-tolerance")
+    release.add_argument("--leak-auc", type=float, default=None,
+                         help="pate, dpsgd (detect): the leak, a mean per-trial AUC, the audit is sized to detect "
+                              "(default 0.75)")
+    release.add_argument("--audit-power", type=float, default=None,
+                         help="pate, dpsgd (detect): the probability of detecting it (default 0.95)")
     release.add_argument("--auc-tolerance", type=float, default=None,
-                         help="pate, dpsgd: the gate's band, |AUC - 0.5| within this (default 0.05)")
+                         help="pate, dpsgd (equivalence): the gate's band, |AUC - 0.5| within this (default 0.05)")
     release.add_argument("--seed", type=int, default=None,
                          help="pate, dpsgd: the audit's seed (member draws and trials; not privacy noise); default: "
                               "derived from the data's content hash")
