@@ -287,7 +287,7 @@ def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sa
     assert result.auc > 0.9 and result.auc_ci[0] > 0.55
     assert result.tpr_at_1pct_fpr > 0.5 and result.epsilon_lower_bound > 1.0
     assert not result.passed
-    assert result.reasons[0].startswith("membership inference:") and "outside 0.5 +/- 0.05" in result.reasons[0]
+    assert result.reasons[0].startswith("membership inference: an attack distinguishes members from non-members")
     assert any(r.startswith("verbatim overlap") for r in result.reasons)
 
 

@@ -170,7 +170,7 @@ def test_an_audit_whose_draw_is_gone_is_charged_again_when_it_redraws():
 
     stages = home() / "cache" / "stages" / "audit"
     before = set(stages.iterdir()) if stages.exists() else set()
-    config = _quick(seed=None, dataset_id="item2-audit", audit=True)
+    config = _quick(seed=None, dataset_id="item2-audit", audit=True, audit_mode="regenerate")  # a charged audit
     run_pipeline(config, run_id="item2-audit-run")
     audits = [e for e in Ledger().entries("item2-audit") if e.purpose == "audit"]
     assert len(audits) == 1
@@ -189,7 +189,7 @@ def test_the_run_summary_shows_the_ledger_after_the_audit(capsys):
     from tasks.run_plans import build_run_plan
 
     # a seed of its own: a seeded audit cached by another test would be reused, drawing (and charging) nothing
-    config = _quick(epsilons=[2.0], dataset_id="item8-summary", audit=True, seed=8008)
+    config = _quick(epsilons=[2.0], dataset_id="item8-summary", audit=True, seed=8008, audit_mode="regenerate")
     cost = planned_cost(build_run_plan(config).spends("item8-run"))  # what `dpicl run` prints as its plan
     assert set(cost["methods"]) == {"tang", "audit"}
     summary = run_pipeline(config, run_id="item8-run")

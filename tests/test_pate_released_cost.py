@@ -200,7 +200,8 @@ def test_a_bound_s_failure_probability_is_taken_out_of_delta():
 
 # --------------------------------------------------------------------------- through dpicl pate and the gate
 
-TINY_AUDIT = AuditConfig(trials=15, members=2, non_members=6, reference_prompts=2, auc_tolerance=0.49)
+TINY_AUDIT = AuditConfig(trials=15, members=2, non_members=6, reference_prompts=2, auc_tolerance=0.49,
+                         test="equivalence")  # the release path under test needs a pass: a band nearly [0, 1]
 
 
 def _args(dataset_id: str, epsilon: str) -> list[str]:

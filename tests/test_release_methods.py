@@ -29,8 +29,9 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 # seeds it, so a rerun on the same pools draws the same trials. Each record's first 8 tokens only: the
 # scoring is a pass of the tiny model's 49k-word head per token (measured: this file took 130 s of CPU in
 # one process with whole records, 79 s with 8 tokens).
+# the band nearly [0, 1] (equivalence): these tests check the release path, which needs a pass, not the gate
 TINY_AUDIT = AuditConfig(trials=15, members=2, non_members=6, reference_prompts=2, auc_tolerance=0.49,
-                         max_record_tokens=8)
+                         max_record_tokens=8, test="equivalence")
 AUDIT_SEED = 11
 AUC_FIELDS = ("auc", "auc_ci_low", "auc_ci_high", "pooled_auc", "auc_duan", "auc_label_calibrated",
               "auc_text_calibrated")
@@ -69,7 +70,8 @@ def test_the_tiny_audit_concludes_when_nothing_leaks():
 
     design = audit_design.plan(30, 90, members=TINY_AUDIT.members, non_members=TINY_AUDIT.non_members,
                                trials=TINY_AUDIT.trials, attacks=len(attacks_run(TINY_AUDIT.reference_prompts)),
-                               confidence=TINY_AUDIT.confidence, tolerance=TINY_AUDIT.auc_tolerance)
+                               confidence=TINY_AUDIT.confidence, tolerance=TINY_AUDIT.auc_tolerance,
+                               test=TINY_AUDIT.test)
     assert design.independent_trials == TINY_AUDIT.trials and 1 - design.conclusive_probability < 1e-4
 
 
