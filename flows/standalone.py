@@ -93,7 +93,7 @@ for _output in ("json:audit", "file:*audit.json"):
     declare(_output, Kind.VERDICT, "/verdict", "/passed", "/reasons", "/reference/verdict", "/reference/passed",
             "/reference/reasons")
     declare(_output, Kind.COUNT, "/epsilon", "/noise_multiplier", "/privacy/epsilon", "/privacy/noise_multiplier",
-            "/privacy/sampling_rate")
+            "/privacy/sampling_rate", "/power", "/reference/power")  # power: of the sizes, set from |D_y|
     declare(_output, Kind.IDENTITY, "/content_hash")
 
 # --------------------------------------------------------------------------- folders

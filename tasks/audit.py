@@ -75,7 +75,7 @@ AUDIT_KEY_FIELDS = ("data_hash", "task_spec", "targets", "generation", "audit_co
 # the configuration and the public counts (|D|, |D_y|: the pools of members and non-members the plan draws).
 for _output in ("file:*audit.parquet", "file:*audit_reference.parquet"):
     declare(_output, Kind.VERDICT, "/*/verdict", "/*/passed", "/*/reasons")
-    declare(_output, Kind.COUNT, "/*/noise_multiplier")
+    declare(_output, Kind.COUNT, "/*/noise_multiplier", "/*/power")  # power: of the design's sizes (public counts)
 AUDIT_VERDICT_LOG = declare_log("audit at epsilon %g: %s", verdict=(1,))  # `AuditResult.statement`
 declare_line(Kind.COUNT, r"^audit: label\(s\) (.*) lack the members/non-members to query")
 

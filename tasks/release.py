@@ -51,7 +51,7 @@ AUDITED_AT_RELEASE = tuple(gate.AUDIT_FILES)
 # counts, or PromptPATE's DP-released bound), the audit's verdict and its design (configuration and counts).
 declare("json:release", Kind.DP, "/artifact_sha256", "/demos_sha256", "/epsilon")
 declare("json:release", Kind.VERDICT, "/audit/verdict", "/audit/passed", "/audit/reasons")
-declare("json:release", Kind.COUNT, "/audit/noise_multiplier", "/audit/epsilon")
+declare("json:release", Kind.COUNT, "/audit/noise_multiplier", "/audit/epsilon", "/audit/power")
 for _output in ("file:*audit_*.parquet",):
     declare(_output, Kind.VERDICT, "/*/verdict", "/*/passed", "/*/reasons")
     declare(_output, Kind.VERDICT, "/*/summary/verdict", "/*/summary/passed", "/*/summary/reasons")
