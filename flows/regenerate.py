@@ -6,17 +6,18 @@
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger
 from prefect.states import Completed
 
 from dpcore.config import RunConfig
 from dpcore.data import refresh
 from flows.pipeline import private_prompting_pipeline
 from flows.runner import cancelled_on_stop
+from tasks.common import stoppable_task
 from tasks.ingest import load_data
 
 
-@task(name="fingerprint-source", retries=2, retry_delay_seconds=5)
+@stoppable_task(name="fingerprint-source", retries=2, retry_delay_seconds=5)
 def fingerprint(config: RunConfig) -> dict:
     """The content hash of the private records the pipeline would read (public: a hash)."""
     data = load_data(config)
@@ -25,7 +26,7 @@ def fingerprint(config: RunConfig) -> dict:
             "last_run_id": decision.last_run_id, "changed": decision.changed}
 
 
-@task(name="remember-source")
+@stoppable_task(name="remember-source")
 def remember(config: RunConfig, content_hash: str, run_id: str) -> str:
     return str(refresh.record_success(config.ledger_id, content_hash, run_id))
 

@@ -1,7 +1,7 @@
 """What every flow runs its stages with: the task runner a run names (`RunConfig.task_runner`), entered
 so that a stop reaches every running stage; mapped calls of a task; a run id stable across retries; and
 `cancelled_on_stop`, which ends a flow run that a stop request (Ctrl-C, SIGTERM) cut short in Prefect's
-Cancelled state rather than Failed or Crashed.
+Cancelled state rather than Failed or Crashed, as `tasks.common.stoppable_task` does its stages' task runs.
 
 The pipeline (`flows.pipeline`), PromptPATE's flow (`flows.pate`) and PromptDPSGD's (`flows.tune`) share
 them, so that a subflow runs the way the pipeline does.
@@ -21,7 +21,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from dpcore.config import flag
 from dpcore.errors import ConfigError, RunStopped
-from tasks.common import STOP_REQUESTED
+from tasks.common import STOP_REQUESTED, stop_of, stopped_state
 
 
 def make_task_runner(spec: str = "threads"):
@@ -52,7 +52,8 @@ def running(spec: str = "threads"):
     """`make_task_runner(spec)`, entered. A flow body cut short by a stop (SIGTERM, which Prefect turns into
     `TerminationSignal`; Ctrl-C's `KeyboardInterrupt`; a stage's `RunStopped`) asks every stage still running
     to stop at its next step (`tasks.common.STOP_REQUESTED`) before the runner waits for them on the way out:
-    otherwise it would wait for the longest of them (the audit's scoring) to finish. A flag set here is
+    otherwise it would wait for the longest of them (the audit's scoring) to finish. The stages already started
+    end there, Cancelled (`tasks.common.stoppable_task`); those not started yet never start. A flag set here is
     cleared once they have stopped (a later run in this process starts afresh)."""
     runner = make_task_runner(spec)
     entered = runner.__enter__()
@@ -64,6 +65,8 @@ def running(spec: str = "threads"):
         if ours:
             STOP_REQUESTED.set()
         try:
+            if stop:
+                _let_started_stages_stop(runner)
             if not runner.__exit__(type(exc), exc, exc.__traceback__):
                 raise
         finally:
@@ -73,24 +76,30 @@ def running(spec: str = "threads"):
         runner.__exit__(None, None, None)
 
 
+def _let_started_stages_stop(runner) -> None:
+    """Wait for the thread runner's started stages to stop (at their next step), the ones not started yet
+    dropped, before the runner's own exit: that exit cancels every stage in flight, and Prefect marks one that
+    was starting just then Crashed. (A Dask runner's stages run elsewhere; its exit waits for them.)"""
+    executor = getattr(runner, "_executor", None) if isinstance(runner, ThreadPoolTaskRunner) else None
+    if executor is not None:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
 def cancelled_on_stop(body):
     """Decorate a flow's body (under `@flow`): a stop request that ends it (a stage's `RunStopped`; SIGTERM,
     which Prefect raises in the flow as `TerminationSignal`) ends the flow run in Prefect's Cancelled state,
     with the stop's message, instead of Failed or Crashed; the caller (the CLI, a parent flow) still gets the
-    `RunStopped` (exit 130). A subflow stopped this way stops its parent the same way."""
+    `RunStopped` (exit 130). A subflow stopped this way stops its parent the same way, and so does a stage
+    (`tasks.common.stoppable_task`) whose run the stop ended Cancelled."""
 
     @functools.wraps(body)
     def stoppable(*args, **kwargs):
-        from prefect.exceptions import TerminationSignal
-        from prefect.states import Cancelled
+        from prefect.exceptions import CancelledRun, TerminationSignal
 
         try:
             return body(*args, **kwargs)
-        except RunStopped as exc:
-            return Cancelled(message=f"stopped on request: {exc}", data=exc)
-        except TerminationSignal:
-            stopped = RunStopped("SIGTERM: the running stages ended at their next step")
-            return Cancelled(message=f"stopped on request: {stopped}", data=stopped)
+        except (RunStopped, TerminationSignal, CancelledRun) as exc:
+            return stopped_state(stop_of(exc))
 
     # the body's signature with its annotations resolved in its own module (Prefect validates the flow's
     # parameters by them, in the namespace of the function it is given)

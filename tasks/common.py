@@ -26,7 +26,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, lru_cache, wraps
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -246,30 +246,118 @@ RETRIES = 2
 RETRY_DELAY_SECONDS = 1
 
 
+# --------------------------------------------------------------------------- stopped runs
+
+STOPPED = "stopped on request"  # how a stopped run's Cancelled state begins
+
+
+def sigterm_stop() -> RunStopped:
+    """The stop that SIGTERM asks for (Prefect raises it as `TerminationSignal` in the thread running a flow)."""
+    return RunStopped("SIGTERM: the running stages ended at their next step")
+
+
+def stopped_state(stop: RunStopped):
+    """Prefect's Cancelled state for a run a stop request ended, with the stop's message; the stop itself is its
+    data, so that a caller's `.result()` raises it again."""
+    from prefect.states import Cancelled
+
+    return Cancelled(message=f"{STOPPED}: {stop}", data=stop)
+
+
+def stop_of(exc: BaseException) -> RunStopped | None:
+    """The stop request `exc` stands for (a stage's `RunStopped`; SIGTERM's `TerminationSignal`; the
+    `CancelledRun` of a cancelled run whose state carries no exception), else None."""
+    if isinstance(exc, RunStopped):
+        return exc
+    from prefect.exceptions import CancelledRun, TerminationSignal
+
+    if isinstance(exc, TerminationSignal):
+        return sigterm_stop()
+    if isinstance(exc, CancelledRun):
+        return RunStopped(str(exc).removeprefix(f"{STOPPED}: ") or STOPPED)
+    return None
+
+
+def _ends_cancelled_on_stop(fn):
+    """`fn` as a task's function: a stop request that ends it (its `RunStopped`, or SIGTERM's `TerminationSignal`
+    when it runs in the flow's thread), or that came before it began, ends its task run Cancelled instead of
+    Failed or Crashed, and leaves no cached result (a resumed run runs it again); a genuine error still
+    raises (Failed). Called as a plain function (`task.fn(...)`), it raises the stop as it is."""
+
+    @wraps(fn)
+    def stage(*args, **kwargs):
+        from prefect.context import TaskRunContext
+        from prefect.exceptions import TerminationSignal
+        from prefect.transactions import get_transaction
+
+        context = TaskRunContext.get()
+        if context is None or context.task.fn is not stage:
+            return fn(*args, **kwargs)
+        try:
+            if stop_requested():  # (not the Event itself: a Dask runner pickles this function, not its module)
+                raise RunStopped(f"{context.task.name}: {STOPPED} before it began")
+            return fn(*args, **kwargs)
+        except (RunStopped, TerminationSignal) as exc:
+            transaction = get_transaction()
+            if transaction is not None:
+                transaction.write_on_commit = False
+            return stopped_state(stop_of(exc))
+
+    return stage
+
+
+@cache
+def _stoppable_task_class():
+    from prefect import Task
+    from prefect.states import State, get_state_exception
+
+    class StoppableTask(Task):
+        """A Prefect task (`stoppable_task`) whose run a stop request ends Cancelled: called directly, it raises
+        the stop (`RunStopped`) as its function did; a mapped call's `.result()` does too."""
+
+        def __call__(self, *args, return_state: bool = False, wait_for=None, **kwargs):
+            out = super().__call__(*args, return_state=return_state, wait_for=wait_for, **kwargs)
+            if not return_state and isinstance(out, State) and out.is_cancelled():
+                exc = get_state_exception(out)
+                raise stop_of(exc) or exc
+            return out
+
+    return StoppableTask
+
+
+def stoppable_task(**options):
+    """`prefect.task(**options)`, except that a stop request (Ctrl-C, SIGTERM: `STOP_REQUESTED`, which the stage
+    sees as `RunStopped` at its next step) ends the task run in Prefect's Cancelled state with the stop's message
+    rather than Failed or Crashed; its caller still gets the `RunStopped`."""
+
+    def decorate(fn):
+        return _stoppable_task_class()(fn=_ends_cancelled_on_stop(fn), **options)
+
+    return decorate
+
+
 def cached_task(name: str, key_fields: tuple[str, ...], modules: tuple[str, ...] = (), *,
                 private_outputs: bool = False, **options):
     """A Prefect task whose JSON result is persisted under its cache key (`cache_key_on(name, key_fields,
     modules)`: public parameters and the dpcore code it runs), in its stage folder, retried on transient
     failures only. `private_outputs`: the stage also writes to its private folder (`stage_dir(...,
-    private=True)`) on every run.
+    private=True)`) on every run. A stop request ends it Cancelled (`stoppable_task`), with no cached result.
 
     The result storage is `stages_root()` as this process starts, like Prefect's own PREFECT_HOME.
     """
-    from prefect import task
-
-    return task(name=name, cache_key_fn=cache_key_on(name, key_fields, modules, private_outputs),
-                persist_result=True, result_storage=stages_root(), result_serializer="json",
-                retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only,
-                **options)
+    return stoppable_task(name=name, cache_key_fn=cache_key_on(name, key_fields, modules, private_outputs),
+                          persist_result=True, result_storage=stages_root(), result_serializer="json",
+                          retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only,
+                          **options)
 
 
 def uncached_task(name: str, **options):
-    """A Prefect task that runs every time (its result is not persisted), retried on transient failures only."""
-    from prefect import task
+    """A Prefect task that runs every time (its result is not persisted), retried on transient failures only; a stop
+    request ends it Cancelled (`stoppable_task`)."""
     from prefect.cache_policies import NO_CACHE
 
-    return task(name=name, cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
-                retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only, **options)
+    return stoppable_task(name=name, cache_policy=NO_CACHE, persist_result=False, retries=RETRIES,
+                          retry_delay_seconds=RETRY_DELAY_SECONDS, retry_condition_fn=transient_only, **options)
 
 
 def stage_logger():

@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from dpcore.data.artifacts import file_sha256, read_table, write_json_atomic, write_manifest, write_table
 from dpcore.display import fmt_eps
@@ -39,7 +39,15 @@ from dpcore.home import dpicl_home, subdir
 from dpcore.public_outputs import Kind, declare, declare_log
 from dpcore.release import gate
 from tasks.charge import AUDIT_REFERENCE, charge_spends, real_records_spend
-from tasks.common import code_version, derive_seed, language_model, report_progress, safe_name, stop_requested
+from tasks.common import (
+    code_version,
+    derive_seed,
+    language_model,
+    report_progress,
+    safe_name,
+    stop_requested,
+    stoppable_task,
+)
 from tasks.tracking import mlflow_client
 
 DEFAULT_ALIAS = "production"
@@ -79,7 +87,7 @@ def load_artifact(run_id: str, method: str, epsilon: float | None = None, traini
     return gate.load_artifact(method, run_id, dpicl_home(), epsilon, training, repeat)
 
 
-@task(name="release-gate", retries=0)
+@stoppable_task(name="release-gate", retries=0)
 def check_gate(run_id: str, method: str = "tang", epsilon: float | None = None, training: int = 0,
                repeat: int | None = None, before_audit: bool = False) -> dict:
     """Evaluate every release condition of what releasing `method` of the run would publish: `refused` lists
@@ -131,7 +139,7 @@ def _publish(client, name: str, folder: Path, run_id: str, tags: dict, descripti
     return int(model_version.version)
 
 
-@task(name="release-register", retries=1)
+@stoppable_task(name="release-register", retries=1)
 def register(run_id: str, method: str = "tang", epsilon: float | None = None, training: int = 0,
              repeat: int | None = None, alias: str = DEFAULT_ALIAS) -> dict:
     """Write the release folder (a text prompt as `demos.parquet`: tang's demos, PromptPATE's student prompt;
@@ -389,7 +397,7 @@ def planned_audit(audit_config, member_pool: int, non_member_pool: int, size_to_
     return audit_config
 
 
-@task(name="release-audit", tags=["gpu"], retries=0, persist_result=False)
+@stoppable_task(name="release-audit", tags=["gpu"], retries=0, persist_result=False)
 def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None = None, training: int = 0,
                    repeat: int | None = None, teacher_reference: bool = False, device: str = "auto",
                    dtype: str = "auto", seed: int | None = None, size_to_pools: bool = False,

@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -99,6 +100,21 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
     for key in dropped + (("PREFECT_API_URL",) if temporary_prefect_server else ()):
         env.pop(key, None)
     return env
+
+
+def ended_task_runs(flow_run_id, timeout: float = 30.0) -> list:
+    """The flow run's task runs once each has ended (their states reach the server as events, after the flow
+    returns), or as they are at `timeout`."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            if all(t.state is not None and t.state.is_final() for t in task_runs) or time.monotonic() > deadline:
+                return task_runs
+            time.sleep(0.2)
 
 
 def copy_migrated_prefect_database(target: Path) -> None:

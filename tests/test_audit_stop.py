@@ -4,6 +4,7 @@ nothing half-written is left behind."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -182,6 +183,11 @@ def test_sigterm_stops_a_run_in_its_audit(tmp_path, tiny_model_dir):
     assert waited < 15, f"took {waited:.0f} s to stop:\n{err}"
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert [line for line in err.splitlines() if line.startswith("dpicl run: stopped:")], err
+    # the audit's task run (and any stage the stop ended with it) and the flow run end Cancelled, none Failed
+    # or Crashed (red in the UI)
+    log = (home / "logs" / "dpicl.log").read_text()
+    assert "Finished in state Cancelled('stopped on request: " in log, log
+    assert not re.search(r"Finished in state (Failed|Crashed)", log), log
     purposes = [e.purpose for e in Ledger(home / "ledger.db").entries("run-stop")]
     assert purposes[0] == "pipeline" and set(purposes[1:]) == {"audit"} and len(purposes) <= 1 + DEMO_SETS
     assert [p for p in home.rglob("*") if p.name.endswith(".tmp")] == []

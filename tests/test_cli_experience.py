@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -228,6 +229,9 @@ def test_ctrl_c_stops_a_run_within_a_step_and_keeps_the_charge(tmp_path):
     assert "Error logging to API" not in err  # the server it logs to outlived the Ctrl-C
     log = (home / "logs" / "dpicl.log").read_text()  # Prefect's own lines are kept, in the file
     assert "Starting temporary server" in log and "HTTP Request: POST" in log and "HTTP Request" not in err
+    # the stopped stages' task runs and the flow run end Cancelled, none Failed or Crashed (red in the UI)
+    assert "Finished in state Cancelled('stopped on request: generate tang" in log, log
+    assert not re.search(r"Finished in state (Failed|Crashed)", log), log
     assert waited < 60, f"took {waited:.0f} s to stop"
     from dpcore.privacy.ledger import Ledger
 

@@ -18,6 +18,7 @@ import shutil
 import pandas as pd
 import pytest
 from pipeline_support import (
+    ended_task_runs,
     home,
     mini_agnews,
     prefect_harness,  # noqa: F401  (the shared harness fixture)
@@ -142,8 +143,15 @@ def test_a_stopped_run_resumes_under_its_id_from_its_last_finished_step():
     from prefect.client.schemas.sorting import FlowRunSort
 
     with get_client(sync_client=True) as client:  # the stopped flow run is Cancelled, neither Failed nor Crashed
-        latest = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
+        latest = next(r for r in client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=20)
+                      if r.parameters.get("run_id") == "item2-stop")  # the server's latest of this run
     assert latest.state.is_cancelled() and "stopped on request" in latest.state.message, latest.state
+    # and so are the task runs the stop ended: none Failed or Crashed (what the UI shows in red)
+    task_runs = ended_task_runs(latest.id)
+    assert not [t for t in task_runs if t.state.is_failed() or t.state.is_crashed()], task_runs
+    cancelled = [t for t in task_runs if t.state.is_cancelled()]
+    assert any(t.name.startswith("generate-tang") for t in cancelled), task_runs
+    assert all("stopped on request" in t.state.message for t in cancelled), cancelled
     charged = [e.to_dict() for e in Ledger().entries("item2-stop") if e.run_id == "item2-stop"]
     assert [e["purpose"] for e in charged] == ["pipeline"]
     stopped, stopping[0] = dict(steps), False
