@@ -74,6 +74,17 @@ def server(dpicl_home):
         log.close()
 
 
+def _api(method: str, url: str, **kwargs) -> httpx.Response:
+    """One API call, retried while the server answers 503: a SQLite server answers 503 while its scheduler holds
+    the database's write lock, which on a loaded 2-core machine lasts seconds."""
+    deadline = time.monotonic() + 90
+    while True:
+        response = httpx.request(method, url, timeout=30, **kwargs)
+        if response.status_code != 503 or time.monotonic() > deadline:
+            return response
+        time.sleep(2)
+
+
 def _cli(args: list[str], env: dict, timeout: int = 240) -> subprocess.CompletedProcess:
     done = subprocess.run([_prefect(), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"prefect {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -87,15 +98,15 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(server, dpicl_ho
     env, url = server["env"], server["url"]
     for name in ("cpu", "gpu"):
         _cli(["work-pool", "create", name, "--type", "process"], env)
-        assert httpx.get(f"{url}/work_pools/{name}", timeout=10).json()["type"] == "process"
+        assert _api("GET", f"{url}/work_pools/{name}").json()["type"] == "process"
     _cli(["--no-prompt", "deploy", "--all"], env)
-    deployments = httpx.post(f"{url}/deployments/filter", json={}, timeout=10).json()
+    deployments = _api("POST", f"{url}/deployments/filter", json={}).json()
     assert {d["name"] for d in deployments} == {"dp-fewshot", "dp-fewshot-gpu", "scheduled-regeneration",
                                                  "audited-release"}
     regeneration = next(d for d in deployments if d["name"] == "scheduled-regeneration")
     assert [s["schedule"]["cron"] for s in regeneration["schedules"]] == ["0 3 * * 1"]
     assert next(d for d in deployments if d["name"] == "dp-fewshot-gpu")["work_pool_name"] == "gpu"
-    deployment = httpx.get(f"{url}/deployments/name/dp-fewshot/dp-fewshot", timeout=10).json()
+    deployment = _api("GET", f"{url}/deployments/name/dp-fewshot/dp-fewshot").json()
     assert deployment["entrypoint"] == "flows/pipeline.py:private_prompting_pipeline"
     assert deployment["work_pool_name"] == "cpu"
     assert deployment["parameters"]["config"]["dataset"] == "agnews"  # the yaml's defaults
@@ -104,21 +115,20 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(server, dpicl_ho
     config = RunConfig(dataset="agnews-mini", data_path=data_path, task_spec=spec_path, model="tiny-random",
                        epsilons=[4.0], num_subsets=2, subset_size=1, top_k=20, max_tokens=3, shots=4, seeds=1,
                        test_size=6, audit=False, baselines=["zero-shot"], seed=5)
-    created = httpx.post(f"{url}/deployments/{deployment['id']}/create_flow_run",
-                         json={"parameters": {"config": json.loads(config.model_dump_json())}}, timeout=10)
+    created = _api("POST", f"{url}/deployments/{deployment['id']}/create_flow_run",
+                   json={"parameters": {"config": json.loads(config.model_dump_json())}})
     assert created.status_code == 201, created.text
     flow_run_id = created.json()["id"]
 
     _cli(["worker", "start", "--pool", "cpu", "--run-once"], env, timeout=420)
 
-    run = httpx.get(f"{url}/flow_runs/{flow_run_id}", timeout=10).json()
+    run = _api("GET", f"{url}/flow_runs/{flow_run_id}").json()
     assert run["state"]["type"] == "COMPLETED", run["state"]
     assert run["deployment_id"] == deployment["id"]
-    runs = httpx.post(f"{url}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}},
-                      timeout=10).json()
+    runs = _api("POST", f"{url}/flow_runs/filter",
+                json={"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}).json()
     assert flow_run_id in {r["id"] for r in runs}
-    tasks = httpx.post(f"{url}/task_runs/filter", json={"flow_runs": {"id": {"any_": [flow_run_id]}}},
-                       timeout=10).json()
+    tasks = _api("POST", f"{url}/task_runs/filter", json={"flow_runs": {"id": {"any_": [flow_run_id]}}}).json()
     names = {t["name"] for t in tasks}
     assert {"ingest", "partition", "calibrate", "record"} <= {n.rsplit("-", 1)[0] for n in names}
     assert sum(n.startswith("generate-tang-") for n in names) == 4
