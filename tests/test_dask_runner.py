@@ -24,7 +24,7 @@ def test_dask_local_cluster_generates_the_same_demos_as_threads(tiny_lm):
     from flows.runner import make_task_runner
 
     share_tiny_model(tiny_lm)
-    config = tiny_config(seed=2024, epsilons=[1.0, 8.0], audit=False, baselines=[], seeds=1, test_size=4)
+    config = tiny_config(seed=2024, epsilons=[1.0], audit=False, baselines=[], seeds=1, test_size=4)
     threads = run_pipeline(config)
     with temporary_settings(updates={PREFECT_TASKS_REFRESH_CACHE: True}):  # recompute, do not reuse the cache
         # one worker process: each imports the model stack (about 9 s of CPU); the demos' sameness is the point
@@ -38,7 +38,7 @@ def test_dask_local_cluster_generates_the_same_demos_as_threads(tiny_lm):
     columns = ["method", "label", "epsilon", "shot", "text", "tokens", "stop_reason", "noise_multiplier"]
     first = pd.read_parquet(Path(threads["run_dir"]) / "demos.parquet").sort_values(["method", "epsilon", "label"])
     second = pd.read_parquet(Path(dask["run_dir"]) / "demos.parquet").sort_values(["method", "epsilon", "label"])
-    assert len(first) == 2 * 4  # tang at two epsilons, four labels
+    assert len(first) == 4  # tang at one epsilon, four labels
     pd.testing.assert_frame_equal(first[columns].reset_index(drop=True), second[columns].reset_index(drop=True))
     assert dask["results"] == threads["results"]
 
