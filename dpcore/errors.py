@@ -58,6 +58,13 @@ class RunStopped(DpiclError):
     kind = "stopped"
 
 
+def is_stop(exc: BaseException) -> bool:
+    """Whether `exc` ends a run on request rather than by a fault: `RunStopped`, or what is no `Exception`
+    (Ctrl-C's KeyboardInterrupt, SIGTERM as Prefect's TerminationSignal). A loop that keeps state keeps its
+    last finished step on a stop, so that a resume continues from it."""
+    return isinstance(exc, RunStopped) or not isinstance(exc, Exception)
+
+
 def stop_if_requested(should_stop: Callable[[], bool] | None, what: str) -> None:
     """`RunStopped` when the caller's `should_stop()` says so. Long loops (the audit's forward passes) call it
     between steps: dpcore never watches signals itself, its caller passes the question in."""

@@ -6,7 +6,10 @@
       -> evaluation on the test split (tasks.evaluate) beside the baselines -> record (MLflow, artifacts)
 
 The ledger is charged (`tasks.charge.charge_plans`) after every check and before any teacher sees a
-query. Public files (`$DPICL_HOME/runs/<dataset>/<hash12>/<run-id>/`): `pate_queries`,
+query. Right after it, before the teachers stage, each noisy stage (teachers, aggregate) the charge covers is
+marked (`tasks.pate.keep_charged`; the pipeline marks them at its own charge, `mark_charged`), so a run
+stopped before a stage drew (e.g. during the flock's scoring) runs it once when resumed under its id, and is
+charged nothing again. Public files (`$DPICL_HOME/runs/<dataset>/<hash12>/<run-id>/`): `pate_queries`,
 `pate_noisy_labels`, `pate_students`, `pate_results`. Private ones (`$DPICL_HOME/private/runs/<same>/`):
 `teacher_assignments`, `vote_histograms`, `pate_data_dependent.json`, `pate_predictions`.
 The flow composes `tasks/` and holds no algorithm logic.
@@ -81,20 +84,18 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         raise DpiclError("pate: the plan was made for other records; plan the run again")
     ingested = ingest_stage.ingested_for(plan, run_id, ingested, "pate")
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
-    plan = _plan(config, ingested, plan, checkpoint_epsilons or [])
+    run_plan, plan = plan, _plan(config, ingested, plan, checkpoint_epsilons or [])
     settings, plans, per_repeat = plan.settings, plan.plans, plan.per_repeat
     # The ledger: charged before any teacher sees a query (all plans in one transaction, or refused: exit 3).
     ledger_entry = charge if charge is not None else charge_plans(
         config.ledger_id, ingested["data_hash"], run_id, plans, same_records_ok=config.new_budget_for_same_records)
-    fresh = noise_charged(ledger_entry, "pate", plans[0].epsilon)
-    scope = noise_scope(config.seed, run_id)
+    calls = _noisy_calls(config, ingested, run_plan, checkpoint_epsilons or [], ledger_entry, run_id)
+    pate_stage.keep_charged(calls)  # before the teachers: a stop before a stage drew leaves it drawable once
     logger.info("ledger %s: PromptPATE plan charged (%d new, %d replayed): epsilon %.4g at delta %.3g for %d x %d "
                 "queries", config.ledger_id, ledger_entry["charged"], ledger_entry["replayed"], plans[0].epsilon,
                 plan.delta, settings["repeats"], per_repeat)
-    teachers = pate_stage.pate_teachers(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
-                                        teachers=settings["teachers"], shots=settings["shots"], seed=config.seed,
-                                        noise_scope=scope, noise_charged=fresh)
-    done = _label_and_learn(config, ingested, plan, teachers, scope, fresh, run_id)
+    teachers = pate_stage.pate_teachers(**calls["pate-teachers"])
+    done = _label_and_learn(config, ingested, plan, teachers, calls["pate-aggregate"], run_id)
     aggregate, students, evaluations = done["aggregate"], done["students"], done["evaluations"]
     plan, plans = done["plan"], done["plan"].plans  # data-dependent accounting: settled, both spends
     _write_tables(paths, teachers, aggregate, students, evaluations, done["zero"], plan.checkpoints)
@@ -166,8 +167,39 @@ def _plan(config: RunConfig, ingested: dict, run_plan: RunPlan, checkpoint_epsil
     return _Plan(pate.settings, delta, list(pate.plans), pate.per_repeat, inputs, checkpoints)
 
 
-def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: dict, scope: str,
-                     fresh: bool, run_id: str) -> dict:
+def _noisy_calls(config: RunConfig, ingested: dict, run_plan: RunPlan, checkpoint_epsilons: list[float],
+                 charge: dict, run_id: str) -> dict[str, dict]:
+    """The noisy stages' task arguments, by stage: the teachers' in full, the aggregate's but for its votes
+    (the flock's, added when they exist); each says whether `charge` (this attempt's) charged PromptPATE."""
+    pate, delta = run_plan.pate, run_plan.delta
+    settings = pate.settings
+    fresh = noise_charged(charge, "pate", pate.plans[0].epsilon)
+    scope = noise_scope(config.seed, run_id)
+    private = str(ingested["paths"]["private"])
+    prefixes = [c["queries"] for c in pate_stage.checkpoints(checkpoint_epsilons, settings, pate.per_repeat, delta)]
+    teachers = dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+                    teachers=settings["teachers"], shots=settings["shots"], seed=config.seed, noise_scope=scope,
+                    noise_charged=fresh, private_run_dir=private)
+    aggregate = dict(data_hash=ingested["data_hash"], task_spec=ingested["task_spec"],
+                     labels=list(ingested["labels"]), vote_mode=settings["vote_mode"],
+                     threshold=settings["threshold"], sigma1=settings["sigma1"], sigma2=settings["sigma2"],
+                     repeats=settings["repeats"], queries=pate.per_repeat, delta=delta, model=config.model,
+                     device=config.device, dtype=config.dtype, seed=config.seed, noise_scope=scope,
+                     noise_charged=fresh, checkpoints=prefixes or None, release=settings.get("gnss"),
+                     private_run_dir=private)
+    return {"pate-teachers": teachers, "pate-aggregate": aggregate}
+
+
+def mark_charged(config: RunConfig, ingested: dict, plan: RunPlan, charge: dict, run_id: str,
+                 checkpoint_epsilons: list[float] | None = None) -> None:
+    """Mark the noisy stages `charge` charged (`tasks.pate.keep_charged`): for a caller that charges PromptPATE
+    with other methods and runs this flow later (the pipeline), right after its charge; `checkpoint_epsilons`
+    as it will pass them to `pate_flow`."""
+    pate_stage.keep_charged(_noisy_calls(config, ingested, plan, checkpoint_epsilons or [], charge, run_id))
+
+
+def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: dict, aggregate_call: dict,
+                     run_id: str) -> dict:
     """The mapped stages, on the charge already made: the flock's votes on the public queries (and on the
     test split for the non-private baselines), Confident-GNMax's noisy labels, a student per repeat (and per
     smaller epsilon's prefix), their evaluation beside zero-shot's. Fills each checkpoint's `answered`,
@@ -197,13 +229,8 @@ def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: d
         zero_futures = map_calls(runner, evaluate_stage.evaluate, eval_calls)
         blocks_done = results(map_calls(runner, pate_stage.pate_flock, flock_calls))
         public_blocks = [b for b in blocks_done if b["split"] == "public"]
-        aggregate = pate_stage.pate_aggregate(
-            data_hash=ingested["data_hash"], votes_paths=[b["scores_path"] for b in public_blocks],
-            votes_keys=[b["key"] for b in public_blocks], vote_mode=settings["vote_mode"],
-            threshold=settings["threshold"], sigma1=settings["sigma1"], sigma2=settings["sigma2"],
-            repeats=settings["repeats"], queries=plan.per_repeat, delta=plan.delta, seed=config.seed,
-            noise_scope=scope, noise_charged=fresh, checkpoints=[c["queries"] for c in plan.checkpoints] or None,
-            release=settings.get("gnss"), **common)
+        aggregate = pate_stage.pate_aggregate(votes_paths=[b["scores_path"] for b in public_blocks],
+                                              votes_keys=[b["key"] for b in public_blocks], **aggregate_call)
         if aggregate["released_rdp"] is not None:
             plan = _settle(config, ingested, plan, aggregate["released_rdp"], run_id)
             aggregate = pate_stage.publish_labels(aggregate=aggregate)

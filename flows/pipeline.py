@@ -8,7 +8,8 @@ data, test split and ledger.
       -> ONE ledger charge for every method's spends (all or nothing)
       -> generate (one task per (method, label, epsilon), mapped, tag `gpu`)
       -> evaluate (every baseline and the DP demos) -> audit (membership inference)
-      -> PromptPATE subflow (`flows.pate`) -> PromptDPSGD subflow (`flows.tune`)
+      -> PromptPATE subflow (`flows.pate`) -> PromptDPSGD subflow (`flows.tune`) (their charged stages
+         marked right after the charge: a run stopped before they began runs them once when resumed)
       -> record (MLflow, Prefect artifacts, manifests) -> the comparison table
 
 The flow composes `tasks/` (thin wrappers over `dpcore`) and holds no algorithm logic.
@@ -46,6 +47,8 @@ from dpcore.fewshot.plan import FewShotPlan
 from dpcore.home import configure_environment
 from dpcore.public_outputs import Kind, declare_line
 from dpcore.report.summary import private_data_verdict
+from flows import pate as pate_subflow
+from flows import tune as dpsgd_subflow
 from flows.pate import pate_flow
 from flows.runner import cancelled_on_stop, default_run_id, map_calls, results, running
 from flows.tune import dpsgd_flow
@@ -139,6 +142,7 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
     ledger_entry = charge_spends(config.ledger_id, spends, same_records_ok=config.new_budget_for_same_records)
     cost = planned_cost(spends)
     logger.info(charge_line(ledger_entry, cost, run_id, plan.delta))
+    _mark_charged(config, run_id, ingested, plan, ledger_entry)
     tang_summary = _tang_stages(config, run_id, ingested, paths, fewshot, plan, ledger_entry) if tang else None
     others, wall = _other_methods(config, run_id, ingested, plan, ledger_entry)
     if tang:
@@ -202,6 +206,16 @@ def _fewshot_run(config: RunConfig, plan: RunPlan, ingested: dict, paths: RunPat
     checks_after_ingest(config, ingested["num_test"], labels, generation_config)
     items = generate_stage.generation_plan(labels, fewshot, config.seed)
     return _FewShotRun(fewshot, items, generation_config)
+
+
+def _mark_charged(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan, ledger_entry: dict) -> None:
+    """Right after the charge, before any stage: PromptPATE's noisy stages and PromptDPSGD's trainings this
+    charge covers are marked, so a run stopped before their subflows began (during generation, the audit)
+    runs them once when resumed under its id (DP few-shot generation marks its own before it starts)."""
+    if "pate" in config.methods:
+        pate_subflow.mark_charged(config, ingested, plan, ledger_entry, run_id, list(config.epsilons))
+    if "dpsgd" in config.methods:
+        dpsgd_subflow.mark_charged(config, ingested, plan, ledger_entry)
 
 
 def _other_methods(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan,

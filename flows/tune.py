@@ -6,7 +6,9 @@
 Usable alone (`dpicl tune`) or as a subflow of the pipeline: pass the pipeline's `ingested` dict and run
 id to reuse its ingested data and run folder. Every check that could fail runs before the charge; the
 charge (`tasks.charge.charge_plans`) comes before the first training step and is all or nothing
-(`BudgetExceededError`: exit 3). The flow composes tasks only.
+(`BudgetExceededError`: exit 3). Right after it, every training the charge covers is marked
+(`tasks.tune.keep_charged`; the pipeline marks them at its own charge, `mark_charged`), so a run stopped
+before a training began may still start it once when resumed under its id. The flow composes tasks only.
 """
 
 from __future__ import annotations
@@ -67,12 +69,9 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
                               same_records_ok=config.new_budget_for_same_records)
     logger.info(charge_line(charge, shape["shape"]))
     paths = ingested["paths"]
-    trained = [tune_stage.train_prompt(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
-                                       task_spec=ingested["task_spec"], plan=plan.to_dict(), epsilon=plan.epsilon,
-                                       training=i, config=config, public_dir=paths["public"],
-                                       private_dir=paths["private"],
-                                       noise_charged=noise_charged(charge, "dpsgd", plan.epsilon, i))
-               for plan in plans for i in range(len(plan.spends))]
+    calls = training_calls(config, ingested, plans, charge)
+    tune_stage.keep_charged(calls)  # before any starts: a stop before a training began leaves it startable once
+    trained = [tune_stage.train_prompt(**call) for call in calls]
     calls = tune_stage.evaluation_calls(config, ingested, trained)
     evaluations = [evaluate_stage.evaluate(**call) for call in calls]
     metrics = tune_stage.metrics_table(trained, evaluations)
@@ -92,6 +91,23 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
         "epsilons": ["inf" if math.isinf(p.epsilon) else p.epsilon for p in plans],
         "metrics_path": str(Path(paths["public"]) / "dpsgd_results.parquet"),
     }
+
+
+def training_calls(config: RunConfig, ingested: dict, plans: list, charge: dict) -> list[dict]:
+    """`tasks.tune.train_prompt`'s arguments for every (epsilon, training) of `plans`, each saying whether
+    `charge` (this attempt's) charged its spend."""
+    paths = ingested["paths"]
+    return [dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+                 task_spec=ingested["task_spec"], plan=plan.to_dict(), epsilon=plan.epsilon, training=i,
+                 config=config, public_dir=paths["public"], private_dir=paths["private"],
+                 noise_charged=noise_charged(charge, "dpsgd", plan.epsilon, i))
+            for plan in plans for i in range(len(plan.spends))]
+
+
+def mark_charged(config: RunConfig, ingested: dict, plan: RunPlan, charge: dict) -> None:
+    """Mark the trainings `charge` charged (`tasks.tune.keep_charged`): for a caller that charges PromptDPSGD
+    with other methods and runs this flow later (the pipeline), right after its charge."""
+    tune_stage.keep_charged(training_calls(config, ingested, list(plan.dpsgd), charge))
 
 
 def plan_tuning(config: RunConfig, run_id: str | None) -> tuple[RunPlan, dict]:

@@ -7,13 +7,19 @@
 
 Private outputs (teacher assignments, votes, vote histograms, the data-dependent analysis) go to
 private stage folders; public ones (queries, noisy labels, student prompts) to public ones. Every
-task returns paths and public aggregates only. Noise-drawing stages are cached per run (unseeded)
-or per seed, like generation: an unseeded draw whose cached result is gone is refused, never redrawn
-under a charge made once.
+task returns paths and public aggregates only. Noise-drawing stages (`pate_teachers`, `pate_aggregate`) are
+cached per run (unseeded) or per seed, like generation. Right after the charge, before the teachers stage, the
+flow marks each of them that the attempt charged (`keep_charged`: `pate/<stage>.pending` in the run's private
+folder, keyed by the stage's public inputs known then, `PENDING_FIELDS`); a stage removes its mark once its
+output is written, and its cached result serves retries from then on. A retry whose charge an earlier attempt
+made (the run was stopped, e.g. during the flock's scoring) runs a stage once when its mark matches; with
+neither its cached result nor a matching mark the stage is refused, seeded or not: never drawn again under a
+charge made once.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -23,7 +29,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from dpcore.config import flag
-from dpcore.data.artifacts import read_table, write_json_atomic, write_table
+from dpcore.data.artifacts import read_table, write_json_atomic, write_table, write_text_atomic
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
 from dpcore.home import is_private_path
@@ -45,6 +51,7 @@ from dpcore.privacy.spend import Spend
 from tasks.common import (
     cached_task,
     derive_seed,
+    digest,
     language_model,
     report_progress,
     stage_dir,
@@ -61,6 +68,10 @@ FLOCK_KEY = ("data_hash", "assignment_key", "queries_key", "task_spec", "labels"
              "split", "test_size", "model", "dtype")
 AGGREGATE_KEY = ("data_hash", "votes_keys", "labels", "vote_mode", "threshold", "sigma1", "sigma2", "repeats",
                  "delta", "seed", "noise_scope", "checkpoints", "release")
+# What a noisy stage's mark is for (`keep_charged`): its public inputs known at the charge. The aggregate's
+# votes (`votes_keys`) come later, from the flock: a deterministic function of the teachers and the queries.
+PENDING_FIELDS = {"pate-teachers": TEACHERS_KEY,
+                  "pate-aggregate": tuple(f for f in AGGREGATE_KEY if f != "votes_keys") + ("queries",)}
 STUDENT_KEY = ("labels_key", "repeat", "task_spec", "labels", "shots", "candidates", "calibrate", "model", "dtype",
                "queries_limit")
 
@@ -195,17 +206,19 @@ def pate_inputs(*, queries: pd.DataFrame, source: str, settings: dict, public_di
 
 @cached_task("pate-teachers", TEACHERS_KEY, PATE_MODULES, private_outputs=True)
 def pate_teachers(*, records_path: str, data_hash: str, teachers: int, shots: int, seed: int | None,
-                  noise_scope: str, noise_charged: bool) -> dict:
-    """E disjoint k-shot teachers (`dpcore.pate.teachers`); the assignment table is private."""
+                  noise_scope: str, noise_charged: bool, private_run_dir: str | None = None) -> dict:
+    """E disjoint k-shot teachers (`dpcore.pate.teachers`); the assignment table is private. `noise_charged`,
+    `private_run_dir` (not in the cache key): see `_refuse_redraw`."""
     from dpcore.fewshot.mechanisms import noise_generator
 
-    _refuse_redraw("pate-teachers", noise_charged, noise_scope)
+    _refuse_redraw("pate-teachers", locals())
     key = stage_key("pate-teachers", {k: v for k, v in locals().items() if k in TEACHERS_KEY}, PATE_MODULES)
     records = read_table(Path(records_path))
     train_ids = records.loc[records["split"] == "train", "id"].astype(str).tolist()
     rng, seeded = noise_generator(derive_seed(seed, "pate-teachers"))
     flock = assign_teachers(train_ids, teachers, shots, rng)
     path = write_table(flock.table(), stage_dir("pate-teachers", key, private=True) / "teacher_assignments.parquet")
+    _drawn("pate-teachers", private_run_dir)
     return {"key": key, "assignment_path": str(path), "seeded_noise": seeded}
 
 
@@ -260,7 +273,7 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
                    labels: list[str], vote_mode: str, threshold: float, sigma1: float, sigma2: float, repeats: int,
                    queries: int, delta: float, model: str, device: str = "auto", dtype: str = "auto",
                    seed: int | None, noise_scope: str, noise_charged: bool, checkpoints: list[int] | None = None,
-                   release: dict | None = None) -> dict:
+                   release: dict | None = None, private_run_dir: str | None = None) -> dict:
     """Vote histograms (private) and R independent Confident-GNMax labellings of the first Q queries (public).
     Each repeat's data-dependent epsilon (Papernot et al. 2018) is a non-DP function of the vote histograms:
     it is written to the private store only, never returned (a task's result is public).
@@ -268,11 +281,12 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
     (`dpcore.pate.privacy.labelling_checkpoints`): their answered and labelled counts (DP outputs).
     `release` (data-dependent accounting: the GNSS order, beta, sigma_ss, delta0): the labels stay in the
     private store until the flow has charged their cost, and the released upper bound on the labelling's
-    data-dependent RDP (`released_rdp`, a DP output, `dpcore.pate.released_cost`) is returned."""
+    data-dependent RDP (`released_rdp`, a DP output, `dpcore.pate.released_cost`) is returned.
+    `noise_charged`, `private_run_dir` (not in the cache key): see `_refuse_redraw`."""
     from dpcore.fewshot.mechanisms import noise_generator
     from dpcore.pate.data_dependent import data_dependent_epsilon, epsilon_from_rdp
 
-    _refuse_redraw("pate-aggregate", noise_charged, noise_scope)
+    _refuse_redraw("pate-aggregate", locals())
     key = stage_key("pate-aggregate", {k: v for k, v in locals().items() if k in AGGREGATE_KEY}, PATE_MODULES)
     spec = load_task_spec(task_spec)
     votes = load_votes(votes_paths, language_model(model, device, dtype), spec, labels, vote_mode)[:, :queries]
@@ -315,6 +329,7 @@ def pate_aggregate(*, data_hash: str, votes_paths: list[str], votes_keys: list[s
                                           delta=delta, release=ReleaseParameters(**release), rng=gnss_rng)
     labels_path = write_table(pd.concat(rows, ignore_index=True), stage_dir(
         "pate-aggregate", key, private=release is not None) / "pate_noisy_labels.parquet")
+    _drawn("pate-aggregate", private_run_dir)
     if release is not None:  # the labelling's outcome stays private until its cost is charged (`publish_labels`)
         return {"key": key, "labels_path": str(labels_path), "histograms_path": str(hist_path), "answered": None,
                 "labelled": None, "seeded_noise": seeded, "checkpoints": [], "released_rdp": released}
@@ -398,11 +413,47 @@ def pate_test_baselines(*, records_path: str, scores_paths: list[str], task_spec
             "upper-bound": float(single_prompt_accuracies(votes, gold_index).max()), "n": len(gold)}
 
 
-def _refuse_redraw(stage: str, noise_charged: bool, noise_scope: str) -> None:
-    if not noise_charged:  # seeded or not: the charge covers one draw
-        raise DpiclError(f"stage {stage} ({noise_scope}): the cached noise draw of this run is missing; drawing "
-                         "fresh noise (or a seeded draw for another configuration) would spend privacy the ledger charged only once. Start a "
-                         "new run (a new --run-id): it is charged afresh.")
+def _pending_path(private_run_dir: str, stage: str) -> Path:
+    """`pate/<stage>.pending` in the run's private folder: a charged noisy stage that has not drawn yet."""
+    path = Path(private_run_dir) / "pate" / f"{stage}.pending"
+    if not is_private_path(path):
+        raise PermissionError(f"{path.name}: a stage's mark belongs in the private store")
+    return path
+
+
+def _pending_fields(stage: str, call: dict) -> str:
+    return digest({name: call.get(name) for name in PENDING_FIELDS[stage]})
+
+
+def keep_charged(calls: dict[str, dict]) -> None:
+    """Mark each noisy stage of `calls` (stage name -> its task's arguments; the aggregate's without its votes)
+    whose spend this attempt charged (`noise_charged`): an attempt stopped before the stage drew leaves it
+    drawable once by a retry. Called right after the charge, before the teachers stage."""
+    for stage, call in calls.items():
+        if call.get("noise_charged") and call.get("private_run_dir"):
+            write_text_atomic(_pending_path(call["private_run_dir"], stage),
+                              json.dumps({"fields": _pending_fields(stage, call)}) + "\n")
+
+
+def _drawn(stage: str, private_run_dir: str | None) -> None:
+    """The stage's output is written: its cached result serves a retry from now on, not its mark."""
+    if private_run_dir:
+        _pending_path(private_run_dir, stage).unlink(missing_ok=True)
+
+
+def _refuse_redraw(stage: str, call: dict) -> None:
+    """A noisy stage runs only under a charge: this attempt's (`noise_charged`), or the earlier attempt's that
+    marked it and was stopped before it drew (its mark in `private_run_dir` matches); else it is refused."""
+    if call["noise_charged"]:
+        return
+    if call.get("private_run_dir"):
+        path = _pending_path(call["private_run_dir"], stage)
+        if path.exists() and json.loads(path.read_text()).get("fields") == _pending_fields(stage, call):
+            return
+    # seeded or not: the charge covers one draw
+    raise DpiclError(f"stage {stage} ({call['noise_scope']}): the cached noise draw of this run is missing; drawing "
+                     "fresh noise (or a seeded draw for another configuration) would spend privacy the ledger charged "
+                     "only once. Start a new run (a new --run-id): it is charged afresh.")
 
 
 RESULT_COLUMNS = ["method", "epsilon", "delta", "accuracy_mean", "accuracy_std",

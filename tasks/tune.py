@@ -8,11 +8,15 @@ Thin Prefect tasks over `dpcore.dpsgd.training` and `dpcore.dpsgd.soft_prompt`; 
 - `check_model`: the checks that need the model (a soft prompt needs input embeddings; a prefix a
   per-layer key/value cache), run before the charge.
 - `train_prompt` (tag `gpu`): Algorithm 1 for one (epsilon, training). Resumable: a checkpoint (P,
-  AdamW, schedule, both generators' states) is kept every `checkpoint_every` steps in the private store
-  and a retry of the same run continues it, so the noise stream is the uninterrupted run's and the one
-  ledger entry covers it (`dpcore.dpsgd.training`). A finished prompt is reused by a retry. An unseeded training
-  whose spend this attempt did not charge (a replay) and that has neither a finished prompt nor a
-  checkpoint is refused: fresh noise is never drawn under an old charge.
+  AdamW, schedule, both generators' states) is kept in the private store at step 0, every `checkpoint_every`
+  steps and at the last finished step when the run is stopped, and a retry of the same run continues it, so
+  the noise stream is the uninterrupted run's and the one ledger entry covers it (`dpcore.dpsgd.training`). A
+  finished prompt is reused by a retry. `keep_charged` marks every training whose spend an attempt charged,
+  right after the charge and before any training starts (`checkpoints/<name>.pending`, keyed by the
+  training's `training_fingerprint`; removed once the training keeps its step-0 checkpoint), so a training that had
+  not begun when its attempt stopped may still start once. A training whose spend this attempt did not
+  charge (a replay) and that has neither a finished prompt, a checkpoint nor a matching mark is refused,
+  seeded or not: fresh noise is never drawn under an old charge.
 - Public outputs (run folder): `prompts/dpsgd-eps<E>-<i>.safetensors` and its `.json` manifest (model id
   and weight hash, kind, length, epsilon, delta, sigma, q, T, C, accountant versions), the loss curve on
   PUBLIC labelled examples (`public_validation`: post-processing of the DP prompt). Private (private run
@@ -40,6 +44,7 @@ from dpcore.data.artifacts import (
     write_json_atomic,
     write_manifest,
     write_table,
+    write_text_atomic,
 )
 from dpcore.data.datasets import load_test_file
 from dpcore.data.taskspec import load_task_spec
@@ -55,6 +60,7 @@ from dpcore.dpsgd.soft_prompt import (
 )
 from dpcore.dpsgd.training import dpsgd_config, dpsgd_plan
 from dpcore.errors import ConfigError
+from dpcore.home import is_private_path
 from dpcore.names import ADAPTER_KINDS
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
@@ -92,6 +98,7 @@ TRAINING_STEP_LOG = declare_log("%s step %d/%d: public validation loss %.4f, eps
 TRAINED_LOG = declare_log("%s: %d steps, final public validation loss %s", dp=(2,))
 # Without public validation examples (a user's own data and no file declared public) there is no loss to log.
 UNVALIDATED_STEP_LOG = declare_log("%s step %d/%d: epsilon spent %.3f (no public validation examples)", count=(3,))
+RESUMED_LOG = "%s: continuing this run's training after step %d of %d"  # public: the plan's step counts
 UNVALIDATED_LOG = ("%s: %d steps, no validation loss: no public validation examples (a shipped task's public split, "
                    "or a labelled file you declare public: " + flag("dpsgd_validation_path") + ")")
 
@@ -162,20 +169,62 @@ def _examples(lm, spec, records_path: str, validation: pd.DataFrame):
     return examples, list(public), train["id"].astype(str).tolist()
 
 
+def training_name(epsilon: float, training: int) -> str:
+    """`dpsgd-eps<E>-<i>`: a training's files (prompt, checkpoint, mark) are named by it."""
+    return f"dpsgd-eps{_eps_name(epsilon)}-{training}"
+
+
+def training_fingerprint(*, data_hash: str, plan: dict, epsilon: float, training: int, config: RunConfig) -> str:
+    """What a training's checkpoint, mark and prompt are for: its data, spend, configuration, model and seed
+    (the flow's mark and the task's check agree through this one function)."""
+    return digest({"data_hash": data_hash, "spend": plan["spends"][training], "config": dpsgd_config(config),
+                   "model": config.model, "seed": derive_seed(config.seed, METHOD, epsilon, training),
+                   "training": training, "delta": plan["delta"]})
+
+
+def _pending_path(private_dir: str, name: str) -> Path:
+    """`checkpoints/<name>.pending` in the run's private folder: a charged training that has not begun."""
+    path = Path(private_dir) / "checkpoints" / f"{name}.pending"
+    if not is_private_path(path):
+        raise PermissionError(f"{path.name}: a training's mark belongs in the private store")
+    return path
+
+
+def _pending_matches(private_dir: str, name: str, fingerprint: str) -> bool:
+    path = _pending_path(private_dir, name)
+    return path.exists() and json.loads(path.read_text()).get("fingerprint") == fingerprint
+
+
+def keep_charged(calls: list[dict]) -> None:
+    """Mark every training of `calls` (`train_prompt`'s arguments) whose spend this attempt charged
+    (`noise_charged`): an attempt stopped before the training began leaves it startable once by a retry.
+    Called right after the charge, before any training starts."""
+    for call in calls:
+        if not call["noise_charged"]:
+            continue
+        mark = {"fingerprint": training_fingerprint(data_hash=call["data_hash"], plan=call["plan"],
+                                                    epsilon=call["epsilon"], training=call["training"],
+                                                    config=call["config"])}
+        write_text_atomic(_pending_path(call["private_dir"], training_name(call["epsilon"], call["training"])),
+                          json.dumps(mark) + "\n")
+
+
 @uncached_task("train-prompt", tags=["gpu"], task_run_name="train-prompt-eps{epsilon:g}-{training}")
 def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dict, epsilon: float, training: int,
                  config: RunConfig, public_dir: str, private_dir: str, noise_charged: bool) -> dict:
     """Train one prompt (Algorithm 1); returns public paths and the validation curve. Its wall time depends on
-    the Poisson batches' sizes and the sampled records' lengths: it stays in the private training file."""
+    the Poisson batches' sizes and the sampled records' lengths: it stays in the private training file.
+    `noise_charged`: this attempt charged the training's spend; otherwise it continues from its checkpoint, or
+    starts once when the attempt that charged it marked it (`keep_charged`), or is refused."""
     logger = get_run_logger()
     dp_config = dpsgd_config(config)
     spend = plan["spends"][training]
     seed = derive_seed(config.seed, METHOD, epsilon, training)
-    name = f"dpsgd-eps{_eps_name(epsilon)}-{training}"
+    name = training_name(epsilon, training)
     prompt_path = Path(public_dir) / "prompts" / f"{name}.safetensors"
     checkpoint_path = Path(private_dir) / "checkpoints" / f"{name}.pt"
-    fingerprint = digest({"data_hash": data_hash, "spend": spend, "config": dp_config, "model": config.model,
-                          "seed": seed, "training": training, "delta": plan["delta"]})
+    pending_path = _pending_path(private_dir, name)
+    fingerprint = training_fingerprint(data_hash=data_hash, plan=plan, epsilon=epsilon, training=training, config=config)
     lm = language_model(config.model, config.device, config.dtype)
     weights = weights_hash(lm.model)
     manifest = _finished_manifest(prompt_path, fingerprint)
@@ -183,7 +232,10 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
         logger.info("%s: reusing the finished prompt of this run", name)
         return {"epsilon": epsilon, "training": training, "prompt_path": str(prompt_path),
                 "curve": manifest.get("curve", []), "seeded_noise": manifest["seeded_noise"], "reused": True}
-    resume = _resume_state(name, checkpoint_path, fingerprint, noise_charged)
+    resume = _resume_state(name, checkpoint_path, fingerprint,
+                           noise_charged or _pending_matches(private_dir, name, fingerprint))
+    if resume is not None:
+        logger.info(RESUMED_LOG, name, int(resume["step"]), spend["steps"])
     spec = load_task_spec(task_spec)
     validation = public_validation(spec, records_path, config.dpsgd_validation_path, dp_config.validation_size)
     train_examples, val_examples, train_ids = _examples(lm, spec, records_path, validation)
@@ -194,6 +246,7 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
         buffer = io.BytesIO()
         torch.save(state, buffer)
         write_bytes_atomic(checkpoint_path, buffer.getvalue())
+        pending_path.unlink(missing_ok=True)  # it has begun: its checkpoints serve a retry from now on
 
     result = dpsgd.train(lm, prompt, train_examples, val_examples, noise_multiplier=spend["noise_multiplier"],
                          sampling_rate=spend["sampling_rate"], steps=spend["steps"], clip=dp_config.clip,
@@ -249,14 +302,15 @@ def _finished_manifest(prompt_path: Path, fingerprint: str) -> dict | None:
     return manifest if manifest.get("fingerprint") == fingerprint else None
 
 
-def _resume_state(name: str, checkpoint_path: Path, fingerprint: str, noise_charged: bool) -> dict | None:
+def _resume_state(name: str, checkpoint_path: Path, fingerprint: str, may_start: bool) -> dict | None:
     """The checkpoint a retry continues from (refused when it belongs to another plan or data), or None for a
-    fresh training, which only a spend this attempt charged may start."""
+    fresh training, which only a spend this attempt charged, or one its charging attempt marked and never
+    began (`may_start`), may start."""
     if checkpoint_path.exists():
         resume = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
         dpsgd.check_resume(resume, fingerprint)
         return resume
-    if not noise_charged:  # seeded or not: the charge covers one training
+    if not may_start:  # seeded or not: the charge covers one training
         raise ConfigError(f"{name}: its spend was charged by an earlier attempt of this run and neither its prompt "
                           "nor its checkpoint exists; fresh noise is never drawn under an old charge: start a new "
                           "run id")

@@ -28,7 +28,7 @@ from pipeline_support import prefect_harness  # noqa: F401  (the shared harness 
 from dpcore.data.taskspec import load_task_spec
 from dpcore.dpsgd import soft_prompt as sp
 from dpcore.dpsgd import training as dpsgd
-from dpcore.errors import ConfigError
+from dpcore.errors import ConfigError, RunStopped
 from dpcore.lm import icl
 from dpcore.names import PROMPT_KINDS
 from dpcore.privacy import composition
@@ -306,11 +306,80 @@ def test_training_leaves_the_frozen_model_unchanged(tiny_lm, examples):
 def test_a_resumed_run_continues_the_same_batches_and_noise(tiny_lm, examples):
     saved = []
     whole = _train(tiny_lm, examples, checkpoint_every=2, checkpoint=saved.append, fingerprint="f")
-    assert [s["step"] for s in saved] == [2]
-    resumed = _train(tiny_lm, examples, resume=saved[0], fingerprint="f")
-    torch.testing.assert_close(resumed.prompt.weight, whole.prompt.weight, rtol=0, atol=1e-6)
+    assert [s["step"] for s in saved] == [0, 2]  # P_0 before any draw, then every 2 steps (not the last)
+    for state in saved:
+        resumed = _train(tiny_lm, examples, resume=state, fingerprint="f")
+        torch.testing.assert_close(resumed.prompt.weight, whole.prompt.weight, rtol=0, atol=1e-6)
     with pytest.raises(ConfigError, match="checkpoint"):
         _train(tiny_lm, examples, resume=saved[0], fingerprint="another plan")
+
+
+def _stop_in_progress(monkeypatch, done):
+    """A stop request seen at step 3's progress report (what `tasks.common.report_progress` raises)."""
+    def progress(step, steps, info):
+        done.append(step)
+        if step == 3:
+            raise RunStopped("DP-SGD steps: stopped on request at 3/6")
+    return progress
+
+
+def _stop_in_gradients(monkeypatch, done):
+    """Ctrl-C while step 4's per-example gradients are computed: its Poisson batch is drawn, nothing updated."""
+    real = dpsgd.example_gradients
+
+    def gradients(*args):
+        if len(done) >= 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(dpsgd, "example_gradients", gradients)
+    return lambda step, steps, info: done.append(step)
+
+
+def _stop_in_update(monkeypatch, done):
+    """Ctrl-C inside step 3's update: AdamW has moved P, the schedule has not stepped (a half-made state)."""
+    real = torch.optim.AdamW.step
+    calls = []
+
+    def step(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    return lambda step, steps, info: done.append(step)
+
+
+@pytest.fixture(scope="module")
+def whole_six(tiny_lm, examples):
+    """An uninterrupted training of 6 steps (the stop tests' reference)."""
+    return _train(tiny_lm, examples, steps=6)
+
+
+@pytest.mark.parametrize(("stop", "kept"), [(_stop_in_progress, [0, 3]), (_stop_in_gradients, [0, 3]),
+                                            (_stop_in_update, [0])])
+def test_a_stopped_training_keeps_its_last_finished_step_and_resumes_bit_for_bit(tiny_lm, examples, whole_six,
+                                                                                   monkeypatch, stop, kept):
+    """Stopped at step 3 of 6 with a checkpoint every 50 steps (none periodic yet): kept are step 0 (P_0, before
+    any draw) and the last finished step, or only step 0 when the stop landed inside an update (its state is half
+    made). The training resumed from the last kept state takes only the steps after it and ends bit for bit
+    where the uninterrupted one does: the same batches, the same noise, the same curve and members."""
+    whole = whole_six
+    saved, done = [], []
+    progress = stop(monkeypatch, done)
+    with pytest.raises((RunStopped, KeyboardInterrupt)):
+        _train(tiny_lm, examples, steps=6, checkpoint=saved.append, fingerprint="f", progress=progress)
+    monkeypatch.undo()
+    assert [s["step"] for s in saved] == kept
+    after = []
+    resumed = _train(tiny_lm, examples, steps=6, resume=saved[-1], fingerprint="f",
+                     progress=lambda step, steps, info: after.append(step))
+    assert after == list(range(kept[-1] + 1, 7))
+    assert torch.equal(resumed.prompt.weight, whole.prompt.weight)
+    assert resumed.curve == whole.curve and resumed.sampled == whole.sampled
+    np.testing.assert_array_equal(resumed.private_losses, whole.private_losses)
 
 
 def test_saved_prompt_round_trips(tmp_path, tiny_lm):
@@ -479,6 +548,7 @@ def test_a_retried_run_is_not_charged_twice_and_never_redraws_under_an_old_charg
 
     from dpcore.privacy.ledger import Ledger
     from flows.tune import dpsgd_flow
+    from tasks.common import run_paths
 
     share_tiny_model(tiny_lm)
     config = _flow_config()
@@ -493,7 +563,64 @@ def test_a_retried_run_is_not_charged_twice_and_never_redraws_under_an_old_charg
     prompt.unlink()  # the prompt is gone and there is no checkpoint: unseeded noise is never redrawn
     with pytest.raises(ConfigError, match="new run id"):
         dpsgd_flow(config=config, run_id="tune-retry")
+    # nor under a forged mark (one that is not the training's own): a mark starts only the training it names
+    marks = run_paths(first["dataset"], first["data_hash"], "tune-retry").private / "checkpoints"
+    marks.mkdir(parents=True, exist_ok=True)
+    (marks / f"{prompt.stem}.pending").write_text(json.dumps({"fingerprint": "another training"}))
+    with pytest.raises(ConfigError, match="new run id"):
+        dpsgd_flow(config=config, run_id="tune-retry")
     assert len(Ledger().entries("tune-flow")) == 1
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_stopped_tuning_resumes_under_its_run_id_with_no_refusal_and_no_second_charge(tiny_lm):
+    """Stopped at step 3 of 5 of the first training (a checkpoint every 50 steps: none periodic yet), before the
+    second began: resumed under the same run id, the first continues after step 3 and the second starts from
+    its first step (the flow marked it when it charged it); nothing is refused or charged again, and, seeded,
+    both prompts are bit for bit those of an uninterrupted run."""
+    from pathlib import Path
+
+    from pipeline_support import share_tiny_model
+
+    from dpcore.errors import RunStopped
+    from dpcore.privacy.ledger import Ledger
+    from flows.tune import dpsgd_flow
+    from tasks import common
+    from tasks.common import run_paths
+
+    share_tiny_model(tiny_lm)
+    config = _flow_config(seed=3, dpsgd_steps=5, dpsgd_seeds=2, dpsgd_batch_size=4, dpsgd_validation_size=2,
+                          test_size=2, dataset_id="tune-stop")
+    whole = dpsgd_flow(config=config, run_id="tune-stop-whole")
+    steps: dict[str, list[int]] = {}
+
+    def sink(what, done, total, detail=""):
+        if "DP-SGD steps" in what:
+            steps.setdefault(what.split(": ")[0], []).append(done)
+            if done == 2 and not common.STOP_REQUESTED.is_set() and len(steps) == 1:
+                common.STOP_REQUESTED.set()  # the training stops at its next step's report (step 3)
+
+    common.add_progress_sink(sink)
+    try:
+        with pytest.raises(RunStopped):
+            dpsgd_flow(config=config, run_id="tune-stop")
+        common.STOP_REQUESTED.clear()
+        private = run_paths(whole["dataset"], whole["data_hash"], "tune-stop").private / "checkpoints"
+        assert sorted(p.name for p in private.iterdir()) == ["dpsgd-eps8-0.pt", "dpsgd-eps8-1.pending"]
+        charged = [e.to_dict() for e in Ledger().entries("tune-stop") if e.run_id == "tune-stop"]
+        assert len(charged) == 2 and steps == {"tune eps=8 #0": [1, 2]}
+        steps.clear()
+        resumed = dpsgd_flow(config=config, run_id="tune-stop")
+    finally:
+        common.STOP_REQUESTED.clear()
+        common.remove_progress_sink(sink)
+    assert steps == {"tune eps=8 #0": [4, 5], "tune eps=8 #1": [1, 2, 3, 4, 5]}
+    assert resumed["ledger"]["charged"] == 0
+    assert [e.to_dict() for e in Ledger().entries("tune-stop") if e.run_id == "tune-stop"] == charged
+    assert not list(private.iterdir())  # finished: no checkpoint, no mark left
+    for a, b in zip(whole["prompts"], resumed["prompts"], strict=True):
+        assert torch.equal(sp.load_prompt(Path(a["path"]))[0].weight, sp.load_prompt(Path(b["path"]))[0].weight)
+        assert json.dumps(a["curve"]) == json.dumps(b["curve"])  # NaN losses: no public validation examples
 
 
 def test_a_trained_prompt_answers_queries_as_it_was_evaluated(tiny_lm, sst2_spec):

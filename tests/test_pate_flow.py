@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from pipeline_support import home, mini_agnews, prefect_harness, share_tiny_model  # noqa: F401
 
+from dpcore.errors import DpiclError
 from flows.cli import main
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -125,3 +126,50 @@ def test_bad_public_files_are_refused(tmp_path, capsys):
     assert main(_args(public=str(empty))) == 2
     assert "no records" in capsys.readouterr().err
     assert _written() == before
+
+
+def test_a_run_stopped_during_the_flock_resumes_under_its_id_with_no_refusal_and_no_second_charge(tiny_lm):
+    """Stopped while the flock scores the public queries (the teachers drawn, the noisy labelling not begun): the
+    same run id resumes it, the labelling drawn once (the flow marked it when it charged it), nothing refused or
+    charged again. With neither its cached draw nor its mark (a forged retry), the labelling is refused."""
+    import shutil
+
+    from pipeline_support import tiny_config
+
+    from dpcore.errors import RunStopped
+    from dpcore.privacy.ledger import Ledger
+    from flows.pate import pate_flow
+    from tasks import common
+
+    share_tiny_model(tiny_lm)
+    config = tiny_config(methods=["pate"], epsilons=[4.0], dataset_id="pate-stop", seed=None, test_size=4,
+                         audit=False, audit_reference=False, baselines=["zero-shot"], pate_baselines=[],
+                         pate_teachers=6, pate_queries=10, pate_sigma1=5.0, pate_sigma2=5.0, pate_repeats=1,
+                         pate_public="ood", pate_student_candidates=3)
+
+    def sink(what, done, total, detail=""):
+        if what.startswith("PromptPATE flock public"):
+            common.STOP_REQUESTED.set()  # the flock stops at its next report
+
+    common.add_progress_sink(sink)
+    try:
+        with pytest.raises(RunStopped):
+            pate_flow(config=config, run_id="pate-stop")
+    finally:
+        common.STOP_REQUESTED.clear()
+        common.remove_progress_sink(sink)
+    charged = [e.to_dict() for e in Ledger().entries("pate-stop") if e.run_id == "pate-stop"]
+    assert charged and {e["purpose"] for e in charged} == {"pate"}
+    marks = next((home() / "private" / "runs").rglob("pate-stop")) / "pate"
+    assert sorted(p.name for p in marks.iterdir()) == ["pate-aggregate.pending"]  # the teachers drew theirs
+
+    resumed = pate_flow(config=config, run_id="pate-stop")
+    assert resumed["ledger"]["charged"] == 0 and resumed["answered"] and resumed["student_prompt"] is not None
+    assert [e.to_dict() for e in Ledger().entries("pate-stop") if e.run_id == "pate-stop"] == charged
+    assert not list(marks.iterdir())  # drawn: its cached result serves a retry from now on
+
+    for root in (home() / "cache" / "stages", home() / "private" / "cache" / "stages"):
+        shutil.rmtree(root / "pate-aggregate", ignore_errors=True)  # the draw is gone, and there is no mark
+    with pytest.raises(DpiclError, match="stage pate-aggregate .*cached noise draw of this run is missing"):
+        pate_flow(config=config, run_id="pate-stop")
+    assert [e.to_dict() for e in Ledger().entries("pate-stop") if e.run_id == "pate-stop"] == charged

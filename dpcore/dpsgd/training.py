@@ -32,17 +32,22 @@ Randomness: two torch generators seeded from one root (`dpcore.fewshot.mechanism
 128 bits from the OS CSPRNG unless the caller gives a seed (an experiment, marked `seeded_noise` and
 never releasable). The noise generator lives on the LM's device.
 
-Checkpoints (resume after a crash): every `checkpoint_every` steps the state (step, P, AdamW state,
-the schedule, both generators' states, the curve) is handed to a `checkpoint` callback, which keeps
-it in the private store. A resumed run continues from the saved generator states, so it draws the
-same batches and the same noise as the uninterrupted run would: the released P_T is one run of the
-mechanism, covered by the one ledger entry charged for the whole planned run before the first step.
-Nothing of a crashed attempt is ever released (its state stays private), so no second charge is due.
-A resume is refused when the saved state belongs to another plan or data (`check_resume`).
+Checkpoints (resume after a stop or a crash): the state (step, P, AdamW state, the schedule, both
+generators' states, the curve) is handed to a `checkpoint` callback, which keeps it in the private store:
+at step 0 (P_0 made, before any Poisson or noise draw), every `checkpoint_every` steps, and, when the
+training is stopped (`dpcore.errors.is_stop`: RunStopped, Ctrl-C, SIGTERM), at the last finished step. A
+stop inside a step's update (the noise, AdamW's and the schedule's step) keeps nothing: that state is half
+made, and the last kept checkpoint serves. A resumed run continues from the saved generator states (the
+Poisson sampler draws each step's batch when the step begins), so it draws the same batches and the same
+noise as the uninterrupted run would: the released P_T is one run of the mechanism, covered by the one
+ledger entry charged for the whole planned run before the first step. Nothing of a stopped attempt is ever
+released (its state stays private), so no second charge is due. A resume is refused when the saved state
+belongs to another plan or data (`check_resume`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
@@ -63,7 +68,7 @@ from dpcore.dpsgd.soft_prompt import (
     mean_loss,
     per_example_gradients,
 )
-from dpcore.errors import ConfigError
+from dpcore.errors import ConfigError, is_stop
 from dpcore.fewshot.mechanisms import noise_seed_sequence
 from dpcore.lm.model import pick_device
 from dpcore.names import PROMPT_INITS, TUNE_KINDS
@@ -297,11 +302,13 @@ def dp_optimizer(prompt, noise_multiplier: float, clip: float, expected_batch_si
                        secure_mode=True)
 
 
-def private_step(optimizer, prompt, chunks: Iterable) -> None:
+def private_step(optimizer, prompt, chunks: Iterable, before_update: Callable[[], None] | None = None) -> None:
     """One step of Algorithm 1 lines 6-8 from a Poisson batch's per-example gradients, given in
     physical chunks ([b_i, *P.shape] each, or a list of such, one per trainable parameter of an adapter;
     an empty batch is one chunk of 0 rows): every chunk is clipped (the norm over all parameters) and
-    summed, the noise added once, the update made. `.grad` keeps the noisy mean gradient until the next step."""
+    summed, the noise added once, the update made. `.grad` keeps the noisy mean gradient until the next step.
+    `before_update()` is called when the noise and the update begin (the last chunk's step): until then
+    neither P, the optimizer's state nor the noise generator has changed."""
     params = trainable_parameters(prompt)
     optimizer.zero_grad(set_to_none=True)
     # chunks may be a generator: read one ahead (to know the last), so at most two chunks are held at once
@@ -315,6 +322,8 @@ def private_step(optimizer, prompt, chunks: Iterable) -> None:
         for p, g in zip(params, current if isinstance(current, list | tuple) else [current], strict=True):
             p.grad_sample = g
         optimizer.signal_skip_step(following is not None)
+        if following is None and before_update is not None:
+            before_update()
         optimizer.step()
         if following is not None:
             optimizer.zero_grad(set_to_none=True)
@@ -365,7 +374,9 @@ def train(lm, prompt: TrainablePrompt | adapters.TrainableModel, train_examples:
 
     `val_examples` are public labelled examples (never private records). `progress(step, T, info)` gets
     public values only: `val_loss` on those (when evaluated) and `epsilon` spent so far (at eval points);
-    no timing (a per-step time would reveal the Poisson batch sizes and the records' lengths)."""
+    no timing (a per-step time would reveal the Poisson batch sizes and the records' lengths).
+    `checkpoint(state)` keeps a state to continue from (`resume`): at step 0 of a fresh training, every
+    `checkpoint_every` steps, and the last finished step when stopped (see the module docstring)."""
     n = len(train_examples)
     expected = sampling_rate * n
     optimizer = dp_optimizer(prompt, noise_multiplier, clip, expected, lr, noise_generator)
@@ -388,35 +399,68 @@ def train(lm, prompt: TrainablePrompt | adapters.TrainableModel, train_examples:
         result.curve = list(resume["curve"])
         result.private_losses = list(resume["private_losses"])
         result.sampled = set(resume.get("sampled", ()))
+
+    def curve_point(step: int) -> dict:
+        if step == 0:
+            return {"step": 0, "val_loss": validation_loss(lm, prompt, val_examples, physical_batch_size),
+                    "epsilon": 0.0}
+        return {"step": step, "epsilon": epsilon_after(noise_multiplier, sampling_rate, step, delta),
+                "val_loss": validation_loss(lm, prompt, val_examples, physical_batch_size) if val_examples
+                else math.nan}
+
+    def curve_due(step: int) -> bool:
+        return bool(val_examples) if step == 0 else (step % eval_every == 0 or step == steps)
+
+    # the state after the last finished step: its generators' states are taken when it finishes (the next
+    # step's Poisson draw comes before its update); P, AdamW and the schedule change only inside an update
+    finished = {"step": start, "noise": noise_generator.get_state(), "sampling": sampling_generator.get_state(),
+                "updating": False}
+
+    def kept() -> dict:
+        return {"fingerprint": fingerprint, "step": finished["step"],
+                "weights": [p.detach().cpu().clone() for p in trainable_parameters(prompt)],
+                "optimizer": copy.deepcopy(optimizer.original_optimizer.state_dict()),
+                "schedule": copy.deepcopy(schedule.state_dict()),
+                "noise_generator": finished["noise"], "sampling_generator": finished["sampling"],
+                "curve": list(result.curve), "private_losses": list(result.private_losses),
+                "sampled": sorted(result.sampled)}
+
+    def updating() -> None:
+        finished["updating"] = True
+
     began = time.perf_counter()
-    if start == 0 and val_examples:
-        result.curve.append({"step": 0, "val_loss": validation_loss(lm, prompt, val_examples, physical_batch_size),
-                             "epsilon": 0.0})
-    for step, indices in enumerate(poisson_batches(n, sampling_rate, steps - start, sampling_generator), start + 1):
-        losses: list[torch.Tensor] = []
-        # similar lengths share a chunk (less padding); the clipped sum does not depend on the order
-        indices = sorted(indices, key=lambda i: len(train_examples[i].context))
-        result.sampled.update(int(i) for i in indices)
-        private_step(optimizer, prompt, _chunk_gradients(lm, prompt, [train_examples[i] for i in indices],
-                                                         physical_batch_size, losses))
-        schedule.step()
-        result.private_losses.append(float(torch.cat(losses).mean()) if indices else math.nan)
-        info: dict[str, Any] = {}
-        if step % eval_every == 0 or step == steps:
-            point = {"step": step, "epsilon": epsilon_after(noise_multiplier, sampling_rate, step, delta),
-                     "val_loss": validation_loss(lm, prompt, val_examples, physical_batch_size) if val_examples
-                     else math.nan}
-            result.curve.append(point)
-            info.update(val_loss=point["val_loss"], epsilon=point["epsilon"])
-        if checkpoint is not None and (step % checkpoint_every == 0 and step < steps):
-            checkpoint({"fingerprint": fingerprint, "step": step, "weights": [p.detach().cpu().clone() for p in trainable_parameters(prompt)],
-                        "optimizer": copy.deepcopy(optimizer.original_optimizer.state_dict()),
-                        "schedule": copy.deepcopy(schedule.state_dict()),
-                        "noise_generator": noise_generator.get_state(),
-                        "sampling_generator": sampling_generator.get_state(),
-                        "curve": list(result.curve), "private_losses": list(result.private_losses),
-                        "sampled": sorted(result.sampled)})
-        if progress is not None:
-            progress(step, steps, info)
+    try:
+        # a point of the curve the kept state lacks (stopped while evaluating it): public work, no draw
+        if curve_due(start) and not (result.curve and result.curve[-1]["step"] == start):
+            result.curve.append(curve_point(start))
+        if checkpoint is not None and resume is None:
+            checkpoint(kept())  # P_0, before any draw: a retry continues this training from here
+        batches = poisson_batches(n, sampling_rate, steps - start, sampling_generator) if start < steps else ()
+        for step, indices in enumerate(batches, start + 1):
+            losses: list[torch.Tensor] = []
+            # similar lengths share a chunk (less padding); the clipped sum does not depend on the order
+            indices = sorted(indices, key=lambda i: len(train_examples[i].context))
+            private_step(optimizer, prompt, _chunk_gradients(lm, prompt, [train_examples[i] for i in indices],
+                                                             physical_batch_size, losses), before_update=updating)
+            schedule.step()
+            result.sampled.update(int(i) for i in indices)
+            result.private_losses.append(float(torch.cat(losses).mean()) if indices else math.nan)
+            finished.update(step=step, noise=noise_generator.get_state(), sampling=sampling_generator.get_state(),
+                            updating=False)
+            info: dict[str, Any] = {}
+            if curve_due(step):
+                point = curve_point(step)
+                result.curve.append(point)
+                info.update(val_loss=point["val_loss"], epsilon=point["epsilon"])
+            if checkpoint is not None and (step % checkpoint_every == 0 and step < steps):
+                checkpoint(kept())
+            if progress is not None:
+                progress(step, steps, info)
+    except BaseException as exc:
+        # stopped: keep the last finished step (a half-made update keeps nothing: the last checkpoint serves)
+        if checkpoint is not None and is_stop(exc) and not finished["updating"]:
+            with contextlib.suppress(Exception):  # the caller must see the stop; the last checkpoint still serves
+                checkpoint(kept())
+        raise
     result.seconds = time.perf_counter() - began
     return result
