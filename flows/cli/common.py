@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,9 @@ def add_config_flags(parser: argparse.ArgumentParser, fields: list[str], aliases
         choices = None
         if typing.get_origin(annotation) is typing.Literal:
             choices = list(args)
-        elif [typing.get_origin(a) for a in args if a is not type(None)] == [typing.Literal]:  # Literal | None
+        elif typing.get_origin(annotation) in (typing.Union, types.UnionType) and \
+                [typing.get_origin(a) for a in args if a is not type(None)] == [typing.Literal]:  # Literal | None
+            # (a list of Literals, `--methods tang,pate`, is a comma-separated value: no choices)
             choices = [v for a in args if a is not type(None) for v in typing.get_args(a)]
         parser.add_argument(*([aliases[name]] if name in aliases else []), flag, dest=name, default=None, choices=choices, help=help_text,
                             type=_flag_type(name, annotation),
