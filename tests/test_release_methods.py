@@ -257,7 +257,7 @@ def test_an_edited_audit_table_is_refused(pate_run):
                         spend["noise_multiplier"], spend["sampling_rate"], spend["steps"],
                         pate_run["plan"]["plan"]["delta"], spend["purpose"])
     # Two trials cannot conclude within the default 0.05 band: an audit that did not pass, edited to pass below.
-    strict = AuditConfig(trials=2, members=2, non_members=2, reference_prompts=0)
+    strict = AuditConfig(test="equivalence", trials=2, members=2, non_members=2, reference_prompts=0)
     release(run_id="pate-edited-audit", method="pate", audit_config=strict, audit_only=True)
     assert gate.AUDIT_FILES["pate"] in json.loads((copy / "manifest.json").read_text())["files"]
     audit = pd.read_parquet(copy / gate.AUDIT_FILES["pate"])

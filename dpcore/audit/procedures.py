@@ -130,8 +130,8 @@ class AuditResult:
     attack: str = "duan"
     attacks: tuple[AttackMetrics, ...] = ()
     test: str = "detect"  # the gate's test (`AuditConfig.test`)
-    leak_auc: float = math.nan  # detect: the leak the audit was sized against
-    power: float = math.nan  # detect: P(the gate fails | an attack reaches leak_auc), of the sizes run (public)
+    leak_auc: float | None = None  # detect: the leak the audit was sized against (None: equivalence)
+    power: float | None = None  # detect: P(the gate fails | an attack reaches leak_auc), of the sizes run (public)
     false_alarm: float = math.nan  # P(the gate fails on the AUCs | nothing leaks): at most 1 - confidence
     mia_scores: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MIA_SCORE_COLUMNS),
                                      repr=False, compare=False)
@@ -208,7 +208,7 @@ def _finish(thresholds: GateThresholds, scores: pd.DataFrame, *, confidence: flo
         epsilon_lower_bound=top.epsilon_lower_bound, epsilon_lower_bound_method="holdout (trial parity)",
         confidence=confidence, delta=delta, members_per_trial=members_per_trial,
         non_members_per_trial=non_members_per_trial, attack=top.attack, attacks=attacks, test=thresholds.test,
-        leak_auc=thresholds.leak_auc if detect else math.nan, power=round(sized.power, 4) if detect else math.nan,
+        leak_auc=thresholds.leak_auc if detect else None, power=round(sized.power, 4) if detect else None,
         false_alarm=1.0 - confidence, mia_scores=scores[MIA_SCORE_COLUMNS].reset_index(drop=True), **fields)
     passed, reasons = gate(result, thresholds)
     return dataclasses.replace(result, passed=passed, reasons=reasons)
