@@ -29,7 +29,7 @@ from flows.cli.pate import format_plan as format_pate_plan
 from flows.cli.progress import showing_progress, stopping_on_signals
 
 # `dpicl demo`: the three private-prompting methods on AG News at epsilon 8 on the embedded SmolLM2-135M,
-# sized to finish in about 10 minutes on 2 CPU cores.
+# about 15 minutes on 2 CPU cores (measured, with a fresh home: README.md).
 DEMO_DEFAULTS = {
     "methods": "tang,pate,dpsgd",
     "dataset": "agnews",
@@ -314,7 +314,7 @@ def register(subparsers) -> None:
     _add_run_flags(run)
 
     demo = command(
-        subparsers, "demo", _demo, help="the pipeline on the embedded model and AG News, sized for ~10 minutes on 2 CPU cores",
+        subparsers, "demo", _demo, help="the pipeline on the embedded model and AG News: about 15 minutes on 2 CPU cores (measured)",
         description="dpicl run with demo defaults: " + ", ".join(f"{k}={v}" for k, v in DEMO_DEFAULTS.items())
         + ". Any flag of dpicl run overrides them.")
     _add_run_flags(demo)
