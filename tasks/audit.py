@@ -94,12 +94,12 @@ def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size:
     reserve = audit_config.reference_prompts if audit_config.reference_prompts >= 2 else 0
     sizes = audit_design.settings(audit_config, len(attacks_run(audit_config.reference_prompts)))
     if audit_config.mode == "run-demos":
-        # each of the run's demos (per seed, ceil(shots / labels) per label) against its label's records (every
-        # private record a member) and its label's share of the test split (taken as even: the split is public
-        # only as a total)
+        # each of the run's demos (ceil(shots / labels) per label, generated once: the seeds choose among them)
+        # against its label's records (every private record a member) and its label's share of the test split
+        # (taken as even: the split is public only as a total)
         member_pools = list(label_counts.values())
         non_member_pools = [max(0, test_size // len(label_counts) - reserve)] * len(label_counts)
-        demo_sets = config.seeds * len(label_counts) * math.ceil(config.shots / len(label_counts))
+        demo_sets = len(label_counts) * max(1, math.ceil(config.shots / len(label_counts)))
     else:  # Tang et al. App. F: half of each label's records are members (`dpcore.audit.procedures.split_members`)
         member_pools = [int(round(0.5 * n)) for n in label_counts.values()]
         non_member_pools = [max(0, n - m - reserve) for n, m in zip(label_counts.values(), member_pools, strict=True)]
