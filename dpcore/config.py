@@ -39,6 +39,10 @@ from dpcore.names import (
     method_name,
 )
 
+# A run's test items when --test-size is not given (`RunConfig.for_test_split`): one standard error of an
+# accuracy is then about 5 points, and the evaluation a minute or two on 2 CPU cores.
+DEFAULT_TEST_ITEMS = 100
+
 # Command-line spellings that differ from `--field-name` (a switch that is on by default names its negation).
 FLAG_SPELLINGS = {"rvp": "--no-rvp"}
 
@@ -142,33 +146,40 @@ class RunConfig(_Frozen):
     device: str = Field("auto", description="cpu, cuda or auto (CUDA when available)")
     dtype: str = Field("auto", description="float32, bfloat16, float16 or auto (bf16 on GPU, fp32 on CPU)")
 
-    epsilons: list[float] = Field(default_factory=lambda: [1.0, 4.0],
+    # The defaults of a run are sized so that a user's loop (set a budget, run, release, predict) on a file of
+    # about 2,000 records closes in under 10 minutes on 2 CPU cores (benchmarks/RESULTS.md, "The own-data
+    # loop"): one epsilon, 20-token demos from 5 groups of 1 record, 2 seeds on 100 test items, one audit demo
+    # set. Tang et al.'s sizes (M 10, N 2, T_max 100, several epsilons) stay available as flags.
+    epsilons: list[float] = Field(default_factory=lambda: [4.0],
                                   description="comma-separated target epsilons; 0 = instruction-only demos")
     delta: float | None = Field(None, gt=0, lt=1, description="default: 1/|D_priv|")
     mechanism: Mechanism = Field("gaussian", description="per-token aggregation: Gaussian noise, or report-noisy-max")
     sampler: Sampler = Field("poisson", description="record sampler: poisson (what the accountant assumes) or fixed")
-    num_subsets: int = Field(10, ge=1, description="M: disjoint groups of private records per token step")
-    subset_size: int = Field(2, ge=1, description="N: expected records per group (q = MN/|D_y|)")
+    num_subsets: int = Field(5, ge=1, description="M: disjoint groups of private records per token step")
+    subset_size: int = Field(1, ge=1, description="N: expected records per group (q = MN/|D_y|)")
     top_k: int = Field(100, ge=1, description="K: public top-K vocabulary kept by RVP")
     rvp: bool = True
-    max_tokens: int = Field(40, ge=1, description="T_max: token steps per demonstration")
+    max_tokens: int = Field(20, ge=1, description="T_max: token steps per demonstration")
     max_record_tokens: int | None = Field(
         None, ge=1, description="public token cap on each private record (default: the largest that fits the "
         "model's context with N records and max_tokens)")
     seed: int | None = Field(None, description="noise seed for experiments; None: cryptographically seeded")
 
     shots: int = Field(4, ge=0, description="demonstrations in each ICL prompt (generation makes ceil(shots/labels) per label)")
-    seeds: int = Field(5, ge=1, description="evaluation seeds (choice and order of demos); accuracy is mean +/- std")
-    test_size: int | None = Field(None, ge=1, description="test items evaluated; None: the whole test split")
+    seeds: int = Field(2, ge=1, description="evaluation seeds (choice and order of demos); accuracy is mean +/- std")
+    test_size: int | None = Field(None, ge=1, description=f"test items evaluated (default: {DEFAULT_TEST_ITEMS}, or "
+                                  "the whole test split when it is smaller; a size beyond the split is an error)")
     calibrate: bool = Field(True, description="contextual calibration of label probabilities (Zhao et al. 2021)")
     baselines: list[Baseline] = Field(
         default_factory=lambda: list(DEFAULT_BASELINES),
-        description="comparison rows (default zero-shot,instruction-only); sigma-zero and random-real are "
+        description="comparison rows (default zero-shot; instruction-only, Tang et al.'s epsilon-0 demos, "
+        "reads no record either); sigma-zero and random-real are "
         "non-private: opt-in, each charged to the ledger as an infinite spend")
 
     audit: bool = Field(True, description="run the membership-inference audit (Duan et al.) on the DP demos")
     audit_trials: int = Field(20, ge=1, description="audit trials per demo set")
-    audit_demo_sets: int = Field(3, ge=1, description="DP demo sets the audit generates from its members")
+    audit_demo_sets: int = Field(1, ge=1, description="DP demo sets a regenerate-mode audit generates from its "
+                                 "members, each charged")
     audit_members: int = Field(50, ge=1, description="member (and as many non-member) records per audit trial")
     audit_mode: AuditMode | None = Field(None, description="run-demos: the run's own demos, training vs held-out "
                                          "test rows, nothing charged; regenerate: DP demos from a member half, scored "
@@ -384,6 +395,13 @@ class RunConfig(_Frozen):
 
     def eval_config(self) -> EvalConfig:
         return self._section(EvalConfig)
+
+    def for_test_split(self, num_test: int) -> RunConfig:
+        """This configuration on a test split of `num_test` items: an unset `test_size` becomes
+        `DEFAULT_TEST_ITEMS`, or the whole split when it is smaller (a public count); a set one stays."""
+        if self.test_size is not None:
+            return self
+        return self.model_copy(update={"test_size": min(DEFAULT_TEST_ITEMS, num_test) or None})
 
     def audit_config(self) -> AuditConfig:
         return self._section(AuditConfig, "audit_", enabled=self.audit, non_members=self.audit_members,

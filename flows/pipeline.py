@@ -123,8 +123,9 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
                 ", ".join(fmt_eps(e) for e in config.epsilons), config.task_runner)
     if plan is None:  # checks that could fail after the charge (model, context, task runner) run before it
         plan = build_run_plan(config)
-    elif plan.config != config:
+    elif plan.config != config.for_test_split(plan.num_test):
         raise DpiclError("run: the plan was made for another configuration; plan the run again")
+    config = plan.config  # an unset --test-size resolved on the test split (`RunConfig.for_test_split`)
     tracking.warm_up()  # MLflow's import and SQLite store set-up (~10 s) overlap the run
 
     # 1-2. ingest and partition (private records stay in the private store)

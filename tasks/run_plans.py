@@ -17,8 +17,12 @@ keyed to the content hash of the records it holds.
 
 from __future__ import annotations
 
+import math
+import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
@@ -27,6 +31,7 @@ from dpcore.config import AuditConfig, GenerationConfig, RunConfig
 from dpcore.data.datasets import LoadedDataset
 from dpcore.errors import ConfigError
 from dpcore.fewshot.plan import FewShotPlan, default_delta, fewshot_plan
+from dpcore.lm import runtime
 from dpcore.lm.icl import check_test_size
 from dpcore.privacy import ledger
 from dpcore.privacy.plan import PrivacyPlan
@@ -147,10 +152,73 @@ class RunPlan:
         return charge_spends(self.config.ledger_id, self.spends(run_id), dry_run=True,
                              same_records_ok=self.config.new_budget_for_same_records)
 
+    def work(self) -> runtime.Work:
+        """The run's model work in token positions, from public sizes only (`dpcore.lm.runtime`): every
+        record, test item and candidate taken as the public cap's length, or a typical one without a cap."""
+        config = self.config
+        record = config.max_record_tokens or runtime.TYPICAL_RECORD_TOKENS
+        labels = len(self.labels)
+        test_items = min(config.test_size or self.num_test, self.num_test)  # (set by `build_run_plan`)
+        work = runtime.Work()
+        if self.fewshot is not None:
+            demos = max(1, math.ceil(config.shots / max(labels, 1)))
+            rows = self.fewshot.generations()
+            sizes = dict(labels=labels, num_subsets=config.num_subsets, subset_size=config.subset_size,
+                         max_tokens=config.max_tokens, record_tokens=record)
+            generation = sum(runtime.generation_positions(demos_per_label=demos, private=method != "instruction-only",
+                                                          **sizes) for method, _, _ in rows)
+            demo_rows = len(rows) + sum(b == "random-real" for b in config.baselines)
+            runs = config.seeds * demo_rows + ("zero-shot" in config.baselines)
+            work += runtime.Work(generation=generation,
+                                 evaluation=runtime.evaluation_positions(test_items, labels, runs, record))
+            if self.audit is not None and self.audit.config is not None:
+                from dpcore.audit.attacks import passes_per_record
+
+                audit_config = self.audit.config
+                audit_record = min(record, audit_config.max_record_tokens or record)
+                dp_epsilons = len(self.fewshot.tang())
+                audit = runtime.audit_positions(self.audit.design.scored_records,
+                                                passes_per_record(audit_config.reference_prompts), audit_record,
+                                                epsilons=max(dp_epsilons, 1))
+                if audit_config.mode == "regenerate":  # its demo sets: one demo per label each, per epsilon
+                    audit += dp_epsilons * audit_config.demo_sets * runtime.generation_positions(
+                        demos_per_label=1, **sizes)
+                if config.audit_reference:  # real records as 1-shot demos: as many pairs again
+                    audit += runtime.audit_positions(self.audit.design.scored_records, 2, audit_record)
+                work += runtime.Work(audit=audit)
+        if self.pate is not None:
+            s = self.pate.settings
+            work += runtime.Work(pate=runtime.pate_positions(
+                int(s["teachers"]), self.pate.per_repeat, int(s.get("repeats", 1)), int(s["student_candidates"]),
+                test_items, labels, record))
+        for plan in self.dpsgd:
+            p = plan.parameters
+            work += runtime.Work(dpsgd=runtime.dpsgd_positions(int(p["steps"]), int(p["batch_size"]),
+                                                               int(p["trainings"]), test_items, labels, record))
+        return work
+
+    def estimated_seconds(self) -> float:
+        """The run's wall time estimated from `work` at the measured rate (`dpcore.lm.runtime.seconds`):
+        the device and threads asked for, the model's size from its folder when it is one."""
+        device = _auto_device() if self.config.device == "auto" else self.config.device
+        threads = os.cpu_count() if device == "cpu" else None
+        return runtime.seconds(self.work(), device=device, threads=threads,
+                               parameters=runtime.model_parameters(self.config.model))
+
     def made_from(self, config: RunConfig) -> bool:
         """Whether `config` reads the same records as the plan's (the same source, split and budget)."""
         keys = ("dataset", "data_path", "task_spec", "test_path", "ledger_id")
         return all(getattr(config, k) == getattr(self.config, k) for k in keys)
+
+
+def _auto_device() -> str:
+    """What `--device auto` will pick, without importing torch when it is not loaded yet (an NVIDIA driver
+    present and not hidden: CUDA)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1")
+    return "cuda" if Path("/proc/driver/nvidia/version").exists() and not hidden else "cpu"
 
 
 def delta_of(config: RunConfig, num_private_records: int) -> tuple[float, str]:
@@ -163,10 +231,12 @@ def delta_of(config: RunConfig, num_private_records: int) -> tuple[float, str]:
 
 def build_run_plan(config: RunConfig, methods: Iterable[str] | None = None) -> RunPlan:
     """The run's plan: the dataset loaded once, delta, every named method's plan after its own checks on the
-    data, the audit's design. `methods` defaults to the configuration's."""
+    data, the audit's design. `methods` defaults to the configuration's. The plan's `config` is `config` with
+    an unset `test_size` resolved on the test split (`RunConfig.for_test_split`): the flow runs that one."""
     methods = tuple(methods if methods is not None else config.methods)
     preflight(config)  # the task runner spec and the model's context, before the data is read
     data = load_data(config)
+    config = config.for_test_split(len(data.test))  # an unset --test-size: DEFAULT_TEST_ITEMS, or the split
     delta, source = delta_of(config, len(data.train))
     counts = data.label_counts()
     generation, fewshot, audit = None, None, None

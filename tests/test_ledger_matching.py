@@ -131,7 +131,7 @@ def test_default_baselines_read_no_private_record_and_are_not_charged():
     from tasks.charge import non_private_warning
 
     config = RunConfig(epsilons=[0, 2])
-    assert config.baselines == ["zero-shot", "instruction-only"]
+    assert config.baselines == ["zero-shot"]  # instruction-only (epsilon 0 here) reads none either: opt-in
     sigma = _plan(config).calibration(2.0).noise_multiplier
     assert [(m, e, r.noise_multiplier, r.purpose) for m, e, r in _spends(config)] == [("tang", 2.0, sigma, "pipeline")]
     assert non_private_warning(config) is None

@@ -124,6 +124,7 @@ declare("json:run", Kind.VERDICT, "/results/*/audit", "/audit/**", "/method_audi
         "/method_audits/*/passed")
 declare("json:run", Kind.IDENTITY, "/data_hash", "/method_summaries/*/data_hash")
 # the plan said before anything runs: what the accountant composes from the public counts
+# (the greedy group takes the estimated minutes too: from public sizes and counts)
 declare_line(Kind.COUNT, r"^plan: epsilon (\S+) at delta \S+, composed over every spend of the run \((.*)\)")
 
 
@@ -224,6 +225,9 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
     if warning:
         print(warning, file=sys.stderr, flush=True)
     plan = build_run_plan(config)
+    spends = plan.spends(run_id)
+    # first: what the run will spend (every spend composed, a regenerate-mode audit's among them) and take
+    print(format_cost(planned_cost(spends), plan.estimated_seconds()), file=sys.stderr, flush=True)
     if plan.audit is not None:  # the audit planned from public counts, said before it runs
         from tasks.audit import design_line
 
@@ -232,22 +236,27 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
                   flush=True)
         if plan.audit.note:
             print(plan.audit.note, file=sys.stderr, flush=True)
-    spends = plan.spends(run_id)
     if plan.pate is not None:
         print(format_pate_plan(plan), file=sys.stderr, flush=True)
-    if len(config.methods) > 1 or confirm:
-        print(format_cost(planned_cost(spends)), file=sys.stderr, flush=True)
     plan.dry_run(run_id)  # over budget: BudgetExceededError; records another dataset id spends on: SameRecordsError
     if confirm and not _confirmed():
         raise ConfigError("run: not confirmed; nothing was charged (pass --yes to run without asking)")
     return plan
 
 
-def format_cost(cost: dict) -> str:
-    """`plan: epsilon E at delta D over every method (tang 1.2, pate 3.4, dpsgd 8): charged before anything runs`."""
+def format_cost(cost: dict, seconds: float | None = None) -> str:
+    """`plan: epsilon E at delta D, composed over every spend of the run (tang 1.2, audit 3.4); about 7 minutes
+    (estimated from public sizes); charged to the ledger, all at once, before anything runs`. A run that reads
+    no private record: `plan: nothing charged ...`."""
+    from dpcore.lm.runtime import minutes_text
+
+    took = f"; {minutes_text(seconds)} (estimated from public sizes)" if seconds is not None else ""
+    if cost["delta"] is None:
+        return f"plan: nothing charged (no private record read){took}"
     per_method = ", ".join(f"{method} {fmt_eps(eps)}" for method, eps in cost["methods"].items())
     return (f"plan: epsilon {fmt_eps(cost['epsilon'])} at delta {fmt_delta(cost['delta'])}, composed over "
-            f"every spend of the run ({per_method}); charged to the ledger, all at once, before anything runs")
+            f"every spend of the run ({per_method}){took}; charged to the ledger, all at once, before anything "
+            "runs")
 
 
 def _confirmed() -> bool:
