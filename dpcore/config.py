@@ -149,7 +149,7 @@ class RunConfig(_Frozen):
     # The defaults of a run are sized so that a user's loop (set a budget, run, release, predict) on a file of
     # about 2,000 records closes in under 10 minutes on 2 CPU cores (benchmarks/RESULTS.md, "The own-data
     # loop"): one epsilon, 20-token demos from 5 groups of 1 record, 2 seeds on 100 test items, one audit demo
-    # set. Tang et al.'s sizes (M 10, N 2, T_max 100, several epsilons) stay available as flags.
+    # set. Larger sizes (M 10, N 2, T_max 40, several epsilons, 5 seeds: the earlier defaults) are flags.
     epsilons: list[float] = Field(default_factory=lambda: [4.0],
                                   description="comma-separated target epsilons; 0 = instruction-only demos")
     delta: float | None = Field(None, gt=0, lt=1, description="default: 1/|D_priv|")
