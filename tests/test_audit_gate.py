@@ -118,3 +118,18 @@ def test_the_detect_gate_fails_an_attack_whose_interval_excludes_one_half():
     assert not passed and len(reasons) == 2
     assert pass_statement("detect", 0.75, 0.953, 0.95) == ("no leak of AUC >= 0.75 detected (power 0.95, false "
                                                             "alarm <= 0.05)")
+
+
+def test_sizes_below_the_power_asked_make_the_detect_audit_inconclusive_never_a_pass():
+    """A user's own trial and member counts may be too few to detect the leak size asked: their audit's
+    interval covers 0.5 whatever leaks, so it says inconclusive (figure-free), never "no leak detected"."""
+    from dpcore.audit.procedures import verdict_word
+
+    asked = GateThresholds(leak_auc=0.75, power=0.95)
+    assert gate(_result(auc_ci=(0.1, 0.9), power=0.96), asked) == (True, ())
+    passed, reasons = gate(_result(auc_ci=(0.1, 0.9), power=0.30), asked)
+    assert not passed and len(reasons) == 1 and verdict_word(passed, reasons) == "inconclusive"
+    assert "AUC >= 0.75" in reasons[0] and "0.3" not in reasons[0]
+    # a detected leak is a failure whatever the power
+    passed, reasons = gate(_result(auc=0.9, auc_ci=(0.8, 0.95), power=0.30), asked)
+    assert not passed and verdict_word(passed, reasons) == "failed"

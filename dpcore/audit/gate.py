@@ -64,7 +64,8 @@ def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[
        score that ranks members LOWER is a distinguisher too); under no leakage each interval
        excludes 0.5 with probability <= (1 - confidence) / attacks, so the false-alarm rate stays
        <= 1 - confidence. An attack without an interval (fewer than two independent trials) fails:
-       the audit detects nothing it was sized for.
+       the audit detects nothing it was sized for. Sizes whose power against `leak_auc` is under the
+       power asked (a user's own trial and member counts) make the audit inconclusive, never a pass.
        equivalence: each attack's averaged AUC lies within 0.5 +/- auc_tolerance, and its CI lies
        inside the band [0.5 - tolerance, 0.5 + tolerance]; otherwise the audit cannot tell
        (inconclusive). Under no leakage each AUC estimate then leaves the band with probability
@@ -82,6 +83,12 @@ def gate(result, thresholds: GateThresholds | None = None) -> tuple[bool, tuple[
         reasons = _equivalence(attacks, thresholds.auc_tolerance, level)
     else:
         reasons = _detect(attacks, level)
+        power = getattr(result, "power", None)  # of the sizes run: a function of public counts
+        if not reasons and power is not None and power < thresholds.power:
+            # a pass must speak of the leak size asked: sizes a user set below it cannot say "no leak" at that power
+            reasons.append(f"audit inconclusive: the sizes run detect a leak of AUC >= {thresholds.leak_auc:g} with "
+                           f"less than the power asked ({thresholds.power:g}); a design sized to the pools (leave the "
+                           "trial and member counts unset) or more trials")
     if result.max_overlap_tokens >= thresholds.overlap_threshold:
         reasons.append(f"verbatim overlap: a demonstration shares {thresholds.overlap_threshold} or more "
                        "consecutive tokens with a private record")
