@@ -81,7 +81,9 @@ def test_sigterm_stops_an_audit_between_forward_passes(tmp_path, tiny_model_dir)
             proc.kill()
     drain.join(timeout=10)
     err = "".join(lines)
-    assert waited < 10, f"took {waited:.0f} s to stop:\n{err}"
+    # between forward passes: seconds (the whole audit scores 3,800 records x 22 passes, many minutes); the bound
+    # leaves room for a machine shared with other test processes, where a pass of the model takes several times longer
+    assert waited < 30, f"took {waited:.0f} s to stop:\n{err}"
     assert proc.returncode == 130, err
     assert "stopping..." in err and "Traceback" not in err, err
     stopped = [line for line in err.splitlines() if line.startswith("dpicl audit: stopped:")]
