@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dpcore.config import GenerationConfig
+from dpcore.config import GenerationConfig, RunConfig
 from dpcore.errors import ConfigError
 from dpcore.fewshot.generation import (
     DEMO_COLUMNS,
@@ -684,19 +684,20 @@ def test_cli_generate_calibrates_and_charges(tiny_model_dir, tmp_path, cli):
     report = json.loads(stdout.strip().splitlines()[-1])
     assert report["steps"] == 4  # 8 shots over 4 labels: 2 demos per label, T = 2 * 2
     assert 0 < report["noise_multiplier"] < 10 and report["epsilon"] <= 4.0 + 1e-6
-    # q = MN / |D_y| at the smallest label of AG News' private split (M = 10, N = 2)
+    # q = MN / |D_y| at the smallest label of AG News' private split (the defaults: M = 5, N = 1)
     from dpcore.data.datasets import load_dataset
     from dpcore.data.taskspec import load_task_spec
 
     smallest = min(load_dataset(load_task_spec("agnews")).label_counts().values())
-    assert report["sampling_rate"] == pytest.approx(20 / smallest, rel=1e-9)
+    defaults = RunConfig()
+    assert report["sampling_rate"] == pytest.approx(defaults.num_subsets * defaults.subset_size / smallest, rel=1e-9)
     assert len(report["demos"]) == 8
 
 
 @pytest.mark.parametrize("flags, match", [
     (["--num-subsets", "0"], "num_subsets"),
     (["--top-k", "0"], "top_k"),
-    (["--num-subsets", "20000"], "sampling rate"),
+    (["--num-subsets", "20000", "--subset-size", "2"], "sampling rate"),  # MN = 40,000 > |D_y| (about 29,700)
 ])
 def test_cli_generate_bad_input_exits_2(tiny_model_dir, tmp_path, cli, flags, match):
     code, _, stderr = cli(["generate", "--dataset", "agnews", "--epsilon", "inf", "--model", str(tiny_model_dir),
