@@ -40,6 +40,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib (a `benchmarks` package may be installed)
+import benchlib  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DPICL = [sys.executable, "-m", "flows.cli"]
 
@@ -197,12 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         result = one_loop(args, base / "loop", run_flags=run_flags)
         result["total_seconds"] = round(time.perf_counter() - began, 1)
-        for step in result["steps"]:
-            print(f"{step['step']:<12} {step['seconds'] / 60:6.2f} min  (exit {step['rc']})")
-        print(f"{'loop':<12} {result['total_seconds'] / 60:6.2f} min")
-        print(result["plan"])
-        print("release: " + ("released" if result["released"] else "refused " + "; ".join(result.get("refusal")
-                                                                                       or result.get("error") or [])))
+        lines = [f"{step['step']:<12} {step['seconds'] / 60:6.2f} min  (exit {step['rc']})" for step in result["steps"]]
+        lines += [f"{'loop':<12} {result['total_seconds'] / 60:6.2f} min", result["plan"],
+                  "release: " + ("released" if result["released"] else "refused " + "; ".join(
+                      result.get("refusal") or result.get("error") or []))]
         for step in result["steps"]:
             step.pop("stdout"), step.pop("stderr")
     else:
@@ -221,18 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         audited = [r for r in leaky if r["rc"] in (0, 1)]
         result = {"sound_runs": len(ran), "sound_released": passed, "leaky_audits": len(audited),
                   "leaky_refused": refused, "dp": dp, "non_private": leaky}
-        print(f"sound releases passed: {passed}/{len(ran)} DP runs")
-        print(f"leaking prompts refused: {refused}/{len(audited)} non-private audits")
-        for r in dp:
-            print(f"  {Path(r['home']).name}: " + ", ".join(f"{s['step']} {s['seconds']:.0f} s" for s in r["steps"])
-                  + f"; {'released' if r['released'] else 'refused: ' + '; '.join(r.get('refusal') or r.get('error') or [])}")
-        for r in leaky:
-            print(f"  {Path(r['home']).name}: {r['seconds']:.0f} s, exit {r['rc']}")
-    (base / "result.json").write_text(json.dumps(result, indent=1, default=str))
-    print(f"written: {base / 'result.json'}")
-    if args.json:
-        print(json.dumps(result, default=str))
-    return 0
+        lines = [f"sound releases passed: {passed}/{len(ran)} DP runs",
+                 f"leaking prompts refused: {refused}/{len(audited)} non-private audits"]
+        lines += [f"  {Path(r['home']).name}: " + ", ".join(f"{s['step']} {s['seconds']:.0f} s" for s in r["steps"])
+                  + f"; {'released' if r['released'] else 'refused: ' + '; '.join(r.get('refusal') or r.get('error') or [])}"
+                  for r in dp]
+        lines += [f"  {Path(r['home']).name}: {r['seconds']:.0f} s, exit {r['rc']}" for r in leaky]
+    return benchlib.report(result, "\n".join(lines), "own-data-loop", str(base / "result.json"), args.json)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def report(result: dict, table: str, name: str, out: str | None, as_json: bool) 
     print(table)
     print(f"written: {path}")
     if as_json:
-        print(json.dumps(result, sort_keys=True))
+        print(json.dumps(result, sort_keys=True, default=str))
     return 0
 
 
