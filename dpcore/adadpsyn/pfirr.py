@@ -104,12 +104,16 @@ def pad_groups(group_probs, num_groups: int, public_probs=None) -> np.ndarray:
     M - G empty groups, the public distribution `public_probs` [K] (uniform when None: RVP off), whose
     prompt holds no record. Which groups are empty is never looked at: only their number M - G, inside
     this call."""
+    if hasattr(group_probs, "detach"):
+        group_probs = group_probs.detach().cpu().double().numpy()
+    width = np.shape(group_probs)[-1] if np.ndim(group_probs) == 2 else 0
     points = _as_points(group_probs) if np.size(group_probs) else None
     if public_probs is not None:
-        public = _as_points(np.asarray(public_probs.detach().cpu().double().numpy()
-                                       if hasattr(public_probs, "detach") else public_probs)[None, :])
-    elif points is not None:
-        public = np.full((1, points.shape[1]), 1.0 / points.shape[1])
+        if hasattr(public_probs, "detach"):
+            public_probs = public_probs.detach().cpu().double().numpy()
+        public = _as_points(np.asarray(public_probs, dtype=np.float64).reshape(1, -1))
+    elif width:
+        public = np.full((1, width), 1.0 / width)
     else:
         raise ConfigError("pad_groups: no group and no public distribution: the vocabulary size is unknown")
     groups = 0 if points is None else points.shape[0]
