@@ -17,13 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpcore.data.taskspec import TaskSpec
-from dpcore.errors import ConfigError
-from dpcore.privacy.plan import PrivacyPlan
-
 from dpcore.dp_icl.aggregation import rnm_gaussian, vote_histograms
 from dpcore.dp_icl.ensemble import ensemble_votes
 from dpcore.dp_icl.privacy import METHOD
 from dpcore.dp_icl.subsets import check_count
+from dpcore.errors import ConfigError
+from dpcore.privacy.plan import PrivacyPlan
 
 
 @dataclass(frozen=True)

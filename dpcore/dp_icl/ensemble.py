@@ -20,11 +20,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from dpcore.data.taskspec import TaskSpec
+from dpcore.dp_icl.subsets import Subsets, check_count, draw_subsets
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.lm.icl import DemoItem
 from dpcore.pate import flock
-
-from dpcore.dp_icl.subsets import Subsets, check_count, draw_subsets
 
 
 def records_by_id(records: Sequence) -> dict[str, DemoItem]:

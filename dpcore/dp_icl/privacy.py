@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import math
 
+from dpcore.dp_icl.aggregation import VOTE_SENSITIVITY, noise_std
+from dpcore.dp_icl.subsets import check_count, sampling_rate
 from dpcore.errors import ConfigError, check_positive
 from dpcore.privacy import composition
 from dpcore.privacy.events import DpEvent, NoOpDpEvent, sampled_steps_event
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.privacy.spend import Spend
-
-from dpcore.dp_icl.aggregation import VOTE_SENSITIVITY, noise_std
-from dpcore.dp_icl.subsets import check_count, sampling_rate
 
 METHOD = "dp-icl"      # the plan's name (`dpcore.names.ENSEMBLE_METHODS`)
 PURPOSE = "dp-icl"     # the ledger purpose of its spends
