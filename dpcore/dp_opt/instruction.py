@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from dpcore.data.datasets import content_ids
 from dpcore.data.records import truncate_records
 from dpcore.data.splits import split_key
 from dpcore.data.taskspec import TaskSpec
@@ -34,14 +35,13 @@ from dpcore.dp_opt.presets import DpOptParams
 from dpcore.dp_opt.sampling import holdout_mask, sampling_rate, step_subsets
 from dpcore.dp_opt.selection import private_candidate, private_token, stops
 from dpcore.errors import ConfigError
+from dpcore.lm.icl import label_logprobs
 
 HOLDOUT_KEY = split_key(0, "dp-opt-holdout")  # public: the split is a public rule, read one record at a time
 
 
 def flatten_records(records_by_label: Mapping[str, Sequence]) -> list[tuple[str, str, str]]:
     """(id, text, label) of every record (PRIVATE); a bare text gets its content id."""
-    from dpcore.data.datasets import content_ids
-
     out: list[tuple[str, str, str]] = []
     for label, records in records_by_label.items():
         texts = [r for r in records if isinstance(r, str)]
@@ -81,8 +81,6 @@ def instruction_spec(spec: TaskSpec, instruction: str) -> TaskSpec:
 def classify(lm, spec: TaskSpec, instruction: str, queries: Sequence[str], batch_size: int = 16) -> list[str]:
     """Zero-shot predictions with the instruction as the prompt prefix (raw label scores, as the authors'
     evaluator): `dpcore.lm.icl.label_logprobs` with no demonstration."""
-    from dpcore.lm.icl import label_logprobs
-
     labels = spec.label_names
     scores = label_logprobs(lm, instruction_spec(spec, instruction), [], list(queries), labels, batch_size)
     return [labels[int(i)] for i in np.argmax(scores, axis=1)] if len(queries) else []
