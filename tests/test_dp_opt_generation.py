@@ -10,7 +10,12 @@ import pytest
 from dpcore.data.taskspec import load_task_spec
 from dpcore.dp_opt import ensemble, sampling, selection
 from dpcore.dp_opt.instruction import (
-    classify, flatten_records, generation_record_count, instruction_spec, split_records, write_instruction,
+    classify,
+    flatten_records,
+    generation_record_count,
+    instruction_spec,
+    split_records,
+    write_instruction,
 )
 from dpcore.dp_opt.presets import SMOKE
 from dpcore.dp_opt.privacy import dp_opt_plan, planned_params
