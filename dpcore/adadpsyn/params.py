@@ -25,6 +25,7 @@ import math
 import numbers
 from dataclasses import dataclass, replace
 
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 
 # The largest distance of a probability vector from the simplex's centre region that matters: two
@@ -110,7 +111,7 @@ def coverage_count(coverage: float, num_groups: int) -> int:
     """t = floor(coverage x M) (the authors' `int(t * M)`), at least 1: the points the radius should cover.
     M is the configured number of groups (public), never the number of non-empty ones."""
     if isinstance(num_groups, bool) or not isinstance(num_groups, numbers.Integral) or num_groups < 1:
-        raise ConfigError(f"num_subsets (M) must be an integer >= 1, got {num_groups!r}")
+        raise ConfigError(f"{flag('num_subsets')}: M must be an integer >= 1, got {num_groups!r}")
     return max(1, int(coverage * num_groups))
 
 

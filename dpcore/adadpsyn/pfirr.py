@@ -43,6 +43,7 @@ import numpy as np
 
 from dpcore.adadpsyn.params import RADIUS_MAX, PfirrParams, coverage_count
 from dpcore.adadpsyn.radius import L_SENSITIVITY, good_radius
+from dpcore.config import flag
 from dpcore.errors import ConfigError
 
 COUNT_SENSITIVITY = 1.0  # one point moves in or out of a ball
@@ -118,7 +119,7 @@ def pad_groups(group_probs, num_groups: int, public_probs=None) -> np.ndarray:
         raise ConfigError("pad_groups: no group and no public distribution: the vocabulary size is unknown")
     groups = 0 if points is None else points.shape[0]
     if groups > num_groups:
-        raise ConfigError(f"pad_groups: {groups} groups, more than num_subsets (M) = {num_groups}")
+        raise ConfigError(f"pad_groups: {groups} groups, more than {flag('num_subsets')} M = {num_groups}")
     if points is not None and points.shape[1] != public.shape[1]:
         raise ValueError("group_probs and public_probs must have the same number of coordinates")
     pads = np.repeat(public, num_groups - groups, axis=0)

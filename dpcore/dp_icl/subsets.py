@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpcore.errors import ConfigError, DataValidationError
-from dpcore.pate.teachers import _bucket_and_priority
+from dpcore.pate.teachers import bucket_and_priority
 
 KEY_BYTES = 16
-_PRIORITY_RANGE = 2**64  # `_bucket_and_priority`'s priority is a uniform 64-bit integer
+_PRIORITY_RANGE = 2**64  # `bucket_and_priority`'s priority is a uniform 64-bit integer
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def inclusion_threshold(rate: float) -> int:
 
 def record_draw(key: bytes, draw: int, record_id: str, subsets: int) -> tuple[int, int]:
     """(subset, priority) of one record in draw t: its own id and the key alone decide them."""
-    return _bucket_and_priority(draw_key(key, draw), str(record_id), subsets)
+    return bucket_and_priority(draw_key(key, draw), str(record_id), subsets)
 
 
 def check_ids(record_ids: Sequence[str]) -> list[str]:
@@ -110,7 +110,7 @@ def draw_subsets(record_ids: Sequence[str], key: bytes, draw: int, subsets: int,
     this_draw = draw_key(key, draw)
     buckets: list[list[tuple[int, str]]] = [[] for _ in range(m)]
     for rid in check_ids(record_ids):
-        bucket, priority = _bucket_and_priority(this_draw, rid, m)
+        bucket, priority = bucket_and_priority(this_draw, rid, m)
         if priority < threshold:
             buckets[bucket].append((priority, rid))
     return Subsets(tuple(tuple(rid for _, rid in sorted(bucket)[:k]) for bucket in buckets))

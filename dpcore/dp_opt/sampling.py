@@ -25,7 +25,7 @@ import numpy as np
 
 from dpcore.data.splits import hash_split, hash_unit
 from dpcore.errors import ConfigError
-from dpcore.pate.teachers import _bucket_and_priority
+from dpcore.pate.teachers import bucket_and_priority
 
 
 def sampling_rate(subsets: int, shots: int, records: int) -> float:
@@ -44,10 +44,10 @@ def poisson_sample(record_ids: Sequence[str], rate: float, key: bytes) -> list[s
 
 def partition(sampled_ids: Sequence[str], subsets: int, shots: int, key: bytes) -> tuple[tuple[str, ...], ...]:
     """M disjoint subsets of at most k ids: a record's subset and priority are its keyed hash (PromptPATE's
-    `_bucket_and_priority`); each subset keeps its k smallest priorities. Independent of the ids' order."""
+    `bucket_and_priority`); each subset keeps its k smallest priorities. Independent of the ids' order."""
     buckets: list[list[tuple[int, str]]] = [[] for _ in range(subsets)]
     for rid in sampled_ids:
-        bucket, priority = _bucket_and_priority(key, str(rid), subsets)
+        bucket, priority = bucket_and_priority(key, str(rid), subsets)
         buckets[bucket].append((priority, str(rid)))
     return tuple(tuple(rid for _, rid in sorted(bucket)[:shots]) for bucket in buckets)
 

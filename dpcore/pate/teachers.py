@@ -67,7 +67,7 @@ def check_flock_size(teachers: int, shots: int, records: int) -> None:
                           f"records, but the private split has only {records}; use fewer teachers or shots")
 
 
-def _bucket_and_priority(key: bytes, record_id: str, teachers: int) -> tuple[int, int]:
+def bucket_and_priority(key: bytes, record_id: str, teachers: int) -> tuple[int, int]:
     digest = hashlib.blake2b(str(record_id).encode("utf-8"), key=key, digest_size=16).digest()
     return int.from_bytes(digest[:8], "little") % teachers, int.from_bytes(digest[8:], "little")
 
@@ -82,7 +82,7 @@ def assign_teachers(record_ids: list[str], teachers: int, shots: int, rng: np.ra
     key = rng.bytes(16)
     buckets: list[list[tuple[int, str]]] = [[] for _ in range(teachers)]
     for rid in record_ids:
-        bucket, priority = _bucket_and_priority(key, rid, teachers)
+        bucket, priority = bucket_and_priority(key, rid, teachers)
         buckets[bucket].append((priority, str(rid)))
     demos = tuple(tuple(rid for _, rid in sorted(bucket)[:shots]) for bucket in buckets)
     return Teachers(demos)
