@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dpcore.adadpsyn.params import PAPER, PfirrParams
-from dpcore.adadpsyn.pfirr import adaptive_aggregate, pad_groups
+from dpcore.adadpsyn.pfirr import pad_groups
 from dpcore.adadpsyn.step import choose_token, token_chooser
 from dpcore.config import GenerationConfig
 from dpcore.fewshot import generation
@@ -54,22 +54,32 @@ def test_with_little_noise_the_step_picks_the_groups_favourite(step_logits):
     assert token == favourite
 
 
-def test_end_to_end_generation_with_pfirr_in_the_engine(tiny_lm, agnews_spec, made_up_records, monkeypatch):
-    """Algorithm 1's engine with its aggregation replaced by PFIRR (the hook `generate_demos` lacks today,
-    stood in for by patching the engine's `aggregate`): demos come out, a fixed seed reproduces them, and
-    every step aggregates exactly M points."""
+def test_end_to_end_generation_with_pfirr_in_the_engine(tiny_lm, agnews_spec, made_up_records):
+    """Algorithm 1's engine with PFIRR as its token step (`generate_demos(chooser=...)`): demos come out named
+    adadpsyn with the effective sigma, a fixed seed reproduces them, and every step sees at most M groups and
+    draws its noise from the stream's noise generator."""
+    from dpcore.adadpsyn.accounting import effective_noise_multiplier
+
     config = GenerationConfig(num_subsets=4, subset_size=2, top_k=20, max_tokens=4, demos_per_label=2)
+    bound = token_chooser(config, PAPER)
     seen: list[int] = []
 
-    def pfirr_aggregate(mechanism, probs, sigma, rng):
-        points = pad_groups(probs, config.num_subsets, None)
-        seen.append(points.shape[0])
-        return adaptive_aggregate(points, PAPER, rng)
+    def chooser(public_logits, group_logits, rng):
+        assert isinstance(rng, np.random.Generator)
+        seen.append(group_logits.shape[0])
+        return bound(public_logits, group_logits, rng)
 
-    monkeypatch.setattr(generation, "aggregate", pfirr_aggregate)
     records = {"World": made_up_records["World"]}
-    first = generation.generate_demos(tiny_lm, agnews_spec, records, config, 1.0, seed=5)
-    again = generation.generate_demos(tiny_lm, agnews_spec, records, config, 1.0, seed=5)
+    sigma_eff = effective_noise_multiplier(PAPER)
+    first = generation.generate_demos(tiny_lm, agnews_spec, records, config, sigma_eff, seed=5, chooser=chooser,
+                                      method="adadpsyn")
+    again = generation.generate_demos(tiny_lm, agnews_spec, records, config, sigma_eff, seed=5, chooser=chooser,
+                                      method="adadpsyn")
     assert [d.text for d in first.demos] == [d.text for d in again.demos]
     assert len(first.demos) == 2 and all(d.tokens >= 1 or d.stop_reason == "eos" for d in first.demos)
-    assert seen and set(seen) == {config.num_subsets}
+    assert {d.method for d in first.demos} == {"adadpsyn"}
+    assert [d.noise_multiplier for d in first.demos] == pytest.approx([sigma_eff] * 2)
+    assert seen and max(seen) <= config.num_subsets
+    # without a chooser the engine is Algorithm 1's (tang), with its own name
+    plain = generation.generate_demos(tiny_lm, agnews_spec, records, config, 1.0, seed=5)
+    assert {d.method for d in plain.demos} == {"tang"}

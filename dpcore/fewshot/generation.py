@@ -514,7 +514,9 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
                    noise_multiplier: float, seed: int | None = None, labels: list[str] | None = None,
                    progress: Progress | None = None, *, forward: Forward | None = None,
                    prefetch: bool | None = None, checkpoint: Checkpoint | None = None,
-                   resume: GenerationState | None = None) -> GenerationResult:
+                   resume: GenerationState | None = None,
+                   chooser: Callable[[torch.Tensor | None, torch.Tensor, np.random.Generator], int] | None = None,
+                   method: str | None = None) -> GenerationResult:
     """Algorithm 1 for every label in `labels` (default: all of `records_by_label`) and
     `config.demos_per_label` shots each, all at once.
 
@@ -526,6 +528,11 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
     demos are the same either way. `checkpoint` receives the call's `GenerationState` before its first draw
     and after every finished step; `resume` continues a call from such a state (the same labels, shots and
     configuration), keeping its finished steps and taking only the steps left to T_max.
+    `chooser(public_logits, group_logits, noise_rng) -> token` replaces lines 9-19 (RVP, aggregation, arg max)
+    for a method with its own private aggregation (AdaDPSyn's PFIRR, `dpcore.adadpsyn.step.token_chooser`);
+    the sampling, prompts and stopping stay Algorithm 1's, and `noise_multiplier` is then the method's
+    (effective) sigma, recorded on the demos. `method` names the demos' source (default: `tang`, or
+    `sigma-zero` at sigma 0).
     """
     sigma = check_noise_multiplier(noise_multiplier)
     chosen = _check_labels(labels, list(records_by_label))
@@ -544,13 +551,15 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
     keep_k = int(config.top_k)
 
     def choose(stream: _Stream, public_logits, group_logits) -> int:
+        if chooser is not None:
+            return chooser(public_logits, group_logits, stream.noise_rng)
         keep = public_top_k(public_logits, keep_k) if config.rvp else None  # line 9
         probs = restricted_softmax(group_logits, keep)  # lines 6 and 10
         scores = aggregate(config.mechanism, probs, sigma, stream.noise_rng)  # line 12 or 14-15
         return noisy_argmax(scores, keep)  # lines 16-19
 
     engine.run(streams, choose, private=True, checkpoint=checkpoint)
-    method = "sigma-zero" if sigma == 0 else "tang"
+    method = method or ("sigma-zero" if sigma == 0 else "tang")
     demos = [_demo(stream, lm, config, sigma, seeded, method) for stream in streams]
     return GenerationResult(demos=demos, seeded_noise=seeded, stats={**engine.stats, "demos": len(demos)},
                             private_stats=engine.private_stats)
