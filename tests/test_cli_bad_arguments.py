@@ -26,6 +26,7 @@ BAD_ARGUMENTS = [
     (["run", "--epsilons", "-1"], "--epsilons"),
     (["demo", "--delta", "tiny"], "argument --delta"),
     (["pate", "--epsilon", "abc"], "argument --epsilon"),
+    (["dp-icl", "--epsilon", "0"], "argument --epsilon"),
     (["tune", "--epsilon", "1", "--length", "x"], "argument --length"),
     (["release", "--run", "no-such-run"], "run 'no-such-run'"),
     (["predict", "--input", "QUERIES", "--out", "FOLDER"], "--out FOLDER: is a folder"),

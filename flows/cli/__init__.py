@@ -15,7 +15,8 @@ from flows.cli.logs import configure_cli_logging
 # what the shell reports for any program ended by a closed pipe, so `set -o pipefail` scripts see that the
 # output was cut short (0 would claim it was all read). Nothing else is printed: the reader asked for no more.
 BROKEN_PIPE_EXIT = 141
-COMMAND_MODULES = ["accounting", "generate", "evaluate", "audit", "ledger", "run", "pate", "tune", "release", "serve", "ui"]
+COMMAND_MODULES = ["accounting", "generate", "evaluate", "audit", "ledger", "run", "pate", "tune", "release", "serve", "ui",
+                   "dp_icl"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,197 @@
+"""CLI: `dpicl dp-icl`, private prediction by DP-ICL (Wu et al. 2024): a noisy vote of exemplar-subset prompts.
+
+    dpicl dp-icl --dataset sst2 (--epsilon E | --noise-multiplier S | both) [--queries Q]
+                 [--queries-file FILE.jsonl] [--subsets 10 --shots 4 --queries-per-draw 1 --vote-mode calibrated]
+                 [--model smollm2-135m] [--seed N] [--json]
+
+Before anything is charged it says how many queries the budget affords (`queries_within` at the plan's noise);
+then the whole plan is charged to the ledger (`tasks.charge`, refused over the dataset's budget: exit 3), and
+only then are the queries (the dataset's test items, or the `text` of each line of --queries-file) answered.
+Labelled queries (a test item, or a line with a `label`) are scored. Only the noisy-argmax labels and public
+parameters are printed or written (`<run folder>/dp_icl.json`); the run's secret subset key stays in its private
+folder. `--json` prints one object: its keys are in docs/methods/dp-icl.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dpcore.data.artifacts import write_json_atomic
+from dpcore.data.datasets import read_jsonl
+from dpcore.display import fmt_delta, fmt_eps
+from dpcore.errors import ConfigError, DataValidationError
+from flows.cli import common as cli
+
+# RunConfig fields the private commands take: where the records are, whose budget they spend, the model, the seed
+FIELDS = [*cli.DATA_FLAGS, "delta", "seed"]
+JSON_KEYS = ("method", "run_id", "dataset", "dataset_id", "data_hash", "epsilon", "delta", "subsets", "shots",
+             "noise_multiplier", "noise_std", "sampling_rate", "queries", "queries_per_draw", "queries_affordable",
+             "records", "vote_mode", "answers", "accuracy", "labelled", "correct", "ledger", "seeded_noise",
+             "run_dir")
+
+
+def positive_epsilon(text: str) -> float:
+    """--epsilon: a finite number > 0 (a refusal is argparse's one line, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def add_private_flags(parser: argparse.ArgumentParser, *, config_fields: list[str] = FIELDS) -> None:
+    """The flags of a DP-ICL run: the budget (epsilon and/or noise multiplier, queries) and the ensemble."""
+    group = parser.add_argument_group("DP-ICL (Wu et al. 2024): the budget and the ensemble")
+    group.add_argument("--epsilon", type=positive_epsilon, default=None,
+                       help="the budget of the answers (> 0); with --noise-multiplier: the queries it affords")
+    group.add_argument("--noise-multiplier", type=positive_epsilon, default=None, metavar="SIGMA",
+                       help="the query noise multiplier sigma (vote noise std sigma*sqrt(2)); default: calibrated "
+                            "to --epsilon for --queries")
+    group.add_argument("--queries", type=positive_int, default=None,
+                       help="how many queries to plan for (default: the preset's, or all the budget affords with "
+                            "both --epsilon and --noise-multiplier)")
+    group.add_argument("--subsets", type=positive_int, default=None, help="M disjoint exemplar subsets (default 10)")
+    group.add_argument("--shots", type=positive_int, default=None, help="k exemplars per subset prompt (default 4)")
+    group.add_argument("--queries-per-draw", type=positive_int, default=None,
+                       help="B queries sharing one subsample (default 1, the paper)")
+    group.add_argument("--vote-mode", choices=("calibrated", "black-box"), default=None,
+                       help="subset votes: calibrated label probabilities (default) or the greedy token")
+    group.add_argument("--preset", choices=("auto", "cpu", "gpu"), default="auto",
+                       help="the preset filling unset ensemble flags (default auto: gpu on a CUDA device)")
+    cli.add_config_flags(parser, config_fields)
+
+
+def new_run_id() -> str:
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-dp-icl-{uuid.uuid4().hex[:8]}"
+
+
+def prepare(args, *, queries: int | None = None):
+    """(config, settings, data): the configuration, the ensemble's settings and the loaded records, every check
+    on public values made before the records are read."""
+    from tasks.dp_icl import settings
+    from tasks.ingest import load_data
+
+    config = cli.checked_config(args)
+    if args.epsilon is None and args.noise_multiplier is None:
+        raise ConfigError("give --epsilon or --noise-multiplier (or both)")
+    chosen = settings(args.preset, _device_type(config.device), subsets=args.subsets, shots=args.shots,
+                      queries_per_draw=args.queries_per_draw, vote_mode=args.vote_mode)
+    data = load_data(config)
+    if data.spec.kind != "classification":
+        raise ConfigError(f"dp-icl: answers classification queries; task {data.spec.name!r} is "
+                              f"{data.spec.kind}")
+    return config, chosen, data
+
+
+def _device_type(device: str) -> str:
+    if device not in (None, "auto"):
+        return "cuda" if str(device).startswith("cuda") else "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _read_queries(path: str, labels: list[str]) -> tuple[list[str], list[str | None], list[dict]]:
+    """(texts, labels or None, the other fields) of a JSONL file: a non-empty `text` per line, an optional
+    `label` among the task's labels."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataValidationError(f"--queries-file {path}: file not found")
+    texts, gold, extra = [], [], []
+    for row in read_jsonl(file):
+        line = row.pop("__line__")
+        text = row.pop("text", None)
+        if not isinstance(text, str) or not text.strip():
+            raise DataValidationError(f"{path}: line {line}: column 'text': expected a non-empty string")
+        label = row.pop("label", None)
+        if label is not None and str(label) not in labels:
+            raise DataValidationError(f"{path}: line {line}: label {label!r} is none of {', '.join(labels)}")
+        texts.append(text)
+        gold.append(None if label is None else str(label))
+        extra.append(row)
+    if not texts:
+        raise DataValidationError(f"--queries-file {path}: no query")
+    return texts, gold, extra
+
+
+def _dp_icl(args) -> int:
+    from tasks.dp_icl import open_run
+
+    config, chosen, data = prepare(args)
+    if args.queries_file is not None:
+        texts, gold, extra = _read_queries(args.queries_file, data.labels)
+        from_file = True
+    else:  # the dataset's test items: private rows, so only their position and answer are printed
+        texts, gold = data.test["text"].tolist(), data.test["label"].astype(str).tolist()
+        extra, from_file = [{} for _ in texts], False
+        if not texts:
+            raise ConfigError("dp-icl: the dataset has no test item to answer; pass --queries-file")
+    if args.queries is not None and args.queries > len(texts):
+        raise ConfigError(f"--queries {args.queries}: only {len(texts)} queries to answer")
+    run_id = args.run_id or new_run_id()
+    budget, answerer, paths = open_run(config, chosen, data, epsilon=args.epsilon,
+                                       noise_multiplier=args.noise_multiplier, queries=args.queries,
+                                       limit=len(texts), run_id=run_id, announce=lambda b: cli.say(b.line()))
+    wanted = budget.queries
+    texts, gold, extra = texts[:wanted], gold[:wanted], extra[:wanted]
+    result = answerer.answer(texts)  # charged first, then answered
+    answers = result["answers"]
+    scored = [(a, g) for a, g in zip(answers, gold, strict=True) if g is not None]
+    correct = sum(a == g for a, g in scored)
+    p = budget.plan.parameters
+    summary = {
+        "method": "dp-icl", "run_id": run_id, "dataset": data.spec.name, "dataset_id": config.ledger_id,
+        "data_hash": data.content_hash, "epsilon": budget.plan.epsilon, "delta": budget.plan.delta,
+        **{k: p[k] for k in ("subsets", "shots", "noise_multiplier", "noise_std", "sampling_rate", "queries",
+                             "queries_per_draw", "records")},
+        "queries_affordable": budget.affordable, "vote_mode": chosen.vote_mode,
+        "answers": [{**({"line": i + 1} if from_file else {"test_item": i}), **extra[i], "label": answers[i]}
+                    for i in range(len(answers))],
+        "accuracy": correct / len(scored) if scored else None, "labelled": len(scored), "correct": correct,
+        "ledger": result["ledger"], "seeded_noise": config.seed is not None, "run_dir": str(paths.public),
+    }
+    write_json_atomic(paths.public / "dp_icl.json", {k: v for k, v in summary.items() if k != "run_dir"})
+    if args.json:
+        cli.print_json(summary)
+        return 0
+    for row in summary["answers"]:
+        where = f"line {row['line']}" if from_file else f"test item {row['test_item']}"
+        print(f"{where}: {row['label'] if row['label'] is not None else '(other)'}")
+    accuracy = "-" if summary["accuracy"] is None else f"{summary['accuracy']:.3f}"
+    print(f"DP-ICL answered {len(answers)} queries at epsilon {fmt_eps(budget.plan.epsilon)}, delta "
+          f"{fmt_delta(budget.plan.delta)} (charged before answering); accuracy {accuracy} on {len(scored)} "
+          f"labelled")
+    print(f"noise: {'FIXED SEED (experiment, never releasable)' if config.seed is not None else 'cryptographically seeded'}")
+    print(f"run id: {run_id}    artifact folder: {paths.public}")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = cli.command(
+        subparsers, "dp-icl", _dp_icl, help="DP-ICL: answer queries by a noisy vote of private exemplar subsets "
+                                            "(Wu et al.)",
+        description="DP-ICL (Wu et al. 2024): each query is answered by report-noisy-max over the votes of M "
+                    "prompts built from disjoint Poisson-subsampled private records. Says how many queries the "
+                    "budget affords, charges the ledger, then answers.")
+    add_private_flags(parser)
+    parser.add_argument("--queries-file", default=None, metavar="FILE",
+                        help="JSONL queries (a `text` per line, an optional `label`; other fields are kept); "
+                             "default: the dataset's test items")
+    cli.add_output_flags(parser, run_id=True, json_help="print one JSON object (keys: docs/methods/dp-icl.md)")

@@ -1,0 +1,266 @@
+"""DP-ICL as a product feature (Wu et al. 2024): plan a budget of queries, charge before answering, answer.
+
+One `PrivateAnswerer` holds a DP-ICL run: the private records (in memory), the plan (`dpcore.dp_icl.privacy`),
+the run's secret subset key (written to the run's private folder, mode 0600, never anywhere else), the noise
+source and the index of the next query. `answer(texts)` is the one path to an answer, for `dpicl dp-icl` (one
+batch: every planned query) and `dpicl serve --private` (a batch per request):
+
+1. under the answerer's lock, the batch must lie within the plan's queries (else `BudgetSpentError`: nothing
+   charged, nothing answered);
+2. its spend (`dpcore.dp_icl.privacy.batch_spend`) is charged to the ledger (`tasks.charge.charge_spends`, the
+   one charging path; fresh: every batch draws fresh noise), which refuses a batch over the dataset's budget
+   (`BudgetExceededError`, nothing recorded);
+3. only then are the queries indices taken and the batch answered (`dpcore.dp_icl.answer.answer_queries`).
+
+The lock makes check, charge and answer one step per batch: two requests never both pass the check for the
+same queries; the ledger's own charge is atomic across processes. Everything returned is public: the noisy
+argmax labels and the plan's public parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpcore.data.datasets import LoadedDataset
+from dpcore.display import fmt_delta, fmt_eps
+from dpcore.dp_icl import presets as dp_icl_presets
+from dpcore.dp_icl.answer import answer_queries
+from dpcore.dp_icl.privacy import batch_spend, dp_icl_plan, queries_within
+from dpcore.dp_icl.subsets import check_count, run_key
+from dpcore.errors import BudgetExceededError, ConfigError
+from dpcore.fewshot.plan import default_delta
+from dpcore.pate.flock import VOTE_MODES
+from dpcore.privacy.events import NoOpDpEvent
+from dpcore.privacy.plan import PrivacyPlan
+from dpcore.public_outputs import Kind, declare
+from tasks.charge import charge_spends, plan_spends
+
+KEY_FILE = "dp_icl_key.bin"   # the run's secret subset key, in the run's private folder
+PLAN_FILE = "dp_icl_plan.json"  # the plan's public parameters, in the run's public folder
+
+# the answers are DP outputs (noisy argmax labels) and so is accuracy over them; the plan's numbers are
+# functions of public counts (|D|, M, k, Q, B, the budget)
+declare("json:dp-icl", Kind.DP, "/answers", "/answers/**", "/accuracy", "/correct")
+declare("json:dp-icl", Kind.COUNT, "/records", "/sampling_rate", "/noise_multiplier", "/noise_std",
+        "/queries_affordable", "/draw_noise_multiplier", "/epsilon_composed", "/ledger/**")
+declare("json:dp-icl", Kind.IDENTITY, "/run_id", "/data_hash")
+
+
+class BudgetSpentError(BudgetExceededError):
+    """A batch beyond the queries the run's budget affords: refused before anything is charged (exit 3)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The ensemble (public, fixed from the paper's presets or the user's flags, never from the private data)."""
+
+    preset: str
+    subsets: int
+    shots: int
+    queries_per_draw: int
+    vote_mode: str
+    queries: int  # the preset's planned queries (used when the user names none)
+
+
+def settings(preset: str = "auto", device_type: str = "cpu", *, subsets: int | None = None,
+             shots: int | None = None, queries_per_draw: int | None = None,
+             vote_mode: str | None = None) -> Settings:
+    """The preset's values (`dpcore.dp_icl.presets`) with the given ones instead; each value checked."""
+    if preset not in dp_icl_presets.PRESETS:
+        raise ConfigError(f"--preset: {preset!r} is none of {', '.join(dp_icl_presets.PRESETS)}")
+    name, values = dp_icl_presets.preset(preset, device_type)
+    mode = vote_mode or values["vote_mode"]
+    if mode not in VOTE_MODES:
+        raise ConfigError(f"--vote-mode: must be one of {', '.join(VOTE_MODES)}, got {mode!r}")
+    return Settings(name, check_count("--subsets", subsets or values["subsets"]),
+                    check_count("--shots", shots or values["shots"]),
+                    check_count("--queries-per-draw", queries_per_draw or values["queries_per_draw"]),
+                    mode, int(values["queries"]))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the run may answer: its plan (covering `plan.parameters["queries"]` queries) and the queries the
+    epsilon affords at the plan's noise (`queries_within`; the planned queries when no epsilon was given)."""
+
+    plan: PrivacyPlan
+    affordable: int
+    epsilon: float | None           # the user's epsilon (None: the noise multiplier was given alone)
+
+    @property
+    def queries(self) -> int:
+        return int(self.plan.parameters["queries"])
+
+    def line(self) -> str:
+        """The line said before anything is charged (public: parameters only)."""
+        p = self.plan.parameters
+        head = (f"DP-ICL: M={p['subsets']} subsets x k={p['shots']} shots on {p['records']} private records "
+                f"(q={p['sampling_rate']:.4g}), noise multiplier {p['noise_multiplier']:.4g} "
+                f"(std {p['noise_std']:.4g} per vote count)")
+        if self.epsilon is None:
+            return (f"{head}; {self.queries} queries planned cost epsilon {fmt_eps(self.plan.epsilon)} at delta "
+                    f"{fmt_delta(self.plan.delta)}")
+        return (f"{head}; epsilon {fmt_eps(self.epsilon)} at delta {fmt_delta(self.plan.delta)} affords "
+                f"{self.affordable} queries; {self.queries} planned")
+
+
+def plan_budget(records: int, delta: float, settings: Settings, *, epsilon: float | None = None,
+                noise_multiplier: float | None = None, queries: int | None = None,
+                limit: int | None = None) -> Budget:
+    """The run's plan from public counts only.
+
+    - epsilon and queries: sigma calibrated so that the queries compose within epsilon;
+    - epsilon and noise multiplier: the plan covers the queries the epsilon affords (`queries_within`), at most
+      `queries` when given (asking for more than it affords is refused, nothing charged);
+    - noise multiplier and queries: the plan's epsilon is their composition.
+    Queries not given: the preset's (or, with epsilon and noise multiplier, all the budget affords), at most
+    `limit` (the queries there are to answer).
+    A budget that affords no query is refused (`BudgetExceededError`, exit 3)."""
+    if epsilon is not None:
+        epsilon = float(epsilon)
+        if not (epsilon > 0 and math.isfinite(epsilon)):
+            raise ConfigError(f"--epsilon: must be a finite number > 0, got {epsilon:g}")
+    if noise_multiplier is not None and not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        raise ConfigError(f"--noise-multiplier: must be a finite number > 0, got {noise_multiplier:g}")
+    if queries is not None:
+        queries = check_count("--queries", queries)
+    cap = math.inf if limit is None else check_count("queries to answer", limit)
+    if epsilon is None and noise_multiplier is None:
+        raise ConfigError("give --epsilon or --noise-multiplier (or both)")
+    shape = dict(subsets=settings.subsets, shots=settings.shots, queries_per_draw=settings.queries_per_draw)
+    if noise_multiplier is None:
+        q = queries or min(settings.queries, cap)
+        plan = dp_icl_plan(epsilon, delta, q, records, **shape)
+        sigma = float(plan.parameters["noise_multiplier"])
+        return Budget(plan, queries_within(epsilon, delta, sigma, records, **shape), epsilon)
+    if epsilon is None:
+        q = queries or min(settings.queries, cap)
+        plan = dp_icl_plan(None, delta, q, records, noise_multiplier=noise_multiplier, **shape)
+        return Budget(plan, q, None)
+    affordable = queries_within(epsilon, delta, noise_multiplier, records, **shape)
+    if affordable == 0:
+        raise BudgetExceededError(f"epsilon {fmt_eps(epsilon)} at delta {fmt_delta(delta)} affords no DP-ICL query "
+                                  f"at noise multiplier {noise_multiplier:g}: raise the noise or the epsilon")
+    if queries is not None and queries > affordable:
+        raise BudgetExceededError(f"--queries {queries}: epsilon {fmt_eps(epsilon)} at delta {fmt_delta(delta)} "
+                                  f"affords {affordable} queries at noise multiplier {noise_multiplier:g}")
+    plan = dp_icl_plan(None, delta, queries or min(affordable, cap), records, noise_multiplier=noise_multiplier,
+                       **shape)
+    return Budget(plan, affordable, epsilon)
+
+
+def run_delta(config, records: int) -> float:
+    """The configuration's delta (the flag, or the budget's the CLI put in it), else 1/|D|."""
+    return float(config.delta) if config.delta is not None else float(default_delta(records))
+
+
+def write_key(private_folder: Path, key: bytes) -> Path:
+    """The run's secret subset key in its private folder (mode 0600): nowhere else."""
+    path = Path(private_folder) / KEY_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(key)
+    return path
+
+
+class PrivateAnswerer:
+    """A DP-ICL run answering batches of queries, each charged before it is answered (module docstring)."""
+
+    def __init__(self, lm, data: LoadedDataset, budget: Budget, *, dataset_id: str, run_id: str, rng,
+                 key: bytes, vote_mode: str = "calibrated", same_records_ok: bool = False, max_rows: int = 64):
+        self.lm, self.data, self.budget = lm, data, budget
+        self.dataset_id, self.run_id = dataset_id, run_id
+        self.vote_mode, self.same_records_ok, self.max_rows = vote_mode, same_records_ok, max_rows
+        self._rng, self._key = rng, key
+        self._records = list(zip(data.train["text"], data.train["label"], data.train["id"].astype(str),
+                                 strict=True))
+        self._next = 0
+        self._lock = threading.Lock()
+
+    @property
+    def answered(self) -> int:
+        return self._next
+
+    @property
+    def remaining(self) -> int:
+        return self.budget.queries - self._next
+
+    def status(self) -> dict:
+        """The public state: the plan's parameters, the budget's queries, those answered and those left."""
+        return {"queries_affordable": self.budget.affordable, "queries_planned": self.budget.queries,
+                "queries_answered": self._next, "queries_remaining": self.remaining,
+                "epsilon": self.budget.plan.epsilon, "delta": self.budget.plan.delta,
+                **{k: self.budget.plan.parameters[k] for k in PUBLIC_PARAMETERS}}
+
+    def charge(self, first: int, count: int) -> dict:
+        """Charge queries [first, first + count) (`batch_spend`) to the ledger; refused batches record nothing."""
+        plan = self.budget.plan
+        spend = batch_spend(plan, first, count)
+        if isinstance(spend.event, NoOpDpEvent):  # inside a draw already charged (queries_per_draw > 1)
+            return {"charged": 0}
+        request = spend.bound(self.dataset_id, self.data.content_hash, self.run_id, plan.delta)
+        return charge_spends(self.dataset_id, [(plan.method, plan.epsilon, request)], fresh=True,
+                             same_records_ok=self.same_records_ok)
+
+    def answer(self, texts: Sequence[str]) -> dict:
+        """The noisy-argmax labels of `texts` (the run's next queries), charged first; refused when the plan's
+        queries are spent (`BudgetSpentError`) or the ledger's budget cannot afford them (`BudgetExceededError`),
+        nothing charged and nothing answered either way."""
+        texts = [str(t) for t in texts]
+        if not texts:
+            raise ConfigError("no query to answer")
+        with self._lock:
+            first = self._next
+            if first + len(texts) > self.budget.queries:
+                raise BudgetSpentError(
+                    f"DP-ICL budget spent: {self.remaining} of {self.budget.queries} queries left, "
+                    f"{len(texts)} asked; nothing answered, nothing charged")
+            charged = self.charge(first, len(texts))
+            self._next = first + len(texts)
+            answers = answer_queries(self.lm, self.data.spec, self._records, texts, self.budget.plan, self._key,
+                                     self._rng, first_query=first, mode=self.vote_mode, max_rows=self.max_rows)
+        return {"answers": list(answers.labels), "first_query": first,
+                "ledger": {k: charged.get(k) for k in ("charged", "total_epsilon", "delta")},
+                "queries_remaining": self.budget.queries - first - len(texts)}
+
+
+PUBLIC_PARAMETERS = ("subsets", "shots", "records", "sampling_rate", "queries", "queries_per_draw", "draws",
+                     "noise_multiplier", "draw_noise_multiplier", "noise_std")
+
+
+def open_run(config, budget_settings: Settings, data: LoadedDataset, *, epsilon: float | None,
+             noise_multiplier: float | None, queries: int | None, run_id: str, limit: int | None = None,
+             lm=None, announce=None):
+    """(the `Budget`, a `PrivateAnswerer`, the run's public and private folders): the plan from public counts,
+    the key and noise from `config.seed` (None: cryptographically seeded), the key in the private folder.
+    `announce(budget)` is called first thing after the plan (the budget line, before any check of the ledger).
+    Nothing is charged here."""
+    from dpcore.fewshot.mechanisms import noise_generator
+    from tasks.common import language_model, run_paths
+
+    delta = run_delta(config, len(data.train))
+    budget = plan_budget(len(data.train), delta, budget_settings, epsilon=epsilon,
+                         noise_multiplier=noise_multiplier, queries=queries, limit=limit)
+    if announce is not None:
+        announce(budget)
+    # the ledger's dataset budget checked before anything is written or loaded (refused: exit 3)
+    charge_spends(config.ledger_id, plan_spends(config.ledger_id, data.content_hash, run_id, [budget.plan]),
+                  dry_run=True, fresh=True, same_records_ok=config.new_budget_for_same_records)
+    paths = run_paths(data.spec.name, data.content_hash, run_id)
+    rng, _ = noise_generator(config.seed)
+    key = run_key(rng)
+    write_key(paths.private, key)
+    model = lm if lm is not None else language_model(config.model, device=config.device, dtype=config.dtype)
+    answerer = PrivateAnswerer(model, data, budget, dataset_id=config.ledger_id, run_id=run_id, rng=rng, key=key,
+                               vote_mode=budget_settings.vote_mode,
+                               same_records_ok=config.new_budget_for_same_records)
+    return budget, answerer, paths
+
+
+__all__ = ["Budget", "BudgetSpentError", "PUBLIC_PARAMETERS", "PrivateAnswerer", "Settings", "open_run",
+           "plan_budget", "run_delta", "settings", "write_key"]
