@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
