@@ -67,6 +67,15 @@ class Settings:
     queries: int  # the preset's planned queries (used when the user names none)
 
 
+def device_type(device: str | None) -> str:
+    """"cuda" or "cpu": what `--device` (auto: CUDA when torch sees a GPU) puts the model on (the preset's choice)."""
+    if device not in (None, "auto"):
+        return "cuda" if str(device).startswith("cuda") else "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def settings(preset: str = "auto", device_type: str = "cpu", *, subsets: int | None = None,
              shots: int | None = None, queries_per_draw: int | None = None,
              vote_mode: str | None = None) -> Settings:
@@ -262,5 +271,5 @@ def open_run(config, budget_settings: Settings, data: LoadedDataset, *, epsilon:
     return budget, answerer, paths
 
 
-__all__ = ["Budget", "BudgetSpentError", "PUBLIC_PARAMETERS", "PrivateAnswerer", "Settings", "open_run",
+__all__ = ["Budget", "BudgetSpentError", "PUBLIC_PARAMETERS", "PrivateAnswerer", "Settings", "device_type", "open_run",
            "plan_budget", "run_delta", "settings", "write_key"]

@@ -84,27 +84,19 @@ def new_run_id() -> str:
 def prepare(args, *, queries: int | None = None):
     """(config, settings, data): the configuration, the ensemble's settings and the loaded records, every check
     on public values made before the records are read."""
-    from tasks.dp_icl import settings
+    from tasks.dp_icl import device_type, settings
     from tasks.ingest import load_data
 
     config = cli.checked_config(args)
     if args.epsilon is None and args.noise_multiplier is None:
         raise ConfigError("give --epsilon or --noise-multiplier (or both)")
-    chosen = settings(args.preset, _device_type(config.device), subsets=args.subsets, shots=args.shots,
+    chosen = settings(args.preset, device_type(config.device), subsets=args.subsets, shots=args.shots,
                       queries_per_draw=args.queries_per_draw, vote_mode=args.vote_mode)
     data = load_data(config)
     if data.spec.kind != "classification":
         raise ConfigError(f"dp-icl: answers classification queries; task {data.spec.name!r} is "
                               f"{data.spec.kind}")
     return config, chosen, data
-
-
-def _device_type(device: str) -> str:
-    if device not in (None, "auto"):
-        return "cuda" if str(device).startswith("cuda") else "cpu"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _read_queries(path: str, labels: list[str]) -> tuple[list[str], list[str | None], list[dict]]:

@@ -11,6 +11,7 @@ from dpcore.config import AuditConfig
 from dpcore.data.artifacts import jsonable, write_bytes_atomic, write_json_atomic, write_text_atomic
 from dpcore.data.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps
+from dpcore.dp_icl.server import MAX_BATCH, request_answers
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.home import dpicl_home, find_run_dir
 from dpcore.names import METHODS, method_name
@@ -74,7 +75,48 @@ def _read_queries(path: Path) -> list[dict]:
     return rows
 
 
+def _predict_private(args) -> int:
+    """`dpicl predict --private --endpoint URL`: the queries sent to a DP-ICL server (`dpicl serve --private`),
+    which charges each batch before answering it; the noisy-argmax labels written as JSONL."""
+    if args.endpoint is None:
+        raise ConfigError("--private: name the DP-ICL server with --endpoint (e.g. http://127.0.0.1:8000/v1)")
+    others = [f for f, v in (("--release", args.release != "production"), ("--dataset-id", args.dataset_id),
+                             ("--model", args.model), ("--scoring", args.scoring), ("--retries", args.retries),
+                             ("--max-new-tokens", args.max_new_tokens), ("--calibration", args.calibration is not None))
+              if v]
+    if others:
+        raise ConfigError(f"{', '.join(others)}: do not apply to --private (the server decides)")
+    batch = args.batch_size or MAX_BATCH
+    if not 1 <= batch <= MAX_BATCH:
+        raise ConfigError(f"--batch-size: must be 1 to {MAX_BATCH} with --private, got {batch}")
+    out = check_out_file("--out", args.out)
+    path = Path(args.input)
+    if not path.exists():
+        raise DataValidationError(f"{path}: file not found")
+    queries = _read_queries(path)
+    lines, first, remaining = [], None, None
+    for start in range(0, len(queries), batch):  # each batch charged by the server before it is answered
+        part = queries[start:start + batch]
+        reply = request_answers(args.endpoint, [q["text"] for q in part], timeout=args.timeout or 600.0)
+        first = reply["first_query"] if first is None else first
+        remaining = reply.get("queries_remaining")
+        for query, label in zip(part, reply["answers"], strict=True):
+            row = {k: v for k, v in query.items() if k not in ("text", "line")}
+            row["label"] = label
+            lines.append(json.dumps(row) + "\n")
+        if out is None:
+            sys.stdout.writelines(lines[-len(part):])
+            sys.stdout.flush()
+    if out is not None:
+        write_text_atomic(out, "".join(lines))
+    print(f"answered {len(queries)} queries by DP-ICL (each batch charged to the ledger before it was answered); "
+          f"{remaining} queries left on the server", file=sys.stderr)
+    return 0
+
+
 def _predict(args) -> int:
+    if args.private:
+        return _predict_private(args)
     # torch, Prefect load here, not for `dpicl --help`
     from tasks.release import answer_queries
 
@@ -200,6 +242,9 @@ def register(subparsers) -> None:
                          help="contextually calibrated predictions (default: calibrated for demonstrations, raw for "
                               "a PromptDPSGD prompt, the scoring each method's accuracy is reported with)")
     predict.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
+    predict.add_argument("--private", action="store_true",
+                         help="ask a DP-ICL server (`dpicl serve --private`, at --endpoint) instead of a release: "
+                              "each batch of queries is charged to its ledger before it is answered")
     add_endpoint_flags(predict)
 
     export = command(
