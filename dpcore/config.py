@@ -129,7 +129,8 @@ class RunConfig(_Frozen):
     methods: list[Method] = Field(
         default_factory=lambda: ["tang"],
         description="comma-separated private-prompting methods, run on the same data, test split and ledger: "
-        "tang (DP few-shot generation), pate (PromptPATE), dpsgd (PromptDPSGD soft prompts)")
+        "tang (DP few-shot generation), pate (PromptPATE), dpsgd (PromptDPSGD soft prompts), adadpsyn (AdaDPSyn's "
+        "DP demonstrations), dp-opt (DP-OPT's private instruction)")
     dataset: str = Field("agnews", description="a shipped task (agnews, trec, sst2, ...) or your task's name")
     data_path: str | None = Field(None, description="a user's CSV/JSONL/Parquet file (with --task-spec)")
     test_path: str | None = Field(
@@ -291,6 +292,37 @@ class RunConfig(_Frozen):
                                               "task uses its public split; without either, no curve")
     dpsgd_seeds: int = Field(1, ge=1, description="independent trainings (accuracy mean +/- std over them); "
                              "each is charged to the ledger")
+
+    # --- AdaDPSyn (Gao et al. 2024): fields named adadpsyn_*. M, N, K, RVP and T_max are the run's (Algorithm 1's);
+    # sigma_avg is calibrated to each epsilon; the rest are PFIRR's public parameters, the paper's by default
+    # (`dpcore.adadpsyn.params.PAPER`), never tuned on private data.
+    adadpsyn_sigma_radius: float = Field(15.0, gt=0, description="AdaDPSyn: noise multiplier of the radius "
+                                         "search's queries (std 2 sigma_radius on L(r)); the paper's 15")
+    adadpsyn_sigma_test: float = Field(5.0, gt=0, description="AdaDPSyn: noise multiplier of each coverage test "
+                                       "(std sigma_test on a count); the paper's 5")
+    adadpsyn_tolerance: float = Field(0.1, gt=0, lt=0.7071, description="AdaDPSyn: the radius search stops at this "
+                                      "bracket width; the paper's 0.1")
+    adadpsyn_coverage: float = Field(0.8, gt=0, le=1, description="AdaDPSyn: share t of the M groups the radius "
+                                     "covers; the paper's 0.8")
+    adadpsyn_shrink: float = Field(0.25, ge=0, description="AdaDPSyn: lambda, the last noise the next radius allows "
+                                   "for; the paper's 0.25")
+    adadpsyn_test_fraction: float = Field(0.55, ge=0, le=1, description="AdaDPSyn: mu_test, the share of groups a "
+                                          "smaller ball must hold; the paper's 0.55")
+    adadpsyn_updates: int = Field(2, ge=0, description="AdaDPSyn: T_update, radius reductions per token at most; "
+                                  "the paper's 2")
+
+    # --- DP-OPT (Hong et al. 2024): fields named dp_opt_*; unset ones from the preset
+    # (`dpcore.dp_opt.presets`: gpu = the paper's PAPER, cpu = SMOKE, seconds on a CPU).
+    dp_opt_preset: Literal["auto", "cpu", "gpu"] = Field(
+        "auto", description="DP-OPT: defaults of the unset dp_opt_* fields: gpu = Hong et al. (205 subsets of 5, "
+        "40 candidates of 50 tokens), cpu = a CPU size (8 subsets of 2, 2 candidates of 6 tokens); auto: by device")
+    dp_opt_subsets: int | None = Field(None, ge=1, description="DP-OPT: M, demo subsets voting on each token")
+    dp_opt_shots: int | None = Field(None, ge=1, description="DP-OPT: k, demonstrations per subset")
+    dp_opt_max_tokens: int | None = Field(None, ge=1, description="DP-OPT: T, tokens per candidate instruction")
+    dp_opt_candidates: int | None = Field(None, ge=1, description="DP-OPT: J, candidate instructions (J > 1: one "
+                                          "chosen privately on a keyed-hash holdout)")
+    dp_opt_temperature: float | None = Field(None, ge=0, description="DP-OPT: each subset's sampling temperature "
+                                             "(0: its argmax; the paper's 1.1)")
 
     task_runner: str = Field("threads", description="threads, dask (a local cluster) or a Dask scheduler address")
 

@@ -15,7 +15,9 @@ from dpcore.errors import ConfigError
 # The private-prompting methods dpicl runs on the same data, test split and ledger:
 # tang = DP few-shot generation (Tang et al. Algorithm 1), pate = PromptPATE (Duan et al. Section 4.2),
 # dpsgd = PromptDPSGD soft prompts (Duan et al. Section 4.1).
-Method = Literal["tang", "pate", "dpsgd"]
+# adadpsyn = AdaDPSyn (Gao et al. 2024: Algorithm 1 with data-adaptive aggregation), dp-opt = DP-OPT (Hong et al.
+# 2024: a private instruction). Each is one entry of the method registry (`tasks.methods.REGISTRY`).
+Method = Literal["tang", "pate", "dpsgd", "adadpsyn", "dp-opt"]
 METHODS: tuple[str, ...] = get_args(Method)
 # The field's other methods, each a subsystem of dpcore with its mechanism, plan and spends: DP-ICL (Wu et al. 2024,
 # private prediction by a noisy vote of disjoint exemplar subsets), AdaDPSyn (Gao et al. 2024, Algorithm 1 with
@@ -36,9 +38,11 @@ AuditMode = Literal["regenerate", "run-demos"]
 AuditTest = Literal["detect", "equivalence"]
 # Where an evaluated prompt's demonstrations come from (the rows of Tang et al. Table 1):
 # none, instruction-only (epsilon = 0), sigma = 0, real records, DP demonstrations (`tang`), a PromptPATE
-# student (`pate`: public queries with noisy labels), or (`dpsgd`) no demonstration but a trained
-# PromptDPSGD prompt in front.
-DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "tang", "pate", "dpsgd"]
+# student (`pate`: public queries with noisy labels), (`dpsgd`) no demonstration but a trained
+# PromptDPSGD prompt in front, AdaDPSyn's DP demonstrations (`adadpsyn`), or (`dp-opt`) no demonstration but
+# DP-OPT's private instruction in front.
+DemoSource = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real", "tang", "pate", "dpsgd",
+                     "adadpsyn", "dp-opt"]
 DEMO_SOURCES: tuple[str, ...] = get_args(DemoSource)
 # The demo sources run beside the DP demonstrations for comparison.
 Baseline = Literal["zero-shot", "instruction-only", "sigma-zero", "random-real"]

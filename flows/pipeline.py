@@ -10,6 +10,8 @@ data, test split and ledger.
       -> evaluate (every baseline and the DP demos) -> audit (membership inference)
       -> PromptPATE subflow (`flows.pate`) -> PromptDPSGD subflow (`flows.tune`) (their charged stages
          marked right after the charge: a run stopped before they began runs them once when resumed)
+      -> every registered method's subflow (`tasks.methods`, resolved by `flows.methods.subflow`: AdaDPSyn,
+         DP-OPT), in the run's order, on the same charge
       -> record (MLflow, Prefect artifacts, manifests) -> the comparison table
 
 The flow composes `tasks/` (thin wrappers over `dpcore`) and holds no algorithm logic.
@@ -49,6 +51,7 @@ from dpcore.public_outputs import Kind, declare_line
 from dpcore.report.summary import private_data_verdict
 from flows import pate as pate_subflow
 from flows import tune as dpsgd_subflow
+from flows.methods import subflow as method_subflow
 from flows.pate import pate_flow
 from flows.runner import cancelled_on_stop, default_run_id, map_calls, results, running
 from flows.tune import dpsgd_flow
@@ -160,6 +163,7 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
         tang_rows=recorded["results"] if tang else [],
         pate_results_path=str(paths.public / "pate_results.parquet") if "pate" in others else None,
         dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), cost=cost,
+        method_rows=[row for name in config.methods if name in plan.method_plans for row in others[name]["results"]],
         calibrated=config.calibrate, method_audits=method_audits) if others else None
     seeded_noise = bool((tang_summary or {}).get("seeded_noise")) or any(o["seeded_noise"] for o in others.values())
     results = comparison["rows"] if comparison is not None else recorded["results"]
@@ -238,6 +242,12 @@ def _other_methods(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan
         began = time.perf_counter()
         others["dpsgd"] = dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry, plan=plan)
         wall["dpsgd"] = time.perf_counter() - began
+    for name in config.methods:  # every method the registry plans (`tasks.methods`): its subflow, by entry point
+        if name in plan.method_plans:
+            began = time.perf_counter()
+            others[name] = method_subflow(name)(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry,
+                                                plan=plan)
+            wall[name] = time.perf_counter() - began
     return others, wall
 
 
@@ -246,7 +256,8 @@ def _record(config: RunConfig, run_id: str, flow_run_id: str, ingested: dict, pa
     """7. record: MLflow, Prefect artifacts, manifests (after the other methods: it writes the manifest), when
     the run generated DP demonstrations; otherwise the other methods' MLflow runs. (recorded, audit)."""
     if tang_summary is None:
-        first = others.get("pate") or {"mlflow_run_id": (others["dpsgd"]["mlflow_run_ids"] or [None])[0]}
+        first = (others.get("pate") or ({"mlflow_run_id": (others["dpsgd"]["mlflow_run_ids"] or [None])[0]}
+                                        if "dpsgd" in others else {}))
         return ({"mlflow_run_id": first.get("mlflow_run_id"), "mlflow_experiment_id":
                  first.get("mlflow_experiment_id"), "tracking_uri": tracking.tracking_uri(), "results": []},
                 {"ran": False})

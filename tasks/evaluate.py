@@ -13,7 +13,9 @@ extraction task's answers (which may copy the real records' words) are blanked t
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.common import cached_task, open_stage, report_progress, stage_dir, stage_logger
 
 EVAL_MODULES = ("dpcore.lm.icl", "dpcore.lm.prefix_cache", "dpcore.data.taskspec", "dpcore.lm.model", "dpcore.dpsgd.soft_prompt",
-                "dpcore.dpsgd.adapters")
+                "dpcore.dpsgd.adapters", "dpcore.dp_opt.instruction")
 EVALUATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "epsilon", "demo_keys", "eval_config", "labels",
                        "model", "dtype")
 ZERO_SHOT = "zero-shot"
@@ -44,6 +46,7 @@ declare("file:cache/stages/evaluate/*/prefect-result.json", Kind.PUBLIC_TIMING, 
 EVALUATED_LOG = declare_log("evaluated %s at epsilon %s: accuracy %.3f, calibrated %.3f (mean over %d seeds, n=%d) "
                             "in %d s", dp=(1, 2, 3), public_timing=(6,))
 DPSGD = "dpsgd"  # demo_paths = [the trained prompt's or adapter's safetensors], demo_keys = [its sha256]
+DP_OPT = "dp-opt"  # demo_paths = [the instruction's JSON ({"instruction": ...})], demo_keys = [its sha256]
 
 
 class DemoSet(BaseModel):
@@ -119,6 +122,11 @@ def evaluate(
 
         pool = None
         lm, past = trained_scoring(lm, demo_paths[0])
+    elif method == DP_OPT:  # DP-OPT's private instruction in front of a zero-shot prompt (post-processing)
+        from dpcore.dp_opt.instruction import instruction_spec
+
+        pool = None
+        spec = instruction_spec(spec, json.loads(Path(demo_paths[0]).read_text())["instruction"])
     elif method == RANDOM_REAL:
         pool = private_split(records_path, "train")
     else:
@@ -169,3 +177,23 @@ def evaluate_call(demo_set: DemoSet, ingested: dict, config, labels: list[str]) 
                 demo_paths=list(demo_set.demo_paths), demo_keys=list(demo_set.demo_keys),
                 eval_config=config.eval_config(), labels=labels, model=config.model, device=config.device,
                 dtype=config.dtype)
+
+
+def plan_rows(plans, evaluations: list[dict]) -> list[dict]:
+    """One results row per plan of a registered method (`tasks.methods`): its evaluation's accuracy over seeds
+    (mean, std; numpy's ddof 0, as `dpcore.report.summary`), the plan's method, epsilon, delta, sigma and q.
+    `evaluations`: `evaluate`'s results, matched to the plans by epsilon. Public rows."""
+    by_eps = {float(e["epsilon"]): e for e in evaluations}
+    rows = []
+    for plan in plans:
+        metrics = by_eps[float(plan.epsilon)]["metrics"]
+        raw = [float(m["accuracy"]) for m in metrics]
+        calibrated = [float(m["calibrated_accuracy"]) for m in metrics]
+        rows.append({"method": plan.method, "epsilon": float(plan.epsilon), "delta": float(plan.delta),
+                     "noise_multiplier": plan.parameters.get("noise_multiplier"),
+                     "sampling_rate": plan.parameters.get("sampling_rate"),
+                     "accuracy_mean": statistics.fmean(raw), "accuracy_std": statistics.pstdev(raw),
+                     "calibrated_accuracy_mean": statistics.fmean(calibrated),
+                     "calibrated_accuracy_std": statistics.pstdev(calibrated),
+                     "seeds": len(metrics), "n": int(max(m["n"] for m in metrics))})
+    return rows

@@ -3,7 +3,8 @@
 `build_run_plan` loads the dataset once (validated, its keyed content hash), picks delta (the flag, the
 budget's delta the CLI put in the config, or 1/|D|), and plans every method the run names on that data:
 DP few-shot generation's `FewShotPlan` (a sigma per epsilon, `dpcore.fewshot.plan`), PromptPATE's settings,
-public queries and plans (`tasks.pate`), PromptDPSGD's plans (`tasks.tune`), and the audit's design and the
+public queries and plans (`tasks.pate`), PromptDPSGD's plans (`tasks.tune`), every registered method's plans
+(`tasks.methods`: AdaDPSyn's, DP-OPT's), and the audit's design and the
 plans of its DP demo sets from public counts (`tasks.audit`): every spend the run will make. Nothing is written but the records' sketch beside the
 ledger (`tasks.ingest.load_data`); no model loads.
 
@@ -41,6 +42,7 @@ from tasks.audit import audit_generation_plans, run_audit_design
 from tasks.calibrate import plan_arguments
 from tasks.charge import budget_delta, charge_spends, plan_spends, preflight
 from tasks.ingest import load_data
+from tasks.methods import registered_plans
 
 DELTA_SOURCES = ("flag", "budget", "1/|D|")
 
@@ -117,6 +119,8 @@ class RunPlan:
     dpsgd: tuple[PrivacyPlan, ...]
     audit: AuditPlan | None
     held: PlannedData = field(repr=False, compare=False)
+    # the plans of every method the registry plans (`tasks.methods.MethodEntry.plan`: adadpsyn, dp-opt, ...)
+    method_plans: dict[str, tuple[PrivacyPlan, ...]] = field(default_factory=dict)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source, handler):
@@ -137,9 +141,10 @@ class RunPlan:
 
     def privacy_plans(self) -> list[PrivacyPlan]:
         """Every plan of the run, in the order the ledger charges them: DP few-shot generation's, PromptPATE's,
-        PromptDPSGD's, the audit's DP demo sets."""
+        PromptDPSGD's, the registered methods' (in the run's order), the audit's DP demo sets."""
         return ([*self.fewshot.privacy_plans()] if self.fewshot is not None else []) + \
             [*(self.pate.plans if self.pate is not None else ()), *self.dpsgd,
+             *(plan for name in self.methods for plan in self.method_plans.get(name, ())),
              *(self.audit.plans if self.audit is not None else ())]
 
     def spends(self, run_id: str | None) -> list[tuple[str, float, ledger.Spend]]:
@@ -253,7 +258,8 @@ def build_run_plan(config: RunConfig, methods: Iterable[str] | None = None) -> R
         labels=tuple(data.labels), label_counts=counts, num_private_records=len(data.train),
         num_test=len(data.test), generation=generation, fewshot=fewshot,
         pate=_pate_plan(config, data, delta) if "pate" in methods else None,
-        dpsgd=_dpsgd_plans(config, data) if "dpsgd" in methods else (), audit=audit, held=PlannedData(data))
+        dpsgd=_dpsgd_plans(config, data) if "dpsgd" in methods else (), audit=audit, held=PlannedData(data),
+        method_plans=registered_plans(config, data, float(delta), methods))
 
 
 def _pate_plan(config: RunConfig, data: LoadedDataset, delta: float) -> PatePlan:

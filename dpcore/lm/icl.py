@@ -452,6 +452,11 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
     return predictions, metrics
 
 
+# Prompts with no demonstration: zero-shot, a trained PromptDPSGD prompt (a cache in front), DP-OPT's private
+# instruction (in the task spec's instruction, `dpcore.dp_opt.instruction.instruction_spec`).
+NO_DEMO_METHODS = ("zero-shot", "dpsgd", "dp-opt")
+
+
 def _evaluation_inputs(spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSource, config: EvalConfig,
                        labels: Sequence[str] | None, trained_prompt: bool) -> tuple[list, int, list[str], list[str]]:
     """`evaluate`'s inputs checked: (the demo pool, the shots per prompt, the labels scored, the labels demos
@@ -461,8 +466,8 @@ def _evaluation_inputs(spec: TaskSpec, test: pd.DataFrame, demo_pool, method: De
     for column in ("id", "text", "label"):
         if column not in test.columns:
             raise DataValidationError(f"test split: missing column {column!r}")
-    pool = [] if method in ("zero-shot", "dpsgd") else _pool(demo_pool)
-    shots = 0 if method in ("zero-shot", "dpsgd") else config.shots
+    pool = [] if method in NO_DEMO_METHODS else _pool(demo_pool)
+    shots = 0 if method in NO_DEMO_METHODS else config.shots
     if trained_prompt and spec.kind != "classification":
         raise ConfigError(f"task {spec.name!r}: a trained prompt scores classification tasks only")
     if shots > 0 and not pool:

@@ -186,15 +186,16 @@ def with_audit_verdict(rows: list[dict], audits: list[dict]) -> list[dict]:
 
 
 def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: list[dict],
-                     delta: float | None = None) -> pd.DataFrame:
+                     delta: float | None = None, other_rows: list[dict] = ()) -> pd.DataFrame:
     """One row per (method, epsilon) over the three private-prompting methods run on the same test split:
     DP few-shot generation (`tang`, Tang et al.), PromptPATE (`pate`) and PromptDPSGD (`dpsgd`, Duan et
-    al.), beside the references (zero-shot once, the non-private baselines). `epsilon` is what the
+    al.), and `other_rows` (the registered methods': AdaDPSyn, DP-OPT, in the same row shape), beside the
+    references (zero-shot once, the non-private baselines). `epsilon` is what the
     ledger charged (PromptPATE's data-dependent bound is a non-DP statistic of the votes and stays in the
     private store). No wall time: each method's depends on its private records (the private run folder
     keeps them)."""
     rows, seen = [], set()
-    for source_rows in (tang_rows, pate_rows, dpsgd_rows):
+    for source_rows in (tang_rows, pate_rows, dpsgd_rows, other_rows):
         for row in source_rows:
             method = method_name(row["method"])  # rows of an older run may say dp
             epsilon = float(row["epsilon"]) if row.get("epsilon") is not None else math.nan

@@ -1,0 +1,120 @@
+"""AdaDPSyn's stages (Gao et al. 2024, `dpcore.adadpsyn`): its plans on a run's data, its DP demonstrations
+per epsilon, their evaluation rows.
+
+The plan (`plans`): per epsilon > 0 of the run, `dpcore.adadpsyn.plan.adadpsyn_plan` at Algorithm 1's sizes
+(q = the largest MN/|D_y| over the labels, T = max_tokens x demos per label, as `tasks.calibrate` plans
+tang's), PFIRR's public parameters from the run's `adadpsyn_*` fields (the paper's by default), sigma_avg
+calibrated. The generation (`generate`): Algorithm 1's engine (`dpcore.fewshot.generation.generate_demos`) with
+PFIRR as its token step (`dpcore.adadpsyn.step.token_chooser`), every label at once, its demos named
+`adadpsyn` and carrying sigma_eff; they are DP outputs and go to the public run folder.
+
+A generation draws noise only under a charge this attempt of the run made (`noise_charged`); AdaDPSyn keeps no
+per-step state, so a generation an earlier attempt charged is refused, never drawn again (start a new run).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from dpcore.adadpsyn.params import PfirrParams
+from dpcore.adadpsyn.plan import METHOD, adadpsyn_plan
+from dpcore.config import GenerationConfig, RunConfig
+from dpcore.data.artifacts import file_sha256, write_table
+from dpcore.data.datasets import LoadedDataset
+from dpcore.data.taskspec import load_task_spec
+from dpcore.errors import ConfigError, DpiclError
+from dpcore.fewshot.accounting import total_steps
+from dpcore.fewshot.plan import run_sampling_rate
+from dpcore.privacy.plan import PrivacyPlan
+from dpcore.public_outputs import Kind, declare, declare_log
+from tasks.calibrate import generation_config
+from tasks.common import derive_seed, language_model, stage_logger, uncached_task
+from tasks.generate import check_generation
+
+# AdaDPSyn's public outputs: its demonstrations (DP outputs, with the plan's sigma_eff, a function of public
+# counts), its rows in the results (accuracies of DP prompts: DP; sigma_eff and q: public counts).
+declare("file:*adadpsyn_demos*.parquet", Kind.DP, "/*")
+GENERATED_LOG = declare_log("adadpsyn: generated %d demo(s) at epsilon %s (sigma_eff %.4g, sigma_avg %.4g)",
+                            dp=(0,), count=(2, 3))
+PFIRR_FIELDS = ("sigma_radius", "sigma_test", "tolerance", "coverage", "shrink", "test_fraction", "updates")
+
+
+def hyperparameters(config: RunConfig) -> PfirrParams:
+    """PFIRR's public parameters from the run's `adadpsyn_*` fields (sigma_avg: calibrated by the plan)."""
+    return PfirrParams(sigma_avg=1.0, **{name: getattr(config, f"adadpsyn_{name}") for name in PFIRR_FIELDS})
+
+
+def generation(config: RunConfig, num_labels: int) -> GenerationConfig:
+    """Algorithm 1's sizes for AdaDPSyn: the run's M, N, K, RVP, T_max (the Gaussian kind: PFIRR adds Gaussian
+    noise), demos per label from --shots."""
+    return generation_config(config, num_labels).model_copy(update={"mechanism": "gaussian"})
+
+
+def plans(config: RunConfig, data: LoadedDataset, delta: float) -> tuple[PrivacyPlan, ...]:
+    """AdaDPSyn's plans on the run's data (`tasks.methods` protocol): `label_plans` on its label counts |D_y|."""
+    if data.spec.kind != "classification":
+        raise ConfigError(f"methods: AdaDPSyn generates demonstrations per label; task {data.spec.name!r} is "
+                          f"{data.spec.kind}")
+    return label_plans(config, data.label_counts(), delta)
+
+
+def label_plans(config: RunConfig, label_counts: dict[str, int], delta: float) -> tuple[PrivacyPlan, ...]:
+    """AdaDPSyn's plans, one per epsilon > 0 of the run (epsilon 0 is tang's instruction-only row), after
+    Algorithm 1's checks on the public counts (N records per label, q <= 1). ConfigError for an unreachable
+    target (the radius search and tests alone cost more)."""
+    gen = generation(config, len(label_counts))
+    check_generation(gen, label_counts=label_counts)
+    q = run_sampling_rate(label_counts, gen.num_subsets, gen.subset_size)
+    steps = total_steps(gen.max_tokens, gen.demos_per_label)
+    hyper = hyperparameters(config)
+    return tuple(adadpsyn_plan(eps, delta, q, steps, hyper=hyper, num_groups=gen.num_subsets, top_k=gen.top_k)
+                 for eps in sorted({float(e) for e in config.epsilons}) if eps > 0)
+
+
+def pfirr_of(parameters: dict) -> PfirrParams:
+    """The PFIRR parameters a plan's `parameters` hold (`dpcore.adadpsyn.plan.pfirr_params`, from its dict)."""
+    return PfirrParams(sigma_avg=parameters["sigma_avg"], **{name: parameters[name] for name in PFIRR_FIELDS})
+
+
+def _eps_text(epsilon: float) -> str:
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+@uncached_task("adadpsyn-generate", tags=["gpu"], task_run_name="adadpsyn-generate-eps{epsilon:g}")
+def generate(*, records_path: str, task_spec: str, epsilon: float, parameters: dict, generation: GenerationConfig,
+             model: str, device: str = "auto", dtype: str = "auto", seed: int | None = None,
+             noise_charged: bool = False, public_dir: str) -> dict:
+    """AdaDPSyn's demonstrations for every label at one epsilon (`parameters`: its plan's); written to the
+    public run folder. Returns {epsilon, path, key (the file's sha256), seeded_noise, demos} (public)."""
+    from dpcore.adadpsyn.accounting import effective_noise_multiplier
+    from dpcore.adadpsyn.step import token_chooser
+    from dpcore.fewshot.generation import demos_frame, generate_demos
+    from tasks.ingest import records_by_label
+
+    if not noise_charged:  # seeded or not: the charge covers one draw
+        raise DpiclError(f"adadpsyn at epsilon {_eps_text(epsilon)}: this attempt did not charge the spend (an "
+                         "earlier attempt of the run did); drawing fresh noise would spend privacy the ledger "
+                         "charged once. Start a new run (a new --run-id).")
+    params = pfirr_of(parameters)
+    sigma_eff = effective_noise_multiplier(params)
+    spec, lm = load_task_spec(task_spec), language_model(model, device, dtype)
+    records = records_by_label(records_path)
+    result = generate_demos(lm, spec, records, generation, sigma_eff, seed=seed,
+                            chooser=token_chooser(generation, params), method=METHOD)
+    frame = demos_frame(result.demos)
+    frame["method"] = METHOD
+    frame["epsilon"] = float(epsilon)
+    path = write_table(frame, Path(public_dir) / f"adadpsyn_demos_eps{_eps_text(epsilon)}.parquet")
+    stage_logger().info(GENERATED_LOG, len(frame), _eps_text(epsilon), sigma_eff, params.sigma_avg)
+    return {"epsilon": float(epsilon), "path": str(path), "key": file_sha256(path),
+            "seeded_noise": bool(result.seeded_noise), "demos": len(frame)}
+
+
+def generate_call(config: RunConfig, ingested: dict, plan: PrivacyPlan, num_labels: int, charged: bool) -> dict:
+    """`generate`'s arguments for one of AdaDPSyn's plans in a run (its seed derived from the run's and the
+    epsilon)."""
+    return dict(records_path=ingested["records_path"], task_spec=ingested["task_spec"], epsilon=plan.epsilon,
+                parameters={k: plan.parameters[k] for k in ("sigma_avg", *PFIRR_FIELDS)}, generation=generation(config, num_labels), model=config.model,
+                device=config.device, dtype=config.dtype, seed=derive_seed(config.seed, METHOD, plan.epsilon),
+                noise_charged=charged, public_dir=ingested["paths"]["public"])

@@ -1,0 +1,128 @@
+"""DP-OPT's stages (Hong et al. 2024, `dpcore.dp_opt`): its parameters and plans on a run's data, the private
+instruction per epsilon, its evaluation rows.
+
+Parameters (`params`): the preset's (`dp_opt_preset`: gpu = the paper's `PAPER`, cpu = `SMOKE`, auto by
+device), each overridden by the run's `dp_opt_*` field when set; public, never tuned on private data. The plan
+(`plans`): per epsilon > 0 of the run, `dpcore.dp_opt.privacy.dp_opt_plan` with n the number of records that
+write (`generation_record_count`: the keyed-hash holdout excluded; a count of the records, as |D_y| is for
+tang). The instruction (`write`): `dpcore.dp_opt.instruction.write_instruction` on the run's training records
+(with their ids: ids decide sampling, subsets and holdout), written with its public stats (DP outputs and
+public parameters) to the public run folder as `dp_opt_instruction_eps<E>.json`; the evaluation puts it in
+front of a zero-shot prompt (`tasks.evaluate`, method `dp-opt`).
+
+An instruction draws noise only under a charge this attempt of the run made; an earlier attempt's charge is
+never drawn again (start a new run).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from dpcore.config import RunConfig
+from dpcore.data.artifacts import file_sha256, write_json_atomic
+from dpcore.data.datasets import LoadedDataset
+from dpcore.data.taskspec import load_task_spec
+from dpcore.dp_opt.instruction import generation_record_count, write_instruction
+from dpcore.dp_opt.presets import PAPER, SMOKE, DpOptParams
+from dpcore.dp_opt.privacy import METHOD, dp_opt_plan
+from dpcore.errors import ConfigError, DpiclError
+from dpcore.privacy.plan import PrivacyPlan
+from dpcore.public_outputs import Kind, declare, declare_log
+from tasks.common import derive_seed, language_model, stage_logger, uncached_task
+
+# DP-OPT's public output: the instruction, every candidate's text, length and stop reason and the index kept
+# are DP outputs; sigma, sigma_sel, q and the steps planned are public counts (`write_instruction`'s stats).
+INSTRUCTION_FILE = "dp_opt_instruction_eps{}.json"
+declare("file:*dp_opt_instruction_eps*.json", Kind.DP, "/instruction", "/stats/candidates", "/stats/tokens",
+        "/stats/stopped", "/stats/chosen", "/stats/steps_used")
+declare("file:*dp_opt_instruction_eps*.json", Kind.COUNT, "/stats/sampling_rate", "/stats/noise_multiplier",
+        "/stats/selection_noise_multiplier", "/epsilon", "/delta")
+WRITTEN_LOG = declare_log("dp-opt: wrote an instruction of %d token(s) at epsilon %s (sigma %.4g)", dp=(0,),
+                          count=(2,))
+OVERRIDES = ("subsets", "shots", "max_tokens", "candidates", "temperature")
+# what `write` takes of a plan's parameters (finite numbers: a task's parameters are stored as JSON)
+PLANNED = ("noise_multiplier", "selection_noise_multiplier", "max_tokens", "candidates", "subsets", "shots")
+
+
+def params(config: RunConfig) -> DpOptParams:
+    """DP-OPT's public parameters for a run: the preset's, with every `dp_opt_*` field that is set."""
+    name = config.dp_opt_preset
+    if name == "auto":
+        from dpcore.lm.model import pick_device  # torch: only when the device decides
+
+        name = "gpu" if pick_device(config.device).type == "cuda" else "cpu"
+    base = PAPER if name == "gpu" else SMOKE
+    return replace(base, **{k: getattr(config, f"dp_opt_{k}") for k in OVERRIDES
+                            if getattr(config, f"dp_opt_{k}") is not None})
+
+
+def records_by_label(train) -> dict[str, list[tuple[str, str]]]:
+    """{label: [(id, text)]} of the training records (PRIVATE; ids, never row positions)."""
+    return {str(label): list(zip(part["id"].astype(str), part["text"].astype(str), strict=True))
+            for label, part in train.groupby("label", sort=True)}
+
+
+def plans(config: RunConfig, data: LoadedDataset, delta: float) -> tuple[PrivacyPlan, ...]:
+    """DP-OPT's plans, one per epsilon > 0 of the run (epsilon 0 reads no record: no DP-OPT row)."""
+    if data.spec.kind != "classification":
+        raise ConfigError(f"methods: DP-OPT's instruction is scored on labels; task {data.spec.name!r} is "
+                          f"{data.spec.kind}")
+    p = params(config)
+    n = generation_record_count(records_by_label(data.train), p)
+    return tuple(dp_opt_plan(eps, delta, p.max_tokens, p.subsets, shots=p.shots, records=n, candidates=p.candidates,
+                             selection_share=p.selection_share)
+                 for eps in sorted({float(e) for e in config.epsilons}) if eps > 0)
+
+
+def _eps_text(epsilon: float) -> str:
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+@uncached_task("dp-opt-write", tags=["gpu"], task_run_name="dp-opt-write-eps{epsilon:g}")
+def write(*, records_path: str, task_spec: str, epsilon: float, delta: float, parameters: dict, config: RunConfig,
+          seed: int | None = None, noise_charged: bool = False, public_dir: str) -> dict:
+    """DP-OPT's instruction at one epsilon (`parameters`: its plan's noise multipliers and sizes, `PLANNED`),
+    written to the public run folder. Returns {epsilon, path, key (the file's sha256), seeded_noise, tokens}."""
+    from tasks.ingest import private_split
+
+    if not noise_charged:
+        raise DpiclError(f"dp-opt at epsilon {_eps_text(epsilon)}: this attempt did not charge the spend (an "
+                         "earlier attempt of the run did); drawing fresh noise would spend privacy the ledger "
+                         "charged once. Start a new run (a new --run-id).")
+    p = params(config)
+    for name in ("max_tokens", "candidates", "subsets", "shots"):
+        if parameters[name] != getattr(p, name):
+            raise DpiclError(f"dp-opt: the plan was made for {name} = {parameters[name]}; plan the run again")
+    run_params = p.with_noise(parameters["noise_multiplier"], parameters["selection_noise_multiplier"] or 0.0)
+    spec = load_task_spec(task_spec)
+    lm = language_model(config.model, config.device, config.dtype)
+    seeded = seed is not None
+    rng = np.random.default_rng(seed)  # None: fresh OS entropy
+    instruction, stats = write_instruction(lm, spec, records_by_label(private_split(records_path, "train")),
+                                           run_params, rng)
+    path = write_json_atomic(Path(public_dir) / INSTRUCTION_FILE.format(_eps_text(epsilon)),
+                             {"method": METHOD, "epsilon": _jsonable(epsilon), "delta": float(delta),
+                              "instruction": instruction, "stats": stats})
+    stage_logger().info(WRITTEN_LOG, stats["tokens"][stats["chosen"]], _eps_text(epsilon),
+                        parameters["noise_multiplier"])
+    return {"epsilon": float(epsilon), "path": str(path), "key": file_sha256(Path(path)), "seeded_noise": seeded,
+            "tokens": int(stats["tokens"][stats["chosen"]])}
+
+
+def _jsonable(value: float):
+    return "inf" if math.isinf(value) else float(value)
+
+
+def write_call(config: RunConfig, ingested: dict, plan: PrivacyPlan, charged: bool) -> dict:
+    """`write`'s arguments for one of DP-OPT's plans in a run (its seed derived from the run's and the epsilon)."""
+    return dict(records_path=ingested["records_path"], task_spec=ingested["task_spec"], epsilon=plan.epsilon,
+                delta=plan.delta, parameters={k: plan.parameters[k] for k in PLANNED}, config=config, seed=derive_seed(config.seed, METHOD, plan.epsilon),
+                noise_charged=charged, public_dir=ingested["paths"]["public"])
+
+
+__all__ = ["INSTRUCTION_FILE", "METHOD", "params", "plans", "records_by_label", "write",
+           "write_call"]
