@@ -16,8 +16,14 @@ from pathlib import Path
 import pandas as pd
 
 from dpcore.data.artifacts import write_table
+from dpcore.public_outputs import Kind, declare
 from tasks import evaluate as evaluate_stage
 from tasks.methods import entry
+
+# A registered method's summary in `dpicl run --json` (`method_summaries/<method>`): its rows' accuracies are DP
+# outputs (accuracies of a DP prompt on test items), its sigma and q follow from public counts (|D_y|, n).
+declare("json:run", Kind.COUNT, "/method_summaries/*/results/*/noise_multiplier",
+        "/method_summaries/*/results/*/sampling_rate")
 
 
 def subflow(name: str) -> Callable[..., dict]:

@@ -38,7 +38,8 @@ _COUNT_METRICS = ("noise_multiplier", "sampling_rate", "epsilon_spent", "num_pri
 for _section in ("metrics", "params"):
     declare("mlflow", Kind.DP, *(f"/*/{_section}/{name}" for name in _DP_METRICS))
     declare("mlflow", Kind.COUNT, *(f"/*/{_section}/{name}" for name in _COUNT_METRICS))
-    declare("mlflow", Kind.COUNT, f"/*/{_section}/records_*", f"/*/{_section}/epsilon_*")
+    declare("mlflow", Kind.COUNT, f"/*/{_section}/records_*", f"/*/{_section}/epsilon_*",
+            f"/*/{_section}/planned_epsilon_*")  # every registered method's planned epsilon (`tasks.methods`)
     declare("mlflow", Kind.PUBLIC_TIMING, f"/*/{_section}/seconds")
 declare("mlflow", Kind.IDENTITY, "/*/params/data_hash", "/*/tags/data_hash")
 EXPERIMENT_PREFIX = "dp-fewshot"
