@@ -14,7 +14,7 @@ from prefect import flow
 
 from dpcore.config import RunConfig
 from dpcore.home import configure_environment
-from flows.methods import evaluated_rows
+from flows.methods import MethodFlow, evaluated_rows
 from flows.runner import cancelled_on_stop, default_run_id
 from tasks import adadpsyn as adadpsyn_stage
 from tasks import ingest as ingest_stage
@@ -48,3 +48,12 @@ def adadpsyn_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  #
     rows = evaluated_rows(METHOD, plan.config, ingested, plans, made)
     return {"method": METHOD, "results": rows, "seeded_noise": any(m["seeded_noise"] for m in made),
             "artifacts": [m["path"] for m in made], "run_dir": ingested["paths"]["public"]}
+
+
+def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
+                     prepared=None) -> dict:
+    """The subflow in a run of several methods (`flows.methods.MethodFlow.run`), on the run's charge."""
+    return adadpsyn_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)
+
+
+ADADPSYN = MethodFlow(run=_run_in_pipeline)

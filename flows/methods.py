@@ -1,8 +1,8 @@
 """The flow side of the method registry (`tasks.methods`): a method's subflow found by its entry point, and the
 stages every registered prompt-producing method shares after its artifact is made.
 
-`subflow(name)` resolves `MethodEntry.subflow` (`"module:function"`) here, in the flow layer, so the registry
-(a tasks module, read by run planning) never imports a flow. `evaluated_rows` is the common tail of a
+`method_flow(name)` resolves `MethodEntry.subflow` (`"module:NAME"`, a `MethodFlow`) here, in the flow layer, so
+the registry (a tasks module, read by run planning) never imports a flow. `evaluated_rows` is the common tail of a
 registered method's subflow: each artifact evaluated on the run's test items (`tasks.evaluate.evaluate`, the
 task every method's prompt is scored by), one public results row per plan, the method's results table.
 """
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -26,13 +28,34 @@ declare("json:run", Kind.COUNT, "/method_summaries/*/results/*/noise_multiplier"
         "/method_summaries/*/results/*/sampling_rate")
 
 
-def subflow(name: str) -> Callable[..., dict]:
-    """The subflow of registered method `name` (`MethodEntry.subflow`, imported on first use)."""
+@dataclass(frozen=True)
+class MethodFlow:
+    """What the pipeline runs of one method (the flow side of `tasks.methods.MethodEntry`):
+
+    - `run(config=, run_id=, ingested=, charge=, plan=, prepared=) -> dict`: its stages or subflow on the run's
+      one charge; a public summary with `results` (rows: method, epsilon, delta, accuracies, n) and
+      `seeded_noise`;
+    - `prepare(config, plan, ingested) -> prepared`: what must run before the charge (checks that could
+      otherwise fail after it; tables of the plan), or None;
+    - `mark_charged(config, run_id, ingested, plan, charge)`: right after the charge, the stages it covers
+      marked (a run stopped before they began runs them once when resumed), or None."""
+
+    run: Callable[..., dict]
+    prepare: Callable[..., Any] | None = None
+    mark_charged: Callable[..., None] | None = None
+
+
+def method_flow(name: str) -> MethodFlow:
+    """The `MethodFlow` of registered method `name` (`MethodEntry.subflow`, `"module:NAME"`, imported on
+    first use: the registry, a tasks module, names it and never imports a flow)."""
     point = entry(name).subflow
     if point is None:
-        raise ValueError(f"methods: {name!r} runs inline in the pipeline, it has no subflow")
-    module, _, function = point.partition(":")
-    return getattr(importlib.import_module(module), function)
+        raise ValueError(f"methods: {name!r} has no flow registered")
+    module, _, attribute = point.partition(":")
+    found = getattr(importlib.import_module(module), attribute)
+    if not isinstance(found, MethodFlow):
+        raise TypeError(f"methods: {point} is not a MethodFlow")
+    return found
 
 
 def evaluated_rows(name: str, config, ingested: dict, plans: list, artifacts: list[dict]) -> list[dict]:

@@ -33,6 +33,7 @@ from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
 from dpcore.pate.privacy import data_independent_epsilon
 from dpcore.pate.released_cost import ACCOUNTING, settled_plan
+from flows.methods import MethodFlow
 from flows.runner import cancelled_on_stop, default_run_id, map_calls, results, running
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
@@ -366,3 +367,22 @@ def _row(method, epsilon, delta, raw, calibrated, n, repeats, queries, answered)
             "calibrated_accuracy_mean": float(np.mean(calibrated)) if calibrated else math.nan,
             "calibrated_accuracy_std": float(np.std(calibrated)) if calibrated else math.nan,
             "n": int(n), "repeats": int(repeats), "queries": int(queries), "answered_mean": float(answered)}
+
+
+def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
+                     prepared=None) -> dict:
+    """PromptPATE in a run of several methods (`flows.methods.MethodFlow.run`): at the run's smaller epsilons too
+    (prefixes of its one labelling, charged once); the zero-shot row, when DP few-shot generation evaluates it on
+    the same test items, is not run twice."""
+    pate_config = (config.model_copy(update={"pate_baselines": [b for b in config.pate_baselines
+                                                                if b != "zero-shot"]})
+                   if "tang" in config.methods and "zero-shot" in config.baselines else config)
+    return pate_flow(config=pate_config, run_id=run_id, ingested=ingested, charge=charge,
+                     checkpoint_epsilons=list(config.epsilons), plan=plan)
+
+
+def _mark_in_pipeline(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan, charge: dict) -> None:
+    mark_charged(config, ingested, plan, charge, run_id, list(config.epsilons))
+
+
+PATE = MethodFlow(run=_run_in_pipeline, mark_charged=_mark_in_pipeline)

@@ -1,18 +1,16 @@
-"""The private-prompting pipeline as one Prefect flow: DP few-shot generation (Tang et al.), and
-PromptPATE and PromptDPSGD (Duan et al.) when `config.methods` names them, on the same ingested
-data, test split and ledger.
+"""The private-prompting pipeline as one Prefect flow: every method `config.methods` names (DP few-shot
+generation, Tang et al.; PromptPATE and PromptDPSGD, Duan et al.; AdaDPSyn; DP-OPT) on the same ingested data,
+test split and ledger, each through the method protocol (`tasks.methods.REGISTRY`, `flows.methods.MethodFlow`).
 
-    the run's plan (`tasks.run_plans.RunPlan`, the caller's or built here: the data read once, delta, sigma
-      per epsilon, every method's plans, the audit's design) -> ingest (the plan's records) -> partition by
-      label -> calibrate (the planned sigmas logged and tabled)
-      -> ONE ledger charge for every method's spends (all or nothing)
-      -> generate (one task per (method, label, epsilon), mapped, tag `gpu`)
-      -> evaluate (every baseline and the DP demos) -> audit (membership inference)
-      -> PromptPATE subflow (`flows.pate`) -> PromptDPSGD subflow (`flows.tune`) (their charged stages
-         marked right after the charge: a run stopped before they began runs them once when resumed)
-      -> every registered method's subflow (`tasks.methods`, resolved by `flows.methods.subflow`: AdaDPSyn,
-         DP-OPT), in the run's order, on the same charge
-      -> record (MLflow, Prefect artifacts, manifests) -> the comparison table
+    the run's plan (`tasks.run_plans.RunPlan`, the caller's or built here: the data read once, delta, every
+      method's plans, the audit's design) -> ingest (the plan's records)
+      -> each method's `prepare` (tang: partition by label, the planned sigmas tabled, context checks;
+         dpsgd: the prompt fits the model)
+      -> ONE ledger charge for every method's spends (all or nothing) -> each method's `mark_charged` (its
+         charged stages marked: a run stopped before they began runs them once when resumed)
+      -> each method's `run`, in the registry's order: tang's stages (`flows.tang`: generate, evaluate, audit,
+         in this flow run), the PromptPATE, PromptDPSGD, AdaDPSyn and DP-OPT subflows
+      -> record (MLflow, Prefect artifacts, manifests) -> the comparison table (a row per method and epsilon)
 
 The flow composes `tasks/` (thin wrappers over `dpcore`) and holds no algorithm logic.
 Its parameter is one `RunConfig` (and, in process only, the `RunPlan` made from it); `config.task_runner` picks where the mapped stages run:
@@ -31,80 +29,40 @@ retry of the same flow run reuses its folder and its cached noise draws.
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 
-from dpcore.config import GenerationConfig, RunConfig
-from dpcore.data.artifacts import read_table, write_json_atomic, write_table
+from dpcore.config import RunConfig
+from dpcore.data.artifacts import write_json_atomic
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import DpiclError, RunStopped
-from dpcore.fewshot.plan import FewShotPlan
 from dpcore.home import configure_environment
 from dpcore.public_outputs import Kind, declare_line
 from dpcore.report.summary import private_data_verdict
-from flows import pate as pate_subflow
-from flows import tune as dpsgd_subflow
-from flows.methods import subflow as method_subflow
-from flows.pate import pate_flow
-from flows.runner import cancelled_on_stop, default_run_id, map_calls, results, running
-from flows.tune import dpsgd_flow
-from tasks import audit as audit_stage
-from tasks import calibrate as calibrate_stage
-from tasks import evaluate as evaluate_stage
-from tasks import generate as generate_stage
+from flows.methods import method_flow
+from flows.runner import cancelled_on_stop, default_run_id
 from tasks import ingest as ingest_stage
 from tasks import record as record_stage
 from tasks import release as release_stage
 from tasks import tracking
 from tasks.charge import (
     charge_spends,
-    checks_after_ingest,
     ledger_report,
-    noise_charged,
     non_private_warning,
     planned_cost,
 )
-from tasks.common import RunPaths, noise_scope, publish
-from tasks.generate import GenerationItem, Shard
+from tasks.common import RunPaths
+from tasks.methods import REGISTRY
 from tasks.run_plans import RunPlan, build_run_plan
-from tasks.tune import check_model
 
 FLOW_NAME = "dp-fewshot"
 
 
-def _concat(paths: list[str]) -> pd.DataFrame:
-    frames = [read_table(Path(p)) for p in paths]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def _write_generation_stats(shards: list[Shard], path: Path) -> None:
-    """The generation counters that depend on the private records (prompt tokens, padding, timings), per
-    shard, into the private run folder (a benchmark's or an operator's figures, never published)."""
-    rows = []
-    for shard in shards:
-        if Path(shard.private_stats_path).exists():
-            rows.append(json.loads(Path(shard.private_stats_path).read_text()))
-    write_json_atomic(path, rows)
-
-
 # --------------------------------------------------------------------------- the flow
-
-
-@dataclass(frozen=True)
-class _FewShotRun:
-    """DP few-shot generation's part of a run, decided before the charge: the plan (a sigma per epsilon),
-    the generation items, the generation parameters."""
-
-    plan: FewShotPlan
-    items: list[GenerationItem]
-    generation_config: GenerationConfig
 
 
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
@@ -135,9 +93,10 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
     ingested = ingest_stage.ingested_for(plan, run_id, None, "run")
     paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
     tang = "tang" in config.methods
-    fewshot = _fewshot_run(config, plan, ingested, paths) if tang else None
-    if "dpsgd" in config.methods:  # PromptDPSGD's prompt fits the model, checked before the charge
-        check_model(config)
+    # every method the run names, in the registry's order (`tasks.methods`), by its flow (`flows.methods`)
+    flows_ = {name: method_flow(name) for name in REGISTRY if name in config.methods}
+    # what each method must do before the charge (tang: partition, calibrations, context checks; dpsgd: the model)
+    prepared = {name: f.prepare(config, plan, ingested) for name, f in flows_.items() if f.prepare is not None}
     spends = plan.spends(run_id)
     # ledger: every spend of every method the ledger does not already hold for this run, charged at once
     # (all or nothing) before any method runs; a replayed spend may only be served from its cached draw
@@ -146,11 +105,21 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
     ledger_entry = charge_spends(config.ledger_id, spends, same_records_ok=config.new_budget_for_same_records)
     cost = planned_cost(spends)
     logger.info(charge_line(ledger_entry, cost, run_id, plan.delta))
-    _mark_charged(config, run_id, ingested, plan, ledger_entry)
-    tang_summary = _tang_stages(config, run_id, ingested, paths, fewshot, plan, ledger_entry) if tang else None
-    others, wall = _other_methods(config, run_id, ingested, plan, ledger_entry)
-    if tang:
-        wall["tang"] = tang_summary.pop("wall_seconds")
+    # right after the charge, before any stage: each method's charged stages marked, so a run stopped before
+    # they began runs them once when resumed under its id
+    for f in flows_.values():
+        if f.mark_charged is not None:
+            f.mark_charged(config, run_id, ingested, plan, ledger_entry)
+    summaries, wall = {}, {}
+    for name, f in flows_.items():
+        began = time.perf_counter()
+        summaries[name] = f.run(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry, plan=plan,
+                                prepared=prepared.get(name))
+        wall[name] = time.perf_counter() - began
+    tang_summary = summaries.pop("tang", None)
+    if tang_summary is not None:
+        tang_summary.pop("wall_seconds", None)
+    others = summaries
     # each method's wall time depends on its private records (batch sizes, lengths): the private store keeps it
     write_json_atomic(paths.private / "timings.json", {"method_wall_seconds": wall})
     recorded, audit = _record(config, run_id, flow_run_id, ingested, paths, tang_summary, others)
@@ -163,7 +132,8 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
         tang_rows=recorded["results"] if tang else [],
         pate_results_path=str(paths.public / "pate_results.parquet") if "pate" in others else None,
         dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), cost=cost,
-        method_rows=[row for name in config.methods if name in plan.method_plans for row in others[name]["results"]],
+        method_rows=[row for name in REGISTRY if name in plan.method_plans and name in others
+                     for row in others[name]["results"]],
         calibrated=config.calibrate, method_audits=method_audits) if others else None
     seeded_noise = bool((tang_summary or {}).get("seeded_noise")) or any(o["seeded_noise"] for o in others.values())
     results = comparison["rows"] if comparison is not None else recorded["results"]
@@ -198,57 +168,6 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
 # The flow's earlier name: a Prefect deployment registered with it (entrypoint flows/pipeline.py:dp_fewshot_pipeline)
 # still starts.
 dp_fewshot_pipeline = private_prompting_pipeline
-
-
-def _fewshot_run(config: RunConfig, plan: RunPlan, ingested: dict, paths: RunPaths) -> _FewShotRun:
-    """Stages 2-3 of DP few-shot generation, before the charge: partition by label, the plan's sigmas logged
-    and written (`calibration.parquet`), the checks that need the model and the data."""
-    labels = list(ingested["labels"])
-    ingest_stage.partition(ingested)
-    fewshot, generation_config = plan.fewshot, plan.generation
-    calibrate_stage.record_calibrations(plan=fewshot, generation=generation_config, public_dir=str(paths.public))
-    # --test-size and the longest group prompt against the model's context: checked before any charge
-    checks_after_ingest(config, ingested["num_test"], labels, generation_config)
-    items = generate_stage.generation_plan(labels, fewshot, config.seed)
-    return _FewShotRun(fewshot, items, generation_config)
-
-
-def _mark_charged(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan, ledger_entry: dict) -> None:
-    """Right after the charge, before any stage: PromptPATE's noisy stages and PromptDPSGD's trainings this
-    charge covers are marked, so a run stopped before their subflows began (during generation, the audit)
-    runs them once when resumed under its id (DP few-shot generation marks its own before it starts)."""
-    if "pate" in config.methods:
-        pate_subflow.mark_charged(config, ingested, plan, ledger_entry, run_id, list(config.epsilons))
-    if "dpsgd" in config.methods:
-        dpsgd_subflow.mark_charged(config, ingested, plan, ledger_entry)
-
-
-def _other_methods(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan,
-                   ledger_entry: dict) -> tuple[dict, dict]:
-    """PromptPATE's and PromptDPSGD's subflows on the plan and the charge already made: (their summaries,
-    their wall seconds), by method."""
-    others, wall = {}, {}
-    if "pate" in config.methods:
-        began = time.perf_counter()
-        # the zero-shot row, when DP few-shot generation evaluated it on the same test items, is not run twice
-        pate_config = (config.model_copy(update={"pate_baselines": [b for b in config.pate_baselines
-                                                                    if b != "zero-shot"]})
-                       if "tang" in config.methods and "zero-shot" in config.baselines else config)
-        # PromptPATE at the run's smaller epsilons too: prefixes of its one labelling, charged once
-        others["pate"] = pate_flow(config=pate_config, run_id=run_id, ingested=ingested, charge=ledger_entry,
-                                   checkpoint_epsilons=list(config.epsilons), plan=plan)
-        wall["pate"] = time.perf_counter() - began
-    if "dpsgd" in config.methods:
-        began = time.perf_counter()
-        others["dpsgd"] = dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry, plan=plan)
-        wall["dpsgd"] = time.perf_counter() - began
-    for name in config.methods:  # every method the registry plans (`tasks.methods`): its subflow, by entry point
-        if name in plan.method_plans:
-            began = time.perf_counter()
-            others[name] = method_subflow(name)(config=config, run_id=run_id, ingested=ingested, charge=ledger_entry,
-                                                plan=plan)
-            wall[name] = time.perf_counter() - began
-    return others, wall
 
 
 def _record(config: RunConfig, run_id: str, flow_run_id: str, ingested: dict, paths: RunPaths,
@@ -314,72 +233,6 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
         audits.append({"method": method, "epsilon": epsilon, "verdict": audited["audit"]["verdict"],
                        "passed": audited["audit"].get("passed")})
     return audits
-
-
-def _tang_stages(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, run: _FewShotRun, plan: RunPlan,
-                ledger_entry: dict) -> dict:
-    """DP few-shot generation's stages 4-6 (Tang et al. Algorithm 1): generation, evaluation and the audit,
-    on the charge already made; tables written to the run folders."""
-    began = time.perf_counter()
-    fewshot, items, generation_config = run.plan, run.items, run.generation_config
-    labels = list(ingested["labels"])
-    scope = noise_scope(config.seed, run_id)
-    calls = [generate_stage.generate_call(item, ingested, generation_config, config, scope,
-                                          noise_charged(ledger_entry, item.method, item.epsilon)) for item in items]
-    generate_stage.keep_charged(calls)  # before any starts: a stop before a stage began leaves it drawable once
-    with running(config.task_runner) as runner:
-        # 4. generation, one task per (method, label, epsilon), each continuing from the steps it kept
-        shards = results(map_calls(runner, generate_stage.generate, calls))
-        public_shards = [s.path for s in shards if not s.private]
-        private_shards = [s.path for s in shards if s.private]
-        demos = _concat(public_shards)
-        write_table(demos, paths.public / "demos.parquet")
-        if private_shards:
-            write_table(_concat(private_shards), paths.private / "sigma_zero_demos.parquet")
-        seeded_noise = any(s.seeded_noise for s in shards if s.method != generate_stage.INSTRUCTION_ONLY)
-        _write_generation_stats(shards, paths.private / "generation_stats.json")
-
-        # 5-6. evaluation of every method, and the audit, submitted together (they only need the demos)
-        eval_calls = [evaluate_stage.evaluate_call(demo_set, ingested, config, labels)
-                      for demo_set in evaluate_stage.evaluation_plan(list(config.baselines), shards)]
-        eval_futures = map_calls(runner, evaluate_stage.evaluate, eval_calls)
-        audit_futures = []
-        if plan.audit is not None:  # designed with the plan, from public counts
-            if plan.audit.note:
-                get_run_logger().warning(plan.audit.note)
-            if plan.audit.config is not None:
-                charged = all(noise_charged(ledger_entry, p.method, p.epsilon) for p in plan.audit.plans)
-                audit_futures = map_calls(runner, audit_stage.audit, [
-                    audit_stage.audit_call(config, ingested, fewshot, shards, generation_config, scope,
-                                           plan.audit.config, charged=charged)])
-
-        evaluations = results(eval_futures)
-        # Per-item predictions (test ids, gold labels, probabilities) are private; metrics are aggregates.
-        write_table(_concat([e["predictions_path"] for e in evaluations]), paths.private / "predictions.parquet")
-        write_table(_concat([e["metrics_path"] for e in evaluations]), paths.public / "metrics.parquet")
-        real = [e["real_demos_path"] for e in evaluations if e.get("real_demos_path")]
-        if real:
-            write_table(_concat(real), paths.private / "real_demos.parquet")
-
-        audit_summary, audit_reference = None, None
-        if audit_futures:
-            audit_result = audit_futures[0].result()
-            # Every figure of the audit (scores, AUCs, intervals, ROC) is a statistic of private records:
-            # the private folder keeps them (the operator's diagnostic); the public side gets the verdict.
-            publish(audit_result["mia_scores_path"], paths.private, "mia_scores.parquet")
-            publish(audit_result["private_audit_path"], paths.private, "audit.parquet")
-            publish(audit_result["audit_path"], paths.public, "audit.parquet")
-            if audit_result.get("roc_path"):
-                publish(audit_result["roc_path"], paths.private, "roc.png")
-            if audit_result.get("reference_path"):
-                publish(audit_result["private_reference_path"], paths.private, "audit_reference.parquet")
-                publish(audit_result["reference_path"], paths.public, "audit_reference.parquet")
-            audit_summary = audit_result.get("summary")
-            audit_reference = audit_result.get("reference")
-
-    return {"seeded_noise": seeded_noise, "audit_summary": audit_summary, "audit_reference": audit_reference,
-            "generation_workers": sorted({s.worker for s in shards}),
-            "wall_seconds": time.perf_counter() - began}
 
 
 def run_pipeline(config: RunConfig, run_id: str | None = None, plan: RunPlan | None = None) -> dict:

@@ -23,6 +23,7 @@ from dpcore.display import fmt_eps
 from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
 from dpcore.public_outputs import Kind, declare_line
+from flows.methods import MethodFlow
 from flows.runner import cancelled_on_stop, default_run_id
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
@@ -124,3 +125,21 @@ def run_tuning(config: RunConfig, run_id: str | None = None, plan: RunPlan | Non
     """Run the flow in this process (a temporary local Prefect server when PREFECT_API_URL is unset), on
     `plan` when the caller made it (`plan_tuning`)."""
     return dpsgd_flow(config=config, run_id=run_id, plan=plan)
+
+
+def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
+                     prepared=None) -> dict:
+    """PromptDPSGD in a run of several methods (`flows.methods.MethodFlow.run`), on the run's charge."""
+    return dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)
+
+
+def _prepare_in_pipeline(config: RunConfig, plan: RunPlan, ingested: dict) -> dict:
+    """Before the run's charge: the prompt fits the model (`tasks.tune.check_model`)."""
+    return tune_stage.check_model(config)
+
+
+def _mark_in_pipeline(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan, charge: dict) -> None:
+    mark_charged(config, ingested, plan, charge)
+
+
+DPSGD = MethodFlow(run=_run_in_pipeline, prepare=_prepare_in_pipeline, mark_charged=_mark_in_pipeline)

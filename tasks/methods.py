@@ -8,11 +8,11 @@ A method is the unit of the product. Its entry says, in one place, what the rest
   checks; `tasks.run_plans.build_run_plan` calls it once per run, and the plans' spends join every other
   method's in the run's ONE ledger charge. None: the run plan holds the method's plans in fields of its own
   (tang's `FewShotPlan`, PromptPATE's `PatePlan`, PromptDPSGD's plans: planned before the registry);
-- `subflow`: its Prefect subflow as an entry point, `"module:function"`, resolved by the flow layer
-  (`flows.methods.subflow`), so tasks never import flows. The protocol of a subflow:
-  `fn(config=RunConfig, run_id=str, ingested=dict, charge=dict, plan=RunPlan) -> dict` with `results` (its
-  public rows: method, epsilon, delta, noise_multiplier, accuracy_mean, accuracy_std, calibrated_accuracy_mean,
-  calibrated_accuracy_std, n) and `seeded_noise`. None: run inline by the pipeline (tang, for now);
+- `subflow`: what the pipeline runs of it, `"module:NAME"`, a `flows.methods.MethodFlow` (its stages or Prefect
+  subflow on the run's one charge; what must run before the charge; what to mark right after it), resolved by
+  the flow layer (`flows.methods.method_flow`), so tasks never import flows. Its `run` returns a public summary
+  with `results` (rows: method, epsilon, delta, noise_multiplier, accuracy_mean, accuracy_std,
+  calibrated_accuracy_mean, calibrated_accuracy_std, n) and `seeded_noise`;
 - `artifacts`: the file names (globs) of its public artifact in the run folder (what a release loads);
 - `release`: whether the release gate (`dpcore.release.gate`) has a loader for it;
 - `results`: the public table of its rows in the run folder (None: in `results.parquet`).
@@ -77,15 +77,15 @@ def registered_plans(config: RunConfig, data: LoadedDataset, delta: float, metho
     return {name: entry(name).plan(config, data, delta) for name in methods if entry(name).plan is not None}
 
 
-register(MethodEntry("tang", "DP few-shot generation (Tang et al. 2024, Algorithm 1)", "", None, None,
+register(MethodEntry("tang", "DP few-shot generation (Tang et al. 2024, Algorithm 1)", "", None, "flows.tang:TANG",
                      ("demos.parquet",), True))
-register(MethodEntry("pate", "PromptPATE (Duan et al. 2023, Section 4.2)", "pate_", None, "flows.pate:pate_flow",
+register(MethodEntry("pate", "PromptPATE (Duan et al. 2023, Section 4.2)", "pate_", None, "flows.pate:PATE",
                      ("pate_students.parquet",), True, "pate_results.parquet"))
-register(MethodEntry("dpsgd", "PromptDPSGD (Duan et al. 2023, Section 4.1)", "dpsgd_", None, "flows.tune:dpsgd_flow",
+register(MethodEntry("dpsgd", "PromptDPSGD (Duan et al. 2023, Section 4.1)", "dpsgd_", None, "flows.tune:DPSGD",
                      ("prompts/dpsgd-*.safetensors",), True, "dpsgd_results.parquet"))
 register(MethodEntry("adadpsyn", "AdaDPSyn (Gao et al. 2024): DP demonstrations by data-adaptive aggregation",
-                     "adadpsyn_", adadpsyn_stage.plans, "flows.adadpsyn:adadpsyn_flow",
+                     "adadpsyn_", adadpsyn_stage.plans, "flows.adadpsyn:ADADPSYN",
                      ("adadpsyn_demos_eps*.parquet",), False, "adadpsyn_results.parquet"))
 register(MethodEntry("dp-opt", "DP-OPT (Hong et al. 2024): a private instruction", "dp_opt_", dp_opt_stage.plans,
-                     "flows.dp_opt:dp_opt_flow", (dp_opt_stage.INSTRUCTION_FILE.format("*"),), False,
+                     "flows.dp_opt:DP_OPT", (dp_opt_stage.INSTRUCTION_FILE.format("*"),), False,
                      "dp_opt_results.parquet"))
