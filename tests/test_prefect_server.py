@@ -1,6 +1,6 @@
-"""A real Prefect server on 127.0.0.1: create the process work pools, deploy everything in prefect.yaml,
-run the deployment with tiny parameters through `prefect worker start --run-once`, then find the
-completed flow run through the API and its MLflow record.
+"""A real Prefect server on 127.0.0.1 (the suite's shared one under xdist): the process work pools, deploy
+everything in prefect.yaml, run the deployment with tiny parameters through `prefect worker start --run-once`,
+then find the completed flow run through the API and its MLflow record.
 
 Slow (a server, a deploy and a worker subprocess that imports the whole stack), but part of CI.
 """
@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import httpx
+import prefect_test_server
 import pytest
-from pipeline_support import copy_migrated_prefect_database, mini_agnews
+from pipeline_support import mini_agnews
 from prefect_test_server import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,17 +31,14 @@ def _prefect() -> str:
 
 @pytest.fixture(scope="module")
 def server(dpicl_home):
-    """`prefect server start` with PREFECT_HOME inside the test home, on a copy of the shared test server's
-    migrated database where there is one (Prefect's migrations are most of a fresh server's start); killed
-    at the end."""
-    port = free_port()
+    """The suite's shared Prefect test server under xdist (`prefect_test_server`: a real server on 127.0.0.1, already
+    migrated and running); otherwise `prefect server start` with PREFECT_HOME inside the test home, killed at the
+    end. Its API, the environment of the `prefect` commands, and the Prefect home."""
     prefect_home = dpicl_home / "prefect-server"
     prefect_home.mkdir(parents=True, exist_ok=True)
-    copy_migrated_prefect_database(prefect_home / "prefect.db")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         PREFECT_HOME=str(prefect_home),
-        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_SERVER_API_HOST="127.0.0.1",
         PREFECT_LOGGING_TO_API_ENABLED="true",
@@ -48,10 +46,16 @@ def server(dpicl_home):
         DPICL_HOME=str(dpicl_home),
         DPICL_REPO=str(REPO),
     )
+    if os.environ.get(prefect_test_server.URL):
+        url = prefect_test_server.wait_until_ready()
+        yield {"url": url, "env": {**env, "PREFECT_API_URL": url}, "home": prefect_home}
+        return
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env["PREFECT_API_URL"] = url
     log = open(prefect_home / "server.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen([_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/api"
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -96,8 +100,14 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(server, dpicl_ho
     from tasks.tracking import mlflow_client
 
     env, url = server["env"], server["url"]
+    from prefect.workers.process import ProcessWorker
+
+    # the process pools `prefect work-pool create NAME --type process` makes, through the API (a command less to
+    # start); the deployment and the worker below are Prefect's own commands
+    template = ProcessWorker.get_default_base_job_template()
     for name in ("cpu", "gpu"):
-        _cli(["work-pool", "create", name, "--type", "process"], env)
+        made = _api("POST", f"{url}/work_pools/", json={"name": name, "type": "process", "base_job_template": template})
+        assert made.status_code in (201, 409), made.text
         assert _api("GET", f"{url}/work_pools/{name}").json()["type"] == "process"
     _cli(["--no-prompt", "deploy", "--all"], env)
     deployments = _api("POST", f"{url}/deployments/filter", json={}).json()
