@@ -163,6 +163,16 @@ def plan_budget(records: int, delta: float, settings: Settings, *, epsilon: floa
     return Budget(plan, affordable, epsilon)
 
 
+def test_queries(data: LoadedDataset) -> tuple[list[str], list[str]]:
+    """The dataset's test items as queries (texts, gold labels), in the order `dpicl run` evaluates them (the seeded
+    shuffle of `dpcore.lm.icl.select_test`): `--queries N` answers the same N items as `dpicl run --test-size N`,
+    so DP-ICL's accuracy compares with every other method's on the same items."""
+    from dpcore.lm.icl import select_test  # the model stack (torch), which the CLI's start leaves unloaded
+
+    items = select_test(data.test, None)
+    return items["text"].astype(str).tolist(), items["label"].astype(str).tolist()
+
+
 def run_delta(config, records: int) -> float:
     """The configuration's delta (the flag, or the budget's the CLI put in it), else 1/|D|."""
     return float(config.delta) if config.delta is not None else float(default_delta(records))

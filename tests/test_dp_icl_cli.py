@@ -95,6 +95,7 @@ def test_the_json_contract_and_answers_are_the_noisy_argmax_labels_of_a_fixed_se
     from dpcore.dp_icl import answer, subsets
     from dpcore.dp_icl.privacy import dp_icl_plan
     from dpcore.fewshot.mechanisms import noise_generator
+    from tasks.dp_icl import test_queries
 
     argv = ["dp-icl", *data_flags, "--epsilon", "2", "--queries", "3", "--subsets", "4", "--shots", "2",
             "--seed", "11", "--json"]
@@ -109,7 +110,8 @@ def test_the_json_contract_and_answers_are_the_noisy_argmax_labels_of_a_fixed_se
     assert [a["test_item"] for a in first["answers"]] == [0, 1, 2]
     labels = [a["label"] for a in first["answers"]]
     assert set(labels) <= {"negative", "positive"}
-    gold = loaded.test["label"].tolist()[:3]
+    texts, gold = test_queries(loaded)
+    texts, gold = texts[:3], gold[:3]
     assert first["correct"] == sum(a == g for a, g in zip(labels, gold, strict=True)) and first["labelled"] == 3
     assert first["accuracy"] == pytest.approx(first["correct"] / 3)
     # the same seed answers the same; the answers are RNM-Gaussian on the plan's noise (recomputed here)
@@ -120,7 +122,7 @@ def test_the_json_contract_and_answers_are_the_noisy_argmax_labels_of_a_fixed_se
     rng, _ = noise_generator(11)
     key = subsets.run_key(rng)
     records = list(zip(loaded.train["text"], loaded.train["label"], loaded.train["id"].astype(str), strict=True))
-    direct = answer.answer_queries(tiny_lm, loaded.spec, records, loaded.test["text"].tolist()[:3], plan, key, rng)
+    direct = answer.answer_queries(tiny_lm, loaded.spec, records, texts, plan, key, rng)
     assert list(direct.labels) == labels
     # the run's key is in its private folder only
     from dpcore.home import private_dir

@@ -123,14 +123,14 @@ def _read_queries(path: str, labels: list[str]) -> tuple[list[str], list[str | N
 
 
 def _dp_icl(args) -> int:
-    from tasks.dp_icl import open_run
+    from tasks.dp_icl import open_run, test_queries
 
     config, chosen, data = prepare(args)
     if args.queries_file is not None:
         texts, gold, extra = _read_queries(args.queries_file, data.labels)
         from_file = True
     else:  # the dataset's test items: private rows, so only their position and answer are printed
-        texts, gold = data.test["text"].tolist(), data.test["label"].astype(str).tolist()
+        texts, gold = test_queries(data)
         extra, from_file = [{} for _ in texts], False
         if not texts:
             raise ConfigError("dp-icl: the dataset has no test item to answer; pass --queries-file")
