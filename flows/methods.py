@@ -17,8 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from dpcore.data.artifacts import write_table
+from dpcore.data.artifacts import write_json_atomic, write_table
 from dpcore.public_outputs import Kind, declare
+from dpcore.release.gate import METHOD_PLAN_FILES
 from tasks import evaluate as evaluate_stage
 from tasks.methods import entry
 
@@ -26,6 +27,11 @@ from tasks.methods import entry
 # outputs (accuracies of a DP prompt on test items), its sigma and q follow from public counts (|D_y|, n).
 declare("json:run", Kind.COUNT, "/method_summaries/*/results/*/noise_multiplier",
         "/method_summaries/*/results/*/sampling_rate")
+# A registered method's plan file: its plans follow from public counts (sigma, q, the accountant's epsilons, n);
+# the records' keyed content hash is an identity.
+for _name in METHOD_PLAN_FILES.values():
+    declare(f"file:*{_name}", Kind.COUNT, "/plans/**")
+    declare(f"file:*{_name}", Kind.IDENTITY, "/data_hash")
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,15 @@ def method_flow(name: str) -> MethodFlow:
 
 
 def evaluated_rows(name: str, config, ingested: dict, plans: list, artifacts: list[dict]) -> list[dict]:
-    """Evaluate each artifact ({epsilon, path, key}) as method `name`'s prompt on the run's test items and write
-    the method's public results table (`MethodEntry.results`); its rows (`tasks.evaluate.plan_rows`)."""
+    """Evaluate each artifact ({epsilon, path, key, seeded_noise}) as method `name`'s prompt on the run's test
+    items and write the method's public results table (`MethodEntry.results`) and its plan file (`METHOD_PLAN_FILES`:
+    its plans as charged, the run's model, data identity and task spec, whether the noise was seeded: what a
+    release reads, `dpcore.release.gate.load_registered_artifact`); its rows (`tasks.evaluate.plan_rows`)."""
+    write_json_atomic(Path(ingested["paths"]["public"]) / METHOD_PLAN_FILES[name], {
+        "method": name, "plans": [p.to_dict() for p in plans],
+        "seeded_noise": any(bool(a.get("seeded_noise")) for a in artifacts), "model": config.model,
+        "dataset": config.dataset, "dataset_id": config.ledger_id, "data_hash": ingested["data_hash"],
+        "task_spec": ingested["task_spec"]})
     labels = list(ingested["labels"])
     evaluations = [evaluate_stage.evaluate(**evaluate_stage.evaluate_call(
         evaluate_stage.DemoSet(method=name, epsilon=a["epsilon"], demo_paths=(a["path"],), demo_keys=(a["key"],)),

@@ -187,7 +187,9 @@ def _write_release_folder(folder: Path, artifact: gate.Artifact, manifest_of) ->
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
     try:
-        if artifact.prompt_path is None:
+        if artifact.instruction is not None:  # DP-OPT: the instruction (text; the manifest's task spec holds it)
+            path = write_json_atomic(staging / gate.INSTRUCTION_FILE, {"instruction": artifact.instruction})
+        elif artifact.prompt_path is None:
             path = write_table(artifact.table, staging / gate.DEMOS_FILE)
         else:
             path = staging / "prompt.safetensors"
@@ -484,8 +486,13 @@ def _audit_pools(artifact: gate.Artifact, method: str):
     records = read_table(records_path)
     train = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
     assignment = read_table(assignment_path) if method == "pate" else None
-    members = gate.audit_members(artifact, train, assignment["id"].astype(str).tolist() if assignment is not None
-                                 else _sampled_ids(private, artifact))
+    if assignment is not None:
+        read_ids = assignment["id"].astype(str).tolist()
+    elif method in gate.METHOD_PLAN_FILES:  # AdaDPSyn, DP-OPT: every training record could be sampled (q > 0)
+        read_ids = train["id"].astype(str).tolist()
+    else:
+        read_ids = _sampled_ids(private, artifact)
+    members = gate.audit_members(artifact, train, read_ids)
     unread = train[~train["id"].astype(str).isin(set(members["id"].astype(str)))]
     held_out = pd.concat([records[records["split"] == "test"][["id", "text", "label"]], unread], ignore_index=True)
     return train, members, held_out, assignment

@@ -116,3 +116,75 @@ def test_a_run_of_tang_adadpsyn_and_dp_opt_charges_once_and_reports_a_row_each(t
     assert main(_argv("methods-run", "--run-id", "methods-run", "--json")) != 0
     capsys.readouterr()
     assert len(Ledger().entries("methods-run")) == len(spends)
+
+
+# The release path's audit (its mechanics are under test, not its power; tests/test_release_methods.py sizes its
+# own alike): 12 independent trials of 4 members against 3 of the 40 held-out test records, whose 36 draws never
+# re-score a record, the band nearly [0, 1]: a prompt that leaks nothing concludes (passes) all but about 4 times
+# in 10^5 (`test_the_release_audit_concludes_when_nothing_leaks`). Each record's first 8 tokens only.
+TINY_AUDIT_FIELDS = dict(trials=12, members=4, non_members=3, reference_prompts=0, auc_tolerance=0.49,
+                         max_record_tokens=8, test="equivalence")
+
+
+def test_the_release_audit_concludes_when_nothing_leaks():
+    from dpcore.audit import design as audit_design
+    from dpcore.audit.attacks import attacks_run
+
+    f = TINY_AUDIT_FIELDS
+    design = audit_design.plan(400, 40, members=f["members"], non_members=f["non_members"], trials=f["trials"],
+                               attacks=len(attacks_run(f["reference_prompts"])), confidence=0.95,
+                               tolerance=f["auc_tolerance"], test=f["test"])
+    assert design.independent_trials == f["trials"] and 1 - design.conclusive_probability < 1e-4
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_adadpsyn_and_dp_opt_artifacts_go_through_the_release_gate(tiny_lm, capsys, tmp_path):
+    """A run of the two methods with cryptographic noise: each artifact is audited, passes the gate on its plan's
+    ledger entries and is released; DP-OPT's release is its instruction (text), which `dpicl export` and
+    `dpicl predict` use; a seeded run is refused."""
+    from dpcore.config import AuditConfig
+    from dpcore.errors import ReleaseRefusedError
+    from dpcore.release import gate
+    from flows.cli import main
+    from flows.pipeline import run_pipeline
+    from flows.release import release
+
+    share_tiny_model(tiny_lm)
+    fields = {**FIELDS, "methods": ["adadpsyn", "dp-opt"], "seed": None}
+    summary = run_pipeline(tiny_config(dataset_id="methods-release", **fields), run_id="methods-release")
+    assert {row["method"] for row in summary["results"]} == {"adadpsyn", "dp-opt"}
+    audit = AuditConfig(**TINY_AUDIT_FIELDS)
+
+    released = release(run_id="methods-release", method="dp-opt", audit_config=audit, seed=11)
+    assert released["method"] == "dp-opt" and released["artifact"] == "dp-opt-eps4" and released["epsilon"] == 4.0
+    folder = Path(released["release_dir"])
+    manifest = json.loads((folder / "release.json").read_text())
+    instruction = json.loads((Path(summary["run_dir"]) / "dp_opt_instruction_eps4.json").read_text())["instruction"]
+    assert manifest["instruction"] == instruction and manifest["demos"] == []
+    assert manifest["task_spec"]["icl"]["instruction"] == instruction.strip()
+    assert manifest["audit"]["passed"] is True and {s["purpose"] for s in manifest["spends"]} == {"dp-opt"}
+    assert len(manifest["ledger_entries"]) == len(manifest["spends"])
+    assert json.loads((folder / gate.INSTRUCTION_FILE).read_text()) == {"instruction": instruction}
+    capsys.readouterr()
+    assert main(["export", "--release", "production", "--dataset-id", "methods-release"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["method"] == "dp-opt" and exported["instruction"] == instruction and exported["shots"] == 0
+    assert exported["prompt_prefix"].startswith(instruction.strip())
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text('{"text": "The striker scored twice in the final."}\n')
+    out = tmp_path / "answers.jsonl"
+    assert main(["predict", "--release", "production", "--input", str(queries), "--out", str(out),
+                 "--dataset-id", "methods-release"]) == 0
+    assert json.loads(out.read_text())["prediction"] in {"World", "Sports", "Business", "Technology"}
+
+    released = release(run_id="methods-release", method="adadpsyn", audit_config=audit, seed=11)
+    manifest = json.loads((Path(released["release_dir"]) / "release.json").read_text())
+    demos = pd.read_parquet(Path(summary["run_dir"]) / "adadpsyn_demos_eps4.parquet")
+    assert manifest["method"] == "adadpsyn" and [d["text"] for d in manifest["demos"]] == list(demos["text"])
+    assert manifest["audit"]["passed"] is True and manifest["spends"][0]["purpose"] == "adadpsyn"
+    assert manifest["noise_multiplier"] == pytest.approx(demos["noise_multiplier"].iloc[0])
+
+    # a fixed-seed run of the same methods is an experiment: refused
+    run_pipeline(tiny_config(dataset_id="methods-release", **{**fields, "seed": 5}), run_id="methods-seeded")
+    with pytest.raises(ReleaseRefusedError, match="fixed seed"):
+        release(run_id="methods-seeded", method="dp-opt", audit_config=audit, seed=11)

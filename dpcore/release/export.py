@@ -18,7 +18,7 @@ from dpcore.errors import ConfigError
 from dpcore.lm import icl
 
 DEFAULT_PLACEHOLDER = "{text}"
-TEXT_METHODS = ("tang", "pate")
+TEXT_METHODS = ("tang", "pate", "adadpsyn", "dp-opt")  # releases that are text (demonstrations, an instruction)
 # the method's parameters copied to the top level of the export (with epsilon, delta, method)
 TANG_PARAMETERS = ("mechanism", "noise_multiplier", "sampling_rate", "steps")
 
@@ -103,6 +103,7 @@ def export(manifest: dict, placeholder: str = DEFAULT_PLACEHOLDER) -> dict:
         "task": spec.name, "kind": spec.kind, "labels": dict(spec.labels) if classification else {},
         "answer_prefix": " ", "stop": "\n",
         "demos": [{"text": t, "label": y} for t, y in demos], "shots": len(demos),
+        **({"instruction": manifest["instruction"]} if manifest.get("instruction") is not None else {}),
         "scoring": scoring, "content_free_inputs": list(icl.CONTENT_FREE_INPUTS) if classification else [],
     }
 

@@ -14,7 +14,8 @@ An artifact may be released to production only when every condition holds:
      (`dpcore.fewshot.sampling.ACCOUNTED_SAMPLERS`: Poisson, and the fixed-size sampler under
      add/remove neighbours, proof in `dpcore.fewshot.sampling`).
 A refusal lists every failed condition, not only the first. One path for every method: a loader
-(`load_artifact`: `load_tang_artifact`, `load_pate_artifact`, `load_dpsgd_artifact`) reads what the
+(`load_artifact`: `load_tang_artifact`, `load_pate_artifact`, `load_dpsgd_artifact`, and
+`load_registered_artifact` for AdaDPSyn's demonstrations and DP-OPT's instruction) reads what the
 release publishes into an `Artifact` carrying the method's facts (the spends the ledger must hold, under
 which purposes; the samplers to cover; a recorded cross-check or none, then recomputed on the spends;
 the audit table), and `evidence`, `release_failures` and `release_manifest` read only that. For
@@ -71,7 +72,9 @@ class ReleaseEvidence:
 
 NOTHING_RELEASABLE = {"tang": "the run produced no DP demonstrations (only baselines)",
                       "pate": "the run produced no PromptPATE student prompt (no repeat labelled enough queries)",
-                      "dpsgd": "the run produced no PromptDPSGD trained prompt"}
+                      "dpsgd": "the run produced no PromptDPSGD trained prompt",
+                      "adadpsyn": "the run produced no AdaDPSyn demonstrations",
+                      "dp-opt": "the run produced no DP-OPT instruction"}
 
 
 def release_failures(evidence: ReleaseEvidence) -> list[str]:
@@ -214,7 +217,14 @@ def _pick_epsilon(epsilon: float, available: list[float], where: str) -> float:
 # --------------------------------------------------------------------------- what a release publishes, per method
 
 PATE_PLAN_FILE = "pate_plan.json"  # public: the PromptPATE run's plan, ledger id and seeded flag (flows.pate)
-AUDIT_FILES = {"pate": "audit_pate.parquet", "dpsgd": "audit_dpsgd.parquet"}  # public, one row per artifact
+AUDIT_FILES = {"pate": "audit_pate.parquet", "dpsgd": "audit_dpsgd.parquet",  # public, one row per artifact
+               "adadpsyn": "audit_adadpsyn.parquet", "dp-opt": "audit_dp_opt.parquet"}
+# public: a registered method's plans as charged, its run's model, data identity, task spec and seeded flag
+# (`flows.methods.evaluated_rows`); its artifacts per epsilon (`tasks.adadpsyn`, `tasks.dp_opt`)
+METHOD_PLAN_FILES = {"adadpsyn": "adadpsyn_plan.json", "dp-opt": "dp_opt_plan.json"}
+METHOD_ARTIFACT_FILES = {"adadpsyn": "adadpsyn_demos_eps{}.parquet", "dp-opt": "dp_opt_instruction_eps{}.json"}
+INSTRUCTION_FILE = "instruction.json"  # a released instruction (DP-OPT)
+INSTRUCTION_METHODS = ("dp-opt",)  # methods whose release is an instruction (text), not demonstrations
 TEACHER_AUDIT_FILE = "audit_pate_teacher.parquet"  # public: the non-private single-teacher contrast
 DEMOS_FILE = "demos.parquet"  # a released text prompt (tang's demos, PromptPATE's student prompt)
 # The ledger purposes that charge DP few-shot generation (the flow, the `generate` command).
@@ -235,6 +245,12 @@ METHOD_ASSUMPTIONS = {
         "statistic); that bound falls below the true data-dependent cost with probability parameters.gnss_delta0, "
         "which is part of delta; the data-dependent cost is Papernot et al.'s analysis of the votes",
         ASSUMPTIONS[1]),
+    "adadpsyn": ASSUMPTIONS,
+    "dp-opt": ("the number of records that write the instruction (n: the keyed-hash holdout excluded) is treated as "
+               "public (it sets q = M k / n), as |D_y| is for DP few-shot generation",
+               "the instruction is text with no record in it; its candidates' verbatim overlap with the private "
+               "records is not checked by the audit (no demonstration to compare)",
+               ASSUMPTIONS[1]),
     "dpsgd": ("the trained prompt (or LoRA adapter, or fine-tuned weights) means something only on the model whose "
               "weight sha256 the manifest names; "
               "`dpicl predict` refuses any other model",
@@ -275,6 +291,7 @@ class Artifact:
     # (q, T) when the records the mechanism read are a Poisson draw whose realised count is private (DP-SGD's
     # batches): the release audit then designs from public bounds on it; None when that count is public
     drawn_records: tuple[float, int] | None = None
+    instruction: str | None = None  # DP-OPT: the released instruction (its task spec holds it in front)
 
     @property
     def dataset_id(self) -> str:
@@ -437,9 +454,56 @@ def load_dpsgd_artifact(run_id: str, home: Path, epsilon: float | None = None, t
         drawn_records=(float(m["sampling_rate"]), int(m["steps"])))
 
 
+def _eps_name(epsilon: float) -> str:
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+def load_registered_artifact(method: str, run_id: str, home: Path, epsilon: float | None = None) -> Artifact:
+    """A registered method's artifact (`METHOD_PLAN_FILES`: AdaDPSyn's demonstrations, DP-OPT's instruction) at
+    `epsilon` (default the smallest of the run), with its plan's spends (purpose the method's) as what the
+    ledger must hold; the cross-check is recomputed on them."""
+    path = find_run_dir(run_id, home)
+    plan_path = path / METHOD_PLAN_FILES[method]
+    if not plan_path.exists():
+        if not (path / "manifest.json").exists():
+            raise unfinished(run_id, path)
+        raise ConfigError(f"run {run_id!r}: {plan_path} is missing (not a run of {method})")
+    sealed = _json(plan_path)
+    plans = {float(p["epsilon"]): p for p in sealed["plans"]}
+    available = sorted(plans)
+    if not available:
+        raise ConfigError(f"run {run_id}: {NOTHING_RELEASABLE[method]}")
+    chosen = available[0] if epsilon is None else _pick_epsilon(epsilon, available, f"run {run_id} has {method} at")
+    plan = plans[chosen]
+    artifact_path = path / METHOD_ARTIFACT_FILES[method].format(_eps_name(chosen))
+    run = _json(path / "manifest.json") if (path / "manifest.json").exists() else {}
+    inputs = run_inputs(path)
+    spec = run_task_spec(run_id, inputs, sealed.get("task_spec") or sealed.get("dataset"))
+    demos, table, instruction = (), None, None
+    if method == "dp-opt":
+        if artifact_path.exists():
+            instruction = str(_json(artifact_path)["instruction"])
+            spec = {**spec, "icl": {**spec["icl"], "instruction": instruction.strip()}}  # it leads every prompt
+    elif artifact_path.exists():
+        table = read_table(artifact_path)
+        demos = tuple((str(t), str(y)) for t, y in zip(table["text"], table["label"], strict=True))
+    audit_path = path / AUDIT_FILES[method]
+    return Artifact(
+        method=method, run_id=run_id, path=path, name=f"{method}-eps{_eps_name(chosen)}", epsilon=chosen,
+        delta=float(plan["delta"]), spends=tuple(plan["spends"]), seeded_noise=bool(sealed.get("seeded_noise")),
+        info={k: sealed.get(k) for k in ("model", "dataset", "dataset_id", "data_hash", "task_spec")}
+        | {"parameters": plan["parameters"]},
+        demos=demos, changed_files=_changed(path), audit=read_table(audit_path) if audit_path.exists() else None,
+        samplers=("poisson",), table=table, selector={"epsilon": chosen}, task_spec=spec,
+        delta_source=run_delta_source(inputs, run.get("config")), assumptions=METHOD_ASSUMPTIONS[method],
+        instruction=instruction)
+
+
 def load_artifact(method: str, run_id: str, home: Path, epsilon: float | None = None, training: int = 0,
                   repeat: int | None = None) -> Artifact:
     """What releasing `method` of run `run_id` would publish (public files only)."""
+    if method in METHOD_PLAN_FILES:
+        return load_registered_artifact(method, run_id, home, epsilon)
     if method == "tang":
         return load_tang_artifact(run_id, home, epsilon)
     if method == "pate":
@@ -526,7 +590,8 @@ def evidence(artifact: Artifact, entries) -> ReleaseEvidence:
     """The gate's evidence for one artifact: its audit rows, every spend charged to its run (`covering_entries`),
     the cross-check (as calibrated, or recomputed on its spends), its seeded flag and its samplers."""
     ran, passed, reasons = audit_verdict(audit_rows(artifact))
-    present = len(artifact.demos) if artifact.prompt_path is None else int(artifact.prompt_path.exists())
+    present = (int(bool(artifact.instruction)) if artifact.method in INSTRUCTION_METHODS
+               else len(artifact.demos) if artifact.prompt_path is None else int(artifact.prompt_path.exists()))
     agreed = artifact.crosscheck_agreed
     if agreed is None:
         agreed = math.isfinite(artifact.epsilon) and plan_crosscheck(artifact.spends, artifact.delta)
@@ -584,6 +649,8 @@ def release_manifest(artifact: Artifact, *, artifact_file: str, artifact_sha256:
     manifest["delta_source"] = artifact.delta_source
     if artifact_file == DEMOS_FILE:
         manifest["demos_sha256"] = artifact_sha256
+    if artifact.instruction is not None:
+        manifest["instruction"] = artifact.instruction
     if len(artifact.spends) == 1:
         manifest.update({k: artifact.spends[0].get(k) for k in ("mechanism", "noise_multiplier", "sampling_rate",
                                                                 "steps")})
