@@ -189,3 +189,15 @@ def test_adadpsyn_and_dp_opt_artifacts_go_through_the_release_gate(tiny_lm, caps
     run_pipeline(tiny_config(dataset_id="methods-release", **{**fields, "seed": 5}), run_id="methods-seeded")
     with pytest.raises(ReleaseRefusedError, match="fixed seed"):
         release(run_id="methods-seeded", method="dp-opt", audit_config=audit, seed=11)
+
+
+def test_where_to_look_next_names_every_method_of_the_run():
+    from flows.cli.run import format_next
+
+    summary = {"run_id": "R", "run_dir": "D", "dataset": "x", "method_audits": []}
+    several = format_next({**summary, "methods": ["tang", "adadpsyn", "dp-opt"]})
+    assert "dpicl release --run R [--method tang|adadpsyn|dp-opt]" in several
+    assert "--method adadpsyn|dp-opt --audit-only" in several  # audited at their release, not by the run
+    alone = format_next({**summary, "methods": ["dp-opt"]})
+    assert "dpicl release --run R --method dp-opt   #" in alone
+    assert "[--method" not in format_next({**summary, "methods": ["tang"]})

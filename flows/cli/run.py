@@ -292,7 +292,9 @@ def _run(args, defaults: dict | None = None) -> int:
 def format_next(summary: dict) -> str:
     """Where to look next: the UIs, the run folder, the audited release."""
     audited = {a["method"] for a in summary.get("method_audits") or []}
-    unaudited = [m for m in ("pate", "dpsgd") if m in summary.get("methods", []) and m not in audited]
+    methods = list(summary.get("methods") or ["tang"])
+    # every method but tang (whose demos the run audits itself) is audited at its release
+    unaudited = [m for m in methods if m != "tang" and m not in audited]
     # `dpicl release --audit-only` audits with AuditConfig's defaults, members capped by the mechanism
     trials, members = AuditConfig.model_fields["trials"].default, AuditConfig.model_fields["members"].default
     return "\n".join([
@@ -301,8 +303,8 @@ def format_next(summary: dict) -> str:
         "artifacts; MLflow (http://127.0.0.1:5000): its runs",
         f"  ls {summary['run_dir']}   # tables, plots, manifest.json",
         f"  dpicl release --run {summary['run_id']}"
-        + (f" [--method {'|'.join(m for m in ('tang', 'pate', 'dpsgd') if m in summary.get('methods', ['tang']))}]"
-           if len(summary.get("methods", ["tang"])) > 1 else "")
+        + (f" [--method {'|'.join(methods)}]" if len(methods) > 1
+           else f" --method {methods[0]}" if methods != ["tang"] else "")
         + "   # the audited release (refused for a seeded run or a failed audit)",
         *([f"  dpicl release --run {summary['run_id']} --method {'|'.join(unaudited)} --audit-only"
            f"   # the membership audit of that method's prompt ({trials} trials; members: at most {members}, and "
