@@ -200,6 +200,19 @@ class RunPlan:
             p = plan.parameters
             work += runtime.Work(dpsgd=runtime.dpsgd_positions(int(p["steps"]), int(p["batch_size"]),
                                                                int(p["trainings"]), test_items, labels, record))
+        evaluations = config.seeds * sum(len(plans) for plans in self.method_plans.values())
+        for _plan in self.method_plans.get("adadpsyn", ()):  # Algorithm 1's forwards (PFIRR itself: no model)
+            work += runtime.Work(generation=runtime.generation_positions(
+                labels=labels, demos_per_label=max(1, math.ceil(config.shots / max(labels, 1))),
+                num_subsets=config.num_subsets, subset_size=config.subset_size, max_tokens=config.max_tokens,
+                record_tokens=record))
+        for plan in self.method_plans.get("dp-opt", ()):  # J candidates of T steps, M meta prompts of k records each
+            p = plan.parameters
+            work += runtime.Work(generation=runtime.generation_positions(
+                labels=1, demos_per_label=int(p["candidates"]), num_subsets=int(p["subsets"]),
+                subset_size=int(p["shots"]), max_tokens=int(p["max_tokens"]), record_tokens=record))
+        if evaluations:  # every registered method's prompt scored on the test items, once per seed
+            work += runtime.Work(evaluation=runtime.evaluation_positions(test_items, labels, evaluations, record))
         return work
 
     def estimated_seconds(self) -> float:

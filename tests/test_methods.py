@@ -56,7 +56,10 @@ def test_each_registered_method_plans_its_epsilons_and_the_run_plan_charges_them
     assert set(cost["methods"]) >= {"tang", "adadpsyn", "dp-opt"}
     assert all(eps <= 4.0 + 1e-6 for eps in cost["methods"].values())
     # a method the run does not name is not planned
-    assert build_run_plan(tiny_config(dataset_id="methods-plan", **{**FIELDS, "methods": ["tang"]})).method_plans == {}
+    alone = build_run_plan(tiny_config(dataset_id="methods-plan", **{**FIELDS, "methods": ["tang"]}))
+    assert alone.method_plans == {}
+    # the run's time estimate counts their model work (generation and evaluation), from public sizes
+    assert plan.work().generation > alone.work().generation and plan.work().evaluation > alone.work().evaluation
 
 
 FIELDS = dict(
