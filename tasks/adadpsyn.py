@@ -60,7 +60,8 @@ def plans(config: RunConfig, data: LoadedDataset, delta: float) -> tuple[Privacy
 
 
 def label_plans(config: RunConfig, label_counts: dict[str, int], delta: float) -> tuple[PrivacyPlan, ...]:
-    """AdaDPSyn's plans, one per epsilon > 0 of the run (epsilon 0 is tang's instruction-only row), after
+    """AdaDPSyn's plans, one per finite epsilon > 0 of the run (epsilon 0 is tang's instruction-only row; at
+    epsilon inf its demonstrations would be no DP output, yet written to the public run folder: no row), after
     Algorithm 1's checks on the public counts (N records per label, q <= 1). ConfigError for an unreachable
     target (the radius search and tests alone cost more)."""
     gen = generation(config, len(label_counts))
@@ -69,7 +70,7 @@ def label_plans(config: RunConfig, label_counts: dict[str, int], delta: float) -
     steps = total_steps(gen.max_tokens, gen.demos_per_label)
     hyper = hyperparameters(config)
     return tuple(adadpsyn_plan(eps, delta, q, steps, hyper=hyper, num_groups=gen.num_subsets, top_k=gen.top_k)
-                 for eps in sorted({float(e) for e in config.epsilons}) if eps > 0)
+                 for eps in sorted({float(e) for e in config.epsilons}) if 0 < eps < math.inf)
 
 
 def pfirr_of(parameters: dict) -> PfirrParams:

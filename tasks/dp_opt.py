@@ -67,7 +67,8 @@ def records_by_label(train) -> dict[str, list[tuple[str, str]]]:
 
 
 def plans(config: RunConfig, data: LoadedDataset, delta: float) -> tuple[PrivacyPlan, ...]:
-    """DP-OPT's plans, one per epsilon > 0 of the run (epsilon 0 reads no record: no DP-OPT row)."""
+    """DP-OPT's plans, one per finite epsilon > 0 of the run (epsilon 0 reads no record; at epsilon inf the
+    instruction would be no DP output, yet written to the public run folder: no DP-OPT row at either)."""
     if data.spec.kind != "classification":
         raise ConfigError(f"methods: DP-OPT's instruction is scored on labels; task {data.spec.name!r} is "
                           f"{data.spec.kind}")
@@ -75,7 +76,7 @@ def plans(config: RunConfig, data: LoadedDataset, delta: float) -> tuple[Privacy
     n = generation_record_count(records_by_label(data.train), p)
     return tuple(dp_opt_plan(eps, delta, p.max_tokens, p.subsets, shots=p.shots, records=n, candidates=p.candidates,
                              selection_share=p.selection_share)
-                 for eps in sorted({float(e) for e in config.epsilons}) if eps > 0)
+                 for eps in sorted({float(e) for e in config.epsilons}) if 0 < eps < math.inf)
 
 
 def _eps_text(epsilon: float) -> str:

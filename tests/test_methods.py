@@ -55,6 +55,10 @@ def test_each_registered_method_plans_its_epsilons_and_the_run_plan_charges_them
     cost = planned_cost(plan.spends("methods-plan"))
     assert set(cost["methods"]) >= {"tang", "adadpsyn", "dp-opt"}
     assert all(eps <= 4.0 + 1e-6 for eps in cost["methods"].values())
+    # epsilon 0 and inf give them no plan: their artifacts are public, so only DP ones are made
+    both = build_run_plan(tiny_config(dataset_id="methods-plan", **{**FIELDS, "epsilons": [0.0, 4.0, math.inf]}))
+    assert {name: [p.epsilon for p in plans] for name, plans in both.method_plans.items()} == {
+        "adadpsyn": [4.0], "dp-opt": [4.0]}
     # a method the run does not name is not planned
     alone = build_run_plan(tiny_config(dataset_id="methods-plan", **{**FIELDS, "methods": ["tang"]}))
     assert alone.method_plans == {}
