@@ -152,6 +152,12 @@ def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[list[s
                  files["validation"], "--audit", "--audit-mode", "run-demos", "--audit-trials", "2",
                  "--audit-demo-sets", "1", "--audit-members", "4", "--audit-reference-prompts", "0",
                  "--no-audit-reference", "--yes", "--json"]],
+        # the registered methods (`tasks.methods`): AdaDPSyn's demonstrations and DP-OPT's instruction, their
+        # plans, rows and results tables, in one run and one charge
+        "methods": [["run", *_data_flags(files, variant), *ds, "--methods", "adadpsyn,dp-opt", "--epsilons", "1",
+                     "--run-id", f"nb-methods-{variant}", "--baselines", "zero-shot", "--seeds", "1", "--shots", "2",
+                     *GENERATION, "--dp-opt-preset", "cpu", "--dp-opt-max-tokens", "3", "--no-audit",
+                     "--no-audit-reference", "--yes", "--json"]],
         "generate": [["generate", *_data_flags(files, variant, "noid"), *ds, "--epsilon", "1", *GENERATION,
                       "--shots", "1", "--out", str(out / f"generate-{variant}"), "--json"]],
         "pate": [["pate", *_data_flags(files, variant, "carved"), *ds, "--epsilon", "1", *PATE_FLAGS, *public,
@@ -188,10 +194,10 @@ def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[list[s
     }
 
 
-COMMANDS = ("run", "generate", "hub", "pate", "pate-dd", "tune", "tune-lora", "tune-full", "evaluate", "audit",
-            "release", "refused")
+COMMANDS = ("run", "methods", "generate", "hub", "pate", "pate-dd", "tune", "tune-lora", "tune-full", "evaluate",
+            "audit", "release", "refused")
 # the names this test gives each variant's runs and folders (normalised: they differ by construction)
-RUN_NAMES = ("nb-run", "nb-pate-dd", "nb-pate", "nb-tune-lora", "nb-tune-full", "nb-tune", "nb-refused", "nb-cap")
+RUN_NAMES = ("nb-run", "nb-methods", "nb-pate-dd", "nb-pate", "nb-tune-lora", "nb-tune-full", "nb-tune", "nb-refused", "nb-cap")
 
 
 def _cap_epsilon(files: dict) -> str:
