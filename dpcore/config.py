@@ -315,7 +315,8 @@ class RunConfig(_Frozen):
     # (`dpcore.dp_opt.presets`: gpu = the paper's PAPER, cpu = SMOKE, seconds on a CPU).
     dp_opt_preset: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="DP-OPT: defaults of the unset dp_opt_* fields: gpu = Hong et al. (205 subsets of 5, "
-        "40 candidates of 50 tokens), cpu = a CPU size (8 subsets of 2, 2 candidates of 6 tokens); auto: by device")
+        "40 candidates of 50 tokens), cpu = a CPU size (8 subsets of 2, 2 candidates of 6 tokens, a 1% "
+        "holdout); auto: by device")
     dp_opt_subsets: int | None = Field(None, ge=1, description="DP-OPT: M, demo subsets voting on each token")
     dp_opt_shots: int | None = Field(None, ge=1, description="DP-OPT: k, demonstrations per subset")
     dp_opt_max_tokens: int | None = Field(None, ge=1, description="DP-OPT: T, tokens per candidate instruction")

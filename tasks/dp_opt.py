@@ -1,9 +1,9 @@
 """DP-OPT's stages (Hong et al. 2024, `dpcore.dp_opt`): its parameters and plans on a run's data, the private
 instruction per epsilon, its evaluation rows.
 
-Parameters (`params`): the preset's (`dp_opt_preset`: gpu = the paper's `PAPER`, cpu = `SMOKE`, auto by
-device), each overridden by the run's `dp_opt_*` field when set; public, never tuned on private data. The plan
-(`plans`): per epsilon > 0 of the run, `dpcore.dp_opt.privacy.dp_opt_plan` with n the number of records that
+Parameters (`params`): the preset's (`dp_opt_preset`: gpu = the paper's `PAPER`, cpu = `SMOKE` with the
+paper's 1% holdout, auto by device), each overridden by the run's `dp_opt_*` field when set; public, never
+tuned on private data. The plan (`plans`): per finite epsilon > 0 of the run, `dpcore.dp_opt.privacy.dp_opt_plan` with n the number of records that
 write (`generation_record_count`: the keyed-hash holdout excluded; a count of the records, as |D_y| is for
 tang). The instruction (`write`): `dpcore.dp_opt.instruction.write_instruction` on the run's training records
 (with their ids: ids decide sampling, subsets and holdout), written with its public stats (DP outputs and
@@ -55,7 +55,9 @@ def params(config: RunConfig) -> DpOptParams:
         from dpcore.lm.model import pick_device  # torch: only when the device decides
 
         name = "gpu" if pick_device(config.device).type == "cuda" else "cpu"
-    base = PAPER if name == "gpu" else SMOKE
+    # cpu: SMOKE's sizes, with the paper's 1% holdout (SMOKE's quarter would score a large file's candidates on
+    # thousands of records)
+    base = PAPER if name == "gpu" else replace(SMOKE, holdout_fraction=PAPER.holdout_fraction)
     return replace(base, **{k: getattr(config, f"dp_opt_{k}") for k in OVERRIDES
                             if getattr(config, f"dp_opt_{k}") is not None})
 
