@@ -1,4 +1,4 @@
-"""Three private-prompting methods in one run (`dpicl run --methods tang,pate,dpsgd`) on the tiny model:
+"""Five private-prompting methods in one run (`dpicl run --methods tang,pate,dpsgd,adadpsyn,dp-opt`) on the tiny model:
 one plan over every method, charged in one transaction, whose composed epsilon is what the ledger
 charges; the results name each method on the same test split; a plan over budget is refused before
 anything runs (exit 3), although each method alone would fit."""
@@ -18,7 +18,8 @@ from dpcore.privacy.ledger import Ledger
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 METHOD_FIELDS = dict(
-    methods=["tang", "pate", "dpsgd"], epsilons=[4.0], audit=False, audit_reference=False, baselines=["zero-shot"],
+    methods=["tang", "pate", "dpsgd", "adadpsyn", "dp-opt"], epsilons=[4.0], audit=False, audit_reference=False,
+    baselines=["zero-shot"], dp_opt_preset="cpu", dp_opt_max_tokens=3,
     seeds=1, test_size=6, seed=11,
     pate_teachers=6, pate_queries=10, pate_sigma1=5.0, pate_sigma2=5.0, pate_repeats=1, pate_public="ood",
     pate_student_candidates=3,
@@ -29,12 +30,13 @@ METHOD_FIELDS = dict(
 def _argv(dataset_id: str, *extra: str) -> list[str]:
     data_path, spec_path, _, _ = mini_agnews()
     argv = ["run", "--task-spec", spec_path, "--data-path", data_path, "--dataset", "agnews-mini",
-            "--dataset-id", dataset_id, "--model", "tiny-random", "--methods", "tang,pate,dpsgd", "--epsilons", "4",
+            "--dataset-id", dataset_id, "--model", "tiny-random", "--methods", "tang,pate,dpsgd,adadpsyn,dp-opt", "--epsilons", "4",
             "--no-audit", "--no-audit-reference", "--baselines", "zero-shot", "--seeds", "1", "--test-size", "6",
             "--seed", "11", "--pate-teachers", "6", "--pate-queries", "10", "--pate-sigma1", "5",
             "--pate-sigma2", "5", "--pate-repeats", "1", "--pate-public", "ood", "--pate-student-candidates", "3",
             "--dpsgd-length", "2", "--dpsgd-steps", "2", "--dpsgd-batch-size", "8", "--dpsgd-validation-size", "10",
-            "--num-subsets", "2", "--subset-size", "1", "--top-k", "20", "--max-tokens", "4", "--shots", "4"]
+            "--num-subsets", "2", "--subset-size", "1", "--top-k", "20", "--max-tokens", "4", "--shots", "4",
+            "--dp-opt-preset", "cpu", "--dp-opt-max-tokens", "3"]
     return argv + list(extra)
 
 
@@ -47,7 +49,7 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     config = tiny_config(dataset_id="compare-json", **METHOD_FIELDS)
     spends = build_run_plan(config).spends("compare-run")
     cost = planned_cost(spends)
-    assert set(cost["methods"]) == {"tang", "pate", "dpsgd"}
+    assert set(cost["methods"]) == {"tang", "pate", "dpsgd", "adadpsyn", "dp-opt"}
     # composition is subadditive here, never larger than the sum of the parts
     assert max(cost["methods"].values()) < cost["epsilon"] <= sum(cost["methods"].values()) + 1e-6
 
@@ -55,28 +57,30 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     assert "plan: epsilon" in captured.err
-    assert summary["methods"] == ["tang", "pate", "dpsgd"]
+    assert summary["methods"] == ["tang", "pate", "dpsgd", "adadpsyn", "dp-opt"]
     assert math.isclose(summary["planned_cost"]["epsilon"], cost["epsilon"], rel_tol=1e-9)
     # one transaction charged every method's spends; the ledger's composed spend is the plan's
     assert summary["ledger"]["charged"] == len(spends)
     spent = Ledger().spend("compare-json", delta=cost["delta"])
     assert math.isclose(spent.epsilon, cost["epsilon"], rel_tol=1e-6)
-    assert {e.purpose for e in spent.entries} == {"pipeline", "pate", "dpsgd"}
+    assert {e.purpose for e in spent.entries} == {"pipeline", "pate", "dpsgd", "adadpsyn", "dp-opt"}
 
     methods = {row["method"] for row in summary["results"]}
-    assert {"tang", "pate", "dpsgd", "zero-shot"} <= methods
+    assert {"tang", "pate", "dpsgd", "adadpsyn", "dp-opt", "zero-shot"} <= methods
     rows = {row["method"]: row for row in summary["results"]}
-    assert rows["tang"]["epsilon"] == 4.0 and rows["dpsgd"]["epsilon"] == 4.0
+    assert all(rows[m]["epsilon"] == 4.0 for m in ("tang", "dpsgd", "adadpsyn", "dp-opt"))
+    assert all(rows[m]["delta"] == pytest.approx(cost["delta"], rel=1e-3) for m in ("adadpsyn", "dp-opt"))
     assert rows["pate"]["epsilon"] > 0 and "epsilon_reported" not in rows["pate"]
-    assert all(rows[m]["n"] == 6 for m in ("tang", "pate", "dpsgd", "zero-shot"))  # the same test items
+    assert all(rows[m]["n"] == 6 for m in ("tang", "pate", "dpsgd", "adadpsyn", "dp-opt", "zero-shot"))  # same items
     # each method's wall time depends on its private records: kept in the private run folder only
     assert not any("wall_seconds" in row for row in summary["results"]) and "method_wall_seconds" not in summary
     timings = json.loads((Path(summary["private_run_dir"]) / "timings.json").read_text())["method_wall_seconds"]
-    assert set(timings) == {"tang", "pate", "dpsgd"} and all(w >= 0 for w in timings.values())
+    assert set(timings) == {"tang", "pate", "dpsgd", "adadpsyn", "dp-opt"} and all(w >= 0 for w in timings.values())
     # did the private data pay: the best of the three at epsilon 4 as each is used, against calibrated zero-shot
     (verdict,) = summary["private_data_verdict"]["epsilons"]
     used = {"tang": rows["tang"]["calibrated_accuracy_mean"], "pate": rows["pate"]["calibrated_accuracy_mean"],
-            "dpsgd": rows["dpsgd"]["accuracy_mean"]}
+            "dpsgd": rows["dpsgd"]["accuracy_mean"], "adadpsyn": rows["adadpsyn"]["calibrated_accuracy_mean"],
+            "dp-opt": rows["dp-opt"]["calibrated_accuracy_mean"]}
     used = {method: accuracy for method, accuracy in used.items() if accuracy is not None}  # a row may have none
     assert verdict["epsilon"] == 4.0 and verdict["accuracy"] == max(used.values()) == used[verdict["method"]]
     assert verdict["zero_shot_calibrated"] == rows["zero-shot"]["calibrated_accuracy_mean"] and verdict["n"] == 6
@@ -86,7 +90,11 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     # DP few-shot generation evaluated zero-shot on these test items: PromptPATE did not evaluate it again
     assert "zero-shot" not in summary["method_summaries"]["pate"].get("baselines", {})
     assert (run_dir / "comparison.png").stat().st_size > 0
-    assert {"pate_results.parquet", "dpsgd_results.parquet", "demos.parquet"} <= {p.name for p in run_dir.iterdir()}
+    assert {"pate_results.parquet", "dpsgd_results.parquet", "demos.parquet", "adadpsyn_results.parquet",
+            "dp_opt_results.parquet", "adadpsyn_demos_eps4.parquet", "dp_opt_instruction_eps4.json",
+            "adadpsyn_plan.json", "dp_opt_plan.json"} <= {p.name for p in run_dir.iterdir()}
+    assert {"adadpsyn", "dp-opt"} <= set(table["method"])
+    assert set(pd.read_parquet(run_dir / "adadpsyn_demos_eps4.parquet")["method"]) == {"adadpsyn"}
     from dpcore.data.artifacts import verify_manifest
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -100,7 +108,8 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     assert parent.data.metrics["planned_epsilon"] == pytest.approx(cost["epsilon"])
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    assert {c.info.run_name for c in children} >= {"tang-eps4", "dpsgd-eps4", "zero-shot-eps0"}
+    assert {c.info.run_name for c in children} >= {"tang-eps4", "dpsgd-eps4", "zero-shot-eps0", "adadpsyn-eps4",
+                                                   "dp-opt-eps4"}
 
 
 def test_a_plan_over_budget_is_refused_before_anything_runs(tiny_lm, capsys):

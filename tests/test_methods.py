@@ -1,6 +1,6 @@
-"""The method registry (`tasks.methods`, `flows.methods`) and a tiny run of the registered prompt-producing
-methods beside tang (`dpicl run --methods tang,adadpsyn,dp-opt`): one plan, one ledger charge whose composed
-epsilon is the plan's, one row per method on the same test items."""
+"""The method registry (`tasks.methods`, `flows.methods`): every method listed and resolved, the registered
+methods' plans in the run plan, their artifacts through the release gate (the tiny run of every method in one
+plan and one charge, a row each: tests/test_compare.py)."""
 
 from __future__ import annotations
 
@@ -73,60 +73,6 @@ FIELDS = dict(
 )
 
 
-def _argv(dataset_id: str, *extra: str) -> list[str]:
-    data_path, spec_path, _, _ = mini_agnews()
-    argv = ["run", "--task-spec", spec_path, "--data-path", data_path, "--dataset", "agnews-mini",
-            "--dataset-id", dataset_id, "--model", "tiny-random", "--methods", "tang,adadpsyn,dp-opt",
-            "--epsilons", "4", "--no-audit", "--no-audit-reference", "--baselines", "zero-shot", "--seeds", "1",
-            "--test-size", "6", "--seed", "11", "--dp-opt-preset", "cpu", "--dp-opt-max-tokens", "3",
-            "--num-subsets", "2", "--subset-size", "1", "--top-k", "20", "--max-tokens", "4", "--shots", "4"]
-    return argv + list(extra)
-
-
-@pytest.mark.usefixtures("prefect_harness")
-def test_a_run_of_tang_adadpsyn_and_dp_opt_charges_once_and_reports_a_row_each(tiny_lm, capsys):
-    from flows.cli import main
-    from tasks.charge import planned_cost
-    from tasks.run_plans import build_run_plan
-
-    share_tiny_model(tiny_lm)
-    config = tiny_config(dataset_id="methods-run", **FIELDS)
-    spends = build_run_plan(config).spends("methods-run")
-    cost = planned_cost(spends)
-
-    assert main(_argv("methods-run", "--run-id", "methods-run", "--json")) == 0
-    captured = capsys.readouterr()
-    summary = json.loads(captured.out)
-    assert summary["methods"] == ["tang", "adadpsyn", "dp-opt"]
-    assert math.isclose(summary["planned_cost"]["epsilon"], cost["epsilon"], rel_tol=1e-9)
-    # ONE charge held every spend of every method; the ledger's total is the printed plan's epsilon
-    assert summary["ledger"]["charged"] == len(spends)
-    spent = Ledger().spend("methods-run", delta=cost["delta"])
-    assert math.isclose(spent.epsilon, cost["epsilon"], rel_tol=1e-6)
-    assert {e.purpose for e in spent.entries} == {"pipeline", "adadpsyn", "dp-opt"}
-    assert len(Ledger().entries("methods-run")) == len(spends)
-    # a row per method, each with method, epsilon, delta and accuracy, on the same test items
-    rows = {row["method"]: row for row in summary["results"]}
-    assert {"tang", "adadpsyn", "dp-opt", "zero-shot"} <= set(rows)
-    for method in ("tang", "adadpsyn", "dp-opt"):
-        assert rows[method]["epsilon"] == 4.0 and rows[method]["delta"] == pytest.approx(cost["delta"], rel=1e-3)
-        assert rows[method]["accuracy_mean"] is not None and rows[method]["n"] == 6
-    run_dir = Path(summary["run_dir"])
-    table = pd.read_parquet(run_dir / "comparison.parquet")
-    assert {"adadpsyn", "dp-opt"} <= set(table["method"])
-    demos = pd.read_parquet(run_dir / "adadpsyn_demos_eps4.parquet")
-    assert set(demos["method"]) == {"adadpsyn"} and len(demos)
-    instruction = json.loads((run_dir / "dp_opt_instruction_eps4.json").read_text())
-    assert instruction["method"] == "dp-opt" and isinstance(instruction["instruction"], str)
-    assert {"adadpsyn_results.parquet", "dp_opt_results.parquet"} <= {p.name for p in run_dir.iterdir()}
-    timings = json.loads((Path(summary["private_run_dir"]) / "timings.json").read_text())["method_wall_seconds"]
-    assert set(timings) == {"tang", "adadpsyn", "dp-opt"}
-    # a second attempt of the same run id charges nothing new and draws no fresh noise for them: refused
-    assert main(_argv("methods-run", "--run-id", "methods-run", "--json")) != 0
-    capsys.readouterr()
-    assert len(Ledger().entries("methods-run")) == len(spends)
-
-
 # The release path's audit (its mechanics are under test, not its power; tests/test_release_methods.py sizes its
 # own alike): 12 independent trials of 4 members against 3 of the 40 held-out test records, whose 36 draws never
 # re-score a record, the band nearly [0, 1]: a prompt that leaks nothing concludes (passes) all but about 4 times
@@ -163,6 +109,11 @@ def test_adadpsyn_and_dp_opt_artifacts_go_through_the_release_gate(tiny_lm, caps
     summary = run_pipeline(tiny_config(dataset_id="methods-release", **fields), run_id="methods-release")
     assert {row["method"] for row in summary["results"]} == {"adadpsyn", "dp-opt"}
     audit = AuditConfig(**TINY_AUDIT_FIELDS)
+    # the run's one charge covered one draw of each: another attempt under the run id draws no fresh noise
+    entries = len(Ledger().entries("methods-release"))
+    with pytest.raises(Exception, match="Start a new run"):
+        run_pipeline(tiny_config(dataset_id="methods-release", **fields), run_id="methods-release")
+    assert len(Ledger().entries("methods-release")) == entries
 
     released = release(run_id="methods-release", method="dp-opt", audit_config=audit, seed=11)
     assert released["method"] == "dp-opt" and released["artifact"] == "dp-opt-eps4" and released["epsilon"] == 4.0
