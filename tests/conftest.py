@@ -309,7 +309,7 @@ def tickets_spec(tmp_path):
 # (longest-processing-time-first) instead of one of them running a long file alone at the end. The other
 # files follow in their usual order.
 SLOWEST_FIRST = (
-    "test_neighbours.py", "test_cli_experience.py", "test_release_methods.py", "test_audit_stop.py",
+    "test_neighbours.py", "test_neighbours_commands.py", "test_cli_experience.py", "test_release_methods.py", "test_audit_stop.py",
     "test_prefect_server.py", "test_endpoint.py", "test_audit.py", "test_generation.py", "test_pipeline.py",
     "test_reproduce_tables.py", "test_ledger_pipeline.py", "test_dask_runner.py", "test_compare.py",
     "test_ledger.py", "test_accounting.py", "test_pate_released_cost.py", "test_icl.py", "test_release.py",

@@ -189,7 +189,7 @@ def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[list[s
                     ["generate", *_data_flags(files, variant), "--dataset-id", f"nb-refused-{variant}", "--epsilon",
                      "1", *GENERATION, "--out", str(out / f"refused-{variant}"), "--json"],
                     ["pate", *_data_flags(files, variant), "--dataset-id", f"nb-cap-{variant}", "--epsilon",
-                     run_ids["cap_epsilon"], *PATE_FLAGS, *public, "--test-size", "6", "--accounting",
+                     run_ids.get("cap_epsilon", ""), *PATE_FLAGS, *public, "--test-size", "6", "--accounting",
                      "data-dependent", "--run-id", f"nb-cap-{variant}", "--json"]],
     }
 
@@ -416,9 +416,18 @@ def _invoke(main, argv: list[str], handler: _Collect) -> dict:
             "artifacts": _prefect_artifacts(tag)}
 
 
+# The commands split over two test modules (this one and test_neighbours_commands.py), which xdist runs in two
+# processes at once: the whole comparison is minutes of runs on the tiny model.
+COMMANDS_HERE = ("run", "methods", "release", "pate", "pate-dd")
+
+
 @pytest.fixture(scope="module")
 def neighbour_runs(tiny_lm, tmp_path_factory):
-    """Every command on every variant: {command: {variant: [what each invocation made public]}}."""
+    return collect_neighbour_runs(tiny_lm, tmp_path_factory, COMMANDS_HERE)
+
+
+def collect_neighbour_runs(tiny_lm, tmp_path_factory, commands) -> dict:
+    """`commands` on every variant: {command: {variant: [what each invocation made public]}}."""
     from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 
     from flows.cli import main
@@ -427,7 +436,7 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
     files = _datasets(tmp_path_factory.mktemp("neighbours"))
     _differing_records_are_training_rows(files)
     outputs: dict[str, dict[str, list[dict]]] = {}
-    run_ids: dict = {"cap_epsilon": _cap_epsilon(files)}
+    run_ids: dict = {"cap_epsilon": _cap_epsilon(files)} if "refused" in commands else {}
     handler = _Collect()
     for name in LOGGERS:  # the run's own loggers, whatever propagation other tests set up
         logging.getLogger(name).addHandler(handler)
@@ -443,7 +452,7 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
     refresh.__enter__()
     try:
         for variant in VARIANTS:
-            for command in COMMANDS:  # built one at a time: evaluate reads the demos generate wrote for D
+            for command in commands:  # built one at a time: evaluate reads the demos generate wrote for D
                 invocations = []
                 for argv in _commands(files, variant, run_ids)[command]:
                     invocations.append(_invoke(main, argv, handler))
@@ -454,10 +463,12 @@ def neighbour_runs(tiny_lm, tmp_path_factory):
         refresh.__exit__(None, None, None)
         for name in LOGGERS:
             logging.getLogger(name).removeHandler(handler)
-    keys = {a["key"] for a in outputs["run"]["D"][0]["artifacts"]}
-    assert keys >= {"dp-fewshot-summary", "dp-fewshot-results", "prompt-pate-results"}, keys
-    refused = [i["exit"] for i in outputs["refused"]["D"]]
-    assert refused[1:] == [3, 3], f"the refused runs were not refused: {refused}"
+    if "run" in outputs:
+        keys = {a["key"] for a in outputs["run"]["D"][0]["artifacts"]}
+        assert keys >= {"dp-fewshot-summary", "dp-fewshot-results", "prompt-pate-results"}, keys
+    if "refused" in outputs:
+        refused = [i["exit"] for i in outputs["refused"]["D"]]
+        assert refused[1:] == [3, 3], f"the refused runs were not refused: {refused}"
     return outputs
 
 
@@ -670,13 +681,13 @@ def _first_difference(a, b, where: str = "") -> str:
     return f"{where or 'value'}: {str(a)[:300]!r} != {str(b)[:300]!r}"
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", COMMANDS_HERE)
 def test_changing_one_record_changes_no_public_output_but_declared_dp_outputs(neighbour_runs, command):
     problems = _compare(neighbour_runs[command], "changed", MASKED_CHANGED)
     assert not problems, f"dpicl {command}: a public output depends on a changed record:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", COMMANDS_HERE)
 def test_adding_one_record_changes_no_public_output_but_declared_dp_outputs_and_counts(neighbour_runs, command):
     problems = _compare(neighbour_runs[command], "added", MASKED_ADDED)
     assert not problems, f"dpicl {command}: a public output depends on an added record:\n" + "\n".join(problems)
@@ -692,32 +703,6 @@ def _planted(neighbour_runs, command: str) -> dict:
 def _file_named(run: dict, suffix: str) -> str:
     (name,) = [name for name in run["files"] if not name.startswith(("mlflow/", "cache/")) and name.endswith(suffix)]
     return name
-
-
-def test_a_timing_planted_in_a_declared_dp_file_is_caught(neighbour_runs):
-    """The trained prompt's manifest is declared field by field (its loss curve on public examples is DP): a
-    training time written into it (it depends on the Poisson batches' sizes and the records' lengths) is not
-    declared, and fails the comparison."""
-    planted = _planted(neighbour_runs, "tune")
-    assert not _compare(planted, "changed", MASKED_CHANGED)
-    for variant, seconds in (("D", 41), ("changed", 43)):
-        run = planted[variant][0]
-        run["files"][_file_named(run, "prompts/dpsgd-eps1-0.json")]["seconds"] = seconds
-    assert any("dpsgd-eps1-0.json: /seconds" in p for p in _compare(planted, "changed", MASKED_CHANGED))
-
-
-def test_a_private_value_under_a_declared_name_in_an_undeclared_place_is_caught(neighbour_runs):
-    """`accuracy` is a DP output where the writers declare it (an evaluation's, PromptPATE's results); the same
-    name elsewhere (a statistic of the private records in the generation summary's settings, say) is not
-    masked, and fails."""
-    for where in ("json", "file"):
-        planted = _planted(neighbour_runs, "generate")
-        assert not _compare(planted, "changed", MASKED_CHANGED)
-        for variant, value in (("D", 0.712), ("changed", 0.734)):
-            run = planted[variant][0]
-            target = run["json"] if where == "json" else run["files"][_file_named(run, "generation.json")]
-            target["config"]["accuracy"] = value
-        assert any("/config/accuracy" in p for p in _compare(planted, "changed", MASKED_CHANGED)), where
 
 
 def test_a_statistic_planted_in_a_log_line_is_caught(neighbour_runs):
