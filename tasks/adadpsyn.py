@@ -30,7 +30,7 @@ from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.calibrate import generation_config
 from tasks.common import derive_seed, language_model, stage_logger, uncached_task
-from tasks.generate import check_generation
+from tasks.generate import check_generation, report_steps
 
 # AdaDPSyn's public outputs: its demonstrations (DP outputs, with the plan's sigma_eff, a function of public
 # counts), its rows in the results (accuracies of DP prompts: DP; sigma_eff and q: public counts).
@@ -101,8 +101,10 @@ def generate(*, records_path: str, task_spec: str, epsilon: float, parameters: d
     sigma_eff = effective_noise_multiplier(params)
     spec, lm = load_task_spec(task_spec), language_model(model, device, dtype)
     records = records_by_label(records_path)
+    what = f"generate adadpsyn eps={_eps_text(epsilon)}"  # its steps on the bar; a stop request ends it at the next
     result = generate_demos(lm, spec, records, generation, sigma_eff, seed=seed,
-                            chooser=token_chooser(generation, params), method=METHOD)
+                            chooser=token_chooser(generation, params), method=METHOD,
+                            progress=lambda info: report_steps(what, info))
     frame = demos_frame(result.demos)
     frame["method"] = METHOD
     frame["epsilon"] = float(epsilon)

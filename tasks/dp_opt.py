@@ -32,7 +32,14 @@ from dpcore.dp_opt.privacy import METHOD, dp_opt_plan
 from dpcore.errors import ConfigError, DpiclError
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
-from tasks.common import derive_seed, language_model, stage_logger, uncached_task
+from tasks.common import (
+    derive_seed,
+    language_model,
+    report_progress,
+    stage_logger,
+    stop_requested,
+    uncached_task,
+)
 
 # DP-OPT's public output: the instruction, every candidate's text, length and stop reason and the index kept
 # are DP outputs; sigma, sigma_sel, q and the steps planned are public counts (`write_instruction`'s stats).
@@ -105,8 +112,10 @@ def write(*, records_path: str, task_spec: str, epsilon: float, delta: float, pa
     lm = language_model(config.model, config.device, config.dtype)
     seeded = seed is not None
     rng = np.random.default_rng(seed)  # None: fresh OS entropy
+    what = f"dp-opt eps={_eps_text(epsilon)}"  # the bar of its token steps; a stop request ends it at the next step
     instruction, stats = write_instruction(lm, spec, records_by_label(private_split(records_path, "train")),
-                                           run_params, rng)
+                                           run_params, rng, progress=lambda done, total: report_progress(what, done, total),
+                                           should_stop=stop_requested)
     path = write_json_atomic(Path(public_dir) / INSTRUCTION_FILE.format(_eps_text(epsilon)),
                              {"method": METHOD, "epsilon": _jsonable(epsilon), "delta": float(delta),
                               "instruction": instruction, "stats": stats})

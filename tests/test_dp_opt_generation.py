@@ -85,3 +85,29 @@ def test_instruction_is_a_zero_shot_prompt_prefix(tiny_lm, spec, one_thread):
     assert prefix_text(with_instruction, []).startswith("classify the review's sentiment.")
     predictions = classify(tiny_lm, spec, "classify the review's sentiment.", ["a fine film", "dull"])
     assert len(predictions) == 2 and set(predictions) <= set(spec.label_names)
+
+
+def test_progress_counts_every_token_step_and_a_stop_request_ends_the_writing(tiny_lm, spec, one_thread):
+    """The bar goes over every candidate's T steps to its total; a stop request ends the writing at the next token
+    (`RunStopped`), and during the candidates' scoring on the holdout at the next batch."""
+    from dpcore.errors import RunStopped
+
+    records = _records()
+    n = generation_record_count(records, SMOKE)
+    plan = dp_opt_plan(4.0, 1e-5, SMOKE.max_tokens, SMOKE.subsets, shots=SMOKE.shots, records=n,
+                       candidates=SMOKE.candidates)
+    params = planned_params(plan, SMOKE)
+    seen = []
+    write_instruction(tiny_lm, spec, records, params, np.random.default_rng(3), progress=lambda d, t: seen.append((d, t)))
+    total = SMOKE.candidates * SMOKE.max_tokens
+    assert seen and {t for _, t in seen} == {total} and seen[-1][0] == total
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    with pytest.raises(RunStopped, match="writing the instruction"):
+        write_instruction(tiny_lm, spec, records, params, np.random.default_rng(3), should_stop=lambda: True)
+    asked = []
+
+    def stop_when_scoring() -> bool:  # no stop while the tokens are written: only in the candidates' scoring
+        asked.append(1)
+        return len(asked) > total
+    with pytest.raises(RunStopped, match="scoring the candidates"):
+        write_instruction(tiny_lm, spec, records, params, np.random.default_rng(3), should_stop=stop_when_scoring)

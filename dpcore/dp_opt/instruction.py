@@ -22,7 +22,7 @@ content id, `dpcore.data.datasets.content_ids`): ids, never positions, decide sa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from dpcore.dp_opt.ensemble import subset_votes
 from dpcore.dp_opt.presets import DpOptParams
 from dpcore.dp_opt.sampling import holdout_mask, sampling_rate, step_subsets
 from dpcore.dp_opt.selection import private_candidate, private_token, stops
-from dpcore.errors import ConfigError
+from dpcore.errors import ConfigError, stop_if_requested
 from dpcore.lm.icl import label_logprobs
 
 HOLDOUT_KEY = split_key(0, "dp-opt-holdout")  # public: the split is a public rule, read one record at a time
@@ -78,17 +78,20 @@ def instruction_spec(spec: TaskSpec, instruction: str) -> TaskSpec:
     return spec.model_copy(update={"icl": spec.icl.model_copy(update={"instruction": instruction.strip()})})
 
 
-def classify(lm, spec: TaskSpec, instruction: str, queries: Sequence[str], batch_size: int = 16) -> list[str]:
+def classify(lm, spec: TaskSpec, instruction: str, queries: Sequence[str], batch_size: int = 16,
+             should_stop: Callable[[], bool] | None = None) -> list[str]:
     """Zero-shot predictions with the instruction as the prompt prefix (raw label scores, as the authors'
-    evaluator): `dpcore.lm.icl.label_logprobs` with no demonstration."""
+    evaluator): `dpcore.lm.icl.label_logprobs` with no demonstration. `should_stop` is asked after every batch
+    (`RunStopped` when it says so)."""
     labels = spec.label_names
-    scores = label_logprobs(lm, instruction_spec(spec, instruction), [], list(queries), labels, batch_size)
+    scores = label_logprobs(lm, instruction_spec(spec, instruction), [], list(queries), labels, batch_size,
+                            progress=lambda done: stop_if_requested(should_stop, "dp-opt: scoring the candidates"))
     return [labels[int(i)] for i in np.argmax(scores, axis=1)] if len(queries) else []
 
 
 def _candidate(lm, spec: TaskSpec, generation: list[tuple[str, str, str]], params: DpOptParams, rate: float,
-               rng: np.random.Generator) -> tuple[str, int, str]:
-    """One candidate instruction: (text, tokens released, why it stopped)."""
+               rng: np.random.Generator, step_done: Callable[[int], None]) -> tuple[str, int, str]:
+    """One candidate instruction: (text, tokens released, why it stopped); `step_done(step)` after each token."""
     by_id = {rid: (text, label) for rid, text, label in generation}
     ids = list(by_id)
     released: list[int] = []
@@ -97,6 +100,7 @@ def _candidate(lm, spec: TaskSpec, generation: list[tuple[str, str, str]], param
         votes = subset_votes(lm, spec, [[by_id[r] for r in s] for s in subsets], released, params.temperature, rng,
                              ban_end=step < params.min_tokens)
         token = private_token(votes, int(lm.vocab_size), params.noise_multiplier, rng, params.noise)
+        step_done(step + 1)
         if stops(token, lm.decode([token]), lm.eos_token_ids):
             return lm.decode(released).strip(), len(released), "stop-token"
         released.append(token)
@@ -104,11 +108,21 @@ def _candidate(lm, spec: TaskSpec, generation: list[tuple[str, str, str]], param
 
 
 def write_instruction(lm, spec: TaskSpec, records_by_label: Mapping[str, Sequence], params: DpOptParams,
-                      rng: np.random.Generator) -> tuple[str, dict]:
+                      rng: np.random.Generator, progress: Callable[[int, int], None] | None = None,
+                      should_stop: Callable[[], bool] | None = None) -> tuple[str, dict]:
     """The private instruction and its public stats (every entry a DP output or a public parameter).
 
     `params` carries the plan's noise multipliers (`dpcore.dp_opt.privacy.planned_params`); sigma = 0 runs the
-    same code without noise (the non-private reference). All randomness comes from `rng`."""
+    same code without noise (the non-private reference). All randomness comes from `rng`. `progress(done,
+    total)` after each token step, over every candidate's T steps (public counts; a candidate that stops early
+    completes its steps); `should_stop` is asked after every token and every scoring batch."""
+    total = params.candidates * params.max_tokens
+
+    def token_done(candidate: int, step: int) -> None:
+        stop_if_requested(should_stop, "dp-opt: writing the instruction")
+        if progress is not None:
+            progress(candidate * params.max_tokens + step, total)
+
     records = flatten_records(records_by_label)
     records = [(rid, text, label) for (rid, _, label), text in
                zip(records, truncate_records(lm, [t for _, t, _ in records], params.max_record_tokens), strict=True)]
@@ -116,12 +130,17 @@ def write_instruction(lm, spec: TaskSpec, records_by_label: Mapping[str, Sequenc
     rate = sampling_rate(params.subsets, params.shots, len(generation))
     if params.candidates > 1 and params.selection_noise_multiplier == 0 and params.noise_multiplier > 0:
         raise ConfigError("dp-opt: several candidates need the plan's selection_noise_multiplier")
-    candidates = [_candidate(lm, spec, generation, params, rate, rng) for _ in range(params.candidates)]
+    candidates = []
+    for j in range(params.candidates):
+        candidates.append(_candidate(lm, spec, generation, params, rate, rng, lambda step, j=j: token_done(j, step)))
+        if progress is not None:
+            progress((j + 1) * params.max_tokens, total)
     chosen = 0
     if params.candidates > 1:
         queries = [text for _, text, _ in holdout]
         gold = [label for _, _, label in holdout]
-        correct = [sum(p == g for p, g in zip(classify(lm, spec, text, queries), gold, strict=True))
+        correct = [sum(p == g for p, g in zip(classify(lm, spec, text, queries, should_stop=should_stop), gold,
+                                              strict=True))
                    for text, _, _ in candidates]
         chosen = private_candidate(correct, params.selection_noise_multiplier, rng)
     stats = {"method": "dp-opt", "candidates": [c[0] for c in candidates], "tokens": [c[1] for c in candidates],
