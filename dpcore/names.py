@@ -19,10 +19,10 @@ from dpcore.errors import ConfigError
 # 2024: a private instruction). Each is one entry of the method registry (`tasks.methods.REGISTRY`).
 Method = Literal["tang", "pate", "dpsgd", "adadpsyn", "dp-opt"]
 METHODS: tuple[str, ...] = get_args(Method)
-# The field's other methods, each a subsystem of dpcore with its mechanism, plan and spends: DP-ICL (Wu et al. 2024,
-# private prediction by a noisy vote of disjoint exemplar subsets), AdaDPSyn (Gao et al. 2024, Algorithm 1 with
-# data-adaptive aggregation) and DP-OPT (Hong et al. 2024, a private instruction written by a noisy ensemble).
-ENSEMBLE_METHODS: tuple[str, ...] = ("dp-icl", "adadpsyn", "dp-opt")
+# Methods that answer queries instead of making a prompt, with commands of their own (not `dpicl run --methods`):
+# DP-ICL (Wu et al. 2024: each answer a noisy vote of private exemplar subsets; `dpicl dp-icl`, `dpicl serve
+# --private`). They name plans and ledger purposes like the methods above.
+PREDICTION_METHODS: tuple[str, ...] = ("dp-icl",)
 # Earlier spellings, read as the current name and never written: tables and run folders from before DP few-shot
 # generation was named tang everywhere say `dp` in their `method` column, and `--method dp` still works.
 OLD_METHOD_NAMES = {"dp": "tang"}
@@ -64,7 +64,8 @@ NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
 # What may spend privacy (the ledger's `purpose`). pipeline / generate: DP few-shot generation (the flow /
 # the `generate` command); audit: the audit's own DP generations; baseline: a non-private baseline;
 # pate / dpsgd: PromptPATE's votes and PromptDPSGD's training steps; dp-icl / adadpsyn / dp-opt: those methods' spends.
-PURPOSES: tuple[str, ...] = ("pipeline", "generate", "audit", "baseline", "pate", "dpsgd") + ENSEMBLE_METHODS
+PURPOSES: tuple[str, ...] = (("pipeline", "generate", "audit", "baseline") + tuple(m for m in METHODS if m != "tang")
+                              + PREDICTION_METHODS)
 # Methods whose prompt is used with raw label scores (a trained prompt is fitted to the raw likelihood; chosen on
 # public data); the others' prompts are used contextually calibrated (Zhao et al.).
 RAW_SCORED_METHODS: tuple[str, ...] = ("dpsgd",)

@@ -18,7 +18,7 @@ A method is the unit of the product. Its entry says, in one place, what the rest
 - `results`: the public table of its rows in the run folder (None: in `results.parquet`).
 
 A method `dpicl run --methods` runs is a `dpcore.names.Method`; a method of the field with commands of its own
-(`dpcore.names.ENSEMBLE_METHODS`: dp-icl) may register too, for its plan, artifact and release, and joins `--methods`
+(`dpcore.names.PREDICTION_METHODS`: dp-icl) may register too, for its plan, artifact and release, and joins `--methods`
 when its name joins `Method`. Registering a method (dp-icl, or a new one): its subsystem under dpcore/, its stages in tasks/<method>.py, its
 subflow in flows/<method>.py, its name in `dpcore.names.Method`, its `RunConfig` section, and one entry here
 (`register`).
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from dpcore.config import RunConfig
 from dpcore.data.datasets import LoadedDataset
 from dpcore.errors import ConfigError
-from dpcore.names import ENSEMBLE_METHODS, METHODS
+from dpcore.names import METHODS, PREDICTION_METHODS
 from dpcore.privacy.plan import PrivacyPlan
 from tasks import adadpsyn as adadpsyn_stage
 from tasks import dp_opt as dp_opt_stage
@@ -61,7 +61,7 @@ def register(entry: MethodEntry) -> MethodEntry:
     """Add `entry` to the registry; a name twice, or one `dpcore.names.Method` does not know, is an error."""
     if entry.name in REGISTRY:
         raise ConfigError(f"methods: {entry.name!r} is registered twice")
-    if entry.name not in METHODS + ENSEMBLE_METHODS:
+    if entry.name not in METHODS + PREDICTION_METHODS:
         raise ConfigError(f"methods: {entry.name!r} is no dpcore.names.Method; name it there first")
     REGISTRY[entry.name] = entry
     return entry

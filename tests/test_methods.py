@@ -13,7 +13,7 @@ import pytest
 from pipeline_support import mini_agnews, prefect_harness, share_tiny_model, tiny_config  # noqa: F401
 
 from dpcore.config import RunConfig
-from dpcore.names import ENSEMBLE_METHODS, METHODS
+from dpcore.names import METHODS, PREDICTION_METHODS
 from dpcore.privacy.ledger import Ledger
 
 
@@ -22,7 +22,7 @@ def test_the_registry_lists_every_method_and_each_entry_resolves():
     from tasks.methods import REGISTRY, MethodEntry, entry, register
 
     assert tuple(REGISTRY)[:len(METHODS)] == METHODS  # every method --methods names, in the registry's order
-    assert set(REGISTRY) <= set(METHODS) | set(ENSEMBLE_METHODS)
+    assert set(REGISTRY) <= set(METHODS) | set(PREDICTION_METHODS)
     for name, method in REGISTRY.items():
         assert method.name == name and method.title
         if method.config_prefix:  # its RunConfig section is declared in dpcore/config.py

@@ -27,7 +27,7 @@ from dpcore.privacy import composition
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.privacy.spend import Spend
 
-METHOD = "adadpsyn"   # the plan's name (`dpcore.names.ENSEMBLE_METHODS`)
+METHOD = "adadpsyn"   # the plan's name (`dpcore.names.Method`)
 PURPOSE = "adadpsyn"  # the ledger purpose of its spend
 
 

@@ -32,7 +32,7 @@ from dpcore.privacy.events import DpEvent, NoOpDpEvent, sampled_steps_event
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.privacy.spend import Spend
 
-METHOD = "dp-icl"      # the plan's name (`dpcore.names.ENSEMBLE_METHODS`)
+METHOD = "dp-icl"      # the plan's name (`dpcore.names.PREDICTION_METHODS`)
 PURPOSE = "dp-icl"     # the ledger purpose of its spends
 MAX_QUERIES = 10**8    # `queries_within` searches no further
 WHAT = "DP-ICL answers: RNM-Gaussian on the vote histogram of M subsets of a Poisson subsample"

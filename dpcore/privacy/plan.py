@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dpcore.errors import ConfigError
-from dpcore.names import ENSEMBLE_METHODS, METHODS
+from dpcore.names import METHODS, PREDICTION_METHODS
 from dpcore.privacy import composition
 from dpcore.privacy.events import DpEvent, event_to_dict
 from dpcore.privacy.spend import Spend
@@ -36,7 +36,7 @@ from dpcore.privacy.spend import Spend
 # What a plan may be named: a method, or one of DP few-shot generation's charged rows (`dpcore.fewshot.plan`).
 FEWSHOT_ROWS: tuple[str, ...] = ("tang", "sigma-zero", "random-real", "audit-reference")
 AUDIT_PLAN = "audit"  # the DP demo sets a regenerate-mode audit generates from its members (`tasks.audit`)
-PLAN_NAMES: tuple[str, ...] = METHODS + ENSEMBLE_METHODS + FEWSHOT_ROWS[1:] + (AUDIT_PLAN,)
+PLAN_NAMES: tuple[str, ...] = METHODS + PREDICTION_METHODS + FEWSHOT_ROWS[1:] + (AUDIT_PLAN,)
 
 
 @dataclass(frozen=True)
