@@ -14,13 +14,10 @@ from __future__ import annotations
 from prefect import flow
 
 from dpcore.config import RunConfig
-from dpcore.home import configure_environment
-from flows.methods import MethodFlow, evaluated_rows
-from flows.runner import cancelled_on_stop, default_run_id
+from flows.methods import MethodFlow, artifacts_evaluated
+from flows.runner import cancelled_on_stop
 from tasks import dp_opt as dp_opt_stage
-from tasks import ingest as ingest_stage
-from tasks.charge import charge_plans, noise_charged
-from tasks.run_plans import RunPlan, build_run_plan
+from tasks.run_plans import RunPlan
 
 FLOW_NAME = "dp-opt"
 METHOD = "dp-opt"
@@ -32,23 +29,14 @@ METHOD = "dp-opt"
 def dp_opt_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
                 ingested: dict | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
     """DP-OPT's instruction at every epsilon > 0 of `config`, evaluated; a public summary ({method, results,
-    seeded_noise, artifacts, instructions}). As a subflow: the pipeline's `ingested`, `charge` and `plan`;
-    alone, it plans, ingests and charges here."""
-    configure_environment()
-    run_id = run_id or default_run_id()
-    if plan is None or METHOD not in plan.method_plans:
-        plan = build_run_plan(config, methods=(METHOD,))
-        plan.dry_run(run_id)
-    ingested = ingest_stage.ingested_for(plan, run_id, ingested, METHOD)
-    plans = list(plan.method_plans[METHOD])
-    if charge is None:
-        charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans,
-                              same_records_ok=config.new_budget_for_same_records)
-    made = [dp_opt_stage.write(**dp_opt_stage.write_call(plan.config, ingested, p,
-                                                          noise_charged(charge, METHOD, p.epsilon))) for p in plans]
-    rows = evaluated_rows(METHOD, plan.config, ingested, plans, made)
-    return {"method": METHOD, "results": rows, "seeded_noise": any(m["seeded_noise"] for m in made),
-            "artifacts": [m["path"] for m in made], "run_dir": ingested["paths"]["public"]}
+    seeded_noise, artifacts, run_dir}). As a subflow: the pipeline's `ingested`, `charge` and `plan`;
+    alone, it plans, ingests and charges here (`flows.methods.artifacts_evaluated`)."""
+
+    def make(run_plan, data: dict, p, charged: bool) -> dict:
+        return dp_opt_stage.write(**dp_opt_stage.write_call(run_plan.config, data, p, charged))
+
+    return artifacts_evaluated(METHOD, make, config=config, run_id=run_id, ingested=ingested, charge=charge,
+                               plan=plan)
 
 
 def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,

@@ -18,10 +18,15 @@ from typing import Any
 import pandas as pd
 
 from dpcore.data.artifacts import write_json_atomic, write_table
+from dpcore.home import configure_environment
 from dpcore.public_outputs import Kind, declare
 from dpcore.release.gate import METHOD_PLAN_FILES
+from flows.runner import default_run_id
 from tasks import evaluate as evaluate_stage
+from tasks import ingest as ingest_stage
+from tasks.charge import charge_plans, noise_charged
 from tasks.methods import entry
+from tasks.run_plans import build_run_plan
 
 # A registered method's summary in `dpicl run --json` (`method_summaries/<method>`): its rows' accuracies are DP
 # outputs (accuracies of a DP prompt on test items), its sigma and q follow from public counts (|D_y|, n).
@@ -83,3 +88,30 @@ def evaluated_rows(name: str, config, ingested: dict, plans: list, artifacts: li
     if table:
         write_table(pd.DataFrame(rows), Path(ingested["paths"]["public"]) / table)
     return rows
+
+
+# What a prompt-making method makes of one of its plans: (the run's plan, the ingested data, the plan, whether this
+# attempt charged its noise) -> its artifact {epsilon, path, key, seeded_noise} (`tasks.adadpsyn.generate`, ...).
+MakeArtifact = Callable[[Any, dict, Any, bool], dict]
+
+
+def artifacts_evaluated(name: str, make: MakeArtifact, *, config, run_id: str | None, ingested: dict | None,
+                        charge: dict | None, plan) -> dict:
+    """The body a registered prompt-making method's subflow shares (AdaDPSyn, DP-OPT): its plans (the run's, or
+    planned here when it runs alone: dry-run, then charged here), its artifact per plan (`make`, on the charge),
+    each evaluated on the run's test items (`evaluated_rows`); the public summary {method, results, seeded_noise,
+    artifacts, run_dir}."""
+    configure_environment()
+    run_id = run_id or default_run_id()
+    if plan is None or name not in plan.method_plans:
+        plan = build_run_plan(config, methods=(name,))
+        plan.dry_run(run_id)
+    ingested = ingest_stage.ingested_for(plan, run_id, ingested, name)
+    plans = list(plan.method_plans[name])
+    if charge is None:
+        charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans,
+                              same_records_ok=config.new_budget_for_same_records)
+    made = [make(plan, ingested, p, noise_charged(charge, name, p.epsilon)) for p in plans]
+    rows = evaluated_rows(name, plan.config, ingested, plans, made)
+    return {"method": name, "results": rows, "seeded_noise": any(m["seeded_noise"] for m in made),
+            "artifacts": [m["path"] for m in made], "run_dir": ingested["paths"]["public"]}
