@@ -346,3 +346,18 @@ def test_a_calibration_repeated_in_a_fresh_process_computes_nothing(tmp_path, mo
     monkeypatch.setattr(composition, "_fast_epsilon", None)
     again = composition.calibrate(_gaussian_family, 1.0, DELTA)
     assert (again.noise_multiplier, again.composition) == (first.noise_multiplier, first.composition)
+
+
+@pytest.mark.parametrize("cap", [1, 2, 7, 64, 1000])
+def test_largest_count_is_the_last_count_that_fits_and_asks_few_times(cap):
+    """The most queries or steps a budget affords: the largest n <= cap that fits, 0 when none, in O(log n) asks."""
+    for last in (0, 1, 2, 3, 5, 63, 64, 65, 999, 5000):
+        asked = []
+
+        def fits(n: int, last=last, asked=asked) -> bool:
+            asked.append(n)
+            return n <= last
+
+        assert composition.largest_count(fits, cap) == min(last, cap)
+        assert len(asked) <= 2 * math.ceil(math.log2(cap + 1)) + 2
+        assert all(1 <= n <= cap for n in asked)

@@ -66,7 +66,7 @@ def queries_within(epsilon: float, delta: float, noise_multiplier: float, record
                    shots: int, queries_per_draw: int = 1, limit: int | None = None) -> int:
     """The most queries (at most `limit`, default MAX_QUERIES) that (epsilon, delta) affords at query noise
     multiplier sigma on |D| = `records`: B x the most draws whose composition stays within epsilon (capped at
-    `limit`); 0 when not even one draw fits. Epsilon grows with the draws: doubling, then bisection."""
+    `limit`); 0 when not even one draw fits (`composition.largest_count`)."""
     target = check_positive("epsilon", epsilon)
     sigma = check_positive("noise_multiplier", noise_multiplier)
     b = check_count("queries_per_draw", queries_per_draw)
@@ -77,19 +77,7 @@ def queries_within(epsilon: float, delta: float, noise_multiplier: float, record
     def fits(t: int) -> bool:
         return dp_icl_epsilon(sigma, rate, t * b, delta, b) <= target
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2  # fits(lo); hi is tried next
-    while hi <= max_draws and fits(hi):
-        lo, hi = hi, 2 * hi
-    if hi > max_draws:
-        if fits(max_draws):
-            return min(cap, max_draws * b)
-        hi = max_draws
-    while hi - lo > 1:  # fits(lo), not fits(hi)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return min(cap, lo * b)
+    return min(cap, composition.largest_count(fits, max_draws) * b)
 
 
 def calibrate_noise(epsilon: float, delta: float, queries: int, rate: float,

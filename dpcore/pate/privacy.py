@@ -86,27 +86,15 @@ def data_independent_epsilon(sigma1: float, sigma2: float, queries: int, delta: 
 def max_queries_within(epsilon: float, delta: float, sigma1: float, sigma2: float, *,
                        limit: int | None = None) -> int:
     """The largest Q (at most `limit`, default MAX_QUERIES) with data_independent_epsilon(sigma1,
-    sigma2, Q, delta) <= epsilon; 0 when not even one query fits. Bisection on the composition
-    (epsilon grows with Q)."""
+    sigma2, Q, delta) <= epsilon; 0 when not even one query fits (`composition.largest_count`: epsilon
+    grows with Q)."""
     target = check_positive("epsilon", epsilon)
     cap = MAX_QUERIES if limit is None else _count("limit", limit)
 
     def fits(q: int) -> bool:
         return data_independent_epsilon(sigma1, sigma2, q, delta) <= target
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2  # fits(lo); hi is tried next
-    while hi <= cap and fits(hi):
-        lo, hi = hi, 2 * hi
-    if hi > cap:
-        if fits(cap):
-            return cap
-        hi = cap
-    while hi - lo > 1:  # fits(lo), not fits(hi)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return composition.largest_count(fits, cap)
 
 
 def labelling_checkpoints(epsilons, delta: float, sigma1: float, sigma2: float, *, repeats: int,

@@ -928,6 +928,25 @@ def _solve_fast(family: Callable[[float], Any], target: float, delta: float, sig
     return float(brentq(lambda sigma: math.log(max(eps(sigma), 1e-300)) - log_target, lo, hi, xtol=1e-4))
 
 
+def largest_count(fits: Callable[[int], bool], cap: int) -> int:
+    """The largest n in [1, cap] with fits(n), for a `fits` that holds up to some n and fails beyond (epsilon grows
+    with the number of steps): doubling, then bisection, O(log n) compositions; 0 when not even fits(1). The most
+    queries or steps a budget affords (PromptPATE's queries, DP-ICL's draws)."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2  # fits(lo); hi is tried next
+    while hi <= cap and fits(hi):
+        lo, hi = hi, 2 * hi
+    if hi > cap:
+        if fits(cap):
+            return cap
+        hi = cap
+    while hi - lo > 1:  # fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
 def calibrate(family: Callable[[float], Any], target_epsilon: float, delta: float, *,
               tolerance: float = SIGMA_TOLERANCE, sigma_min: float = SIGMA_MIN, sigma_max: float = SIGMA_MAX,
               cache: bool | Path = True) -> Calibration:
