@@ -480,7 +480,7 @@ def load_registered_artifact(method: str, run_id: str, home: Path, epsilon: floa
     inputs = run_inputs(path)
     spec = run_task_spec(run_id, inputs, sealed.get("task_spec") or sealed.get("dataset"))
     demos, table, instruction = (), None, None
-    if method == "dp-opt":
+    if method in INSTRUCTION_METHODS:  # its release is an instruction, not demonstrations
         if artifact_path.exists():
             instruction = str(_json(artifact_path)["instruction"])
             spec = {**spec, "icl": {**spec["icl"], "instruction": instruction.strip()}}  # it leads every prompt
