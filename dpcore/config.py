@@ -130,7 +130,8 @@ class RunConfig(_Frozen):
         default_factory=lambda: ["tang"],
         description="comma-separated private-prompting methods, run on the same data, test split and ledger: "
         "tang (DP few-shot generation), pate (PromptPATE), dpsgd (PromptDPSGD soft prompts), adadpsyn (AdaDPSyn's "
-        "DP demonstrations), dp-opt (DP-OPT's private instruction)")
+        "DP demonstrations), dp-opt (DP-OPT's private instruction), dp-icl (DP-ICL's private answers to the test "
+        "items)")
     dataset: str = Field("agnews", description="a shipped task (agnews, trec, sst2, ...) or your task's name")
     data_path: str | None = Field(None, description="a user's CSV/JSONL/Parquet file (with --task-spec)")
     test_path: str | None = Field(
@@ -324,6 +325,19 @@ class RunConfig(_Frozen):
                                           "chosen privately on a keyed-hash holdout)")
     dp_opt_temperature: float | None = Field(None, ge=0, description="DP-OPT: each subset's sampling temperature "
                                              "(0: its argmax; the paper's 1.1)")
+
+    # --- DP-ICL (Wu et al. 2024): fields named dp_icl_*; unset ones from the paper's ensemble
+    # (`dpcore.dp_icl.presets`). In a run it answers the run's test items (Q = --test-size) at each finite
+    # epsilon > 0, its noise calibrated to answer all Q within that epsilon (`tasks.dp_icl.plans`).
+    dp_icl_subsets: int | None = Field(None, ge=1, description="DP-ICL: M, disjoint exemplar subsets voting on each "
+                                       "test item (default: the paper's 10)")
+    dp_icl_shots: int | None = Field(None, ge=1, description="DP-ICL: k, most records in one subset's prompt "
+                                     "(default: the paper's 4)")
+    dp_icl_queries_per_draw: int | None = Field(None, ge=1, description="DP-ICL: B, test items sharing one draw of "
+                                                "subsets (default: 1, the paper's)")
+    dp_icl_vote_mode: Literal["calibrated", "black-box"] | None = Field(
+        None, description="DP-ICL: each subset's vote, its calibrated label probabilities or its greedy token "
+        "(default: calibrated, the paper's)")
 
     task_runner: str = Field("threads", description="threads, dask (a local cluster) or a Dask scheduler address")
 

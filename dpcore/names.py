@@ -16,12 +16,12 @@ from dpcore.errors import ConfigError
 # tang = DP few-shot generation (Tang et al. Algorithm 1), pate = PromptPATE (Duan et al. Section 4.2),
 # dpsgd = PromptDPSGD soft prompts (Duan et al. Section 4.1).
 # adadpsyn = AdaDPSyn (Gao et al. 2024: Algorithm 1 with data-adaptive aggregation), dp-opt = DP-OPT (Hong et al.
-# 2024: a private instruction). Each is one entry of the method registry (`tasks.methods.REGISTRY`).
-Method = Literal["tang", "pate", "dpsgd", "adadpsyn", "dp-opt"]
+# 2024: a private instruction), dp-icl = DP-ICL (Wu et al. 2024: private prediction, each answer a noisy vote of
+# private exemplar subsets). Each is one entry of the method registry (`tasks.methods.REGISTRY`).
+Method = Literal["tang", "pate", "dpsgd", "adadpsyn", "dp-opt", "dp-icl"]
 METHODS: tuple[str, ...] = get_args(Method)
-# Methods that answer queries instead of making a prompt, with commands of their own (not `dpicl run --methods`):
-# DP-ICL (Wu et al. 2024: each answer a noisy vote of private exemplar subsets; `dpicl dp-icl`, `dpicl serve
-# --private`). They name plans and ledger purposes like the methods above.
+# Methods whose product is answers to queries, not a prompt (nothing to release or audit): in a run they answer the
+# run's test items; they also have commands of their own (DP-ICL: `dpicl dp-icl`, `dpicl serve --private`).
 PREDICTION_METHODS: tuple[str, ...] = ("dp-icl",)
 # Earlier spellings, read as the current name and never written: tables and run folders from before DP few-shot
 # generation was named tang everywhere say `dp` in their `method` column, and `--method dp` still works.
@@ -65,7 +65,7 @@ NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
 # the `generate` command); audit: the audit's own DP generations; baseline: a non-private baseline;
 # pate / dpsgd: PromptPATE's votes and PromptDPSGD's training steps; dp-icl / adadpsyn / dp-opt: those methods' spends.
 PURPOSES: tuple[str, ...] = (("pipeline", "generate", "audit", "baseline") + tuple(m for m in METHODS if m != "tang")
-                              + PREDICTION_METHODS)
+                              + tuple(m for m in PREDICTION_METHODS if m not in METHODS))
 # Methods whose prompt is used with raw label scores (a trained prompt is fitted to the raw likelihood; chosen on
 # public data); the others' prompts are used contextually calibrated (Zhao et al.).
 RAW_SCORED_METHODS: tuple[str, ...] = ("dpsgd",)

@@ -15,6 +15,14 @@ batch: every planned query) and `dpicl serve --private` (a batch per request):
 The lock makes check, charge and answer one step per batch: two requests never both pass the check for the
 same queries; the ledger's own charge is atomic across processes. Everything returned is public: the noisy
 argmax labels and the plan's public parameters.
+
+In a run (`dpicl run --methods ...,dp-icl`, the method registry's protocol: `tasks.methods`, `flows.dp_icl`), DP-ICL
+answers the run's test items, the items every other method is evaluated on, in the same order
+(`dpcore.lm.icl.select_test`): `plans` sizes its plan at each finite epsilon > 0 to Q = the run's test size (the
+noise calibrated so that the Q answers compose within the epsilon; refused, before any charge, with the flag to
+change, when it cannot be), the plans join the run's one ledger charge, and `answer` (one task per epsilon,
+under that charge) answers the Q items with a key and noise of its own, writing the answers and their accuracy
+(DP outputs) to the public run folder; `result_rows` are its rows of the comparison (`RESULTS_FILE`).
 """
 
 from __future__ import annotations
@@ -26,19 +34,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
+from dpcore.data.artifacts import write_json_atomic, write_table
 from dpcore.data.datasets import LoadedDataset
+from dpcore.data.taskspec import load_task_spec
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.dp_icl import presets as dp_icl_presets
 from dpcore.dp_icl.answer import answer_queries
-from dpcore.dp_icl.privacy import batch_spend, dp_icl_plan, queries_within
+from dpcore.dp_icl.privacy import METHOD, batch_spend, dp_icl_plan, queries_within
 from dpcore.dp_icl.subsets import check_count, run_key
-from dpcore.errors import BudgetExceededError, ConfigError
+from dpcore.errors import BudgetExceededError, ConfigError, DpiclError
+from dpcore.fewshot.mechanisms import noise_generator
 from dpcore.fewshot.plan import default_delta
+from dpcore.lm import runtime
+from dpcore.lm.icl import CONTENT_FREE_INPUTS, check_test_size, select_test
 from dpcore.pate.flock import VOTE_MODES
 from dpcore.privacy.events import NoOpDpEvent
 from dpcore.privacy.plan import PrivacyPlan
-from dpcore.public_outputs import Kind, declare
+from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.charge import charge_spends, plan_spends
+from tasks.common import derive_seed, language_model, report_progress, run_paths, stage_logger, uncached_task
 
 KEY_FILE = "dp_icl_key.bin"   # the run's secret subset key, in the run's private folder
 PLAN_FILE = "dp_icl_plan.json"  # the plan's public parameters, in the run's public folder
@@ -167,8 +183,6 @@ def test_queries(data: LoadedDataset) -> tuple[list[str], list[str]]:
     """The dataset's test items as queries (texts, gold labels), in the order `dpicl run` evaluates them (the seeded
     shuffle of `dpcore.lm.icl.select_test`): `--queries N` answers the same N items as `dpicl run --test-size N`,
     so DP-ICL's accuracy compares with every other method's on the same items."""
-    from dpcore.lm.icl import select_test  # the model stack (torch), which the CLI's start leaves unloaded
-
     items = select_test(data.test, None)
     return items["text"].astype(str).tolist(), items["label"].astype(str).tolist()
 
@@ -178,9 +192,9 @@ def run_delta(config, records: int) -> float:
     return float(config.delta) if config.delta is not None else float(default_delta(records))
 
 
-def write_key(private_folder: Path, key: bytes) -> Path:
+def write_key(private_folder: Path, key: bytes, name: str = KEY_FILE) -> Path:
     """The run's secret subset key in its private folder (mode 0600): nowhere else."""
-    path = Path(private_folder) / KEY_FILE
+    path = Path(private_folder) / name
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(key)
@@ -259,9 +273,6 @@ def open_run(config, budget_settings: Settings, data: LoadedDataset, *, epsilon:
     the key and noise from `config.seed` (None: cryptographically seeded), the key in the private folder.
     `announce(budget)` is called first thing after the plan (the budget line, before any check of the ledger).
     Nothing is charged here."""
-    from dpcore.fewshot.mechanisms import noise_generator
-    from tasks.common import language_model, run_paths
-
     delta = run_delta(config, len(data.train))
     budget = plan_budget(len(data.train), delta, budget_settings, epsilon=epsilon,
                          noise_multiplier=noise_multiplier, queries=queries, limit=limit)
@@ -281,5 +292,163 @@ def open_run(config, budget_settings: Settings, data: LoadedDataset, *, epsilon:
     return budget, answerer, paths
 
 
-__all__ = ["Budget", "BudgetSpentError", "PUBLIC_PARAMETERS", "PrivateAnswerer", "Settings", "device_type", "open_run",
-           "plan_budget", "run_delta", "settings", "write_key"]
+# --------------------------------------------------------------------------- in a run (`dpicl run --methods`)
+
+RESULTS_FILE = "dp_icl_results.parquet"         # its rows of the comparison, in the public run folder
+ANSWERS_FILE = "dp_icl_answers_eps{}.json"      # the answers at one epsilon, in the public run folder
+RUN_KEY_FILE = "dp_icl_key_eps{}.bin"           # the subset key of one epsilon's answers, in the private folder
+
+# In a run: the answers (noisy argmax labels of the test items) and their accuracy are DP outputs; the plan's
+# parameters and delta are functions of public counts (|D|, M, k, Q, B, the epsilon).
+declare(f"file:*{ANSWERS_FILE.format('*')}", Kind.DP, "/answers", "/answers/**", "/accuracy", "/correct")
+declare(f"file:*{ANSWERS_FILE.format('*')}", Kind.COUNT, "/delta", "/parameters/**")
+declare(f"file:*{RESULTS_FILE}", Kind.DP, "/*/accuracy*", "/*/calibrated_accuracy*")
+declare(f"file:*{RESULTS_FILE}", Kind.COUNT, "/*/delta", "/*/noise_multiplier", "/*/sampling_rate")
+PLANNED_LOG = declare_log("dp-icl: %d test item(s) at epsilon %s: M=%d subsets x k=%d shots on %d private records "
+                          "(q=%.4g), noise std %.4g per vote count", count=(4, 5, 6))
+ANSWERED_LOG = declare_log("dp-icl: answered %d test item(s) at epsilon %s: accuracy %.3f", dp=(2,))
+
+
+def run_settings(config) -> Settings:
+    """The ensemble of a run's DP-ICL: the paper's (both presets hold it; their queries are unused, a run answers
+    its test items), with each `dp_icl_*` field that is set."""
+    return settings("cpu", "cpu", subsets=config.dp_icl_subsets, shots=config.dp_icl_shots,
+                    queries_per_draw=config.dp_icl_queries_per_draw, vote_mode=config.dp_icl_vote_mode)
+
+
+def run_queries(config, num_test: int) -> int:
+    """Q: the test items the run evaluates (`--test-size`, resolved on the test split by `build_run_plan`; all
+    of them when unset); ConfigError when there is none."""
+    if num_test < 1:
+        raise ConfigError("dp-icl: the run has no test item to answer (its test split is empty)")
+    check_test_size(config.test_size, num_test)
+    return int(config.test_size or num_test)
+
+
+def plans(config, data: LoadedDataset, delta: float) -> tuple[PrivacyPlan, ...]:
+    """DP-ICL's plans on the run's data (`tasks.methods` protocol): one per finite epsilon > 0 of the run (at epsilon
+    inf its answers would be no DP output, yet written to the public run folder: no row; epsilon 0 reads no
+    record), each sized to answer the run's Q test items within that epsilon (`dp_icl_plan`: sigma calibrated).
+    Refused before any charge (one line naming the flag to change) for a task that is not classification, M k
+    above the private records, or an epsilon that cannot answer Q items."""
+    if data.spec.kind != "classification":
+        raise ConfigError(f"methods: DP-ICL answers classification queries; task {data.spec.name!r} is "
+                          f"{data.spec.kind}")
+    chosen = run_settings(config)
+    records, queries = len(data.train), run_queries(config, len(data.test))
+    if chosen.subsets * chosen.shots > records:
+        raise ConfigError(f"dp-icl: --dp-icl-subsets x --dp-icl-shots = {chosen.subsets} x {chosen.shots} exceeds the "
+                          f"{records} private records (q = M k / |D| > 1): lower them")
+    shape = dict(subsets=chosen.subsets, shots=chosen.shots, queries_per_draw=chosen.queries_per_draw)
+    found = []
+    for eps in sorted({float(e) for e in config.epsilons}):
+        if not 0 < eps < math.inf:
+            continue
+        try:
+            found.append(dp_icl_plan(eps, delta, queries, records, **shape))
+        except ConfigError as error:
+            raise ConfigError(f"dp-icl at epsilon {fmt_eps(eps)}: cannot answer the run's {queries} test items "
+                              f"({error}): raise the epsilon or lower --test-size") from None
+    return tuple(found)
+
+
+def plan_line(plan: PrivacyPlan) -> tuple:
+    """`PLANNED_LOG`'s arguments for one plan (public: parameters only): said before the run's charge."""
+    p = plan.parameters
+    return (int(p["queries"]), fmt_eps(plan.epsilon), int(p["subsets"]), int(p["shots"]), int(p["records"]),
+            float(p["sampling_rate"]), float(p["noise_std"]))
+
+
+def _eps_text(epsilon: float) -> str:
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+@uncached_task("dp-icl-answer", tags=["gpu"], task_run_name="dp-icl-answer-eps{epsilon:g}")
+def answer(*, records_path: str, task_spec: str, epsilon: float, delta: float, parameters: dict, vote_mode: str,
+           test_size: int | None, model: str, device: str = "auto", dtype: str = "auto", seed: int | None = None,
+           noise_charged: bool = False, public_dir: str, private_dir: str) -> dict:
+    """DP-ICL's answers to the run's test items (the first `test_size` of `select_test`'s order, as every
+    method's evaluation) under one plan (`parameters`: its public parameters), charged by this attempt of the
+    run: a subset key and noise of its own (the key in the private folder), the answers and their accuracy
+    written to the public run folder (`ANSWERS_FILE`). Returns {epsilon, path, accuracy, n, seeded_noise}."""
+    from tasks.ingest import private_split  # Prefect: loaded by the stage, not by the run's planning
+
+    if not noise_charged:  # seeded or not: the charge covers one set of answers
+        raise DpiclError(f"dp-icl at epsilon {_eps_text(epsilon)}: this attempt did not charge the spend (an "
+                         "earlier attempt of the run did); answering again would spend privacy the ledger "
+                         "charged once. Start a new run (a new --run-id).")
+    plan = PrivacyPlan(METHOD, float(epsilon), float(delta), (), parameters)
+    items = select_test(private_split(records_path, "test"), test_size)
+    texts, gold = items["text"].astype(str).tolist(), items["label"].astype(str).tolist()
+    if len(texts) != int(parameters["queries"]):
+        raise DpiclError(f"dp-icl: the plan answers {parameters['queries']} test items, the run has {len(texts)}; "
+                         "plan the run again")
+    train = private_split(records_path, "train")
+    records = list(zip(train["text"].astype(str), train["label"].astype(str), train["id"].astype(str), strict=True))
+    rng, seeded = noise_generator(seed)  # None: cryptographically seeded
+    key = run_key(rng)  # every epsilon's answers their own draws: separately charged, independent mechanisms
+    write_key(Path(private_dir), key, RUN_KEY_FILE.format(_eps_text(epsilon)))
+    what = f"dp-icl eps={_eps_text(epsilon)}: test items"  # the bar; a stop request ends it at the next draw
+    answers = answer_queries(language_model(model, device, dtype), load_task_spec(task_spec), records, texts, plan,
+                             key, rng, mode=vote_mode, progress=lambda done, total: report_progress(what, done, total))
+    correct = sum(a == g for a, g in zip(answers.labels, gold, strict=True))
+    accuracy = correct / len(texts)
+    path = write_json_atomic(Path(public_dir) / ANSWERS_FILE.format(_eps_text(epsilon)), {
+        "method": METHOD, "epsilon": float(epsilon), "delta": float(delta), "vote_mode": vote_mode,
+        "parameters": {k: parameters[k] for k in PUBLIC_PARAMETERS},
+        "answers": [{"test_item": i, "label": label} for i, label in enumerate(answers.labels)],
+        "accuracy": accuracy, "correct": correct, "n": len(texts), "seeded_noise": bool(seeded)})
+    stage_logger().info(ANSWERED_LOG, len(texts), _eps_text(epsilon), accuracy)
+    return {"epsilon": float(epsilon), "path": str(path), "accuracy": accuracy, "n": len(texts),
+            "seeded_noise": bool(seeded)}
+
+
+def answer_call(config, ingested: dict, plan: PrivacyPlan, charged: bool) -> dict:
+    """`answer`'s arguments for one of DP-ICL's plans in a run (its seed derived from the run's and the epsilon)."""
+    return dict(records_path=ingested["records_path"], task_spec=ingested["task_spec"], epsilon=plan.epsilon,
+                delta=plan.delta, parameters={k: plan.parameters[k] for k in PUBLIC_PARAMETERS},
+                vote_mode=run_settings(config).vote_mode, test_size=config.test_size, model=config.model,
+                device=config.device, dtype=config.dtype, seed=derive_seed(config.seed, METHOD, plan.epsilon),
+                noise_charged=charged, public_dir=ingested["paths"]["public"], private_dir=ingested["paths"]["private"])
+
+
+def result_rows(plans, answered: list[dict], vote_mode: str) -> list[dict]:
+    """One results row per plan (the comparison's shape, `tasks.evaluate.plan_rows`): the accuracy of the answers
+    over the Q items in the column of how the subsets voted (calibrated, or raw for black-box votes; the other
+    column empty), one set of answers (std 0), the plan's epsilon, delta, sigma and q. Public rows."""
+    by_eps = {float(a["epsilon"]): a for a in answered}
+    column = "calibrated_accuracy" if vote_mode == "calibrated" else "accuracy"
+    rows = []
+    for plan in plans:
+        found = by_eps[float(plan.epsilon)]
+        accuracies = dict.fromkeys(("accuracy_mean", "accuracy_std", "calibrated_accuracy_mean",
+                                    "calibrated_accuracy_std"))
+        accuracies.update({f"{column}_mean": float(found["accuracy"]), f"{column}_std": 0.0})
+        rows.append({"method": METHOD, "epsilon": float(plan.epsilon), "delta": float(plan.delta),
+                     "noise_multiplier": float(plan.parameters["noise_multiplier"]),
+                     "sampling_rate": float(plan.parameters["sampling_rate"]), **accuracies, "seeds": 1,
+                     "n": int(found["n"])})
+    return rows
+
+
+def write_results(rows: list[dict], public_dir: str) -> Path:
+    """The method's results table (`RESULTS_FILE`) in the public run folder."""
+    return write_table(pd.DataFrame(rows), Path(public_dir) / RESULTS_FILE)
+
+
+def work(config, plan: PrivacyPlan, *, labels: int, record_tokens: int) -> runtime.Work:
+    """One of DP-ICL's plans' model work in a run, from public sizes (`dpcore.lm.runtime`; the run's time
+    estimate): ceil(Q / B) draws, each M prompts of k records whose prefix runs once, scoring the draw's B items
+    (and, with calibrated votes, the content-free inputs) with their labels' tokens."""
+    p = plan.parameters
+    per_item = record_tokens + runtime.LINE_TOKENS + 2 * labels
+    extra = len(CONTENT_FREE_INPUTS) if run_settings(config).vote_mode == "calibrated" else 0
+    prefix = int(p["shots"]) * (record_tokens + runtime.LINE_TOKENS)
+    per_draw = int(p["subsets"]) * (prefix + (int(p["queries_per_draw"]) + extra) * per_item)
+    return runtime.Work(evaluation=float(int(p["draws"]) * per_draw))
+
+
+__all__ = ["ANSWERS_FILE", "Budget", "BudgetSpentError", "PUBLIC_PARAMETERS", "PrivateAnswerer", "RESULTS_FILE",
+           "RUN_KEY_FILE", "Settings", "answer", "answer_call", "device_type", "open_run", "plan_budget", "plan_line",
+           "plans", "result_rows", "run_delta", "run_queries", "run_settings", "settings", "work", "write_key",
+           "write_results"]

@@ -35,6 +35,7 @@ from dpcore.errors import ConfigError
 from dpcore.names import METHODS, PREDICTION_METHODS
 from dpcore.privacy.plan import PrivacyPlan
 from tasks import adadpsyn as adadpsyn_stage
+from tasks import dp_icl as dp_icl_stage
 from tasks import dp_opt as dp_opt_stage
 
 Planner = Callable[[RunConfig, LoadedDataset, float], tuple[PrivacyPlan, ...]]
@@ -91,3 +92,7 @@ register(MethodEntry("adadpsyn", "AdaDPSyn (Gao et al. 2024): DP demonstrations 
 register(MethodEntry("dp-opt", "DP-OPT (Hong et al. 2024): a private instruction", "dp_opt_", dp_opt_stage.plans,
                      "flows.dp_opt:DP_OPT", (dp_opt_stage.INSTRUCTION_FILE.format("*"),), False,
                      "dp_opt_results.parquet"))
+register(MethodEntry(name="dp-icl", title="DP-ICL (Wu et al. 2024): private prediction by a noisy vote of exemplar "
+                     "subsets", config_prefix="dp_icl_", plan=dp_icl_stage.plans, subflow="flows.dp_icl:DP_ICL",
+                     artifacts=(dp_icl_stage.ANSWERS_FILE.format("*"),), release=False,
+                     results=dp_icl_stage.RESULTS_FILE))

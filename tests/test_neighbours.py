@@ -152,12 +152,12 @@ def _commands(files: dict, variant: str, run_ids: dict) -> dict[str, list[list[s
                  files["validation"], "--audit", "--audit-mode", "run-demos", "--audit-trials", "2",
                  "--audit-demo-sets", "1", "--audit-members", "4", "--audit-reference-prompts", "0",
                  "--no-audit-reference", "--yes", "--json"]],
-        # the registered methods (`tasks.methods`): AdaDPSyn's demonstrations and DP-OPT's instruction, their
-        # plans, rows and results tables, in one run and one charge
-        "methods": [["run", *_data_flags(files, variant), *ds, "--methods", "adadpsyn,dp-opt", "--epsilons", "1",
-                     "--run-id", f"nb-methods-{variant}", "--baselines", "zero-shot", "--seeds", "1", "--shots", "2",
-                     *GENERATION, "--dp-opt-preset", "cpu", "--dp-opt-max-tokens", "3", "--no-audit",
-                     "--no-audit-reference", "--yes", "--json"]],
+        # the registered methods (`tasks.methods`): AdaDPSyn's demonstrations, DP-OPT's instruction and DP-ICL's
+        # answers to the test items, their plans, rows and results tables, in one run and one charge
+        "methods": [["run", *_data_flags(files, variant), *ds, "--methods", "adadpsyn,dp-opt,dp-icl", "--epsilons",
+                     "1", "--run-id", f"nb-methods-{variant}", "--baselines", "zero-shot", "--seeds", "1", "--shots",
+                     "2", *GENERATION, "--dp-opt-preset", "cpu", "--dp-opt-max-tokens", "3", "--dp-icl-subsets", "4",
+                     "--dp-icl-shots", "2", "--no-audit", "--no-audit-reference", "--yes", "--json"]],
         "generate": [["generate", *_data_flags(files, variant, "noid"), *ds, "--epsilon", "1", *GENERATION,
                       "--shots", "1", "--out", str(out / f"generate-{variant}"), "--json"]],
         "pate": [["pate", *_data_flags(files, variant, "carved"), *ds, "--epsilon", "1", *PATE_FLAGS, *public,

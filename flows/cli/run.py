@@ -15,6 +15,7 @@ import sys
 from dpcore.config import AuditConfig, RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
+from dpcore.names import PREDICTION_METHODS
 from dpcore.public_outputs import Kind, declare, declare_line
 from dpcore.report.summary import verdict_line
 from flows.cli.common import (
@@ -292,7 +293,8 @@ def _run(args, defaults: dict | None = None) -> int:
 def format_next(summary: dict) -> str:
     """Where to look next: the UIs, the run folder, the audited release."""
     audited = {a["method"] for a in summary.get("method_audits") or []}
-    methods = list(summary.get("methods") or ["tang"])
+    # a prediction method's product is its answers (in the run folder): no prompt to release or audit
+    methods = [m for m in summary.get("methods") or ["tang"] if m not in PREDICTION_METHODS]
     # every method but tang (whose demos the run audits itself) is audited at its release
     unaudited = [m for m in methods if m != "tang" and m not in audited]
     # `dpicl release --audit-only` audits with AuditConfig's defaults, members capped by the mechanism
@@ -302,10 +304,10 @@ def format_next(summary: dict) -> str:
         "  dpicl ui                                 # Prefect (http://127.0.0.1:4200): this flow run, its "
         "artifacts; MLflow (http://127.0.0.1:5000): its runs",
         f"  ls {summary['run_dir']}   # tables, plots, manifest.json",
-        f"  dpicl release --run {summary['run_id']}"
-        + (f" [--method {'|'.join(methods)}]" if len(methods) > 1
-           else f" --method {methods[0]}" if methods != ["tang"] else "")
-        + "   # the audited release (refused for a seeded run or a failed audit)",
+        *([f"  dpicl release --run {summary['run_id']}"
+           + (f" [--method {'|'.join(methods)}]" if len(methods) > 1
+              else f" --method {methods[0]}" if methods != ["tang"] else "")
+           + "   # the audited release (refused for a seeded run or a failed audit)"] if methods else []),
         *([f"  dpicl release --run {summary['run_id']} --method {'|'.join(unaudited)} --audit-only"
            f"   # the membership audit of that method's prompt ({trials} trials; members: at most {members}, and "
            "no more than the records its mechanism read)"] if unaudited else []),

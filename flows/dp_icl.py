@@ -1,0 +1,76 @@
+"""DP-ICL as a Prefect subflow (Wu et al. 2024; `tasks.dp_icl`, `dpcore.dp_icl`), in the method protocol of
+`tasks.methods`:
+
+    the run's plan (DP-ICL's part: sigma per epsilon, sized to the run's Q test items) -> ingest (the pipeline's,
+      or the plan's records) -> `prepare`: each plan's line logged (before the charge) -> the ledger charge (the
+      pipeline's one charge, or its own) -> the test items answered per epsilon (tag `gpu`) -> its results rows
+      (`dp_icl_results.parquet`)
+
+Its product is private prediction, not a prompt: nothing is evaluated with a prompt, nothing is released; the
+accuracy of its answers on the run's test items is its row of the comparison. The flow composes tasks only.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from dpcore.config import RunConfig
+from dpcore.home import configure_environment
+from flows.methods import MethodFlow
+from flows.runner import cancelled_on_stop, default_run_id
+from tasks import dp_icl as dp_icl_stage
+from tasks import ingest as ingest_stage
+from tasks.charge import charge_plans, noise_charged
+from tasks.common import stage_logger
+from tasks.run_plans import RunPlan, build_run_plan
+
+FLOW_NAME = "dp-icl"
+METHOD = "dp-icl"
+
+
+@flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0,
+      description="DP-ICL (Wu et al. 2024): the test items answered by a noisy vote of private exemplar subsets.")
+@cancelled_on_stop
+def dp_icl_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
+                ingested: dict | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
+    """DP-ICL's answers to the run's test items at every finite epsilon > 0 of `config`; a public summary
+    ({method, results, seeded_noise, artifacts, run_dir}). As a subflow: the pipeline's `ingested`, `charge`
+    (which charged DP-ICL's plans with the run's others) and `plan`; alone, it plans, ingests and charges here."""
+    configure_environment()
+    run_id = run_id or default_run_id()
+    if plan is None or METHOD not in plan.method_plans:
+        plan = build_run_plan(config, methods=(METHOD,))
+        plan.dry_run(run_id)
+    ingested = ingest_stage.ingested_for(plan, run_id, ingested, METHOD)
+    plans = list(plan.method_plans[METHOD])
+    if charge is None:
+        _say_plans(plans)
+        charge = charge_plans(plan.config.ledger_id, ingested["data_hash"], run_id, plans,
+                              same_records_ok=plan.config.new_budget_for_same_records)
+    answered = [dp_icl_stage.answer(**dp_icl_stage.answer_call(plan.config, ingested, p,
+                                                               noise_charged(charge, METHOD, p.epsilon)))
+                for p in plans]
+    rows = dp_icl_stage.result_rows(plans, answered, dp_icl_stage.run_settings(plan.config).vote_mode)
+    dp_icl_stage.write_results(rows, ingested["paths"]["public"])
+    return {"method": METHOD, "results": rows, "seeded_noise": any(a["seeded_noise"] for a in answered),
+            "artifacts": [a["path"] for a in answered], "run_dir": ingested["paths"]["public"]}
+
+
+def _say_plans(plans) -> None:
+    """Each plan's line (`tasks.dp_icl.PLANNED_LOG`: Q, M, k, q and the noise), logged before the charge."""
+    for p in plans:
+        stage_logger().info(dp_icl_stage.PLANNED_LOG, *dp_icl_stage.plan_line(p))
+
+
+def _prepare(config: RunConfig, plan: RunPlan, ingested: dict) -> None:
+    """Before the run's charge (`flows.methods.MethodFlow.prepare`): the plans said."""
+    _say_plans(plan.method_plans.get(METHOD, ()))
+
+
+def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
+                     prepared=None) -> dict:
+    """The subflow in a run of several methods (`flows.methods.MethodFlow.run`), on the run's charge."""
+    return dp_icl_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)
+
+
+DP_ICL = MethodFlow(run=_run_in_pipeline, prepare=_prepare)

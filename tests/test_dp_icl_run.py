@@ -1,0 +1,180 @@
+"""DP-ICL as a method of `dpicl run --methods` (the method registry, `tasks.dp_icl`, `flows.dp_icl`) on the tiny
+model: the six methods in one run compose every spend in the one ledger charge (the ledger's total is the plan's
+printed epsilon); DP-ICL answers the run's test items, in the order every method is evaluated on them, at each
+epsilon, a row each; its plan is sized to the test items and refused, before any charge, when it cannot be."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pipeline_support import mini_agnews, prefect_harness, share_tiny_model, tiny_config  # noqa: F401
+
+from dpcore.privacy.ledger import Ledger
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+SIX = ["tang", "pate", "dpsgd", "dp-icl", "adadpsyn", "dp-opt"]
+DP_ICL = ["--dp-icl-subsets", "4", "--dp-icl-shots", "2"]  # q = 8 / |D|: a small ensemble for the tiny model
+OTHERS = ["--pate-teachers", "6", "--pate-queries", "10", "--pate-sigma1", "5", "--pate-sigma2", "5",
+          "--pate-repeats", "1", "--pate-public", "ood", "--pate-student-candidates", "3", "--dpsgd-length", "2",
+          "--dpsgd-steps", "2", "--dpsgd-batch-size", "8", "--dpsgd-validation-size", "10", "--num-subsets", "2",
+          "--subset-size", "1", "--top-k", "20", "--max-tokens", "4", "--shots", "4", "--dp-opt-preset", "cpu",
+          "--dp-opt-max-tokens", "3"]
+
+
+def _argv(dataset_id: str, methods: list[str], epsilons: str, *extra: str) -> list[str]:
+    data_path, spec_path, _, _ = mini_agnews()
+    return ["run", "--task-spec", spec_path, "--data-path", data_path, "--dataset", "agnews-mini", "--dataset-id",
+            dataset_id, "--model", "tiny-random", "--methods", ",".join(methods), "--epsilons", epsilons,
+            "--no-audit", "--no-audit-reference", "--baselines", "zero-shot", "--seeds", "1", "--test-size", "6",
+            "--seed", "11", *DP_ICL, *extra]
+
+
+def _main(argv: list[str]) -> tuple[int, str, str]:
+    from flows.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def six_methods(tiny_lm):
+    """One run of the six methods at epsilon 4: (its --json, its stderr)."""
+    share_tiny_model(tiny_lm)
+    code, out, err = _main(_argv("dp-icl-six", SIX, "4", *OTHERS, "--run-id", "dp-icl-six", "--yes", "--json"))
+    assert code == 0, err[-3000:]
+    return json.loads(out), err
+
+
+@pytest.fixture(scope="module")
+def dp_icl_alone(tiny_lm):
+    """DP-ICL alone at epsilons 1 and 4 (and 0, inf: no row): (its --json, the texts each answer task was given)."""
+    import tasks.dp_icl as stage
+
+    share_tiny_model(tiny_lm)
+    asked: list[list[str]] = []
+    original = stage.answer_queries
+
+    def spy(lm, spec, records, queries, *args, **kwargs):
+        asked.append(list(queries))
+        return original(lm, spec, records, queries, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stage, "answer_queries", spy)
+        code, out, err = _main(_argv("dp-icl-alone", ["dp-icl"], "0,1,4,inf", "--run-id", "dp-icl-alone", "--json"))
+    assert code == 0, err[-3000:]
+    return json.loads(out), asked
+
+
+def test_six_methods_compose_every_spend_in_the_one_ledger_charge(six_methods):
+    summary, err = six_methods
+    assert summary["methods"] == SIX
+    cost = summary["planned_cost"]
+    assert set(cost["methods"]) == set(SIX)
+    # the line said before anything ran is the ledger's total after the run: one charge held every spend
+    printed = re.search(r"^plan: epsilon (\S+) at delta", err, re.MULTILINE).group(1)
+    spent = Ledger().spend("dp-icl-six", delta=cost["delta"])
+    assert f"{spent.epsilon:.4g}" == printed and math.isclose(spent.epsilon, cost["epsilon"], rel_tol=1e-6)
+    assert summary["ledger"]["charged"] == len(spent.entries)
+    assert {e.purpose for e in spent.entries} == {"pipeline", "pate", "dpsgd", "dp-icl", "adadpsyn", "dp-opt"}
+    assert {e.run_id for e in spent.entries} == {"dp-icl-six"}
+    # every method reports, DP-ICL among them, on the same test items
+    rows = {row["method"]: row for row in summary["results"]}
+    assert set(SIX) | {"zero-shot"} <= set(rows) and all(rows[m]["n"] == 6 for m in rows)
+    assert rows["dp-icl"]["epsilon"] == 4.0 and rows["dp-icl"]["delta"] == pytest.approx(cost["delta"], rel=1e-3)
+    assert 0.0 <= rows["dp-icl"]["calibrated_accuracy_mean"] <= 1.0
+    assert summary["method_summaries"]["dp-icl"]["results"][0]["noise_multiplier"] > 0
+    run_dir = Path(summary["run_dir"])
+    assert "dp-icl" in set(pd.read_parquet(run_dir / "comparison.parquet")["method"])
+    assert {"dp_icl_results.parquet", "dp_icl_answers_eps4.json"} <= {p.name for p in run_dir.iterdir()}
+    # its subset key stays in the private store
+    assert not list(run_dir.glob("*.bin")) and (Path(summary["private_run_dir"]) / "dp_icl_key_eps4.bin").exists()
+
+
+def test_dp_icl_answers_the_run_test_items_in_order_at_each_epsilon(dp_icl_alone, tiny_lm):
+    from dpcore.data.taskspec import load_task_spec
+    from tasks.dp_icl import test_queries
+    from tasks.ingest import load_data
+
+    summary, asked = dp_icl_alone
+    # a row per finite epsilon > 0 (epsilon 0 reads no record; at inf its answers would be no DP output)
+    rows = [row for row in summary["results"] if row["method"] == "dp-icl"]
+    assert sorted(row["epsilon"] for row in rows) == [1.0, 4.0]
+    assert all(row["n"] == 6 and row["calibrated_accuracy_std"] == 0.0 and row["accuracy_mean"] is None
+               for row in rows)
+    data_path, spec_path, _, _ = mini_agnews()
+    texts, gold = test_queries(load_data(tiny_config(data_path=data_path, task_spec=spec_path)))
+    assert asked == [texts[:6], texts[:6]]  # the items (and order) every method is evaluated on
+    run_dir = Path(summary["run_dir"])
+    table = pd.read_parquet(run_dir / "dp_icl_results.parquet")
+    for eps in (1, 4):
+        answers = json.loads((run_dir / f"dp_icl_answers_eps{eps}.json").read_text())
+        assert [a["test_item"] for a in answers["answers"]] == list(range(6))
+        labels = [a["label"] for a in answers["answers"]]
+        assert set(labels) <= set(load_task_spec(spec_path).label_names)
+        correct = sum(a == g for a, g in zip(labels, gold[:6], strict=True))
+        assert answers["correct"] == correct and answers["accuracy"] == pytest.approx(correct / 6)
+        row = table[table["epsilon"] == eps].iloc[0]
+        assert row["calibrated_accuracy_mean"] == pytest.approx(correct / 6)
+        assert answers["parameters"]["queries"] == 6 and answers["parameters"]["subsets"] == 4
+    # each epsilon its own plan, charged once before its answers
+    entries = Ledger().entries("dp-icl-alone")
+    assert len(entries) == 2 and {e.purpose for e in entries} == {"dp-icl"}
+
+
+def test_its_plan_is_sized_to_the_test_items_and_refused_when_it_cannot_be(tiny_lm):
+    from dpcore.errors import ConfigError
+    from tasks.dp_icl import plans, work
+    from tasks.ingest import load_data
+    from tasks.run_plans import build_run_plan
+
+    config = tiny_config(dataset_id="dp-icl-plans", methods=["dp-icl"], epsilons=[0.0, 2.0, math.inf], test_size=9,
+                         dp_icl_subsets=4, dp_icl_shots=2)
+    plan = build_run_plan(config)
+    (only,) = plan.method_plans["dp-icl"]
+    assert only.epsilon == 2.0 and only.parameters["queries"] == 9 and only.parameters["draws"] == 9
+    assert plan.privacy_plans() == [only] and only.composed().epsilon <= 2.0 + 1e-6
+    # unset, --test-size is the run's default: every item of this small split
+    data = load_data(config)
+    unset = build_run_plan(config.model_copy(update={"test_size": None}))
+    assert unset.method_plans["dp-icl"][0].parameters["queries"] == len(data.test)
+    # its model work, for the run's time estimate (`MethodEntry.work`)
+    assert work(config, only, labels=4, record_tokens=40).evaluation > 0
+    with pytest.raises(ConfigError, match=r"dp-icl at epsilon 0.001: cannot answer the run's 9 test items .*"
+                                          r"raise the epsilon or lower --test-size"):
+        plans(config.model_copy(update={"epsilons": [0.001]}), data, 1e-3)
+    with pytest.raises(ConfigError, match="--dp-icl-subsets x --dp-icl-shots"):
+        plans(config.model_copy(update={"dp_icl_subsets": 200}), data, 1e-3)
+
+
+def test_a_budget_too_small_for_the_run_refuses_it_before_any_charge(tiny_lm):
+    from tasks.charge import planned_cost
+    from tasks.run_plans import build_run_plan
+
+    share_tiny_model(tiny_lm)
+    config = tiny_config(dataset_id="dp-icl-budget", methods=["dp-icl"], epsilons=[4.0], test_size=6,
+                         dp_icl_subsets=4, dp_icl_shots=2)
+    cost = planned_cost(build_run_plan(config).spends(None))
+    Ledger().set_budget("dp-icl-budget", cost["epsilon"] / 2, cost["delta"])
+    code, _, err = _main(_argv("dp-icl-budget", ["dp-icl"], "4", "--yes"))
+    assert code == 3 and "budget" in err.lower()
+    assert not Ledger().entries("dp-icl-budget")
+
+
+def test_run_help_and_methods_validation_name_dp_icl(capsys):
+    from flows.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "dp-icl" in capsys.readouterr().out
+    code, _, err = _main(_argv("dp-icl-bad", ["dp-icl", "nonesuch"], "4"))
+    assert code == 2 and "dp-icl" in err
