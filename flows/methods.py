@@ -20,23 +20,23 @@ import pandas as pd
 from dpcore.data.artifacts import write_json_atomic, write_table
 from dpcore.home import configure_environment
 from dpcore.public_outputs import Kind, declare
-from dpcore.release.gate import METHOD_PLAN_FILES
 from flows.runner import default_run_id
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
 from tasks.charge import charge_plans, noise_charged
-from tasks.methods import entry
+from tasks.methods import REGISTRY, entry
 from tasks.run_plans import build_run_plan
 
 # A registered method's summary in `dpicl run --json` (`method_summaries/<method>`): its rows' accuracies are DP
 # outputs (accuracies of a DP prompt on test items), its sigma and q follow from public counts (|D_y|, n).
 declare("json:run", Kind.COUNT, "/method_summaries/*/results/*/noise_multiplier",
         "/method_summaries/*/results/*/sampling_rate")
-# A registered method's plan file: its plans follow from public counts (sigma, q, the accountant's epsilons, n);
-# the records' keyed content hash is an identity.
-for _name in METHOD_PLAN_FILES.values():
-    declare(f"file:*{_name}", Kind.COUNT, "/plans/**")
-    declare(f"file:*{_name}", Kind.IDENTITY, "/data_hash")
+# A registered method's plan file (`ReleaseSpec.plan_file` of a method the registry plans): its plans follow from
+# public counts (sigma, q, the accountant's epsilons, n); the records' keyed content hash is an identity.
+for _entry in REGISTRY.values():
+    if _entry.plan is not None and _entry.release_spec is not None and _entry.release_spec.plan_file:
+        declare(f"file:*{_entry.release_spec.plan_file}", Kind.COUNT, "/plans/**")
+        declare(f"file:*{_entry.release_spec.plan_file}", Kind.IDENTITY, "/data_hash")
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,11 @@ def method_flow(name: str) -> MethodFlow:
 
 def evaluated_rows(name: str, config, ingested: dict, plans: list, artifacts: list[dict]) -> list[dict]:
     """Evaluate each artifact ({epsilon, path, key, seeded_noise}) as method `name`'s prompt on the run's test
-    items and write the method's public results table (`MethodEntry.results`) and its plan file (`METHOD_PLAN_FILES`:
-    its plans as charged, the run's model, data identity and task spec, whether the noise was seeded: what a
-    release reads, `dpcore.release.gate.load_registered_artifact`); its rows (`tasks.evaluate.plan_rows`)."""
-    write_json_atomic(Path(ingested["paths"]["public"]) / METHOD_PLAN_FILES[name], {
+    items and write the method's public results table (`MethodEntry.results`) and its plan file
+    (`ReleaseSpec.plan_file`: its plans as charged, the run's model, data identity and task spec, whether the noise
+    was seeded: what a release reads, `dpcore.release.planned.load_planned_artifact`); its rows
+    (`tasks.evaluate.plan_rows`)."""
+    write_json_atomic(Path(ingested["paths"]["public"]) / entry(name).release_spec.plan_file, {
         "method": name, "plans": [p.to_dict() for p in plans],
         "seeded_noise": any(bool(a.get("seeded_noise")) for a in artifacts), "model": config.model,
         "dataset": config.dataset, "dataset_id": config.ledger_id, "data_hash": ingested["data_hash"],
@@ -91,13 +92,13 @@ def evaluated_rows(name: str, config, ingested: dict, plans: list, artifacts: li
 
 
 # What a prompt-making method makes of one of its plans: (the run's plan, the ingested data, the plan, whether this
-# attempt charged its noise) -> its artifact {epsilon, path, key, seeded_noise} (`tasks.adadpsyn.generate`, ...).
+# attempt charged its noise) -> its artifact {epsilon, path, key, seeded_noise} (its stage in `tasks/<method>.py`).
 MakeArtifact = Callable[[Any, dict, Any, bool], dict]
 
 
 def artifacts_evaluated(name: str, make: MakeArtifact, *, config, run_id: str | None, ingested: dict | None,
                         charge: dict | None, plan) -> dict:
-    """The body a registered prompt-making method's subflow shares (AdaDPSyn, DP-OPT): its plans (the run's, or
+    """The body a registered prompt-making method's subflow shares (every method the registry plans): its plans (the run's, or
     planned here when it runs alone: dry-run, then charged here), its artifact per plan (`make`, on the charge),
     each evaluated on the run's test items (`evaluated_rows`); the public summary {method, results, seeded_noise,
     artifacts, run_dir}."""

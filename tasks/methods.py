@@ -14,8 +14,14 @@ A method is the unit of the product. Its entry says, in one place, what the rest
   with `results` (rows: method, epsilon, delta, noise_multiplier, accuracy_mean, accuracy_std,
   calibrated_accuracy_mean, calibrated_accuracy_std, n) and `seeded_noise`;
 - `artifacts`: the file names (globs) of its public artifact in the run folder (what a release loads);
-- `release`: whether the release gate (`dpcore.release.gate`) has a loader for it;
-- `results`: the public table of its rows in the run folder (None: in `results.parquet`).
+- `release`: whether `dpicl release` releases it (its `release_spec` says how);
+- `results`: the public table of its rows in the run folder (None: in `results.parquet`);
+- `release_spec`: what its release is (`dpcore.release.spec.ReleaseSpec`, declared in its subsystem: its kind,
+  plan, artifact and audit files, texts and loader), which the release gate, the release audit, `dpicl predict`
+  and `dpicl export` read (`release_spec`); None: nothing to release;
+- `work(config, plan, labels=, record_tokens=) -> dpcore.lm.runtime.Work`: one of its plans' model work in token
+  positions from public sizes (the run's time estimate, `tasks.run_plans.RunPlan.work`); None: its work is
+  counted there by the run plan's own fields, or it has none.
 
 A method `dpicl run --methods` runs is a `dpcore.names.Method`; a method of the field with commands of its own
 (`dpcore.names.PREDICTION_METHODS`: dp-icl) may register too, for its plan, artifact and release, and joins `--methods`
@@ -29,16 +35,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dpcore.adadpsyn.release import RELEASE as ADADPSYN_RELEASE
 from dpcore.config import RunConfig
 from dpcore.data.datasets import LoadedDataset
+from dpcore.dp_opt.release import RELEASE as DP_OPT_RELEASE
+from dpcore.dpsgd.release import RELEASE as DPSGD_RELEASE
 from dpcore.errors import ConfigError
+from dpcore.fewshot.release import RELEASE as TANG_RELEASE
+from dpcore.lm.runtime import Work
 from dpcore.names import METHODS, PREDICTION_METHODS
+from dpcore.pate.release import RELEASE as PATE_RELEASE
 from dpcore.privacy.plan import PrivacyPlan
+from dpcore.release.spec import ReleaseKind, ReleaseSpec
 from tasks import adadpsyn as adadpsyn_stage
 from tasks import dp_icl as dp_icl_stage
 from tasks import dp_opt as dp_opt_stage
 
 Planner = Callable[[RunConfig, LoadedDataset, float], tuple[PrivacyPlan, ...]]
+# (the run's config, one of the method's plans, labels=, record_tokens=) -> its model work (`MethodEntry.work`)
+WorkEstimate = Callable[..., Work]
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,8 @@ class MethodEntry:
     artifacts: tuple[str, ...]
     release: bool
     results: str | None = None
+    release_spec: ReleaseSpec | None = None
+    work: WorkEstimate | None = None
 
 
 REGISTRY: dict[str, MethodEntry] = {}
@@ -75,23 +92,46 @@ def entry(name: str) -> MethodEntry:
     return REGISTRY[name]
 
 
+def release_spec(name: str) -> ReleaseSpec:
+    """What releasing method `name` publishes (`MethodEntry.release_spec`); ConfigError naming the methods that
+    have a release otherwise."""
+    found = REGISTRY.get(name)
+    if found is None or found.release_spec is None:
+        releasable = [n for n, e in REGISTRY.items() if e.release_spec is not None]
+        raise ConfigError(f"--method: one of {', '.join(releasable)}, got {name!r}")
+    return found.release_spec
+
+
+def release_specs() -> tuple[ReleaseSpec, ...]:
+    """Every registered method's release, in the registry's order."""
+    return tuple(e.release_spec for e in REGISTRY.values() if e.release_spec is not None)
+
+
+def release_kind(name: str) -> ReleaseKind | None:
+    """What method `name`'s prompt holds (`ReleaseSpec.kind`: demonstrations, an instruction, a trained prompt);
+    None for a name with no release (a baseline: zero-shot, random-real, ...)."""
+    found = REGISTRY.get(name)
+    return found.release_spec.kind if found is not None and found.release_spec is not None else None
+
+
 def registered_plans(config: RunConfig, data: LoadedDataset, delta: float, methods) -> dict[str, tuple]:
     """{method: its plans} for every method of `methods` the registry plans (`MethodEntry.plan`)."""
     return {name: entry(name).plan(config, data, delta) for name in methods if entry(name).plan is not None}
 
 
 register(MethodEntry("tang", "DP few-shot generation (Tang et al. 2024, Algorithm 1)", "", None, "flows.tang:TANG",
-                     ("demos.parquet",), True))
+                     ("demos.parquet",), True, release_spec=TANG_RELEASE))
 register(MethodEntry("pate", "PromptPATE (Duan et al. 2023, Section 4.2)", "pate_", None, "flows.pate:PATE",
-                     ("pate_students.parquet",), True, "pate_results.parquet"))
+                     ("pate_students.parquet",), True, "pate_results.parquet", release_spec=PATE_RELEASE))
 register(MethodEntry("dpsgd", "PromptDPSGD (Duan et al. 2023, Section 4.1)", "dpsgd_", None, "flows.tune:DPSGD",
-                     ("prompts/dpsgd-*.safetensors",), True, "dpsgd_results.parquet"))
+                     ("prompts/dpsgd-*.safetensors",), True, "dpsgd_results.parquet", release_spec=DPSGD_RELEASE))
 register(MethodEntry("adadpsyn", "AdaDPSyn (Gao et al. 2024): DP demonstrations by data-adaptive aggregation",
                      "adadpsyn_", adadpsyn_stage.plans, "flows.adadpsyn:ADADPSYN",
-                     ("adadpsyn_demos_eps*.parquet",), False, "adadpsyn_results.parquet"))
+                     (ADADPSYN_RELEASE.artifact_file.format("*"),), True, "adadpsyn_results.parquet",
+                     release_spec=ADADPSYN_RELEASE))
 register(MethodEntry("dp-opt", "DP-OPT (Hong et al. 2024): a private instruction", "dp_opt_", dp_opt_stage.plans,
-                     "flows.dp_opt:DP_OPT", (dp_opt_stage.INSTRUCTION_FILE.format("*"),), False,
-                     "dp_opt_results.parquet"))
+                     "flows.dp_opt:DP_OPT", (DP_OPT_RELEASE.artifact_file.format("*"),), True,
+                     "dp_opt_results.parquet", release_spec=DP_OPT_RELEASE))
 register(MethodEntry(name="dp-icl", title="DP-ICL (Wu et al. 2024): private prediction by a noisy vote of exemplar "
                      "subsets", config_prefix="dp_icl_", plan=dp_icl_stage.plans, subflow="flows.dp_icl:DP_ICL",
                      artifacts=(dp_icl_stage.ANSWERS_FILE.format("*"),), release=False,

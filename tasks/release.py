@@ -36,8 +36,10 @@ from dpcore.data.artifacts import file_sha256, read_table, write_json_atomic, wr
 from dpcore.display import fmt_eps
 from dpcore.errors import ConfigError, ReleaseRefusedError
 from dpcore.home import dpicl_home, subdir
+from dpcore.pate.release import PATE_PLAN_FILE, TEACHER_AUDIT_FILE, teacher_prompts
 from dpcore.public_outputs import Kind, declare, declare_log
 from dpcore.release import gate
+from dpcore.release.spec import INSTRUCTION, TRAINED_PROMPT, UNNAMED_METHOD
 from tasks.charge import AUDIT_REFERENCE, charge_spends, real_records_spend
 from tasks.common import (
     code_version,
@@ -48,13 +50,12 @@ from tasks.common import (
     stop_requested,
     stoppable_task,
 )
+from tasks.methods import release_spec
 from tasks.tracking import mlflow_client
 
 DEFAULT_ALIAS = "production"
 RELEASE_FILE = "release.json"
 SEAL_TAG = "release_sha256"  # the registry version's tag holding the sha256 of its release.json
-# The methods whose artifact is audited at release (tang's demos are audited by their own run).
-AUDITED_AT_RELEASE = tuple(gate.AUDIT_FILES)
 # A release's public outputs: the artifact and its digest (a DP output), the epsilon its run was charged (public
 # counts, or PromptPATE's DP-released bound), the audit's verdict and its design (configuration and counts).
 declare("json:release", Kind.DP, "/artifact_sha256", "/demos_sha256", "/epsilon")
@@ -81,10 +82,17 @@ def _mlflow_parent_run(client, run_id: str) -> str | None:
     return parents[0].info.run_id if parents else None
 
 
+def audited_at_release(method: str) -> bool:
+    """Whether `dpicl release --method <method>` audits the artifact first (its spec's audit table; a method
+    audited by its own run has none)."""
+    return release_spec(method).audited_at_release
+
+
 def load_artifact(run_id: str, method: str, epsilon: float | None = None, training: int = 0,
                   repeat: int | None = None) -> gate.Artifact:
-    """What releasing `method` of a finished run would publish (`dpcore.release.gate.load_artifact`)."""
-    return gate.load_artifact(method, run_id, dpicl_home(), epsilon, training, repeat)
+    """What releasing `method` of a finished run would publish (its registered `ReleaseSpec`'s loader,
+    `dpcore.release.gate.load_artifact`)."""
+    return gate.load_artifact(release_spec(method), run_id, dpicl_home(), epsilon, training, repeat)
 
 
 @stoppable_task(name="release-gate", retries=0)
@@ -186,16 +194,17 @@ def _write_release_folder(folder: Path, artifact: gate.Artifact, manifest_of) ->
     is replaced."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    kind = artifact.spec.kind
     try:
-        if artifact.instruction is not None:  # DP-OPT: the instruction (text; the manifest's task spec holds it)
+        if kind == INSTRUCTION:  # the instruction (text; the manifest's task spec holds it in front)
             path = write_json_atomic(staging / gate.INSTRUCTION_FILE, {"instruction": artifact.instruction})
-        elif artifact.prompt_path is None:
-            path = write_table(artifact.table, staging / gate.DEMOS_FILE)
-        else:
-            path = staging / "prompt.safetensors"
+        elif kind == TRAINED_PROMPT:
+            path = staging / gate.TRAINED_PROMPT_FILE
             shutil.copyfile(artifact.prompt_path, path)
             write_json_atomic(staging / "prompt.json",
                               json.loads(artifact.prompt_path.with_suffix(".json").read_text()))
+        else:
+            path = write_table(artifact.table, staging / gate.DEMOS_FILE)
         manifest = manifest_of(path)
         write_json_atomic(staging / RELEASE_FILE, manifest)
         if folder.exists():
@@ -296,6 +305,7 @@ def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, mo
     from dpcore.release import predict
 
     manifest = load_release(release, dataset_id)
+    released = release_spec(manifest.get("method", UNNAMED_METHOD))
     spec = TaskSpec.model_validate(manifest["task_spec"])
     demos = [(d["text"], d["label"]) for d in manifest["demos"]]
     if calibrate is None:
@@ -304,7 +314,7 @@ def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, mo
         from dpcore.release import endpoint as remote
         from dpcore.release.export import local_only_reason
 
-        reason = local_only_reason(manifest, "it cannot be sent to an endpoint")
+        reason = local_only_reason(manifest, "it cannot be sent to an endpoint", released)
         if reason:
             raise ConfigError(reason)
         config = endpoint if model is None else replace(endpoint, model=model)
@@ -312,7 +322,7 @@ def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, mo
         return manifest, connection.model, remote.answer(connection, spec, demos, texts, calibrate=calibrate)
     lm = language_model(model or manifest["model"], device=device)
     name, past = lm.name, None
-    if manifest.get("method") == "dpsgd":
+    if released.kind == TRAINED_PROMPT:
         lm, past = predict.trained_model(lm, Path(manifest["release_dir"]) / manifest["artifact"]["file"],
                                          manifest["model_weights_sha256"], manifest["model"])
     return manifest, name, predict.answer(lm, spec, demos, texts, calibrate=calibrate, past=past)
@@ -324,7 +334,8 @@ def export_release(release: str, dataset_id: str | None, placeholder: str | None
     from dpcore.release import export
 
     manifest = load_release(release, dataset_id)
-    return manifest, export.export(manifest, placeholder or export.DEFAULT_PLACEHOLDER)
+    released = release_spec(manifest.get("method", UNNAMED_METHOD))
+    return manifest, export.export(manifest, released, placeholder or export.DEFAULT_PLACEHOLDER)
 
 
 def seal_pate_run(public_dir, *, plan: dict, run_id: str, dataset: str, dataset_id: str, data_hash: str, model: str,
@@ -332,7 +343,7 @@ def seal_pate_run(public_dir, *, plan: dict, run_id: str, dataset: str, dataset_
     """A finished PromptPATE run's public `pate_plan.json` (its plan as charged, ledger id, seeded flag and the
     chosen student repeat: what `dpicl release --method pate` reads) and the folder's `manifest.json`."""
     public = Path(public_dir)
-    write_json_atomic(public / gate.PATE_PLAN_FILE, {
+    write_json_atomic(public / PATE_PLAN_FILE, {
         "method": "pate", "run_id": run_id, "dataset": dataset, "dataset_id": dataset_id, "data_hash": data_hash,
         "model": model, "task_spec": task_spec, "seeded_noise": bool(seeded_noise), "best_repeat": best_repeat,
         "plan": plan})
@@ -404,12 +415,13 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
                    repeat: int | None = None, teacher_reference: bool = False, device: str = "auto",
                    dtype: str = "auto", seed: int | None = None, size_to_pools: bool = False,
                    cap_to_pools: bool = False) -> dict:
-    """The membership-inference audit of a PromptPATE student prompt or a PromptDPSGD trained prompt (and,
-    when asked, of single PromptPATE teachers: non-private, charged as an infinite spend first). An audit
+    """The membership-inference audit of an artifact audited at its release (`ReleaseSpec.audit_file`: a
+    PromptPATE student prompt, a PromptDPSGD trained prompt, a registered method's demonstrations or instruction;
+    and, when asked, of single PromptPATE teachers: non-private, charged as an infinite spend first). An audit
     row of the same artifact under the same audit configuration is reused. Returns public summaries.
 
-    Members: the private records the mechanism read; non-members: the held-out records and the private
-    records it never read (a teacher never held them; no Poisson batch drew them). The design is planned
+    Members: the private records the mechanism read (`ReleaseSpec.members`); non-members: the held-out records
+    and the private records it never read (a teacher never held them; no Poisson batch drew them). The design is planned
     before the model loads (`planned_audit`): `size_to_pools` takes the cheapest design that concludes on
     these pools instead of `audit_config`'s sizes and refuses (`ReleaseRefusedError`), naming the pool that
     falls short, when none would, before minutes are spent; `cap_to_pools` caps the sizes asked."""
@@ -418,10 +430,13 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     from dpcore.data.taskspec import TaskSpec
     from tasks.audit import public_summary
 
+    released = release_spec(method)
+    if not released.audited_at_release:
+        raise ConfigError(f"--method {method}: its artifact was audited by its own run, not at its release")
     artifact = load_artifact(run_id, method, epsilon, training, repeat)
-    if method == "pate" and not artifact.demos:
-        raise ConfigError(f"run {run_id}: {gate.NOTHING_RELEASABLE['pate']}")
-    train, members, held_out, assignment = _audit_pools(artifact, method)
+    if not gate.released_count(artifact):
+        raise ConfigError(f"run {run_id}: {released.nothing_releasable}")
+    train, members, held_out, assignment = _audit_pools(artifact)
     audit_config = planned_audit(audit_config, *_public_pool_sizes(artifact, train, members, held_out),
                                  size_to_pools, cap_to_pools)
     if artifact.drawn_records is not None and (len(members) < audit_config.members
@@ -435,12 +450,12 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     key = audit_config.model_dump_json()
     if seed is not None:
         key = json.dumps({**json.loads(key), "seed": int(seed)})
-    done = _reused_audit(artifact, method, key, teacher_reference)
+    done = _reused_audit(artifact, key, teacher_reference)
     if done is not None:
         return done
     lm = language_model(artifact.info["model"], device, dtype)
     past = None
-    if method == "dpsgd":
+    if released.kind == TRAINED_PROMPT:
         from dpcore.release.predict import trained_model
 
         lm, past = trained_model(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
@@ -449,7 +464,8 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     split_seed = derive_seed(seed if seed is not None else int(str(artifact.info["data_hash"])[:15], 16),
                              "release-audit")
     thresholds = GateThresholds.from_config(audit_config)
-    noise = artifact.spends[0]["noise_multiplier"] if method == "dpsgd" else None
+    # a trained prompt's one DP-SGD spend; the other methods' several spends have no one noise multiplier
+    noise = artifact.spends[0]["noise_multiplier"] if released.kind == TRAINED_PROMPT else None
     result = mia.prompt_audit(
         lm, spec, list(artifact.demos), members, held_out, audit_config, seed=split_seed, setting="dp",
         epsilon=artifact.epsilon, noise_multiplier=None if noise is None else float(noise), delta=artifact.delta,
@@ -458,13 +474,13 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
         should_stop=stop_requested)
     out = {"artifact": artifact.name, "reused": False, "audit": public_summary(result)}
     get_run_logger().info(ARTIFACT_AUDIT_LOG, method, artifact.name, out["audit"]["verdict"])
-    _write_audit_rows(artifact, method, key, result, artifact.name, out["audit"])
+    _write_audit_rows(artifact, key, result, artifact.name, out["audit"])
     results = [result]
-    if teacher_reference and method == "pate":
+    if teacher_reference and assignment is not None:
         reference = _teacher_contrast(lm, spec, artifact, train, assignment, held_out, audit_config,
                                       seed=derive_seed(split_seed, "teachers"), thresholds=thresholds)
         out["teacher_reference"] = public_summary(reference)
-        _write_audit_rows(artifact, method, key, reference, "teacher", out["teacher_reference"])
+        _write_audit_rows(artifact, key, reference, "teacher", out["teacher_reference"])
         results.append(reference)
     scores = [r.mia_scores.assign(artifact=artifact.name if r is result else "teacher") for r in results]
     _merge_rows(_private_folder(artifact) / f"mia_scores_{method}.parquet", pd.concat(scores, ignore_index=True),
@@ -473,22 +489,24 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
     return out
 
 
-def _audit_pools(artifact: gate.Artifact, method: str):
-    """(the private split, the members: the records the mechanism read, the non-members: held-out records and
-    the private records it never read, PromptPATE's teacher assignment or None), from the run's private store."""
+def _audit_pools(artifact: gate.Artifact):
+    """(the private split, the members: the records the mechanism read (`ReleaseSpec.members`), the non-members:
+    held-out records and the private records it never read, the teacher assignment or None), from the run's
+    private store."""
     private = _private_folder(artifact)
     records_path = private / "records.parquet"
     assignment_path = private / "teacher_assignments.parquet"
-    for needed in [records_path] + ([assignment_path] if method == "pate" else []):
+    read = artifact.spec.members
+    for needed in [records_path] + ([assignment_path] if read == "teachers" else []):
         if not needed.exists():
             raise ConfigError(f"run {artifact.run_id}: {needed} is missing (the audit needs the run's private "
                               "records)")
     records = read_table(records_path)
     train = records[records["split"] == "train"][["id", "text", "label"]].reset_index(drop=True)
-    assignment = read_table(assignment_path) if method == "pate" else None
+    assignment = read_table(assignment_path) if read == "teachers" else None
     if assignment is not None:
         read_ids = assignment["id"].astype(str).tolist()
-    elif method in gate.METHOD_PLAN_FILES:  # AdaDPSyn, DP-OPT: every training record could be sampled (q > 0)
+    elif read == "every-record":  # every training record could be sampled (q > 0)
         read_ids = train["id"].astype(str).tolist()
     else:
         read_ids = _sampled_ids(private, artifact)
@@ -520,10 +538,10 @@ def _public_pool_sizes(artifact: gate.Artifact, train, members, held_out) -> tup
     return drawn_low, len(held_out) + len(members) - drawn_high
 
 
-def _reused_audit(artifact: gate.Artifact, method: str, key: str, teacher_reference: bool) -> dict | None:
+def _reused_audit(artifact: gate.Artifact, key: str, teacher_reference: bool) -> dict | None:
     """The public summaries of an audit of this artifact under the same configuration (`key`), or None."""
-    audit_path = artifact.path / gate.AUDIT_FILES[method]
-    teacher_path = artifact.path / gate.TEACHER_AUDIT_FILE
+    audit_path = artifact.path / artifact.spec.audit_file
+    teacher_path = artifact.path / TEACHER_AUDIT_FILE
     done = read_table(audit_path) if audit_path.exists() else None
     if done is None or not ((done["artifact"] == artifact.name) & (done["audit_config"] == key)).any():
         return None
@@ -536,17 +554,18 @@ def _reused_audit(artifact: gate.Artifact, method: str, key: str, teacher_refere
     return out
 
 
-def _write_audit_rows(artifact: gate.Artifact, method: str, key: str, result, name: str, summary: dict) -> None:
+def _write_audit_rows(artifact: gate.Artifact, key: str, result, name: str, summary: dict) -> None:
     """An audit's rows: its figures (AUCs, intervals, overlap) to the private store, its verdict to the public
     table. `name`: the artifact's name, or "teacher" for the single-teacher contrast (its own files)."""
-    tags = dict(artifact=name, method=method, audit_config=key, summary=json.dumps(summary))
+    tags = dict(artifact=name, method=artifact.method, audit_config=key, summary=json.dumps(summary))
     private = _private_folder(artifact)
     if name == "teacher":
-        write_table(result.audit_frame().assign(**tags), private / gate.TEACHER_AUDIT_FILE)
-        write_table(result.public_frame().assign(**tags), artifact.path / gate.TEACHER_AUDIT_FILE)
+        write_table(result.audit_frame().assign(**tags), private / TEACHER_AUDIT_FILE)
+        write_table(result.public_frame().assign(**tags), artifact.path / TEACHER_AUDIT_FILE)
         return
-    _merge_rows(private / gate.AUDIT_FILES[method], result.audit_frame().assign(**tags), artifact.name)
-    _merge_rows(artifact.path / gate.AUDIT_FILES[method], result.public_frame().assign(**tags), artifact.name)
+    audit_file = artifact.spec.audit_file
+    _merge_rows(private / audit_file, result.audit_frame().assign(**tags), artifact.name)
+    _merge_rows(artifact.path / audit_file, result.public_frame().assign(**tags), artifact.name)
 
 
 def _teacher_contrast(lm, spec, artifact: gate.Artifact, train, assignment, held_out, audit_config, *, seed: int,
@@ -556,7 +575,7 @@ def _teacher_contrast(lm, spec, artifact: gate.Artifact, train, assignment, held
     from dpcore.audit import procedures as mia
 
     _charge_real_records(artifact)
-    reference = mia.teacher_audit(lm, spec, gate.teacher_prompts(train, assignment), held_out, audit_config,
+    reference = mia.teacher_audit(lm, spec, teacher_prompts(train, assignment), held_out, audit_config,
                                   seed=seed, delta=artifact.delta, thresholds=thresholds,
                                   progress=lambda done, total: report_progress("audit single teachers", done, total),
                                   should_stop=stop_requested)

@@ -303,6 +303,7 @@ def test_ledger_show_says_when_entry_deltas_differ_from_the_total(tmp_path, caps
 
 
 def test_release_gate_matches_the_calibration_row_not_the_run_id(book):
+    from dpcore.fewshot.release import TANG_PURPOSES
     from dpcore.release import gate
 
     entries = book.charge_many([_request(run_id="r1", sigma=0.9)])
@@ -312,7 +313,7 @@ def test_release_gate_matches_the_calibration_row_not_the_run_id(book):
         spend = {k: row[k] for k in ("mechanism", "noise_multiplier", "sampling_rate", "steps")}
         artifact = gate.Artifact(method="tang", run_id=run_id, path=Path("."), name="demos", epsilon=2.0,
                                  delta=row["delta"], spends=(spend,), seeded_noise=False, info={},
-                                 ledger_purposes=gate.TANG_PURPOSES)
+                                 ledger_purposes=TANG_PURPOSES)
         return bool(gate.covering_entries(entries, artifact))
     assert ledger_covers(entries, "r1", row)
     assert not ledger_covers(entries, "r1", {**row, "noise_multiplier": 0.2})  # another epsilon of the run

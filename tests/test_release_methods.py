@@ -16,8 +16,12 @@ from pipeline_support import home, mini_agnews, prefect_harness, share_tiny_mode
 
 from dpcore.audit import procedures as mia
 from dpcore.config import AuditConfig
+from dpcore.dpsgd.release import RELEASE as DPSGD_RELEASE
 from dpcore.errors import ConfigError, DataValidationError, ReleaseRefusedError
+from dpcore.pate.release import PATE_PLAN_FILE, TEACHER_AUDIT_FILE
+from dpcore.pate.release import RELEASE as PATE_RELEASE
 from dpcore.release import gate
+from tasks.methods import release_specs
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -148,7 +152,7 @@ def pate_run(tiny_lm):
 
 def _latest_pate_run(dataset_id: str) -> dict:
     """The newest PromptPATE run folder of `dataset_id` (its id, folder and plan)."""
-    for path in sorted((home() / "runs").rglob(gate.PATE_PLAN_FILE), key=lambda p: p.stat().st_mtime, reverse=True):
+    for path in sorted((home() / "runs").rglob(PATE_PLAN_FILE), key=lambda p: p.stat().st_mtime, reverse=True):
         plan = json.loads(path.read_text())
         if plan["dataset_id"] == dataset_id:
             return {"run_id": path.parent.name, "run_dir": path.parent, "plan": plan}
@@ -169,7 +173,7 @@ def test_pate_student_prompt_is_audited_released_and_answers(pate_run, tiny_lm, 
     assert len(after) == len(before) + 1 and after[-1].noise_multiplier == 0.0 and after[-1].run_id == run_id
     teacher = result["teacher_reference"]
     assert teacher["setting"] == "non-private" and not teacher["passed"] and "auc" not in teacher
-    for name in (gate.AUDIT_FILES["pate"], gate.TEACHER_AUDIT_FILE):  # figures private, verdict public
+    for name in (PATE_RELEASE.audit_file, TEACHER_AUDIT_FILE):  # figures private, verdict public
         public = Path(pate_run["run_dir"]) / name
         _check_public_verdict_only(pd.read_parquet(public).iloc[-1].to_dict())
         _check_auc_fields(pd.read_parquet(_private_twin(public)).iloc[-1].to_dict())
@@ -190,7 +194,7 @@ def test_pate_student_prompt_is_audited_released_and_answers(pate_run, tiny_lm, 
     assert again["reused"] is True and again["audit"]["verdict"] == result["audit"]["verdict"] == "passed"
     assert again["teacher_reference"] == teacher
     assert len(Ledger().entries("release-pate")) == len(after)
-    stored = pd.read_parquet(Path(pate_run["run_dir"]) / gate.AUDIT_FILES["pate"]).iloc[-1]
+    stored = pd.read_parquet(Path(pate_run["run_dir"]) / PATE_RELEASE.audit_file).iloc[-1]
     assert json.loads(stored["audit_config"])["seed"] == AUDIT_SEED  # another seed is another audit
     mia_scores = pd.read_parquet(next((home() / "private").rglob(f"*{run_id}/mia_scores_pate.parquet")))
     for _, group in mia_scores.groupby("artifact"):
@@ -224,7 +228,7 @@ def test_a_seeded_pate_run_is_refused(seeded_pate_run):
         release(run_id=seeded_pate_run["run_id"], method="pate", audit_config=TINY_AUDIT, teacher_reference=True)
     assert "fixed seed" in str(info.value) and "no privacy-ledger entry" not in str(info.value)
     # refused before the audit and before the single-teacher contrast's infinite spend
-    assert not (Path(seeded_pate_run["run_dir"]) / gate.AUDIT_FILES["pate"]).exists()
+    assert not (Path(seeded_pate_run["run_dir"]) / PATE_RELEASE.audit_file).exists()
     assert all(e.noise_multiplier > 0 for e in Ledger().entries("release-pate-seeded"))
 
 
@@ -240,7 +244,7 @@ def test_the_teacher_contrast_is_refused_over_budget_before_any_teacher_prompt(s
                  "--audit-only", "--trials", "40", "--audit-members", "5", "--audit-reference-prompts", "2"])
     assert code == 3 and "budget" in capsys.readouterr().err.lower()
     assert len(book.entries("release-pate-seeded")) == before
-    assert not (Path(seeded_pate_run["run_dir"]) / gate.TEACHER_AUDIT_FILE).exists()
+    assert not (Path(seeded_pate_run["run_dir"]) / TEACHER_AUDIT_FILE).exists()
 
 
 def test_an_edited_audit_table_is_refused(pate_run):
@@ -259,11 +263,11 @@ def test_an_edited_audit_table_is_refused(pate_run):
     # Two trials cannot conclude within the default 0.05 band: an audit that did not pass, edited to pass below.
     strict = AuditConfig(test="equivalence", trials=2, members=2, non_members=2, reference_prompts=0)
     release(run_id="pate-edited-audit", method="pate", audit_config=strict, audit_only=True)
-    assert gate.AUDIT_FILES["pate"] in json.loads((copy / "manifest.json").read_text())["files"]
-    audit = pd.read_parquet(copy / gate.AUDIT_FILES["pate"])
+    assert PATE_RELEASE.audit_file in json.loads((copy / "manifest.json").read_text())["files"]
+    audit = pd.read_parquet(copy / PATE_RELEASE.audit_file)
     assert not audit["passed"].iloc[-1]
     audit["passed"], audit["reasons"] = True, ""
-    write_table(audit, copy / gate.AUDIT_FILES["pate"])
+    write_table(audit, copy / PATE_RELEASE.audit_file)
     with pytest.raises(ReleaseRefusedError, match="changed since the run finished: audit_pate.parquet"):
         release(run_id="pate-edited-audit", method="pate", audit_config=strict)
 
@@ -312,8 +316,8 @@ def test_dpsgd_prompt_is_audited_released_and_answers_on_its_model_only(tiny_lm,
     assert manifest["spends"][0]["purpose"] == "dpsgd" and manifest["noise_multiplier"] > 0
     assert (folder / "prompt.safetensors").exists() and manifest["artifact"]["file"] == "prompt.safetensors"
     run_dir = next((home() / "runs").rglob(f"*/{run_id}"))
-    _check_public_verdict_only(pd.read_parquet(run_dir / gate.AUDIT_FILES["dpsgd"]).iloc[-1].to_dict())
-    _check_auc_fields(pd.read_parquet(_private_twin(run_dir / gate.AUDIT_FILES["dpsgd"])).iloc[-1].to_dict())
+    _check_public_verdict_only(pd.read_parquet(run_dir / DPSGD_RELEASE.audit_file).iloc[-1].to_dict())
+    _check_auc_fields(pd.read_parquet(_private_twin(run_dir / DPSGD_RELEASE.audit_file)).iloc[-1].to_dict())
     # members (the DP-SGD training records) and non-members (held-out test records) are disjoint
     scores = pd.read_parquet(next((home() / "private").rglob(f"*{run_id}/mia_scores_dpsgd.parquet")))
     members = set(scores.loc[scores["member"], "record_id"])
@@ -451,10 +455,10 @@ def test_no_private_text_or_ids_in_public_files_after_the_releases(pate_run):
 
     root = home()
     files = _scanned_files(root)
-    public_audits = [p for p in files if p.name in (*gate.AUDIT_FILES.values(), gate.TEACHER_AUDIT_FILE,
-                                                    gate.PATE_PLAN_FILE, "release.json")]
-    assert {p.name for p in public_audits} >= {gate.AUDIT_FILES["pate"], gate.TEACHER_AUDIT_FILE,
-                                               gate.PATE_PLAN_FILE, "release.json"}
+    public_audits = [p for p in files if p.name in (*(s.audit_file for s in release_specs() if s.audit_file), TEACHER_AUDIT_FILE,
+                                                    PATE_PLAN_FILE, "release.json")]
+    assert {p.name for p in public_audits} >= {PATE_RELEASE.audit_file, TEACHER_AUDIT_FILE,
+                                               PATE_PLAN_FILE, "release.json"}
     needles = _needles()
     assert {str(p): found for p in files if (found := _leaks(_file_text(p), needles))} == {}
     records = pd.concat([pd.read_parquet(p) for p in (root / "private").rglob("records.parquet")])
@@ -473,7 +477,7 @@ def _pate_artifact(run_id: str, **change) -> gate.Artifact:
                      threshold=10).to_dict()
     values = dict(method="pate", run_id=run_id, path=Path("."), name="student-r0", epsilon=plan["epsilon"],
                   delta=plan["delta"], spends=tuple(plan["spends"]), seeded_noise=False,
-                  info={"dataset_id": "gate-units"}, demos=(("a public query", "World"),))
+                  info={"dataset_id": "gate-units"}, demos=(("a public query", "World"),), spec=PATE_RELEASE)
     values.update(change)
     return gate.Artifact(**values)
 

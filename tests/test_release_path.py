@@ -18,7 +18,9 @@ import pytest
 from dpcore.data.artifacts import RUN_INPUTS_FILE, read_table, write_manifest, write_table
 from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home
+from dpcore.pate.release import PATE_PLAN_FILE
 from dpcore.release import gate
+from tasks.methods import release_spec
 
 DELTA = 1e-3
 
@@ -54,7 +56,7 @@ def _pate_run(run_id: str) -> Path:
                      threshold=10).to_dict()
     write_table(pd.DataFrame({"repeat": [0, 0], "position": [0, 1], "text": ["q1", "q2"], "label": ["World", "Sports"]}),
                 folder / "pate_students.parquet")
-    (folder / gate.PATE_PLAN_FILE).write_text(json.dumps({
+    (folder / PATE_PLAN_FILE).write_text(json.dumps({
         "method": "pate", "run_id": run_id, "dataset": "agnews", "dataset_id": "agnews", "data_hash": "0" * 64,
         "model": "tiny", "task_spec": "agnews", "seeded_noise": False, "best_repeat": 0, "plan": plan}))
     write_manifest(folder, extra={"run_id": run_id, "dataset": "agnews"})
@@ -124,7 +126,7 @@ def test_passing_evidence_and_the_manifest_are_the_same_for_every_method():
     for method, make in RUNS.items():
         run_id = f"passing-{method}"
         make(run_id)
-        artifact = gate.load_artifact(method, run_id, dpicl_home())
+        artifact = gate.load_artifact(release_spec(method), run_id, dpicl_home())
         audit = passing.assign(artifact=artifact.name) if method != "tang" else passing
         artifact = gate.Artifact(**{**artifact.__dict__, "audit": audit})
         for spend in artifact.spends:
@@ -158,7 +160,7 @@ def test_passing_evidence_and_the_manifest_are_the_same_for_every_method():
 def test_the_manifest_states_the_delta_the_run_used_and_where_it_came_from(source, config, expected):
     run_id = f"delta-from-{source}"
     _tang_run(run_id, "tang", config=config, inputs={"delta": DELTA, "delta_source": source} if source else None)
-    artifact = gate.load_artifact("tang", run_id, dpicl_home())
+    artifact = gate.load_artifact(release_spec("tang"), run_id, dpicl_home())
     manifest = gate.release_manifest(artifact, artifact_file=gate.DEMOS_FILE, artifact_sha256="f" * 64,
                                      audit_summary={}, code_version="test", accountant_versions={}, version=1,
                                      ledger_spend=None, task_spec=artifact.task_spec)
@@ -188,9 +190,9 @@ def test_a_run_keeps_its_task_spec_and_is_released_from_any_folder(tmp_path, mon
     _tang_run("spec-not-kept", "tang", config={"task_spec": "hatespeech.yaml"})  # a run made by an earlier dpicl
 
     monkeypatch.chdir(tmp_path)  # elsewhere: the relative name no longer reads
-    assert gate.load_artifact("tang", "spec-kept", dpicl_home()).task_spec == kept
+    assert gate.load_artifact(release_spec("tang"), "spec-kept", dpicl_home()).task_spec == kept
     with pytest.raises(ConfigError) as refused:  # refused when the release is read, before anything is written
-        gate.load_artifact("tang", "spec-not-kept", dpicl_home())
+        gate.load_artifact(release_spec("tang"), "spec-not-kept", dpicl_home())
     assert str(refused.value).startswith("run spec-not-kept: task spec hatespeech.yaml: file not found")
     assert "release it from the folder it was started in" in str(refused.value)
 
@@ -202,7 +204,7 @@ def test_a_stopped_run_is_refused_with_what_to_do_next(method):
     folder.mkdir(parents=True, exist_ok=True)
     write_table(pd.DataFrame({"epsilon": [4.0]}), folder / "calibration.parquet")
     with pytest.raises(ConfigError) as refused:
-        gate.load_artifact(method, "stopped-run", dpicl_home())
+        gate.load_artifact(release_spec(method), "stopped-run", dpicl_home())
     assert str(refused.value).startswith("run 'stopped-run' stopped before it finished")
     assert "`dpicl run ... --run-id stopped-run`" in str(refused.value) and "\n" not in str(refused.value)
 
@@ -216,7 +218,7 @@ def test_an_old_run_folder_with_method_dp_reads_as_tang_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert set(read_table(folder / "demos.parquet")["method"]) == {"tang", "zero-shot"}
-        artifact = gate.load_artifact("tang", "old-name-run", dpicl_home())
+        artifact = gate.load_artifact(release_spec("tang"), "old-name-run", dpicl_home())
     assert artifact.method == "tang" and artifact.epsilon == 4.0 and [t for t, _ in artifact.demos] == ["a", "b"]
     assert list(artifact.table["method"]) == ["tang", "tang"]  # a release of it writes tang
 

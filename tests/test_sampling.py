@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from dpcore.errors import ConfigError
+from dpcore.fewshot.release import RunFolder, tang_artifact
 from dpcore.fewshot.sampling import (
     ACCOUNTED_SAMPLERS,
     draw_groups,
@@ -241,9 +242,9 @@ def test_release_gate_refuses_demos_of_a_sampler_the_accountant_does_not_cover()
     audit = pd.DataFrame({"passed": [True]})
 
     def failures(demos):
-        run = gate.RunFolder(path=Path("."), manifest={"dataset": "sst2"}, demos=demos, calibration=calibration,
+        run = RunFolder(path=Path("."), manifest={"dataset": "sst2"}, demos=demos, calibration=calibration,
                              audit=audit, changed_files=())
-        return gate.release_failures(gate.evidence(gate.tang_artifact("r1", run, 1.0), []))
+        return gate.release_failures(gate.evidence(tang_artifact("r1", run, 1.0), []))
 
     demos = pd.DataFrame({"method": ["tang", "tang"], "epsilon": [1.0, 1.0], "seeded_noise": [False, False],
                           "sampler": ["poisson", "fixed"], "text": ["a", "b"], "label": ["x", "y"]})

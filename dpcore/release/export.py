@@ -6,9 +6,10 @@ text goes: replacing the placeholder by a text (a literal replacement, not `str.
 hold braces) gives, character for character, the prompt dpicl's own scorer reads. A classification model then
 continues with `" " + verbalizer` of a label; an extraction task's answer is the text up to the next newline.
 
-What the export holds is what the release itself holds (DP demonstrations or PromptPATE's student prompt,
-its guarantee and the task's public format); a PromptDPSGD release (a trained soft prompt or prefix:
-tensors in one local model's embedding space) has no text form and is refused.
+What the export holds is what the release itself holds (DP demonstrations, PromptPATE's student prompt or an
+instruction in front of the prompt, its guarantee and the task's public format); a trained prompt's release
+(a soft prompt or prefix: tensors in one local model's embedding space) has no text form and is refused. What
+the release is comes from its method's `ReleaseSpec` (`dpcore.release.spec`), which the caller looks up.
 """
 
 from __future__ import annotations
@@ -16,21 +17,19 @@ from __future__ import annotations
 from dpcore.data.taskspec import TaskSpec
 from dpcore.errors import ConfigError
 from dpcore.lm import icl
+from dpcore.release.spec import TEXT_KINDS, UNNAMED_METHOD, ReleaseSpec
 
 DEFAULT_PLACEHOLDER = "{text}"
-TEXT_METHODS = ("tang", "pate", "adadpsyn", "dp-opt")  # releases that are text (demonstrations, an instruction)
-# the method's parameters copied to the top level of the export (with epsilon, delta, method)
-TANG_PARAMETERS = ("mechanism", "noise_multiplier", "sampling_rate", "steps")
 
 
 def release_name(manifest: dict) -> str:
     return f"release v{manifest.get('release_version')} of {manifest.get('dataset_id')}"
 
 
-def local_only_reason(manifest: dict, what: str) -> str | None:
-    """Why `what` (an export, an endpoint) cannot use this release, or None: a PromptDPSGD trained prompt
-    answers only on the local model it was trained on."""
-    if manifest.get("method", "tang") in TEXT_METHODS:
+def local_only_reason(manifest: dict, what: str, release: ReleaseSpec) -> str | None:
+    """Why `what` (an export, an endpoint) cannot use this release (of `release`'s method), or None: a trained
+    prompt answers only on the local model it was trained on."""
+    if release.kind in TEXT_KINDS:
         return None
     version = manifest.get("release_version")
     return (f"{release_name(manifest)} is a PromptDPSGD trained prompt (method {manifest.get('method')}): tensors "
@@ -59,13 +58,14 @@ def fill(template: str, text: str, placeholder: str = DEFAULT_PLACEHOLDER) -> st
     return template.replace(placeholder, text, 1)
 
 
-def guarantee(manifest: dict) -> dict:
+def guarantee(manifest: dict, release: ReleaseSpec) -> dict:
     """The release's guarantee and provenance: epsilon, delta, method and the method's parameters at the top
-    level (the rule of every `--json` of dpicl), the dataset id, release version, run, and model."""
-    method = manifest.get("method", "tang")
+    level (the rule of every `--json` of dpicl; `release.export_parameters` when it names them, as its manifest
+    states them), the dataset id, release version, run, and model."""
+    method = manifest.get("method", UNNAMED_METHOD)
     out = {"epsilon": manifest.get("epsilon"), "delta": manifest.get("delta"), "method": method}
-    if method == "tang":
-        out.update({k: manifest.get(k) for k in TANG_PARAMETERS})
+    if release.export_parameters is not None:
+        out.update({k: manifest.get(k) for k in release.export_parameters})
     else:
         parameters = dict(manifest.get("parameters") or {})
         out.update({k: v for k, v in parameters.items() if k not in out})
@@ -81,12 +81,12 @@ def guarantee(manifest: dict) -> dict:
     return out
 
 
-def export(manifest: dict, placeholder: str = DEFAULT_PLACEHOLDER) -> dict:
-    """The export of a release manifest (`release.json`): its guarantee (`guarantee`) and the prompt template
-    (`template`, `placeholder`, `prompt_prefix`, `prompt_suffix`), the task (`task`, `kind`, `labels`: label ->
+def export(manifest: dict, release: ReleaseSpec, placeholder: str = DEFAULT_PLACEHOLDER) -> dict:
+    """The export of a release manifest (`release.json`) of `release`'s method: its guarantee (`guarantee`) and
+    the prompt template (`template`, `placeholder`, `prompt_prefix`, `prompt_suffix`), the task (`task`, `kind`, `labels`: label ->
     verbalizer, `answer_prefix`: what precedes a verbalizer in the answer, `stop`), the demonstrations
     (`demos`, `shots`) and how dpicl scores (`scoring`, `content_free_inputs`)."""
-    reason = local_only_reason(manifest, "it cannot be exported as a text prompt")
+    reason = local_only_reason(manifest, "it cannot be exported as a text prompt", release)
     if reason:
         raise ConfigError(reason)
     spec = TaskSpec.model_validate(manifest["task_spec"])
@@ -98,7 +98,7 @@ def export(manifest: dict, placeholder: str = DEFAULT_PLACEHOLDER) -> dict:
                "its mean probability for the content_free_inputs in the same template"
                if classification else "greedy text after the prompt, up to the first newline (exact match)")
     return {
-        **guarantee(manifest),
+        **guarantee(manifest, release),
         "template": template, "placeholder": placeholder, "prompt_prefix": before, "prompt_suffix": after,
         "task": spec.name, "kind": spec.kind, "labels": dict(spec.labels) if classification else {},
         "answer_prefix": " ", "stop": "\n",
@@ -110,6 +110,6 @@ def export(manifest: dict, placeholder: str = DEFAULT_PLACEHOLDER) -> dict:
 
 def guarantee_line(manifest: dict) -> str:
     """One line for a terminal: what the export is, its guarantee and that using it costs nothing."""
-    g = guarantee(manifest)
-    return (f"{release_name(manifest)}: method {g['method']}, epsilon {g['epsilon']}, delta {g['delta']}, made with "
-            f"model {g['model']} (run {g['run_id']}); post-processing of a DP release: no further privacy cost")
+    return (f"{release_name(manifest)}: method {manifest.get('method', UNNAMED_METHOD)}, epsilon "
+            f"{manifest.get('epsilon')}, delta {manifest.get('delta')}, made with model {manifest.get('model')} (run "
+            f"{manifest.get('run_id')}); post-processing of a DP release: no further privacy cost")
