@@ -13,7 +13,6 @@ extraction task's answers (which may copy the real records' words) are blanked t
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -27,10 +26,12 @@ from dpcore.data.artifacts import read_table, write_table
 from dpcore.display import fmt_eps
 from dpcore.fewshot.plan import RANDOM_REAL
 from dpcore.public_outputs import Kind, declare, declare_log
+from dpcore.release.planned import read_instruction
+from dpcore.release.spec import INSTRUCTION, TRAINED_PROMPT
 from tasks.common import cached_task, open_stage, report_progress, stage_dir, stage_logger
 
 EVAL_MODULES = ("dpcore.lm.icl", "dpcore.lm.prefix_cache", "dpcore.data.taskspec", "dpcore.lm.model", "dpcore.dpsgd.soft_prompt",
-                "dpcore.dpsgd.adapters", "dpcore.dp_opt.instruction")
+                "dpcore.dpsgd.adapters", "dpcore.release.planned")
 EVALUATE_KEY_FIELDS = ("data_hash", "task_spec", "method", "epsilon", "demo_keys", "eval_config", "labels",
                        "model", "dtype")
 ZERO_SHOT = "zero-shot"
@@ -45,8 +46,10 @@ declare("file:cache/stages/evaluate/*/prefect-result.json", Kind.DP, "/result/me
 declare("file:cache/stages/evaluate/*/prefect-result.json", Kind.PUBLIC_TIMING, "/result/seconds")
 EVALUATED_LOG = declare_log("evaluated %s at epsilon %s: accuracy %.3f, calibrated %.3f (mean over %d seeds, n=%d) "
                             "in %d s", dp=(1, 2, 3), public_timing=(6,))
-DPSGD = "dpsgd"  # demo_paths = [the trained prompt's or adapter's safetensors], demo_keys = [its sha256]
-DP_OPT = "dp-opt"  # demo_paths = [the instruction's JSON ({"instruction": ...})], demo_keys = [its sha256]
+# What a method's demo set holds, by its release kind (`tasks.methods.release_kind`): demonstrations, demo_paths =
+# their tables; a trained prompt, demo_paths = [its or its adapter's safetensors]; an instruction, demo_paths = [its
+# JSON ({"instruction": ...})]; demo_keys = their sha256. What the prompt then holds (`dpcore.lm.icl.PromptContent`):
+PROMPT_CONTENT = {TRAINED_PROMPT: "none", INSTRUCTION: "instruction"}
 
 
 class DemoSet(BaseModel):
@@ -62,11 +65,12 @@ class DemoSet(BaseModel):
 
 def evaluate_pool(lm, spec, test: pd.DataFrame, pool, method: str, epsilon: float, eval_config: EvalConfig,
                   labels: list[str] | None, *, past=None, batch_size: int = 16, max_new_tokens: int = 12,
-                  remote=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+                  remote=None, content: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
     """(predictions, metrics, the random-real baseline's private demo ids or None) of one method.
 
     Predictions and demo ids are private (per-record functions of the data); metrics are aggregates.
-    `remote` (`dpcore.release.endpoint.Scorers`, from `endpoint_scorers`): score through a server instead of `lm`."""
+    `remote` (`dpcore.release.endpoint.Scorers`, from `endpoint_scorers`): score through a server instead of `lm`.
+    `content`: what the prompt holds besides the query (`dpcore.lm.icl.PromptContent`; None: by the method)."""
     from dpcore.lm import icl
 
     what = f"evaluate {method} eps={'inf' if math.isinf(epsilon) else f'{epsilon:g}'}: test items"
@@ -75,7 +79,7 @@ def evaluate_pool(lm, spec, test: pd.DataFrame, pool, method: str, epsilon: floa
                                         batch_size=batch_size, max_new_tokens=max_new_tokens,
                                         items_progress=lambda done, total: report_progress(what, done, total),
                                         past=past, score=remote.score if remote else None,
-                                        answer=remote.answer if remote else None)
+                                        answer=remote.answer if remote else None, content=content)
     real = None
     if method == RANDOM_REAL:
         predictions, real = icl.split_private_demo_ids(predictions, free_text=spec.kind != "classification")
@@ -110,30 +114,33 @@ def evaluate(
 ) -> dict:
     """Evaluate one method; returns the stage paths and its per-seed metrics (aggregates)."""
     from tasks.ingest import private_split
+    from tasks.methods import release_kind  # the registry imports every method's stages (torch)
 
     key, spec, lm = open_stage("evaluate", locals(), EVALUATE_KEY_FIELDS, EVAL_MODULES, task_spec=task_spec,
                                model=model, device=device, dtype=dtype)
     test = private_split(records_path, "test")
     past = None
+    kind = release_kind(method)  # None: a baseline
     if method == ZERO_SHOT:
         pool = None
-    elif method == DPSGD:  # a trained prompt: its cache before every prompt, no demos; or the adapted model
+    elif kind == TRAINED_PROMPT:  # a trained prompt: its cache before every prompt, no demos; or the adapted model
         from dpcore.dpsgd.adapters import trained_scoring
 
         pool = None
         lm, past = trained_scoring(lm, demo_paths[0])
-    elif method == DP_OPT:  # DP-OPT's private instruction in front of a zero-shot prompt (post-processing)
-        from dpcore.dp_opt.instruction import instruction_spec
+    elif kind == INSTRUCTION:  # a private instruction in front of a zero-shot prompt (post-processing)
+        from dpcore.lm.icl import with_instruction
 
         pool = None
-        spec = instruction_spec(spec, json.loads(Path(demo_paths[0]).read_text())["instruction"])
+        spec = with_instruction(spec, read_instruction(Path(demo_paths[0])))
     elif method == RANDOM_REAL:
         pool = private_split(records_path, "train")
     else:
         frames = [read_table(Path(p)) for p in demo_paths]
         pool = pd.concat(frames, ignore_index=True)[["text", "label"]] if frames else None
     began = time.perf_counter()
-    predictions, metrics, real = evaluate_pool(lm, spec, test, pool, method, epsilon, eval_config, labels, past=past)
+    predictions, metrics, real = evaluate_pool(lm, spec, test, pool, method, epsilon, eval_config, labels, past=past,
+                                               content=PROMPT_CONTENT.get(kind, kind))
     seconds = time.perf_counter() - began
     out = stage_dir("evaluate", key)
     private_out = stage_dir("evaluate", key, private=True)

@@ -33,7 +33,7 @@ import string
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 import pandas as pd
@@ -56,6 +56,13 @@ METRIC_COLUMNS = ["method", "epsilon", "seed", "n", "accuracy", "calibrated_accu
 # demonstrations of one prompt and the queries: the [n, L] label log-probabilities, or the answers as text.
 LabelScorer = Callable[[Sequence["DemoItem"], Sequence[str]], np.ndarray]
 TextAnswerer = Callable[[Sequence["DemoItem"], Sequence[str]], list[str]]
+# What an evaluated prompt holds besides the query (its kind): demonstrations chosen per seed from the pool, an
+# instruction (which the task spec already holds in front: `with_instruction`), or nothing (zero-shot; a
+# trained prompt, whose cache `past` goes in front or whose weights the model carries). A method's release kind
+# (`dpcore.release.spec.ReleaseKind`) says which; unsaid, the zero-shot baseline and a trained prompt hold
+# none and every other demo source holds demonstrations.
+PromptContent = Literal["demonstrations", "instruction", "none"]
+ZERO_SHOT = "zero-shot"
 
 
 class DemoItem(NamedTuple):
@@ -85,6 +92,12 @@ def prefix_text(spec: TaskSpec, demos: Sequence[DemoItem]) -> str:
     """Instruction + demonstrations (Table 7/8): the part shared by every test item."""
     body = "".join(spec.icl.demo(demo[0], _answer(spec, demo[1])) for demo in demos)
     return spec.icl.header() + body
+
+
+def with_instruction(spec: TaskSpec, instruction: str) -> TaskSpec:
+    """The task with `instruction` in front of its ICL prompt (`TaskSpec.icl.instruction`): a released
+    instruction leads a zero-shot prompt (post-processing)."""
+    return spec.model_copy(update={"icl": spec.icl.model_copy(update={"instruction": instruction.strip()})})
 
 
 def prompt_text(spec: TaskSpec, demos: Sequence[DemoItem], query: str) -> str:
@@ -368,7 +381,8 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
              items_progress: Callable[[int, int], None] | None = None,
              past: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
              score: LabelScorer | None = None,
-             answer: TextAnswerer | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+             answer: TextAnswerer | None = None,
+             content: PromptContent | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """ICL accuracy of one method over `config.seeds` seeds; returns (predictions, metrics), writes nothing.
 
     `progress` gets one line per seed; `items_progress(done, total)` the items scored over all seeds.
@@ -383,15 +397,18 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
     `pred_calibrated` = `pred_raw` and `calibrated_accuracy` = `accuracy` (metrics column
     `calibrated` is False).
 
-    `past`: a trained prompt's cache placed before every prompt (method "dpsgd": a PromptDPSGD soft
-    prompt or prefix, no demonstrations; classification only).
+    `past`: a trained prompt's cache placed before every prompt (a PromptDPSGD soft prompt or prefix, no
+    demonstrations; classification only).
+
+    `content`: what the prompt holds besides the query (`PromptContent`); only "demonstrations" draws them.
+    None: nothing for the zero-shot baseline and a trained prompt (`past`), demonstrations otherwise.
 
     `score` / `answer` replace the local model (`lm` is then unused): `score(demos, queries)` gives the label
     log-probabilities, `answer(demos, queries)` the answers as text. A classification task with `answer` and
     no `score` is scored by its answers (the matched label, "" for none: wrong), without calibration.
     """
     pool, shots, labels, demo_labels = _evaluation_inputs(spec, test, demo_pool, method, config, labels,
-                                                          trained_prompt=past is not None)
+                                                          trained_prompt=past is not None, content=content)
     classification = spec.kind == "classification"
     items = select_test(test, config.test_size, seed=test_seed)
     queries = items["text"].astype(str).tolist()
@@ -452,13 +469,9 @@ def evaluate(lm, spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSour
     return predictions, metrics
 
 
-# Prompts with no demonstration: zero-shot, a trained PromptDPSGD prompt (a cache in front), DP-OPT's private
-# instruction (in the task spec's instruction, `dpcore.dp_opt.instruction.instruction_spec`).
-NO_DEMO_METHODS = ("zero-shot", "dpsgd", "dp-opt")
-
-
 def _evaluation_inputs(spec: TaskSpec, test: pd.DataFrame, demo_pool, method: DemoSource, config: EvalConfig,
-                       labels: Sequence[str] | None, trained_prompt: bool) -> tuple[list, int, list[str], list[str]]:
+                       labels: Sequence[str] | None, trained_prompt: bool,
+                       content: PromptContent | None = None) -> tuple[list, int, list[str], list[str]]:
     """`evaluate`'s inputs checked: (the demo pool, the shots per prompt, the labels scored, the labels demos
     are chosen by); a bad method, test split, demo set or label is an error naming it."""
     if method not in DEMO_SOURCES:
@@ -466,8 +479,13 @@ def _evaluation_inputs(spec: TaskSpec, test: pd.DataFrame, demo_pool, method: De
     for column in ("id", "text", "label"):
         if column not in test.columns:
             raise DataValidationError(f"test split: missing column {column!r}")
-    pool = [] if method in NO_DEMO_METHODS else _pool(demo_pool)
-    shots = 0 if method in NO_DEMO_METHODS else config.shots
+    if content is None:
+        content = "none" if method == ZERO_SHOT or trained_prompt else "demonstrations"
+    elif content not in get_args(PromptContent):
+        raise ConfigError(f"content: {content!r} is not one of {', '.join(get_args(PromptContent))}")
+    with_demos = content == "demonstrations"
+    pool = _pool(demo_pool) if with_demos else []
+    shots = config.shots if with_demos else 0
     if trained_prompt and spec.kind != "classification":
         raise ConfigError(f"task {spec.name!r}: a trained prompt scores classification tasks only")
     if shots > 0 and not pool:
