@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dpcore.adadpsyn.params import PfirrParams
 from dpcore.adadpsyn.plan import METHOD, adadpsyn_plan
+from dpcore.adadpsyn.release import RELEASE
 from dpcore.config import GenerationConfig, RunConfig
 from dpcore.data.artifacts import file_sha256, write_table
 from dpcore.data.datasets import LoadedDataset
@@ -26,6 +27,7 @@ from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
 from dpcore.fewshot.accounting import total_steps
 from dpcore.fewshot.plan import run_sampling_rate
+from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.calibrate import generation_config
@@ -73,6 +75,15 @@ def label_plans(config: RunConfig, label_counts: dict[str, int], delta: float) -
                  for eps in sorted({float(e) for e in config.epsilons}) if 0 < eps < math.inf)
 
 
+def work(config: RunConfig, plan: PrivacyPlan, *, labels: int, record_tokens: int) -> runtime.Work:
+    """One plan's model work from public sizes (`tasks.methods` protocol): Algorithm 1's forwards at the run's
+    sizes (PFIRR itself runs no model)."""
+    return runtime.Work(generation=runtime.generation_positions(
+        labels=labels, demos_per_label=max(1, math.ceil(config.shots / max(labels, 1))),
+        num_subsets=config.num_subsets, subset_size=config.subset_size, max_tokens=config.max_tokens,
+        record_tokens=record_tokens))
+
+
 def pfirr_of(parameters: dict) -> PfirrParams:
     """The PFIRR parameters a plan's `parameters` hold (`dpcore.adadpsyn.plan.pfirr_params`, from its dict)."""
     return PfirrParams(sigma_avg=parameters["sigma_avg"], **{name: parameters[name] for name in PFIRR_FIELDS})
@@ -108,7 +119,7 @@ def generate(*, records_path: str, task_spec: str, epsilon: float, parameters: d
     frame = demos_frame(result.demos)
     frame["method"] = METHOD
     frame["epsilon"] = float(epsilon)
-    path = write_table(frame, Path(public_dir) / f"adadpsyn_demos_eps{_eps_text(epsilon)}.parquet")
+    path = write_table(frame, Path(public_dir) / RELEASE.artifact_file.format(_eps_text(epsilon)))
     stage_logger().info(GENERATED_LOG, len(frame), _eps_text(epsilon), sigma_eff, params.sigma_avg)
     return {"epsilon": float(epsilon), "path": str(path), "key": file_sha256(path),
             "seeded_noise": bool(result.seeded_noise), "demos": len(frame)}

@@ -29,7 +29,9 @@ from dpcore.data.taskspec import load_task_spec
 from dpcore.dp_opt.instruction import generation_record_count, write_instruction
 from dpcore.dp_opt.presets import PAPER, SMOKE, DpOptParams
 from dpcore.dp_opt.privacy import METHOD, dp_opt_plan
+from dpcore.dp_opt.release import RELEASE
 from dpcore.errors import ConfigError, DpiclError
+from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.common import (
@@ -43,7 +45,7 @@ from tasks.common import (
 
 # DP-OPT's public output: the instruction, every candidate's text, length and stop reason and the index kept
 # are DP outputs; sigma, sigma_sel, q and the steps planned are public counts (`write_instruction`'s stats).
-INSTRUCTION_FILE = "dp_opt_instruction_eps{}.json"
+INSTRUCTION_FILE = RELEASE.artifact_file  # dp_opt_instruction_eps<E>.json
 declare("file:*dp_opt_instruction_eps*.json", Kind.DP, "/instruction", "/stats/candidates", "/stats/tokens",
         "/stats/stopped", "/stats/chosen", "/stats/steps_used")
 declare("file:*dp_opt_instruction_eps*.json", Kind.COUNT, "/stats/sampling_rate", "/stats/noise_multiplier",
@@ -86,6 +88,15 @@ def plans(config: RunConfig, data: LoadedDataset, delta: float) -> tuple[Privacy
     return tuple(dp_opt_plan(eps, delta, p.max_tokens, p.subsets, shots=p.shots, records=n, candidates=p.candidates,
                              selection_share=p.selection_share)
                  for eps in sorted({float(e) for e in config.epsilons}) if 0 < eps < math.inf)
+
+
+def work(config: RunConfig, plan: PrivacyPlan, *, labels: int, record_tokens: int) -> runtime.Work:
+    """One plan's model work from public sizes (`tasks.methods` protocol): J candidates of T token steps, each
+    M meta prompts of k records."""
+    p = plan.parameters
+    return runtime.Work(generation=runtime.generation_positions(
+        labels=1, demos_per_label=int(p["candidates"]), num_subsets=int(p["subsets"]), subset_size=int(p["shots"]),
+        max_tokens=int(p["max_tokens"]), record_tokens=record_tokens))
 
 
 def _eps_text(epsilon: float) -> str:
@@ -136,5 +147,5 @@ def write_call(config: RunConfig, ingested: dict, plan: PrivacyPlan, charged: bo
                 noise_charged=charged, public_dir=ingested["paths"]["public"])
 
 
-__all__ = ["INSTRUCTION_FILE", "METHOD", "params", "plans", "records_by_label", "write",
+__all__ = ["INSTRUCTION_FILE", "METHOD", "params", "plans", "records_by_label", "work", "write",
            "write_call"]

@@ -128,10 +128,10 @@ register(MethodEntry("dpsgd", "PromptDPSGD (Duan et al. 2023, Section 4.1)", "dp
 register(MethodEntry("adadpsyn", "AdaDPSyn (Gao et al. 2024): DP demonstrations by data-adaptive aggregation",
                      "adadpsyn_", adadpsyn_stage.plans, "flows.adadpsyn:ADADPSYN",
                      (ADADPSYN_RELEASE.artifact_file.format("*"),), True, "adadpsyn_results.parquet",
-                     release_spec=ADADPSYN_RELEASE))
+                     release_spec=ADADPSYN_RELEASE, work=adadpsyn_stage.work))
 register(MethodEntry("dp-opt", "DP-OPT (Hong et al. 2024): a private instruction", "dp_opt_", dp_opt_stage.plans,
                      "flows.dp_opt:DP_OPT", (DP_OPT_RELEASE.artifact_file.format("*"),), True,
-                     "dp_opt_results.parquet", release_spec=DP_OPT_RELEASE))
+                     "dp_opt_results.parquet", release_spec=DP_OPT_RELEASE, work=dp_opt_stage.work))
 register(MethodEntry(name="dp-icl", title="DP-ICL (Wu et al. 2024): private prediction by a noisy vote of exemplar "
                      "subsets", config_prefix="dp_icl_", plan=dp_icl_stage.plans, subflow="flows.dp_icl:DP_ICL",
                      artifacts=(dp_icl_stage.ANSWERS_FILE.format("*"),), release=False,

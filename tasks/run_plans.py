@@ -42,7 +42,7 @@ from tasks.audit import audit_generation_plans, run_audit_design
 from tasks.calibrate import plan_arguments
 from tasks.charge import budget_delta, charge_spends, plan_spends, preflight
 from tasks.ingest import load_data
-from tasks.methods import registered_plans
+from tasks.methods import entry, registered_plans
 
 DELTA_SOURCES = ("flag", "budget", "1/|D|")
 
@@ -119,7 +119,7 @@ class RunPlan:
     dpsgd: tuple[PrivacyPlan, ...]
     audit: AuditPlan | None
     held: PlannedData = field(repr=False, compare=False)
-    # the plans of every method the registry plans (`tasks.methods.MethodEntry.plan`: adadpsyn, dp-opt, ...)
+    # the plans of every method the registry plans (`tasks.methods.MethodEntry.plan`), by method
     method_plans: dict[str, tuple[PrivacyPlan, ...]] = field(default_factory=dict)
 
     @classmethod
@@ -201,16 +201,10 @@ class RunPlan:
             work += runtime.Work(dpsgd=runtime.dpsgd_positions(int(p["steps"]), int(p["batch_size"]),
                                                                int(p["trainings"]), test_items, labels, record))
         evaluations = config.seeds * sum(len(plans) for plans in self.method_plans.values())
-        for _plan in self.method_plans.get("adadpsyn", ()):  # Algorithm 1's forwards (PFIRR itself: no model)
-            work += runtime.Work(generation=runtime.generation_positions(
-                labels=labels, demos_per_label=max(1, math.ceil(config.shots / max(labels, 1))),
-                num_subsets=config.num_subsets, subset_size=config.subset_size, max_tokens=config.max_tokens,
-                record_tokens=record))
-        for plan in self.method_plans.get("dp-opt", ()):  # J candidates of T steps, M meta prompts of k records each
-            p = plan.parameters
-            work += runtime.Work(generation=runtime.generation_positions(
-                labels=1, demos_per_label=int(p["candidates"]), num_subsets=int(p["subsets"]),
-                subset_size=int(p["shots"]), max_tokens=int(p["max_tokens"]), record_tokens=record))
+        for name, plans in self.method_plans.items():  # each registered method's own work (`MethodEntry.work`)
+            estimate = entry(name).work
+            for plan in plans if estimate is not None else ():
+                work += estimate(config, plan, labels=labels, record_tokens=record)
         if evaluations:  # every registered method's prompt scored on the test items, once per seed
             work += runtime.Work(evaluation=runtime.evaluation_positions(test_items, labels, evaluations, record))
         return work
