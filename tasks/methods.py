@@ -135,4 +135,4 @@ register(MethodEntry("dp-opt", "DP-OPT (Hong et al. 2024): a private instruction
 register(MethodEntry(name="dp-icl", title="DP-ICL (Wu et al. 2024): private prediction by a noisy vote of exemplar "
                      "subsets", config_prefix="dp_icl_", plan=dp_icl_stage.plans, subflow="flows.dp_icl:DP_ICL",
                      artifacts=(dp_icl_stage.ANSWERS_FILE.format("*"),), release=False,
-                     results=dp_icl_stage.RESULTS_FILE))
+                     results=dp_icl_stage.RESULTS_FILE, work=dp_icl_stage.work))

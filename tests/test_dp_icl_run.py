@@ -147,8 +147,9 @@ def test_its_plan_is_sized_to_the_test_items_and_refused_when_it_cannot_be(tiny_
     data = load_data(config)
     unset = build_run_plan(config.model_copy(update={"test_size": None}))
     assert unset.method_plans["dp-icl"][0].parameters["queries"] == len(data.test)
-    # its model work, for the run's time estimate (`MethodEntry.work`)
-    assert work(config, only, labels=4, record_tokens=40).evaluation > 0
+    # its model work (M prompts per draw), in the run's time estimate (`MethodEntry.work`)
+    own = work(config, only, labels=4, record_tokens=40).evaluation
+    assert own > 0 and plan.work().evaluation >= own
     with pytest.raises(ConfigError, match=r"dp-icl at epsilon 0.001: cannot answer the run's 9 test items .*"
                                           r"raise the epsilon or lower --test-size"):
         plans(config.model_copy(update={"epsilons": [0.001]}), data, 1e-3)
