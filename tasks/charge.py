@@ -1,13 +1,17 @@
 """The privacy-ledger hooks: the one place plans are charged (`dpcore.privacy.ledger`).
 
-- `charge_plans` / `charge_spends`: charges, in ONE all-or-nothing transaction, each planned
-  spend the ledger does not already hold for this run id (`Ledger.charge_unrecorded`: matched
-  on the spend's parameters and the data's content hash, never on the run id alone). A retry
-  that replays exactly the recorded spends is free; anything new is charged, or the run refused
-  (`BudgetExceededError`, exit 3) before any generation. `dry_run=True` checks the budget
-  without recording (the CLI's refusal before any model loads). `fresh=True` charges every
-  spend anew (a command that always draws fresh noise: `dpicl generate`, `dpicl audit`,
-  `dpicl evaluate --baseline random-real`; never a replay).
+Every spend reaches the ledger through its one charging method, `Ledger.charge` (see
+`dpcore.privacy.ledger` for its flags); this module is the tasks layer's way to it.
+
+- `charge_spends`: the one charging path of planned spends. Charges, in ONE all-or-nothing
+  transaction, each spend the ledger does not already hold for this run id (`Ledger.charge` with
+  `replay_recorded`: matched on the spend's parameters and the data's content hash, never on the
+  run id alone). A retry that replays exactly the recorded spends is free; anything new is
+  charged, or the run refused (`BudgetExceededError`, exit 3) before any generation.
+  `dry_run=True` checks the budget without recording (the CLI's refusal before any model loads).
+  `fresh=True` charges every spend anew (`replay_recorded=False`: a command that always draws
+  fresh noise: `dpicl generate`, `dpicl audit`, `dpicl evaluate --baseline random-real`; never a
+  replay). `charge_plans` is `charge_spends(plan_spends(...))`, for callers that hold plans.
 - The plans: DP few-shot generation's come from its `FewShotPlan` (`dpcore.fewshot.plan`: one
   per DP epsilon, purpose "pipeline", and, only when the user opted into them, the non-private
   baselines as sigma = 0 spends, purpose "baseline": `sigma-zero`, `random-real` and the audit's
@@ -25,9 +29,11 @@
 - `plan_spends` / `planned_cost`: the ledger requests of plans, and their composed cost (the plans of
   every method a run names are assembled in `tasks.run_plans`).
 - `audit_charge_hook`: the `charge(demo_set)` callback `dpcore.audit.procedures.dp_audit` calls before
-  each of its DP generations from the audit's members (the audit's plan, purpose "audit").
+  each of its DP generations from the audit's members (the audit's plan, purpose "audit"; each demo set
+  charged anew through `Ledger.charge`).
 - `ledger_spends` / `set_budget` / `record_spend`: what `dpicl ledger` shows and changes (the
-  composed spend per dataset id, a budget, a spend made outside dpicl); `epsilon_report` /
+  composed spend per dataset id, a budget, a spend made outside dpicl, charged anew through
+  `Ledger.charge`); `epsilon_report` /
   `sigma_report`: the accountant's answer for one spend or one target epsilon (`dpicl epsilon`,
   `dpicl calibrate`).
 
@@ -153,10 +159,9 @@ def check_max_tokens(max_tokens: int, limit: int, model: str) -> None:
 
 def charge_plans(dataset_id: str, data_hash: str, run_id: str, plans, dry_run: bool = False,
                  fresh: bool = False, same_records_ok: bool = False) -> dict:
-    """Charge every `dpcore.privacy.plan.PrivacyPlan` of a run (any method) in one transaction: each plan's
-    spends the ledger does not already hold for this run id (`fresh`: every spend). `noise_charged`
-    then lists the (method, epsilon) of the plans charged by this call; a plan with no spends reads
-    no private record and is never charged."""
+    """`charge_spends` of the spends of `dpcore.privacy.plan.PrivacyPlan`s (`plan_spends`): every plan of a
+    run (any method) in one transaction, with the same flags. A plan with no spends reads no private
+    record and is never charged."""
     return charge_spends(dataset_id, plan_spends(dataset_id, data_hash, run_id, plans), dry_run=dry_run,
                          fresh=fresh, same_records_ok=same_records_ok)
 
@@ -186,8 +191,9 @@ def planned_cost(spends: list[tuple[str, float, ledger.Spend]]) -> dict:
 def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.Spend]],
                   dry_run: bool = False, fresh: bool = False, same_records_ok: bool = False) -> dict:
     """The one charging path: (method, epsilon, request) spends, charged in ONE all-or-nothing
-    transaction (`Ledger.charge_unrecorded`; `fresh`: `Ledger.charge_many`, every spend anew), or
-    refused (`BudgetExceededError`, exit 3) before anything is recorded. Returns a public summary
+    transaction (`Ledger.charge`: a spend the ledger already holds for this run id is replayed, charged
+    nothing; `fresh`: every spend charged anew, `replay_recorded=False`), or refused
+    (`BudgetExceededError`, exit 3) before anything is recorded. Returns a public summary
     (`ledger_entries`: the entries this call recorded). Records another dataset id already spends on are
     refused (`SameRecordsError`, exit 3) unless `same_records_ok` (`--new-budget-for-same-records`).
 
@@ -196,13 +202,8 @@ def charge_spends(dataset_id: str, spends: list[tuple[str, float, ledger.Spend]]
     """
     book = ledger.Ledger()
     requests = [request for _, _, request in spends]
-    if not fresh:
-        outcome = book.charge_unrecorded(requests, dry_run=dry_run, same_records_ok=same_records_ok)
-    elif dry_run:
-        outcome = book.check_charge(requests, same_records_ok=same_records_ok)
-    else:
-        outcome = ledger.ChargeOutcome(tuple(book.charge_many(requests, same_records_ok=same_records_ok)), (),
-                                       tuple(requests))
+    outcome = book.charge(requests, replay_recorded=not fresh, dry_run=dry_run,
+                          same_records_ok=same_records_ok)
     # Identical requests (trainings of one plan) are told apart by position: an earlier attempt charged
     # the first ones, so the ledger's records replay the earliest and the new charges are the latest.
     pending = list(outcome.new_requests)
@@ -286,7 +287,7 @@ def audit_charge_hook(dataset_id: str | None, data_hash: str, run_id: str | None
     book = ledger.Ledger()
 
     def charge(demo_set: int) -> None:
-        book.charge_many([requests[demo_set]])
+        book.charge([requests[demo_set]], replay_recorded=False)
 
     return charge
 
@@ -318,7 +319,7 @@ def record_spend(path: str | None, request: dict) -> tuple:
     arguments with the dataset id, content hash, run id and delta), refused beyond the budget
     (`BudgetExceededError`, exit 3): (the entry, the dataset's composed spend)."""
     book = ledger.Ledger(path)
-    entry = book.charge_many([ledger.Spend.sampled_steps(**request)])[0]
+    entry = book.charge([ledger.Spend.sampled_steps(**request)], replay_recorded=False).charged[0]
     return entry, book.spend(request["dataset_id"])
 
 

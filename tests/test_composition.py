@@ -22,7 +22,7 @@ from dpcore.fewshot import accounting
 from dpcore.privacy import composition, memo
 from dpcore.privacy.composition import compose
 from dpcore.privacy.events import ReportNoisyMaxDpEvent, tang_event
-from dpcore.privacy.ledger import Ledger
+from dpcore.privacy.ledger import Ledger, Spend
 
 DELTA = 1e-5
 
@@ -38,8 +38,11 @@ def fresh_cache(monkeypatch):
 
 def test_ledger_spend_is_the_composition_of_its_entries_events(tmp_path, monkeypatch, fresh_cache):
     ledger = Ledger(tmp_path / "ledger.db")
-    ledger.charge("ds", "h", "run-1", "gaussian", 0.7, 0.01, 30, DELTA, "pipeline")
-    ledger.charge("ds", "h", "run-2", "rnm", 1.0, 0.01, 20, DELTA, "generate")
+    bound = dict(dataset_id="ds", content_hash="h", delta=DELTA)
+    ledger.charge([Spend.sampled_steps("gaussian", 0.7, 0.01, 30, "pipeline", run_id="run-1", **bound)],
+                  replay_recorded=False)
+    ledger.charge([Spend.sampled_steps("rnm", 1.0, 0.01, 20, "generate", run_id="run-2", **bound)],
+                  replay_recorded=False)
     calls = []
     real = composition.compose
 
@@ -156,7 +159,8 @@ def test_composition_is_order_free_and_not_additive():
 def test_one_tolerance_flags_the_accountant_and_the_ledger_alike(tmp_path, monkeypatch, fresh_cache):
     real = composition._prv_epsilon
     ledger = Ledger(tmp_path / "ledger.db")
-    ledger.charge("ds", "h", "run", "gaussian", 0.7, 0.01, 30, DELTA, "pipeline")
+    ledger.charge([Spend.sampled_steps("gaussian", 0.7, 0.01, 30, "pipeline", dataset_id="ds",
+                                       content_hash="h", run_id="run", delta=DELTA)], replay_recorded=False)
     for factor, agreed in ((0.99, True), (0.96, False)):  # within and beyond CROSSCHECK_TOLERANCE = 2%
         def skewed(*args, factor=factor):
             return tuple(v * factor for v in real(*args))

@@ -29,7 +29,9 @@ def _charge(ledger: Ledger, run_id: str, dataset_id: str = "ds", sigma: float = 
             steps: int = T, mechanism: str = "gaussian", content_hash: str | None = None, purpose: str = "pipeline"):
     # each dataset id its own records unless a test says otherwise (a budget belongs to the records)
     content_hash = f"hash-of-{dataset_id}" if content_hash is None else content_hash
-    return ledger.charge(dataset_id, content_hash, run_id, mechanism, sigma, q, steps, DELTA, purpose)
+    request = Spend.sampled_steps(mechanism, sigma, q, steps, purpose, dataset_id=dataset_id,
+                                  content_hash=content_hash, run_id=run_id, delta=DELTA)
+    return ledger.charge([request], replay_recorded=False).charged[0]
 
 
 @pytest.fixture()
@@ -93,7 +95,8 @@ def test_composition_of_heterogeneous_entries_matches_direct_prv(ledger):
 
 def test_spend_delta_defaults_to_budget_then_smallest_entry_delta(ledger):
     assert ledger.spend("ds").epsilon == 0.0 and ledger.spend("ds").entries == ()
-    ledger.charge("ds", "h", "r1", "gaussian", SIGMA, Q, T, 1e-4, "generate")
+    ledger.charge([Spend.sampled_steps("gaussian", SIGMA, Q, T, "generate", dataset_id="ds", content_hash="h",
+                                       run_id="r1", delta=1e-4)], replay_recorded=False)
     _charge(ledger, "r2")  # delta 1e-5
     assert ledger.spend("ds").delta == DELTA
     ledger.set_budget("ds", 50.0, 1e-6)
@@ -126,15 +129,15 @@ def test_refusal_at_budget_names_spend_cost_and_budget(ledger):
         _charge(ledger, "run-3", sigma=5.0, steps=1)
 
 
-def test_charge_many_is_all_or_nothing(ledger):
+def test_a_charge_of_several_spends_is_all_or_nothing(ledger):
     ledger.set_budget("ds", BUDGET_FOR_ONE, DELTA)
     requests = [Spend.sampled_steps("gaussian", SIGMA, Q, T, "audit", dataset_id="ds", content_hash="h",
                                     run_id=f"run-{i}", delta=DELTA) for i in range(2)]
     with pytest.raises(BudgetExceededError):
-        ledger.charge_many(requests)
+        ledger.charge(requests, replay_recorded=False)
     assert ledger.entries("ds") == []
     assert ledger.projected_spend(requests).epsilon > BUDGET_FOR_ONE  # what it would have been
-    assert [e.run_id for e in ledger.charge_many(requests[:1])] == ["run-0"]
+    assert [e.run_id for e in ledger.charge(requests[:1], replay_recorded=False).charged] == ["run-0"]
 
 
 def test_sigma_zero_is_infinite_and_refused_once_a_budget_is_set(ledger):
@@ -236,7 +239,9 @@ def test_fifty_distinct_entries_compose_within_two_percent_of_dp_accountings_pld
         step = dp_event.GaussianDpEvent(sigma)
         reference.compose(step if q == 1.0 else dp_event.PoissonSampledDpEvent(q, step), steps)
         purpose = ledger_module.PURPOSES[i % len(ledger_module.PURPOSES)]
-        ledger.charge("long-lived", "hash-a", f"run-{i}", mechanism, sigma, q, steps, DELTA, purpose)
+        ledger.charge([Spend.sampled_steps(mechanism, sigma, q, steps, purpose, dataset_id="long-lived",
+                                           content_hash="hash-a", run_id=f"run-{i}", delta=DELTA)],
+                      replay_recorded=False)
     spend = ledger.spend("long-lived", delta=DELTA)
     expected = reference.get_epsilon(DELTA)
     assert len(spend.entries) == 50
@@ -250,13 +255,15 @@ _CHILD = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {repo!r})
     from dpcore.errors import BudgetExceededError
-    from dpcore.privacy.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger, Spend
     ledger = Ledger({path!r})
     go = {go!r}
     while go and not os.path.exists(go):
         time.sleep(0.01)
     try:
-        ledger.charge("ds", "hash-a", sys.argv[1], "gaussian", {sigma}, {q}, {steps}, {delta}, "pipeline")
+        ledger.charge([Spend.sampled_steps("gaussian", {sigma}, {q}, {steps}, "pipeline", dataset_id="ds",
+                                           content_hash="hash-a", run_id=sys.argv[1], delta={delta})],
+                      replay_recorded=False)
     except BudgetExceededError as exc:
         print(exc, file=sys.stderr)
         sys.exit(3)

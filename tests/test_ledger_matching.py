@@ -1,6 +1,6 @@
 """What the ledger holds for a run is matched on what was spent, not on the run id (no pipeline, no model).
 
-- `unrecorded` / `same_spend` / `matching_entries` (pure) and `Ledger.charge_unrecorded`
+- `unrecorded` / `same_spend` / `matching_entries` (pure) and `Ledger.charge` replaying what is recorded
   (one transaction, replay free, anything new charged, dry run records nothing);
 - the pipeline's planned spends: DP epsilons, and the non-private baselines only when opted
   into, as sigma = 0 (infinite) spends;
@@ -41,7 +41,7 @@ def book(tmp_path) -> Ledger:
 
 
 def test_unrecorded_matches_every_parameter_of_the_spend(book):
-    entry = book.charge_many([_request()])[0]
+    entry = book.charge([_request()], replay_recorded=False).charged[0]
     assert same_spend(_request(), entry)
     assert unrecorded([_request()], [entry]) == []
     for change in ({"sigma": 0.5}, {"q": 0.04}, {"steps": 8}, {"delta": 1e-4}, {"purpose": "audit"},
@@ -51,14 +51,14 @@ def test_unrecorded_matches_every_parameter_of_the_spend(book):
 
 
 def test_unrecorded_is_a_multiset_match(book):
-    entry = book.charge_many([_request()])[0]
+    entry = book.charge([_request()], replay_recorded=False).charged[0]
     twice = [_request(), _request()]
     assert unrecorded(twice, [entry]) == [_request()]  # two draws need two entries
     assert unrecorded(twice, [entry, entry]) == []
 
 
 def test_matching_entries_finds_the_calibration_row_of_the_run(book):
-    entries = book.charge_many([_request(), _request(purpose="audit", sigma=0.3)])
+    entries = book.charge([_request(), _request(purpose="audit", sigma=0.3)], replay_recorded=False).charged
     found = matching_entries(entries, run_id="run-a", mechanism="gaussian", noise_multiplier=0.9, sampling_rate=0.02,
                              steps=4, delta=DELTA)
     assert [e.id for e in found] == [entries[0].id]
@@ -71,12 +71,12 @@ def test_matching_entries_finds_the_calibration_row_of_the_run(book):
 # --------------------------------------------------------------------------- charging what is new
 
 
-def test_charge_unrecorded_replays_free_and_charges_anything_new(book):
-    first = book.charge_unrecorded([_request()])
+def test_a_charge_replays_what_is_recorded_free_and_charges_anything_new(book):
+    first = book.charge([_request()])
     assert len(first.charged) == 1 and not first.recorded
-    replay = book.charge_unrecorded([_request()])
+    replay = book.charge([_request()])
     assert not replay.charged and [e.id for e in replay.recorded] == [first.charged[0].id]
-    more = book.charge_unrecorded([_request(), _request(sigma=0.4)])
+    more = book.charge([_request(), _request(sigma=0.4)])
     assert len(more.charged) == 1 and more.charged[0].noise_multiplier == 0.4
     assert len(book.entries("ds")) == 2
 
@@ -86,23 +86,24 @@ def test_the_same_run_id_with_a_new_epsilon_is_refused_under_the_budget(book):
     refused; reusing run A's id for the large spend is refused too (it used to be 'already charged')."""
     small, large = _request(sigma=3.0), _request(sigma=0.3)
     book.set_budget("ds", 2.0, DELTA)
-    book.charge_unrecorded([small])
+    book.charge([small])
     with pytest.raises(BudgetExceededError):
-        book.charge_unrecorded([_request(run_id="run-b", sigma=0.3)])
+        book.charge([_request(run_id="run-b", sigma=0.3)])
     with pytest.raises(BudgetExceededError, match="run run-a refused"):
-        book.charge_unrecorded([large])
-    assert book.charge_unrecorded([small]).charged == ()  # the genuine retry stays free
+        book.charge([large])
+    assert book.charge([small]).charged == ()  # the genuine retry stays free
     assert len(book.entries("ds")) == 1
 
 
 def test_a_dry_run_refuses_like_the_charge_and_records_nothing(book):
     book.set_budget("ds", 2.0, DELTA)
-    outcome = book.check_charge([_request(sigma=3.0)])
+    outcome = book.charge([_request(sigma=3.0)], replay_recorded=False, dry_run=True)
     assert outcome.dry_run and len(outcome.new_requests) == 1 and book.entries("ds") == []
     with pytest.raises(BudgetExceededError):
-        book.check_charge([_request(sigma=0.3)])
+        book.charge([_request(sigma=0.3)], replay_recorded=False, dry_run=True)
     with pytest.raises(BudgetExceededError):
-        book.check_charge([_request(sigma=0.0, purpose="baseline")])  # sigma = 0: infinite
+        # sigma = 0: infinite
+        book.charge([_request(sigma=0.0, purpose="baseline")], replay_recorded=False, dry_run=True)
     assert book.entries("ds") == []
 
 
@@ -288,12 +289,12 @@ def test_ledger_show_says_when_entry_deltas_differ_from_the_total(tmp_path, caps
 
     path = tmp_path / "ledger.db"
     book = Ledger(path)
-    book.charge_many([_request(delta=1e-3), _request(delta=1e-5, run_id="run-b")])
+    book.charge([_request(delta=1e-3), _request(delta=1e-5, run_id="run-b")], replay_recorded=False)
     assert main(["ledger", "show", "--dataset", "ds", "--ledger", str(path)]) == 0
     out = capsys.readouterr().out
     assert "composed at delta 1e-05" in out and "calibrated at delta 0.001" in out
     book.set_budget("other", 5.0, DELTA)
-    book.charge_many([_request(dataset_id="other")])
+    book.charge([_request(dataset_id="other")], replay_recorded=False)
     assert main(["ledger", "show", "--dataset", "other", "--ledger", str(path)]) == 0
     assert "note: the total is composed" not in capsys.readouterr().out
     # a typo in the dataset id is an error naming the ids the ledger holds, not a zero spend
@@ -306,7 +307,7 @@ def test_release_gate_matches_the_calibration_row_not_the_run_id(book):
     from dpcore.fewshot.release import TANG_PURPOSES
     from dpcore.release import gate
 
-    entries = book.charge_many([_request(run_id="r1", sigma=0.9)])
+    entries = book.charge([_request(run_id="r1", sigma=0.9)], replay_recorded=False).charged
     row = {"mechanism": "gaussian", "noise_multiplier": 0.9, "sampling_rate": 0.02, "steps": 4, "delta": DELTA}
 
     def ledger_covers(entries, run_id, row):

@@ -81,7 +81,9 @@ def test_a_schema_2_ledger_opens_as_events_with_the_same_spend_and_rows(tmp_path
         assert all(entry.pop("event")["class_name"] == "SelfComposedDpEvent" for entry in new["entries"])
         assert _to_nine_digits(new) == _to_nine_digits(old)
     # ids go on after the old rows; the records table came along
-    assert book.charge("tickets", "3f" * 32, "run-h", "gaussian", 2.0, 0.01, 10, 1e-5, "generate").id == 10
+    assert book.charge([Spend.sampled_steps("gaussian", 2.0, 0.01, 10, "generate", dataset_id="tickets",
+                                            content_hash="3f" * 32, run_id="run-h", delta=1e-5)],
+                       replay_recorded=False).charged[0].id == 10
     assert Ledger(path).spend("tickets").epsilon > before[1]["epsilon"]
 
 
@@ -126,7 +128,8 @@ def test_a_new_event_shape_is_stored_and_composed_without_a_schema_change(tmp_pa
     round_ = ComposedDpEvent([tang_event("gaussian", 40.0, 1.0, 50), tang_event("gaussian", 28.0, 1.0, 50),
                               SelfComposedDpEvent(PoissonSampledDpEvent(0.05, LaplaceDpEvent(2.0)), 20)])
     book = Ledger(tmp_path / "ledger.db")
-    entry = book.charge_many([Spend(round_, "pate", dataset_id="ds", content_hash="h", run_id="pate-1", delta=delta)])[0]
+    request = Spend(round_, "pate", dataset_id="ds", content_hash="h", run_id="pate-1", delta=delta)
+    entry = book.charge([request], replay_recorded=False).charged[0]
     stored = book.entries("ds")
     assert stored == [entry] and stored[0].event == round_ and stored[0].mechanism == "composed"
     spend = book.spend("ds")
@@ -137,7 +140,7 @@ def test_a_new_event_shape_is_stored_and_composed_without_a_schema_change(tmp_pa
     assert abs(spend.epsilon - expected) <= 0.02 * expected
     # the retry of the same round replays it; another round is a new spend
     same = Spend(round_, "pate", dataset_id="ds", content_hash="h", run_id="pate-1", delta=delta)
-    assert book.charge_unrecorded([same]).charged == ()
+    assert book.charge([same]).charged == ()
     other = Spend(ComposedDpEvent([LaplaceDpEvent(3.0)]), "pate", dataset_id="ds", content_hash="h", run_id="pate-1",
                   delta=delta)
-    assert len(book.charge_unrecorded([other]).charged) == 1
+    assert len(book.charge([other]).charged) == 1

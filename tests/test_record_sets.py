@@ -76,7 +76,8 @@ def test_a_sketch_round_trips_through_text():
 
 
 def _charge(ledger: Ledger, dataset_id: str, content_hash: str, run_id: str = "run", **kwargs):
-    return ledger.charge_many([_request(dataset_id, content_hash, run_id)], **kwargs)
+    request = _request(dataset_id, content_hash, run_id)
+    return ledger.charge([request], replay_recorded=False, **kwargs).charged
 
 
 def _request(dataset_id, content_hash, run_id="run"):
@@ -102,9 +103,9 @@ def test_the_same_records_under_a_new_id_are_refused_and_nothing_is_recorded(led
         with pytest.raises(SameRecordsError, match="dataset id 'tickets'.*--new-budget-for-same-records"):
             _charge(ledger, "tickets-v2", content_hash)
         with pytest.raises(SameRecordsError):
-            ledger.check_charge([_request("tickets-v2", content_hash)])
+            ledger.charge([_request("tickets-v2", content_hash)], replay_recorded=False, dry_run=True)
         with pytest.raises(SameRecordsError):
-            ledger.charge_unrecorded([_request("tickets-v2", content_hash)], dry_run=True)
+            ledger.charge([_request("tickets-v2", content_hash)], dry_run=True)
     assert ledger.entries("tickets-v2") == []
     assert SameRecordsError.exit_code == 3
 

@@ -67,7 +67,7 @@ def _releasable_copy(run: dict, new_id: str, charged_sigma_factor: float = 1.0, 
     """A copy of a finished run made releasable: fresh-noise flag, passing audit, a ledger entry
     (of its calibration row; `charged_sigma_factor` != 1 charges another sigma instead); `config` changes its
     manifest's configuration."""
-    from dpcore.privacy.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger, Spend
 
     source = Path(run["run_dir"])
     target = source.parent / new_id
@@ -85,10 +85,11 @@ def _releasable_copy(run: dict, new_id: str, charged_sigma_factor: float = 1.0, 
     (target / "manifest.json").unlink()
     write_manifest(target, extra={k: v for k, v in manifest.items() if k != "files"})
     calibration = read_table(target / "calibration.parquet").iloc[0]
-    Ledger().charge(run["dataset"], run["data_hash"], new_id, "gaussian",
-                    float(calibration["noise_multiplier"]) * charged_sigma_factor,
-                    float(calibration["sampling_rate"]), int(calibration["steps"]), float(calibration["delta"]),
-                    "pipeline")
+    request = Spend.sampled_steps("gaussian", float(calibration["noise_multiplier"]) * charged_sigma_factor,
+                                  float(calibration["sampling_rate"]), int(calibration["steps"]), "pipeline",
+                                  dataset_id=run["dataset"], content_hash=run["data_hash"], run_id=new_id,
+                                  delta=float(calibration["delta"]))
+    Ledger().charge([request], replay_recorded=False)
     return new_id
 
 

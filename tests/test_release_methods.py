@@ -249,7 +249,7 @@ def test_the_teacher_contrast_is_refused_over_budget_before_any_teacher_prompt(s
 
 def test_an_edited_audit_table_is_refused(pate_run):
     from dpcore.data.artifacts import write_table
-    from dpcore.privacy.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger, Spend
     from flows.release import release
 
     copy = Path(pate_run["run_dir"]).parent / "pate-edited-audit"
@@ -257,9 +257,11 @@ def test_an_edited_audit_table_is_refused(pate_run):
     private = next((home() / "private").rglob(f"*/{pate_run['run_id']}"))
     shutil.copytree(private, private.parent / "pate-edited-audit")
     for spend in pate_run["plan"]["plan"]["spends"]:  # its plan charged to the copy's run id
-        Ledger().charge("release-pate", pate_run["plan"]["data_hash"], "pate-edited-audit", spend["mechanism"],
-                        spend["noise_multiplier"], spend["sampling_rate"], spend["steps"],
-                        pate_run["plan"]["plan"]["delta"], spend["purpose"])
+        request = Spend.sampled_steps(spend["mechanism"], spend["noise_multiplier"], spend["sampling_rate"],
+                                      spend["steps"], spend["purpose"], dataset_id="release-pate",
+                                      content_hash=pate_run["plan"]["data_hash"], run_id="pate-edited-audit",
+                                      delta=pate_run["plan"]["plan"]["delta"])
+        Ledger().charge([request], replay_recorded=False)
     # Two trials cannot conclude within the default 0.05 band: an audit that did not pass, edited to pass below.
     strict = AuditConfig(test="equivalence", trials=2, members=2, non_members=2, reference_prompts=0)
     release(run_id="pate-edited-audit", method="pate", audit_config=strict, audit_only=True)
@@ -491,18 +493,21 @@ def _evidence(artifact: gate.Artifact, audit: pd.DataFrame, entries) -> gate.Rel
 
 
 def test_every_spend_of_the_plan_must_be_charged_to_the_run():
-    from dpcore.privacy.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger, Spend
 
     artifact = _pate_artifact("gate-units-run")
     threshold, votes = artifact.spends
     book = Ledger()
-    book.charge("gate-units", "h", "gate-units-run", "gaussian", threshold["noise_multiplier"], 1.0,
-                threshold["steps"], artifact.delta, "pate")
+    bound = dict(dataset_id="gate-units", content_hash="h", run_id="gate-units-run", delta=artifact.delta)
+    threshold_spend = Spend.sampled_steps("gaussian", threshold["noise_multiplier"], 1.0, threshold["steps"],
+                                          "pate", **bound)
+    book.charge([threshold_spend], replay_recorded=False)
     evidence = _evidence(artifact, PASSING_AUDIT, book.entries_for_run("gate-units-run"))
     assert not evidence.ledger_entry_present  # the GNMax spend is missing
     assert any("no privacy-ledger entry" in f for f in gate.release_failures(evidence))
-    book.charge("gate-units", "h", "gate-units-run", "gaussian", votes["noise_multiplier"], 1.0, votes["steps"],
-                artifact.delta, "pate")
+    votes_spend = Spend.sampled_steps("gaussian", votes["noise_multiplier"], 1.0, votes["steps"], "pate",
+                                      **bound)
+    book.charge([votes_spend], replay_recorded=False)
     evidence = _evidence(artifact, PASSING_AUDIT, book.entries_for_run("gate-units-run"))
     assert evidence.ledger_entry_present and evidence.crosscheck_agreed
     assert gate.release_failures(evidence) == []

@@ -119,7 +119,7 @@ def test_the_release_flow_calls_one_gate_and_one_register_for_every_method(monke
 
 
 def test_passing_evidence_and_the_manifest_are_the_same_for_every_method():
-    from dpcore.privacy.ledger import Ledger
+    from dpcore.privacy.ledger import Ledger, Spend
 
     book = Ledger()
     passing = pd.DataFrame([{"passed": True, "reasons": ""}])
@@ -130,8 +130,11 @@ def test_passing_evidence_and_the_manifest_are_the_same_for_every_method():
         audit = passing.assign(artifact=artifact.name) if method != "tang" else passing
         artifact = gate.Artifact(**{**artifact.__dict__, "audit": audit})
         for spend in artifact.spends:
-            book.charge("release-path", "h", run_id, spend["mechanism"], float(spend["noise_multiplier"]),
-                        float(spend["sampling_rate"]), int(spend["steps"]), artifact.delta, spend["purpose"])
+            request = Spend.sampled_steps(spend["mechanism"], float(spend["noise_multiplier"]),
+                                          float(spend["sampling_rate"]), int(spend["steps"]),
+                                          spend["purpose"], dataset_id="release-path", content_hash="h",
+                                          run_id=run_id, delta=artifact.delta)
+            book.charge([request], replay_recorded=False)
         assert gate.release_failures(gate.evidence(artifact, book.entries_for_run(run_id))) == [], method
         manifest = gate.release_manifest(
             artifact, artifact_file="prompt.safetensors" if method == "dpsgd" else gate.DEMOS_FILE,
@@ -251,7 +254,7 @@ def test_a_trained_prompt_s_audit_pools_are_public_bounds_on_the_records_its_bat
     import pandas as pd
     from scipy.stats import binom
 
-    from tasks.release import POOL_BOUND_FAILURE, _public_pool_sizes
+    from tasks.release.audit import POOL_BOUND_FAILURE, _public_pool_sizes
 
     n, held, q, steps = 400, 50, 0.02, 48
     p = 1 - (1 - q) ** steps

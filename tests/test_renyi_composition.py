@@ -68,15 +68,16 @@ def test_a_renyi_guarantee_is_stored_charged_and_composed_by_the_ledger(tmp_path
     release = Spend(RenyiDpEvent(15.0, 0.27), "pate", "smooth-sensitivity release").bound("ds", "hash", "run-1",
                                                                                           DELTA)
     votes = Spend(GAUSSIAN, "pate", "votes").bound("ds", "hash", "run-1", DELTA)
-    ledger.charge_many([votes, release])
+    ledger.charge([votes, release], replay_recorded=False)
     entries = ledger.entries("ds")
     assert event_from_json(event_to_json(entries[1].event)) == RenyiDpEvent(15.0, 0.27)
     assert not entries[1].non_private
     assert ledger.spend("ds").epsilon == pytest.approx(compose([GAUSSIAN, RenyiDpEvent(15.0, 0.27)], DELTA).epsilon)
     ledger.set_budget("ds", ledger.spend("ds").epsilon + 0.01, DELTA)
     with pytest.raises(Exception, match="budget"):
-        ledger.charge_many([Spend(RenyiDpEvent(15.0, 0.5), "pate", "another release").bound("ds", "hash", "run-2",
-                                                                                            DELTA)])
+        ledger.charge([Spend(RenyiDpEvent(15.0, 0.5), "pate", "another release").bound("ds", "hash", "run-2",
+                                                                                       DELTA)],
+                      replay_recorded=False)
     assert len(ledger.entries("ds")) == 2
 
 

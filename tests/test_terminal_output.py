@@ -21,9 +21,9 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     book = Ledger(home / "ledger.db")
-    book.charge_many([Spend.sampled_steps("gaussian", 1.0, 0.01, 10, "generate", dataset_id="pipe", content_hash="c" * 64,
-                                          run_id=f"run-{i}", delta=1e-5)
-                      for i in range(300)])  # more lines than a pipe buffer holds
+    book.charge([Spend.sampled_steps("gaussian", 1.0, 0.01, 10, "generate", dataset_id="pipe",
+                                     content_hash="c" * 64, run_id=f"run-{i}", delta=1e-5)
+                 for i in range(300)], replay_recorded=False)  # more lines than a pipe buffer holds
     proc = subprocess.Popen(DPICL + ["ledger", "show", "--dataset", "pipe"], cwd=tmp_path, env=_env(home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.readline()  # `head -1`: one line read, then the pipe is closed

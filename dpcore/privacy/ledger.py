@@ -51,11 +51,25 @@ pessimistic PLD, the larger reported, with that module's one tolerance and its s
 rule; it holds no numerics. The spend is evaluated at the budget's delta (or a delta the
 caller gives; with neither, the smallest entry delta).
 
+Charging. A spend reaches the ledger one way: `Ledger.charge(requests, *, replay_recorded=True,
+dry_run=False, same_records_ok=False)`, a batch of `Spend`s of one dataset id charged all-or-nothing,
+which returns a `ChargeOutcome` (the entries it inserted, the entries that already held the rest, the
+requests it charged or, in a dry run, would charge). Its flags:
+
+    replay_recorded   True: a request the ledger already holds for the same run id is a replay (a retry
+                      of that run, serving its recorded noise draws) and is charged nothing again; only
+                      the others are charged. False: every request is charged anew, held or not (a
+                      command that draws fresh noise each time, a demo set of an audit, a manual record).
+    dry_run           check the budget and the records exactly as the charge would (the same refusals),
+                      record nothing (the refusal before any model loads).
+    same_records_ok   charge even when another dataset id with a budget already spends on these records
+                      (`--new-budget-for-same-records`; otherwise `SameRecordsError`).
+
 What a run has spent. Entries are matched on what was spent, never on the run id alone:
 `unrecorded(requests, entries)` keeps the requested spends that no entry of the same
 (dataset id, run id, content hash, event, delta, purpose) already holds (events compared field
-by field; a multiset match: two identical spends need two entries). `Ledger.charge_unrecorded`
-charges exactly those, in one transaction: a retry that replays the recorded noise draws
+by field; a multiset match: two identical spends need two entries). With `replay_recorded` the
+charge takes exactly those, in one transaction: a retry that replays the recorded noise draws
 is free, anything new under the same run id (another epsilon, another delta, other data)
 is charged and checked against the budget like any other spend. The release gate asks
 for an entry that matches the released demos' calibration row (`matching_entries`).
@@ -420,8 +434,9 @@ def entries_holding(entries: Iterable[Spend], *, run_id: str, event, delta: floa
 
 @dataclass(frozen=True)
 class ChargeOutcome:
-    """What `charge_unrecorded` did: the entries it inserted and the entries that already held
-    the rest of the requested spends (a replay), with the dataset's composed spend after."""
+    """What `Ledger.charge` did: the entries it inserted (none in a dry run), the entries that already
+    held the rest of the requested spends (a replay; none without `replay_recorded`), and the requests
+    it charged (in a dry run: would charge)."""
 
     charged: tuple[Spend, ...]
     recorded: tuple[Spend, ...]
@@ -559,51 +574,27 @@ class Ledger:
 
     # -- charging
 
-    def charge(self, dataset_id: str, content_hash: str, run_id: str, mechanism: str, noise_multiplier: float,
-               sampling_rate: float, steps: int, delta: float, purpose: str) -> Spend:
-        """Record one generation's spend (`Spend.sampled_steps`), or refuse it; call BEFORE touching any
-        private record.
+    def charge(self, requests: Sequence[Spend], *, replay_recorded: bool = True, dry_run: bool = False,
+               same_records_ok: bool = False) -> ChargeOutcome:
+        """Charge a batch of spends of one dataset id, all or nothing, or refuse it; call BEFORE touching
+        any private record. The one way a spend reaches the ledger.
 
-        `sampling_rate` is the largest q over the run's labels (labels compose in parallel).
-        Raises `BudgetExceededError` (nothing recorded) when the composed spend including this
-        charge would exceed the dataset's budget; with no budget set, always records.
+        `replay_recorded` (default): a request the ledger already holds for the same run id (`unrecorded`:
+        matched on its event, delta, purpose and content hash, never on the run id alone) is a replay of
+        that run and is charged nothing again; the others are charged. False: every request is charged
+        anew, held or not (two identical requests are two charges). Refused as a whole, nothing recorded,
+        when the composition with the dataset's entries would exceed its budget (`BudgetExceededError`), or
+        when another dataset id with a budget already spends on these records (`SameRecordsError`) unless
+        `same_records_ok`. `dry_run`: the same checks and refusals, nothing recorded (`charged` is empty,
+        `new_requests` what would be charged). With no budget set, every charge is recorded.
         """
-        request = Spend.sampled_steps(mechanism, noise_multiplier, sampling_rate, steps, purpose,
-                                      dataset_id=dataset_id, content_hash=content_hash, run_id=run_id, delta=delta)
-        return self.charge_many([request])[0]
-
-    def charge_many(self, requests: Sequence[Spend], same_records_ok: bool = False) -> list[Spend]:
-        """Charge several generations of one dataset all-or-nothing (e.g. a run's epsilons and its
-        audit's demo sets): refused as a whole when their composition with the dataset's entries
-        would exceed its budget. Every request is charged, recorded or not (see `charge_unrecorded`)."""
-        return list(self._charge(requests, skip_recorded=False, dry_run=False, same_records_ok=same_records_ok).charged)
-
-    def charge_unrecorded(self, requests: Sequence[Spend], dry_run: bool = False,
-                          same_records_ok: bool = False) -> ChargeOutcome:
-        """Charge, in one transaction, each requested spend the ledger does not already hold
-        (`unrecorded`, matched on the spend's parameters under the same run id): a retry that
-        replays exactly the recorded spends charges nothing; any new spend is charged (or the
-        whole batch refused, `BudgetExceededError`). `dry_run` checks the budget and returns what
-        would be charged without recording anything (a refusal before any model is loaded).
-        `same_records_ok`: charge even when another dataset id already spends on these records."""
-        return self._charge(requests, skip_recorded=True, dry_run=dry_run, same_records_ok=same_records_ok)
-
-    def check_charge(self, requests: Sequence[Spend], skip_recorded: bool = False,
-                     same_records_ok: bool = False) -> ChargeOutcome:
-        """A dry run of `charge_many` (or of `charge_unrecorded` with `skip_recorded`): raises the same
-        `BudgetExceededError` (or `SameRecordsError`) the charge would, records nothing (a refusal before
-        any model loads)."""
-        return self._charge(requests, skip_recorded=skip_recorded, dry_run=True, same_records_ok=same_records_ok)
-
-    def _charge(self, requests: Sequence[Spend], skip_recorded: bool, dry_run: bool,
-                same_records_ok: bool = False) -> ChargeOutcome:
         requests = [_check_request(r) for r in requests]
         if not requests:
             return ChargeOutcome((), (), (), dry_run)
         dataset_id = _single_dataset(requests)
 
         def split(entries: list[Spend]) -> tuple[list[Spend], list[Spend]]:
-            if not skip_recorded:
+            if not replay_recorded:
                 return list(requests), []
             return _split_recorded(requests, entries)
 
