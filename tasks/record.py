@@ -31,6 +31,7 @@ from dpcore.report.summary import (
 )
 from tasks import tracking
 from tasks.common import code_version, uncached_task
+from tasks.methods import REGISTRY
 
 SUMMARY_ARTIFACT_KEY = "dp-fewshot-summary"
 TABLE_ARTIFACT_KEY = "dp-fewshot-results"
@@ -133,7 +134,7 @@ def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: lis
     table = comparison_table(tang_rows, pate_rows, dpsgd_rows, delta=cost.get("delta"), other_rows=method_rows or [])
     write_table(table, folder / "comparison.parquet")
     plots.comparison_curve(table, folder / "comparison.png", title=f"{dataset}: private prompts compared",
-                           calibrated=calibrated)
+                           calibrated=calibrated, labels={m.name: m.title.split(" (")[0] for m in REGISTRY.values()})
     # the manifest covers every file of the run folder: written again with the comparison's files in it
     manifest = folder / "manifest.json"
     kept = json.loads(manifest.read_text()) if manifest.exists() else {"run_id": run_id}

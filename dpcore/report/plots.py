@@ -98,24 +98,32 @@ def privacy_utility_curve(metrics: pd.DataFrame, path: Path, title: str = "", ca
     return _save(figure, path)
 
 
-METHOD_STYLES = {"tang": ("DP few-shot generation", "tab:blue", "o"), "pate": ("PromptPATE", "tab:orange", "s"),
-                 "dpsgd": ("PromptDPSGD", "tab:green", "^")}
+# One colour and marker per method, in the order the methods are drawn (the caller's, or the table's).
+_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def comparison_curve(table: pd.DataFrame, path: Path, title: str = "", calibrated: bool = True) -> Path:
+def comparison_curve(table: pd.DataFrame, path: Path, title: str = "", calibrated: bool = True,
+                     labels: dict[str, str] | None = None) -> Path:
     """Accuracy against epsilon (log axis), a line per private-prompting method (`summary.comparison_table`),
-    the references (zero-shot, non-private rows) as horizontal lines."""
+    the references (zero-shot, non-private rows) as horizontal lines. `labels`: each method's legend label, in
+    drawing order (the method registry's titles); a method of the table it does not name is drawn under its own
+    name after them."""
     column = "calibrated_accuracy" if calibrated else "accuracy"
     figure = _figure(6.4, 4.2)
     axis = figure.subplots()
     finite = table[table["epsilon"].map(lambda e: 0 < e < math.inf)] if len(table) else table
     ticks = sorted({float(e) for e in finite["epsilon"]}) if len(finite) else []
-    for method, (label, color, marker) in METHOD_STYLES.items():
+    labels = dict(labels or {})
+    for method in (finite["method"].drop_duplicates().tolist() if len(finite) else []):
+        labels.setdefault(method, method)
+    for place, (method, label) in enumerate(labels.items()):
         rows = finite[finite["method"] == method].sort_values("epsilon") if len(finite) else finite
         rows = rows[rows[f"{column}_mean"].notna()] if len(rows) else rows
         if len(rows):
             axis.errorbar(rows["epsilon"], rows[f"{column}_mean"], yerr=rows[f"{column}_std"].fillna(0.0),
-                          marker=marker, capsize=3, color=color, label=label)
+                          marker=_MARKERS[place % len(_MARKERS)], capsize=3, color=_COLORS[place % len(_COLORS)],
+                          label=label)
     if ticks:
         from matplotlib.ticker import FixedLocator, NullLocator
 
