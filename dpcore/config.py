@@ -6,20 +6,42 @@
 The smaller configs (`GenerationConfig`, `EvalConfig`, `AuditConfig`) are typed
 views of it that dpcore functions take, so each function sees only what it uses.
 
-Symbols of Tang et al. (Algorithm 1): M = num_subsets, N = subset_size,
-K = top_k, RVP = rvp, T_max = max_tokens, sigma = noise multiplier. `max_record_tokens` is
-the public token cap applied to every private record before generation (`dpcore.data.records`).
+Its top level is the run itself: the data, the model, the budget (epsilons, delta), the evaluation, and Tang et
+al.'s Algorithm 1, the run's core method, whose fields stay at the top (every method reads the data and budget
+fields; AdaDPSyn reuses M, N, K, RVP and T_max; `GenerationConfig` is Algorithm 1's view of them). Symbols of
+Tang et al. (Algorithm 1): M = num_subsets, N = subset_size, K = top_k, RVP = rvp, T_max = max_tokens, sigma =
+noise multiplier. `max_record_tokens` is the public token cap applied to every private record before generation
+(`dpcore.data.records`).
+
+Every other method, and the audit, is a typed section (`dpcore.section.Section`), declared with its field
+validators in its own subsystem and composed here: `RunConfig.audit` (`dpcore/audit/config.py`), `.pate`
+(`dpcore/pate/config.py`), `.dpsgd`, `.adadpsyn`, `.dp_opt`, `.dp_icl`; code reads `config.pate.teachers`.
+Checks that involve the run as well as a section stay in `RunConfig`'s own validators. A section's field keeps
+its flat name outside Python (`pate_teachers`: `Section.flat_name`), so the run's external form is flat, as it
+was before the sections: the CLI flags (`RunConfig.flat_names`, `flat_field`), `RunConfig(pate_teachers=8)` and
+the nested `RunConfig(pate={"teachers": 8})` alike, a stored run's configuration, a `prefect.yaml` deployment's
+keys and the flow parameter's JSON schema, `model_dump()` and `flat()` (MLflow params), `flag()` in messages,
+`with_updates(pate_baselines=...)`, `flat_fields_set`.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer, model_validator
+from pydantic.fields import FieldInfo
 
+from dpcore.adadpsyn.config import AdaDPSynSection
+from dpcore.audit.config import AuditSection
 from dpcore.data.taskspec import load_task_spec, shipped_task_names
+from dpcore.dp_icl.config import DpIclSection
+from dpcore.dp_opt.config import DpOptSection
+from dpcore.dpsgd.config import DpsgdSection
 from dpcore.errors import ConfigError
 from dpcore.names import (
     DEFAULT_BASELINES,
@@ -29,39 +51,26 @@ from dpcore.names import (
     Baseline,
     Mechanism,
     Method,
-    PateAccounting,
-    PateBaseline,
-    PatePublic,
-    PateVoteMode,
-    PromptInit,
     Sampler,
-    TuneKind,
     method_name,
 )
+from dpcore.pate.config import PateSection
+from dpcore.section import FLAG_SPELLINGS, Section, cli_flag, named
 
 # A run's test items when --test-size is not given (`RunConfig.for_test_split`): one standard error of an
 # accuracy is then about 5 points, and the evaluation a minute or two on 2 CPU cores.
 DEFAULT_TEST_ITEMS = 100
 
-# Command-line spellings that differ from `--field-name` (a switch that is on by default names its negation).
-FLAG_SPELLINGS = {"rvp": "--no-rvp"}
-
-
-def cli_flag(field: str) -> str:
-    """The command-line flag of a `RunConfig` field: `pate_queries` -> `--pate-queries`."""
-    return FLAG_SPELLINGS.get(field, "--" + field.replace("_", "-"))
 
 
 def flag(field: str, value=None) -> str:
-    """How a message names a `RunConfig` field: the flag a person types on the command line, then the
-    field a YAML configuration (prefect.yaml, a deployment's parameters) sets, since either may have set
+    """How a message names a `RunConfig` field by its flat name: the flag a person types on the command line,
+    then the field a YAML configuration (prefect.yaml, a deployment's parameters) sets, since either may have set
     it: `--pate-queries (pate_queries)`; with a value, `--pate-public ood (pate_public: ood)`.
     A name that is no `RunConfig` field is returned as it is."""
-    if field not in RunConfig.model_fields:
+    if field not in FLAT_FIELDS:
         return field if value is None else f"{field} {value}"
-    if value is None:
-        return f"{cli_flag(field)} ({field})"
-    return f"{cli_flag(field)} {value} ({field}: {value})"
+    return named(field, value)
 
 
 class _Frozen(BaseModel):
@@ -178,166 +187,16 @@ class RunConfig(_Frozen):
         "reads no record either); sigma-zero and random-real are "
         "non-private: opt-in, each charged to the ledger as an infinite spend")
 
-    audit: bool = Field(True, description="run the membership-inference audit (Duan et al.) on the DP demos")
-    audit_trials: int = Field(20, ge=1, description="audit trials per demo set")
-    audit_demo_sets: int = Field(1, ge=1, description="DP demo sets a regenerate-mode audit generates from its "
-                                 "members, each charged")
-    audit_members: int = Field(50, ge=1, description="member (and as many non-member) records per audit trial")
-    audit_mode: AuditMode | None = Field(None, description="run-demos: the run's own demos, training vs held-out "
-                                         "test rows, nothing charged; regenerate: DP demos from a member half, scored "
-                                         "against the other half, charged (default: run-demos; regenerate with "
-                                         "--test-path, whose rows need not share the private file's distribution)")
-    audit_test: AuditTest = Field("detect", description="detect: the audit gate fails when an attack distinguishes "
-                                  "members from non-members, sized by --leak-auc and --audit-power; equivalence: it "
-                                  "passes only when every AUC interval lies inside 0.5 +/- --auc-tolerance (about "
-                                  "1,460 records per side at 0.05)")
-    leak_auc: float = Field(0.75, gt=0.5, lt=1, description="audit (detect): the leak, a mean per-trial AUC, that the "
-                            "audit is sized to detect")
-    audit_power: float = Field(0.95, gt=0, lt=1, description="audit (detect): the probability of detecting a leak of "
-                               "--leak-auc")
-    audit_reference: bool = Field(False, description="also run the non-private reference audit (real records as "
-                                  "1-shot demos, Duan et al.'s leaky setting) for contrast: an infinite spend, "
-                                  "charged to the ledger")
-    audit_methods: bool = Field(True, description="with audit on, also the release audit of PromptPATE's chosen "
-                                "student and each PromptDPSGD prompt (nothing generated or charged; `dpicl release "
-                                "--audit-only` runs it later)")
-    audit_reference_prompts: int = Field(0, ge=0, description="R >= 2 adds the offline LiRA attacks against R "
-                                         "OUT prompts built from non-members (R more forward passes per record); "
-                                         "default 0: the three calibrated attacks")
-    audit_max_record_tokens: int | None = Field(None, ge=1, description="score only each record's first tokens "
-                                                "(default: whole records)")
-    auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="audit gate (--audit-test equivalence): |AUC - 0.5| "
-                                 "must stay within this")
-    overlap_threshold: int = Field(8, ge=1, description="audit gate: verbatim token overlap that counts as a leak")
-
-    # --- PromptPATE (Duan et al. Section 4.2, App. C.2): fields named pate_*
-    pate_preset: Literal["auto", "cpu", "gpu"] = Field(
-        "auto", description="defaults of the unset pate_* fields (teachers, queries, sigma1, sigma2, student "
-        "candidates): gpu = Duan et al. Table 7 (E 200, Q 500, sigma2 20), cpu = minutes on the embedded model "
-        "(E 20, Q 50, sigma1 = sigma2 = 10); auto: by device")
-    pate_teachers: int | None = Field(None, ge=1, description="E: teacher prompts, built from disjoint private "
-                                      "records (default: the preset's, 200 on GPU, 20 on CPU)")
-    pate_shots: int = Field(1, ge=1, description="k: demonstrations per teacher prompt (and per student prompt)")
-    pate_public: PatePublic = Field("iid", description="public queries: iid (the task's public split), ood (the "
-                                    "task YAML's pate.ood_public dataset) or file (pate_public_path)")
-    pate_public_path: str | None = Field(None, description="a CSV/JSONL/Parquet file of public queries (text column "
-                                         "only); implies pate_public file")
-    pate_public_column: str = Field("text", description="the text column of pate_public_path")
-    pate_queries: int | None = Field(None, ge=1, description="Q: public queries each repeat may label, at most; "
-                                     "the plan labels as many as the epsilon affords (default: the preset's, 500 "
-                                     "on GPU, 50 on CPU)")
-    pate_threshold: float | None = Field(None, description="T: Confident-GNMax threshold on the top vote count "
-                                         "(default round(0.9 E): Table 7's 180 at E = 200)")
-    pate_sigma1: float | None = Field(None, description="threshold noise std (default: the CPU preset's 10; on "
-                                      "GPU the task YAML's, Table 7: 1, 5 for AG News)")
-    pate_sigma2: float | None = Field(None, description="GNMax noise std on the vote counts (default: the preset's, "
-                                      "Table 7's 20 on GPU, 10 on CPU)")
-    pate_vote_mode: PateVoteMode = Field("calibrated", description="calibrated (argmax of calibrated label "
-                                         "probabilities) or black-box (greedy next token; other tokens vote 'other')")
-    pate_target_epsilon: float | None = Field(None, gt=0, description="PromptPATE's epsilon (all repeats together, "
-                                              "data-independent): labelling stops before it would be exceeded "
-                                              "(default: the largest epsilon of epsilons; inf: every query "
-                                              "asked, charged at its data-independent bound)")
-    pate_accounting: PateAccounting = Field(
-        "data-independent", description="how the labelling is charged: data-independent (its bound for any votes, "
-        "charged before any teacher votes: the default) or data-dependent (Papernot et al. 2018: the "
-        "smooth-sensitivity release of an upper bound on the labelling's data-dependent cost, which fails with "
-        "probability delta0 added to delta, is charged before any teacher votes, the released bound after the "
-        "labelling and before any label is published; over the epsilon asked, nothing is published)")
-    pate_gnss_order: float | None = Field(None, gt=1, description="data-dependent: the Renyi order of the release "
-                                          "(default: the largest of 2-64 where the analysis applies at sigma2)")
-    pate_gnss_beta: float | None = Field(None, gt=0, description="data-dependent: the smoothness beta (default "
-                                         "0.4 / order, lowered so the bound's noise is at most twice sigma_ss)")
-    pate_gnss_sigma: float = Field(10.0, gt=0, description="data-dependent: sigma_ss, the release's noise scale")
-    pate_gnss_delta0: float | None = Field(None, gt=0, lt=1, description="data-dependent: the probability that "
-                                           "the released upper bound falls below the labelling's data-dependent "
-                                           "cost, part of delta (default: half the run's delta)")
-    pate_repeats: int = Field(3, ge=1, description="noisy labellings and student choices (fresh noise each); "
-                              "accuracy is mean +/- std over them, each charged")
-    pate_student_candidates: int | None = Field(None, ge=1, description="candidate student prompts evaluated on "
-                                                "the public validation queries (default: the preset's, 50 on GPU, "
-                                                "10 on CPU)")
-    pate_baselines: list[PateBaseline] = Field(
-        default_factory=lambda: ["zero-shot"],
-        description="comparison rows: zero-shot; ensemble (the flock's vote on the test split) and upper-bound (the "
-        "best single teacher on the test split) are non-private: opt-in, charged as an infinite spend")
-    pate_teacher_block: int = Field(25, ge=1, description="teachers per mapped flock-scoring task")
-
-    # --- PromptDPSGD (Duan et al. Section 4.1, App. C.1): fields named dpsgd_*
-    dpsgd_kind: TuneKind = Field(
-        "soft-prompt", description="what trains: soft-prompt (s input embeddings) or prefix (keys and values at "
-        "every layer, P-tuning v2); the DP fine-tuning baselines lora (rank-r adapters on q_proj/v_proj) or full "
-        "(every weight)")
-    dpsgd_preset: Literal["auto", "cpu", "gpu"] = Field(
-        "auto", description="defaults of the unset dpsgd_* fields: gpu = Duan et al. Table 6 (C 0.1, batch 1024, "
-        "length 10, 100 epochs, lr 0.005), cpu = minutes on the embedded model; auto: by device")
-    dpsgd_length: int | None = Field(None, ge=1, description="s: prompt positions (default: the preset's, 10)")
-    dpsgd_rank: int | None = Field(None, description="LoRA rank r for --kind lora (default 8)")
-    dpsgd_init: PromptInit | None = Field(
-        None, description="P_0: embeddings of random vocabulary tokens (vocab), random, or the embeddings of the "
-        "task's instruction tokens (instruction); default: the preset's (instruction on CPU, vocab on GPU)")
-    dpsgd_clip: float | None = Field(None, gt=0, description="C: per-example gradient norm bound (default: 0.1)")
-    dpsgd_batch_size: int | None = Field(None, ge=1, description="expected Poisson batch size qN (default: "
-                                         "the preset's)")
-    dpsgd_epochs: float | None = Field(None, gt=0, description="epochs: T = epochs / q steps (default: the "
-                                       "preset's)")
-    dpsgd_steps: int | None = Field(None, ge=1, description="T directly (overrides dpsgd_epochs)")
-    dpsgd_lr: float | None = Field(None, gt=0, description="learning rate (AdamW, linear decay to 0)")
-    dpsgd_physical_batch_size: int | None = Field(None, ge=1, description="examples per forward/backward "
-                                                  "(memory only; default: the preset's)")
-    dpsgd_validation_size: int | None = Field(None, ge=0, description="public labelled examples for the loss "
-                                              "curve (never private records; default: the preset's, 64 on CPU, "
-                                              "500 on GPU)")
-    dpsgd_validation_path: str | None = Field(None, description="a labelled file you declare public (the data "
-                                              "file's columns) for the loss curve of your own data; a shipped "
-                                              "task uses its public split; without either, no curve")
-    dpsgd_seeds: int = Field(1, ge=1, description="independent trainings (accuracy mean +/- std over them); "
-                             "each is charged to the ledger")
-
-    # --- AdaDPSyn (Gao et al. 2024): fields named adadpsyn_*. M, N, K, RVP and T_max are the run's (Algorithm 1's);
-    # sigma_avg is calibrated to each epsilon; the rest are PFIRR's public parameters, the paper's by default
-    # (`dpcore.adadpsyn.params.PAPER`), never tuned on private data.
-    adadpsyn_sigma_radius: float = Field(15.0, gt=0, description="AdaDPSyn: noise multiplier of the radius "
-                                         "search's queries (std 2 sigma_radius on L(r)); the paper's 15")
-    adadpsyn_sigma_test: float = Field(5.0, gt=0, description="AdaDPSyn: noise multiplier of each coverage test "
-                                       "(std sigma_test on a count); the paper's 5")
-    adadpsyn_tolerance: float = Field(0.1, gt=0, lt=0.7071, description="AdaDPSyn: the radius search stops at this "
-                                      "bracket width; the paper's 0.1")
-    adadpsyn_coverage: float = Field(0.8, gt=0, le=1, description="AdaDPSyn: share t of the M groups the radius "
-                                     "covers; the paper's 0.8")
-    adadpsyn_shrink: float = Field(0.25, ge=0, description="AdaDPSyn: lambda, the last noise the next radius allows "
-                                   "for; the paper's 0.25")
-    adadpsyn_test_fraction: float = Field(0.55, ge=0, le=1, description="AdaDPSyn: mu_test, the share of groups a "
-                                          "smaller ball must hold; the paper's 0.55")
-    adadpsyn_updates: int = Field(2, ge=0, description="AdaDPSyn: T_update, radius reductions per token at most; "
-                                  "the paper's 2")
-
-    # --- DP-OPT (Hong et al. 2024): fields named dp_opt_*; unset ones from the preset
-    # (`dpcore.dp_opt.presets`: gpu = the paper's PAPER, cpu = SMOKE, seconds on a CPU).
-    dp_opt_preset: Literal["auto", "cpu", "gpu"] = Field(
-        "auto", description="DP-OPT: defaults of the unset dp_opt_* fields: gpu = Hong et al. (205 subsets of 5, "
-        "40 candidates of 50 tokens), cpu = a CPU size (8 subsets of 2, 2 candidates of 6 tokens, a 1% "
-        "holdout); auto: by device")
-    dp_opt_subsets: int | None = Field(None, ge=1, description="DP-OPT: M, demo subsets voting on each token")
-    dp_opt_shots: int | None = Field(None, ge=1, description="DP-OPT: k, demonstrations per subset")
-    dp_opt_max_tokens: int | None = Field(None, ge=1, description="DP-OPT: T, tokens per candidate instruction")
-    dp_opt_candidates: int | None = Field(None, ge=1, description="DP-OPT: J, candidate instructions (J > 1: one "
-                                          "chosen privately on a keyed-hash holdout)")
-    dp_opt_temperature: float | None = Field(None, ge=0, description="DP-OPT: each subset's sampling temperature "
-                                             "(0: its argmax; the paper's 1.1)")
-
-    # --- DP-ICL (Wu et al. 2024): fields named dp_icl_*; unset ones from the paper's ensemble
-    # (`dpcore.dp_icl.presets`). In a run it answers the run's test items (Q = --test-size) at each finite
-    # epsilon > 0, its noise calibrated to answer all Q within that epsilon (`tasks.dp_icl.plans`).
-    dp_icl_subsets: int | None = Field(None, ge=1, description="DP-ICL: M, disjoint exemplar subsets voting on each "
-                                       "test item (default: the paper's 10)")
-    dp_icl_shots: int | None = Field(None, ge=1, description="DP-ICL: k, most records in one subset's prompt "
-                                     "(default: the paper's 4)")
-    dp_icl_queries_per_draw: int | None = Field(None, ge=1, description="DP-ICL: B, test items sharing one draw of "
-                                                "subsets (default: 1, the paper's)")
-    dp_icl_vote_mode: Literal["calibrated", "black-box"] | None = Field(
-        None, description="DP-ICL: each subset's vote, its calibrated label probabilities or its greedy token "
-        "(default: calibrated, the paper's)")
+    # The sections: each method's settings, and the audit's, declared and validated in its subsystem
+    # (`dpcore/<method>/config.py`); outside Python every field keeps its flat name (`pate_teachers`).
+    audit: AuditSection = Field(default_factory=AuditSection, description="the membership-inference audit "
+                                "(flat names audit, audit_*, leak_auc, auc_tolerance, overlap_threshold)")
+    pate: PateSection = Field(default_factory=PateSection, description="PromptPATE (flat names pate_*)")
+    dpsgd: DpsgdSection = Field(default_factory=DpsgdSection, description="PromptDPSGD (flat names dpsgd_*)")
+    adadpsyn: AdaDPSynSection = Field(default_factory=AdaDPSynSection, description="AdaDPSyn (flat names "
+                                      "adadpsyn_*)")
+    dp_opt: DpOptSection = Field(default_factory=DpOptSection, description="DP-OPT (flat names dp_opt_*)")
+    dp_icl: DpIclSection = Field(default_factory=DpIclSection, description="DP-ICL (flat names dp_icl_*)")
 
     task_runner: str = Field("threads", description="threads, dask (a local cluster) or a Dask scheduler address")
 
@@ -379,7 +238,7 @@ class RunConfig(_Frozen):
                 raise ValueError(f"epsilons: {eps} is not a valid epsilon (use a number >= 0, or inf)")
         return value
 
-    @field_validator("methods", "baselines", "pate_baselines", mode="before")
+    @field_validator("methods", "baselines", mode="before")
     @classmethod
     def _parse_names(cls, value):
         """A comma-separated flag (`--methods tang,pate`) as its list of names."""
@@ -398,18 +257,11 @@ class RunConfig(_Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _public_path_means_file(cls, values):
-        """A public file given means the file source."""
-        if isinstance(values, dict) and values.get("pate_public_path") and not values.get("pate_public"):
-            values = {**values, "pate_public": "file"}
-        return values
-
-    @model_validator(mode="after")
-    def _check_pate_public(self) -> RunConfig:
-        if self.pate_public_path and self.pate_public != "file":
-            raise ValueError(f"{flag('pate_public_path')} is a public file, but {flag('pate_public')} is "
-                             f"{self.pate_public!r}: give one of them")
-        return self
+    def _fold_flat_names(cls, values):
+        """The flat spelling (`pate_teachers: 8`, `audit: false`: the CLI's, a stored run's, prefect.yaml's,
+        MLflow's) folded into the sections, beside or instead of the nested one (`pate: {teachers: 8}`); the
+        text `None` (how `flat()` writes an unset field) is None for a field that may be unset."""
+        return _folded(values) if isinstance(values, dict) else values
 
     @model_validator(mode="after")
     def _check_sources(self) -> RunConfig:
@@ -427,21 +279,20 @@ class RunConfig(_Frozen):
     def ledger_id(self) -> str:
         return self.dataset_id or self.dataset
 
-    def _section(self, section: type[_Frozen], prefix: str = "", **fields):
-        """The part of this run that `section` configures: each of its fields from the run's field of the
-        same name, `prefix`ed where the run has that spelling (`audit_trials` -> `trials`)."""
+    def _view(self, view: type[_Frozen], **fields):
+        """The part of this run that `view` configures: each of its fields from the run's top-level field of
+        the same name."""
         own = type(self).model_fields
-        for name in section.model_fields:
-            source = prefix + name if prefix + name in own else name
-            if name not in fields and source in own:
-                fields[name] = getattr(self, source)
-        return section(**fields)
+        for name in view.model_fields:
+            if name not in fields and name in own and name not in SECTIONS:
+                fields[name] = getattr(self, name)
+        return view(**fields)
 
     def generation_config(self) -> GenerationConfig:
-        return self._section(GenerationConfig)
+        return self._view(GenerationConfig)
 
     def eval_config(self) -> EvalConfig:
-        return self._section(EvalConfig)
+        return self._view(EvalConfig)
 
     def for_test_split(self, num_test: int) -> RunConfig:
         """This configuration on a test split of `num_test` items: an unset `test_size` becomes
@@ -451,8 +302,11 @@ class RunConfig(_Frozen):
         return self.model_copy(update={"test_size": min(DEFAULT_TEST_ITEMS, num_test) or None})
 
     def audit_config(self) -> AuditConfig:
-        return self._section(AuditConfig, "audit_", enabled=self.audit, non_members=self.audit_members,
-                             mode=self.resolved_audit_mode)
+        """The audit's parameters: the audit section's fields of `AuditConfig`'s names, the mode resolved
+        (`resolved_audit_mode`), as many non-members as members."""
+        shared = {name: getattr(self.audit, name) for name in AuditConfig.model_fields
+                  if name in AuditSection.model_fields}
+        return AuditConfig(**{**shared, "non_members": self.audit.members, "mode": self.resolved_audit_mode})
 
     @property
     def resolved_audit_mode(self) -> AuditMode:
@@ -460,16 +314,91 @@ class RunConfig(_Frozen):
         except with --test-path: rows from another file need not share the private records' distribution, and
         the audit's false-alarm rate holds only for non-members drawn like the members (regenerate: half the
         private split)."""
-        if self.audit_mode is not None:
-            return self.audit_mode
+        if self.audit.mode is not None:
+            return self.audit.mode
         return "regenerate" if self.test_path is not None else "run-demos"
 
     def flat(self) -> dict[str, str]:
-        """Strings for MLflow params and manifests (public configuration only)."""
+        """Strings for MLflow params and manifests (public configuration only), by flat name; `RunConfig(**flat)`
+        reads them back (a list comma-separated, an unset field `None`)."""
         out = {}
         for key, value in self.model_dump().items():
             out[key] = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         return out
+
+    # --- the flat names: the CLI's, prefect.yaml's, a stored run's, MLflow's
+
+    @classmethod
+    def flat_names(cls) -> tuple[str, ...]:
+        """Every field's flat name, in the order of the run's fields (a section's in place, in its order)."""
+        return tuple(FLAT_FIELDS)
+
+    @classmethod
+    def flat_field(cls, name: str) -> FieldInfo:
+        """The field a flat name stands for (its type, default, description: what its CLI flag is built from);
+        ConfigError naming it when it is none."""
+        section, field = _locate(name)
+        return (SECTIONS[section] if section else cls).model_fields[field]
+
+    def value(self, name: str) -> Any:
+        """The value of the field of flat name `name` (`value("pate_teachers")` is `self.pate.teachers`)."""
+        section, field = _locate(name)
+        return getattr(getattr(self, section) if section else self, field)
+
+    def with_updates(self, **updates: Any) -> RunConfig:
+        """This configuration with the fields of flat names `updates` replaced (`with_updates(pate_teachers=8,
+        delta=1e-5)`; a whole section by its name, `pate=PateSection(...)`); unvalidated and marked as set, as
+        `model_copy(update=...)` is, which routes its updates here. A name that is no field is a ConfigError."""
+        top: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
+        for name, value in updates.items():
+            if name in SECTIONS and isinstance(value, Section):
+                top[name] = value
+                continue
+            if name in SECTIONS and isinstance(value, dict):
+                nested.setdefault(name, {}).update(value)
+                continue
+            section, field = _locate(name)
+            if section:
+                nested.setdefault(section, {})[field] = value
+            else:
+                top[field] = value
+        for section, fields in nested.items():
+            top[section] = top.get(section, getattr(self, section)).model_copy(update=fields)
+        return super().model_copy(update=top)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> RunConfig:
+        """`BaseModel.model_copy`, its `update` by flat names (`with_updates`)."""
+        copied = super().model_copy(deep=deep)
+        return copied.with_updates(**update) if update else copied
+
+    @property
+    def flat_fields_set(self) -> set[str]:
+        """The flat names of the fields given explicitly (`model_fields_set`, a section's by its fields)."""
+        names = {name for name in self.model_fields_set if name not in SECTIONS}
+        for section, kind in SECTIONS.items():
+            names |= {kind.flat_name(field) for field in getattr(self, section).model_fields_set}
+        return names
+
+    @model_serializer(mode="wrap")
+    def _flat_form(self, handler) -> dict[str, Any]:
+        """Dumped flat (`pate_teachers`), as before the sections: a run folder's stored configuration, the Prefect
+        parameter and `--json` read the same as ever, and `RunConfig(**dumped)` reads it back."""
+        data = handler(self)
+        if not isinstance(data, dict):
+            return data
+        out = {}
+        for key, value in data.items():
+            if key in SECTIONS and isinstance(value, dict):
+                out.update({SECTIONS[key].flat_name(field): item for field, item in value.items()})
+            else:
+                out[key] = value
+        return out
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler):
+        """The flat form's schema (a Prefect deployment's parameter schema: prefect.yaml's keys are flat)."""
+        return handler(_flat_model().__pydantic_core_schema__)
 
 
 def check_task_runner(spec: str | None) -> str:
@@ -498,3 +427,67 @@ def demos_per_label(shots: int, num_labels: int) -> int:
 
 def _EMBEDDED_SPEC_NAMES() -> set[str]:
     return set(shipped_task_names())
+
+
+# The sections by their attribute (`"pate": PateSection`), and every field's flat name (`"pate_teachers":
+# ("pate", "teachers")`; a top-level field's: `"delta": (None, "delta")`), in the order of the run's fields.
+SECTIONS: dict[str, type[Section]] = {
+    name: info.annotation for name, info in RunConfig.model_fields.items()
+    if isinstance(info.annotation, type) and issubclass(info.annotation, Section)}
+FLAT_FIELDS: dict[str, tuple[str | None, str]] = {}
+for _name in RunConfig.model_fields:
+    if _name in SECTIONS:
+        FLAT_FIELDS.update({SECTIONS[_name].flat_name(f): (_name, f) for f in SECTIONS[_name].model_fields})
+    else:
+        FLAT_FIELDS[_name] = (None, _name)
+
+
+def _locate(name: str) -> tuple[str | None, str]:
+    """(section, field) of a flat name; ConfigError naming it when it is none."""
+    if name not in FLAT_FIELDS:
+        raise ConfigError(f"{name}: no RunConfig field is named so")
+    return FLAT_FIELDS[name]
+
+
+def _may_be_unset(info: FieldInfo) -> bool:
+    annotation = info.annotation
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
+
+
+def _folded(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with every flat name of a section's field moved into that section (module docstring)."""
+    out: dict[str, Any] = {}
+    given: dict[str, dict[str, tuple[str, Any]]] = {}
+    for key, value in values.items():
+        if key in SECTIONS and isinstance(value, dict | Section):  # the nested spelling
+            out[key] = value
+            continue
+        if key in FLAT_FIELDS and value == "None" and _may_be_unset(RunConfig.flat_field(key)):
+            value = None
+        section, field = FLAT_FIELDS.get(key, (None, key))
+        if section is None:
+            out[key] = value
+        else:
+            given.setdefault(section, {})[field] = (key, value)
+    for section, fields in given.items():
+        nested = out.get(section)
+        merged = dict(nested.model_dump(exclude_unset=True) if isinstance(nested, Section) else nested or {})
+        for field, (key, value) in fields.items():
+            if field in merged and merged[field] != value:
+                raise ValueError(f"{named(key)}: given twice, {value!r} and {section}.{field} {merged[field]!r}")
+            merged[field] = value
+        out[section] = merged
+    return out
+
+
+_FLAT_MODEL: list[type[BaseModel]] = []
+
+
+def _flat_model() -> type[BaseModel]:
+    """A model of the flat form, every field under its flat name (the JSON schema the Prefect parameter shows)."""
+    if not _FLAT_MODEL:
+        fields = {name: (RunConfig.flat_field(name).annotation, RunConfig.flat_field(name))
+                  for name in FLAT_FIELDS}
+        _FLAT_MODEL.append(create_model("RunConfig", __config__=ConfigDict(frozen=True, extra="forbid"),
+                                        __doc__=RunConfig.__doc__, **fields))
+    return _FLAT_MODEL[0]

@@ -209,9 +209,9 @@ def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: d
     settings, labels = plan.settings, list(ingested["labels"])
     common = dict(task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
                   dtype=config.dtype)
-    blocks = [(first, min(first + config.pate_teacher_block, settings["teachers"]))
-              for first in range(0, settings["teachers"], config.pate_teacher_block)]
-    test_baselines = sorted(set(config.pate_baselines) & set(pate_stage.NON_PRIVATE_BASELINES))
+    blocks = [(first, min(first + config.pate.teacher_block, settings["teachers"]))
+              for first in range(0, settings["teachers"], config.pate.teacher_block)]
+    test_baselines = sorted(set(config.pate.baselines) & set(pate_stage.NON_PRIVATE_BASELINES))
     eval_common = dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
                        task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
                        dtype=config.dtype)
@@ -223,7 +223,7 @@ def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: d
                             test_size=config.test_size if split == "test" else None, **common)
                        for split in (["public"] + (["test"] if test_baselines else [])) for first, last in blocks]
         eval_calls = []
-        if "zero-shot" in config.pate_baselines:
+        if "zero-shot" in config.pate.baselines:
             eval_calls.append(dict(method="zero-shot", epsilon=0.0, demo_paths=[], demo_keys=[],
                                    eval_config=EvalConfig(shots=0, seeds=1, test_size=config.test_size,
                                                           calibrate=config.calibrate), **eval_common))
@@ -340,7 +340,7 @@ def _result_rows(config: RunConfig, plan: _Plan, aggregate: dict, evaluations: l
     for z in zero:
         m = z["metrics"][0]
         rows.append(_row("zero-shot", 0.0, delta, [m["accuracy"]], [m["calibrated_accuracy"]], n_test, 1, 0, 0))
-    for name in sorted(set(config.pate_baselines) & set(pate_stage.NON_PRIVATE_BASELINES)):
+    for name in sorted(set(config.pate.baselines) & set(pate_stage.NON_PRIVATE_BASELINES)):
         rows.append(_row(name, math.inf, delta, [test_rows[name]], [test_rows[name]], n_test, 1, 0, 0))
     return rows, n_test
 
@@ -374,8 +374,7 @@ def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: 
     """PromptPATE in a run of several methods (`flows.methods.MethodFlow.run`): at the run's smaller epsilons too
     (prefixes of its one labelling, charged once); the zero-shot row, when DP few-shot generation evaluates it on
     the same test items, is not run twice."""
-    pate_config = (config.model_copy(update={"pate_baselines": [b for b in config.pate_baselines
-                                                                if b != "zero-shot"]})
+    pate_config = (config.with_updates(pate_baselines=[b for b in config.pate.baselines if b != "zero-shot"])
                    if "tang" in config.methods and "zero-shot" in config.baselines else config)
     return pate_flow(config=pate_config, run_id=run_id, ingested=ingested, charge=charge,
                      checkpoint_epsilons=list(config.epsilons), plan=plan)

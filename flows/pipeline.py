@@ -126,7 +126,7 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
     # the membership audit of the other methods' artifacts (PromptPATE's student, PromptDPSGD's prompts):
     # nothing generated, nothing charged; their verdict joins the comparison beside the DP demos' audit
     method_audits = (_audit_method_artifacts(config, run_id, others)
-                     if config.audit and config.audit_methods and others else [])
+                     if config.audit.enabled and config.audit.methods and others else [])
     comparison = record_stage.record_comparison(
         run_dir=str(paths.public), run_id=run_id, dataset=config.dataset,
         tang_rows=recorded["results"] if tang else [],
@@ -222,7 +222,7 @@ def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> lis
             audited = release_stage.audit_artifact(run_id, method, config.audit_config(), epsilon=selected,
                                                    device=config.device, dtype=config.dtype, seed=config.seed,
                                                    size_to_pools=not ({"audit_trials", "audit_members"}
-                                                                      & config.model_fields_set),
+                                                                      & config.flat_fields_set),
                                                    cap_to_pools=True)
         except RunStopped:  # a stop request ends the run, not just this audit
             raise

@@ -43,8 +43,9 @@ PFIRR_FIELDS = ("sigma_radius", "sigma_test", "tolerance", "coverage", "shrink",
 
 
 def hyperparameters(config: RunConfig) -> PfirrParams:
-    """PFIRR's public parameters from the run's `adadpsyn_*` fields (sigma_avg: calibrated by the plan)."""
-    return PfirrParams(sigma_avg=1.0, **{name: getattr(config, f"adadpsyn_{name}") for name in PFIRR_FIELDS})
+    """PFIRR's public parameters from the run's AdaDPSyn section (`RunConfig.adadpsyn`, flat names `adadpsyn_*`;
+    sigma_avg: calibrated by the plan)."""
+    return PfirrParams(sigma_avg=1.0, **{name: getattr(config.adadpsyn, name) for name in PFIRR_FIELDS})
 
 
 def generation(config: RunConfig, num_labels: int) -> GenerationConfig:

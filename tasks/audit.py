@@ -109,7 +109,7 @@ def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size:
     def planner(members, non_members, trials):
         return audit_design.plan_by_label(member_pools, non_member_pools, demo_sets=demo_sets, members=members,
                                           non_members=non_members, trials=trials, **sizes)
-    asked = {"audit_trials", "audit_members"} & config.model_fields_set
+    asked = {"audit_trials", "audit_members"} & config.flat_fields_set
     if asked:
         chosen = planner(audit_config.members, audit_config.non_members, audit_config.trials)
     else:
@@ -158,7 +158,7 @@ def audit_call(config: RunConfig, ingested: dict, plan: FewShotPlan, shards: lis
                 task_spec=ingested["task_spec"], targets=plan.tang(), generation=generation_config,
                 audit_config=audit_config, model=config.model, device=config.device, dtype=config.dtype,
                 seed=config.seed, noise_scope=noise_scope, demo_paths=[s.path for s in dp_shards],
-                demo_keys=[s.key for s in dp_shards], non_private_reference=config.audit_reference,
+                demo_keys=[s.key for s in dp_shards], non_private_reference=config.audit.reference,
                 delta=plan.delta, dataset_id=config.ledger_id, run_id=ingested["paths"]["run_id"], charged=charged)
 
 

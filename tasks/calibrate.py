@@ -36,7 +36,7 @@ def plan_arguments(config: RunConfig, label_counts: Mapping[str, int], delta: fl
     """The keyword arguments of `dpcore.fewshot.plan.fewshot_plan` for a run."""
     return {"epsilons": sorted({float(e) for e in config.epsilons}), "label_counts": dict(label_counts),
             "generation": generation_config(config, len(label_counts)), "delta": float(delta),
-            "baselines": list(config.baselines), "audit_reference": bool(config.audit and config.audit_reference)}
+            "baselines": list(config.baselines), "audit_reference": bool(config.audit.enabled and config.audit.reference)}
 
 
 @uncached_task("calibrate")

@@ -96,7 +96,7 @@ def non_private_baselines(config) -> list[str]:
     chosen = [b for b in NON_PRIVATE_BASELINES if b in config.baselines]
     if any(math.isinf(e) for e in config.epsilons) and SIGMA_ZERO not in chosen:
         chosen.insert(0, SIGMA_ZERO)
-    if config.audit and config.audit_reference:
+    if config.audit.enabled and config.audit.reference:
         chosen.append(AUDIT_REFERENCE)
     return chosen
 

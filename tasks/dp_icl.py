@@ -312,8 +312,8 @@ ANSWERED_LOG = declare_log("dp-icl: answered %d test item(s) at epsilon %s: accu
 def run_settings(config) -> Settings:
     """The ensemble of a run's DP-ICL: the paper's (both presets hold it; their queries are unused, a run answers
     its test items), with each `dp_icl_*` field that is set."""
-    return settings("cpu", "cpu", subsets=config.dp_icl_subsets, shots=config.dp_icl_shots,
-                    queries_per_draw=config.dp_icl_queries_per_draw, vote_mode=config.dp_icl_vote_mode)
+    return settings("cpu", "cpu", subsets=config.dp_icl.subsets, shots=config.dp_icl.shots,
+                    queries_per_draw=config.dp_icl.queries_per_draw, vote_mode=config.dp_icl.vote_mode)
 
 
 def run_queries(config, num_test: int) -> int:

@@ -59,7 +59,7 @@ PLANNED = ("noise_multiplier", "selection_noise_multiplier", "max_tokens", "cand
 
 def params(config: RunConfig) -> DpOptParams:
     """DP-OPT's public parameters for a run: the preset's, with every `dp_opt_*` field that is set."""
-    name = config.dp_opt_preset
+    name = config.dp_opt.preset
     if name == "auto":
         from dpcore.lm.model import pick_device  # torch: only when the device decides
 
@@ -67,8 +67,8 @@ def params(config: RunConfig) -> DpOptParams:
     # cpu: SMOKE's sizes, with the paper's 1% holdout (SMOKE's quarter would score a large file's candidates on
     # thousands of records)
     base = PAPER if name == "gpu" else replace(SMOKE, holdout_fraction=PAPER.holdout_fraction)
-    return replace(base, **{k: getattr(config, f"dp_opt_{k}") for k in OVERRIDES
-                            if getattr(config, f"dp_opt_{k}") is not None})
+    return replace(base, **{k: getattr(config.dp_opt, k) for k in OVERRIDES
+                            if getattr(config.dp_opt, k) is not None})
 
 
 def records_by_label(train) -> dict[str, list[tuple[str, str]]]:

@@ -3,7 +3,9 @@
 A method is the unit of the product. Its entry says, in one place, what the rest of dpicl needs of it:
 
 - `name`: its `dpcore.names.Method` (the plan's name, the ledger purpose of its spends, its rows' `method`);
-- `config_prefix`: its section of `RunConfig` (`dpcore/config.py`, the fields named `<prefix>*`, validated there);
+- `config_section`: its section of `RunConfig` by attribute (`"pate"`: `RunConfig.pate`, a `dpcore.section.Section`
+  declared and validated in `dpcore/<method>/config.py`, its fields' flat names and flags `<prefix>*`); None: the
+  run's own top-level fields (tang: Algorithm 1's);
 - `plan(config, data, delta) -> tuple[PrivacyPlan, ...]`: its plans on the run's loaded data, after its own
   checks; `tasks.run_plans.build_run_plan` calls it once per run, and the plans' spends join every other
   method's in the run's ONE ledger charge. None: the run plan holds the method's plans in fields of its own
@@ -62,7 +64,7 @@ class MethodEntry:
 
     name: str
     title: str
-    config_prefix: str
+    config_section: str | None
     plan: Planner | None
     subflow: str | None
     artifacts: tuple[str, ...]
@@ -119,20 +121,20 @@ def registered_plans(config: RunConfig, data: LoadedDataset, delta: float, metho
     return {name: entry(name).plan(config, data, delta) for name in methods if entry(name).plan is not None}
 
 
-register(MethodEntry("tang", "DP few-shot generation (Tang et al. 2024, Algorithm 1)", "", None, "flows.tang:TANG",
+register(MethodEntry("tang", "DP few-shot generation (Tang et al. 2024, Algorithm 1)", None, None, "flows.tang:TANG",
                      ("demos.parquet",), True, release_spec=TANG_RELEASE))
-register(MethodEntry("pate", "PromptPATE (Duan et al. 2023, Section 4.2)", "pate_", None, "flows.pate:PATE",
+register(MethodEntry("pate", "PromptPATE (Duan et al. 2023, Section 4.2)", "pate", None, "flows.pate:PATE",
                      ("pate_students.parquet",), True, "pate_results.parquet", release_spec=PATE_RELEASE))
-register(MethodEntry("dpsgd", "PromptDPSGD (Duan et al. 2023, Section 4.1)", "dpsgd_", None, "flows.tune:DPSGD",
+register(MethodEntry("dpsgd", "PromptDPSGD (Duan et al. 2023, Section 4.1)", "dpsgd", None, "flows.tune:DPSGD",
                      ("prompts/dpsgd-*.safetensors",), True, "dpsgd_results.parquet", release_spec=DPSGD_RELEASE))
 register(MethodEntry("adadpsyn", "AdaDPSyn (Gao et al. 2024): DP demonstrations by data-adaptive aggregation",
-                     "adadpsyn_", adadpsyn_stage.plans, "flows.adadpsyn:ADADPSYN",
+                     "adadpsyn", adadpsyn_stage.plans, "flows.adadpsyn:ADADPSYN",
                      (ADADPSYN_RELEASE.artifact_file.format("*"),), True, "adadpsyn_results.parquet",
                      release_spec=ADADPSYN_RELEASE, work=adadpsyn_stage.work))
-register(MethodEntry("dp-opt", "DP-OPT (Hong et al. 2024): a private instruction", "dp_opt_", dp_opt_stage.plans,
+register(MethodEntry("dp-opt", "DP-OPT (Hong et al. 2024): a private instruction", "dp_opt", dp_opt_stage.plans,
                      "flows.dp_opt:DP_OPT", (DP_OPT_RELEASE.artifact_file.format("*"),), True,
                      "dp_opt_results.parquet", release_spec=DP_OPT_RELEASE, work=dp_opt_stage.work))
 register(MethodEntry(name="dp-icl", title="DP-ICL (Wu et al. 2024): private prediction by a noisy vote of exemplar "
-                     "subsets", config_prefix="dp_icl_", plan=dp_icl_stage.plans, subflow="flows.dp_icl:DP_ICL",
+                     "subsets", config_section="dp_icl", plan=dp_icl_stage.plans, subflow="flows.dp_icl:DP_ICL",
                      artifacts=(dp_icl_stage.ANSWERS_FILE.format("*"),), release=False,
                      results=dp_icl_stage.RESULTS_FILE, work=dp_icl_stage.work))

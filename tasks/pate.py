@@ -83,23 +83,23 @@ def pate_settings(config, spec, delta: float) -> dict:
     """The Confident-GNMax parameters of a run: every unset pate_* field from the preset (`pate_preset`, by
     device when auto: `dpcore.pate.presets`), sigma1 then from the task YAML; T defaults to round(0.9 E).
     `queries`: the most each repeat may label (the plan labels what its epsilon affords)."""
-    name, values = preset(config.pate_preset, config.device)
+    name, values = preset(config.pate.preset, config.device)
     for field in ("teachers", "queries", "sigma1", "sigma2", "student_candidates"):
-        if getattr(config, f"pate_{field}") is not None:
-            values[field] = getattr(config, f"pate_{field}")
+        if getattr(config.pate, field) is not None:
+            values[field] = getattr(config.pate, field)
     if values["sigma1"] is None:
         values["sigma1"] = spec.pate.sigma1
     teachers = int(values["teachers"])
-    threshold = config.pate_threshold if config.pate_threshold is not None else default_threshold(teachers)
-    settings = {"preset": name, "teachers": teachers, "shots": config.pate_shots, "threshold": float(threshold),
+    threshold = config.pate.threshold if config.pate.threshold is not None else default_threshold(teachers)
+    settings = {"preset": name, "teachers": teachers, "shots": config.pate.shots, "threshold": float(threshold),
                 "sigma1": float(values["sigma1"]), "sigma2": float(values["sigma2"]),
-                "vote_mode": config.pate_vote_mode, "repeats": config.pate_repeats, "public": config.pate_public,
+                "vote_mode": config.pate.vote_mode, "repeats": config.pate.repeats, "public": config.pate.public,
                 "queries": int(values["queries"]), "student_candidates": int(values["student_candidates"]),
-                "accounting": config.pate_accounting}
-    if config.pate_accounting == ACCOUNTING:  # the release's parameters, from public settings alone
-        release = release_parameters(settings["sigma2"], gnmax.vote_classes(spec.label_names, config.pate_vote_mode),
-                                     delta, config.pate_gnss_order, config.pate_gnss_beta, config.pate_gnss_sigma,
-                                     config.pate_gnss_delta0)
+                "accounting": config.pate.accounting}
+    if config.pate.accounting == ACCOUNTING:  # the release's parameters, from public settings alone
+        release = release_parameters(settings["sigma2"], gnmax.vote_classes(spec.label_names, config.pate.vote_mode),
+                                     delta, config.pate.gnss_order, config.pate.gnss_beta, config.pate.gnss_sigma,
+                                     config.pate.gnss_delta0)
         settings["gnss"] = {"order": release.order, "beta": release.beta, "sigma_ss": release.sigma_ss,
                             "delta0": release.delta0}
     return settings
@@ -109,8 +109,8 @@ def target_epsilon(config) -> float:
     """The epsilon PromptPATE is planned at: `pate_target_epsilon`, else the largest epsilon of the run's
     `epsilons` (`dpicl run --epsilons`, `dpicl pate --epsilon`). inf: no cap (the plan covers every query asked,
     charged at their data-independent bound); a run that asks only epsilon 0 is refused (no labelling is free)."""
-    if config.pate_target_epsilon is not None:
-        return float(config.pate_target_epsilon)
+    if config.pate.target_epsilon is not None:
+        return float(config.pate.target_epsilon)
     largest = max((float(e) for e in config.epsilons), default=0.0)
     if largest <= 0.0:
         raise ConfigError("epsilon: PromptPATE needs an epsilon > 0 (or inf); zero-shot is the epsilon = 0 "
@@ -126,11 +126,11 @@ def check_inputs(config, data, delta: float) -> tuple[pd.DataFrame, str, dict]:
     from dpcore.lm.icl import check_test_size
 
     settings = pate_settings(config, data.spec, delta)
-    check_flock_size(settings["teachers"], config.pate_shots, len(data.train))
+    check_flock_size(settings["teachers"], config.pate.shots, len(data.train))
     check_gnmax_parameters(settings["threshold"], settings["sigma1"], settings["sigma2"], settings["teachers"])
     check_test_size(config.test_size, len(data.test))
-    texts, where = public_queries.public_texts(data, config.pate_public, config.pate_public_path,
-                                               config.pate_public_column)
+    texts, where = public_queries.public_texts(data, config.pate.public, config.pate.public_path,
+                                               config.pate.public_column)
     queries = public_queries.select_queries(texts, settings["queries"], where)
     return queries, where, settings
 
@@ -169,11 +169,11 @@ def privacy_plans(config, settings: dict, delta: float) -> tuple[list, int]:
 
 def _baseline_plans(config, delta: float) -> list[PrivacyPlan]:
     """The non-private baselines' infinite spend, when asked."""
-    if not set(config.pate_baselines) & set(NON_PRIVATE_BASELINES):
+    if not set(config.pate.baselines) & set(NON_PRIVATE_BASELINES):
         return []
     return [PrivacyPlan(method="pate", epsilon=math.inf, delta=delta, spends=(Spend.sampled_steps(
         "gaussian", 0.0, 1.0, 1, "baseline", "PromptPATE non-private baselines: teacher prompts on the test "
-        "split (ensemble, best single teacher)"),), parameters={"baselines": sorted(config.pate_baselines)})]
+        "split (ensemble, best single teacher)"),), parameters={"baselines": sorted(config.pate.baselines)})]
 
 
 NON_PRIVATE_BASELINES = ("ensemble", "upper-bound")

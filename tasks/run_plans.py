@@ -188,7 +188,7 @@ class RunPlan:
                 if audit_config.mode == "regenerate":  # its demo sets: one demo per label each, per epsilon
                     audit += dp_epsilons * audit_config.demo_sets * runtime.generation_positions(
                         demos_per_label=1, **sizes)
-                if config.audit_reference:  # real records as 1-shot demos: as many pairs again
+                if config.audit.reference:  # real records as 1-shot demos: as many pairs again
                     audit += runtime.audit_positions(self.audit.design.scored_records, 2, audit_record)
                 work += runtime.Work(audit=audit)
         if self.pate is not None:
@@ -256,7 +256,7 @@ def build_run_plan(config: RunConfig, methods: Iterable[str] | None = None) -> R
         arguments = plan_arguments(config, counts, delta)
         generation = arguments["generation"]
         fewshot = fewshot_plan(**arguments)
-        if config.audit:
+        if config.audit.enabled:
             audit_config, design, note = run_audit_design(config, counts, len(data.test))
             audit = AuditPlan(audit_config, design, note, tuple(audit_generation_plans(
                 generation, counts, fewshot, delta, audit_config)))

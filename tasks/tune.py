@@ -120,7 +120,7 @@ def plans(config: RunConfig, num_private_records: int) -> list[PrivacyPlan]:
     if not epsilons:
         raise ConfigError("epsilon: PromptDPSGD needs an epsilon > 0 (or inf); zero-shot is the epsilon = 0 "
                           "comparison")
-    return [dpsgd_plan(eps, n, dp_config, config.delta, trainings=config.dpsgd_seeds) for eps in epsilons]
+    return [dpsgd_plan(eps, n, dp_config, config.delta, trainings=config.dpsgd.seeds) for eps in epsilons]
 
 
 def check_model(config: RunConfig) -> dict:
@@ -237,7 +237,7 @@ def train_prompt(*, records_path: str, data_hash: str, task_spec: str, plan: dic
     if resume is not None:
         logger.info(RESUMED_LOG, name, int(resume["step"]), spend["steps"])
     spec = load_task_spec(task_spec)
-    validation = public_validation(spec, records_path, config.dpsgd_validation_path, dp_config.validation_size)
+    validation = public_validation(spec, records_path, config.dpsgd.validation_path, dp_config.validation_size)
     train_examples, val_examples, train_ids = _examples(lm, spec, records_path, validation)
     noise_gen, sampling_gen, seeded = dpsgd.generators(seed, lm.device)
     prompt = _start(lm, spec, dp_config, sampling_gen)

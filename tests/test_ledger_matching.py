@@ -143,7 +143,7 @@ def test_the_non_private_reference_audit_is_opt_in_and_an_infinite_spend():
     from tasks.charge import non_private_warning
 
     config = RunConfig(epsilons=[2], audit=True)
-    assert not config.audit_reference
+    assert not config.audit.reference
     assert [m for m, _, _ in _spends(config)] == ["tang"]
     ingested = {"records_path": "r", "data_hash": "h1", "task_spec": "agnews", "paths": {"run_id": "run-a"}}
     assert audit_call(config, ingested, _plan(config), [], config.generation_config(), "", config.audit_config())[

@@ -25,8 +25,10 @@ def test_the_registry_lists_every_method_and_each_entry_resolves():
     assert set(REGISTRY) <= set(METHODS) | set(PREDICTION_METHODS)
     for name, method in REGISTRY.items():
         assert method.name == name and method.title
-        if method.config_prefix:  # its RunConfig section is declared in dpcore/config.py
-            assert any(field.startswith(method.config_prefix) for field in RunConfig.model_fields), name
+        if method.config_section:  # its RunConfig section, declared in its subsystem (dpcore/<method>/config.py)
+            section = type(getattr(RunConfig(), method.config_section))
+            assert section.__module__ == f"dpcore.{method.config_section}.config", name
+            assert all(section.flat_name(field) in RunConfig.flat_names() for field in section.model_fields), name
         if name in METHODS or method.subflow is not None:  # every --methods name runs through the protocol
             assert isinstance(method_flow(name), MethodFlow)
         assert method.artifacts
@@ -35,9 +37,9 @@ def test_the_registry_lists_every_method_and_each_entry_resolves():
     from dpcore.errors import ConfigError
 
     with pytest.raises(ConfigError, match="twice"):
-        register(MethodEntry("tang", "again", "", None, None, ("x",), False))
+        register(MethodEntry("tang", "again", None, None, None, ("x",), False))
     with pytest.raises(ConfigError, match="dpcore.names"):
-        register(MethodEntry("no-such-method", "x", "", None, None, ("x",), False))
+        register(MethodEntry("no-such-method", "x", None, None, None, ("x",), False))
     with pytest.raises(ConfigError, match="none of"):
         entry("no-such-method")
 

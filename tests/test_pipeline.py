@@ -362,7 +362,7 @@ def test_run_and_demo_flags_cover_the_run_config(run):
     config = _config(args)
     assert (config.dataset, config.epsilons, config.num_subsets, config.subset_size, config.top_k) == (
         "sst2", [1.0, 4.0], 3, 1, 50)
-    assert (config.rvp, config.max_tokens, config.shots, config.seeds, config.test_size, config.audit) == (
+    assert (config.rvp, config.max_tokens, config.shots, config.seeds, config.test_size, config.audit.enabled) == (
         False, 12, 2, 3, 30, False)
     assert (config.seed, config.mechanism, config.baselines, config.task_runner) == (
         7, "rnm", ["zero-shot", "random-real"], "dask:3")
@@ -373,8 +373,8 @@ def test_run_and_demo_flags_cover_the_run_config(run):
     assert demo.num_subsets == DEMO_DEFAULTS["num_subsets"] and demo.max_tokens == DEMO_DEFAULTS["max_tokens"]
     assert demo.seed is None and demo.model == "smollm2-135m"
     # the demo's one non-private contrast is real demos; its conclusive audit is the DP demos' own
-    assert demo.baselines == ["zero-shot", "random-real"] and demo.audit and not demo.audit_methods
-    assert demo.methods == ["tang", "pate", "dpsgd"] and demo.dpsgd_validation_size == 32
+    assert demo.baselines == ["zero-shot", "random-real"] and demo.audit.enabled and not demo.audit.methods
+    assert demo.methods == ["tang", "pate", "dpsgd"] and demo.dpsgd.validation_size == 32
 
     table = format_results(run)
     assert "MLflow run id:   " + run["mlflow_run_id"] in table and run["run_dir"] in table

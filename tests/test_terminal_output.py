@@ -247,7 +247,7 @@ def test_errors_name_flags_not_config_fields():
 
     from dpcore.config import RunConfig
 
-    fields = sorted((name for name in RunConfig.model_fields if "_" in name), key=len, reverse=True)
+    fields = sorted((name for name in RunConfig.flat_names() if "_" in name), key=len, reverse=True)
     bare = re.compile(r"(?<![-.\w])(" + "|".join(fields) + r")(?![-\w])")
     offenders = []
     for folder in ("dpcore", "tasks", "flows"):

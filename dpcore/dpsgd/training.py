@@ -122,22 +122,25 @@ def preset(device: str, kind: str = "soft-prompt") -> dict[str, Any]:
 
 
 def dpsgd_config(config: RunConfig) -> DpsgdConfig:
-    """The run's `DpsgdConfig`: the preset (`dpsgd_preset`, by device when auto) with every dpsgd_* field
-    that is set on top; dpsgd_steps beats dpsgd_epochs beats the preset's length."""
-    values = preset("cuda" if config.dpsgd_preset == "gpu" else "cpu" if config.dpsgd_preset == "cpu"
-                    else config.device, config.dpsgd_kind)
-    if config.dpsgd_epochs is not None:
-        values.update(epochs=config.dpsgd_epochs, steps=None)
-    if config.dpsgd_steps is not None:
-        values["steps"] = config.dpsgd_steps
+    """The run's `DpsgdConfig`: the preset (`RunConfig.dpsgd.preset`, by device when auto) with every field of
+    the run's section (`dpcore.dpsgd.config.DpsgdSection`) that is set on top; steps beat epochs beat the
+    preset's length."""
+    section = config.dpsgd
+    values = preset("cuda" if section.preset == "gpu" else "cpu" if section.preset == "cpu"
+                    else config.device, section.kind)
+    if section.epochs is not None:
+        values.update(epochs=section.epochs, steps=None)
+    if section.steps is not None:
+        values["steps"] = section.steps
     for name in ("length", "init", "clip", "batch_size", "lr", "physical_batch_size", "validation_size", "rank"):
-        if getattr(config, f"dpsgd_{name}") is not None:
-            values[name] = getattr(config, f"dpsgd_{name}")
-    return DpsgdConfig(kind=config.dpsgd_kind, **values).check()
+        if getattr(section, name) is not None:
+            values[name] = getattr(section, name)
+    return DpsgdConfig(kind=section.kind, **values).check()
 
 
 class DpsgdConfig(BaseModel):
-    """Algorithm 1's parameters (the `dpsgd_*` fields of RunConfig, presets applied)."""
+    """Algorithm 1's parameters, what one training takes: the run's section (`RunConfig.dpsgd`, a
+    `DpsgdSection`, whose unset fields are None) with the presets applied, every parameter set and checked."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

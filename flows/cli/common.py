@@ -1,7 +1,8 @@
 """Shared CLI plumbing: flags built from `RunConfig` fields, JSON output, error exits.
 
-Flag names are RunConfig field names with dashes (`num_subsets` -> `--num-subsets`),
-so the CLI, flow parameters, prefect.yaml and MLflow params share one vocabulary.
+Flag names are RunConfig's flat field names with dashes (`num_subsets` -> `--num-subsets`; a section's field
+under its prefix, `pate_teachers` -> `--pate-teachers`), so the CLI, flow parameters, prefect.yaml and MLflow params
+share one vocabulary.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dpcore.config import FLAG_SPELLINGS, RunConfig, flag
+from dpcore.config import FLAG_SPELLINGS, FLAT_FIELDS, SECTIONS, RunConfig, flag
 from dpcore.data.artifacts import check_writable_place, jsonable
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
@@ -87,14 +88,14 @@ def add_output_flags(parser: argparse.ArgumentParser, *, out: bool = False, run_
 
 
 def add_config_flags(parser: argparse.ArgumentParser, fields: list[str], aliases: dict[str, str] | None = None) -> None:
-    """Add `--field-name` flags for the given RunConfig fields; unset flags keep RunConfig defaults.
+    """Add `--field-name` flags for the given RunConfig fields (flat names); unset flags keep RunConfig defaults.
 
     Each flag's help is the field's description (paper symbol included) and its default. `aliases`:
     a shorter spelling shown first for some fields (`{"pate_teachers": "--teachers"}`).
     """
     aliases = aliases or {}
     for name in fields:
-        info = RunConfig.model_fields[name]
+        info = RunConfig.flat_field(name)
         annotation = info.annotation
         default = info.get_default(call_default_factory=True)
         shown = ",".join(str(v) for v in default) if isinstance(default, list) else default
@@ -129,7 +130,7 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     """The command's `RunConfig`; its delta, when not given, is the dataset's budget delta (if a budget is
     set): a run composes with its budget at one delta. A --delta that differs from the budget's is said
     here, before anything is charged. A task that does not load (a misspelt name, a bad YAML) is refused first."""
-    values = {name: getattr(args, name) for name in RunConfig.model_fields if getattr(args, name, None) is not None}
+    values = {name: getattr(args, name) for name in RunConfig.flat_names() if getattr(args, name, None) is not None}
     values.update({k: v for k, v in overrides.items() if v is not None})
     config = RunConfig.model_validate(values)
     load_task_spec(config.task_spec or config.dataset)
@@ -140,7 +141,7 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     if budget is not None and config.delta is None:
         say(f"note: delta = {budget:.3g}, the delta of the budget of ledger id '{config.ledger_id}' (pass --delta "
             "to choose another)")
-        return config.model_copy(update={"delta": budget})
+        return config.with_updates(delta=budget)
     if budget is not None and config.delta != budget:
         say(f"note: --delta {config.delta:.3g} differs from the delta {budget:.3g} of the budget of ledger id "
             f"'{config.ledger_id}': the budget check composes this run's spends at {budget:.3g}")
@@ -178,12 +179,14 @@ def say(line: str) -> None:
 
 def validation_problems(exc) -> str:
     """A pydantic ValidationError of RunConfig as one line naming each flag and its field
-    (`--dpsgd-clip (dpsgd_clip): Input should be greater than 0`)."""
+    (`--dpsgd-clip (dpsgd_clip): Input should be greater than 0`); a section's field by its flat name."""
     problems = []
     for err in exc.errors():
         message = err["msg"].removeprefix("Value error, ")
         field = str(err["loc"][0]) if err["loc"] else ""
-        if field in RunConfig.model_fields:
+        if field in SECTIONS:  # (section, field): the field's flat name; (section,): its own check, which names it
+            field = SECTIONS[field].flat_name(str(err["loc"][1])) if len(err["loc"]) > 1 else ""
+        if field in FLAT_FIELDS:
             message = message.removeprefix(f"{field}: ")  # a validator that names its own field
             problems.append(f"{flag(field)}: {message}")
         else:

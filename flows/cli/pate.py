@@ -129,7 +129,7 @@ def _pate(args) -> int:
     plan.dry_run(args.run_id)
     print(format_plan(plan), file=sys.stderr, flush=True)
     if len(plan.pate.plans) > 1:
-        print(f"WARNING: non-private PromptPATE baseline(s) {', '.join(sorted(set(config.pate_baselines) - {'zero-shot'}))} "
+        print(f"WARNING: non-private PromptPATE baseline(s) {', '.join(sorted(set(config.pate.baselines) - {'zero-shot'}))} "
               f"requested: teacher prompts (real private records) on the test split, charged to ledger id "
               f"'{config.ledger_id}' as an infinite spend (epsilon = inf)", file=sys.stderr, flush=True)
     # no wall time: the teachers' votes take time that depends on their private records' lengths

@@ -90,7 +90,7 @@ DEMO_BASELINES_NOTE = ("demo: AG News is a public benchmark, so the demo opts in
 
 
 def _config_fields() -> list[str]:
-    return list(RunConfig.model_fields)
+    return list(RunConfig.flat_names())
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:

@@ -49,7 +49,7 @@ def register(subparsers) -> None:
     parser.add_argument("--epsilon", type=cli.parse_epsilon, required=True, help="target epsilon (> 0; inf: no noise)")
     cli.add_config_flags(parser, CONFIG_FLAGS)
     for short, field in SHORT_FLAGS.items():
-        info = RunConfig.model_fields[field]
+        info = RunConfig.flat_field(field)
         choices = _choices(info.annotation) if short in ("kind", "init", "preset") else None
         parser.add_argument("--" + short.replace("_", "-"), "--" + field.replace("_", "-"), dest=field, default=None,
                             choices=choices, type=None if choices else cli._flag_type(field, info.annotation),

@@ -1,0 +1,56 @@
+"""A method's section of `RunConfig`: its settings as one typed, frozen model, and their flat names.
+
+Each private-prompting method (and the audit) declares its section in its own subsystem
+(`dpcore/<method>/config.py`), with the validators of its fields; `dpcore/config.py` composes the sections into
+`RunConfig` (`RunConfig.pate`, `RunConfig.dpsgd`, ...). Outside Python a section's field keeps one flat name,
+`PREFIX + field` (`pate_teachers` for `PateSection.teachers`), or the name `FLAT_NAMES` gives it: the CLI flag
+(`--pate-teachers`), the key of a `prefect.yaml` deployment or a stored run configuration, the MLflow param. This
+module sits below every section so that a section names its own flags without importing `dpcore.config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+# Command-line spellings that differ from `--field-name` (a switch that is on by default names its negation).
+FLAG_SPELLINGS = {"rvp": "--no-rvp"}
+
+
+def cli_flag(name: str) -> str:
+    """The command-line flag of a `RunConfig` field by its flat name: `pate_queries` -> `--pate-queries`."""
+    return FLAG_SPELLINGS.get(name, "--" + name.replace("_", "-"))
+
+
+def named(name: str, value: Any = None) -> str:
+    """How a message names a setting by its flat name: the flag a person types, then the key a YAML configuration
+    (prefect.yaml, a deployment's parameters) sets, since either may have set it: `--pate-queries (pate_queries)`;
+    with a value, `--pate-public ood (pate_public: ood)`."""
+    if value is None:
+        return f"{cli_flag(name)} ({name})"
+    return f"{cli_flag(name)} {value} ({name}: {value})"
+
+
+class Section(BaseModel):
+    """One section of `RunConfig`. A subclass sets `PREFIX` (its flat names' prefix, `pate_`) and, for a field whose
+    flat name is not `PREFIX + field` (the audit's switch is `audit`, its gate's `leak_auc`), `FLAT_NAMES`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    PREFIX: ClassVar[str] = ""
+    FLAT_NAMES: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def flat_name(cls, field: str) -> str:
+        """The field's flat name: its flag without the dashes, its key in prefect.yaml and MLflow params."""
+        return cls.FLAT_NAMES.get(field, cls.PREFIX + field)
+
+    @classmethod
+    def flag(cls, field: str, value: Any = None) -> str:
+        """How a message names the field (`named`): `PateSection.flag("teachers")` -> `--pate-teachers
+        (pate_teachers)`."""
+        return named(cls.flat_name(field), value)
+
+
+__all__ = ["FLAG_SPELLINGS", "Section", "cli_flag", "named"]
