@@ -27,13 +27,21 @@ keys and the flow parameter's JSON schema, `model_dump()` and `flat()` (MLflow p
 from __future__ import annotations
 
 import math
-from pathlib import Path
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    create_model,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from dpcore.adadpsyn.config import AdaDPSynSection
@@ -55,7 +63,7 @@ from dpcore.names import (
     method_name,
 )
 from dpcore.pate.config import PateSection
-from dpcore.section import FLAG_SPELLINGS, Section, cli_flag, named
+from dpcore.section import FLAG_SPELLINGS, Section, cli_flag, named  # noqa: F401  (the flag spellings, kept importable here)
 
 # A run's test items when --test-size is not given (`RunConfig.for_test_split`): one standard error of an
 # accuracy is then about 5 points, and the evaluation a minute or two on 2 CPU cores.
@@ -133,7 +141,7 @@ class AuditConfig(_Frozen):
 
 
 class RunConfig(_Frozen):
-    """Everything one pipeline run needs. Field names are the CLI flag names."""
+    """Everything one pipeline run needs. Its flat field names (`flat_names`) are the CLI flag names."""
 
     methods: list[Method] = Field(
         default_factory=lambda: ["tang"],
