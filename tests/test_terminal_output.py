@@ -204,7 +204,7 @@ def test_the_pipelines_ledger_line_rounds_its_epsilons():
 
 def test_release_and_audit_lines_round_epsilons(tmp_path):
     from dpcore.errors import ConfigError
-    from dpcore.release.gate import choose_release_epsilon
+    from dpcore.fewshot.release import choose_release_epsilon
 
     class Run:
         run_id = "r"

@@ -529,7 +529,7 @@ def generate_demos(lm, spec, records_by_label: dict[str, list[str]], config: Gen
     and after every finished step; `resume` continues a call from such a state (the same labels, shots and
     configuration), keeping its finished steps and taking only the steps left to T_max.
     `chooser(public_logits, group_logits, noise_rng) -> token` replaces lines 9-19 (RVP, aggregation, arg max)
-    for a method with its own private aggregation (AdaDPSyn's PFIRR, `dpcore.adadpsyn.step.token_chooser`);
+    for a method with its own private aggregation (a token step its own subsystem defines);
     the sampling, prompts and stopping stay Algorithm 1's, and `noise_multiplier` is then the method's
     (effective) sigma, recorded on the demos. `method` names the demos' source (default: `tang`, or
     `sigma-zero` at sigma 0).
