@@ -28,8 +28,8 @@ A method is the unit of the product. Its entry says, in one place, what the rest
 A method `dpicl run --methods` runs is a `dpcore.names.Method`; a method of the field with commands of its own
 (`dpcore.names.PREDICTION_METHODS`: dp-icl) may register too, for its plan, artifact and release, and joins `--methods`
 when its name joins `Method`. Registering a method (dp-icl, or a new one): its subsystem under dpcore/, its stages in tasks/<method>.py, its
-subflow in flows/<method>.py, its name in `dpcore.names.Method`, its `RunConfig` section, and one entry here
-(`register`).
+subflow in flows/<method>.py, its name in `dpcore.names.Method`, its `RunConfig` section, its `ReleaseSpec` (when
+it releases something) in dpcore/<method>/release.py, and one entry here (`register`).
 """
 
 from __future__ import annotations
