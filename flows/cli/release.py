@@ -14,7 +14,7 @@ from dpcore.display import fmt_delta, fmt_eps
 from dpcore.dp_icl.server import MAX_BATCH, request_answers
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.home import dpicl_home, find_run_dir
-from dpcore.names import METHODS, method_name
+from dpcore.names import METHODS, PREDICTION_METHODS, method_name
 from flows.cli.common import check_out_file, command, print_json
 from flows.cli.endpoint import add_endpoint_flags, endpoint_config
 
@@ -186,9 +186,12 @@ def register(subparsers) -> None:
 
     release = command(subparsers, "release", _release, help="gate a finished run and release its DP demos as production")
     release.add_argument("--run", required=True, help="the run id printed by `dpicl run`")
-    release.add_argument("--method", type=method_name, choices=METHODS, default="tang",
+    # a prediction method (DP-ICL) releases no prompt: its answers are served (`dpicl serve --private`)
+    release.add_argument("--method", type=method_name, choices=[m for m in METHODS if m not in PREDICTION_METHODS],
+                         default="tang",
                          help="what to release: tang (DP few-shot demos, default), pate (the PromptPATE student "
-                              "prompt) or dpsgd (a PromptDPSGD trained prompt); pate and dpsgd are audited first")
+                              "prompt), dpsgd (a PromptDPSGD trained prompt), adadpsyn (AdaDPSyn's demos) or dp-opt "
+                              "(DP-OPT's instruction); all but tang's are audited first")
     release.add_argument("--epsilon", type=float, default=None,
                          help="which DP epsilon of the run (tang, dpsgd; default: smallest)")
     release.add_argument("--training", type=int, default=0, help="dpsgd: which training of that epsilon (default 0)")
