@@ -1,12 +1,13 @@
-"""Five private-prompting methods in one run (`dpicl run --methods tang,pate,dpsgd,adadpsyn,dp-opt`) on the tiny model:
-one plan over every method, charged in one transaction, whose composed epsilon is what the ledger
-charges; the results name each method on the same test split; a plan over budget is refused before
-anything runs (exit 3), although each method alone would fit."""
+"""Every private-prompting method in one run (`dpicl run --methods tang,pate,dpsgd,dp-icl,adadpsyn,dp-opt`) on the
+tiny model: one plan over every method, charged in one transaction, whose composed epsilon (the line printed
+before anything ran) is what the ledger charges; the results name each method on the same test split; a plan over
+budget is refused before anything runs (exit 3), although each method alone would fit."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -17,26 +18,28 @@ from dpcore.privacy.ledger import Ledger
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
+SIX = ["tang", "pate", "dpsgd", "dp-icl", "adadpsyn", "dp-opt"]
 METHOD_FIELDS = dict(
-    methods=["tang", "pate", "dpsgd", "adadpsyn", "dp-opt"], epsilons=[4.0], audit=False, audit_reference=False,
+    methods=SIX, epsilons=[4.0], audit=False, audit_reference=False,
     baselines=["zero-shot"], dp_opt_preset="cpu", dp_opt_max_tokens=3,
     seeds=1, test_size=6, seed=11,
     pate_teachers=6, pate_queries=10, pate_sigma1=5.0, pate_sigma2=5.0, pate_repeats=1, pate_public="ood",
     pate_student_candidates=3,
     dpsgd_length=2, dpsgd_steps=2, dpsgd_batch_size=8, dpsgd_validation_size=10,
+    dp_icl_subsets=4, dp_icl_shots=2,  # q = 8 / |D|: a small ensemble for the tiny model
 )
 
 
 def _argv(dataset_id: str, *extra: str) -> list[str]:
     data_path, spec_path, _, _ = mini_agnews()
     argv = ["run", "--task-spec", spec_path, "--data-path", data_path, "--dataset", "agnews-mini",
-            "--dataset-id", dataset_id, "--model", "tiny-random", "--methods", "tang,pate,dpsgd,adadpsyn,dp-opt", "--epsilons", "4",
+            "--dataset-id", dataset_id, "--model", "tiny-random", "--methods", ",".join(SIX), "--epsilons", "4",
             "--no-audit", "--no-audit-reference", "--baselines", "zero-shot", "--seeds", "1", "--test-size", "6",
             "--seed", "11", "--pate-teachers", "6", "--pate-queries", "10", "--pate-sigma1", "5",
             "--pate-sigma2", "5", "--pate-repeats", "1", "--pate-public", "ood", "--pate-student-candidates", "3",
             "--dpsgd-length", "2", "--dpsgd-steps", "2", "--dpsgd-batch-size", "8", "--dpsgd-validation-size", "10",
             "--num-subsets", "2", "--subset-size", "1", "--top-k", "20", "--max-tokens", "4", "--shots", "4",
-            "--dp-opt-preset", "cpu", "--dp-opt-max-tokens", "3"]
+            "--dp-opt-preset", "cpu", "--dp-opt-max-tokens", "3", "--dp-icl-subsets", "4", "--dp-icl-shots", "2"]
     return argv + list(extra)
 
 
@@ -49,38 +52,44 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     config = tiny_config(dataset_id="compare-json", **METHOD_FIELDS)
     spends = build_run_plan(config).spends("compare-run")
     cost = planned_cost(spends)
-    assert set(cost["methods"]) == {"tang", "pate", "dpsgd", "adadpsyn", "dp-opt"}
+    assert set(cost["methods"]) == set(SIX)
     # composition is subadditive here, never larger than the sum of the parts
     assert max(cost["methods"].values()) < cost["epsilon"] <= sum(cost["methods"].values()) + 1e-6
 
     assert main(_argv("compare-json", "--run-id", "compare-run", "--json")) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
-    assert "plan: epsilon" in captured.err
-    assert summary["methods"] == ["tang", "pate", "dpsgd", "adadpsyn", "dp-opt"]
+    assert summary["methods"] == SIX
     assert math.isclose(summary["planned_cost"]["epsilon"], cost["epsilon"], rel_tol=1e-9)
-    # one transaction charged every method's spends; the ledger's composed spend is the plan's
+    # one transaction charged every method's spends; the ledger's composed spend is the plan's, and the line said
+    # before anything ran
     assert summary["ledger"]["charged"] == len(spends)
     spent = Ledger().spend("compare-json", delta=cost["delta"])
     assert math.isclose(spent.epsilon, cost["epsilon"], rel_tol=1e-6)
-    assert {e.purpose for e in spent.entries} == {"pipeline", "pate", "dpsgd", "adadpsyn", "dp-opt"}
+    printed = re.search(r"^plan: epsilon (\S+) at delta", captured.err, re.MULTILINE).group(1)
+    assert f"{spent.epsilon:.4g}" == printed
+    assert {e.purpose for e in spent.entries} == {"pipeline", "pate", "dpsgd", "dp-icl", "adadpsyn", "dp-opt"}
+    assert {e.run_id for e in spent.entries} == {"compare-run"}
 
     methods = {row["method"] for row in summary["results"]}
-    assert {"tang", "pate", "dpsgd", "adadpsyn", "dp-opt", "zero-shot"} <= methods
+    assert set(SIX) | {"zero-shot"} <= methods
     rows = {row["method"]: row for row in summary["results"]}
-    assert all(rows[m]["epsilon"] == 4.0 for m in ("tang", "dpsgd", "adadpsyn", "dp-opt"))
-    assert all(rows[m]["delta"] == pytest.approx(cost["delta"], rel=1e-3) for m in ("adadpsyn", "dp-opt"))
+    assert all(rows[m]["epsilon"] == 4.0 for m in ("tang", "dpsgd", "dp-icl", "adadpsyn", "dp-opt"))
+    assert all(rows[m]["delta"] == pytest.approx(cost["delta"], rel=1e-3) for m in ("dp-icl", "adadpsyn", "dp-opt"))
     assert rows["pate"]["epsilon"] > 0 and "epsilon_reported" not in rows["pate"]
-    assert all(rows[m]["n"] == 6 for m in ("tang", "pate", "dpsgd", "adadpsyn", "dp-opt", "zero-shot"))  # same items
+    assert all(rows[m]["n"] == 6 for m in rows)  # the same items
+    # DP-ICL's answers (calibrated votes) are one accuracy per epsilon; its subset key stays in the private store
+    assert 0.0 <= rows["dp-icl"]["calibrated_accuracy_mean"] <= 1.0
+    assert summary["method_summaries"]["dp-icl"]["results"][0]["noise_multiplier"] > 0
     # each method's wall time depends on its private records: kept in the private run folder only
     assert not any("wall_seconds" in row for row in summary["results"]) and "method_wall_seconds" not in summary
     timings = json.loads((Path(summary["private_run_dir"]) / "timings.json").read_text())["method_wall_seconds"]
-    assert set(timings) == {"tang", "pate", "dpsgd", "adadpsyn", "dp-opt"} and all(w >= 0 for w in timings.values())
+    assert set(timings) == set(SIX) and all(w >= 0 for w in timings.values())
     # did the private data pay: the best of the three at epsilon 4 as each is used, against calibrated zero-shot
     (verdict,) = summary["private_data_verdict"]["epsilons"]
     used = {"tang": rows["tang"]["calibrated_accuracy_mean"], "pate": rows["pate"]["calibrated_accuracy_mean"],
             "dpsgd": rows["dpsgd"]["accuracy_mean"], "adadpsyn": rows["adadpsyn"]["calibrated_accuracy_mean"],
-            "dp-opt": rows["dp-opt"]["calibrated_accuracy_mean"]}
+            "dp-opt": rows["dp-opt"]["calibrated_accuracy_mean"], "dp-icl": rows["dp-icl"]["calibrated_accuracy_mean"]}
     used = {method: accuracy for method, accuracy in used.items() if accuracy is not None}  # a row may have none
     assert verdict["epsilon"] == 4.0 and verdict["accuracy"] == max(used.values()) == used[verdict["method"]]
     assert verdict["zero_shot_calibrated"] == rows["zero-shot"]["calibrated_accuracy_mean"] and verdict["n"] == 6
@@ -92,8 +101,10 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     assert (run_dir / "comparison.png").stat().st_size > 0
     assert {"pate_results.parquet", "dpsgd_results.parquet", "demos.parquet", "adadpsyn_results.parquet",
             "dp_opt_results.parquet", "adadpsyn_demos_eps4.parquet", "dp_opt_instruction_eps4.json",
-            "adadpsyn_plan.json", "dp_opt_plan.json"} <= {p.name for p in run_dir.iterdir()}
-    assert {"adadpsyn", "dp-opt"} <= set(table["method"])
+            "adadpsyn_plan.json", "dp_opt_plan.json", "dp_icl_results.parquet",
+            "dp_icl_answers_eps4.json"} <= {p.name for p in run_dir.iterdir()}
+    assert {"adadpsyn", "dp-opt", "dp-icl"} <= set(table["method"])
+    assert not list(run_dir.glob("*.bin")) and (Path(summary["private_run_dir"]) / "dp_icl_key_eps4.bin").exists()
     assert set(pd.read_parquet(run_dir / "adadpsyn_demos_eps4.parquet")["method"]) == {"adadpsyn"}
     from dpcore.data.artifacts import verify_manifest
 

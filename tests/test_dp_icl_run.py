@@ -1,6 +1,5 @@
 """DP-ICL as a method of `dpicl run --methods` (the method registry, `tasks.dp_icl`, `flows.dp_icl`) on the tiny
-model: the six methods in one run compose every spend in the one ledger charge (the ledger's total is the plan's
-printed epsilon); DP-ICL answers the run's test items, in the order every method is evaluated on them, at each
+model (the run of all six methods, one ledger charge, is tests/test_compare.py's): DP-ICL answers the run's test items, in the order every method is evaluated on them, at each
 epsilon, a row each; its plan is sized to the test items and refused, before any charge, when it cannot be."""
 
 from __future__ import annotations
@@ -9,7 +8,6 @@ import contextlib
 import io
 import json
 import math
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -20,13 +18,7 @@ from dpcore.privacy.ledger import Ledger
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-SIX = ["tang", "pate", "dpsgd", "dp-icl", "adadpsyn", "dp-opt"]
 DP_ICL = ["--dp-icl-subsets", "4", "--dp-icl-shots", "2"]  # q = 8 / |D|: a small ensemble for the tiny model
-OTHERS = ["--pate-teachers", "6", "--pate-queries", "10", "--pate-sigma1", "5", "--pate-sigma2", "5",
-          "--pate-repeats", "1", "--pate-public", "ood", "--pate-student-candidates", "3", "--dpsgd-length", "2",
-          "--dpsgd-steps", "2", "--dpsgd-batch-size", "8", "--dpsgd-validation-size", "10", "--num-subsets", "2",
-          "--subset-size", "1", "--top-k", "20", "--max-tokens", "4", "--shots", "4", "--dp-opt-preset", "cpu",
-          "--dp-opt-max-tokens", "3"]
 
 
 def _argv(dataset_id: str, methods: list[str], epsilons: str, *extra: str) -> list[str]:
@@ -47,15 +39,6 @@ def _main(argv: list[str]) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def six_methods(tiny_lm):
-    """One run of the six methods at epsilon 4: (its --json, its stderr)."""
-    share_tiny_model(tiny_lm)
-    code, out, err = _main(_argv("dp-icl-six", SIX, "4", *OTHERS, "--run-id", "dp-icl-six", "--yes", "--json"))
-    assert code == 0, err[-3000:]
-    return json.loads(out), err
-
-
-@pytest.fixture(scope="module")
 def dp_icl_alone(tiny_lm):
     """DP-ICL alone at epsilons 1 and 4 (and 0, inf: no row): (its --json, the texts each answer task was given)."""
     import tasks.dp_icl as stage
@@ -73,31 +56,6 @@ def dp_icl_alone(tiny_lm):
         code, out, err = _main(_argv("dp-icl-alone", ["dp-icl"], "0,1,4,inf", "--run-id", "dp-icl-alone", "--json"))
     assert code == 0, err[-3000:]
     return json.loads(out), asked
-
-
-def test_six_methods_compose_every_spend_in_the_one_ledger_charge(six_methods):
-    summary, err = six_methods
-    assert summary["methods"] == SIX
-    cost = summary["planned_cost"]
-    assert set(cost["methods"]) == set(SIX)
-    # the line said before anything ran is the ledger's total after the run: one charge held every spend
-    printed = re.search(r"^plan: epsilon (\S+) at delta", err, re.MULTILINE).group(1)
-    spent = Ledger().spend("dp-icl-six", delta=cost["delta"])
-    assert f"{spent.epsilon:.4g}" == printed and math.isclose(spent.epsilon, cost["epsilon"], rel_tol=1e-6)
-    assert summary["ledger"]["charged"] == len(spent.entries)
-    assert {e.purpose for e in spent.entries} == {"pipeline", "pate", "dpsgd", "dp-icl", "adadpsyn", "dp-opt"}
-    assert {e.run_id for e in spent.entries} == {"dp-icl-six"}
-    # every method reports, DP-ICL among them, on the same test items
-    rows = {row["method"]: row for row in summary["results"]}
-    assert set(SIX) | {"zero-shot"} <= set(rows) and all(rows[m]["n"] == 6 for m in rows)
-    assert rows["dp-icl"]["epsilon"] == 4.0 and rows["dp-icl"]["delta"] == pytest.approx(cost["delta"], rel=1e-3)
-    assert 0.0 <= rows["dp-icl"]["calibrated_accuracy_mean"] <= 1.0
-    assert summary["method_summaries"]["dp-icl"]["results"][0]["noise_multiplier"] > 0
-    run_dir = Path(summary["run_dir"])
-    assert "dp-icl" in set(pd.read_parquet(run_dir / "comparison.parquet")["method"])
-    assert {"dp_icl_results.parquet", "dp_icl_answers_eps4.json"} <= {p.name for p in run_dir.iterdir()}
-    # its subset key stays in the private store
-    assert not list(run_dir.glob("*.bin")) and (Path(summary["private_run_dir"]) / "dp_icl_key_eps4.bin").exists()
 
 
 def test_dp_icl_answers_the_run_test_items_in_order_at_each_epsilon(dp_icl_alone, tiny_lm):
