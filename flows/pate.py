@@ -44,6 +44,7 @@ from tasks.release import seal_pate_run
 from tasks.run_plans import RunPlan, build_run_plan
 
 FLOW_NAME = "prompt-pate"
+METHOD = "pate"
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,13 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     same labelling (`dpcore.pate.privacy.labelling_checkpoints`; a comparison run's `--epsilons`): a
     student and a result row for each, at no charge beyond the run's. `plan`: the run's plan
     (`tasks.run_plans.RunPlan`, PromptPATE's part made), built in this process by the caller (the CLI's
-    dry run, the pipeline); None builds it here.
+    dry run, the pipeline: its `method_plan("pate")`, a `tasks.pate.PatePlan`); None builds it here.
     """
     configure_environment()
     logger = get_run_logger()
     run_id = run_id or default_run_id()
-    if plan is None or plan.pate is None:  # every check on the data, before anything is written
-        plan = build_run_plan(config, methods=("pate",))
+    if plan is None or plan.method_plan(METHOD) is None:  # every check on the data, before anything is written
+        plan = build_run_plan(config, methods=(METHOD,))
     elif not plan.made_from(config):
         raise DpiclError("pate: the plan was made for other records; plan the run again")
     ingested = ingest_stage.ingested_for(plan, run_id, ingested, "pate")
@@ -161,7 +162,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
 def _plan(config: RunConfig, ingested: dict, run_plan: RunPlan, checkpoint_epsilons: list[float]) -> _Plan:
     """The run plan's PromptPATE part (settings, plans, public queries: every check made), its public queries
     written to the run folder, and the smaller epsilons' prefixes."""
-    pate, delta = run_plan.pate, run_plan.delta
+    pate, delta = run_plan.method_plan(METHOD), run_plan.delta
     inputs = pate_stage.pate_inputs(queries=pate.queries, source=pate.source, settings=pate.settings,
                                     public_dir=ingested["paths"]["public"])
     checkpoints = pate_stage.checkpoints(checkpoint_epsilons, pate.settings, pate.per_repeat, delta)
@@ -172,7 +173,7 @@ def _noisy_calls(config: RunConfig, ingested: dict, run_plan: RunPlan, checkpoin
                  charge: dict, run_id: str) -> dict[str, dict]:
     """The noisy stages' task arguments, by stage: the teachers' in full, the aggregate's but for its votes
     (the flock's, added when they exist); each says whether `charge` (this attempt's) charged PromptPATE."""
-    pate, delta = run_plan.pate, run_plan.delta
+    pate, delta = run_plan.method_plan(METHOD), run_plan.delta
     settings = pate.settings
     fresh = noise_charged(charge, "pate", pate.plans[0].epsilon)
     scope = noise_scope(config.seed, run_id)

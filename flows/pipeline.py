@@ -8,8 +8,8 @@ test split and ledger, each through the method protocol (`tasks.methods.REGISTRY
          dpsgd: the prompt fits the model)
       -> ONE ledger charge for every method's spends (all or nothing) -> each method's `mark_charged` (its
          charged stages marked: a run stopped before they began runs them once when resumed)
-      -> each method's `run`, in the registry's order: tang's stages (`flows.tang`: generate, evaluate, audit,
-         in this flow run), the PromptPATE, PromptDPSGD, AdaDPSyn and DP-OPT subflows
+      -> each method's `run`, in the registry's order: its Prefect subflow on the run's charge (`flows.tang`:
+         generate, evaluate, audit; `flows.pate`, `flows.tune`, `flows.adadpsyn`, `flows.dp_opt`, `flows.dp_icl`)
       -> record (MLflow, Prefect artifacts, manifests) -> the comparison table (a row per method and epsilon)
 
 The flow composes `tasks/` (thin wrappers over `dpcore`) and holds no algorithm logic.
@@ -117,8 +117,6 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
                                 prepared=prepared.get(name))
         wall[name] = time.perf_counter() - began
     tang_summary = summaries.pop("tang", None)
-    if tang_summary is not None:
-        tang_summary.pop("wall_seconds", None)
     others = summaries
     # each method's wall time depends on its private records (batch sizes, lengths): the private store keeps it
     write_json_atomic(paths.private / "timings.json", {"method_wall_seconds": wall})
@@ -132,7 +130,8 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
         tang_rows=recorded["results"] if tang else [],
         pate_results_path=str(paths.public / "pate_results.parquet") if "pate" in others else None,
         dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), cost=cost,
-        method_rows=[row for name in REGISTRY if name in plan.method_plans and name in others
+        # the other methods' rows (PromptPATE's and PromptDPSGD's come in through their own arguments above)
+        method_rows=[row for name in REGISTRY if name in others and name not in ("pate", "dpsgd")
                      for row in others[name]["results"]],
         calibrated=config.calibrate, method_audits=method_audits) if others else None
     seeded_noise = bool((tang_summary or {}).get("seeded_noise")) or any(o["seeded_noise"] for o in others.values())

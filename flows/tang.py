@@ -1,31 +1,33 @@
-"""DP few-shot generation (Tang et al. 2024, Algorithm 1) in the method protocol (`tasks.methods`,
-`flows.methods.MethodFlow`): its stages, out of the pipeline's body.
+"""DP few-shot generation (Tang et al. 2024, Algorithm 1) as a Prefect subflow, in the method protocol
+(`tasks.methods`, `flows.methods.MethodFlow`), like every other method of a run.
 
-    prepare (before the charge): partition by label -> the plan's sigmas logged and tabled (`calibration`)
-      -> the checks that need the model and the data -> the generation items
-    run (on the run's charge): generate (one task per (method, label, epsilon), mapped, tag `gpu`)
-      -> evaluate (every baseline and the DP demos) -> audit (membership inference)
+    prepare (before the run's charge, in the pipeline's flow run): partition by label -> the plan's sigmas logged
+      and tabled (`calibration`) -> the checks that need the model and the data
+    run (on the run's one charge): the subflow `tang_flow`: generate (one task per (method, label, epsilon),
+      mapped, tag `gpu`) -> evaluate (every baseline and the DP demos) -> audit (membership inference)
 
-Its stages run inside the pipeline's flow run (their task runs are the pipeline's, as before the registry); the
-flow composes tasks only. Tables go to the run folders (public: `demos`, `metrics`, `audit`; private: sigma = 0
-demos, `predictions`, the real demos' ids, the generation counters that depend on the records).
+Its plan is the run plan's (`tasks.tang.TangPlan`: the `FewShotPlan` and Algorithm 1's parameters), never made
+again; its stages are task runs of its own flow run, under the pipeline's. A stop request ends them and the
+subflow Cancelled, and the pipeline with them (`flows.runner.cancelled_on_stop`); the same run resumed under its
+id replays the charged noise from the stages' caches and kept states. The flow composes tasks only. Tables go to
+the run folders (public: `demos`, `metrics`, `audit`; private: sigma = 0 demos, `predictions`, the real demos'
+ids, the generation counters that depend on the records).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from prefect import get_run_logger
+from prefect import flow, get_run_logger
 
 from dpcore.config import GenerationConfig, RunConfig
 from dpcore.data.artifacts import read_table, write_json_atomic, write_table
 from dpcore.fewshot.plan import FewShotPlan
 from flows.methods import MethodFlow
-from flows.runner import map_calls, results, running
+from flows.runner import cancelled_on_stop, map_calls, results, running
 from tasks import audit as audit_stage
 from tasks import calibrate as calibrate_stage
 from tasks import evaluate as evaluate_stage
@@ -35,6 +37,9 @@ from tasks.charge import checks_after_ingest, noise_charged
 from tasks.common import RunPaths, noise_scope, publish
 from tasks.generate import GenerationItem, Shard
 from tasks.run_plans import RunPlan
+
+FLOW_NAME = "dp-fewshot-generation"
+METHOD = "tang"
 
 
 def _concat(paths: list[str]) -> pd.DataFrame:
@@ -62,24 +67,29 @@ class FewShotRun:
     generation_config: GenerationConfig
 
 
+def planned_run(config: RunConfig, plan: RunPlan, ingested: dict) -> FewShotRun:
+    """The run plan's DP few-shot generation part (`tasks.tang.TangPlan`) and its generation items, one per
+    (row, label, epsilon), each with its seed from the run seed (a pure function of the plan)."""
+    tang = plan.method_plan(METHOD)
+    items = generate_stage.generation_plan(list(ingested["labels"]), tang.fewshot, config.seed)
+    return FewShotRun(tang.fewshot, items, tang.generation)
+
+
 def prepare_stages(config: RunConfig, plan: RunPlan, ingested: dict, paths: RunPaths) -> FewShotRun:
     """Stages 2-3 of DP few-shot generation, before the charge: partition by label, the plan's sigmas logged
     and written (`calibration.parquet`), the checks that need the model and the data."""
-    labels = list(ingested["labels"])
     ingest_stage.partition(ingested)
-    fewshot, generation_config = plan.fewshot, plan.generation
-    calibrate_stage.record_calibrations(plan=fewshot, generation=generation_config, public_dir=str(paths.public))
+    run = planned_run(config, plan, ingested)
+    calibrate_stage.record_calibrations(plan=run.plan, generation=run.generation_config, public_dir=str(paths.public))
     # --test-size and the longest group prompt against the model's context: checked before any charge
-    checks_after_ingest(config, ingested["num_test"], labels, generation_config)
-    items = generate_stage.generation_plan(labels, fewshot, config.seed)
-    return FewShotRun(fewshot, items, generation_config)
+    checks_after_ingest(config, ingested["num_test"], list(ingested["labels"]), run.generation_config)
+    return run
 
 
 def tang_stages(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, run: FewShotRun, plan: RunPlan,
                 ledger_entry: dict) -> dict:
     """DP few-shot generation's stages 4-6 (Tang et al. Algorithm 1): generation, evaluation and the audit,
     on the charge already made; tables written to the run folders."""
-    began = time.perf_counter()
     fewshot, items, generation_config = run.plan, run.items, run.generation_config
     labels = list(ingested["labels"])
     scope = noise_scope(config.seed, run_id)
@@ -137,12 +147,23 @@ def tang_stages(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
             audit_reference = audit_result.get("reference")
 
     return {"seeded_noise": seeded_noise, "audit_summary": audit_summary, "audit_reference": audit_reference,
-            "generation_workers": sorted({s.worker for s in shards}),
-            "wall_seconds": time.perf_counter() - began}
+            "generation_workers": sorted({s.worker for s in shards})}
 
 
 def _paths(ingested: dict) -> RunPaths:
     return RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
+
+
+@flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0, persist_result=False,
+      description="DP few-shot generation (Tang et al. Algorithm 1): DP demonstrations, their evaluation beside the "
+                  "baselines and the membership audit, on the run's charge.")
+@cancelled_on_stop
+def tang_flow(config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan) -> dict:
+    """DP few-shot generation's stages 4-6 (`tang_stages`) as a subflow of the pipeline, on its `plan`, its
+    `ingested` data and its `charge` (the run's one charge, made after `prepare`); a public summary
+    (seeded_noise, the audit's public summary and reference, the generation workers)."""
+    ingested = ingest_stage.ingested_for(plan, run_id, ingested, METHOD)
+    return tang_stages(config, run_id, ingested, _paths(ingested), planned_run(config, plan, ingested), plan, charge)
 
 
 def prepare(config: RunConfig, plan: RunPlan, ingested: dict) -> FewShotRun:
@@ -152,11 +173,11 @@ def prepare(config: RunConfig, plan: RunPlan, ingested: dict) -> FewShotRun:
 
 def run(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
         prepared: FewShotRun | None = None) -> dict:
-    """`tang_stages` in the protocol (`MethodFlow.run`) on the run's charge; its summary (seeded_noise, the
-    audit's public summary and reference, the generation workers, wall_seconds)."""
-    paths = _paths(ingested)
-    prepared = prepared if prepared is not None else prepare_stages(config, plan, ingested, paths)
-    return tang_stages(config, run_id, ingested, paths, prepared, plan, charge)
+    """The subflow (`tang_flow`) in the protocol (`MethodFlow.run`), on the run's charge (its stages before the
+    charge made here when `prepare` did not run)."""
+    if prepared is None:
+        prepare_stages(config, plan, ingested, _paths(ingested))
+    return tang_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)
 
 
 TANG = MethodFlow(run=run, prepare=prepare)

@@ -32,6 +32,7 @@ from tasks.charge import charge_plans, ledger_report, noise_charged
 from tasks.run_plans import RunPlan, build_run_plan
 
 FLOW_NAME = "prompt-dpsgd"
+METHOD = "dpsgd"
 declare_line(Kind.DP, r"^ledger \S+: .* dataset total epsilon (\S+); prompt")  # every spend on the dataset
 
 
@@ -49,7 +50,7 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
     """Train, evaluate and record PromptDPSGD prompts for every epsilon of `config`; a public summary.
 
     As a subflow: `ingested` is the pipeline's ingest result (its records and run folder are reused);
-    `charge` the summary of a `charge_plans` call that already charged `tasks.tune.plans(config, N)` with
+    `charge` the summary of a `charge_plans` call that already charged `tasks.tune.method_plan` with
     the pipeline's other plans in one transaction (then this flow charges nothing itself, and trains the
     spends that call charged). `plan`: the run's plan (`tasks.run_plans.RunPlan`, PromptDPSGD's part made),
     built in this process by the caller (`plan_tuning`, the pipeline); None plans (and dry-runs) here."""
@@ -57,14 +58,14 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
     configure_environment()
     logger = get_run_logger()
     run_id = run_id or default_run_id()
-    if plan is None or "dpsgd" not in plan.methods:
+    if plan is None or plan.method_plan(METHOD) is None:
         plan, shape = plan_tuning(config, run_id)  # data size, plans, budget (dry run), model: nothing written yet
     elif not plan.made_from(config):
         raise DpiclError("dpsgd: the plan was made for other records; plan the run again")
     else:
         shape = tune_stage.check_model(config)  # the model cache's: loaded once per process
-    ingested = ingest_stage.ingested_for(plan, run_id, ingested, "dpsgd")
-    plans = list(plan.dpsgd)
+    ingested = ingest_stage.ingested_for(plan, run_id, ingested, METHOD)
+    plans = list(plan.method_plan(METHOD))
     if charge is None:
         charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans,
                               same_records_ok=config.new_budget_for_same_records)
@@ -108,7 +109,7 @@ def training_calls(config: RunConfig, ingested: dict, plans: list, charge: dict)
 def mark_charged(config: RunConfig, ingested: dict, plan: RunPlan, charge: dict) -> None:
     """Mark the trainings `charge` charged (`tasks.tune.keep_charged`): for a caller that charges PromptDPSGD
     with other methods and runs this flow later (the pipeline), right after its charge."""
-    tune_stage.keep_charged(training_calls(config, ingested, list(plan.dpsgd), charge))
+    tune_stage.keep_charged(training_calls(config, ingested, list(plan.method_plan(METHOD)), charge))
 
 
 def plan_tuning(config: RunConfig, run_id: str | None) -> tuple[RunPlan, dict]:
@@ -116,7 +117,7 @@ def plan_tuning(config: RunConfig, run_id: str | None) -> tuple[RunPlan, dict]:
     shape). The plan (`tasks.run_plans.build_run_plan`: a classification task, `--test-size` within the
     test split, the plans: epsilon > 0, batch <= N, sigma reachable), the budget (a dry run of the charge:
     `BudgetExceededError`, exit 3, before any model loads), then the model (`tasks.tune.check_model`)."""
-    plan = build_run_plan(config, methods=("dpsgd",))
+    plan = build_run_plan(config, methods=(METHOD,))
     plan.dry_run(run_id)
     return plan, tune_stage.check_model(config)
 

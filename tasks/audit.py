@@ -49,6 +49,7 @@ from dpcore.config import AuditConfig, GenerationConfig, RunConfig
 from dpcore.data.artifacts import read_table, write_table
 from dpcore.errors import ConfigError
 from dpcore.fewshot.plan import TANG, Calibration, FewShotPlan, fewshot_plan
+from dpcore.lm import runtime
 from dpcore.privacy.plan import AUDIT_PLAN, PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_line, declare_log
 from tasks.common import (
@@ -146,6 +147,30 @@ def design_line(audit_config: AuditConfig, chosen: AuditDesign, demo_sets: int =
     return (f"audit: {len(attacks)} attacks ({', '.join(attacks)}) on {sets} trials of {chosen.members} member(s) vs "
             f"{chosen.non_members} non-members; {aim}; {scored} x {passes_per_record(audit_config.reference_prompts)} "
             "forward passes" + ("" if len(attacks) > 3 else " (--audit-reference-prompts 4 adds LiRA: 4 more passes each)"))
+
+
+# The method whose DP demonstrations a run's audit audits (its plan's epsilons and label counts design the audit).
+AUDITED_METHOD = TANG
+
+
+def audit_work(config: RunConfig, audit_config: AuditConfig, design: AuditDesign, *, epsilons: int, labels: int,
+               record_tokens: int) -> runtime.Work:
+    """The audit's model work from public sizes (`dpcore.lm.runtime`; the run's time estimate,
+    `tasks.run_plans.RunPlan.work`): its design's scored records x the forward passes per record at its
+    `epsilons` (the audited method's DP epsilons), a regenerate-mode audit's demo sets (one demo per label each,
+    per epsilon), and the non-private reference's pairs when asked."""
+    from dpcore.audit.attacks import passes_per_record
+
+    audit_record = min(record_tokens, audit_config.max_record_tokens or record_tokens)
+    audit = runtime.audit_positions(design.scored_records, passes_per_record(audit_config.reference_prompts),
+                                    audit_record, epsilons=max(epsilons, 1))
+    if audit_config.mode == "regenerate":  # its demo sets: one demo per label each, per epsilon
+        audit += epsilons * audit_config.demo_sets * runtime.generation_positions(
+            demos_per_label=1, labels=labels, num_subsets=config.num_subsets, subset_size=config.subset_size,
+            max_tokens=config.max_tokens, record_tokens=record_tokens)
+    if config.audit.reference:  # real records as 1-shot demos: as many pairs again
+        audit += runtime.audit_positions(design.scored_records, 2, audit_record)
+    return runtime.Work(audit=audit)
 
 
 def audit_call(config: RunConfig, ingested: dict, plan: FewShotPlan, shards: list, generation_config: GenerationConfig,

@@ -5,8 +5,8 @@ rate q = MN/|D_y| (labels are disjoint, so the run's epsilon is the maximum over
 parallel composition). T = max_tokens x demos per label. Epsilon 0 means instruction-only
 demos (no private data, sigma unused); epsilon = inf means sigma = 0 (no noise).
 
-The run's `FewShotPlan` is made once, with the rest of the run's plan (`tasks.run_plans.build_run_plan`,
-from `plan_arguments`); its `calibrations` are the rows of the public `calibration` table
+The run's `FewShotPlan` is made once, with the rest of the run's plan (`tasks.tang.method_plan`, from
+`plan_arguments`, called by `tasks.run_plans.build_run_plan`); its `calibrations` are the rows of the public `calibration` table
 (`dpcore.fewshot.plan.CALIBRATION_COLUMNS`), said and written by the `calibrate` task
 (`record_calibrations`), and its `privacy_plans()` what the run charges.
 """
@@ -41,7 +41,7 @@ def plan_arguments(config: RunConfig, label_counts: Mapping[str, int], delta: fl
 
 @uncached_task("calibrate")
 def record_calibrations(*, plan: FewShotPlan, generation: GenerationConfig, public_dir: str) -> str:
-    """The run's sigma per epsilon, as planned (`tasks.run_plans.RunPlan.fewshot`): said in the log and written
+    """The run's sigma per epsilon, as planned (`tasks.tang.TangPlan.fewshot`): said in the log and written
     to the public `calibration` table. Returns its path."""
     log_calibrations(plan, generation)
     frame = pd.DataFrame([c.row() for c in plan.calibrations], columns=CALIBRATION_COLUMNS)

@@ -15,8 +15,8 @@ Every spend reaches the ledger through its one charging method, `Ledger.charge` 
 - The plans: DP few-shot generation's come from its `FewShotPlan` (`dpcore.fewshot.plan`: one
   per DP epsilon, purpose "pipeline", and, only when the user opted into them, the non-private
   baselines as sigma = 0 spends, purpose "baseline": `sigma-zero`, `random-real` and the audit's
-  non-private reference `audit-reference`); PromptPATE's and PromptDPSGD's from their modules
-  (`tasks.run_plans.method_plans`).
+  non-private reference `audit-reference`); every method's from its registered planner
+  (`tasks.methods.MethodEntry.plan`), held in the run's plan (`tasks.run_plans.RunPlan.method_plans`).
 - `preflight` / `checks_after_ingest`: the checks that could fail after the charge, run before
   it (the model resolves and its context holds `max_tokens`; the task runner spec parses; the
   test size and the longest group prompt fit).

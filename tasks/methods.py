@@ -6,10 +6,13 @@ A method is the unit of the product. Its entry says, in one place, what the rest
 - `config_section`: its section of `RunConfig` by attribute (`"pate"`: `RunConfig.pate`, a `dpcore.section.Section`
   declared and validated in `dpcore/<method>/config.py`, its fields' flat names and flags `<prefix>*`); None: the
   run's own top-level fields (tang: Algorithm 1's);
-- `plan(config, data, delta) -> tuple[PrivacyPlan, ...]`: its plans on the run's loaded data, after its own
-  checks; `tasks.run_plans.build_run_plan` calls it once per run, and the plans' spends join every other
-  method's in the run's ONE ledger charge. None: the run plan holds the method's plans in fields of its own
-  (tang's `FewShotPlan`, PromptPATE's `PatePlan`, PromptDPSGD's plans: planned before the registry);
+- `plan(config, data, delta) -> MethodPlan`: its plan on the run's loaded data, after its own checks (each check a
+  method makes before the charge is in its planner); `tasks.run_plans.build_run_plan` calls every named method's
+  once per run, in the registry's order, and holds it in `RunPlan.method_plans[name]` (`RunPlan.method_plan`).
+  A `MethodPlan` is a typed value whose `privacy_plans()` are the `PrivacyPlan`s the method charges (tang's
+  `tasks.tang.TangPlan`, PromptPATE's `tasks.pate.PatePlan` with its settings and public queries), or a plain
+  tuple of `PrivacyPlan`s (the others'; `privacy_plans_of` reads both); their spends join every other method's
+  in the run's ONE ledger charge, in the registry's order. None: the method plans nothing in a run;
 - `subflow`: what the pipeline runs of it, `"module:NAME"`, a `flows.methods.MethodFlow` (its stages or Prefect
   subflow on the run's one charge; what must run before the charge; what to mark right after it), resolved by
   the flow layer (`flows.methods.method_flow`), so tasks never import flows. Its `run` returns a public summary
@@ -21,9 +24,10 @@ A method is the unit of the product. Its entry says, in one place, what the rest
 - `release_spec`: what its release is (`dpcore.release.spec.ReleaseSpec`, declared in its subsystem: its kind,
   plan, artifact and audit files, texts and loader), which the release gate, the release audit, `dpicl predict`
   and `dpicl export` read (`release_spec`); None: nothing to release;
-- `work(config, plan, labels=, record_tokens=) -> dpcore.lm.runtime.Work`: one of its plans' model work in token
-  positions from public sizes (the run's time estimate, `tasks.run_plans.RunPlan.work`); None: its work is
-  counted there by the run plan's own fields, or it has none.
+- `work(config, method_plan, labels=, record_tokens=, test_items=) -> dpcore.lm.runtime.Work`: its plan's model
+  work in token positions from public sizes (the run's time estimate, `tasks.run_plans.RunPlan.work`);
+  `each_plan(estimate)` makes one from a single `PrivacyPlan`'s estimate (every plan's, and its prompt evaluated on
+  the test items once per seed). None: it has none.
 
 A method `dpicl run --methods` runs is a `dpcore.names.Method`; a method of the field with commands of its own
 (`dpcore.names.PREDICTION_METHODS`: dp-icl) may register too, for its plan, artifact and release, and joins `--methods`
@@ -34,8 +38,9 @@ it releases something) in dpcore/<method>/release.py, and one entry here (`regis
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from dpcore.adadpsyn.release import RELEASE as ADADPSYN_RELEASE
 from dpcore.config import RunConfig
@@ -44,7 +49,7 @@ from dpcore.dp_opt.release import RELEASE as DP_OPT_RELEASE
 from dpcore.dpsgd.release import RELEASE as DPSGD_RELEASE
 from dpcore.errors import ConfigError
 from dpcore.fewshot.release import RELEASE as TANG_RELEASE
-from dpcore.lm.runtime import Work
+from dpcore.lm.runtime import Work, evaluation_positions
 from dpcore.names import METHODS, PREDICTION_METHODS
 from dpcore.pate.release import RELEASE as PATE_RELEASE
 from dpcore.privacy.plan import PrivacyPlan
@@ -52,10 +57,47 @@ from dpcore.release.spec import ReleaseKind, ReleaseSpec
 from tasks import adadpsyn as adadpsyn_stage
 from tasks import dp_icl as dp_icl_stage
 from tasks import dp_opt as dp_opt_stage
+from tasks import pate as pate_stage
+from tasks import tang as tang_stage
+from tasks import tune as tune_stage
 
-Planner = Callable[[RunConfig, LoadedDataset, float], tuple[PrivacyPlan, ...]]
-# (the run's config, one of the method's plans, labels=, record_tokens=) -> its model work (`MethodEntry.work`)
+
+@runtime_checkable
+class MethodPlan(Protocol):
+    """A method's plan richer than its `PrivacyPlan`s (tang's `TangPlan`, PromptPATE's `PatePlan`): what it charges."""
+
+    def privacy_plans(self) -> Sequence[PrivacyPlan]: ...
+
+
+# (the run's config, its loaded data, delta) -> the method's plan: a `MethodPlan` or a tuple of `PrivacyPlan`s
+Planner = Callable[[RunConfig, LoadedDataset, float], "MethodPlan | tuple[PrivacyPlan, ...]"]
+# (the run's config, the method's plan, labels=, record_tokens=, test_items=) -> its model work (`MethodEntry.work`)
 WorkEstimate = Callable[..., Work]
+
+
+def privacy_plans_of(method_plan: MethodPlan | Iterable[PrivacyPlan]) -> tuple[PrivacyPlan, ...]:
+    """The `PrivacyPlan`s a method's plan charges, in order: a `MethodPlan`'s `privacy_plans()`, or the plans of a
+    plain tuple."""
+    if isinstance(method_plan, MethodPlan):
+        return tuple(method_plan.privacy_plans())
+    return tuple(method_plan)
+
+
+def each_plan(estimate: Callable[..., Work]) -> WorkEstimate:
+    """A `MethodEntry.work` from `estimate(config, plan, labels=, record_tokens=)`, one `PrivacyPlan`'s own model
+    work: summed over the method's plans, then its prompt (or answers) scored on the test items once per plan and
+    seed (`dpcore.lm.runtime.evaluation_positions`)."""
+
+    def work(config: RunConfig, method_plan, *, labels: int, record_tokens: int, test_items: int) -> Work:
+        plans = privacy_plans_of(method_plan)
+        total = Work()
+        for plan in plans:
+            total += estimate(config, plan, labels=labels, record_tokens=record_tokens)
+        if plans:
+            total += Work(evaluation=evaluation_positions(test_items, labels, config.seeds * len(plans), record_tokens))
+        return total
+
+    return work
 
 
 @dataclass(frozen=True)
@@ -116,25 +158,32 @@ def release_kind(name: str) -> ReleaseKind | None:
     return found.release_spec.kind if found is not None and found.release_spec is not None else None
 
 
-def registered_plans(config: RunConfig, data: LoadedDataset, delta: float, methods) -> dict[str, tuple]:
-    """{method: its plans} for every method of `methods` the registry plans (`MethodEntry.plan`)."""
-    return {name: entry(name).plan(config, data, delta) for name in methods if entry(name).plan is not None}
+def registered_plans(config: RunConfig, data: LoadedDataset, delta: float, methods: Iterable[str]
+                     ) -> dict[str, MethodPlan | tuple[PrivacyPlan, ...]]:
+    """{method: its plan} for every method of `methods` (`MethodEntry.plan`, each after its own checks on the data),
+    in the registry's order: the order the run's spends are charged and its methods run. A name the registry does
+    not know: ConfigError."""
+    named = {entry(name).name for name in methods}
+    return {name: found.plan(config, data, delta) for name, found in REGISTRY.items()
+            if name in named and found.plan is not None}
 
 
-register(MethodEntry("tang", "DP few-shot generation (Tang et al. 2024, Algorithm 1)", None, None, "flows.tang:TANG",
-                     ("demos.parquet",), True, release_spec=TANG_RELEASE))
-register(MethodEntry("pate", "PromptPATE (Duan et al. 2023, Section 4.2)", "pate", None, "flows.pate:PATE",
-                     ("pate_students.parquet",), True, "pate_results.parquet", release_spec=PATE_RELEASE))
-register(MethodEntry("dpsgd", "PromptDPSGD (Duan et al. 2023, Section 4.1)", "dpsgd", None, "flows.tune:DPSGD",
-                     ("prompts/dpsgd-*.safetensors",), True, "dpsgd_results.parquet", release_spec=DPSGD_RELEASE))
+register(MethodEntry("tang", "DP few-shot generation (Tang et al. 2024, Algorithm 1)", None, tang_stage.method_plan,
+                     "flows.tang:TANG", ("demos.parquet",), True, release_spec=TANG_RELEASE, work=tang_stage.work))
+register(MethodEntry("pate", "PromptPATE (Duan et al. 2023, Section 4.2)", "pate", pate_stage.method_plan,
+                     "flows.pate:PATE", ("pate_students.parquet",), True, "pate_results.parquet",
+                     release_spec=PATE_RELEASE, work=pate_stage.work))
+register(MethodEntry("dpsgd", "PromptDPSGD (Duan et al. 2023, Section 4.1)", "dpsgd", tune_stage.method_plan,
+                     "flows.tune:DPSGD", ("prompts/dpsgd-*.safetensors",), True, "dpsgd_results.parquet",
+                     release_spec=DPSGD_RELEASE, work=tune_stage.work))
 register(MethodEntry("adadpsyn", "AdaDPSyn (Gao et al. 2024): DP demonstrations by data-adaptive aggregation",
                      "adadpsyn", adadpsyn_stage.plans, "flows.adadpsyn:ADADPSYN",
                      (ADADPSYN_RELEASE.artifact_file.format("*"),), True, "adadpsyn_results.parquet",
-                     release_spec=ADADPSYN_RELEASE, work=adadpsyn_stage.work))
+                     release_spec=ADADPSYN_RELEASE, work=each_plan(adadpsyn_stage.work)))
 register(MethodEntry("dp-opt", "DP-OPT (Hong et al. 2024): a private instruction", "dp_opt", dp_opt_stage.plans,
                      "flows.dp_opt:DP_OPT", (DP_OPT_RELEASE.artifact_file.format("*"),), True,
-                     "dp_opt_results.parquet", release_spec=DP_OPT_RELEASE, work=dp_opt_stage.work))
+                     "dp_opt_results.parquet", release_spec=DP_OPT_RELEASE, work=each_plan(dp_opt_stage.work)))
 register(MethodEntry(name="dp-icl", title="DP-ICL (Wu et al. 2024): private prediction by a noisy vote of exemplar "
                      "subsets", config_section="dp_icl", plan=dp_icl_stage.plans, subflow="flows.dp_icl:DP_ICL",
                      artifacts=(dp_icl_stage.ANSWERS_FILE.format("*"),), release=False,
-                     results=dp_icl_stage.RESULTS_FILE, work=dp_icl_stage.work))
+                     results=dp_icl_stage.RESULTS_FILE, work=each_plan(dp_icl_stage.work)))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from dpcore.data.artifacts import read_table, write_json_atomic, write_table, wr
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
 from dpcore.home import is_private_path
+from dpcore.lm import runtime
 from dpcore.pate import gnmax, public_queries
 from dpcore.pate.gnmax import check_gnmax_parameters, default_threshold
 from dpcore.pate.presets import preset
@@ -177,6 +179,43 @@ def _baseline_plans(config, delta: float) -> list[PrivacyPlan]:
 
 
 NON_PRIVATE_BASELINES = ("ensemble", "upper-bound")
+
+
+@dataclass(frozen=True)
+class PatePlan:
+    """PromptPATE's part of a run's plan, decided on the data (`method_plan`: `check_inputs`, `privacy_plans`):
+    its Confident-GNMax settings, its plans (one per repeat set, and the non-private baselines' when asked), the
+    queries each repeat labels, and the public queries (public text) with where they come from."""
+
+    settings: dict
+    plans: tuple[PrivacyPlan, ...]
+    per_repeat: int
+    queries: pd.DataFrame = field(repr=False, compare=False)
+    source: str = ""
+
+    def privacy_plans(self) -> tuple[PrivacyPlan, ...]:
+        """What the run charges for it (`tasks.methods` protocol), the labelling's plan first."""
+        return self.plans
+
+
+def method_plan(config, data, delta: float) -> PatePlan:
+    """Its plan on the run's data (`tasks.methods` protocol), after every check on the data (a classification
+    task; `check_inputs`: flock size, GNMax parameters, test size, the public queries; `privacy_plans`: a
+    labelling that can make a student)."""
+    if data.spec.kind != "classification":
+        raise ConfigError(f"pate: PromptPATE votes on labels; task {data.spec.name!r} is not a classification task")
+    queries, where, settings = check_inputs(config, data, delta)
+    plans, per_repeat = privacy_plans(config, settings, delta)
+    return PatePlan(settings, tuple(plans), per_repeat, queries.head(per_repeat), where)
+
+
+def work(config, plan: PatePlan, *, labels: int, record_tokens: int, test_items: int) -> runtime.Work:
+    """Its model work from public sizes (`tasks.methods` protocol; `dpcore.lm.runtime.pate_positions`): every
+    teacher's votes on the public queries, the candidate students', every repeat's student on the test items."""
+    s = plan.settings
+    return runtime.Work(pate=runtime.pate_positions(
+        int(s["teachers"]), plan.per_repeat, int(s.get("repeats", 1)), int(s["student_candidates"]), test_items,
+        labels, record_tokens))
 
 
 def checkpoints(epsilons: list[float], settings: dict, per_repeat: int, delta: float) -> list[dict]:

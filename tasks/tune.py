@@ -5,6 +5,8 @@ Thin Prefect tasks over `dpcore.dpsgd.training` and `dpcore.dpsgd.soft_prompt`; 
 
 - `plans`: one `PrivacyPlan` per positive epsilon of the run (sigma calibrated for T steps at rate
   q = batch / N, N = every private record; delta = 1/N unless given); `dpsgd_seeds` independent trainings each, each a spend.
+  `method_plan` is its part of a run's plan (`tasks.methods` protocol: `plans` after its checks on the data), `work`
+  its model work in the run's time estimate.
 - `check_model`: the checks that need the model (a soft prompt needs input embeddings; a prefix a
   per-layer key/value cache), run before the charge.
 - `train_prompt` (tag `gpu`): Algorithm 1 for one (epsilon, training). Resumable: a checkpoint (P,
@@ -61,6 +63,8 @@ from dpcore.dpsgd.soft_prompt import (
 from dpcore.dpsgd.training import dpsgd_config, dpsgd_plan
 from dpcore.errors import ConfigError
 from dpcore.home import is_private_path
+from dpcore.lm import runtime
+from dpcore.lm.icl import check_test_size
 from dpcore.names import ADAPTER_KINDS
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
@@ -121,6 +125,29 @@ def plans(config: RunConfig, num_private_records: int) -> list[PrivacyPlan]:
         raise ConfigError("epsilon: PromptDPSGD needs an epsilon > 0 (or inf); zero-shot is the epsilon = 0 "
                           "comparison")
     return [dpsgd_plan(eps, n, dp_config, config.delta, trainings=config.dpsgd.seeds) for eps in epsilons]
+
+
+def method_plan(config: RunConfig, data, delta: float) -> tuple[PrivacyPlan, ...]:
+    """Its plans on the run's data (`tasks.methods` protocol; `plans`: batch within the training records, sigma
+    reachable) after its checks: a classification task, `--test-size` within the test split. Its delta is its
+    own (`plans`: the flag, else 1/N)."""
+    if data.spec.kind != "classification":
+        raise ConfigError(f"methods: PromptDPSGD trains prompts for classification tasks; task "
+                          f"{data.spec.name!r} is {data.spec.kind}")
+    check_test_size(config.test_size, len(data.test))
+    return tuple(plans(config, len(data.train)))
+
+
+def work(config: RunConfig, plans_: tuple[PrivacyPlan, ...], *, labels: int, record_tokens: int,
+         test_items: int) -> runtime.Work:
+    """Its model work from public sizes (`tasks.methods` protocol; `dpcore.lm.runtime.dpsgd_positions`): per plan,
+    every training's steps of expected batches, forward and backward, then the test items."""
+    total = runtime.Work()
+    for plan in plans_:
+        p = plan.parameters
+        total += runtime.Work(dpsgd=runtime.dpsgd_positions(int(p["steps"]), int(p["batch_size"]), int(p["trainings"]),
+                                                            test_items, labels, record_tokens))
+    return total
 
 
 def check_model(config: RunConfig) -> dict:

@@ -50,21 +50,22 @@ def test_each_registered_method_plans_its_epsilons_and_the_run_plan_charges_them
 
     config = tiny_config(dataset_id="methods-plan", **FIELDS)
     plan = build_run_plan(config)
-    assert set(plan.method_plans) == {"adadpsyn", "dp-opt"}
-    for name, plans in plan.method_plans.items():
+    assert list(plan.method_plans) == ["tang", "adadpsyn", "dp-opt"]  # every named method, in the registry's order
+    registered = {name: plan.method_plan(name) for name in ("adadpsyn", "dp-opt")}
+    for name, plans in registered.items():
         assert [p.epsilon for p in plans] == [4.0] and all(p.method == name for p in plans)
     in_run = {id(p) for p in plan.privacy_plans()}
-    assert all(id(p) in in_run for plans in plan.method_plans.values() for p in plans)
+    assert all(id(p) in in_run for plans in registered.values() for p in plans)
     cost = planned_cost(plan.spends("methods-plan"))
     assert set(cost["methods"]) >= {"tang", "adadpsyn", "dp-opt"}
     assert all(eps <= 4.0 + 1e-6 for eps in cost["methods"].values())
     # epsilon 0 and inf give them no plan: their artifacts are public, so only DP ones are made
     both = build_run_plan(tiny_config(dataset_id="methods-plan", **{**FIELDS, "epsilons": [0.0, 4.0, math.inf]}))
-    assert {name: [p.epsilon for p in plans] for name, plans in both.method_plans.items()} == {
+    assert {name: [p.epsilon for p in both.method_plan(name)] for name in ("adadpsyn", "dp-opt")} == {
         "adadpsyn": [4.0], "dp-opt": [4.0]}
     # a method the run does not name is not planned
     alone = build_run_plan(tiny_config(dataset_id="methods-plan", **{**FIELDS, "methods": ["tang"]}))
-    assert alone.method_plans == {}
+    assert list(alone.method_plans) == ["tang"] and alone.method_plan("adadpsyn") is None
     # the run's time estimate counts their model work (generation and evaluation), from public sizes
     assert plan.work().generation > alone.work().generation and plan.work().evaluation > alone.work().evaluation
 

@@ -214,7 +214,7 @@ def _cap_epsilon(files: dict) -> str:
                        pate_threshold=0, pate_repeats=1, pate_student_candidates=2,
                        pate_public_path=files["queries"], test_size=6, pate_accounting="data-dependent")
     plan = build_run_plan(config, methods=("pate",))
-    return f"{plan.pate.plans[0].parameters['epsilon_release'] * 1.0001:.6g}"
+    return f"{plan.method_plan('pate').plans[0].parameters['epsilon_release'] * 1.0001:.6g}"
 
 
 # ------------------------------------------------------------------ what a command made public

@@ -76,13 +76,14 @@ def _config(args) -> RunConfig:
 
 
 def format_plan(plan) -> str:
-    """PromptPATE's part of a run plan (`tasks.run_plans.PatePlan`) in one line: flock, Confident-GNMax
-    settings, queries per repeat and the epsilon charged before any teacher sees a query. Public: parameters
-    only."""
-    settings, charged = plan.pate.settings, plan.pate.plans[0]
+    """PromptPATE's part of a run plan (its `method_plan("pate")`, a `tasks.pate.PatePlan`) in one line: flock,
+    Confident-GNMax settings, queries per repeat and the epsilon charged before any teacher sees a query. Public:
+    parameters only."""
+    pate = plan.method_plan("pate")
+    settings, charged = pate.settings, pate.plans[0]
     head = (f"PromptPATE plan ({settings['preset']} preset): E={settings['teachers']} teachers x {settings['shots']} "
             f"shot(s), T={settings['threshold']:g}, sigma1={settings['sigma1']:g}, sigma2={settings['sigma2']:g}; "
-            f"{plan.pate.per_repeat} queries x {settings['repeats']} repeat(s) (at most {settings['queries']} asked); ")
+            f"{pate.per_repeat} queries x {settings['repeats']} repeat(s) (at most {settings['queries']} asked); ")
     if settings["accounting"] == "data-dependent":
         gnss = settings["gnss"]
         return head + (f"data-dependent accounting: the smooth-sensitivity release of an upper bound (order "
@@ -128,7 +129,7 @@ def _pate(args) -> int:
     plan = build_run_plan(config, methods=("pate",))
     plan.dry_run(args.run_id)
     print(format_plan(plan), file=sys.stderr, flush=True)
-    if len(plan.pate.plans) > 1:
+    if len(plan.method_plan("pate").plans) > 1:
         print(f"WARNING: non-private PromptPATE baseline(s) {', '.join(sorted(set(config.pate.baselines) - {'zero-shot'}))} "
               f"requested: teacher prompts (real private records) on the test split, charged to ledger id "
               f"'{config.ledger_id}' as an infinite spend (epsilon = inf)", file=sys.stderr, flush=True)

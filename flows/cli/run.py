@@ -237,7 +237,7 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
                   flush=True)
         if plan.audit.note:
             print(plan.audit.note, file=sys.stderr, flush=True)
-    if plan.pate is not None:
+    if plan.method_plan("pate") is not None:
         print(format_pate_plan(plan), file=sys.stderr, flush=True)
     plan.dry_run(run_id)  # over budget: BudgetExceededError; records another dataset id spends on: SameRecordsError
     if confirm and not _confirmed():
