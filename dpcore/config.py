@@ -470,7 +470,7 @@ def _folded(values: dict[str, Any]) -> dict[str, Any]:
         if key in SECTIONS and isinstance(value, dict | Section):  # the nested spelling
             out[key] = value
             continue
-        if key in FLAT_FIELDS and value == "None" and _may_be_unset(RunConfig.flat_field(key)):
+        if isinstance(value, str) and value == "None" and key in FLAT_FIELDS and _may_be_unset(RunConfig.flat_field(key)):
             value = None
         section, field = FLAT_FIELDS.get(key, (None, key))
         if section is None:
