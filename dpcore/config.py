@@ -3,8 +3,9 @@
 `RunConfig` is the single source: the CLI builds its flags from its fields
 (`--num-subsets` for `num_subsets`), the Prefect flow takes it as its parameter,
 `prefect.yaml` sets its fields, and MLflow logs `RunConfig.flat()` as params.
-The smaller configs (`GenerationConfig`, `EvalConfig`, `AuditConfig`) are typed
-views of it that dpcore functions take, so each function sees only what it uses.
+The smaller configs are typed views of it that dpcore functions take, so each function sees only what it uses;
+each is declared in the subsystem that reads it and derived here: `GenerationConfig` (`dpcore/fewshot/config.py`),
+`EvalConfig` (`dpcore/lm/config.py`), `AuditConfig` (`dpcore/audit/config.py`); they stay importable from here.
 
 Its top level is the run itself: the data, the model, the budget (epsilons, delta), the evaluation, and Tang et
 al.'s Algorithm 1, the run's core method, whose fields stay at the top (every method reads the data and budget
@@ -22,6 +23,10 @@ was before the sections: the CLI flags (`RunConfig.flat_names`, `flat_field`), `
 the nested `RunConfig(pate={"teachers": 8})` alike, a stored run's configuration, a `prefect.yaml` deployment's
 keys and the flow parameter's JSON schema, `model_dump()` and `flat()` (MLflow params), `flag()` in messages,
 `with_updates(pate_baselines=...)`, `flat_fields_set`.
+
+This module sits above every dpcore subsystem: it imports their sections and views, none imports it. A message
+names a setting through `dpcore.flags.flag` (kept importable here), with which this module registers the run's
+flat names.
 """
 
 from __future__ import annotations
@@ -45,17 +50,19 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from dpcore.adadpsyn.config import AdaDPSynSection
-from dpcore.audit.config import AuditSection
+from dpcore.audit.config import AuditConfig, AuditSection
 from dpcore.data.taskspec import load_task_spec, shipped_task_names
 from dpcore.dp_icl.config import DpIclSection
 from dpcore.dp_opt.config import DpOptSection
 from dpcore.dpsgd.config import DpsgdSection
 from dpcore.errors import ConfigError
+from dpcore.fewshot.config import GenerationConfig
+from dpcore.flags import FLAG_SPELLINGS, cli_flag, flag, named, register  # noqa: F401  (kept importable here)
+from dpcore.lm.config import EvalConfig
 from dpcore.names import (
     DEFAULT_BASELINES,
     METHODS,
     AuditMode,
-    AuditTest,
     Baseline,
     Mechanism,
     Method,
@@ -63,7 +70,7 @@ from dpcore.names import (
     method_name,
 )
 from dpcore.pate.config import PateSection
-from dpcore.section import FLAG_SPELLINGS, Section, cli_flag, named  # noqa: F401  (the flag spellings, kept importable here)
+from dpcore.section import Section
 
 # A run's test items when --test-size is not given (`RunConfig.for_test_split`): one standard error of an
 # accuracy is then about 5 points, and the evaluation a minute or two on 2 CPU cores.
@@ -71,73 +78,8 @@ DEFAULT_TEST_ITEMS = 100
 
 
 
-def flag(field: str, value=None) -> str:
-    """How a message names a `RunConfig` field by its flat name: the flag a person types on the command line,
-    then the field a YAML configuration (prefect.yaml, a deployment's parameters) sets, since either may have set
-    it: `--pate-queries (pate_queries)`; with a value, `--pate-public ood (pate_public: ood)`.
-    A name that is no `RunConfig` field is returned as it is."""
-    if field not in FLAT_FIELDS:
-        return field if value is None else f"{field} {value}"
-    return named(field, value)
-
-
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class GenerationConfig(_Frozen):
-    """Parameters of Algorithm 1 for one generation call."""
-
-    num_subsets: int = Field(10, ge=1, description="M: disjoint groups of private records per token step")
-    subset_size: int = Field(2, ge=1, description="N: expected records per group (MN/|D_y| is the sampling rate)")
-    top_k: int = Field(100, ge=1, description="K: public top-K vocabulary kept when RVP is on")
-    rvp: bool = Field(True, description="Reduce vocabulary publicly (Algorithm 1 lines 7-10)")
-    max_tokens: int = Field(40, ge=1, description="T_max: token steps per demonstration")
-    mechanism: Mechanism = "gaussian"
-    sampler: Sampler = Field(
-        "poisson",
-        description="poisson: the sampler the accountant models. fixed: the paper's code "
-        "(MN records without replacement), bounded by the same accountant under add/remove "
-        "neighbours (proof in dpcore.fewshot.sampling).",
-    )
-    demos_per_label: int = Field(1, ge=1, description="synthetic demonstrations generated per label")
-    max_record_tokens: int | None = Field(
-        None, ge=1,
-        description="public cap: every private record is cut to this many tokens before generation; "
-        "default: the largest cap for which the instruction, N records and max_tokens fit the model's context",
-    )
-
-
-class EvalConfig(_Frozen):
-    shots: int = Field(4, ge=0, description="demonstrations in each ICL prompt")
-    seeds: int = Field(5, ge=1, description="evaluation seeds (demo choice and order)")
-    test_size: int | None = Field(None, ge=1, description="test items; default: the whole test split")
-    calibrate: bool = True
-
-
-class AuditConfig(_Frozen):
-    enabled: bool = True
-    trials: int = Field(20, ge=1, description="trials per demo set (DP audit) or in total (non-private audit)")
-    demo_sets: int = Field(3, ge=1, description="independently generated DP demo sets")
-    members: int = Field(50, ge=1)
-    non_members: int = Field(50, ge=1)
-    test: AuditTest = Field("detect", description="detect: the gate fails when an attack's interval of the AUC "
-                            "excludes 0.5, sized to detect a leak of leak_auc with probability power; equivalence: "
-                            "it passes only when every interval lies inside 0.5 +/- auc_tolerance")
-    leak_auc: float = Field(0.75, gt=0.5, lt=1, description="detect: the leak (mean per-trial AUC) the audit is "
-                            "sized to detect")
-    power: float = Field(0.95, gt=0, lt=1, description="detect: the probability of detecting a leak of leak_auc")
-    auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="equivalence: |AUC - 0.5| must stay within this")
-    overlap_threshold: int = Field(8, ge=1, description="gate: verbatim token overlap that counts as a leak")
-    confidence: float = Field(0.95, gt=0, lt=1)
-    reference_prompts: int = Field(0, ge=0, description="OUT prompts (1-shot prompts of non-candidate records) "
-                                   "of the offline LiRA attacks, each one more forward pass per record; fewer than "
-                                   "2 (the default): the three calibrated attacks only, no LiRA")
-    max_record_tokens: int | None = Field(None, ge=1, description="score each candidate's first N tokens only "
-                                          "(a public cap that makes a time-boxed audit cheaper); None: whole text")
-    mode: AuditMode = Field("run-demos", description="run-demos: the run's own demos vs held-out records (nothing "
-                            "charged); regenerate: DP demos generated from half the private records (Tang et al. "
-                            "App. F, charged)")
 
 
 class RunConfig(_Frozen):
@@ -287,7 +229,7 @@ class RunConfig(_Frozen):
     def ledger_id(self) -> str:
         return self.dataset_id or self.dataset
 
-    def _view(self, view: type[_Frozen], **fields):
+    def _view(self, view: type[BaseModel], **fields):
         """The part of this run that `view` configures: each of its fields from the run's top-level field of
         the same name."""
         own = type(self).model_fields
@@ -312,9 +254,7 @@ class RunConfig(_Frozen):
     def audit_config(self) -> AuditConfig:
         """The audit's parameters: the audit section's fields of `AuditConfig`'s names, the mode resolved
         (`resolved_audit_mode`), as many non-members as members."""
-        shared = {name: getattr(self.audit, name) for name in AuditConfig.model_fields
-                  if name in AuditSection.model_fields}
-        return AuditConfig(**{**shared, "non_members": self.audit.members, "mode": self.resolved_audit_mode})
+        return self.audit.resolved(self.resolved_audit_mode)
 
     @property
     def resolved_audit_mode(self) -> AuditMode:
@@ -448,6 +388,7 @@ for _name in RunConfig.model_fields:
         FLAT_FIELDS.update({SECTIONS[_name].flat_name(f): (_name, f) for f in SECTIONS[_name].model_fields})
     else:
         FLAT_FIELDS[_name] = (None, _name)
+register(FLAT_FIELDS)  # `flag` names every field of the run from now on
 
 
 def _locate(name: str) -> tuple[str | None, str]:

@@ -5,7 +5,8 @@ Each private-prompting method (and the audit) declares its section in its own su
 `RunConfig` (`RunConfig.pate`, `RunConfig.dpsgd`, ...). Outside Python a section's field keeps one flat name,
 `PREFIX + field` (`pate_teachers` for `PateSection.teachers`), or the name `FLAT_NAMES` gives it: the CLI flag
 (`--pate-teachers`), the key of a `prefect.yaml` deployment or a stored run configuration, the MLflow param. This
-module sits below every section so that a section names its own flags without importing `dpcore.config`.
+module sits below every section so that a section names its own flags without importing `dpcore.config`; a
+section's flat names are registered with `dpcore.flags` when its class is declared, so `flag` names them.
 """
 
 from __future__ import annotations
@@ -14,22 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-# Command-line spellings that differ from `--field-name` (a switch that is on by default names its negation).
-FLAG_SPELLINGS = {"rvp": "--no-rvp"}
-
-
-def cli_flag(name: str) -> str:
-    """The command-line flag of a `RunConfig` field by its flat name: `pate_queries` -> `--pate-queries`."""
-    return FLAG_SPELLINGS.get(name, "--" + name.replace("_", "-"))
-
-
-def named(name: str, value: Any = None) -> str:
-    """How a message names a setting by its flat name: the flag a person types, then the key a YAML configuration
-    (prefect.yaml, a deployment's parameters) sets, since either may have set it: `--pate-queries (pate_queries)`;
-    with a value, `--pate-public ood (pate_public: ood)`."""
-    if value is None:
-        return f"{cli_flag(name)} ({name})"
-    return f"{cli_flag(name)} {value} ({name}: {value})"
+from dpcore.flags import named, register
 
 
 class Section(BaseModel):
@@ -40,6 +26,11 @@ class Section(BaseModel):
 
     PREFIX: ClassVar[str] = ""
     FLAT_NAMES: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        register(cls.flat_name(field) for field in cls.model_fields)  # `flag` names them from now on
 
     @classmethod
     def flat_name(cls, field: str) -> str:
@@ -53,4 +44,4 @@ class Section(BaseModel):
         return named(cls.flat_name(field), value)
 
 
-__all__ = ["FLAG_SPELLINGS", "Section", "cli_flag", "named"]
+__all__ = ["Section"]

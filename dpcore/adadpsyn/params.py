@@ -25,8 +25,8 @@ import math
 import numbers
 from dataclasses import dataclass, replace
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 
 # The largest distance of a probability vector from the simplex's centre region that matters: two
 # probability vectors are at most sqrt(2) apart, so every point lies in a ball of radius sqrt(2)/2 around

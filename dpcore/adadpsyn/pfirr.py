@@ -43,8 +43,8 @@ import numpy as np
 
 from dpcore.adadpsyn.params import RADIUS_MAX, PfirrParams, coverage_count
 from dpcore.adadpsyn.radius import L_SENSITIVITY, good_radius
-from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 
 COUNT_SENSITIVITY = 1.0  # one point moves in or out of a ball
 

@@ -18,7 +18,7 @@ import torch
 
 from dpcore.adadpsyn.params import PfirrParams
 from dpcore.adadpsyn.pfirr import adaptive_aggregate, pad_groups
-from dpcore.config import GenerationConfig
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.mechanisms import noisy_argmax, public_top_k, restricted_softmax
 
 TokenChooser = Callable[[torch.Tensor | None, torch.Tensor, np.random.Generator], int]

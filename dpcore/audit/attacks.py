@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dpcore.config import flag
 from dpcore.data.taskspec import TaskSpec
 from dpcore.errors import ConfigError, DataValidationError, stop_if_requested
+from dpcore.flags import flag
 
 ATTACKS: tuple[str, ...] = ("duan", "label-calibrated", "text-calibrated", "lira-label", "lira-text")
 CALIBRATED_ATTACKS: tuple[str, ...] = ("duan", "label-calibrated", "text-calibrated")

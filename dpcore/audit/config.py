@@ -4,16 +4,48 @@ Whether the run audits (`enabled`, the flag `--audit`/`--no-audit`), the audit's
 its mode and its gate (the test, the leak it is sized to detect, the tolerance, the verbatim overlap), and the
 extra audits a run may add (the non-private reference, the release audit of the other methods). Outside Python
 each field keeps its flat name, `audit_<field>`, but for the switch (`audit`) and the gate's three (`leak_auc`,
-`auc_tolerance`, `overlap_threshold`), which were named before the section was. `RunConfig.audit_config()` turns the
-section into the `AuditConfig` the audit procedures take (the mode resolved, as many non-members as members).
+`auc_tolerance`, `overlap_threshold`), which were named before the section was.
+
+`AuditConfig` is what the audit's procedures, design and gate take: the section resolved (`AuditSection.resolved`,
+which `RunConfig.audit_config()` calls with the run's mode), every setting of the same name as the section's, the
+mode decided, as many non-members as members. A setting has one name in both.
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from dpcore.names import AuditMode, AuditTest
 from dpcore.section import Section
+
+
+class AuditConfig(BaseModel):
+    """The audit's parameters, as its procedures take them (the mode decided)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    trials: int = Field(20, ge=1, description="trials per demo set (DP audit) or in total (non-private audit)")
+    demo_sets: int = Field(3, ge=1, description="independently generated DP demo sets")
+    members: int = Field(50, ge=1)
+    non_members: int = Field(50, ge=1)
+    test: AuditTest = Field("detect", description="detect: the gate fails when an attack's interval of the AUC "
+                            "excludes 0.5, sized to detect a leak of leak_auc with probability power; equivalence: "
+                            "it passes only when every interval lies inside 0.5 +/- auc_tolerance")
+    leak_auc: float = Field(0.75, gt=0.5, lt=1, description="detect: the leak (mean per-trial AUC) the audit is "
+                            "sized to detect")
+    power: float = Field(0.95, gt=0, lt=1, description="detect: the probability of detecting a leak of leak_auc")
+    auc_tolerance: float = Field(0.05, gt=0, lt=0.5, description="equivalence: |AUC - 0.5| must stay within this")
+    overlap_threshold: int = Field(8, ge=1, description="gate: verbatim token overlap that counts as a leak")
+    confidence: float = Field(0.95, gt=0, lt=1)
+    reference_prompts: int = Field(0, ge=0, description="OUT prompts (1-shot prompts of non-candidate records) "
+                                   "of the offline LiRA attacks, each one more forward pass per record; fewer than "
+                                   "2 (the default): the three calibrated attacks only, no LiRA")
+    max_record_tokens: int | None = Field(None, ge=1, description="score each candidate's first N tokens only "
+                                          "(a public cap that makes a time-boxed audit cheaper); None: whole text")
+    mode: AuditMode = Field("run-demos", description="run-demos: the run's own demos vs held-out records (nothing "
+                            "charged); regenerate: DP demos generated from half the private records (Tang et al. "
+                            "App. F, charged)")
 
 
 class AuditSection(Section):
@@ -56,10 +88,16 @@ class AuditSection(Section):
                                  "must stay within this")
     overlap_threshold: int = Field(8, ge=1, description="audit gate: verbatim token overlap that counts as a leak")
 
+    def resolved(self, mode: AuditMode) -> AuditConfig:
+        """The `AuditConfig` of these settings with the audit's `mode` decided (the run decides it:
+        `RunConfig.resolved_audit_mode`): every field of a name both have, as many non-members as members."""
+        shared = {name: getattr(self, name) for name in AuditConfig.model_fields if name in type(self).model_fields}
+        return AuditConfig(**{**shared, "non_members": self.members, "mode": mode})
+
     def __bool__(self) -> bool:
         # `config.audit` was the run's audit switch before it was a section: a reader still testing it would read
         # every section as true, so it fails loudly instead
         raise TypeError("RunConfig.audit is the audit's section; its switch is RunConfig.audit.enabled")
 
 
-__all__ = ["AuditSection"]
+__all__ = ["AuditConfig", "AuditSection"]

@@ -58,8 +58,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import special, stats
 
-from dpcore.config import AuditConfig, flag
+from dpcore.audit.config import AuditConfig
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 from dpcore.public_outputs import Kind, declare_line
 
 # A no-leak audit should conclude at least this often (equivalence): a release gate that a sound prompt fails

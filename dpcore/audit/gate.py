@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dpcore.audit.config import AuditConfig
 from dpcore.audit.statistics import AttackMetrics
-from dpcore.config import AuditConfig
 
 
 @dataclass(frozen=True)

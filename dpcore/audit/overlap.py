@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 
 # =========================================================================== verbatim overlap
 

@@ -56,12 +56,14 @@ import pandas as pd
 
 from dpcore.audit import attacks as mia_attacks
 from dpcore.audit import design as audit_design
+from dpcore.audit.config import AuditConfig
 from dpcore.audit.gate import GateThresholds, gate, pass_statement
 from dpcore.audit.overlap import model_tokenize, verbatim_overlap, verbatim_overlap_tokens
 from dpcore.audit.statistics import AttackMetrics, attack_metrics, strongest_attack
-from dpcore.config import AuditConfig, GenerationConfig, flag
 from dpcore.data.taskspec import TaskSpec
 from dpcore.errors import ConfigError, DataValidationError, stop_if_requested
+from dpcore.fewshot.config import GenerationConfig
+from dpcore.flags import flag
 
 log = logging.getLogger(__name__)
 

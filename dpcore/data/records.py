@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 from dpcore.lm.models import resolve_model, tiny_tokenizer_folder
 
 # Tokens allowed per record for merges across its boundaries inside a prompt (a record's

@@ -40,10 +40,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dpcore.config import flag
 from dpcore.data.artifacts import write_bytes_atomic, write_json_atomic
 from dpcore.dpsgd.soft_prompt import Example, _decoder, load_prompt
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 from dpcore.lm.prefix_cache import right_pad
 from dpcore.names import ADAPTER_KINDS, PROMPT_KINDS
 

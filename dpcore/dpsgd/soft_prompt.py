@@ -41,10 +41,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dpcore.config import flag
 from dpcore.data.artifacts import write_bytes_atomic, write_json_atomic
 from dpcore.data.taskspec import TaskSpec
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 from dpcore.lm import icl
 from dpcore.lm.prefix_cache import right_pad
 from dpcore.names import PROMPT_INITS, PROMPT_KINDS

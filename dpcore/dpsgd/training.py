@@ -54,14 +54,14 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpcore.config import RunConfig, flag
 from dpcore.dpsgd import adapters
+from dpcore.dpsgd.config import DpsgdSection
 from dpcore.dpsgd.soft_prompt import (
     Example,
     TrainablePrompt,
@@ -70,6 +70,7 @@ from dpcore.dpsgd.soft_prompt import (
 )
 from dpcore.errors import ConfigError, is_stop
 from dpcore.fewshot.mechanisms import noise_seed_sequence
+from dpcore.flags import flag
 from dpcore.lm.model import pick_device
 from dpcore.names import PROMPT_INITS, TUNE_KINDS
 from dpcore.privacy import composition
@@ -121,13 +122,28 @@ def preset(device: str, kind: str = "soft-prompt") -> dict[str, Any]:
     return values
 
 
-def dpsgd_config(config: RunConfig) -> DpsgdConfig:
-    """The run's `DpsgdConfig`: the preset (`RunConfig.dpsgd.preset`, by device when auto) with every field of
-    the run's section (`dpcore.dpsgd.config.DpsgdSection`) that is set on top; steps beat epochs beat the
-    preset's length."""
-    section = config.dpsgd
+class RunSettings(Protocol):
+    """What `dpsgd_config` reads of a run (a `dpcore.config.RunConfig`, which sits above this subsystem): its
+    PromptDPSGD section and its device."""
+
+    @property
+    def dpsgd(self) -> DpsgdSection: ...
+
+    @property
+    def device(self) -> str: ...
+
+
+def dpsgd_config(config: RunSettings) -> DpsgdConfig:
+    """The run's `DpsgdConfig`: its section resolved on its device (`section_config`)."""
+    return section_config(config.dpsgd, config.device)
+
+
+def section_config(section: DpsgdSection, device: str = "auto") -> DpsgdConfig:
+    """The `DpsgdConfig` of a PromptDPSGD section (`dpcore.dpsgd.config.DpsgdSection`): the preset (the section's
+    `preset`; by `device` when auto) with every field of the section that is set on top; steps beat epochs beat
+    the preset's length."""
     values = preset("cuda" if section.preset == "gpu" else "cpu" if section.preset == "cpu"
-                    else config.device, section.kind)
+                    else device, section.kind)
     if section.epochs is not None:
         values.update(epochs=section.epochs, steps=None)
     if section.steps is not None:

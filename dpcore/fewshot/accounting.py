@@ -64,9 +64,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from dpcore.config import flag
 from dpcore.display import fmt_delta, fmt_sigma
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 from dpcore.names import Mechanism, check_mechanism
 from dpcore.privacy import composition, memo
 from dpcore.privacy.composition import MAX_EPSILON, SIGMA_MAX, SIGMA_MIN, SIGMA_TOLERANCE, rnm_step_epsilon

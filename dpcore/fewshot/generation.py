@@ -62,9 +62,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpcore.config import GenerationConfig, flag
 from dpcore.data.records import context_length, fit_group, prompt_budget, truncate_records
 from dpcore.errors import ConfigError
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.mechanisms import (
     aggregate,
     check_noise_multiplier,
@@ -74,6 +74,7 @@ from dpcore.fewshot.mechanisms import (
     restricted_softmax,
 )
 from dpcore.fewshot.sampling import check_group_sizes, draw_groups
+from dpcore.flags import flag
 from dpcore.lm.batching import BatchedForward
 from dpcore.names import SAMPLERS, DemoSource, Mechanism, Sampler, check_mechanism
 

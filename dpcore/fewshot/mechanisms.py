@@ -47,8 +47,8 @@ import secrets
 import numpy as np
 import torch
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 from dpcore.names import check_mechanism
 
 # --------------------------------------------------------------------------- noise source

@@ -29,9 +29,9 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpcore.config import GenerationConfig
 from dpcore.errors import ConfigError
 from dpcore.fewshot import accounting
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.privacy.spend import Spend
 

@@ -56,8 +56,8 @@ import math
 
 import numpy as np
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 from dpcore.names import SAMPLERS
 
 # Samplers whose privacy the Poisson accountant's bound covers (module docstring): the release gate

@@ -39,9 +39,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpcore.config import EvalConfig
 from dpcore.data.taskspec import TaskSpec
 from dpcore.errors import ConfigError, DataValidationError
+from dpcore.lm.config import EvalConfig
 from dpcore.lm.prefix_cache import PrefixBatch, PrefixCache, common_prefix_length
 from dpcore.names import DEMO_SOURCES, DemoSource
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dpcore.config import flag
 from dpcore.data.taskspec import TaskSpec
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 from dpcore.lm import icl
 from dpcore.lm.prefix_cache import StackedPrefixes, common_prefix_length
 

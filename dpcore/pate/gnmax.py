@@ -28,8 +28,8 @@ import math
 
 import numpy as np
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 
 ABSTAIN = -1  # the answer bottom: the query gets no label
 THRESHOLD_FRACTION = 0.9  # Table 7: T = 180 of E = 200

@@ -33,8 +33,8 @@ from __future__ import annotations
 import math
 import numbers
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError, check_positive
+from dpcore.flags import flag
 from dpcore.privacy import composition
 from dpcore.privacy.events import gaussian_event
 from dpcore.privacy.plan import PrivacyPlan

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpcore.config import flag
 from dpcore.data.datasets import LoadedDataset, normalise_text, read_table, restricted_load, staicc_file
 from dpcore.errors import ConfigError, DataValidationError
+from dpcore.flags import flag
 
 PUBLIC_SOURCES = ("iid", "ood", "file")
 QUERY_COLUMNS = ["query_index", "text"]

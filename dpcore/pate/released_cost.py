@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import ndtri
 
-from dpcore.config import flag
 from dpcore.errors import BudgetExceededError, ConfigError, check_positive
+from dpcore.flags import flag
 from dpcore.pate import smooth_sensitivity as gnss
 from dpcore.pate.privacy import PURPOSE, pate_plan
 from dpcore.privacy import composition

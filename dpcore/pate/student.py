@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 
 ASSIGNMENT_COLUMNS = ["teacher", "position", "id"]
 
