@@ -43,7 +43,25 @@ def _argv(dataset_id: str, *extra: str) -> list[str]:
     return argv + list(extra)
 
 
-def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
+def _counting(monkeypatch, owners: list, name: str) -> list:
+    """Replace `name` in every module of `owners` by one wrapper that counts its calls."""
+    calls = []
+    original = getattr(owners[0], name)
+
+    def counted(*args, **kwargs):
+        calls.append(name)
+        return original(*args, **kwargs)
+
+    for owner in owners:
+        monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys, monkeypatch):
+    import dpcore.data.datasets
+    import tasks.audit
+    import tasks.ingest
+    import tasks.run_plans
     from flows.cli import main
     from tasks.charge import planned_cost
     from tasks.run_plans import build_run_plan
@@ -56,8 +74,16 @@ def test_the_plan_of_every_method_is_what_the_ledger_charges(tiny_lm, capsys):
     # composition is subadditive here, never larger than the sum of the parts
     assert max(cost["methods"].values()) < cost["epsilon"] <= sum(cost["methods"].values()) + 1e-6
 
-    assert main(_argv("compare-json", "--run-id", "compare-run", "--json")) == 0
+    # The run is planned once: its dataset loaded once and its audit designed once, for every method. The audit is
+    # on, at sizes these few records cannot make conclusive: designed, said, skipped (nothing of it charged).
+    loads = _counting(monkeypatch, [dpcore.data.datasets, tasks.ingest], "load_dataset")
+    designs = _counting(monkeypatch, [tasks.audit, tasks.run_plans], "run_audit_design")
+    argv = [a for a in _argv("compare-json", "--run-id", "compare-run", "--json") if a != "--no-audit"] + ["--audit"]
+    assert main(argv) == 0
     captured = capsys.readouterr()
+    assert len(loads) == 1, loads
+    assert len(designs) == 1, designs
+    assert "audit skipped:" in captured.err
     summary = json.loads(captured.out)
     assert summary["methods"] == SIX
     assert math.isclose(summary["planned_cost"]["epsilon"], cost["epsilon"], rel_tol=1e-9)

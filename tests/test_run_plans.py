@@ -1,53 +1,16 @@
-"""A run's plan, built once (`tasks.run_plans.RunPlan`): a `dpicl run` of every method reads its dataset once
-and designs its audit once; the plan stays in its process (Prefect stores a placeholder, never its records);
+"""A run's plan, built once (`tasks.run_plans.RunPlan`; that a `dpicl run` of every method reads its dataset once
+and designs its audit once is checked on test_compare.py's run): the plan stays in its process (Prefect stores a placeholder, never its records);
 its records are the ones ingested, and a plan made from other records is refused."""
 
 from __future__ import annotations
 
 import pytest
 from pipeline_support import mini_agnews, prefect_harness, share_tiny_model, tiny_config  # noqa: F401
-from test_compare import METHOD_FIELDS, _argv
+from test_compare import METHOD_FIELDS
 
 from dpcore.errors import DpiclError
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-
-def _counting(monkeypatch, owners: list, name: str) -> list:
-    """Replace `name` in every module of `owners` by one wrapper that counts its calls."""
-    calls = []
-    original = getattr(owners[0], name)
-
-    def counted(*args, **kwargs):
-        calls.append(name)
-        return original(*args, **kwargs)
-
-    for owner in owners:
-        monkeypatch.setattr(owner, name, counted)
-    return calls
-
-
-def test_a_run_of_every_method_loads_its_dataset_once_and_designs_its_audit_once(tiny_lm, monkeypatch, capsys):
-    import dpcore.data.datasets
-    import tasks.audit
-    import tasks.ingest
-    import tasks.run_plans
-    from dpcore.privacy.ledger import Ledger
-    from flows.cli import main
-
-    share_tiny_model(tiny_lm)
-    mini_agnews()  # the test's own sample is made before counting
-    loads = _counting(monkeypatch, [dpcore.data.datasets, tasks.ingest], "load_dataset")
-    designs = _counting(monkeypatch, [tasks.audit, tasks.run_plans], "run_audit_design")
-    # the audit on, at sizes these few records cannot make conclusive: designed, said, skipped (no audit runs)
-    argv = [a for a in _argv("plan-once", "--run-id", "plan-once") if a != "--no-audit"] + ["--audit"]
-    assert main(argv) == 0
-    err = capsys.readouterr().err
-    assert len(loads) == 1, loads
-    assert len(designs) == 1, designs
-    assert "audit skipped:" in err and "plan: epsilon" in err
-    # every method of the run charged once, under its own purpose (tang's: "pipeline")
-    assert {e.purpose for e in Ledger().entries("plan-once")} == {"pipeline", "pate", "dpsgd", "adadpsyn", "dp-opt"}
 
 
 def test_the_plan_never_reaches_prefects_parameter_store():
