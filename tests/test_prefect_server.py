@@ -138,7 +138,12 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(server, dpicl_ho
     runs = _api("POST", f"{url}/flow_runs/filter",
                 json={"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}).json()
     assert flow_run_id in {r["id"] for r in runs}
-    tasks = _api("POST", f"{url}/task_runs/filter", json={"flow_runs": {"id": {"any_": [flow_run_id]}}}).json()
+    # the pipeline's own tasks and those of each method's subflow (DP few-shot generation's among them)
+    subflows = _api("POST", f"{url}/flow_runs/filter",
+                    json={"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}}).json()
+    assert subflows and all(r["state"]["type"] == "COMPLETED" for r in subflows)
+    tasks = _api("POST", f"{url}/task_runs/filter",
+                 json={"flow_runs": {"id": {"any_": [flow_run_id, *(r["id"] for r in subflows)]}}}).json()
     names = {t["name"] for t in tasks}
     assert {"ingest", "partition", "calibrate", "record"} <= {n.rsplit("-", 1)[0] for n in names}
     assert sum(n.startswith("generate-tang-") for n in names) == 4
