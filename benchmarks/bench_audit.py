@@ -86,7 +86,8 @@ def run(args) -> dict:
 
     from dpcore.audit import attacks as mia_attacks
     from dpcore.audit import procedures as audit
-    from dpcore.config import AuditConfig, GenerationConfig
+    from dpcore.audit.config import AuditConfig
+    from dpcore.fewshot.config import GenerationConfig
 
     spec, dataset, lm = load(args)
     members, non_members = audit.split_members(dataset.train, seed=args.seed)

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dpcore.config import GenerationConfig  # noqa: E402
+from dpcore.fewshot.config import GenerationConfig  # noqa: E402
 from dpcore.fewshot.generation import generate_demos  # noqa: E402
 from dpcore.lm.batching import BatchedForward  # noqa: E402
 from dpcore.names import MECHANISMS  # noqa: E402

@@ -197,8 +197,8 @@ class Bench:
 
     def evaluate(self, name: str, split: str, size: int, method: str, epsilon: float, past=None, lm=None,
                  demos=None, shots: int = 0) -> dict:
-        from dpcore.config import EvalConfig
         from dpcore.lm import icl
+        from dpcore.lm.config import EvalConfig
 
         d = self.dataset(name)
         frame = d[split]

@@ -26,11 +26,12 @@ import numpy as np
 import pandas as pd
 from prefect import flow, get_run_logger
 
-from dpcore.config import EvalConfig, RunConfig
+from dpcore.config import RunConfig
 from dpcore.data.artifacts import write_table
 from dpcore.display import fmt_eps
 from dpcore.errors import DpiclError
 from dpcore.home import configure_environment
+from dpcore.lm.config import EvalConfig
 from dpcore.pate.privacy import data_independent_epsilon
 from dpcore.pate.released_cost import ACCOUNTING, settled_plan
 from flows.methods import MethodFlow

@@ -15,7 +15,7 @@ from prefect import flow
 from prefect.exceptions import FailedRun
 from prefect.states import Failed
 
-from dpcore.config import AuditConfig
+from dpcore.audit.config import AuditConfig
 from dpcore.errors import ReleaseRefusedError
 from flows.runner import cancelled_on_stop
 from tasks import release as release_stage

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError, RunStopped
+from dpcore.flags import flag
 from tasks.common import STOP_REQUESTED, stop_of, stopped_state
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dpcore.config import AuditConfig, RunConfig, demos_per_label
+from dpcore.audit.config import AuditConfig
+from dpcore.config import RunConfig, demos_per_label
 from dpcore.data.artifacts import (
     check_writable_place,
     jsonable,

@@ -23,8 +23,9 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow, get_run_logger
 
-from dpcore.config import GenerationConfig, RunConfig
+from dpcore.config import RunConfig
 from dpcore.data.artifacts import read_table, write_json_atomic, write_table
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.plan import FewShotPlan
 from flows.methods import MethodFlow
 from flows.runner import cancelled_on_stop, map_calls, results, running

@@ -20,12 +20,13 @@ from pathlib import Path
 from dpcore.adadpsyn.params import PfirrParams
 from dpcore.adadpsyn.plan import METHOD, adadpsyn_plan
 from dpcore.adadpsyn.release import RELEASE
-from dpcore.config import GenerationConfig, RunConfig
+from dpcore.config import RunConfig
 from dpcore.data.artifacts import file_sha256, write_table
 from dpcore.data.datasets import LoadedDataset
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
 from dpcore.fewshot.accounting import total_steps
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.plan import run_sampling_rate
 from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan

@@ -43,11 +43,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpcore.audit.config import AuditConfig
 from dpcore.audit.design import AuditDesign
 from dpcore.audit.procedures import MEMBER_FRACTION, verdict_word
-from dpcore.config import AuditConfig, GenerationConfig, RunConfig
+from dpcore.config import RunConfig
 from dpcore.data.artifacts import read_table, write_table
 from dpcore.errors import ConfigError
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.plan import TANG, Calibration, FewShotPlan, fewshot_plan
 from dpcore.lm import runtime
 from dpcore.privacy.plan import AUDIT_PLAN, PrivacyPlan

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpcore.config import GenerationConfig, RunConfig, demos_per_label
+from dpcore.config import RunConfig, demos_per_label
 from dpcore.data.artifacts import write_table
 from dpcore.display import fmt_delta, fmt_eps, fmt_sigma, steps_text
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.plan import CALIBRATION_COLUMNS, FewShotPlan
 from tasks.common import stage_logger, uncached_task
 

@@ -46,9 +46,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from dpcore.config import flag
 from dpcore.errors import ConfigError
 from dpcore.fewshot.plan import AUDIT_REFERENCE, RANDOM_REAL, SIGMA_ZERO, real_records_plan
+from dpcore.flags import flag
 from dpcore.privacy import ledger
 from dpcore.public_outputs import Kind, declare
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from dpcore.config import EvalConfig
 from dpcore.data.artifacts import read_table, write_table
 from dpcore.display import fmt_eps
 from dpcore.fewshot.plan import RANDOM_REAL
+from dpcore.lm.config import EvalConfig
 from dpcore.public_outputs import Kind, declare, declare_log
 from dpcore.release.planned import read_instruction
 from dpcore.release.spec import INSTRUCTION, TRAINED_PROMPT

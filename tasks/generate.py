@@ -41,9 +41,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from dpcore.config import GenerationConfig
 from dpcore.data.artifacts import write_json_atomic, write_table, write_text_atomic
 from dpcore.errors import DpiclError
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.plan import INSTRUCTION_ONLY, SIGMA_ZERO, TANG, FewShotPlan
 from dpcore.home import is_private_path
 from dpcore.public_outputs import Kind, declare, declare_line, declare_log

@@ -29,10 +29,10 @@ import pandas as pd
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from dpcore.config import flag
 from dpcore.data.artifacts import read_table, write_json_atomic, write_table, write_text_atomic
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
+from dpcore.flags import flag
 from dpcore.home import is_private_path
 from dpcore.lm import runtime
 from dpcore.pate import gnmax, public_queries

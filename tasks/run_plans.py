@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpcore.audit.config import AuditConfig
 from dpcore.audit.design import AuditDesign
-from dpcore.config import AuditConfig, RunConfig
+from dpcore.config import RunConfig
 from dpcore.data.datasets import LoadedDataset
 from dpcore.fewshot.plan import default_delta
 from dpcore.lm import runtime

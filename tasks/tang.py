@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpcore.config import GenerationConfig, RunConfig
+from dpcore.config import RunConfig
 from dpcore.data.datasets import LoadedDataset
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.plan import INSTRUCTION_ONLY, FewShotPlan, fewshot_plan
 from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan

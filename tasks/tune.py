@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 from prefect import get_run_logger
 
-from dpcore.config import EvalConfig, RunConfig, flag
+from dpcore.config import RunConfig
 from dpcore.data.artifacts import (
     file_sha256,
     read_table,
@@ -62,8 +62,10 @@ from dpcore.dpsgd.soft_prompt import (
 )
 from dpcore.dpsgd.training import dpsgd_config, dpsgd_plan
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 from dpcore.home import is_private_path
 from dpcore.lm import runtime
+from dpcore.lm.config import EvalConfig
 from dpcore.lm.icl import check_test_size
 from dpcore.names import ADAPTER_KINDS
 from dpcore.privacy.plan import PrivacyPlan

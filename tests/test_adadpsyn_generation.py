@@ -10,8 +10,8 @@ import torch
 from dpcore.adadpsyn.params import PAPER, PfirrParams
 from dpcore.adadpsyn.pfirr import pad_groups
 from dpcore.adadpsyn.step import choose_token, token_chooser
-from dpcore.config import GenerationConfig
 from dpcore.fewshot import generation
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.mechanisms import public_top_k
 from dpcore.lm.batching import BatchedForward
 

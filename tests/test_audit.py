@@ -67,8 +67,8 @@ def test_duan_score_is_normalised_true_label_probability(tiny_lm, agnews, one_th
 
 
 def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread):
+    from dpcore.audit.config import AuditConfig
     from dpcore.audit.procedures import non_private_audit
-    from dpcore.config import AuditConfig
 
     config = AuditConfig(trials=4, non_members=12)
     result = non_private_audit(tiny_lm, agnews.spec, agnews_sample, config, seed=7)
@@ -101,9 +101,10 @@ def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread)
 
 def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, one_thread, monkeypatch):
     """Nothing leaks through a random tiny model's DP demos: the AUC interval covers 0.5 in nearly all runs."""
+    from dpcore.audit.config import AuditConfig
     from dpcore.audit.procedures import dp_audit, split_members
-    from dpcore.config import AuditConfig, GenerationConfig
     from dpcore.fewshot import generation
+    from dpcore.fewshot.config import GenerationConfig
 
     members, non_members = split_members(agnews_sample, seed=0)
     halves = sum(int(round(n / 2)) for n in agnews_sample["label"].value_counts())  # half of each label
@@ -260,8 +261,8 @@ def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sa
     import zlib
 
     from dpcore.audit import attacks as mia_attacks
+    from dpcore.audit.config import AuditConfig
     from dpcore.audit.procedures import non_private_audit
-    from dpcore.config import AuditConfig
 
     labels = agnews.spec.label_names
 
@@ -318,8 +319,8 @@ def _fake_scorer(leaky: bool):
 
 @pytest.mark.parametrize("leaky", [True, False])
 def test_non_private_audit_attacks_on_a_toy_lm(tiny_lm, agnews, monkeypatch, leaky):
+    from dpcore.audit.config import AuditConfig
     from dpcore.audit.procedures import non_private_audit
-    from dpcore.config import AuditConfig
 
     monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(leaky))
     records = _records(6000, agnews.spec.label_names)
@@ -342,8 +343,8 @@ def test_non_private_audit_attacks_on_a_toy_lm(tiny_lm, agnews, monkeypatch, lea
 def test_demos_audit_on_run_demos(tiny_lm, agnews, monkeypatch):
     """The run's own demos: members = the private split, non-members = held-out records. Synthetic demos
     that copy no record pass (the toy LM leaks only a verbatim copy); a copied record is caught."""
+    from dpcore.audit.config import AuditConfig
     from dpcore.audit.procedures import demos_audit
-    from dpcore.config import AuditConfig
 
     monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(True))
     labels = agnews.spec.label_names
@@ -385,7 +386,8 @@ def test_reference_scores_are_reused_across_epsilons_and_unchanged(tiny_lm, agne
     """Two epsilons' DP audits on the same trials (the pipeline's one trial seed) share the reference cache: the
     second scores its candidates under its own prompts only, and every score equals the unshared audit's."""
     from dpcore.audit import procedures as mia
-    from dpcore.config import AuditConfig, GenerationConfig
+    from dpcore.audit.config import AuditConfig
+    from dpcore.fewshot.config import GenerationConfig
 
     records = agnews.train.sample(n=600, random_state=1).reset_index(drop=True)
     members, non_members = mia.split_members(records, seed=0)

@@ -27,10 +27,11 @@ import pytest
 from scipy import stats
 
 from dpcore.audit import design as audit_design
+from dpcore.audit.config import AuditConfig
 from dpcore.audit.gate import GateThresholds, gate
 from dpcore.audit.procedures import trial_samples
 from dpcore.audit.statistics import AttackMetrics, auc_mean_ci, family_confidence, independent_trials, roc_auc
-from dpcore.config import AuditConfig, RunConfig
+from dpcore.config import RunConfig
 from dpcore.errors import ReleaseRefusedError
 
 CONFIDENCE, TOLERANCE = 0.95, 0.05

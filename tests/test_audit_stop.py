@@ -124,10 +124,11 @@ def test_the_attack_scoring_asks_to_stop_before_every_forward_pass(tiny_lm, one_
 
 
 def test_a_dp_audit_stops_during_its_generation(tiny_lm, one_thread):
+    from dpcore.audit.config import AuditConfig
     from dpcore.audit.procedures import dp_audit
-    from dpcore.config import AuditConfig, GenerationConfig
     from dpcore.data.taskspec import load_task_spec
     from dpcore.errors import RunStopped
+    from dpcore.fewshot.config import GenerationConfig
 
     def records(prefix: str) -> pd.DataFrame:
         return pd.DataFrame([{"id": f"{prefix}{label}{i}", "text": f"{label} {prefix} record {i}", "label": label}

@@ -177,8 +177,8 @@ def test_progress_reports_reach_the_sinks_and_a_stop_request_ends_the_stage():
 def test_evaluation_reports_items_over_all_seeds(tiny_lm):
     import pandas as pd
 
-    from dpcore.config import EvalConfig
     from dpcore.data.taskspec import load_task_spec
+    from dpcore.lm.config import EvalConfig
     from dpcore.lm.icl import evaluate
 
     spec = load_task_spec("agnews")

@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from dpcore.config import GenerationConfig
 from dpcore.errors import ConfigError
 from dpcore.fewshot import accounting
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.plan import CALIBRATION_COLUMNS, demos_epsilon, fewshot_plan
 from dpcore.privacy import composition
 

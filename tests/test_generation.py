@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
-from dpcore.config import GenerationConfig, RunConfig
+from dpcore.config import RunConfig
 from dpcore.errors import ConfigError
+from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.generation import (
     DEMO_COLUMNS,
     Demo,

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from pipeline_support import prefect_harness, share_tiny_model  # noqa: F401  (the shared harness fixture)
 
-from dpcore.config import GenerationConfig
 from dpcore.data.taskspec import TASKS_DIR, load_task_spec
+from dpcore.fewshot.config import GenerationConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 

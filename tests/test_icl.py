@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from dpcore.config import EvalConfig
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DataValidationError
 from dpcore.lm import icl
+from dpcore.lm.config import EvalConfig
 from dpcore.lm.model import LanguageModel
 from dpcore.report.summary import summarise_metrics
 

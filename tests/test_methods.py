@@ -100,7 +100,7 @@ def test_adadpsyn_and_dp_opt_artifacts_go_through_the_release_gate(tiny_lm, caps
     """A run of the two methods with cryptographic noise: each artifact is audited, passes the gate on its plan's
     ledger entries and is released; DP-OPT's release is its instruction (text), which `dpicl export` and
     `dpicl predict` use; a seeded run is refused."""
-    from dpcore.config import AuditConfig
+    from dpcore.audit.config import AuditConfig
     from dpcore.errors import ReleaseRefusedError
     from dpcore.release import gate
     from flows.cli import main

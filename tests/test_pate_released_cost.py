@@ -14,7 +14,7 @@ import pytest
 from pipeline_support import home, mini_agnews, prefect_harness, share_tiny_model  # noqa: F401
 from scipy.special import ndtri
 
-from dpcore.config import AuditConfig
+from dpcore.audit.config import AuditConfig
 from dpcore.errors import BudgetExceededError, ConfigError
 from dpcore.pate import data_dependent as dd
 from dpcore.pate import released_cost as rc

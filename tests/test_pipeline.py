@@ -397,7 +397,7 @@ def test_run_and_demo_flags_cover_the_run_config(run):
 
 
 def test_seeds_keys_and_the_publish_guard(tmp_path):
-    from dpcore.config import GenerationConfig
+    from dpcore.fewshot.config import GenerationConfig
     from dpcore.home import private_dir
     from tasks.common import derive_seed, noise_scope, publish, stage_key
 

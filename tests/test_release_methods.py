@@ -15,7 +15,7 @@ import pytest
 from pipeline_support import home, mini_agnews, prefect_harness, share_tiny_model  # noqa: F401
 
 from dpcore.audit import procedures as mia
-from dpcore.config import AuditConfig
+from dpcore.audit.config import AuditConfig
 from dpcore.dpsgd.release import RELEASE as DPSGD_RELEASE
 from dpcore.errors import ConfigError, DataValidationError, ReleaseRefusedError
 from dpcore.pate.release import PATE_PLAN_FILE, TEACHER_AUDIT_FILE

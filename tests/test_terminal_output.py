@@ -84,8 +84,8 @@ def test_the_generate_stage_logs_each_step_once_with_its_label(tiny_lm, logs, on
     import pandas as pd
     from pipeline_support import share_tiny_model
 
-    from dpcore.config import GenerationConfig
     from dpcore.data.artifacts import write_table
+    from dpcore.fewshot.config import GenerationConfig
     from dpcore.home import private_dir
     from tasks import generate as generate_stage
 
@@ -121,7 +121,7 @@ def test_dpicl_generate_logs_each_step_once_with_the_labels(tiny_model_dir, cli,
 
 def test_the_calibration_log_says_what_t_counts_and_rounds_its_epsilons(logs):
     """T is every mechanism step of a label: tokens per demo x demos per label, not the tokens of one demo."""
-    from dpcore.config import GenerationConfig
+    from dpcore.fewshot.config import GenerationConfig
     from dpcore.fewshot.plan import fewshot_plan
     from tasks.calibrate import log_calibrations
 
@@ -259,7 +259,7 @@ def test_errors_name_flags_not_config_fields():
 
 
 def test_config_errors_name_the_flag_and_the_field(cli):
-    from dpcore.config import flag
+    from dpcore.flags import flag
 
     assert flag("pate_queries") == "--pate-queries (pate_queries)"
     assert flag("rvp") == "--no-rvp (rvp)"

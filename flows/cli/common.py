@@ -18,10 +18,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dpcore.config import FLAG_SPELLINGS, FLAT_FIELDS, SECTIONS, RunConfig, flag
+from dpcore.config import FLAT_FIELDS, SECTIONS, RunConfig
 from dpcore.data.artifacts import check_writable_place, jsonable
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
+from dpcore.flags import FLAG_SPELLINGS, flag
 
 __all__ = ["add_config_flags", "add_output_flags", "check_out_file", "checked_config", "command", "config_from_args",
            "fmt_value", "parse_epsilon", "print_json", "say"]

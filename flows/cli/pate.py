@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import sys
 
-from dpcore.config import RunConfig, flag
+from dpcore.config import RunConfig
 from dpcore.display import fmt_delta, fmt_eps
+from dpcore.flags import flag
 from dpcore.public_outputs import Kind, declare, declare_line
 from flows.cli import common as cli
 from flows.cli.common import fmt_value as _fmt

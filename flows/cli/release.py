@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from dpcore.config import AuditConfig
+from dpcore.audit.config import AuditConfig
 from dpcore.data.artifacts import jsonable, write_bytes_atomic, write_json_atomic, write_text_atomic
 from dpcore.data.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpcore.config import AuditConfig, RunConfig
+from dpcore.audit.config import AuditConfig
+from dpcore.config import RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
 from dpcore.names import PREDICTION_METHODS
