@@ -86,9 +86,9 @@ def pate_settings(config, spec, delta: float) -> dict:
     device when auto: `dpcore.pate.presets`), sigma1 then from the task YAML; T defaults to round(0.9 E).
     `queries`: the most each repeat may label (the plan labels what its epsilon affords)."""
     name, values = preset(config.pate.preset, config.device)
-    for field in ("teachers", "queries", "sigma1", "sigma2", "student_candidates"):
-        if getattr(config.pate, field) is not None:
-            values[field] = getattr(config.pate, field)
+    for setting in ("teachers", "queries", "sigma1", "sigma2", "student_candidates"):
+        if getattr(config.pate, setting) is not None:
+            values[setting] = getattr(config.pate, setting)
     if values["sigma1"] is None:
         values["sigma1"] = spec.pate.sigma1
     teachers = int(values["teachers"])
