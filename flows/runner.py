@@ -3,8 +3,8 @@ so that a stop reaches every running stage; mapped calls of a task; a run id sta
 `cancelled_on_stop`, which ends a flow run that a stop request (Ctrl-C, SIGTERM) cut short in Prefect's
 Cancelled state rather than Failed or Crashed, as `tasks.common.stoppable_task` does its stages' task runs.
 
-The pipeline (`flows.pipeline`), PromptPATE's flow (`flows.pate`) and PromptDPSGD's (`flows.tune`) share
-them, so that a subflow runs the way the pipeline does.
+The pipeline (`flows.pipeline`) and every method's subflow (`flows.tang`, `flows.pate`, `flows.tune`, ...: the
+registry's `MethodFlow`s) share them, so that a subflow runs the way the pipeline does.
 """
 
 from __future__ import annotations
