@@ -29,10 +29,10 @@ A method is the unit of the product. Its entry says, in one place, what the rest
   `each_plan(estimate)` makes one from a single `PrivacyPlan`'s estimate (every plan's, and its prompt evaluated on
   the test items once per seed). None: it has none.
 
-A method `dpicl run --methods` runs is a `dpcore.names.Method`; a method of the field with commands of its own
-(`dpcore.names.PREDICTION_METHODS`: dp-icl) may register too, for its plan, artifact and release, and joins `--methods`
-when its name joins `Method`. Registering a method (dp-icl, or a new one): its subsystem under dpcore/, its stages in tasks/<method>.py, its
-subflow in flows/<method>.py, its name in `dpcore.names.Method`, its `RunConfig` section, its `ReleaseSpec` (when
+A method `dpicl run --methods` runs is a `dpcore.names.Method`. A prediction method (`dpcore.names.
+PREDICTION_METHODS`: dp-icl) is one too: in a run it answers the run's test items; its commands of its own serve
+further answers; it releases no prompt. Registering a new method: its subsystem under dpcore/, its stages in
+tasks/<method>.py, its subflow in flows/<method>.py, its name in `dpcore.names.Method`, its `RunConfig` section, its `ReleaseSpec` (when
 it releases something) in dpcore/<method>/release.py, and one entry here (`register`).
 """
 
