@@ -61,11 +61,18 @@ DEFAULT_BASELINES: tuple[str, ...] = ("zero-shot",)
 NON_PRIVATE_BASELINES: tuple[str, ...] = ("sigma-zero", "random-real")
 # PromptDPSGD's trainable prompt (`dpcore.dpsgd.soft_prompt`): s input embeddings, or keys and values at every layer
 # (P-tuning v2); P_0 from random vocabulary tokens' embeddings, or random.
-# What may spend privacy (the ledger's `purpose`). pipeline / generate: DP few-shot generation (the flow /
-# the `generate` command); audit: the audit's own DP generations; baseline: a non-private baseline;
-# pate / dpsgd: PromptPATE's votes and PromptDPSGD's training steps; dp-icl / adadpsyn / dp-opt: those methods' spends.
-PURPOSES: tuple[str, ...] = (("pipeline", "generate", "audit", "baseline") + tuple(m for m in METHODS if m != "tang")
-                              + tuple(m for m in PREDICTION_METHODS if m not in METHODS))
+# What may spend privacy (the ledger's `purpose`): each method's spends under its name, but DP few-shot
+# generation's, charged before methods had names, under the flow's (pipeline) and the `generate` command's;
+# audit: the audit's own DP generations; baseline: a non-private baseline.
+_NAMED_PURPOSES = {"tang": ("pipeline", "generate")}
+
+
+def ledger_purposes(method: str) -> tuple[str, ...]:
+    """The ledger purposes method `method`'s spends are charged under."""
+    return _NAMED_PURPOSES.get(method, (method,))
+
+
+PURPOSES: tuple[str, ...] = (*(p for m in METHODS for p in ledger_purposes(m)), "audit", "baseline")
 # Methods whose prompt is used with raw label scores (a trained prompt is fitted to the raw likelihood; chosen on
 # public data); the others' prompts are used contextually calibrated (Zhao et al.).
 RAW_SCORED_METHODS: tuple[str, ...] = ("dpsgd",)

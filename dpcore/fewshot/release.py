@@ -15,7 +15,7 @@ from dpcore.data.artifacts import read_table, verify_manifest
 from dpcore.errors import ConfigError
 from dpcore.fewshot.plan import TANG
 from dpcore.home import find_run_dir
-from dpcore.names import method_name
+from dpcore.names import ledger_purposes, method_name
 from dpcore.release.runs import (
     config_value,
     pick_epsilon,
@@ -32,7 +32,7 @@ ASSUMPTIONS = (
     DELTA_ASSUMPTION,
 )
 # The ledger purposes that charge DP few-shot generation (the flow, the `generate` command).
-TANG_PURPOSES = ("pipeline", "generate")
+TANG_PURPOSES = ledger_purposes("tang")
 # The parameters its export states at the top level: its one spend's, as its release manifest does.
 EXPORT_PARAMETERS = ("mechanism", "noise_multiplier", "sampling_rate", "steps")
 
