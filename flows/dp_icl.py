@@ -15,14 +15,12 @@ from __future__ import annotations
 from prefect import flow
 
 from dpcore.config import RunConfig
-from dpcore.home import configure_environment
-from flows.methods import MethodFlow
-from flows.runner import cancelled_on_stop, default_run_id
+from flows.methods import MethodFlow, planned_and_charged
+from flows.runner import cancelled_on_stop
 from tasks import dp_icl as dp_icl_stage
-from tasks import ingest as ingest_stage
-from tasks.charge import charge_plans, noise_charged
+from tasks.charge import noise_charged
 from tasks.common import stage_logger
-from tasks.run_plans import RunPlan, build_run_plan
+from tasks.run_plans import RunPlan
 
 FLOW_NAME = "dp-icl"
 METHOD = "dp-icl"
@@ -36,17 +34,9 @@ def dp_icl_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # n
     """DP-ICL's answers to the run's test items at every finite epsilon > 0 of `config`; a public summary
     ({method, results, seeded_noise, artifacts, run_dir}). As a subflow: the pipeline's `ingested`, `charge`
     (which charged DP-ICL's plans with the run's others) and `plan`; alone, it plans, ingests and charges here."""
-    configure_environment()
-    run_id = run_id or default_run_id()
-    if plan is None or METHOD not in plan.method_plans:
-        plan = build_run_plan(config, methods=(METHOD,))
-        plan.dry_run(run_id)
-    ingested = ingest_stage.ingested_for(plan, run_id, ingested, METHOD)
-    plans = list(plan.method_plans[METHOD])
-    if charge is None:
-        _say_plans(plans)
-        charge = charge_plans(plan.config.ledger_id, ingested["data_hash"], run_id, plans,
-                              same_records_ok=plan.config.new_budget_for_same_records)
+    run_id, plan, ingested, plans, charge = planned_and_charged(METHOD, config=config, run_id=run_id,
+                                                                ingested=ingested, charge=charge, plan=plan,
+                                                                before_charge=_say_plans)
     answered = [dp_icl_stage.answer(**dp_icl_stage.answer_call(plan.config, ingested, p,
                                                                noise_charged(charge, METHOD, p.epsilon)))
                 for p in plans]

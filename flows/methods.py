@@ -91,6 +91,26 @@ def evaluated_rows(name: str, config, ingested: dict, plans: list, artifacts: li
     return rows
 
 
+def planned_and_charged(name: str, *, config, run_id: str | None, ingested: dict | None, charge: dict | None,
+                        plan, before_charge: Callable[[list], None] | None = None) -> tuple:
+    """A registered method's subflow's start: (run_id, the run's plan, ingested, its plans, the charge). As a
+    subflow, the pipeline's plan, ingested data and charge; alone, it plans (dry-run first), ingests and charges
+    here (`before_charge(plans)` just before)."""
+    configure_environment()
+    run_id = run_id or default_run_id()
+    if plan is None or name not in plan.method_plans:
+        plan = build_run_plan(config, methods=(name,))
+        plan.dry_run(run_id)
+    ingested = ingest_stage.ingested_for(plan, run_id, ingested, name)
+    plans = list(plan.method_plans[name])
+    if charge is None:
+        if before_charge is not None:
+            before_charge(plans)
+        charge = charge_plans(plan.config.ledger_id, ingested["data_hash"], run_id, plans,
+                              same_records_ok=plan.config.new_budget_for_same_records)
+    return run_id, plan, ingested, plans, charge
+
+
 # What a prompt-making method makes of one of its plans: (the run's plan, the ingested data, the plan, whether this
 # attempt charged its noise) -> its artifact {epsilon, path, key, seeded_noise} (its stage in `tasks/<method>.py`).
 MakeArtifact = Callable[[Any, dict, Any, bool], dict]
@@ -102,16 +122,8 @@ def artifacts_evaluated(name: str, make: MakeArtifact, *, config, run_id: str | 
     planned here when it runs alone: dry-run, then charged here), its artifact per plan (`make`, on the charge),
     each evaluated on the run's test items (`evaluated_rows`); the public summary {method, results, seeded_noise,
     artifacts, run_dir}."""
-    configure_environment()
-    run_id = run_id or default_run_id()
-    if plan is None or name not in plan.method_plans:
-        plan = build_run_plan(config, methods=(name,))
-        plan.dry_run(run_id)
-    ingested = ingest_stage.ingested_for(plan, run_id, ingested, name)
-    plans = list(plan.method_plans[name])
-    if charge is None:
-        charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans,
-                              same_records_ok=config.new_budget_for_same_records)
+    run_id, plan, ingested, plans, charge = planned_and_charged(name, config=config, run_id=run_id,
+                                                                ingested=ingested, charge=charge, plan=plan)
     made = [make(plan, ingested, p, noise_charged(charge, name, p.epsilon)) for p in plans]
     rows = evaluated_rows(name, plan.config, ingested, plans, made)
     return {"method": name, "results": rows, "seeded_noise": any(m["seeded_noise"] for m in made),
