@@ -128,12 +128,8 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
     comparison = record_stage.record_comparison(
         run_dir=str(paths.public), run_id=run_id, dataset=config.dataset,
         tang_rows=recorded["results"] if tang else [],
-        pate_results_path=str(paths.public / "pate_results.parquet") if "pate" in others else None,
-        dpsgd_rows=(others.get("dpsgd") or {}).get("results", []), cost=cost,
-        # the other methods' rows (PromptPATE's and PromptDPSGD's come in through their own arguments above)
-        method_rows=[row for name in REGISTRY if name in others and name not in ("pate", "dpsgd")
-                     for row in others[name]["results"]],
-        calibrated=config.calibrate, method_audits=method_audits) if others else None
+        method_tables=[str(paths.public / REGISTRY[name].results) for name in REGISTRY if name in others],
+        cost=cost, calibrated=config.calibrate, method_audits=method_audits) if others else None
     seeded_noise = bool((tang_summary or {}).get("seeded_noise")) or any(o["seeded_noise"] for o in others.values())
     results = comparison["rows"] if comparison is not None else recorded["results"]
     return {

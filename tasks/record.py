@@ -116,22 +116,20 @@ def record(*, flat_config: dict[str, str], info: dict) -> dict:
 
 
 @uncached_task("record-comparison")
-def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: list[dict], pate_results_path: str | None,
-                      dpsgd_rows: list[dict], cost: dict, calibrated: bool,
-                      method_audits: list[dict] | None = None, method_rows: list[dict] | None = None) -> dict:
+def record_comparison(*, run_dir: str, run_id: str, dataset: str, tang_rows: list[dict], method_tables: list[str],
+                      cost: dict, calibrated: bool, method_audits: list[dict] | None = None) -> dict:
     """The methods of one run side by side (`dpcore.report.summary.comparison_table`): `comparison.parquet` and
     `comparison.png` in the public run folder, a Prefect markdown artifact and an MLflow parent run with a
-    nested run per (method, epsilon). `method_audits`: the membership audits of PromptPATE's student and
-    PromptDPSGD's prompts ({method, epsilon, verdict}), shown in their rows. `method_rows`: the registered
-    methods' rows (`tasks.methods`: AdaDPSyn, DP-OPT). Public rows only."""
+    nested run per (method, epsilon). `method_tables`: every other method's public results table
+    (`tasks.methods.MethodEntry.results`), in the registry's order. `method_audits`: the membership audits of
+    methods' artifacts ({method, epsilon, verdict}), shown in their rows. Public rows only."""
     from dpcore.report import plots
 
     folder = Path(run_dir)
     if is_private_path(folder):
         raise PermissionError("record: the public run folder may not lie in the private store")
-    pate_rows = read_table(Path(pate_results_path)).to_dict(orient="records") if pate_results_path else []
-    pate_rows, dpsgd_rows = (with_audit_verdict(rows, method_audits or []) for rows in (pate_rows, dpsgd_rows))
-    table = comparison_table(tang_rows, pate_rows, dpsgd_rows, delta=cost.get("delta"), other_rows=method_rows or [])
+    method_rows = [row for path in method_tables for row in read_table(Path(path)).to_dict(orient="records")]
+    table = comparison_table(tang_rows, with_audit_verdict(method_rows, method_audits or []), delta=cost.get("delta"))
     write_table(table, folder / "comparison.parquet")
     plots.comparison_curve(table, folder / "comparison.png", title=f"{dataset}: private prompts compared",
                            calibrated=calibrated, labels={m.name: m.title.split(" (")[0] for m in REGISTRY.values()})

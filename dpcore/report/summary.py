@@ -185,17 +185,16 @@ def with_audit_verdict(rows: list[dict], audits: list[dict]) -> list[dict]:
     return out
 
 
-def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: list[dict],
-                     delta: float | None = None, other_rows: list[dict] = ()) -> pd.DataFrame:
-    """One row per (method, epsilon) over the three private-prompting methods run on the same test split:
-    DP few-shot generation (`tang`, Tang et al.), PromptPATE (`pate`) and PromptDPSGD (`dpsgd`, Duan et
-    al.), and `other_rows` (the registered methods': AdaDPSyn, DP-OPT, in the same row shape), beside the
-    references (zero-shot once, the non-private baselines). `epsilon` is what the
+def comparison_table(tang_rows: list[dict], method_rows: list[dict], delta: float | None = None) -> pd.DataFrame:
+    """One row per (method, epsilon) over the private-prompting methods run on the same test split: DP few-shot
+    generation's rows (`tang`, Tang et al., with its baselines), then every other method's (`method_rows`, in the
+    registry's order, read from their results tables), beside the references (zero-shot once, the non-private
+    baselines). `epsilon` is what the
     ledger charged (PromptPATE's data-dependent bound is a non-DP statistic of the votes and stays in the
     private store). No wall time: each method's depends on its private records (the private run folder
     keeps them)."""
     rows, seen = [], set()
-    for source_rows in (tang_rows, pate_rows, dpsgd_rows, other_rows):
+    for source_rows in (tang_rows, method_rows):
         for row in source_rows:
             method = method_name(row["method"])  # rows of an older run may say dp
             epsilon = float(row["epsilon"]) if row.get("epsilon") is not None else math.nan
@@ -203,13 +202,14 @@ def comparison_table(tang_rows: list[dict], pate_rows: list[dict], dpsgd_rows: l
             if key in seen:  # zero-shot is evaluated by several methods on the same items: listed once
                 continue
             seen.add(key)
+            row_delta = finite_or_none(row.get("delta"))  # a table read back holds NaN where a row had none
             rows.append({
                 "method": method, "epsilon": epsilon,
-                "delta": float(row["delta"]) if row.get("delta") is not None else delta,
+                "delta": row_delta if row_delta is not None else delta,
                 "noise_multiplier": row.get("noise_multiplier"),
                 **{k: finite_or_none(row.get(k)) for k in ("accuracy_mean", "accuracy_std",
                                                            "calibrated_accuracy_mean", "calibrated_accuracy_std")},
-                "n": int(row["n"]) if row.get("n") is not None else None,
+                "n": int(row["n"]) if finite_or_none(row.get("n")) is not None else None,
                 "audit": row.get("audit"),
             })
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
