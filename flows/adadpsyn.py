@@ -16,6 +16,7 @@ from dpcore.config import RunConfig
 from flows.methods import MethodFlow, artifacts_evaluated
 from flows.runner import cancelled_on_stop
 from tasks import adadpsyn as adadpsyn_stage
+from tasks.common import Ingested
 from tasks.run_plans import RunPlan
 
 FLOW_NAME = "adadpsyn"
@@ -26,13 +27,13 @@ METHOD = "adadpsyn"
       description="AdaDPSyn (Gao et al. 2024): DP demonstrations by data-adaptive aggregation (PFIRR).")
 @cancelled_on_stop
 def adadpsyn_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
-                  ingested: dict | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
+                  ingested: Ingested | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
     """AdaDPSyn's demonstrations at every epsilon > 0 of `config`, evaluated; a public summary ({method,
     results, seeded_noise, artifacts}). As a subflow: the pipeline's `ingested`, `charge` (which charged
     AdaDPSyn's plans with the run's others) and `plan`; alone, it plans, ingests and charges here
     (`flows.methods.artifacts_evaluated`)."""
 
-    def make(run_plan, data: dict, p, charged: bool) -> dict:
+    def make(run_plan, data: Ingested, p, charged: bool) -> dict:
         return adadpsyn_stage.generate(**adadpsyn_stage.generate_call(run_plan.config, data, p, len(run_plan.labels),
                                                                       charged))
 
@@ -40,7 +41,7 @@ def adadpsyn_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  #
                                plan=plan)
 
 
-def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
+def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: Ingested, charge: dict, plan: RunPlan,
                      prepared=None) -> dict:
     """The subflow in a run of several methods (`flows.methods.MethodFlow.run`), on the run's charge."""
     return adadpsyn_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)

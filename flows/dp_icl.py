@@ -19,7 +19,7 @@ from flows.methods import MethodFlow, planned_and_charged
 from flows.runner import cancelled_on_stop
 from tasks import dp_icl as dp_icl_stage
 from tasks.charge import noise_charged
-from tasks.common import stage_logger
+from tasks.common import Ingested, stage_logger
 from tasks.run_plans import RunPlan
 
 FLOW_NAME = "dp-icl"
@@ -30,7 +30,7 @@ METHOD = "dp-icl"
       description="DP-ICL (Wu et al. 2024): the test items answered by a noisy vote of private exemplar subsets.")
 @cancelled_on_stop
 def dp_icl_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
-                ingested: dict | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
+                ingested: Ingested | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
     """DP-ICL's answers to the run's test items at every finite epsilon > 0 of `config`; a public summary
     ({method, results, seeded_noise, artifacts, run_dir}). As a subflow: the pipeline's `ingested`, `charge`
     (which charged DP-ICL's plans with the run's others) and `plan`; alone, it plans, ingests and charges here."""
@@ -41,9 +41,9 @@ def dp_icl_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # n
                                                                noise_charged(charge, METHOD, p.epsilon)))
                 for p in plans]
     rows = dp_icl_stage.result_rows(plans, answered, dp_icl_stage.run_settings(plan.config).vote_mode)
-    dp_icl_stage.write_results(rows, ingested["paths"]["public"])
+    dp_icl_stage.write_results(rows, str(ingested.paths.public))
     return {"method": METHOD, "results": rows, "seeded_noise": any(a["seeded_noise"] for a in answered),
-            "artifacts": [a["path"] for a in answered], "run_dir": ingested["paths"]["public"]}
+            "artifacts": [a["path"] for a in answered], "run_dir": str(ingested.paths.public)}
 
 
 def _say_plans(plans) -> None:
@@ -52,12 +52,12 @@ def _say_plans(plans) -> None:
         stage_logger().info(dp_icl_stage.PLANNED_LOG, *dp_icl_stage.plan_line(p))
 
 
-def _prepare(config: RunConfig, plan: RunPlan, ingested: dict) -> None:
+def _prepare(config: RunConfig, plan: RunPlan, ingested: Ingested) -> None:
     """Before the run's charge (`flows.methods.MethodFlow.prepare`): the plans said."""
     _say_plans(plan.method_plans.get(METHOD, ()))
 
 
-def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
+def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: Ingested, charge: dict, plan: RunPlan,
                      prepared=None) -> dict:
     """The subflow in a run of several methods (`flows.methods.MethodFlow.run`), on the run's charge."""
     return dp_icl_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)

@@ -17,6 +17,7 @@ from dpcore.config import RunConfig
 from flows.methods import MethodFlow, artifacts_evaluated
 from flows.runner import cancelled_on_stop
 from tasks import dp_opt as dp_opt_stage
+from tasks.common import Ingested
 from tasks.run_plans import RunPlan
 
 FLOW_NAME = "dp-opt"
@@ -27,19 +28,19 @@ METHOD = "dp-opt"
       description="DP-OPT (Hong et al. 2024): a private instruction written by a noisy ensemble.")
 @cancelled_on_stop
 def dp_opt_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
-                ingested: dict | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
+                ingested: Ingested | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
     """DP-OPT's instruction at every epsilon > 0 of `config`, evaluated; a public summary ({method, results,
     seeded_noise, artifacts, run_dir}). As a subflow: the pipeline's `ingested`, `charge` and `plan`;
     alone, it plans, ingests and charges here (`flows.methods.artifacts_evaluated`)."""
 
-    def make(run_plan, data: dict, p, charged: bool) -> dict:
+    def make(run_plan, data: Ingested, p, charged: bool) -> dict:
         return dp_opt_stage.write(**dp_opt_stage.write_call(run_plan.config, data, p, charged))
 
     return artifacts_evaluated(METHOD, make, config=config, run_id=run_id, ingested=ingested, charge=charge,
                                plan=plan)
 
 
-def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
+def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: Ingested, charge: dict, plan: RunPlan,
                      prepared=None) -> dict:
     """The subflow in a run of several methods (`flows.methods.MethodFlow.run`), on the run's charge."""
     return dp_opt_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)

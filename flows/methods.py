@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -24,6 +23,7 @@ from flows.runner import default_run_id
 from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
 from tasks.charge import charge_plans, noise_charged
+from tasks.common import Ingested
 from tasks.methods import REGISTRY, entry
 from tasks.run_plans import build_run_plan
 
@@ -69,29 +69,29 @@ def method_flow(name: str) -> MethodFlow:
     return found
 
 
-def evaluated_rows(name: str, config, ingested: dict, plans: list, artifacts: list[dict]) -> list[dict]:
+def evaluated_rows(name: str, config, ingested: Ingested, plans: list, artifacts: list[dict]) -> list[dict]:
     """Evaluate each artifact ({epsilon, path, key, seeded_noise}) as method `name`'s prompt on the run's test
     items and write the method's public results table (`MethodEntry.results`) and its plan file
     (`ReleaseSpec.plan_file`: its plans as charged, the run's model, data identity and task spec, whether the noise
     was seeded: what a release reads, `dpcore.release.planned.load_planned_artifact`); its rows
     (`tasks.evaluate.plan_rows`)."""
-    write_json_atomic(Path(ingested["paths"]["public"]) / entry(name).release_spec.plan_file, {
+    write_json_atomic(ingested.paths.public / entry(name).release_spec.plan_file, {
         "method": name, "plans": [p.to_dict() for p in plans],
         "seeded_noise": any(bool(a.get("seeded_noise")) for a in artifacts), "model": config.model,
-        "dataset": config.dataset, "dataset_id": config.ledger_id, "data_hash": ingested["data_hash"],
-        "task_spec": ingested["task_spec"]})
-    labels = list(ingested["labels"])
+        "dataset": config.dataset, "dataset_id": config.ledger_id, "data_hash": ingested.data_hash,
+        "task_spec": ingested.task_spec})
+    labels = list(ingested.labels)
     evaluations = [evaluate_stage.evaluate(**evaluate_stage.evaluate_call(
         evaluate_stage.DemoSet(method=name, epsilon=a["epsilon"], demo_paths=(a["path"],), demo_keys=(a["key"],)),
         ingested, config, labels)) for a in artifacts]
     rows = evaluate_stage.plan_rows(plans, evaluations)
     table = entry(name).results
     if table:
-        write_table(pd.DataFrame(rows), Path(ingested["paths"]["public"]) / table)
+        write_table(pd.DataFrame(rows), ingested.paths.public / table)
     return rows
 
 
-def planned_and_charged(name: str, *, config, run_id: str | None, ingested: dict | None, charge: dict | None,
+def planned_and_charged(name: str, *, config, run_id: str | None, ingested: Ingested | None, charge: dict | None,
                         plan, before_charge: Callable[[list], None] | None = None) -> tuple:
     """A registered method's subflow's start: (run_id, the run's plan, ingested, its plans, the charge). As a
     subflow, the pipeline's plan, ingested data and charge; alone, it plans (dry-run first), ingests and charges
@@ -106,17 +106,17 @@ def planned_and_charged(name: str, *, config, run_id: str | None, ingested: dict
     if charge is None:
         if before_charge is not None:
             before_charge(plans)
-        charge = charge_plans(plan.config.ledger_id, ingested["data_hash"], run_id, plans,
+        charge = charge_plans(plan.config.ledger_id, ingested.data_hash, run_id, plans,
                               same_records_ok=plan.config.new_budget_for_same_records)
     return run_id, plan, ingested, plans, charge
 
 
 # What a prompt-making method makes of one of its plans: (the run's plan, the ingested data, the plan, whether this
 # attempt charged its noise) -> its artifact {epsilon, path, key, seeded_noise} (its stage in `tasks/<method>.py`).
-MakeArtifact = Callable[[Any, dict, Any, bool], dict]
+MakeArtifact = Callable[[Any, Ingested, Any, bool], dict]
 
 
-def artifacts_evaluated(name: str, make: MakeArtifact, *, config, run_id: str | None, ingested: dict | None,
+def artifacts_evaluated(name: str, make: MakeArtifact, *, config, run_id: str | None, ingested: Ingested | None,
                         charge: dict | None, plan) -> dict:
     """The body a registered prompt-making method's subflow shares (every method the registry plans): its plans (the run's, or
     planned here when it runs alone: dry-run, then charged here), its artifact per plan (`make`, on the charge),
@@ -127,4 +127,4 @@ def artifacts_evaluated(name: str, make: MakeArtifact, *, config, run_id: str | 
     made = [make(plan, ingested, p, noise_charged(charge, name, p.epsilon)) for p in plans]
     rows = evaluated_rows(name, plan.config, ingested, plans, made)
     return {"method": name, "results": rows, "seeded_noise": any(m["seeded_noise"] for m in made),
-            "artifacts": [m["path"] for m in made], "run_dir": ingested["paths"]["public"]}
+            "artifacts": [m["path"] for m in made], "run_dir": str(ingested.paths.public)}

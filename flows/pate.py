@@ -40,7 +40,7 @@ from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
 from tasks import pate as pate_stage
 from tasks.charge import charge_plans, ledger_report, noise_charged
-from tasks.common import RunPaths, noise_scope, publish
+from tasks.common import Ingested, RunPaths, noise_scope, publish
 from tasks.release import seal_pate_run
 from tasks.run_plans import RunPlan, build_run_plan
 
@@ -65,7 +65,7 @@ class _Plan:
       description="PromptPATE (Duan et al.): a private discrete prompt from a flock of teacher prompts.")
 @cancelled_on_stop
 def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
-              ingested: dict | None = None, charge: dict | None = None,
+              ingested: Ingested | None = None, charge: dict | None = None,
               checkpoint_epsilons: list[float] | None = None, plan: RunPlan | None = None) -> dict:
     """Run PromptPATE for one configuration; returns a public summary (the `dpicl pate --json` object).
 
@@ -86,12 +86,12 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     elif not plan.made_from(config):
         raise DpiclError("pate: the plan was made for other records; plan the run again")
     ingested = ingest_stage.ingested_for(plan, run_id, ingested, "pate")
-    paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
+    paths = ingested.paths
     run_plan, plan = plan, _plan(config, ingested, plan, checkpoint_epsilons or [])
     settings, plans, per_repeat = plan.settings, plan.plans, plan.per_repeat
     # The ledger: charged before any teacher sees a query (all plans in one transaction, or refused: exit 3).
     ledger_entry = charge if charge is not None else charge_plans(
-        config.ledger_id, ingested["data_hash"], run_id, plans, same_records_ok=config.new_budget_for_same_records)
+        config.ledger_id, ingested.data_hash, run_id, plans, same_records_ok=config.new_budget_for_same_records)
     calls = _noisy_calls(config, ingested, run_plan, checkpoint_epsilons or [], ledger_entry, run_id)
     pate_stage.keep_charged(calls)  # before the teachers: a stop before a stage drew leaves it drawable once
     logger.info("ledger %s: PromptPATE plan charged (%d new, %d replayed): epsilon %.4g at delta %.3g for %d x %d "
@@ -108,13 +108,13 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     seeded = bool(teachers["seeded_noise"] or aggregate["seeded_noise"])
     # the plan and seeded flag `dpicl release --method pate` reads
     seal_pate_run(paths.public, plan=plans[0].to_dict(), run_id=run_id, dataset=config.dataset,
-                  dataset_id=config.ledger_id, data_hash=ingested["data_hash"], model=config.model,
-                  task_spec=ingested["task_spec"], seeded_noise=seeded,
+                  dataset_id=config.ledger_id, data_hash=ingested.data_hash, model=config.model,
+                  task_spec=ingested.task_spec, seeded_noise=seeded,
                   best_repeat=max(students, key=lambda s: s["validation_accuracy"])["repeat"] if students else None)
     recorded = pate_stage.record_pate(flat_config=config.flat(), results_path=str(results_path),
                                       parameters=dict(plans[0].parameters), info={
                                           "run_id": run_id, "dataset": config.dataset,
-                                          "data_hash": ingested["data_hash"], "model": config.model,
+                                          "data_hash": ingested.data_hash, "model": config.model,
                                           "seeded_noise": seeded})
     accuracy = _accuracy(evaluations, config.calibrate)
     logger.info("PromptPATE: answered %s of %d queries per repeat; student %s accuracy %s; epsilon %s",
@@ -124,7 +124,7 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
         "method": "pate",
         "run_id": run_id,
         "dataset": config.dataset,
-        "data_hash": ingested["data_hash"],
+        "data_hash": ingested.data_hash,
         "epsilon": plans[0].epsilon,
         "epsilon_per_repeat": (None if settings["accounting"] == ACCOUNTING
                                else _per_repeat_epsilon(settings, per_repeat, plan.delta)),
@@ -160,17 +160,17 @@ def pate_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noq
     }
 
 
-def _plan(config: RunConfig, ingested: dict, run_plan: RunPlan, checkpoint_epsilons: list[float]) -> _Plan:
+def _plan(config: RunConfig, ingested: Ingested, run_plan: RunPlan, checkpoint_epsilons: list[float]) -> _Plan:
     """The run plan's PromptPATE part (settings, plans, public queries: every check made), its public queries
     written to the run folder, and the smaller epsilons' prefixes."""
     pate, delta = run_plan.method_plan(METHOD), run_plan.delta
     inputs = pate_stage.pate_inputs(queries=pate.queries, source=pate.source, settings=pate.settings,
-                                    public_dir=ingested["paths"]["public"])
+                                    public_dir=str(ingested.paths.public))
     checkpoints = pate_stage.checkpoints(checkpoint_epsilons, pate.settings, pate.per_repeat, delta)
     return _Plan(pate.settings, delta, list(pate.plans), pate.per_repeat, inputs, checkpoints)
 
 
-def _noisy_calls(config: RunConfig, ingested: dict, run_plan: RunPlan, checkpoint_epsilons: list[float],
+def _noisy_calls(config: RunConfig, ingested: Ingested, run_plan: RunPlan, checkpoint_epsilons: list[float],
                  charge: dict, run_id: str) -> dict[str, dict]:
     """The noisy stages' task arguments, by stage: the teachers' in full, the aggregate's but for its votes
     (the flock's, added when they exist); each says whether `charge` (this attempt's) charged PromptPATE."""
@@ -178,13 +178,13 @@ def _noisy_calls(config: RunConfig, ingested: dict, run_plan: RunPlan, checkpoin
     settings = pate.settings
     fresh = noise_charged(charge, "pate", pate.plans[0].epsilon)
     scope = noise_scope(config.seed, run_id)
-    private = str(ingested["paths"]["private"])
+    private = str(ingested.paths.private)
     prefixes = [c["queries"] for c in pate_stage.checkpoints(checkpoint_epsilons, settings, pate.per_repeat, delta)]
-    teachers = dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+    teachers = dict(records_path=ingested.records_path, data_hash=ingested.data_hash,
                     teachers=settings["teachers"], shots=settings["shots"], seed=config.seed, noise_scope=scope,
                     noise_charged=fresh, private_run_dir=private)
-    aggregate = dict(data_hash=ingested["data_hash"], task_spec=ingested["task_spec"],
-                     labels=list(ingested["labels"]), vote_mode=settings["vote_mode"],
+    aggregate = dict(data_hash=ingested.data_hash, task_spec=ingested.task_spec,
+                     labels=list(ingested.labels), vote_mode=settings["vote_mode"],
                      threshold=settings["threshold"], sigma1=settings["sigma1"], sigma2=settings["sigma2"],
                      repeats=settings["repeats"], queries=pate.per_repeat, delta=delta, model=config.model,
                      device=config.device, dtype=config.dtype, seed=config.seed, noise_scope=scope,
@@ -193,7 +193,7 @@ def _noisy_calls(config: RunConfig, ingested: dict, run_plan: RunPlan, checkpoin
     return {"pate-teachers": teachers, "pate-aggregate": aggregate}
 
 
-def mark_charged(config: RunConfig, ingested: dict, plan: RunPlan, charge: dict, run_id: str,
+def mark_charged(config: RunConfig, ingested: Ingested, plan: RunPlan, charge: dict, run_id: str,
                  checkpoint_epsilons: list[float] | None = None) -> None:
     """Mark the noisy stages `charge` charged (`tasks.pate.keep_charged`): for a caller that charges PromptPATE
     with other methods and runs this flow later (the pipeline), right after its charge; `checkpoint_epsilons`
@@ -201,24 +201,24 @@ def mark_charged(config: RunConfig, ingested: dict, plan: RunPlan, charge: dict,
     pate_stage.keep_charged(_noisy_calls(config, ingested, plan, checkpoint_epsilons or [], charge, run_id))
 
 
-def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: dict, aggregate_call: dict,
+def _label_and_learn(config: RunConfig, ingested: Ingested, plan: _Plan, teachers: dict, aggregate_call: dict,
                      run_id: str) -> dict:
     """The mapped stages, on the charge already made: the flock's votes on the public queries (and on the
     test split for the non-private baselines), Confident-GNMax's noisy labels, a student per repeat (and per
     smaller epsilon's prefix), their evaluation beside zero-shot's. Fills each checkpoint's `answered`,
     `students` and `evaluations`. Data-dependent accounting: the labelling's released cost is charged
     (`_settle`) before any label or student is made public; `plan` in the result is the plan as settled."""
-    settings, labels = plan.settings, list(ingested["labels"])
-    common = dict(task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
+    settings, labels = plan.settings, list(ingested.labels)
+    common = dict(task_spec=ingested.task_spec, labels=labels, model=config.model, device=config.device,
                   dtype=config.dtype)
     blocks = [(first, min(first + config.pate.teacher_block, settings["teachers"]))
               for first in range(0, settings["teachers"], config.pate.teacher_block)]
     test_baselines = sorted(set(config.pate.baselines) & set(pate_stage.NON_PRIVATE_BASELINES))
-    eval_common = dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
-                       task_spec=ingested["task_spec"], labels=labels, model=config.model, device=config.device,
+    eval_common = dict(records_path=ingested.records_path, data_hash=ingested.data_hash,
+                       task_spec=ingested.task_spec, labels=labels, model=config.model, device=config.device,
                        dtype=config.dtype)
     with running(config.task_runner) as runner:
-        flock_calls = [dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
+        flock_calls = [dict(records_path=ingested.records_path, data_hash=ingested.data_hash,
                             assignment_path=teachers["assignment_path"], assignment_key=teachers["key"],
                             queries_path=plan.inputs["queries_path"], queries_key=plan.inputs["queries_key"],
                             first=first, last=last, calibrate=settings["vote_mode"] == "calibrated", split=split,
@@ -244,17 +244,17 @@ def _label_and_learn(config: RunConfig, ingested: dict, plan: _Plan, teachers: d
         if test_baselines:
             test_blocks = [b for b in blocks_done if b["split"] == "test"]
             test_rows = pate_stage.pate_test_baselines(
-                records_path=ingested["records_path"], scores_paths=[b["scores_path"] for b in test_blocks],
+                records_path=ingested.records_path, scores_paths=[b["scores_path"] for b in test_blocks],
                 vote_mode=settings["vote_mode"], test_size=config.test_size, **common)
     return {"aggregate": aggregate, "students": students, "evaluations": evaluations, "zero": zero,
             "test_rows": test_rows, "plan": plan}
 
 
-def _settle(config: RunConfig, ingested: dict, plan: _Plan, released_rdp: float, run_id: str) -> _Plan:
+def _settle(config: RunConfig, ingested: Ingested, plan: _Plan, released_rdp: float, run_id: str) -> _Plan:
     """Data-dependent accounting: the labelling charged at the released upper bound on its cost
     (`dpcore.pate.released_cost`), refused (nothing published) over the epsilon asked or the dataset's budget."""
     settled = settled_plan(plan.plans[0], released_rdp)
-    charge_plans(config.ledger_id, ingested["data_hash"], run_id, [settled],
+    charge_plans(config.ledger_id, ingested.data_hash, run_id, [settled],
                  same_records_ok=config.new_budget_for_same_records)
     get_run_logger().info("ledger %s: PromptPATE labelling charged at the released upper bound on its data-dependent "
                           "cost: the run's PromptPATE epsilon %.4g at delta %.3g", config.ledger_id, settled.epsilon,
@@ -371,7 +371,7 @@ def _row(method, epsilon, delta, raw, calibrated, n, repeats, queries, answered)
             "n": int(n), "repeats": int(repeats), "queries": int(queries), "answered_mean": float(answered)}
 
 
-def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
+def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: Ingested, charge: dict, plan: RunPlan,
                      prepared=None) -> dict:
     """PromptPATE in a run of several methods (`flows.methods.MethodFlow.run`): at the run's smaller epsilons too
     (prefixes of its one labelling, charged once); the zero-shot row, when DP few-shot generation evaluates it on
@@ -382,7 +382,7 @@ def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: 
                      checkpoint_epsilons=list(config.epsilons), plan=plan)
 
 
-def _mark_in_pipeline(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan, charge: dict) -> None:
+def _mark_in_pipeline(config: RunConfig, run_id: str, ingested: Ingested, plan: RunPlan, charge: dict) -> None:
     mark_charged(config, ingested, plan, charge, run_id, list(config.epsilons))
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
@@ -55,7 +54,7 @@ from tasks.charge import (
     non_private_warning,
     planned_cost,
 )
-from tasks.common import RunPaths
+from tasks.common import Ingested, RunPaths
 from tasks.methods import REGISTRY
 from tasks.run_plans import RunPlan, build_run_plan
 
@@ -91,7 +90,7 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
 
     # 1-2. ingest and partition (private records stay in the private store)
     ingested = ingest_stage.ingested_for(plan, run_id, None, "run")
-    paths = RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
+    paths = ingested.paths
     tang = "tang" in config.methods
     # every method the run names, in the registry's order (`tasks.methods`), by its flow (`flows.methods`)
     flows_ = {name: method_flow(name) for name in REGISTRY if name in config.methods}
@@ -136,7 +135,7 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
         "run_id": run_id,
         "flow_run_id": flow_run_id,
         "dataset": config.dataset,
-        "data_hash": ingested["data_hash"],
+        "data_hash": ingested.data_hash,
         "methods": list(config.methods),
         "run_dir": str(paths.public),
         "private_run_dir": str(paths.private),
@@ -165,7 +164,7 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
 dp_fewshot_pipeline = private_prompting_pipeline
 
 
-def _record(config: RunConfig, run_id: str, flow_run_id: str, ingested: dict, paths: RunPaths,
+def _record(config: RunConfig, run_id: str, flow_run_id: str, ingested: Ingested, paths: RunPaths,
             tang_summary: dict | None, others: dict) -> tuple[dict, dict]:
     """7. record: MLflow, Prefect artifacts, manifests (after the other methods: it writes the manifest), when
     the run generated DP demonstrations; otherwise the other methods' MLflow runs. (recorded, audit)."""
@@ -176,8 +175,8 @@ def _record(config: RunConfig, run_id: str, flow_run_id: str, ingested: dict, pa
                  first.get("mlflow_experiment_id"), "tracking_uri": tracking.tracking_uri(), "results": []},
                 {"ran": False})
     recorded = record_stage.record(flat_config=config.flat(), info={
-        "run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"],
-        "model": config.model, "num_private_records": ingested["num_private_records"],
+        "run_id": run_id, "dataset": config.dataset, "data_hash": ingested.data_hash,
+        "model": config.model, "num_private_records": ingested.num_private_records,
         "seeded_noise": tang_summary["seeded_noise"], "run_dir": str(paths.public),
         "private_run_dir": str(paths.private), "flow_run_id": flow_run_id,
     })

@@ -35,7 +35,7 @@ from tasks import evaluate as evaluate_stage
 from tasks import generate as generate_stage
 from tasks import ingest as ingest_stage
 from tasks.charge import checks_after_ingest, noise_charged
-from tasks.common import RunPaths, noise_scope, publish
+from tasks.common import Ingested, noise_scope, publish
 from tasks.generate import GenerationItem, Shard
 from tasks.run_plans import RunPlan
 
@@ -68,31 +68,33 @@ class FewShotRun:
     generation_config: GenerationConfig
 
 
-def planned_run(config: RunConfig, plan: RunPlan, ingested: dict) -> FewShotRun:
+def planned_run(config: RunConfig, plan: RunPlan, ingested: Ingested) -> FewShotRun:
     """The run plan's DP few-shot generation part (`tasks.tang.TangPlan`) and its generation items, one per
     (row, label, epsilon), each with its seed from the run seed (a pure function of the plan)."""
     tang = plan.method_plan(METHOD)
-    items = generate_stage.generation_plan(list(ingested["labels"]), tang.fewshot, config.seed)
+    items = generate_stage.generation_plan(list(ingested.labels), tang.fewshot, config.seed)
     return FewShotRun(tang.fewshot, items, tang.generation)
 
 
-def prepare_stages(config: RunConfig, plan: RunPlan, ingested: dict, paths: RunPaths) -> FewShotRun:
+def prepare_stages(config: RunConfig, plan: RunPlan, ingested: Ingested) -> FewShotRun:
     """Stages 2-3 of DP few-shot generation, before the charge: partition by label, the plan's sigmas logged
     and written (`calibration.parquet`), the checks that need the model and the data."""
     ingest_stage.partition(ingested)
     run = planned_run(config, plan, ingested)
-    calibrate_stage.record_calibrations(plan=run.plan, generation=run.generation_config, public_dir=str(paths.public))
+    calibrate_stage.record_calibrations(plan=run.plan, generation=run.generation_config,
+                                        public_dir=str(ingested.paths.public))
     # --test-size and the longest group prompt against the model's context: checked before any charge
-    checks_after_ingest(config, ingested["num_test"], list(ingested["labels"]), run.generation_config)
+    checks_after_ingest(config, ingested.num_test, list(ingested.labels), run.generation_config)
     return run
 
 
-def tang_stages(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths, run: FewShotRun, plan: RunPlan,
+def tang_stages(config: RunConfig, run_id: str, ingested: Ingested, run: FewShotRun, plan: RunPlan,
                 ledger_entry: dict) -> dict:
     """DP few-shot generation's stages 4-6 (Tang et al. Algorithm 1): generation, evaluation and the audit,
     on the charge already made; tables written to the run folders."""
     fewshot, items, generation_config = run.plan, run.items, run.generation_config
-    labels = list(ingested["labels"])
+    paths = ingested.paths
+    labels = list(ingested.labels)
     scope = noise_scope(config.seed, run_id)
     calls = [generate_stage.generate_call(item, ingested, generation_config, config, scope,
                                           noise_charged(ledger_entry, item.method, item.epsilon)) for item in items]
@@ -151,33 +153,29 @@ def tang_stages(config: RunConfig, run_id: str, ingested: dict, paths: RunPaths,
             "generation_workers": sorted({s.worker for s in shards})}
 
 
-def _paths(ingested: dict) -> RunPaths:
-    return RunPaths(**{k: (Path(v) if k in ("public", "private") else v) for k, v in ingested["paths"].items()})
-
-
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=True, retries=0, persist_result=False,
       description="DP few-shot generation (Tang et al. Algorithm 1): DP demonstrations, their evaluation beside the "
                   "baselines and the membership audit, on the run's charge.")
 @cancelled_on_stop
-def tang_flow(config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan) -> dict:
+def tang_flow(config: RunConfig, run_id: str, ingested: Ingested, charge: dict, plan: RunPlan) -> dict:
     """DP few-shot generation's stages 4-6 (`tang_stages`) as a subflow of the pipeline, on its `plan`, its
     `ingested` data and its `charge` (the run's one charge, made after `prepare`); a public summary
     (seeded_noise, the audit's public summary and reference, the generation workers)."""
     ingested = ingest_stage.ingested_for(plan, run_id, ingested, METHOD)
-    return tang_stages(config, run_id, ingested, _paths(ingested), planned_run(config, plan, ingested), plan, charge)
+    return tang_stages(config, run_id, ingested, planned_run(config, plan, ingested), plan, charge)
 
 
-def prepare(config: RunConfig, plan: RunPlan, ingested: dict) -> FewShotRun:
+def prepare(config: RunConfig, plan: RunPlan, ingested: Ingested) -> FewShotRun:
     """`prepare_stages` in the protocol (`MethodFlow.prepare`): before the charge."""
-    return prepare_stages(config, plan, ingested, _paths(ingested))
+    return prepare_stages(config, plan, ingested)
 
 
-def run(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
+def run(*, config: RunConfig, run_id: str, ingested: Ingested, charge: dict, plan: RunPlan,
         prepared: FewShotRun | None = None) -> dict:
     """The subflow (`tang_flow`) in the protocol (`MethodFlow.run`), on the run's charge (its stages before the
     charge made here when `prepare` did not run)."""
     if prepared is None:
-        prepare_stages(config, plan, ingested, _paths(ingested))
+        prepare_stages(config, plan, ingested)
     return tang_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)
 
 

@@ -3,7 +3,7 @@
     the run's plan (sigma per epsilon) -> budget dry run -> model checks -> ingest -> ledger charge
       -> train (one task per epsilon and training, tag `gpu`) -> evaluate (the pipeline's task) -> record
 
-Usable alone (`dpicl tune`) or as a subflow of the pipeline: pass the pipeline's `ingested` dict and run
+Usable alone (`dpicl tune`) or as a subflow of the pipeline: pass the pipeline's `ingested` value and run
 id to reuse its ingested data and run folder. Every check that could fail runs before the charge; the
 charge (`tasks.charge.charge_plans`) comes before the first training step and is all or nothing
 (`BudgetExceededError`: exit 3). Right after it, every training the charge covers is marked
@@ -14,7 +14,6 @@ before a training began may still start it once when resumed under its id. The f
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 
@@ -29,6 +28,7 @@ from tasks import evaluate as evaluate_stage
 from tasks import ingest as ingest_stage
 from tasks import tune as tune_stage
 from tasks.charge import charge_plans, ledger_report, noise_charged
+from tasks.common import Ingested
 from tasks.run_plans import RunPlan, build_run_plan
 
 FLOW_NAME = "prompt-dpsgd"
@@ -46,7 +46,7 @@ def charge_line(charge: dict, shape: str) -> str:
       description="PromptDPSGD (Duan et al. Section 4.1): a soft prompt or prefix trained with DP-SGD.")
 @cancelled_on_stop
 def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # noqa: B008
-               ingested: dict | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
+               ingested: Ingested | None = None, charge: dict | None = None, plan: RunPlan | None = None) -> dict:
     """Train, evaluate and record PromptDPSGD prompts for every epsilon of `config`; a public summary.
 
     As a subflow: `ingested` is the pipeline's ingest result (its records and run folder are reused);
@@ -67,10 +67,10 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
     ingested = ingest_stage.ingested_for(plan, run_id, ingested, METHOD)
     plans = list(plan.method_plan(METHOD))
     if charge is None:
-        charge = charge_plans(config.ledger_id, ingested["data_hash"], run_id, plans,
+        charge = charge_plans(config.ledger_id, ingested.data_hash, run_id, plans,
                               same_records_ok=config.new_budget_for_same_records)
     logger.info(charge_line(charge, shape["shape"]))
-    paths = ingested["paths"]
+    paths = ingested.paths
     calls = training_calls(config, ingested, plans, charge)
     tune_stage.keep_charged(calls)  # before any starts: a stop before a training began leaves it startable once
     trained = [tune_stage.train_prompt(**call) for call in calls]
@@ -79,34 +79,34 @@ def dpsgd_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # no
     metrics = tune_stage.metrics_table(trained, evaluations)
     rows = tune_stage.summary_rows(plans, metrics)
     seeded = any(t["seeded_noise"] for t in trained)
-    info = {"run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"],
-            "run_dir": paths["public"], "private_run_dir": paths["private"], "seeded_noise": seeded}
+    info = {"run_id": run_id, "dataset": config.dataset, "data_hash": ingested.data_hash,
+            "run_dir": str(paths.public), "private_run_dir": str(paths.private), "seeded_noise": seeded}
     recorded = tune_stage.record_tuning(config=config, info=info, rows=rows, trained=trained)
     return {
-        "run_id": run_id, "dataset": config.dataset, "data_hash": ingested["data_hash"], "model": config.model,
-        "run_dir": paths["public"], "results": rows, "seeded_noise": seeded,
+        "run_id": run_id, "dataset": config.dataset, "data_hash": ingested.data_hash, "model": config.model,
+        "run_dir": str(paths.public), "results": rows, "seeded_noise": seeded,
         "prompts": [{"epsilon": t["epsilon"], "training": t["training"], "path": t["prompt_path"],
                      "curve": t["curve"]} for t in trained],
         "prompt_shape": shape["shape"], "trainable_parameters": shape["parameters"],
         "ledger": charge, "ledger_after": ledger_report(config.ledger_id, run_id),
         "mlflow_run_ids": recorded["mlflow_run_ids"], "plans": [p.to_dict() for p in plans],
         "epsilons": ["inf" if math.isinf(p.epsilon) else p.epsilon for p in plans],
-        "metrics_path": str(Path(paths["public"]) / "dpsgd_results.parquet"),
+        "metrics_path": str(paths.public / "dpsgd_results.parquet"),
     }
 
 
-def training_calls(config: RunConfig, ingested: dict, plans: list, charge: dict) -> list[dict]:
+def training_calls(config: RunConfig, ingested: Ingested, plans: list, charge: dict) -> list[dict]:
     """`tasks.tune.train_prompt`'s arguments for every (epsilon, training) of `plans`, each saying whether
     `charge` (this attempt's) charged its spend."""
-    paths = ingested["paths"]
-    return [dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
-                 task_spec=ingested["task_spec"], plan=plan.to_dict(), epsilon=plan.epsilon, training=i,
-                 config=config, public_dir=paths["public"], private_dir=paths["private"],
+    paths = ingested.paths
+    return [dict(records_path=ingested.records_path, data_hash=ingested.data_hash,
+                 task_spec=ingested.task_spec, plan=plan.to_dict(), epsilon=plan.epsilon, training=i,
+                 config=config, public_dir=str(paths.public), private_dir=str(paths.private),
                  noise_charged=noise_charged(charge, "dpsgd", plan.epsilon, i))
             for plan in plans for i in range(len(plan.spends))]
 
 
-def mark_charged(config: RunConfig, ingested: dict, plan: RunPlan, charge: dict) -> None:
+def mark_charged(config: RunConfig, ingested: Ingested, plan: RunPlan, charge: dict) -> None:
     """Mark the trainings `charge` charged (`tasks.tune.keep_charged`): for a caller that charges PromptDPSGD
     with other methods and runs this flow later (the pipeline), right after its charge."""
     tune_stage.keep_charged(training_calls(config, ingested, list(plan.method_plan(METHOD)), charge))
@@ -128,18 +128,18 @@ def run_tuning(config: RunConfig, run_id: str | None = None, plan: RunPlan | Non
     return dpsgd_flow(config=config, run_id=run_id, plan=plan)
 
 
-def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: dict, charge: dict, plan: RunPlan,
+def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: Ingested, charge: dict, plan: RunPlan,
                      prepared=None) -> dict:
     """PromptDPSGD in a run of several methods (`flows.methods.MethodFlow.run`), on the run's charge."""
     return dpsgd_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)
 
 
-def _prepare_in_pipeline(config: RunConfig, plan: RunPlan, ingested: dict) -> dict:
+def _prepare_in_pipeline(config: RunConfig, plan: RunPlan, ingested: Ingested) -> dict:
     """Before the run's charge: the prompt fits the model (`tasks.tune.check_model`)."""
     return tune_stage.check_model(config)
 
 
-def _mark_in_pipeline(config: RunConfig, run_id: str, ingested: dict, plan: RunPlan, charge: dict) -> None:
+def _mark_in_pipeline(config: RunConfig, run_id: str, ingested: Ingested, plan: RunPlan, charge: dict) -> None:
     mark_charged(config, ingested, plan, charge)
 
 

@@ -32,7 +32,7 @@ from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.calibrate import generation_config
-from tasks.common import derive_seed, language_model, stage_logger, uncached_task
+from tasks.common import Ingested, derive_seed, language_model, stage_logger, uncached_task
 from tasks.generate import check_generation, report_steps
 
 # AdaDPSyn's public outputs: its demonstrations (DP outputs, with the plan's sigma_eff, a function of public
@@ -127,10 +127,10 @@ def generate(*, records_path: str, task_spec: str, epsilon: float, parameters: d
             "seeded_noise": bool(result.seeded_noise), "demos": len(frame)}
 
 
-def generate_call(config: RunConfig, ingested: dict, plan: PrivacyPlan, num_labels: int, charged: bool) -> dict:
+def generate_call(config: RunConfig, ingested: Ingested, plan: PrivacyPlan, num_labels: int, charged: bool) -> dict:
     """`generate`'s arguments for one of AdaDPSyn's plans in a run (its seed derived from the run's and the
     epsilon)."""
-    return dict(records_path=ingested["records_path"], task_spec=ingested["task_spec"], epsilon=plan.epsilon,
+    return dict(records_path=ingested.records_path, task_spec=ingested.task_spec, epsilon=plan.epsilon,
                 parameters={k: plan.parameters[k] for k in ("sigma_avg", *PFIRR_FIELDS)}, generation=generation(config, num_labels), model=config.model,
                 device=config.device, dtype=config.dtype, seed=derive_seed(config.seed, METHOD, plan.epsilon),
-                noise_charged=charged, public_dir=ingested["paths"]["public"])
+                noise_charged=charged, public_dir=str(ingested.paths.public))

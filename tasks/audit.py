@@ -55,6 +55,7 @@ from dpcore.lm import runtime
 from dpcore.privacy.plan import AUDIT_PLAN, PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_line, declare_log
 from tasks.common import (
+    Ingested,
     cached_task,
     derive_seed,
     open_stage,
@@ -175,18 +176,19 @@ def audit_work(config: RunConfig, audit_config: AuditConfig, design: AuditDesign
     return runtime.Work(audit=audit)
 
 
-def audit_call(config: RunConfig, ingested: dict, plan: FewShotPlan, shards: list, generation_config: GenerationConfig,
-               noise_scope: str, audit_config: AuditConfig, charged: bool = False) -> dict:
+def audit_call(config: RunConfig, ingested: Ingested, plan: FewShotPlan, shards: list,
+               generation_config: GenerationConfig, noise_scope: str, audit_config: AuditConfig,
+               charged: bool = False) -> dict:
     """The keyword arguments of the `audit` task for a pipeline run: its DP epsilons (`FewShotPlan.dp`) and
     the run's own DP demos (`tasks.generate.Shard`s), with the audit as planned (`run_audit_design`).
     `charged`: this attempt of the run charged every DP demo set the audit generates, with its other spends."""
     dp_shards = sorted((s for s in shards if s.method == TANG), key=lambda s: (s.epsilon, s.label))
-    return dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
-                task_spec=ingested["task_spec"], targets=plan.tang(), generation=generation_config,
+    return dict(records_path=ingested.records_path, data_hash=ingested.data_hash,
+                task_spec=ingested.task_spec, targets=plan.tang(), generation=generation_config,
                 audit_config=audit_config, model=config.model, device=config.device, dtype=config.dtype,
                 seed=config.seed, noise_scope=noise_scope, demo_paths=[s.path for s in dp_shards],
                 demo_keys=[s.key for s in dp_shards], non_private_reference=config.audit.reference,
-                delta=plan.delta, dataset_id=config.ledger_id, run_id=ingested["paths"]["run_id"], charged=charged)
+                delta=plan.delta, dataset_id=config.ledger_id, run_id=ingested.paths.run_id, charged=charged)
 
 
 def _progress(what: str):

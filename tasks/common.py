@@ -31,6 +31,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from dpcore.data.artifacts import write_bytes_atomic
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import DpiclError, RunStopped
@@ -60,10 +62,6 @@ class RunPaths:
     public: Path
     private: Path
 
-    def as_dict(self) -> dict[str, str]:
-        return {"dataset": self.dataset, "data_hash": self.data_hash, "run_id": self.run_id,
-                "public": str(self.public), "private": str(self.private)}
-
 
 def run_paths(dataset: str, data_hash: str, run_id: str) -> RunPaths:
     """`$DPICL_HOME/runs/<dataset>/<hash12>/<run-id>/` and `$DPICL_HOME/private/runs/<same>/`."""
@@ -73,6 +71,27 @@ def run_paths(dataset: str, data_hash: str, run_id: str) -> RunPaths:
     public.mkdir(parents=True, exist_ok=True)
     private.mkdir(parents=True, exist_ok=True)
     return RunPaths(dataset, data_hash, run_id, public, private)
+
+
+class Ingested(BaseModel):
+    """A run's ingested data as every flow and stage reads it (`tasks.ingest.ingest`): the dataset's public
+    identity and counts, the private `records` table's path and the run's folders, never a record.
+
+    A pydantic model: subflows take it as a parameter, which Prefect validates against the type hint and
+    records JSON-encoded; frozen, so a subflow reads what its pipeline ingested."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dataset: str
+    task_spec: str  # the task spec as the run named it (a shipped task's name or a YAML path)
+    kind: str
+    data_hash: str
+    source: str
+    labels: tuple[str, ...]
+    num_private_records: int
+    num_test: int
+    records_path: str
+    paths: RunPaths
 
 
 def stages_root(private: bool = False) -> Path:

@@ -54,7 +54,15 @@ from dpcore.privacy.events import NoOpDpEvent
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.charge import charge_spends, plan_spends
-from tasks.common import derive_seed, language_model, report_progress, run_paths, stage_logger, uncached_task
+from tasks.common import (
+    Ingested,
+    derive_seed,
+    language_model,
+    report_progress,
+    run_paths,
+    stage_logger,
+    uncached_task,
+)
 
 KEY_FILE = "dp_icl_key.bin"   # the run's secret subset key, in the run's private folder
 PLAN_FILE = "dp_icl_plan.json"  # the plan's public parameters, in the run's public folder
@@ -403,13 +411,14 @@ def answer(*, records_path: str, task_spec: str, epsilon: float, delta: float, p
             "seeded_noise": bool(seeded)}
 
 
-def answer_call(config, ingested: dict, plan: PrivacyPlan, charged: bool) -> dict:
+def answer_call(config, ingested: Ingested, plan: PrivacyPlan, charged: bool) -> dict:
     """`answer`'s arguments for one of DP-ICL's plans in a run (its seed derived from the run's and the epsilon)."""
-    return dict(records_path=ingested["records_path"], task_spec=ingested["task_spec"], epsilon=plan.epsilon,
+    return dict(records_path=ingested.records_path, task_spec=ingested.task_spec, epsilon=plan.epsilon,
                 delta=plan.delta, parameters={k: plan.parameters[k] for k in PUBLIC_PARAMETERS},
                 vote_mode=run_settings(config).vote_mode, test_size=config.test_size, model=config.model,
                 device=config.device, dtype=config.dtype, seed=derive_seed(config.seed, METHOD, plan.epsilon),
-                noise_charged=charged, public_dir=ingested["paths"]["public"], private_dir=ingested["paths"]["private"])
+                noise_charged=charged, public_dir=str(ingested.paths.public),
+                private_dir=str(ingested.paths.private))
 
 
 def result_rows(plans, answered: list[dict], vote_mode: str) -> list[dict]:

@@ -35,6 +35,7 @@ from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.common import (
+    Ingested,
     derive_seed,
     language_model,
     report_progress,
@@ -140,11 +141,11 @@ def _jsonable(value: float):
     return "inf" if math.isinf(value) else float(value)
 
 
-def write_call(config: RunConfig, ingested: dict, plan: PrivacyPlan, charged: bool) -> dict:
+def write_call(config: RunConfig, ingested: Ingested, plan: PrivacyPlan, charged: bool) -> dict:
     """`write`'s arguments for one of DP-OPT's plans in a run (its seed derived from the run's and the epsilon)."""
-    return dict(records_path=ingested["records_path"], task_spec=ingested["task_spec"], epsilon=plan.epsilon,
+    return dict(records_path=ingested.records_path, task_spec=ingested.task_spec, epsilon=plan.epsilon,
                 delta=plan.delta, parameters={k: plan.parameters[k] for k in PLANNED}, config=config, seed=derive_seed(config.seed, METHOD, plan.epsilon),
-                noise_charged=charged, public_dir=ingested["paths"]["public"])
+                noise_charged=charged, public_dir=str(ingested.paths.public))
 
 
 __all__ = ["INSTRUCTION_FILE", "METHOD", "params", "plans", "records_by_label", "work", "write",

@@ -28,7 +28,7 @@ from dpcore.lm.config import EvalConfig
 from dpcore.public_outputs import Kind, declare, declare_log
 from dpcore.release.planned import read_instruction
 from dpcore.release.spec import INSTRUCTION, TRAINED_PROMPT
-from tasks.common import cached_task, open_stage, report_progress, stage_dir, stage_logger
+from tasks.common import Ingested, cached_task, open_stage, report_progress, stage_dir, stage_logger
 
 EVAL_MODULES = ("dpcore.lm.icl", "dpcore.lm.prefix_cache", "dpcore.data.taskspec", "dpcore.lm.model", "dpcore.dpsgd.soft_prompt",
                 "dpcore.dpsgd.adapters", "dpcore.release.planned")
@@ -177,10 +177,10 @@ def evaluation_plan(baselines: list[str], generated) -> list[DemoSet]:
     return plan
 
 
-def evaluate_call(demo_set: DemoSet, ingested: dict, config, labels: list[str]) -> dict:
+def evaluate_call(demo_set: DemoSet, ingested: Ingested, config, labels: list[str]) -> dict:
     """The keyword arguments of the `evaluate` task for one demo set of a pipeline run."""
-    return dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
-                task_spec=ingested["task_spec"], method=demo_set.method, epsilon=demo_set.epsilon,
+    return dict(records_path=ingested.records_path, data_hash=ingested.data_hash,
+                task_spec=ingested.task_spec, method=demo_set.method, epsilon=demo_set.epsilon,
                 demo_paths=list(demo_set.demo_paths), demo_keys=list(demo_set.demo_keys),
                 eval_config=config.eval_config(), labels=labels, model=config.model, device=config.device,
                 dtype=config.dtype)

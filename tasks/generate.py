@@ -48,6 +48,7 @@ from dpcore.fewshot.plan import INSTRUCTION_ONLY, SIGMA_ZERO, TANG, FewShotPlan
 from dpcore.home import is_private_path
 from dpcore.public_outputs import Kind, declare, declare_line, declare_log
 from tasks.common import (
+    Ingested,
     cached_task,
     derive_seed,
     digest,
@@ -126,16 +127,16 @@ def generation_plan(labels: list[str], plan: FewShotPlan, run_seed: int | None) 
             for method, eps, sigma in plan.generations() for label in labels]
 
 
-def generate_call(item: GenerationItem, ingested: dict, generation: GenerationConfig, config, noise_scope: str,
+def generate_call(item: GenerationItem, ingested: Ingested, generation: GenerationConfig, config, noise_scope: str,
                   noise_charged: bool) -> dict:
     """The keyword arguments of the `generate` task for one item of a pipeline run (its kept state in the run's
     private folder)."""
-    return dict(records_path=None if item.method == INSTRUCTION_ONLY else ingested["records_path"],
-                data_hash=ingested["data_hash"], task_spec=ingested["task_spec"], method=item.method,
+    return dict(records_path=None if item.method == INSTRUCTION_ONLY else ingested.records_path,
+                data_hash=ingested.data_hash, task_spec=ingested.task_spec, method=item.method,
                 label=item.label, epsilon=item.epsilon, noise_multiplier=item.noise_multiplier,
                 generation=generation, model=config.model, device=config.device, dtype=config.dtype, seed=item.seed,
                 noise_scope=noise_scope, noise_charged=noise_charged,
-                private_run_dir=str(ingested["paths"]["private"]))
+                private_run_dir=str(ingested.paths.private))
 
 
 def _kept_path(private_run_dir: str, method: str, label: str, epsilon: float, suffix: str) -> Path:

@@ -22,7 +22,7 @@ from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import DpiclError
 from dpcore.privacy.ledger import Ledger
 from dpcore.public_outputs import declare_log
-from tasks.common import run_paths, uncached_task
+from tasks.common import Ingested, run_paths, uncached_task
 
 # |D| is a public count; the content hash a keyed version id of the records
 INGESTED_LOG = declare_log("ingested %s: %d private records, %d test items, %d labels, content hash %s",
@@ -46,7 +46,7 @@ def remember_records(data: LoadedDataset) -> LoadedDataset:
 
 @uncached_task("ingest")
 def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: str | None = None,
-           test_path: str | None = None, plan=None) -> dict:
+           test_path: str | None = None, plan=None) -> Ingested:
     """Load + validate the dataset; write the private `records` table. Returns paths and aggregates only.
 
     `test_path`: a separate test file (the test split); without it the test rows are held out of the
@@ -80,43 +80,42 @@ def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: s
         INGESTED_LOG,
         dataset, summary["train_size"], summary["test_size"], summary["labels"], data.content_hash[:12],
     )
-    return {
-        "dataset": dataset,
-        "task_spec": task_spec or dataset,
-        "kind": spec.kind,
-        "data_hash": data.content_hash,
-        "source": data.source,
-        "labels": list(data.labels),
-        "num_private_records": int(summary["train_size"]),
-        "num_test": int(summary["test_size"]),
-        "records_path": str(records_path),
-        "paths": paths.as_dict(),
-    }
+    return Ingested(
+        dataset=dataset,
+        task_spec=task_spec or dataset,
+        kind=spec.kind,
+        data_hash=data.content_hash,
+        source=data.source,
+        labels=tuple(data.labels),
+        num_private_records=int(summary["train_size"]),
+        num_test=int(summary["test_size"]),
+        records_path=str(records_path),
+        paths=paths,
+    )
 
 
 @uncached_task("partition")
-def ingested_for(plan, run_id: str, ingested: dict | None, who: str) -> dict:
+def ingested_for(plan, run_id: str, ingested: Ingested | None, who: str) -> Ingested:
     """The plan's records ingested for `run_id`, or, for a subflow handed its pipeline's ingest result, that
     result checked against the plan's content hash (`who` names the method in the refusal)."""
     if ingested is None:
         config = plan.config
         return ingest(config.dataset, run_id, config.data_path, config.task_spec, config.test_path, plan=plan)
-    if ingested["data_hash"] != plan.data_hash:
+    if ingested.data_hash != plan.data_hash:
         raise DpiclError(f"{who}: the dataset changed since it was planned (content hash differs); run again")
     return ingested
 
 
-def partition(ingested: dict) -> dict:
+def partition(ingested: Ingested) -> dict:
     """Split D_priv by label: private `partitions` (label, position, id) and public `label_counts`."""
-    records = read_table(Path(ingested["records_path"]))
+    records = read_table(Path(ingested.records_path))
     train = records[records["split"] == "train"]
     rows, counts = [], []
-    for label in ingested["labels"]:
+    for label in ingested.labels:
         ids = train.loc[train["label"] == label, "id"].tolist()
         rows.append(pd.DataFrame({"label": label, "position": range(len(ids)), "id": ids}))
         counts.append({"label": label, "records": len(ids)})
-    private = Path(ingested["paths"]["private"])
-    public = Path(ingested["paths"]["public"])
+    private, public = ingested.paths.private, ingested.paths.public
     write_table(pd.concat(rows, ignore_index=True), private / "partitions.parquet")
     write_table(pd.DataFrame(counts, columns=["label", "records"]), public / "label_counts.parquet")
     label_counts = {row["label"]: int(row["records"]) for row in counts}

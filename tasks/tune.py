@@ -72,6 +72,7 @@ from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from dpcore.report.summary import summarise_metrics
 from tasks.common import (
+    Ingested,
     code_version,
     derive_seed,
     digest,
@@ -370,14 +371,14 @@ def _training_progress(name: str, epsilon: float, training: int, logger, validat
     return progress
 
 
-def evaluation_calls(config: RunConfig, ingested: dict, trained: list[dict]) -> list[dict]:
+def evaluation_calls(config: RunConfig, ingested: Ingested, trained: list[dict]) -> list[dict]:
     """`tasks.evaluate.evaluate` calls, one per trained prompt (no demos, one seed each: a training is the
     unit that varies)."""
     eval_config = EvalConfig(shots=0, seeds=1, test_size=config.test_size, calibrate=config.calibrate)
-    return [dict(records_path=ingested["records_path"], data_hash=ingested["data_hash"],
-                 task_spec=ingested["task_spec"], method=METHOD, epsilon=t["epsilon"], demo_paths=[t["prompt_path"]],
+    return [dict(records_path=ingested.records_path, data_hash=ingested.data_hash,
+                 task_spec=ingested.task_spec, method=METHOD, epsilon=t["epsilon"], demo_paths=[t["prompt_path"]],
                  demo_keys=[file_sha256(Path(t["prompt_path"]))], eval_config=eval_config,
-                 labels=list(ingested["labels"]), model=config.model, device=config.device, dtype=config.dtype)
+                 labels=list(ingested.labels), model=config.model, device=config.device, dtype=config.dtype)
             for t in trained]
 
 

@@ -141,11 +141,14 @@ def test_default_baselines_read_no_private_record_and_are_not_charged():
 def test_the_non_private_reference_audit_is_opt_in_and_an_infinite_spend():
     from tasks.audit import audit_call
     from tasks.charge import non_private_warning
+    from tasks.common import Ingested, RunPaths
 
     config = RunConfig(epsilons=[2], audit=True)
     assert not config.audit.reference
     assert [m for m, _, _ in _spends(config)] == ["tang"]
-    ingested = {"records_path": "r", "data_hash": "h1", "task_spec": "agnews", "paths": {"run_id": "run-a"}}
+    ingested = Ingested(dataset="agnews", task_spec="agnews", kind="classification", data_hash="h1", source="s",
+                        labels=("World", "Sports"), num_private_records=2, num_test=1, records_path="r",
+                        paths=RunPaths("agnews", "h1", "run-a", Path("public"), Path("private")))
     assert audit_call(config, ingested, _plan(config), [], config.generation_config(), "", config.audit_config())[
         "non_private_reference"] is False
     opted = RunConfig(epsilons=[2], audit=True, audit_reference=True, dataset_id="ref-ds")

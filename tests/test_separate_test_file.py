@@ -90,18 +90,19 @@ def test_pipeline_ingest_takes_the_test_split_from_the_test_file(tickets_spec, f
 
     from dpcore.data.artifacts import read_table
     from dpcore.home import is_private_path
+    from tasks.common import Ingested
     from tasks.ingest import ingest
 
     data, test = files
     spec_path = tmp_path / "tickets.yaml"
 
     @flow(name="ingest-with-test-file")
-    def run() -> dict:
+    def run() -> Ingested:
         return ingest("tickets", "test-file-run", str(data), str(spec_path), str(test))
 
     ingested = run()
-    records = read_table(ingested["records_path"])
-    assert is_private_path(ingested["records_path"])
+    records = read_table(ingested.records_path)
+    assert is_private_path(ingested.records_path)
     assert sorted(records.loc[records["split"] == "train", "id"]) == ["t1", "t2", "t3", "t4", "t5", "t6"]
     assert list(records.loc[records["split"] == "test", "id"]) == ["q1", "q2", "q3"]
-    assert ingested["num_private_records"] == 6 and ingested["num_test"] == 3
+    assert ingested.num_private_records == 6 and ingested.num_test == 3
