@@ -120,8 +120,8 @@ def private_prompting_pipeline(config: RunConfig = RunConfig(), run_id: str | No
     # each method's wall time depends on its private records (batch sizes, lengths): the private store keeps it
     write_json_atomic(paths.private / "timings.json", {"method_wall_seconds": wall})
     recorded, audit = _record(config, run_id, flow_run_id, ingested, paths, tang_summary, others)
-    # the membership audit of the other methods' artifacts (PromptPATE's student, PromptDPSGD's prompts):
-    # nothing generated, nothing charged; their verdict joins the comparison beside the DP demos' audit
+    # the membership audit of the other methods' artifacts (`MethodEntry.audited_in_run`): nothing generated,
+    # nothing charged; their verdict joins the comparison beside the DP demos' audit
     method_audits = (_audit_method_artifacts(config, run_id, others)
                      if config.audit.enabled and config.audit.methods and others else [])
     comparison = record_stage.record_comparison(
@@ -202,14 +202,12 @@ def charge_line(ledger_entry: dict, cost: dict, run_id: str, delta: float) -> st
 
 
 def _audit_method_artifacts(config: RunConfig, run_id: str, others: dict) -> list[dict]:
-    """The release audit (`tasks.release.audit_artifact`) of PromptPATE's chosen student and of PromptDPSGD's
-    first training at each epsilon: [{method, epsilon, verdict, passed}] (public summaries)."""
-    targets = []
-    if (others.get("pate") or {}).get("student_prompt"):
-        targets.append(("pate", others["pate"]["epsilon"], None))
-    dpsgd_epsilons = {float(r["epsilon"]) for r in (others.get("dpsgd") or {}).get("results", [])
-                      if r.get("method") == "dpsgd"}
-    targets += [("dpsgd", epsilon, epsilon) for epsilon in sorted(dpsgd_epsilons)]
+    """The release audit (`tasks.release.audit_artifact`) of the artifacts each method's entry names
+    (`MethodEntry.audited_in_run`: PromptPATE's chosen student, PromptDPSGD's first training at each epsilon):
+    [{method, epsilon, verdict, passed}] (public summaries), in the registry's order."""
+    targets = [(name, epsilon, selected) for name, found in REGISTRY.items()
+               if name in others and found.audited_in_run is not None
+               for epsilon, selected in found.audited_in_run(others[name] or {})]
     audits = []
     for method, epsilon, selected in targets:
         try:

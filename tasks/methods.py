@@ -27,7 +27,10 @@ A method is the unit of the product. Its entry says, in one place, what the rest
 - `work(config, method_plan, labels=, record_tokens=, test_items=) -> dpcore.lm.runtime.Work`: its plan's model
   work in token positions from public sizes (the run's time estimate, `tasks.run_plans.RunPlan.work`);
   `each_plan(estimate)` makes one from a single `PrivacyPlan`'s estimate (every plan's, and its prompt evaluated on
-  the test items once per seed). None: it has none.
+  the test items once per seed). None: it has none;
+- `audited_in_run(summary) -> [(epsilon, selected)]`: which of its artifacts the run's membership audit checks when
+  the run asks for it (`audit_methods`), from its public run summary: each artifact's epsilon and the `--epsilon`
+  that selects it in `tasks.release.audit_artifact` (None: its only one). None: no in-run audit.
 
 A method `dpicl run --methods` runs is a `dpcore.names.Method`. A prediction method (`dpcore.names.
 PREDICTION_METHODS`: dp-icl) is one too: in a run it answers the run's test items; its commands of its own serve
@@ -114,6 +117,7 @@ class MethodEntry:
     results: str | None = None
     release_spec: ReleaseSpec | None = None
     work: WorkEstimate | None = None
+    audited_in_run: Callable[[dict], list[tuple[float, float | None]]] | None = None
 
 
 REGISTRY: dict[str, MethodEntry] = {}
@@ -172,10 +176,12 @@ register(MethodEntry("tang", "DP few-shot generation (Tang et al. 2024, Algorith
                      "flows.tang:TANG", ("demos.parquet",), True, release_spec=TANG_RELEASE, work=tang_stage.work))
 register(MethodEntry("pate", "PromptPATE (Duan et al. 2023, Section 4.2)", "pate", pate_stage.method_plan,
                      "flows.pate:PATE", ("pate_students.parquet",), True, "pate_results.parquet",
-                     release_spec=PATE_RELEASE, work=pate_stage.work))
+                     release_spec=PATE_RELEASE, work=pate_stage.work,
+                     audited_in_run=pate_stage.audited_in_run))
 register(MethodEntry("dpsgd", "PromptDPSGD (Duan et al. 2023, Section 4.1)", "dpsgd", tune_stage.method_plan,
                      "flows.tune:DPSGD", ("prompts/dpsgd-*.safetensors",), True, "dpsgd_results.parquet",
-                     release_spec=DPSGD_RELEASE, work=tune_stage.work))
+                     release_spec=DPSGD_RELEASE, work=tune_stage.work,
+                     audited_in_run=tune_stage.audited_in_run))
 register(MethodEntry("adadpsyn", "AdaDPSyn (Gao et al. 2024): DP demonstrations by data-adaptive aggregation",
                      "adadpsyn", adadpsyn_stage.plans, "flows.adadpsyn:ADADPSYN",
                      (ADADPSYN_RELEASE.artifact_file.format("*"),), True, "adadpsyn_results.parquet",

@@ -218,6 +218,11 @@ def work(config, plan: PatePlan, *, labels: int, record_tokens: int, test_items:
         labels, record_tokens))
 
 
+def audited_in_run(summary: dict) -> list[tuple[float, float | None]]:
+    """The run's membership audit checks its chosen student, its one artifact (`tasks.methods` protocol)."""
+    return [(summary["epsilon"], None)] if summary.get("student_prompt") else []
+
+
 def checkpoints(epsilons: list[float], settings: dict, per_repeat: int, delta: float) -> list[dict]:
     """The smaller epsilons a run reports from prefixes of its labelling
     (`dpcore.pate.privacy.labelling_checkpoints`): epsilon, Q_i per repeat, its data-independent epsilon."""

@@ -153,6 +153,12 @@ def work(config: RunConfig, plans_: tuple[PrivacyPlan, ...], *, labels: int, rec
     return total
 
 
+def audited_in_run(summary: dict) -> list[tuple[float, float | None]]:
+    """The run's membership audit checks the first training at each epsilon (`tasks.methods` protocol)."""
+    epsilons = {float(row["epsilon"]) for row in summary.get("results", []) if row.get("method") == "dpsgd"}
+    return [(epsilon, epsilon) for epsilon in sorted(epsilons)]
+
+
 def check_model(config: RunConfig) -> dict:
     """The trainable prompt fits the model (loaded here, before the charge: no private record is read)."""
     lm = language_model(config.model, config.device, config.dtype)
