@@ -12,7 +12,7 @@ al.'s Algorithm 1, the run's core method, whose fields stay at the top (every me
 fields; AdaDPSyn reuses M, N, K, RVP and T_max; `GenerationConfig` is Algorithm 1's view of them). Symbols of
 Tang et al. (Algorithm 1): M = num_subsets, N = subset_size, K = top_k, RVP = rvp, T_max = max_tokens, sigma =
 noise multiplier. `max_record_tokens` is the public token cap applied to every private record before generation
-(`dpcore.data.records`).
+(`dpcore.lm.budget`).
 
 Every other method, and the audit, is a typed section (`dpcore.section.Section`), declared with its field
 validators in its own subsystem and composed here: `RunConfig.audit` (`dpcore/audit/config.py`), `.pate`

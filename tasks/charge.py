@@ -145,7 +145,7 @@ def checks_after_ingest(config, num_test: int, labels: list[str], generation_con
 def check_group_prompt(model: str, spec, labels: list[str], generation_config) -> None:
     """The longest group prompt (N records at the public cap, and T_max tokens) fits the model's context
     (tokenizer and config only, no weights)."""
-    from dpcore.data.records import check_model_budget
+    from dpcore.lm.budget import check_model_budget
 
     check_model_budget(model, spec, labels, generation_config)
 

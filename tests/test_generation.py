@@ -427,7 +427,7 @@ def test_poisson_groups_larger_than_n_are_fitted_to_the_context(tiny_lm, spec):
 
 
 def test_truncate_records_cuts_to_the_cap_and_keeps_short_records(tiny_lm):
-    from dpcore.data.records import truncate_records
+    from dpcore.lm.budget import truncate_records
 
     texts = ["short one", "word " * 500, "café naïve – 東京 " * 100, ""]
     cut = truncate_records(tiny_lm, texts, 40)
@@ -440,7 +440,7 @@ def test_truncate_records_cuts_to_the_cap_and_keeps_short_records(tiny_lm):
 def test_truncation_shortcut_is_exact_for_the_byte_level_tokenizer(tiny_lm, monkeypatch):
     """Only texts of more than cap - 1 UTF-8 bytes are tokenised: the embedded tokenizer never gives
     more tokens than bytes + 1, so the shortcut cuts exactly what full tokenisation cuts."""
-    import dpcore.data.records as records_module
+    import dpcore.lm.budget as records_module
 
     assert records_module.tokens_at_most_bytes(tiny_lm)
     rng = np.random.default_rng(1)
@@ -454,7 +454,7 @@ def test_truncation_shortcut_is_exact_for_the_byte_level_tokenizer(tiny_lm, monk
 
 
 def test_prompt_budget_derives_the_cap_and_refuses_what_cannot_fit(tiny_lm, spec):
-    from dpcore.data.records import prompt_budget
+    from dpcore.lm.budget import prompt_budget
 
     config = _config(max_tokens=40, subset_size=4)
     budget = prompt_budget(tiny_lm.encode, 2048, spec, LABELS, config)
@@ -471,7 +471,7 @@ def test_prompt_budget_derives_the_cap_and_refuses_what_cannot_fit(tiny_lm, spec
 def test_model_budget_by_name_matches_the_loaded_model(tiny_lm, tiny_model_dir, spec):
     """The pre-charge check reads the tokenizer and context without the weights; the same numbers
     as the model the run then loads (the tiny model by name, and a saved model folder)."""
-    from dpcore.data.records import check_model_budget, context_length, prompt_budget
+    from dpcore.lm.budget import check_model_budget, context_length, prompt_budget
 
     config = _config(max_tokens=40)
     loaded = prompt_budget(tiny_lm.encode, context_length(tiny_lm), spec, LABELS, config)
@@ -499,9 +499,9 @@ def test_generation_errors_carry_no_private_length():
     import inspect
     import re
 
-    import dpcore.data.records as records_module
     import dpcore.fewshot.generation as generation
     import dpcore.lm.batching as batching
+    import dpcore.lm.budget as records_module
     import dpcore.lm.model as lm_module
 
     private_length = re.compile(r"\{[^}]*(\blongest\b|len\((p|prompt|prompts|ids|text|tokens|record|chunk)\b)")

@@ -139,7 +139,7 @@ def test_a_model_folders_tokenizer_is_loaded_once_until_its_files_change(tmp_pat
     process, and again when the folder's tokenizer files change."""
     import os
 
-    from dpcore.data.records import _tokenizer, model_tokenizer_and_context
+    from dpcore.lm.budget import _tokenizer, model_tokenizer_and_context
 
     tiny_lm.model.save_pretrained(tmp_path)
     tiny_lm.tokenizer.save_pretrained(tmp_path)

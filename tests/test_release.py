@@ -54,6 +54,24 @@ def test_every_failed_condition_is_listed():
     assert len(gate.release_failures(bad)) == 4
 
 
+def test_the_samplers_covered_are_the_methods_own():
+    """The gate refuses an artifact drawn with a sampler its method's accountant does not cover (`ReleaseSpec.
+    accounted_samplers`): DP few-shot generation's cover Poisson and the fixed-size sampler, PromptDPSGD's Poisson
+    only; a run that did not record its sampler is refused too."""
+    from dpcore.dpsgd.release import RELEASE as DPSGD
+    from dpcore.fewshot.release import RELEASE as TANG
+
+    def failures(spec, samplers):
+        return gate.release_failures(gate.ReleaseEvidence(**{**GOOD.__dict__, "samplers": samplers, "spec": spec,
+                                                              "method": spec.method}))
+
+    assert failures(TANG, ("poisson", "fixed")) == [] and failures(DPSGD, ("poisson",)) == []
+    for spec, samplers, named in ((TANG, ("unrecorded",), "unrecorded"), (DPSGD, ("fixed",), "fixed")):
+        (line,) = failures(spec, samplers)
+        assert f"sampler {named}, which the privacy accountant does not cover (covered: " in line
+        assert line.endswith(f"{', '.join(spec.accounted_samplers)})")
+
+
 # --------------------------------------------------------------------------- real runs
 
 

@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from dpcore.data.datasets import content_ids
-from dpcore.data.records import truncate_records
 from dpcore.data.splits import split_key
 from dpcore.data.taskspec import TaskSpec
 from dpcore.dp_opt.ensemble import subset_votes
@@ -35,6 +34,7 @@ from dpcore.dp_opt.presets import DpOptParams
 from dpcore.dp_opt.sampling import holdout_mask, sampling_rate, step_subsets
 from dpcore.dp_opt.selection import private_candidate, private_token, stops
 from dpcore.errors import ConfigError, stop_if_requested
+from dpcore.lm.budget import truncate_records
 from dpcore.lm.icl import label_logprobs
 
 HOLDOUT_KEY = split_key(0, "dp-opt-holdout")  # public: the split is a public rule, read one record at a time

@@ -73,7 +73,21 @@ def load_dpsgd_artifact(spec: ReleaseSpec, run_id: str, home: Path, *, epsilon: 
         drawn_records=(float(m["sampling_rate"]), int(m["steps"])), spec=spec)
 
 
+def trained_model(lm, artifact_file: Path, weights_sha256: str, trained_on: str) -> tuple:
+    """(the model to answer with, the cache before every prompt) of a PromptDPSGD release
+    (`adapters.trained_scoring`: a trained prompt's cache on `lm`, or `lm` with a LoRA adapter or fine-tuned
+    weights applied), refused unless `lm` holds the weights it was trained on (`soft_prompt.weights_hash`):
+    a trained prompt or adapter means nothing on another model (`ReleaseSpec.applied_to_model`)."""
+    from dpcore.dpsgd.adapters import trained_scoring  # torch
+    from dpcore.dpsgd.soft_prompt import weights_hash
+
+    if weights_hash(lm.model) != weights_sha256:
+        raise ConfigError(f"model {lm.name!r}: a PromptDPSGD prompt or adapter answers only on the model it was "
+                          f"trained on ({trained_on}, weight sha256 {weights_sha256[:12]}...)")
+    return trained_scoring(lm, artifact_file)
+
+
 RELEASE = ReleaseSpec(
     method=METHOD, kind=TRAINED_PROMPT, load=load_dpsgd_artifact,
     nothing_releasable="the run produced no PromptDPSGD trained prompt", assumptions=ASSUMPTIONS,
-    audit_file="audit_dpsgd.parquet", members="sampled")
+    audit_file="audit_dpsgd.parquet", members="sampled", applied_to_model=trained_model)

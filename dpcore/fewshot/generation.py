@@ -62,7 +62,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpcore.data.records import context_length, fit_group, prompt_budget, truncate_records
 from dpcore.errors import ConfigError
 from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.mechanisms import (
@@ -76,6 +75,7 @@ from dpcore.fewshot.mechanisms import (
 from dpcore.fewshot.sampling import check_group_sizes, draw_groups
 from dpcore.flags import flag
 from dpcore.lm.batching import BatchedForward
+from dpcore.lm.budget import context_length, fit_group, prompt_budget, truncate_records
 from dpcore.names import SAMPLERS, DemoSource, Mechanism, Sampler, check_mechanism
 
 log = logging.getLogger(__name__)
@@ -503,7 +503,7 @@ def prepare_records(lm, spec, records_by_label: dict[str, list[str]], labels: Se
     """Where private records enter generation: each record cut to the public token cap.
 
     The cap is `config.max_record_tokens`, or the largest for which the instruction, N records
-    and T_max generated tokens fit the model's context (`dpcore.data.records.prompt_budget`, which
+    and T_max generated tokens fit the model's context (`dpcore.lm.budget.prompt_budget`, which
     raises a ConfigError naming the parameter when they cannot: call it before the charge).
     A per-record transformation, applied before sampling: the accounting is unchanged.
     """

@@ -14,6 +14,7 @@ import pandas as pd
 from dpcore.data.artifacts import read_table, verify_manifest
 from dpcore.errors import ConfigError
 from dpcore.fewshot.plan import TANG
+from dpcore.fewshot.sampling import ACCOUNTED_SAMPLERS
 from dpcore.home import find_run_dir
 from dpcore.names import ledger_purposes, method_name
 from dpcore.release.runs import (
@@ -129,4 +130,5 @@ def load_tang_artifact(spec: ReleaseSpec, run_id: str, home: Path, *, epsilon: f
 RELEASE = ReleaseSpec(
     method=TANG, kind=DEMONSTRATIONS, load=load_tang_artifact,
     nothing_releasable="the run produced no DP demonstrations (only baselines)", assumptions=ASSUMPTIONS,
-    artifact_file="demos.parquet", released_what="demos'", export_parameters=EXPORT_PARAMETERS)
+    artifact_file="demos.parquet", released_what="demos'", export_parameters=EXPORT_PARAMETERS,
+    accounted_samplers=ACCOUNTED_SAMPLERS)

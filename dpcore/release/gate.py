@@ -9,9 +9,9 @@ only when every condition holds:
   3. its privacy spend is recorded in the ledger: an entry of that run holds every spend the artifact names
      (mechanism, sigma, q, T, delta, under the method's purposes), not merely any entry of the run id,
   4. the accountant cross-check agreed for every epsilon it released,
-  5. its demos were drawn with a sampler the accountant's bound covers
-     (`dpcore.fewshot.sampling.ACCOUNTED_SAMPLERS`: Poisson, and the fixed-size sampler under
-     add/remove neighbours, proof in `dpcore.fewshot.sampling`).
+  5. its demos were drawn with a sampler the accountant's bound covers (its spec's `accounted_samplers`;
+     DP few-shot generation's: Poisson, and the fixed-size sampler under add/remove neighbours, proof in
+     `dpcore.fewshot.sampling`).
 A refusal lists every failed condition, not only the first. One path for every method: `load_artifact` (the
 spec's loader) reads what the release publishes into an `Artifact` carrying the method's facts (the spends the
 ledger must hold, under which purposes; the samplers to cover; a recorded cross-check or none, then recomputed
@@ -36,7 +36,6 @@ import pandas as pd
 
 from dpcore.display import fmt_delta
 from dpcore.errors import ConfigError
-from dpcore.fewshot.sampling import ACCOUNTED_SAMPLERS
 from dpcore.privacy import composition
 from dpcore.privacy.events import event_from_dict, sampled_steps_event
 from dpcore.release.spec import DELTA_ASSUMPTION, Artifact, ReleaseSpec
@@ -88,10 +87,11 @@ def release_failures(evidence: ReleaseEvidence) -> list[str]:
                         "(their mechanism, sigma, q, T and delta)")
     if not evidence.crosscheck_agreed:
         failures.append("the accountant cross-check (prv-accountant vs dp-accounting PLD) did not agree")
-    uncovered = sorted(set(evidence.samplers) - set(ACCOUNTED_SAMPLERS))
+    covered = spec.accounted_samplers if spec is not None else ReleaseSpec.accounted_samplers
+    uncovered = sorted(set(evidence.samplers) - set(covered))
     if uncovered:
         failures.append(f"the demos were drawn with sampler {', '.join(uncovered)}, which the privacy accountant "
-                        f"does not cover (covered: {', '.join(ACCOUNTED_SAMPLERS)})")
+                        f"does not cover (covered: {', '.join(covered)})")
     return failures
 
 

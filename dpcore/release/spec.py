@@ -42,6 +42,13 @@ class Loader(Protocol):
                  training: int = 0, repeat: int | None = None) -> Artifact: ...
 
 
+class ModelApplier(Protocol):
+    """A trained prompt on a model: (the model to answer with, the cache before every prompt), refused in one
+    line unless `lm` holds the weights it was trained on (`weights_sha256`, of `trained_on`)."""
+
+    def __call__(self, lm, artifact_file: Path, weights_sha256: str, trained_on: str) -> tuple: ...
+
+
 @dataclass(frozen=True)
 class ReleaseSpec:
     """What releasing one method publishes and how it is read, declared once in the method's subsystem."""
@@ -57,6 +64,10 @@ class ReleaseSpec:
     members: MembersRead = "every-record"  # what its release audit takes as members
     released_what: str | None = None  # how a refusal names the spend released ("demos'"); None: "<method> prompt's"
     export_parameters: tuple[str, ...] | None = None  # its export's top-level parameters; None: all, in full
+    # the samplers its accountant covers: an artifact drawn with any other is refused (`Artifact.samplers`)
+    accounted_samplers: tuple[str, ...] = ("poisson",)
+    # how its artifact is put on a model to answer (a trained prompt, on its own model only); None: a text prompt
+    applied_to_model: ModelApplier | None = None
 
     @property
     def audited_at_release(self) -> bool:

@@ -142,11 +142,9 @@ def audit_artifact(run_id: str, method: str, audit_config, epsilon: float | None
         return done
     lm = language_model(artifact.info["model"], device, dtype)
     past = None
-    if released.kind == TRAINED_PROMPT:
-        from dpcore.release.predict import trained_model
-
-        lm, past = trained_model(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
-                                 artifact.info["model"])
+    if released.applied_to_model is not None:
+        lm, past = released.applied_to_model(lm, artifact.prompt_path, artifact.info["model_weights_sha256"],
+                                             artifact.info["model"])
     spec = TaskSpec.model_validate(artifact.task_spec)
     split_seed = derive_seed(seed if seed is not None else int(str(artifact.info["data_hash"])[:15], 16),
                              "release-audit")

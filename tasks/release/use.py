@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dpcore.errors import ConfigError
-from dpcore.release.spec import TRAINED_PROMPT, UNNAMED_METHOD
+from dpcore.release.spec import UNNAMED_METHOD
 from tasks.common import language_model
 from tasks.release.check import release_spec
 from tasks.release.registry import load_release
@@ -44,9 +44,9 @@ def answer_queries(release: str, dataset_id: str | None, texts: list[str], *, mo
         return manifest, connection.model, remote.answer(connection, spec, demos, texts, calibrate=calibrate)
     lm = language_model(model or manifest["model"], device=device)
     name, past = lm.name, None
-    if released.kind == TRAINED_PROMPT:
-        lm, past = predict.trained_model(lm, Path(manifest["release_dir"]) / manifest["artifact"]["file"],
-                                         manifest["model_weights_sha256"], manifest["model"])
+    if released.applied_to_model is not None:
+        lm, past = released.applied_to_model(lm, Path(manifest["release_dir"]) / manifest["artifact"]["file"],
+                                             manifest["model_weights_sha256"], manifest["model"])
     return manifest, name, predict.answer(lm, spec, demos, texts, calibrate=calibrate, past=past)
 
 
