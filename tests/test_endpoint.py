@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +23,6 @@ from dpcore.home import subdir
 from dpcore.lm import icl
 from dpcore.release import gate
 
-REPO = Path(__file__).resolve().parent.parent
 LABELS = ("World", "Sports", "Business", "Technology")
 DEMOS = [  # synthetic demonstrations standing in for DP outputs (one per label, shuffled order)
     ("The striker scored twice as the club won the cup final.", "Sports"),
@@ -354,20 +351,48 @@ def test_extraction_answers_through_the_endpoint_as_locally(tiny_lm, tiny_model_
     assert any(r["prediction"] for r in remote) and all(r["scoring"] == "text" for r in remote)
 
 
-@pytest.mark.slow
-def test_endpoint_without_echo_or_logprobs_on_the_embedded_model(embedded_lm, cli, tmp_path):
-    """The embedded model names the labels among its top tokens and in its greedy text, so the first-token and
-    text modes are checked against the local scorer on it (the tiny random model ranks the labels nowhere)."""
+@pytest.fixture(scope="module")
+def labels_first_lm():
+    """A tiny Llama that names the labels among its top tokens and in its greedy text, as a trained model does (the
+    tiny random model ranks them nowhere): its weights scaled up (peaked, input-dependent scores) and a constant
+    added to the label words' logits by an output layer with a bias (the same for every label: the order among the
+    labels stays the model's)."""
+    import torch
+
+    from dpcore.lm.model import LanguageModel
+
+    lm = LanguageModel.tiny_random(seed=0)
+    spec = load_task_spec("agnews")
+    with torch.no_grad():
+        for param in lm.model.parameters():
+            if param.dim() == 2:
+                param.mul_(20)
+        head = lm.model.lm_head
+        biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+        biased.weight = torch.nn.Parameter(head.weight.detach().clone())
+        biased.bias.zero_()
+        for label in spec.label_names:
+            (token,) = lm.encode(" " + spec.verbalizer(label))  # one token each
+            biased.bias[token] = 30.0
+        lm.model.lm_head = biased
+    return lm
+
+
+def test_endpoint_without_echo_or_logprobs_agrees_with_local_predict(labels_first_lm, cli, tmp_path):
+    """The first-token (no echo) and text (no log-probabilities) modes against the local scorer, on a model whose
+    top tokens and greedy text are the labels."""
     from tasks import common
 
+    name = "tiny-labels-first"
     with common._MODELS_LOCK:
-        common._MODELS[("smollm2-135m", "auto", "auto")] = embedded_lm
-    register_tang("endpoint-embedded", "smollm2-135m")
-    raw, _ = _predict(cli, tmp_path, "endpoint-embedded", "--no-calibration", name="local-raw")
-    with served(embedded_lm, "smollm2-135m", echo=False) as url:
-        first, err = _predict(cli, tmp_path, "endpoint-embedded", "--endpoint", url, "--no-calibration",
+        common._MODELS[(name, "auto", "auto")] = labels_first_lm
+    register_tang("endpoint-labels-first", name)
+    raw, _ = _predict(cli, tmp_path, "endpoint-labels-first", "--no-calibration", name="local-raw")
+    assert len({r["prediction"] for r in raw}) > 1  # the scores depend on the query
+    with served(labels_first_lm, name, echo=False) as url:
+        first, err = _predict(cli, tmp_path, "endpoint-labels-first", "--endpoint", url, "--no-calibration",
                               name="first-token")
-        forced = cli(["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-embedded",
+        forced = cli(["predict", "--input", str(_queries(tmp_path)), "--dataset-id", "endpoint-labels-first",
                       "--endpoint", url, "--scoring", "echo"])
     assert "scoring: logprobs" in err
     assert forced[0] == 2 and "--scoring echo is not supported" in forced[2] and "echo" in forced[2]
@@ -378,11 +403,11 @@ def test_endpoint_without_echo_or_logprobs_on_the_embedded_model(embedded_lm, cl
     got = np.array([[r["probabilities"][y] for y in LABELS] for r in first])
     want = np.array([[r["probabilities"][y] for y in LABELS] for r in raw])
     assert np.abs(got - want).max() < 1e-3
-    with served(embedded_lm, "smollm2-135m", logprobs=False) as url:
-        text, err = _predict(cli, tmp_path, "endpoint-embedded", "--endpoint", url, name="text")
+    with served(labels_first_lm, name, logprobs=False) as url:
+        text, err = _predict(cli, tmp_path, "endpoint-labels-first", "--endpoint", url, name="text")
     assert "scoring: text" in err and all(r["scoring"] == "text" and "probabilities" not in r for r in text)
     matched = [(r, local_raw) for r, local_raw in zip(text, raw, strict=True) if r["prediction"] is not None]
-    assert len(matched) >= len(QUERIES) // 2
+    assert len(matched) == len(QUERIES)  # every greedy answer of this model starts with a label
     # a greedy label token is the argmax over the labels too: the raw (uncalibrated) local prediction
     assert all(r["prediction"] == local_raw["prediction"] for r, local_raw in matched)
 
@@ -530,47 +555,70 @@ def _listening_addresses(port: int) -> set[str]:
 
 
 def test_dpicl_serve_answers_openai_clients_on_loopback_only(tiny_model_dir, tiny_lm, cli):
+    """`dpicl serve` in this process's main thread (where it sets its SIGTERM handler, as the `dpicl` program does),
+    an OpenAI client in another thread that ends it with SIGTERM."""
+    import signal
+    import threading
+
     import openai
 
+    from flows.cli import main
+
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--model", str(tiny_model_dir),
-                             "--name", "tiny", "--port", str(port), "--device", "cpu"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=10)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                models = [m.id for m in client.models.list()]
-                break
-            except openai.APIConnectionError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
-                time.sleep(0.3)
-        assert models == ["tiny"]
-        assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1 only
-        prompt = icl.prompt_text(load_task_spec("agnews"), DEMOS, QUERIES[0])
-        reply = client.completions.create(model="tiny", prompt=prompt + " Sports", max_tokens=0, echo=True, logprobs=2)
-        lp = reply.choices[0].logprobs
-        assert reply.choices[0].text == prompt + " Sports" and lp.tokens[-1] == " Sports"
-        assert lp.token_logprobs[0] is None and lp.text_offset[-1] == len(prompt)
-        want = icl.label_logprobs_naive(tiny_lm, load_task_spec("agnews"), DEMOS, [QUERIES[0]], ["Sports"])[0, 0]
-        assert abs(lp.token_logprobs[-1] - want) < 1e-4 and len(lp.top_logprobs[-1]) == 2
-        greedy = client.completions.create(model="tiny", prompt=prompt, max_tokens=3, temperature=0, logprobs=1)
-        assert len(greedy.choices[0].logprobs.tokens) == greedy.usage.completion_tokens <= 3
-        with pytest.raises(openai.BadRequestError, match="logprobs"):
-            client.completions.create(model="tiny", prompt=prompt, max_tokens=1, logprobs=50)
-        with pytest.raises(openai.NotFoundError):
-            client.completions.create(model="other", prompt=prompt, max_tokens=1)
-        # the port is taken now: a second server is refused in one line, before any model is loaded
-        code, _, err = cli(["serve", "--model", "no-such-model", "--port", str(port)])
-        assert code == 2 and f"--port {port}: 127.0.0.1:{port} is already in use" in _one_clear_line(err)
-    finally:
-        proc.terminate()
+    served_up, failures, second = threading.Event(), [], []
+
+    def client():
         try:
-            _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert proc.returncode == 0 and "serving model" in err and "server stopped" in err
-    assert "Traceback" not in err
+            openai_client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
+                                          timeout=10)
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    models = [m.id for m in openai_client.models.list()]
+                    break
+                except openai.APIConnectionError:
+                    assert time.monotonic() < deadline, "the server did not answer"
+                    time.sleep(0.2)
+            served_up.set()
+            _answers_openai_clients(openai_client, port, models, tiny_lm)
+            # the port is taken now: a second server is refused in one line, before any model is loaded
+            second.append(main(["serve", "--model", "no-such-model", "--port", str(port)]))
+        except BaseException as exc:  # raised again in the test's thread
+            failures.append(exc)
+        finally:
+            if served_up.is_set():
+                os.kill(os.getpid(), signal.SIGTERM)  # the server's handler stops it
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    code, _, err = cli(["serve", "--model", str(tiny_model_dir), "--name", "tiny", "--port", str(port), "--device",
+                        "cpu"])
+    thread.join(timeout=30)
+    if failures:
+        raise failures[0]
+    assert code == 0 and served_up.is_set() and second == [2], err
+    refusals = [line for line in err.splitlines() if "already in use" in line]
+    assert len(refusals) == 1 and f"--port {port}: 127.0.0.1:{port} is already in use" in refusals[0]
+    assert "serving model" in err and "server stopped" in err and "Traceback" not in err
+    with socket.socket() as probe:  # stopped: nothing listens any more
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _answers_openai_clients(client, port: int, models: list[str], tiny_lm) -> None:
+    import openai
+
+    assert models == ["tiny"]
+    assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1 only
+    prompt = icl.prompt_text(load_task_spec("agnews"), DEMOS, QUERIES[0])
+    reply = client.completions.create(model="tiny", prompt=prompt + " Sports", max_tokens=0, echo=True, logprobs=2)
+    lp = reply.choices[0].logprobs
+    assert reply.choices[0].text == prompt + " Sports" and lp.tokens[-1] == " Sports"
+    assert lp.token_logprobs[0] is None and lp.text_offset[-1] == len(prompt)
+    want = icl.label_logprobs_naive(tiny_lm, load_task_spec("agnews"), DEMOS, [QUERIES[0]], ["Sports"])[0, 0]
+    assert abs(lp.token_logprobs[-1] - want) < 1e-4 and len(lp.top_logprobs[-1]) == 2
+    greedy = client.completions.create(model="tiny", prompt=prompt, max_tokens=3, temperature=0, logprobs=1)
+    assert len(greedy.choices[0].logprobs.tokens) == greedy.usage.completion_tokens <= 3
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=1, logprobs=50)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt=prompt, max_tokens=1)

@@ -706,59 +706,53 @@ def test_cli_generate_bad_input_exits_2(tiny_model_dir, tmp_path, cli, flags, ma
     assert code == 2 and match in stderr
 
 
-# --------------------------------------------------------------------------- the real model
+# --------------------------------------------------------------------------- peaked distributions
 
 
-@pytest.mark.slow
-def test_real_model_generates_agnews_demo(embedded_lm, agnews):
-    spec = agnews.spec
-    label_records = {"Sports": agnews.records_for("Sports")}
-    prompts = [embedded_lm.encode(spec.generation.build("Sports", label_records["Sports"][i:i + k]))
-               for i, k in ((0, 0), (3, 1), (7, 2))]
-    single = torch.cat([embedded_lm.next_token_logits([p]) for p in prompts])
-    batched = BatchedForward(embedded_lm)(prompts)
-    assert torch.allclose(torch.softmax(batched, -1), torch.softmax(single, -1), atol=1e-5)
-    config = GenerationConfig(num_subsets=4, subset_size=1, top_k=100, max_tokens=3)
-    result = generate_demos(embedded_lm, spec, label_records, config, 0.0, seed=0)
-    demo = result.demos[0]
-    assert demo.tokens >= 1 and demo.text.strip()
-    assert result.private_stats["forward_tokens_per_s"] > 0
+@pytest.fixture(scope="module")
+def peaked_lm():
+    """The tiny random Llama with its weights scaled up: input-dependent next-token distributions as peaked as a
+    trained model's (the plain tiny model's are nearly flat). The embedded model's own run is in test_icl.py."""
+    from dpcore.lm.model import LanguageModel
+
+    lm = LanguageModel.tiny_random(seed=1)
+    with torch.no_grad():
+        for param in lm.model.parameters():
+            if param.dim() == 2:
+                param.mul_(20)
+    return lm
 
 
-@pytest.mark.slow
-def test_real_model_neighbouring_datasets_move_the_sum_by_at_most_sqrt2(embedded_lm, agnews):
-    """The sensitivity bound on the embedded model and real AG News text, with RVP (K=100): the peaked
-    distributions of real weights, which the tiny model's test above does not have."""
-    spec, label = agnews.spec, "Business"
-    pool = agnews.records_for(label)[:16]
-    base, extras = pool[:12], pool[12:]
-    rng = np.random.default_rng(11)
-    forward = BatchedForward(embedded_lm)
-    keep = public_top_k(forward([embedded_lm.encode(spec.generation.build(label, []))])[0], 100)
+def test_peaked_distributions_move_the_sum_by_at_most_sqrt2(peaked_lm, spec, records):
+    """The sensitivity bound with RVP (K=100) where it is tight: near one-hot group distributions, which the flat
+    tiny model's test above does not reach (its worst trial moves the sum by about 0.23)."""
+    label = "Business"
+    base = records[label][:12]
+    rng = np.random.default_rng(5)
+    forward = BatchedForward(peaked_lm)
+    keep = public_top_k(forward([peaked_lm.encode(spec.generation.build(label, []))])[0], 100)
     worst = 0.0
-    for extra in extras:
+    for trial in range(15):
+        extra = f"Added record {trial} " + " ".join(rng.choice(["x", "y", "zz", "news"], size=3))
         with_record = base + [extra]
-        groups = poisson_groups(len(with_record), 0.2, 3, rng)
+        groups = poisson_groups(len(with_record), 0.5, 3, rng)
         sums = []
         for drop in (False, True):
             kept = [g[g != len(base)] if drop else g for g in groups]
-            prompts = [embedded_lm.encode(spec.generation.build(label, [with_record[i] for i in g]))
+            prompts = [peaked_lm.encode(spec.generation.build(label, [with_record[i] for i in g]))
                        for g in kept if len(g)]
-            logits = forward(prompts) if prompts else torch.zeros((0, embedded_lm.vocab_size))
+            logits = forward(prompts) if prompts else torch.zeros((0, peaked_lm.vocab_size))
             sums.append(pre_noise_sum(restricted_softmax(logits, keep)))
         worst = max(worst, float(np.linalg.norm(sums[0] - sums[1])))
-    assert worst <= math.sqrt(2) + 1e-6
+    assert 1.0 < worst <= math.sqrt(2) + 1e-6  # near the bound, never past it
 
 
-@pytest.mark.slow
-def test_real_model_rvp_and_labels_at_once_equal_one_at_a_time(embedded_lm, agnews, monkeypatch):
-    """On the embedded model: every chosen token is in the public top-K, and generating two labels
-    together gives the tokens each gets alone with the same seed."""
+def test_peaked_distributions_rvp_and_labels_at_once_equal_one_at_a_time(peaked_lm, spec, records, monkeypatch):
+    """On peaked distributions: every chosen token is in the public top-K, and generating two labels together
+    gives the tokens each gets alone with the same seed."""
     import dpcore.fewshot.generation as generation
 
-    spec = agnews.spec
     labels = ["World", "Sports"]
-    label_records = {y: agnews.records_for(y)[:400] for y in labels}
     config = GenerationConfig(num_subsets=3, subset_size=1, top_k=10, max_tokens=3)
     chosen = []
     original = generation.noisy_argmax
@@ -769,8 +763,8 @@ def test_real_model_rvp_and_labels_at_once_equal_one_at_a_time(embedded_lm, agne
         return token
 
     monkeypatch.setattr(generation, "noisy_argmax", spy)
-    together = generate_demos(embedded_lm, spec, label_records, config, 0.3, seed=5, labels=labels)
-    alone = [generate_demos(embedded_lm, spec, label_records, config, 0.3, seed=5, labels=[y]).demos[0]
-             for y in labels]
+    together = generate_demos(peaked_lm, spec, records, config, 0.3, seed=5, labels=labels)
+    alone = [generate_demos(peaked_lm, spec, records, config, 0.3, seed=5, labels=[y]).demos[0] for y in labels]
     assert chosen and all(chosen)
     assert [(d.label, d.text, d.tokens) for d in together.demos] == [(d.label, d.text, d.tokens) for d in alone]
+    assert together.demos[0].text != together.demos[1].text  # the labels' prompts lead to different tokens

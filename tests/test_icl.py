@@ -344,6 +344,52 @@ def test_cli_demos_file_and_errors(tiny_model_dir, tmp_path, cli):
 
 
 # --------------------------------------------------------------------------- real model
+# Every test of the real embedded model is in this file: one worker loads it (`embedded_lm`, once per session);
+# the logic its other callers check runs on the tiny model.
+
+
+@pytest.mark.slow
+def test_embedded_model_converted_once_and_cached(embedded_lm, dpicl_home):
+    from dpcore.lm.models import resolve_model
+
+    resolved = resolve_model("smollm2-135m")
+    assert resolved.kind == "embedded"
+    folder = dpicl_home / "models" / "smollm2-135m"
+    assert (folder / "config.json").exists() and list(folder.glob("*.safetensors"))
+    assert "quantization_config" not in (folder / "config.json").read_text()
+    written = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    again = LanguageModel.load("smollm2-135m")
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == written  # loaded, not converted again
+    assert again.vocab_size == 49152 and 2 in again.eos_token_ids
+    assert abs(again.num_parameters(include_embeddings=True) - 134.5e6) < 1e6
+
+
+@pytest.mark.slow
+def test_embedded_model_predicts_sensibly(embedded_lm):
+    probs = embedded_lm.next_token_probs([embedded_lm.encode("The capital of France is")])
+    assert embedded_lm.decode([int(probs[0].argmax())]).strip() == "Paris"
+
+
+@pytest.mark.slow
+def test_real_model_generates_agnews_demo(embedded_lm, agnews):
+    """Algorithm 1 on the embedded model and real AG News records: left-padded batches give the one-at-a-time
+    distributions on real weights, and a generated demo has readable text (the engine's logic: test_generation.py)."""
+    from dpcore.fewshot.config import GenerationConfig
+    from dpcore.fewshot.generation import generate_demos
+    from dpcore.lm.batching import BatchedForward
+
+    spec = agnews.spec
+    label_records = {"Sports": agnews.records_for("Sports")}
+    prompts = [embedded_lm.encode(spec.generation.build("Sports", label_records["Sports"][i:i + k]))
+               for i, k in ((0, 0), (3, 1))]  # two lengths: the shorter one left-padded
+    single = torch.cat([embedded_lm.next_token_logits([p]) for p in prompts])
+    batched = BatchedForward(embedded_lm)(prompts)
+    assert torch.allclose(torch.softmax(batched, -1), torch.softmax(single, -1), atol=1e-5)
+    config = GenerationConfig(num_subsets=2, subset_size=1, top_k=100, max_tokens=3)
+    result = generate_demos(embedded_lm, spec, label_records, config, 0.0, seed=0)
+    demo = result.demos[0]
+    assert demo.tokens >= 1 and demo.text.strip()
+    assert result.private_stats["forward_tokens_per_s"] > 0
 
 
 @pytest.mark.slow
@@ -352,9 +398,11 @@ def test_real_model_agnews_20_items(embedded_lm, agnews):
     zero = icl.label_logprobs(embedded_lm, agnews.spec, [], test["text"].tolist())
     accuracy = np.mean([agnews.spec.label_names[k] == g for k, g in zip(zero.argmax(1), test["label"], strict=True)])
     assert accuracy >= 0.35  # 4 labels: chance is 0.25; the model reaches about 0.55 on AG News 0-shot
-    real = agnews.train.groupby("label").head(1)
+    # short demonstrations (a third of the first records' length): the naive path reads every label's whole prompt
+    real = agnews.train[agnews.train["text"].str.len() <= 120].groupby("label").head(1)
     demos = icl.choose_demos(list(zip(real["text"], real["label"], strict=True)), agnews.spec.label_names, 4, 0)
-    # the cached path on a batch of two queries; the naive one (every label's whole prompt: 3 s a query) on the first
+    assert len(demos) == 4
+    # the cached path on a batch of two queries; the naive one (every label's whole prompt) on the first
     cached = icl.label_logprobs(embedded_lm, agnews.spec, demos, test["text"].tolist()[:2])
     naive = icl.label_logprobs_naive(embedded_lm, agnews.spec, demos, test["text"].tolist()[:1])
     np.testing.assert_allclose(cached[:1], naive, atol=1e-3, rtol=0)

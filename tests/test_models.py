@@ -9,25 +9,7 @@ from dpcore.errors import ModelNotFoundError
 from dpcore.lm.model import LanguageModel
 from dpcore.lm.models import resolve_model
 
-
-@pytest.mark.slow
-def test_embedded_model_converted_once_and_cached(embedded_lm, dpicl_home):
-    resolved = resolve_model("smollm2-135m")
-    assert resolved.kind == "embedded"
-    folder = dpicl_home / "models" / "smollm2-135m"
-    assert (folder / "config.json").exists() and list(folder.glob("*.safetensors"))
-    assert "quantization_config" not in (folder / "config.json").read_text()
-    written = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
-    again = LanguageModel.load("smollm2-135m")
-    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == written  # loaded, not converted again
-    assert again.vocab_size == 49152 and 2 in again.eos_token_ids
-    assert abs(again.num_parameters(include_embeddings=True) - 134.5e6) < 1e6
-
-
-@pytest.mark.slow
-def test_embedded_model_predicts_sensibly(embedded_lm):
-    probs = embedded_lm.next_token_probs([embedded_lm.encode("The capital of France is")])
-    assert embedded_lm.decode([int(probs[0].argmax())]).strip() == "Paris"
+# The embedded model's own tests (converted once, loaded, predicting) are in test_icl.py, where one worker loads it.
 
 
 def test_a_folder_is_made_once_and_a_second_process_waits_for_it(tmp_path):
@@ -115,18 +97,24 @@ def test_empty_prompt_is_refused(tiny_lm):
         tiny_lm.next_token_logits([[]])
 
 
-def test_random_shapes_match_the_embedded_model_and_a_1b_llama(embedded_lm):
-    """Speed benchmarks on random weights are only meaningful if the shape is the real one."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def test_random_shapes_match_the_embedded_model_and_a_1b_llama():
+    """Speed benchmarks on random weights are only meaningful if the shape is the real one: the embedded model's
+    shape is read from its converted folder's config (its weights are not needed to count them)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     from dpcore.lm.model import RANDOM_SHAPES, LanguageModel
 
-    random_135m = LanguageModel.random("smollm2-135m", device="cpu", dtype="float32")
-    assert random_135m.num_parameters(include_embeddings=True) == embedded_lm.num_parameters(include_embeddings=True)
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
-        assert getattr(random_135m.model.config, key) == getattr(embedded_lm.model.config, key), key
+    embedded = AutoConfig.from_pretrained(resolve_model("smollm2-135m").path)
     with torch.device("meta"):
-        body = LlamaForCausalLM(LlamaConfig(vocab_size=embedded_lm.vocab_size, tie_word_embeddings=True,
+        embedded_parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(embedded).parameters())
+    with torch.device("meta"):  # the shape alone: no 135M random numbers drawn (seconds of CPU)
+        random_135m = LanguageModel.random("smollm2-135m", device="meta", dtype="float32")
+    assert random_135m.num_parameters(include_embeddings=True) == embedded_parameters
+    assert random_135m.vocab_size == embedded.vocab_size
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
+        assert getattr(random_135m.model.config, key) == getattr(embedded, key), key
+    with torch.device("meta"):
+        body = LlamaForCausalLM(LlamaConfig(vocab_size=embedded.vocab_size, tie_word_embeddings=True,
                                             **RANDOM_SHAPES["llama-1b"]))
     total = sum(p.numel() for p in body.parameters())
     assert 0.9e9 < total < 1.3e9
