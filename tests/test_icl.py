@@ -1,5 +1,6 @@
 """ICL evaluation: calibration math, multi-token label scoring, prefix-cache equivalence,
-extraction rules, demo choice, output schemas, privacy of outputs, and the CLI."""
+extraction rules, demo choice, output schemas, privacy of outputs, the CLI; and the suite's tests of the real
+embedded model (its conversion, its predictions, a generated demo, AG News end to end), which share one load."""
 
 from __future__ import annotations
 
