@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import logging.config
 import os
 import sys
 from pathlib import Path
@@ -101,17 +102,42 @@ def logging_config(log_file: Path, verbose: bool) -> dict:
 
 
 def configure_cli_logging(verbose: bool) -> Path:
-    """Write the logging configuration under $DPICL_HOME/logs/ and apply it; returns the log file."""
+    """Write the logging configuration under $DPICL_HOME/logs/ and apply it; returns the log file.
+
+    Prefect applies the whole configuration itself when a command first imports it (`prefect.main` reads
+    PREFECT_LOGGING_SETTINGS_PATH at import); until then the same routing without Prefect's handlers is in force,
+    so a command that never starts a flow (`dpicl epsilon`, `ledger`, `export`, a refused argument) does not import
+    Prefect (seconds) to log."""
     folder = subdir("logs")
     log_file = folder / LOG_FILENAME
     settings = folder / "logging.yml"
+    config = logging_config(log_file, verbose)
     tmp = settings.with_suffix(f".yml.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump(logging_config(log_file, verbose), sort_keys=False), encoding="utf-8")
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     tmp.replace(settings)
     os.environ["PREFECT_LOGGING_SETTINGS_PATH"] = str(settings)
     if not verbose:  # MLflow installs its own stderr handler at import: keep its INFO lines off the terminal
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    from prefect.logging.configuration import setup_logging
+    if "prefect.main" in sys.modules:  # imported already: it read the settings before they were written
+        from prefect.logging.configuration import setup_logging
 
-    setup_logging(incremental=False)
+        setup_logging(incremental=False)
+    else:
+        logging.config.dictConfig(_without_prefect(config))
     return log_file
+
+
+def _without_prefect(config: dict) -> dict:
+    """`config` with a plain formatter and without Prefect's API handlers (the same lines to the same places)."""
+    config = copy.deepcopy(config)
+    standard = config["formatters"]["standard"]
+    config["formatters"]["standard"] = {"format": standard["format"], "datefmt": standard["datefmt"]}
+    prefect_handlers = {name for name, handler in config["handlers"].items()
+                        if handler["class"].startswith("prefect.")}
+    for name in prefect_handlers:
+        del config["handlers"][name]
+    config["loggers"].pop("prefect", None)  # its level is a Prefect setting, read by Prefect
+    for logger in (*config["loggers"].values(), config["root"]):
+        if "handlers" in logger:
+            logger["handlers"] = [h for h in logger["handlers"] if h not in prefect_handlers]
+    return config
