@@ -57,6 +57,7 @@ def _one_certificate_ca_file() -> str:
 
 os.environ.setdefault("PREFECT_API_SSL_CERT_FILE", _one_certificate_ca_file())
 
+import mlflow_store  # noqa: E402
 import prefect_test_server  # noqa: E402
 import pytest  # noqa: E402
 
@@ -86,46 +87,6 @@ def _share_converted_models() -> None:
     except OSError:  # an environment this user cannot write (a system Python): convert per home, as dpicl does
         return
     (Path(_HOME) / "models").symlink_to(shared, target_is_directory=True)
-
-
-def migrated_mlflow_store() -> Path | None:
-    """An empty MLflow SQLite store at this environment's MLflow schema, made once per environment (beside the
-    converted models) by the first process that needs it: a fresh home's store is a copy of it, as a home that
-    has run before has one, instead of MLflow's migrations again in every test home (about 2.5 s of CPU each).
-    None where the environment cannot be written."""
-    import fcntl
-    from importlib import metadata
-
-    template = _TEST_CACHE / f"mlflow-{metadata.version('mlflow')}-empty.db"
-    if template.exists():
-        return template
-    try:
-        _TEST_CACHE.mkdir(parents=True, exist_ok=True)
-        with open(_TEST_CACHE / "mlflow-store.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one maker; the others wait for it
-            if not template.exists():
-                folder = Path(tempfile.mkdtemp(prefix="mlflow-store-", dir=_TEST_CACHE))
-                from mlflow.tracking import MlflowClient
-
-                MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}").search_experiments(max_results=1)
-                os.replace(folder / "mlflow.db", template)
-                import shutil
-
-                shutil.rmtree(folder, ignore_errors=True)
-    except OSError:
-        return None
-    return template
-
-
-def seed_mlflow_store(home: Path) -> None:
-    """Give `home` the migrated empty MLflow store (`migrated_mlflow_store`) unless it has a store already."""
-    import shutil
-
-    target = home / "mlflow" / "mlflow.db"
-    template = None if target.exists() else migrated_mlflow_store()
-    if template is not None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(template, target)
 
 
 # The accountants' answers on disk (`dpcore.privacy.memo`): one folder per environment, beside the converted
@@ -171,7 +132,7 @@ def _set_up_a_test_process() -> None:
 
         atexit.register(_leave_at_once)  # registered before Prefect is imported: it runs after Prefect's
     _share_converted_models()
-    seed_mlflow_store(Path(_HOME))
+    mlflow_store.seed(Path(_HOME), _TEST_CACHE)
     # An xdist worker sends its flow runs, and those of the `dpicl` subprocesses its tests start, to the
     # controller's Prefect test server: no temporary server per process. It answers by the worker's first test
     # (`pytest_collection_finish`). Tests of the temporary server itself drop PREFECT_API_URL from their

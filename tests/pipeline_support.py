@@ -16,11 +16,13 @@ import contextlib
 import functools
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import mlflow_store
 import pandas as pd
 import prefect_test_server
 import pytest
@@ -95,6 +97,7 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
         if source.is_dir() and not (home / shared).exists():
             (home / shared).parent.mkdir(parents=True, exist_ok=True)
             (home / shared).symlink_to(source.resolve(), target_is_directory=True)
+    mlflow_store.seed(home, Path(sys.prefix) / "dpicl-test-cache")  # conftest: one migrated store per environment
     env = dict(os.environ, DPICL_HOME=str(home), PYTHONPATH=str(REPO))
     dropped = ("PREFECT_HOME", "HF_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "PREFECT_LOGGING_SETTINGS_PATH")
     for key in dropped + (("PREFECT_API_URL",) if temporary_prefect_server else ()):
