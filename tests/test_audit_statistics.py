@@ -163,14 +163,22 @@ def test_auc_interval():
     half = stats.t.ppf(0.95, 4) * values.std(ddof=1) / math.sqrt(5)
     assert (low, high) == (pytest.approx(0.58 - half), pytest.approx(0.58 + half))
     assert all(math.isnan(v) for v in auc_mean_ci([0.5], 50, 50))
-    # coverage under no leakage: simulated trials of 30 vs 30 from one distribution
+    # coverage under no leakage: simulated trials of 30 vs 30 from one distribution (200 audits of 10 trials)
     rng = np.random.default_rng(0)
     covered = 0
-    for _ in range(200):
-        aucs = [roc_auc(rng.normal(size=30), rng.normal(size=30)) for _ in range(10)]
+    for aucs in _pairwise_aucs(rng.normal(size=(200, 10, 30)), rng.normal(size=(200, 10, 30))):
         low, high = auc_mean_ci(aucs, 30, 30, 0.95)
         covered += low <= 0.5 <= high
     assert covered >= 0.92 * 200
+
+
+def _pairwise_aucs(members: np.ndarray, non_members: np.ndarray) -> np.ndarray:
+    """Every trial's AUC at once (the last axis holds a trial's scores): the share of member/non-member pairs
+    the member wins; continuous scores have no ties, so each is `roc_auc`'s (checked on the first)."""
+    aucs = (members[..., :, None] > non_members[..., None, :]).mean(axis=(-1, -2))
+    first = (0,) * (members.ndim - 1)
+    assert aucs[first] == pytest.approx(roc_auc(members[first], non_members[first]), abs=1e-12)
+    return aucs
 
 
 def _null_trials(rng, member_ids, non_member_pool: int, per_trial: int, trials: int) -> pd.DataFrame:
@@ -191,10 +199,12 @@ def test_trials_that_reuse_the_same_members_count_once():
     rng = np.random.default_rng(11)
     covered = {"as 20": 0, "independent": 0}
     assert independent_trials(_null_trials(rng, np.arange(10), 200, 10, 20)) == 1
-    for _ in range(300):
-        # the same draws as `_null_trials` (the 10 members in every trial, fresh non-members), in arrays
-        score = rng.normal(size=210)
-        aucs = [roc_auc(score[:10], score[10 + rng.choice(200, size=10, replace=False)]) for _ in range(20)]
+    # the same draws as `_null_trials` (the 10 members in every trial, 10 fresh non-members of 200), in arrays:
+    # 300 audits of 20 trials
+    score = rng.normal(size=(300, 210))
+    others = 10 + np.argsort(rng.random(size=(300, 20, 200)), axis=-1)[..., :10]  # 10 of 200, no repeats
+    members = np.broadcast_to(score[:, None, :10], (300, 20, 10))
+    for aucs in _pairwise_aucs(members, np.take_along_axis(score[:, None, :], others, axis=-1)):
         low, high = auc_mean_ci(aucs, 10, 10, 0.95)
         covered["as 20"] += low <= 0.5 <= high
         low, high = auc_mean_ci(aucs, 10, 10, 0.95, independent=1)
