@@ -8,8 +8,9 @@ from benchmark_support import run_benchmark
 
 
 def test_bench_audit_tiny(tmp_path, capsys):
+    # TREC (5,000 records): every audit's verbatim check tokenizes its label's members, 16,000 on SST-2
     code = run_benchmark("bench_audit", [
-        "--model", "tiny", "--members", "2", "--trials", "2", "--demo-sets", "3", "--lira", "2",
+        "--model", "tiny", "--dataset", "trec", "--members", "2", "--trials", "2", "--demo-sets", "3", "--lira", "2",
         "--max-tokens", "3", "--threads", "1", "--out", str(tmp_path / "r.json"), "--json"
     ])
     assert code == 0
