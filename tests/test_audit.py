@@ -70,9 +70,12 @@ def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread)
     from dpcore.audit.config import AuditConfig
     from dpcore.audit.procedures import non_private_audit
 
+    # 4 trials of 13 records: a thousand records fill them, and the verbatim check (every record by default)
+    # tokenizes an eighth of the sample's
+    records = agnews_sample.head(1000)
     config = AuditConfig(trials=4, non_members=12)
-    result = non_private_audit(tiny_lm, agnews.spec, agnews_sample, config, seed=7)
-    again = non_private_audit(tiny_lm, agnews.spec, agnews_sample, config, seed=7)
+    result = non_private_audit(tiny_lm, agnews.spec, records, config, seed=7)
+    again = non_private_audit(tiny_lm, agnews.spec, records, config, seed=7)
     scores = result.mia_scores
     # the default audit: the three calibrated attacks (no OUT prompt, no LiRA)
     assert list(scores.columns) == MIA_SCORE_COLUMNS and len(scores) == len(CALIBRATED_ATTACKS) * 4 * 13
@@ -86,17 +89,17 @@ def test_non_private_audit_structure(tiny_lm, agnews, agnews_sample, one_thread)
     assert result.attack == max(result.attacks, key=lambda a: abs(a.auc - 0.5)).attack
     # the duan attack's score is still Duan et al.'s normalised label probability
     trial0 = duan.loc[duan["trial"] == 0]
-    rows = agnews_sample.set_index("id").loc[trial0["record_id"]]
+    rows = records.set_index("id").loc[trial0["record_id"]]
     expected = _true_label_probability(tiny_lm, agnews.spec, [(rows["text"].iloc[0], rows["label"].iloc[0])],
                                        rows["text"].tolist(), rows["label"].tolist())
     assert np.allclose(trial0["score"], expected, atol=1e-5)
-    assert _no_text(scores, agnews_sample["text"].tolist())
+    assert _no_text(scores, records["text"].tolist())
     # real records as demos: the verbatim check sees the copies; no accountant applies
     assert not result.passed and result.max_overlap_tokens >= 8
     assert any("verbatim overlap" in r for r in result.reasons)
     assert any("not differentially private" in r for r in result.reasons)
     frame = result.audit_frame()
-    assert frame["setting"].iloc[0] == "non-private" and _no_text(frame, agnews_sample["text"].tolist())
+    assert frame["setting"].iloc[0] == "non-private" and _no_text(frame, records["text"].tolist())
 
 
 def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, one_thread, monkeypatch):
@@ -109,11 +112,12 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
     members, non_members = split_members(agnews_sample, seed=0)
     halves = sum(int(round(n / 2)) for n in agnews_sample["label"].value_counts())  # half of each label
     assert len(members) == halves and set(members["id"]).isdisjoint(non_members["id"])
-    # Each record's first 8 tokens (16 before): the scoring costs one pass of the tiny model's 49k-word head per
-    # token (measured: 70 s -> 44 s of CPU per audit); the interval's width depends on the record counts and
-    # trials (Hanley-McNeil), which are unchanged: 0.074 with either cap.
+    # Each record's first 4 tokens: the scoring costs one pass of the tiny model's 49k-word head per token
+    # (measured, both audits: 8 tokens 27 s of CPU; 4, in batches of 64 and with the cache shared below, 14 s);
+    # the interval's width depends on the record counts and trials (Hanley-McNeil), which are unchanged: 0.074
+    # with any cap.
     config = AuditConfig(trials=12, demo_sets=2, members=40, non_members=40, reference_prompts=2,
-                         max_record_tokens=8)
+                         max_record_tokens=4)
     gen = GenerationConfig(num_subsets=4, subset_size=1, max_tokens=6, top_k=20)
     events = []
     original = generation.generate_demos
@@ -129,11 +133,13 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
     # Two seeded audits, each interval must cover 0.5 (four allowing one miss before): an interval half as
     # wide as it should be misses with probability about 1/2 per audit, caught with probability 3/4 by two
     # audits that must both cover (11/16 by four allowing one miss); a valid 95% interval fails it <= 10%.
-    covered, flagged, runs = 0, 0, 2
+    # The audits share the reference cache, as a run's epsilons do: a record both audits draw is scored without
+    # demonstrations once (its scores are the same either way: test_reference_scores_are_reused_...).
+    covered, flagged, runs, cache = 0, 0, 2, {}
     for run in range(runs):
         result = dp_audit(tiny_lm, agnews.spec, members, non_members, config, gen, 0.5, seed=run,
                           epsilon=1.0, delta=1e-4, crosscheck_agreed=True, noise_seed=run,
-                          charge=lambda demo_set: events.append(f"charge {demo_set}"))
+                          charge=lambda demo_set: events.append(f"charge {demo_set}"), batch_size=64, cache=cache)
         low, high = result.auc_ci
         covered += low <= 0.5 <= high
         flagged += any("AUC" in reason and "outside" in reason for reason in result.reasons)
@@ -156,11 +162,12 @@ def test_dp_audit_no_false_alarms_on_tiny_model(tiny_lm, agnews, agnews_sample, 
 
 @pytest.fixture(scope="module")
 def mini_task(agnews, tmp_path_factory):
-    """A 2,000-record AG News file with its task spec (a small user dataset), and the tiny model's folder."""
+    """A 600-record AG News file with its task spec (a small user dataset): 135 private records a label, so the
+    audits below fill their trials with disjoint records."""
     import yaml
 
     folder = tmp_path_factory.mktemp("audit-cli")
-    records = agnews.train.groupby("label").head(550)[["id", "text", "label"]]
+    records = agnews.train.groupby("label").head(150)[["id", "text", "label"]]
     records.to_csv(folder / "mini.csv", index=False)
     spec = agnews.spec.model_dump(mode="json")
     spec.update(name="agnews-mini", source={"type": "file", "path": str(folder / "mini.csv")},
@@ -283,7 +290,9 @@ def test_copying_model_with_real_demos_fails_the_gate(tiny_lm, agnews, agnews_sa
         return mia_attacks.PromptScores(label_lp, label_lp - np.log1p(-np.exp(label_lp)), np.array(text_lp))
 
     monkeypatch.setattr(mia_attacks, "prompt_scores", copying_prompt_scores)
-    result = non_private_audit(tiny_lm, agnews.spec, agnews_sample, AuditConfig(trials=100, non_members=50),
+    # 50 trials of 1 member and 50 non-members: the leak is caught with room to spare (AUC 1.0, its interval
+    # from 0.90, empirical epsilon 5; 0.93 and 6 at 100 trials)
+    result = non_private_audit(tiny_lm, agnews.spec, agnews_sample, AuditConfig(trials=50, non_members=50),
                                seed=0, overlap_records=agnews_sample.head(100))
     assert result.auc > 0.9 and result.auc_ci[0] > 0.55
     assert result.tpr_at_1pct_fpr > 0.5 and result.epsilon_lower_bound > 1.0
@@ -348,8 +357,10 @@ def test_demos_audit_on_run_demos(tiny_lm, agnews, monkeypatch):
 
     monkeypatch.setattr(mia_attacks, "prompt_scores", _fake_scorer(True))
     labels = agnews.spec.label_names
-    records = _records(8000, labels)
-    members, held_out = records.iloc[:4000].reset_index(drop=True), records.iloc[4000:].reset_index(drop=True)
+    # 10 disjoint trials of 30 per side and label fill 1,200 members and 1,200 held-out records (and 3 OUT
+    # prompts per label): the verbatim checks tokenize a label's members, so no more
+    records = _records(2600, labels)
+    members, held_out = records.iloc[:1300].reset_index(drop=True), records.iloc[1300:].reset_index(drop=True)
     config = AuditConfig(trials=10, members=30, non_members=30, reference_prompts=3)
     demos = [(f"a synthetic {label} demonstration", label) for label in labels]
     cache: dict = {}

@@ -31,8 +31,10 @@ def _env(home: Path) -> dict:
     return subprocess_env(home)
 
 
-def _dataset(folder: Path, per_label: int = 2000) -> tuple[Path, Path]:
-    """A made-up user dataset large enough that the audit scores for minutes on the tiny model."""
+def _dataset(folder: Path, per_label: int = 300) -> tuple[Path, Path]:
+    """A made-up user dataset large enough that the audit scores for about a minute on the tiny model: each
+    label's 285 private records split into 142 members and 143 non-members, 20 of them the references', so a
+    demo set scores about 265 records x 22 forward passes (100 members x 10 trials recur within the pools)."""
     words = ["market", "match", "election", "chip", "storm", "merger", "league", "rocket", "vote", "orbit"]
     rng = np.random.default_rng(0)
     rows = [{"id": f"{label[:2]}{i:05d}", "text": f"{label} note {i}: " + " ".join(rng.choice(words, size=12)),
@@ -44,6 +46,17 @@ def _dataset(folder: Path, per_label: int = 2000) -> tuple[Path, Path]:
                         "label_column": "label", "id_column": "id"})
     (folder / "task.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return folder / "data.csv", folder / "task.yaml"
+
+
+def _wait_for_scoring(home: Path, proc: subprocess.Popen, lines: list[str], deadline: float) -> None:
+    """Until the audit's scoring of its first demo set has begun (its log line), then a moment more: into the
+    scoring's forward passes."""
+    log = home / "logs" / "dpicl.log"
+    while not (log.exists() and "audit: scoring " in log.read_text()):
+        assert proc.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, "the audit never scored:\n" + "".join(lines)
+        time.sleep(0.2)
+    time.sleep(0.5)
 
 
 @pytest.mark.slow
@@ -70,7 +83,7 @@ def test_sigterm_stops_an_audit_between_forward_passes(tmp_path, tiny_model_dir)
             assert proc.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "the audit was never charged:\n" + "".join(lines)
             time.sleep(0.5)
-        time.sleep(4)  # into the scoring of the first demo set (its generation takes under a second)
+        _wait_for_scoring(home, proc, lines, deadline)  # its generation takes under a second
         assert proc.poll() is None, "the audit finished before it could be stopped:\n" + "".join(lines)
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -81,7 +94,7 @@ def test_sigterm_stops_an_audit_between_forward_passes(tmp_path, tiny_model_dir)
             proc.kill()
     drain.join(timeout=10)
     err = "".join(lines)
-    # between forward passes: seconds (the whole audit scores 3,800 records x 22 passes, many minutes); the bound
+    # between forward passes: seconds (the whole audit scores about 530 records x 22 passes, a minute); the bound
     # leaves room for a machine shared with other test processes, where a pass of the model takes several times longer
     assert waited < 30, f"took {waited:.0f} s to stop:\n{err}"
     assert proc.returncode == 130, err
@@ -171,7 +184,7 @@ def test_sigterm_stops_a_run_in_its_audit(tmp_path, tiny_model_dir):
             assert proc.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "the audit never started:\n" + "".join(lines)
             time.sleep(0.5)
-        time.sleep(4)  # into the audit's scoring
+        _wait_for_scoring(home, proc, lines, deadline)
         assert proc.poll() is None, "the run finished before it could be stopped:\n" + "".join(lines)
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
