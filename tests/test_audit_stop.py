@@ -4,6 +4,7 @@ nothing half-written is left behind."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -60,44 +61,73 @@ def _wait_for_scoring(home: Path, proc: subprocess.Popen, lines: list[str], dead
 
 
 @pytest.mark.slow
-def test_sigterm_stops_an_audit_between_forward_passes(tmp_path, tiny_model_dir):
+def test_sigterm_stops_an_audit_between_forward_passes(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """`dpicl audit` run in this process (the command's imports are the session's: a `dpicl` process spends
+    most of its CPU importing), sent SIGTERM by another thread as by `kill`: the signal reaches the main
+    thread, where the command's handler runs, as in a process of its own."""
+    from dpcore.audit import attacks as mia_attacks
     from dpcore.privacy.ledger import Ledger
+    from flows.cli import main
 
+    assert threading.current_thread() is threading.main_thread()  # where a signal's handler runs
     data, task = _dataset(tmp_path)
     home, out = tmp_path / "home", tmp_path / "audit-out"
+    _env(home)  # a fresh home with the session's converted models and accounting cache
+    monkeypatch.setenv("DPICL_HOME", str(home))
+    for key in ("PREFECT_LOGGING_SETTINGS_PATH", "MLFLOW_LOGGING_LEVEL"):  # the command sets them: undone after
+        monkeypatch.setenv(key, os.environ.get(key, ""))
+        if not os.environ[key]:
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
     argv = ["audit", "--task-spec", str(task), "--data-path", str(data), "--dataset-id", "audit-stop",
             "--epsilon", "2", "--model", str(tiny_model_dir), "--max-tokens", "4", "--num-subsets", "2",
             "--subset-size", "1", "--top-k", "20", "--audit-demo-sets", str(DEMO_SETS), "--audit-members", "100",
             "--trials", "10", "--audit-reference-prompts", "20", "--seed", "1", "--out", str(out)]
-    proc = subprocess.Popen(DPICL + argv, cwd=tmp_path, env=_env(home), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    drain = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
-    drain.start()
-    try:
+    scoring, returned = threading.Event(), threading.Event()
+    scores = mia_attacks.prompt_scores
+
+    def watched(*args, **kwargs):  # every forward pass of the audit's scoring, as it was
+        scoring.set()
+        return scores(*args, **kwargs)
+
+    monkeypatch.setattr(mia_attacks, "prompt_scores", watched)
+    sent: list[float] = []
+    waiting: list[str] = []
+
+    def stop_once_scoring() -> None:
         # The audit's demo sets are charged before any member record is read: then it generates (tiny: under a
-        # second) and scores members and non-members against each demo, batch after batch, for minutes.
+        # second) and scores members and non-members against each demo, batch after batch, for a minute.
         deadline = time.monotonic() + 300
         ledger = home / "ledger.db"
-        while not (ledger.exists() and Ledger(ledger).entries("audit-stop")):
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "the audit was never charged:\n" + "".join(lines)
-            time.sleep(0.5)
-        _wait_for_scoring(home, proc, lines, deadline)  # its generation takes under a second
-        assert proc.poll() is None, "the audit finished before it could be stopped:\n" + "".join(lines)
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
-        waited = time.monotonic() - signalled
+        while not (scoring.is_set() and ledger.exists() and Ledger(ledger).entries("audit-stop")):
+            if returned.is_set() or time.monotonic() > deadline:
+                waiting.append("the command returned" if returned.is_set() else "the audit never scored")
+                return
+            time.sleep(0.2)
+        time.sleep(0.5)  # into the scoring's forward passes
+        if not returned.is_set():
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    # Whatever the command leaves in place when it returns takes a late signal harmlessly (it would end the
+    # test process otherwise).
+    late: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: late.append(signum))
+    sender = threading.Thread(target=stop_once_scoring, daemon=True)
+    try:
+        sender.start()
+        code = main(argv)
+        waited = time.monotonic() - sent[0] if sent else None
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    drain.join(timeout=10)
-    err = "".join(lines)
+        returned.set()
+        sender.join(timeout=30)
+        signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err
+    assert sent and not late and not waiting, f"{waiting}: the audit was not stopped while it scored:\n{err}"
     # between forward passes: seconds (the whole audit scores about 530 records x 22 passes, a minute); the bound
     # leaves room for a machine shared with other test processes, where a pass of the model takes several times longer
     assert waited < 30, f"took {waited:.0f} s to stop:\n{err}"
-    assert proc.returncode == 130, err
+    assert code == 130, err  # the exit status of a `dpicl audit` process
     assert "stopping..." in err and "Traceback" not in err, err
     stopped = [line for line in err.splitlines() if line.startswith("dpicl audit: stopped:")]
     assert len(stopped) == 1, err
