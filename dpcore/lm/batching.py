@@ -127,12 +127,21 @@ def _varlen_function():
     return varlen_attn, causal, "enable_gqa" in params
 
 
-_VARLEN = _varlen_function()
+_UNRESOLVED = object()
+# looked up on first use on CUDA: its import loads torch._dynamo (about a second of CPU in every process otherwise)
+_VARLEN = _UNRESOLVED
+
+
+def _varlen():
+    global _VARLEN
+    if _VARLEN is _UNRESOLVED:
+        _VARLEN = _varlen_function()
+    return _VARLEN
 
 
 def varlen_available(device: torch.device, dtype: torch.dtype) -> bool:
     """Flash-attention varlen serves CUDA in half precision only."""
-    return _VARLEN is not None and device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and _varlen() is not None
 
 
 @dataclass(frozen=True)
@@ -205,7 +214,7 @@ def _packed_attention(module, query, key, value, attention_mask, dropout=0.0, sc
                                                scaling=scaling, **kwargs)
     gqa = getattr(module, "num_key_value_groups", 1) > 1
     if layout.varlen:  # one flash-attention call for the whole micro-batch
-        varlen_attn, causal, has_gqa = _VARLEN
+        varlen_attn, causal, has_gqa = _varlen()
         q = query[0].transpose(0, 1)  # [T, heads, d]
         k, v = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [prefix + T, kv_heads, d]
         if layout.key_index is not None:  # [sum(prefix + L_i), kv_heads, d]
