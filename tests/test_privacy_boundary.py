@@ -195,6 +195,9 @@ def test_no_private_text_outside_the_private_store(tiny_lm, capfd, caplog):
 
     share_tiny_model(tiny_lm)
     caplog.set_level(logging.DEBUG)
+    # matplotlib's font lookup logs every installed font's score at DEBUG (thousands of lines, each rendered by
+    # Prefect's console handler: seconds of CPU); font names hold no record
+    caplog.set_level(logging.INFO, logger="matplotlib")
     # A fresh (uncached) run with every stage: its logs are part of what is checked.
     # Every baseline (the non-private ones included): their per-record outputs must stay private too.
     result = run_pipeline(tiny_config(seed=4242, baselines=["zero-shot", "instruction-only", "sigma-zero",
