@@ -34,9 +34,10 @@ where that reaches code no other changed run does (`CHANGED_TOO`): the commands 
 column (`generate`, `hub`, `audit`, `tune-lora`: Algorithm 1's and PromptDPSGD's plans, the audit's design,
 their counts), and `methods` (AdaDPSyn, DP-OPT and DP-ICL, which no other command here runs). Not for the
 others: `run` composes DP few-shot generation, PromptPATE and PromptDPSGD, whose counts come from the plans
-`generate` and `tune-lora` check on a changed record, and `release` reads `run`'s folders; PromptPATE
-declares no `COUNT` field, so on D plus one record `pate`, `pate-dd` and the cap in `refused` are compared as
-strictly as on a changed one (and the budget refusal reads no record); `tune` (prefix) and `tune-full` train
+`generate` and `tune-lora` check on a changed record, and `release` reads `run`'s folders; PromptPATE's
+outputs declare no `COUNT` field of their own (its noise is set, not derived from |D|), so on D plus one
+record `pate`, `pate-dd` and the cap in `refused` are compared as strictly as on a changed one (and the
+budget refusal reads no record); `tune` (prefix) and `tune-full` train
 and plan with `tune-lora`'s code; `evaluate` reads D's demos and the carved test rows, which neither record
 enters.
 """
