@@ -305,18 +305,17 @@ def tickets_spec(tmp_path):
     return load_task_spec(path)
 
 
-# The files measured slowest (setup, calls and teardown on the 2-core machine, `--durations`), slowest first.
+# The files measured slowest (each file's tests' wall time in its worker, on the 2-core machine), slowest first.
 # `make test` hands files to its workers in collection order (`--no-loadscope-reorder`; xdist would
 # otherwise order them by their number of tests), so these start first and the workers finish together
 # (longest-processing-time-first) instead of one of them running a long file alone at the end. The other
 # files follow in their usual order.
 SLOWEST_FIRST = (
-    "test_neighbours.py", "test_neighbours_commands.py", "test_cli_experience.py", "test_release_methods.py", "test_audit_stop.py",
-    "test_prefect_server.py", "test_endpoint.py", "test_audit.py", "test_generation.py", "test_pipeline.py",
-    "test_reproduce_tables.py", "test_ledger_pipeline.py", "test_dask_runner.py", "test_compare.py",
-    "test_ledger.py", "test_accounting.py", "test_pate_released_cost.py", "test_icl.py", "test_release.py",
-    "test_run_plans.py", "test_adapters.py", "test_privacy_boundary.py", "test_pate_privacy.py",
-    "test_benchmarks_dpsgd.py", "test_dpsgd.py",
+    "test_ledger_pipeline.py", "test_neighbours_commands.py", "test_release_methods.py", "test_neighbours.py",
+    "test_pipeline.py", "test_prefect_server.py", "test_compare.py", "test_audit.py", "test_cli_experience.py",
+    "test_audit_stop.py", "test_reproduce_tables.py", "test_methods.py", "test_dpsgd.py", "test_dask_runner.py",
+    "test_privacy_boundary.py", "test_release.py", "test_icl.py", "test_generation.py", "test_pate_released_cost.py",
+    "test_adapters.py", "test_benchmarks_dpsgd.py", "test_endpoint.py", "test_composition.py", "test_datasets.py",
 )
 
 
