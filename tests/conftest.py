@@ -310,8 +310,10 @@ def tickets_spec(tmp_path):
 # otherwise order them by their number of tests), so these start first and the workers finish together
 # (longest-processing-time-first) instead of one of them running a long file alone at the end. The other
 # files follow in their usual order.
+# The neighbouring-dataset test's two halves come first, so that they start on two workers: each half's ledger
+# history of its dataset ids must be what its own commands left (they share the ids `nb-<variant>` in one home).
 SLOWEST_FIRST = (
-    "test_ledger_pipeline.py", "test_neighbours_commands.py", "test_release_methods.py", "test_neighbours.py",
+    "test_neighbours_commands.py", "test_neighbours.py", "test_ledger_pipeline.py", "test_release_methods.py",
     "test_pipeline.py", "test_prefect_server.py", "test_compare.py", "test_audit.py", "test_cli_experience.py",
     "test_audit_stop.py", "test_reproduce_tables.py", "test_methods.py", "test_dpsgd.py", "test_dask_runner.py",
     "test_privacy_boundary.py", "test_release.py", "test_icl.py", "test_generation.py", "test_pate_released_cost.py",
