@@ -155,7 +155,7 @@ def work(config: RunConfig, plans_: tuple[PrivacyPlan, ...], *, labels: int, rec
 
 def audited_in_run(summary: dict) -> list[tuple[float, float | None]]:
     """The run's membership audit checks the first training at each epsilon (`tasks.methods` protocol)."""
-    epsilons = {float(row["epsilon"]) for row in summary.get("results", []) if row.get("method") == "dpsgd"}
+    epsilons = {float(row["epsilon"]) for row in summary.get("results", []) if row.get("method") == METHOD}
     return [(epsilon, epsilon) for epsilon in sorted(epsilons)]
 
 

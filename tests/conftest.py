@@ -196,6 +196,22 @@ def tiny_lm():
 
 
 @pytest.fixture(scope="session")
+def peaked_lm():
+    """The tiny random Llama with its weights scaled up: input-dependent next-token distributions as peaked as a
+    trained model's (the plain tiny model's are nearly flat; greedy text varies with the input)."""
+    import torch
+
+    from dpcore.lm.model import LanguageModel
+
+    lm = LanguageModel.tiny_random(seed=1)
+    with torch.no_grad():
+        for param in lm.model.parameters():
+            if param.dim() == 2:
+                param.mul_(20)
+    return lm
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tiny_lm, tmp_path_factory) -> Path:
     """The tiny model saved as a local model folder: what `--model PATH` loads in CLI tests."""
     folder = tmp_path_factory.mktemp("tiny-model")

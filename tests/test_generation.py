@@ -709,20 +709,6 @@ def test_cli_generate_bad_input_exits_2(tiny_model_dir, tmp_path, cli, flags, ma
 # --------------------------------------------------------------------------- peaked distributions
 
 
-@pytest.fixture(scope="module")
-def peaked_lm():
-    """The tiny random Llama with its weights scaled up: input-dependent next-token distributions as peaked as a
-    trained model's (the plain tiny model's are nearly flat). The embedded model's own run is in test_icl.py."""
-    from dpcore.lm.model import LanguageModel
-
-    lm = LanguageModel.tiny_random(seed=1)
-    with torch.no_grad():
-        for param in lm.model.parameters():
-            if param.dim() == 2:
-                param.mul_(20)
-    return lm
-
-
 def test_peaked_distributions_move_the_sum_by_at_most_sqrt2(peaked_lm, spec, records):
     """The sensitivity bound with RVP (K=100) where it is tight: near one-hot group distributions, which the flat
     tiny model's test above does not reach (its worst trial moves the sum by about 0.23)."""

@@ -35,17 +35,6 @@ def trec_spec():
     return load_task_spec("trec")
 
 
-@pytest.fixture(scope="module")
-def peaky_lm():
-    """A tiny random Llama with scaled weights: input-dependent, peaked predictions (greedy text varies)."""
-    lm = LanguageModel.tiny_random(seed=1)
-    with torch.no_grad():
-        for param in lm.model.parameters():
-            if param.dim() == 2:
-                param.mul_(20)
-    return lm
-
-
 def _manual_label_logprob(lm, context: list[int], label_tokens: list[int]) -> float:
     """log p(label tokens | context) one token at a time with the LM's own next-token API."""
     total = 0.0
@@ -96,14 +85,14 @@ def test_multi_token_label_scored_as_sum_of_token_logprobs(tiny_lm, trec_spec):
 
 
 @pytest.mark.parametrize("demos", [TREC_DEMOS, []], ids=["with-demos", "zero-shot"])
-def test_prefix_cache_scoring_equals_full_forward(peaky_lm, trec_spec, demos):
+def test_prefix_cache_scoring_equals_full_forward(peaked_lm, trec_spec, demos):
     spec = trec_spec.model_copy(update={"labels": {  # verbalizers of 1, 2-3 and 3+ tokens
         "Abbreviation": "Abbreviation", "Location": "Location", "Entity": "Science and Technology news",
         "Number": "Number", "Person": "Person", "Description": "Description"}})
-    lengths = {len(peaky_lm.encode(" " + v)) for v in spec.labels.values()}
+    lengths = {len(peaked_lm.encode(" " + v)) for v in spec.labels.values()}
     assert len(lengths) >= 3
-    cached = icl.label_logprobs(peaky_lm, spec, demos, QUERIES, batch_size=3)
-    naive = icl.label_logprobs_naive(peaky_lm, spec, demos, QUERIES)
+    cached = icl.label_logprobs(peaked_lm, spec, demos, QUERIES, batch_size=3)
+    naive = icl.label_logprobs_naive(peaked_lm, spec, demos, QUERIES)
     assert cached.shape == (len(QUERIES), 6)
     np.testing.assert_allclose(cached, naive, atol=1e-4, rtol=0)
     assert np.ptp(cached[:, 0]) > 1e-3  # the scores depend on the query
@@ -159,12 +148,12 @@ def _naive_greedy_answers(lm, spec, demos, queries, max_new_tokens: int) -> list
     return answers
 
 
-def test_cached_greedy_extraction_equals_naive(peaky_lm, movies_genre):
+def test_cached_greedy_extraction_equals_naive(peaked_lm, movies_genre):
     spec = movies_genre.spec
     demos = [("a funny movie with jim carrey", "comedy"), ("a scary film about ghosts", "horror")]
     queries = movies_genre.test["text"].tolist()[:5] + [""]
-    cached = icl.extract_answers(peaky_lm, spec, demos, queries, max_new_tokens=6, batch_size=4)
-    naive = _naive_greedy_answers(peaky_lm, spec, demos, queries, max_new_tokens=6)
+    cached = icl.extract_answers(peaked_lm, spec, demos, queries, max_new_tokens=6, batch_size=4)
+    naive = _naive_greedy_answers(peaked_lm, spec, demos, queries, max_new_tokens=6)
     assert cached == naive
     assert len(set(cached)) > 1 and all("\n" not in a for a in cached)
 
