@@ -106,8 +106,8 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
 
 
 def ended_task_runs(flow_run_id, timeout: float = 30.0) -> list:
-    """The flow run's task runs once each has ended (their states reach the server as events, after the flow
-    returns), or as they are at `timeout`."""
+    """The flow run's task runs once there are some and each has ended (their states reach the server as events,
+    after the flow returns: none may be recorded yet), or as they are at `timeout`."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -115,7 +115,8 @@ def ended_task_runs(flow_run_id, timeout: float = 30.0) -> list:
     with get_client(sync_client=True) as client:
         while True:
             task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            if all(t.state is not None and t.state.is_final() for t in task_runs) or time.monotonic() > deadline:
+            ended = task_runs and all(t.state is not None and t.state.is_final() for t in task_runs)
+            if ended or time.monotonic() > deadline:
                 return task_runs
             time.sleep(0.2)
 
