@@ -109,16 +109,23 @@ def test_adadpsyn_and_dp_opt_artifacts_go_through_the_release_gate(tiny_lm, caps
 
     share_tiny_model(tiny_lm)
     fields = {**FIELDS, "methods": ["adadpsyn", "dp-opt"], "seed": None}
-    summary = run_pipeline(tiny_config(dataset_id="methods-release", **fields), run_id="methods-release")
+    # With fresh noise, DP-OPT's vote may end the instruction at its first token on the tiny model: such a run
+    # has nothing to release (the gate refuses it: `dpcore.release.gate.release_failures`); another run follows.
+    for attempt in range(1, 6):
+        run_id = "methods-release" if attempt == 1 else f"methods-release-{attempt}"
+        summary = run_pipeline(tiny_config(dataset_id="methods-release", **fields), run_id=run_id)
+        written = json.loads((Path(summary["run_dir"]) / "dp_opt_instruction_eps4.json").read_text())["instruction"]
+        if written.strip():
+            break
     assert {row["method"] for row in summary["results"]} == {"adadpsyn", "dp-opt"}
     audit = AuditConfig(**TINY_AUDIT_FIELDS)
     # the run's one charge covered one draw of each: another attempt under the run id draws no fresh noise
     entries = len(Ledger().entries("methods-release"))
     with pytest.raises(Exception, match="Start a new run"):
-        run_pipeline(tiny_config(dataset_id="methods-release", **fields), run_id="methods-release")
+        run_pipeline(tiny_config(dataset_id="methods-release", **fields), run_id=run_id)
     assert len(Ledger().entries("methods-release")) == entries
 
-    released = release(run_id="methods-release", method="dp-opt", audit_config=audit, seed=11)
+    released = release(run_id=run_id, method="dp-opt", audit_config=audit, seed=11)
     assert released["method"] == "dp-opt" and released["artifact"] == "dp-opt-eps4" and released["epsilon"] == 4.0
     folder = Path(released["release_dir"])
     manifest = json.loads((folder / "release.json").read_text())
@@ -140,7 +147,7 @@ def test_adadpsyn_and_dp_opt_artifacts_go_through_the_release_gate(tiny_lm, caps
                  "--dataset-id", "methods-release"]) == 0
     assert json.loads(out.read_text())["prediction"] in {"World", "Sports", "Business", "Technology"}
 
-    released = release(run_id="methods-release", method="adadpsyn", audit_config=audit, seed=11)
+    released = release(run_id=run_id, method="adadpsyn", audit_config=audit, seed=11)
     manifest = json.loads((Path(released["release_dir"]) / "release.json").read_text())
     demos = pd.read_parquet(Path(summary["run_dir"]) / "adadpsyn_demos_eps4.parquet")
     assert manifest["method"] == "adadpsyn" and [d["text"] for d in manifest["demos"]] == list(demos["text"])
