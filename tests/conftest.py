@@ -57,6 +57,7 @@ def _one_certificate_ca_file() -> str:
 
 os.environ.setdefault("PREFECT_API_SSL_CERT_FILE", _one_certificate_ca_file())
 
+import accounting_seed  # noqa: E402
 import mlflow_store  # noqa: E402
 import prefect_test_server  # noqa: E402
 import pytest  # noqa: E402
@@ -92,21 +93,23 @@ def _share_converted_models() -> None:
 # The accountants' answers on disk (`dpcore.privacy.memo`): one folder per environment, beside the converted
 # models, for every home of every test run (every xdist worker and the `dpicl` subprocesses their tests start),
 # as one user's scheduled runs share their home's. Each answer is keyed by its public inputs, the accountants'
-# versions and a digest of the code that computes it, so a change to that code is computed afresh; a fresh
-# environment (a fresh clone's `make test`) computes every answer once. An environment this user cannot write
-# gets a folder for this test run only.
+# versions and a digest of the code that computes it, so a change to that code is computed afresh. A fresh
+# environment (a fresh clone's `make test`) starts from the answers kept with the tests (`accounting_seed`) that
+# this code asks for, and computes the rest once. An environment this user cannot write gets a folder for this
+# test run only.
 SHARED_ACCOUNTING_CACHE = "DPICL_TEST_ACCOUNTING_CACHE"
 _MADE_ACCOUNTING_CACHE = []
 
 
 def _share_accounting_cache() -> None:
-    if not os.environ.get(SHARED_ACCOUNTING_CACHE):
+    if not os.environ.get(SHARED_ACCOUNTING_CACHE):  # the first process of the run (the xdist controller)
         shared = _TEST_CACHE / "accounting"
         try:
             shared.mkdir(parents=True, exist_ok=True)
         except OSError:
             shared = Path(tempfile.mkdtemp(prefix="dpicl-test-accounting-"))
             _MADE_ACCOUNTING_CACHE.append(str(shared))
+        accounting_seed.plant(shared)  # the answers kept with the tests, where this code asks for them
         os.environ[SHARED_ACCOUNTING_CACHE] = str(shared)
     (Path(_HOME) / "cache").mkdir(exist_ok=True)
     (Path(_HOME) / "cache" / "accounting").symlink_to(os.environ[SHARED_ACCOUNTING_CACHE], target_is_directory=True)
