@@ -40,8 +40,9 @@ BUSY_TIMEOUT_MS = 3000
 # another connection committed in between, SQLite refuses the upgrade at once (its snapshot is stale; no busy
 # wait can help), the server answers 503, and Prefect's client sleeps 2 s (then 4, 8, ...) before retrying.
 # Every task run with tags asks for its concurrency slots in such a transaction (`increment-with-lease`):
-# measured on test_neighbours.py, 12 such refusals, 2 s each, and once 62 s. Begun IMMEDIATE, a transaction
-# takes the write lock first and waits its turn (the busy timeout) instead.
+# test_neighbours.py alone got 18 such refusals (16 of them there) in 98.9 s, and once waited 62 s for one.
+# Begun IMMEDIATE, a transaction takes the write lock first and waits its turn (the busy timeout) instead.
+
 # Prefect's task-run recorder writes each task-run event in a transaction of its own (batch size 1): with every
 # worker's runs on one server, that is a third of the server's CPU (test_ledger_pipeline, test_pipeline and
 # test_compare on 2 workers: the server's 48 s of CPU -> 32 s). Batched, a second's events go in one.
