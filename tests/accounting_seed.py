@@ -24,8 +24,10 @@ SEED = Path(__file__).with_name("accounting-seed.jsonl.gz")
 
 
 def current(key: dict) -> bool:
-    """Whether an answer's key is one this code and these accountants would ask for."""
-    return key.get("code") == memo._code_digest() and key.get("versions") == memo.accountant_versions()
+    """Whether an answer's key is one this code and these accountants would ask for (the fields `memo.key` sets
+    apart from the inputs)."""
+    now = memo.key(str(key.get("kind")))
+    return all(key.get(field) == now[field] for field in ("format", "versions", "code"))
 
 
 def answers(seed: Path = SEED) -> list[dict]:

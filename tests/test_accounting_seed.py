@@ -22,12 +22,11 @@ def test_the_seed_holds_this_codes_answers():
     assert len(answers) > 1000
     stale = [a["key"]["kind"] for a in answers if not accounting_seed.current(a["key"])]
     assert not stale, (f"{len(stale)} of the seed's {len(answers)} answers are of other accounting code "
-                       f"(digest {memo._code_digest()} now): write the seed again")
+                       f"(digest {memo.key('epsilon')['code']} now): write the seed again")
 
 
 def test_only_answers_of_this_code_are_planted_and_they_are_read_back(tmp_path):
-    now = {"code": memo._code_digest(), "versions": memo.accountant_versions()}
-    mine = {"key": {**now, "kind": "epsilon", "format": memo.FORMAT, "x": 1}, "value": {"epsilon": 1.5}}
+    mine = {"key": {**memo.key("epsilon"), "x": 1}, "value": {"epsilon": 1.5}}
     other = {"key": {**mine["key"], "code": "0" * 16, "x": 2}, "value": {"epsilon": 9.0}}
     older = {"key": {**mine["key"], "versions": {"dp-accounting": "0.0"}, "x": 3}, "value": {"epsilon": 9.0}}
     seed = tmp_path / "seed.jsonl.gz"
