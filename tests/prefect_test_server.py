@@ -36,44 +36,14 @@ STARTUP_TIMEOUT = 180.0
 # server answers with a 503 that Prefect's client retries, and the task-run recorder retries its flush: so
 # this server waits 3 s instead (benchmarks/RESULTS.md, the test suite).
 BUSY_TIMEOUT_MS = 3000
-# A write transaction begins DEFERRED in Prefect's SQLite server: it reads, then takes the write lock. When
-# another connection committed in between, SQLite refuses the upgrade at once (its snapshot is stale; no busy
-# wait can help), the server answers 503, and Prefect's client sleeps 2 s (then 4, 8, ...) before retrying.
-# Every task run with tags asks for its concurrency slots in such a transaction (`increment-with-lease`):
-# test_neighbours.py alone got 18 such refusals (16 of them there) in 98.9 s, and once waited 62 s for one.
-# Begun IMMEDIATE, a transaction takes the write lock first and waits its turn (the busy timeout) instead.
+# Its write transactions begin IMMEDIATE, as a run's temporary server's do (`flows.sqlite_server`, where the
+# refusals they avoid are measured).
 
 # Prefect's task-run recorder writes each task-run event in a transaction of its own (batch size 1): with every
 # worker's runs on one server, that is a third of the server's CPU (test_ledger_pipeline, test_pipeline and
 # test_compare on 2 workers: the server's 48 s of CPU -> 32 s). Batched, a second's events go in one.
 RECORDER_BATCHING = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "500",
                      "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1"}
-_SERVER = """
-import contextlib, runpy, sys
-from prefect.server.database import configurations
-
-_setup_sqlite = configurations.AioSqliteConfiguration.setup_sqlite
-
-def setup_sqlite(self, conn, record):
-    _setup_sqlite(self, conn, record)
-    cursor = conn.cursor()
-    cursor.execute("PRAGMA busy_timeout = BUSY_TIMEOUT_MS;")
-    cursor.close()
-
-@contextlib.asynccontextmanager
-async def begin_transaction(self, session, with_for_update=False):
-    token = configurations.SQLITE_BEGIN_MODE.set("IMMEDIATE")
-    try:
-        async with session.begin() as transaction:
-            yield transaction
-    finally:
-        configurations.SQLITE_BEGIN_MODE.reset(token)
-
-configurations.AioSqliteConfiguration.setup_sqlite = setup_sqlite
-configurations.AioSqliteConfiguration.begin_transaction = begin_transaction
-sys.argv = ["uvicorn", *sys.argv[1:]]
-runpy.run_module("uvicorn", run_name="__main__")
-""".replace("BUSY_TIMEOUT_MS", str(BUSY_TIMEOUT_MS))
 
 
 def start() -> Callable[[], None]:
@@ -90,8 +60,8 @@ def start() -> Callable[[], None]:
     os.environ[URL], os.environ[READY_FILE] = url, str(ready)
     site_packages = Path(importlib.util.find_spec("prefect").origin).parent.parent  # Prefect's own --app-dir
     server = subprocess.Popen(
-        [sys.executable, "-c", _SERVER, "--app-dir", str(site_packages), "--factory",
-         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
+        [sys.executable, "-m", "flows.sqlite_server", "--busy-timeout-ms", str(BUSY_TIMEOUT_MS),
+         "--app-dir", str(site_packages), "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
          "--lifespan", "on"],
         env={**os.environ, "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}",
              "PREFECT_TESTING_UNIT_TEST_MODE": "1", "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",

@@ -227,6 +227,8 @@ def test_ctrl_c_stops_a_run_within_a_step_and_keeps_the_charge(tmp_path):
     assert proc.returncode == 130, err
     assert "stopping..." in err and "dpicl run: stopped:" in err and "Traceback" not in err
     assert "Error logging to API" not in err  # the server it logs to outlived the Ctrl-C
+    # the temporary server's own output is in its file, never on the user's terminal
+    assert "started by process" in (home / "logs" / "temporary-server.log").read_text()
     log = (home / "logs" / "dpicl.log").read_text()  # Prefect's own lines are kept, in the file
     assert "Starting temporary server" in log and "HTTP Request: POST" in log and "HTTP Request" not in err
     # the stopped stages' task runs and the flow run end Cancelled, none Failed or Crashed (red in the UI)
