@@ -14,12 +14,14 @@ estimated minutes) and the release's verdict (released, or refused with the gate
 `--seeds N` instead measures the release gate: N independent DP runs (cryptographically seeded noise, each in
 its own home) each followed by `dpicl release` (a sound release should pass), and N non-private audits
 (`dpicl audit --non-private`: real records as 1-shot demos, Duan et al.'s leaky prompt, which the gate should
-refuse). It prints the pass rate of the sound releases and the refusal rate of the leaking prompts. `--jobs J`
+refuse; each draws its trials with its own `--seed`, sized as the gate sizes them unless
+--non-private-trials). It prints the pass rate of the sound releases and the refusal rate of the leaking prompts;
+--only dp or --only leaky measures one of the two. `--jobs J`
 runs J of them at once (a machine with cores to spare).
 
     python benchmarks/bench_own_data_loop.py (--task-spec T.yaml --data-path D.csv [--test-path TEST.csv] | --dataset sst2)
         [--dataset-id ID] [--budget 8] [--delta 1e-5] [--queries 20] [--queries-path FILE]
-        [--seeds N] [--jobs J] [--non-private-trials 20] [--home DIR] [--json] [-- RUN FLAGS...]
+        [--seeds N] [--jobs J] [--non-private-trials K] [--only dp|leaky] [--home DIR] [--json] [-- RUN FLAGS...]
 
 Every home is made under --home (default: $DPICL_HOME/benchmarks/own-data-loop/); nothing else is written.
 The queries for `dpicl predict` are the first --queries texts of --queries-path (default: the test file, else
@@ -60,7 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--queries-path", default=None)
     parser.add_argument("--seeds", type=int, default=0, help="N DP runs and N non-private audits: the gate's rates")
     parser.add_argument("--jobs", type=int, default=1, help="--seeds: how many at once")
-    parser.add_argument("--non-private-trials", type=int, default=20, help="--seeds: trials of each non-private audit")
+    parser.add_argument("--non-private-trials", type=int, default=None,
+                        help="--seeds: trials of each non-private audit (default: the design the gate sizes)")
+    parser.add_argument("--only", choices=("dp", "leaky"), default=None,
+                        help="--seeds: the DP runs only, or the non-private audits only")
     parser.add_argument("--home", default=None, help="folder of the fresh homes")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("run_flags", nargs=argparse.REMAINDER, help="after --: more flags for dpicl run")
@@ -159,12 +164,21 @@ def one_loop(args, home: Path, predict: bool = True, run_flags: list[str] | None
     return result
 
 
-def non_private_audit(args, home: Path) -> dict:
-    """`dpicl audit --non-private`: real records as 1-shot demos; exit 1 is the gate refusing them."""
+def non_private_audit(args, home: Path, seed: int) -> dict:
+    """`dpicl audit --non-private`: real records as 1-shot demos; exit 1 is the gate refusing them. `seed` draws
+    the audit's trials (each audit its own records)."""
     home.mkdir(parents=True, exist_ok=True)
-    step = _step("audit --non-private", ["audit", "--non-private", "--trials", str(args.non_private_trials),
+    trials = ["--trials", str(args.non_private_trials)] if args.non_private_trials else []
+    step = _step("audit --non-private", ["audit", "--non-private", *trials, "--seed", str(seed),
                                          *_data_flags(args), "--json"], home, home / "audit.log")
-    return {"home": str(home), "seconds": step["seconds"], "rc": step["rc"], "refused": step["rc"] == 1}
+    try:
+        reasons = json.loads(step["stdout"].strip().splitlines()[-1]).get("reasons") or []
+    except (ValueError, IndexError):
+        reasons = []
+    # Real records in a prompt also fail the overlap check and have no accountant: the attacks' own refusal is
+    # the membership-inference reason
+    return {"home": str(home), "seconds": step["seconds"], "rc": step["rc"], "refused": step["rc"] == 1,
+            "membership_detected": any(r.startswith("membership inference") for r in reasons)}
 
 
 def _warm(args, base: Path) -> Path:
@@ -210,20 +224,22 @@ def main(argv: list[str] | None = None) -> int:
         models = _warm(args, base)
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             dp = list(pool.map(lambda i: one_loop(args, _fresh(base, f"dp-{i}", models), predict=False,
-                                                  run_flags=run_flags), range(args.seeds)))
-            leaky = list(pool.map(lambda i: non_private_audit(args, _fresh(base, f"np-{i}", models)),
-                                  range(args.seeds)))
+                                                  run_flags=run_flags), range(0 if args.only == "leaky" else args.seeds)))
+            leaky = list(pool.map(lambda i: non_private_audit(args, _fresh(base, f"np-{i}", models), seed=i),
+                                  range(0 if args.only == "dp" else args.seeds)))
         for r in dp:
             for step in r["steps"]:
                 step.pop("stdout"), step.pop("stderr")
         ran = [r for r in dp if "run_id" in r]
         passed = sum(r["released"] for r in ran)
         refused = sum(r["refused"] for r in leaky)
+        detected = sum(r["membership_detected"] for r in leaky)
         audited = [r for r in leaky if r["rc"] in (0, 1)]
         result = {"sound_runs": len(ran), "sound_released": passed, "leaky_audits": len(audited),
-                  "leaky_refused": refused, "dp": dp, "non_private": leaky}
+                  "leaky_refused": refused, "leaky_membership_detected": detected, "dp": dp, "non_private": leaky}
         lines = [f"sound releases passed: {passed}/{len(ran)} DP runs",
-                 f"leaking prompts refused: {refused}/{len(audited)} non-private audits"]
+                 f"leaking prompts refused: {refused}/{len(audited)} non-private audits, "
+                 f"{detected}/{len(audited)} for membership inference"]
         lines += [f"  {Path(r['home']).name}: " + ", ".join(f"{s['step']} {s['seconds']:.0f} s" for s in r["steps"])
                   + f"; {'released' if r['released'] else 'refused: ' + '; '.join(r.get('refusal') or r.get('error') or [])}"
                   for r in dp]

@@ -232,8 +232,9 @@ def _audit_line(audit_config: AuditConfig, train, labels: list[str], epsilon: fl
     sizes = dict(trials=audit_config.trials,
                  **audit_design.settings(audit_config, len(attacks_run(audit_config.reference_prompts))))
     if epsilon is None:  # one real record (the member) vs non-members of the whole split, per trial
-        chosen = audit_design.plan(len(train), len(train), members=1, non_members=audit_config.non_members,
-                                   **sizes)
+        slots = len(train) // (1 + audit_config.non_members)  # trials drawn disjointly from the one split
+        chosen = audit_design.plan(slots, slots * audit_config.non_members, members=1,
+                                   non_members=audit_config.non_members, **sizes)
         return design_line(audit_config, chosen)
     counts = train["label"].astype(str).value_counts()
     members = [int(round(0.5 * int(counts.get(y, 0)))) for y in labels]  # `audit_members`: half of each label
@@ -244,14 +245,23 @@ def _audit_line(audit_config: AuditConfig, train, labels: list[str], epsilon: fl
 
 
 def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, reference: bool, out: Path | None,
-          say: Say) -> tuple[object, object, dict]:
+          say: Say, reference_sized: bool = True) -> tuple[object, object, dict]:
     """The membership-inference audit of one setting (Duan et al. 2023; Tang et al. Appendix F):
     `epsilon=None` real records as 1-shot demos (non-private); else DP demo sets generated at `epsilon`
     from half the private records (the members; each set charged), and with `reference` the non-private
-    audit beside it. Returns (the audit, the reference or None, the public summary written to `audit.json`)."""
+    audit beside it. The non-private audit runs the cheapest design that detects the configured leak
+    (`tasks.audit.reference_design`) unless `reference_sized` is False (the user set its sizes). Returns (the
+    audit, the reference or None, the public summary written to `audit.json`)."""
     # torch, scipy load here, not when the module is imported
     from dpcore.audit.gate import GateThresholds
-    from tasks.audit import audit_members, audit_plan, dp_audit_at, reference_audit, write_audit
+    from tasks.audit import (
+        audit_members,
+        audit_plan,
+        dp_audit_at,
+        reference_audit,
+        reference_design,
+        write_audit,
+    )
 
     data = load_data(config)
     if data.spec.kind != "classification":
@@ -280,7 +290,10 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
                    "sampling_rate": calibration.sampling_rate, "steps": calibration.steps, "delta": delta,
                    "crosscheck_agreed": calibration.crosscheck_agreed, "warnings": list(calibration.warnings)}
         _charge(config, data, run_id, plans, dry_run=True)  # all demo sets at once: the refusal before the model
-    say(_audit_line(audit_config, train, data.labels, epsilon))
+    reference_config = audit_config
+    if (epsilon is None or reference) and reference_sized:
+        reference_config = reference_design(audit_config, len(train))[0]
+    say(_audit_line(reference_config if epsilon is None else audit_config, train, data.labels, epsilon))
     real = []
     if epsilon is None or reference:
         real = _real_records(config, data, run_id, AUDIT_REFERENCE, say,
@@ -292,7 +305,7 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
 
     result, ref = None, None
     if epsilon is None:
-        result = reference_audit(lm, spec, train, audit_config, seed=seed, sample_seed=seed, delta=delta,
+        result = reference_audit(lm, spec, train, reference_config, seed=seed, sample_seed=seed, delta=delta,
                                  thresholds=thresholds, what="audit: trials")
     else:
         check_generation(generation, vocab_size=lm.vocab_size)
@@ -302,7 +315,7 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
                              noise_seed=config.seed, crosscheck_agreed=calibration.crosscheck_agreed,
                              thresholds=thresholds, what="audit: demo sets")
         if reference:
-            ref = reference_audit(lm, spec, train, audit_config, seed=seed + 1, sample_seed=seed, delta=delta,
+            ref = reference_audit(lm, spec, train, reference_config, seed=seed + 1, sample_seed=seed, delta=delta,
                                   thresholds=thresholds, what="audit: non-private reference trials")
     # Every figure of the audit stays private (the operator's diagnostic); the public folder and --json
     # keep the design and the verdict.

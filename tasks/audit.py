@@ -247,6 +247,27 @@ def dp_audit_at(lm, spec, members: pd.DataFrame, non_members: pd.DataFrame, audi
                         progress=_progress(what), should_stop=stop_requested)
 
 
+def reference_design(audit_config: AuditConfig, records: int) -> tuple[AuditConfig, AuditDesign]:
+    """The non-private reference's sizes (real records as 1-shot demos: one member, the demo, per trial), as the
+    design with the fewest scored records that detects `audit_config`'s leak (`dpcore.audit.design.cheapest`; at
+    the defaults 1 + 4 records x 35 trials), drawn disjointly from the split's `records` less the LiRA prompts'
+    records. A leaking prompt is what this audit is for: it is sized for the same gate as a release audit."""
+    from dpcore.audit import design as audit_design
+    from dpcore.audit.attacks import attacks_run
+
+    reserve = audit_config.reference_prompts if audit_config.reference_prompts >= 2 else 0
+    pool = max(0, records - reserve)
+    sizes = audit_design.settings(audit_config, len(attacks_run(audit_config.reference_prompts)))
+
+    def planner(members, non_members, trials):  # members is 1: each trial's prompt holds one real record
+        slots = pool // (members + non_members)  # trials that fit disjointly in the one pool
+        return audit_design.plan(slots * members, slots * non_members, members=members, non_members=non_members,
+                                 trials=trials, **sizes)
+
+    chosen = audit_design.cheapest(planner, 1, max(1, pool - 1))
+    return audit_config.model_copy(update={"non_members": chosen.non_members, "trials": chosen.trials}), chosen
+
+
 def reference_audit(lm, spec, train: pd.DataFrame, audit_config: AuditConfig, *, seed: int, sample_seed: int,
                     delta: float, thresholds, what: str):
     """The non-private reference (real records as 1-shot demos, Duan et al.'s leaky setting). Its demos are
@@ -338,7 +359,8 @@ def audit(
                                      split_seed=split_seed, noise_seed=seed, charge=charge, **shared)
     reference = None
     if non_private_reference:
-        reference = reference_audit(lm, spec, train, audit_config, seed=derive_seed(split_seed, "reference"),
+        reference = reference_audit(lm, spec, train, reference_design(audit_config, len(train))[0],
+                                    seed=derive_seed(split_seed, "reference"),
                                     sample_seed=split_seed, delta=delta, thresholds=thresholds,
                                     what="audit non-private reference trials")
         logger.info("non-private reference audit (real 1-shot demos): %s",

@@ -235,9 +235,10 @@ def test_cli_non_private_instruction_only_reference_and_bad_input(mini_task, tin
     folder, _ = mini_task
     base = ["audit", "--task-spec", str(folder / "mini.yaml"), "--data-path", str(folder / "mini.csv"),
             "--model", str(tiny_model_dir), "--audit-max-record-tokens", "16"]
-    code, text, _ = cli(base + ["--non-private", "--trials", "3", "--audit-members", "10",
-                                "--out", str(tmp_path / "np")])
+    # sized as the gate needs (the fewest trials that detect the default leak), not by a fixed trial count
+    code, text, err = cli(base + ["--non-private", "--out", str(tmp_path / "np")])
     assert code == 1 and "gate: FAILED" in text and "  - verbatim overlap" in text
+    assert "on 35 trials of 1 member(s) vs 4 non-members; detects a leak of AUC 0.75 with power 0.95" in err
     from dpcore.privacy.ledger import Ledger
 
     charged = [e for e in Ledger().entries("agnews-mini") if e.run_id == "np"]  # real records in prompts: inf

@@ -235,3 +235,22 @@ def test_a_release_audit_that_cannot_conclude_is_refused_before_the_model():
         planned_audit(AuditConfig(test="equivalence"), 20, 2300, size_to_pools=True)
     sized = planned_audit(AuditConfig(test="equivalence"), 4000, 4004, size_to_pools=True)
     assert sized.members * sized.trials <= 4000 and (sized.members, sized.trials) != (50, 20)
+
+
+def test_the_non_private_reference_is_sized_for_the_gate_and_refuses_a_copied_record():
+    """Real records as 1-shot demos (one member per trial): the fewest trials that detect the default leak,
+    drawn disjointly from the split; a prompt that leaks as a copied record does (AUC near 1) is refused by
+    practically every audit of that size, and a sound one passes at the design's false-alarm rate."""
+    from tasks.audit import reference_design
+
+    sized, design = reference_design(AuditConfig(), 2000)
+    assert design.conclusive and design.members == 1 and design.power >= 0.95
+    assert (sized.trials, sized.non_members) == (design.trials, design.non_members)
+    assert design.trials * (1 + design.non_members) <= 2000 and design.scored_records <= 200
+    audits = 800
+    assert _gate_failures(design, audits, leak=0.5, seed=3) <= design.false_alarm + 3 * _sd(design.false_alarm, audits)
+    assert _gate_failures(design, audits, leak=0.75, seed=4) >= design.power - 3 * _sd(design.power, audits)
+    assert _gate_failures(design, audits, leak=0.98, seed=5) >= 0.99
+    # a split too small for the trials the power needs: the strongest design it holds, not conclusive
+    small, design = reference_design(AuditConfig(), 40)
+    assert not design.conclusive and small.trials * (1 + small.non_members) <= 40

@@ -15,7 +15,9 @@ strongest; `--audit-reference-prompts R` (R >= 2) adds offline LiRA against R OU
 per record).
 
 `--non-private`: Duan et al.'s setting, 1-shot prompts holding a real record (leaky by
-design; `--trials` default 100). `--epsilon E`: Tang et al. Appendix F: the private
+design), sized like every audit for the gate it is checked by: the fewest trials that detect a leak
+of `--leak-auc` with `--audit-power` (35 trials of 1 member vs 4 non-members at the defaults), unless
+`--trials` or `--audit-members` set them. `--epsilon E`: Tang et al. Appendix F: the private
 records are split into members and non-members, sigma is calibrated for E on the
 members' label counts (dpcore.fewshot.accounting), DP demo sets are generated from the members
 only (each generation charged to the privacy ledger first, all demo sets at once), and
@@ -54,7 +56,6 @@ from flows.cli.progress import showing_progress, stopping_on_signals
 
 CONFIG_FLAGS = [*DATA_FLAGS, "delta", *GENERATION_FLAGS, "seed", "audit_demo_sets", "audit_members", "audit_reference_prompts", "audit_max_record_tokens",
                 "audit_test", "leak_auc", "audit_power", "auc_tolerance", "overlap_threshold"]
-NON_PRIVATE_TRIALS = 100  # Duan et al. Section 3 / Tang et al. Appendix F
 
 
 def register(subparsers) -> None:
@@ -68,7 +69,8 @@ def register(subparsers) -> None:
     privacy.add_argument("--non-private", action="store_true",
                          help="audit 1-shot prompts holding a real record (Duan et al.; leaky by design)")
     parser.add_argument("--trials", type=int, default=None,
-                        help=f"trials per demo set (DP) or in total (non-private, default {NON_PRIVATE_TRIALS})")
+                        help="trials per demo set (DP) or in total (non-private; default: the fewest that detect "
+                             "--leak-auc at --audit-power, 35 trials of 1 + 4 records at the defaults)")
     parser.add_argument("--confidence", type=float, default=None,
                         help="confidence of the AUC interval and of the epsilon lower bound (default 0.95)")
     parser.add_argument("--reference", action="store_true",
@@ -83,8 +85,6 @@ def _audit_config(args, config):
         if args.trials < 1:
             raise ConfigError(f"--trials: must be >= 1, got {args.trials}")
         updates["trials"] = args.trials
-    elif args.non_private:
-        updates["trials"] = NON_PRIVATE_TRIALS
     if args.confidence is not None:
         if not 0 < args.confidence < 1:
             raise ConfigError(f"--confidence: must lie in (0, 1), got {args.confidence}")
@@ -100,8 +100,9 @@ def run_audit(args) -> int:
     audit_config = _audit_config(args, config)
     epsilon = None if args.non_private else float(args.epsilon)
     with stopping_on_signals(), showing_progress(not args.json):
-        result, reference, summary = standalone.audit(config, audit_config, epsilon, args.reference,
-                                                      Path(args.out) if args.out else None, say)
+        result, reference, summary = standalone.audit(
+            config, audit_config, epsilon, args.reference, Path(args.out) if args.out else None, say,
+            reference_sized=args.trials is None and "audit_members" not in config.flat_fields_set)
     if args.json:
         print_json(summary)
     else:
