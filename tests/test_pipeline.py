@@ -377,6 +377,13 @@ def test_run_and_demo_flags_cover_the_run_config(run):
     # the demo's one non-private contrast is real demos; its conclusive audit is the DP demos' own
     assert demo.baselines == ["zero-shot", "random-real"] and demo.audit.enabled and not demo.audit.methods
     assert demo.methods == ["tang", "pate", "dpsgd"] and demo.dpsgd.validation_size == 32
+    # the demo's audit is sized as a run's is: the fewest records that detect the default leak (AG News: 4
+    # labels, 100 held-out test items), not sizes fixed in the preset
+    from tasks.audit import run_audit_design
+
+    assert not {"audit_trials", "audit_members", "audit_demo_sets"} & demo.flat_fields_set
+    audit_config, design, note = run_audit_design(demo, dict.fromkeys(["a", "b", "c", "d"], 25000), 100)
+    assert note is None and design.conclusive and design.scored_records <= 200
 
     table = format_results(run)
     assert "MLflow run id:   " + run["mlflow_run_id"] in table and run["run_dir"] in table

@@ -46,14 +46,10 @@ DEMO_DEFAULTS = {
     "test_size": 100,
     "audit": True,
     # The audit of the run's own DP demos (members: the private split they were generated from;
-    # non-members: held-out test records): nothing regenerated or charged. 4 demos x 8 trials of
-    # 20 members vs 20 non-members, each candidate's first 12 tokens, the three attacks without OUT
-    # prompts (LiRA needs extra passes): the interval's half-width is about 0.042-0.047 (98.3% per
-    # attack), under the 0.05 band.
+    # non-members: held-out test records): nothing regenerated or charged. Sized as a run sizes it (the
+    # fewest records that detect the default leak: 4 demos x 7 trials of 2 members vs 2 non-members), each
+    # candidate's first 12 tokens, the three attacks without OUT prompts (LiRA needs extra passes).
     "audit_mode": "run-demos",
-    "audit_trials": 8,
-    "audit_demo_sets": 1,
-    "audit_members": 20,
     "audit_reference_prompts": 0,
     "audit_max_record_tokens": 12,
     # ... and, for contrast, the non-private reference audit (real records as 1-shot demos: Duan et al.'s
@@ -68,8 +64,8 @@ DEMO_DEFAULTS = {
     "pate_repeats": 1,
     "pate_student_candidates": 5,
     "pate_baselines": "zero-shot",
-    # The release audit of PromptPATE's student (it read E x k = 10 teacher records) and PromptDPSGD's prompt
-    # needs many more trials than this demo's 8 to be conclusive: `dpicl release --audit-only` runs it.
+    # The release audits of PromptPATE's student and PromptDPSGD's prompt are their own designs on their own
+    # pools (about 2.5 more minutes): `dpicl release --audit-only` runs them.
     "audit_methods": False,
     # PromptDPSGD (Duan et al. Section 4.1): the CPU preset's recipe (10 positions from the instruction, lr 0.3)
     # on a fifth of its compute: 20 DP-SGD steps of expected batch 32 (640 examples, about 5 minutes on AG News),
