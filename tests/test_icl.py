@@ -398,6 +398,54 @@ def test_real_model_agnews_20_items(embedded_lm, agnews):
     np.testing.assert_allclose(cached[:1], naive, atol=1e-3, rtol=0)
 
 
+@pytest.mark.slow
+def test_the_own_data_loop_closes_on_the_embedded_model(embedded_lm, tmp_path, cli):
+    """README's own-data loop on the real model, at `dpicl run`'s defaults but shorter demos and fewer test
+    items: set-budget -> run (fresh noise, the audit of its own demos) -> release (its gate) -> predict."""
+    import yaml
+
+    from dpcore.data.datasets import load_dataset
+    from tasks import common
+
+    with common._MODELS_LOCK:  # the run's model cache reuses this worker's load
+        common._MODELS[("smollm2-135m", "auto", "auto")] = embedded_lm
+    # a user's file: SST-2 records dpicl's other tests leave alone (the split's last), under a user's columns
+    sst2 = load_dataset(load_task_spec("sst2"))
+    frame = pd.concat([sst2.train[sst2.train["label"] == y].tail(150) for y in sst2.labels])
+    frame = frame.rename(columns={"id": "review_id", "text": "review", "label": "sentiment"})
+    frame[["review_id", "review", "sentiment"]].to_csv(tmp_path / "reviews.csv", index=False)
+    spec = {"name": "loop-reviews", "kind": "classification",
+            "source": {"type": "file", "path": "reviews.csv", "text_column": "review", "label_column": "sentiment",
+                       "id_column": "review_id"},
+            "split": {"test_size": 0.2, "seed": 0}, "labels": {y: y for y in sst2.labels},
+            "generation": {"instruction": "Given a sentiment label, write a movie review with that sentiment.",
+                           "label_prefix": "Sentiment: ", "text_prefix": "Review:", "stop": "\n"},
+            "icl": {"input_prefix": "Review:", "output_prefix": "Sentiment:"}}
+    (tmp_path / "reviews.yaml").write_text(yaml.safe_dump(spec))
+    data = ["--task-spec", str(tmp_path / "reviews.yaml"), "--data-path", str(tmp_path / "reviews.csv")]
+    assert cli(["ledger", "set-budget", "--dataset", "loop-reviews", "--epsilon", "8", "--delta", "1e-5"])[0] == 0
+    # A sound release passes the gate with probability >= 0.95 (the audit's false-alarm bound): a second run
+    # (charged too, within the budget) keeps this test's false failures under 0.25%.
+    for attempt in range(2):
+        code, out, err = cli(["run", *data, "--max-tokens", "4", "--test-size", "4", "--seeds", "1",
+                              "--audit-max-record-tokens", "8", "--yes", "--json"])
+        assert code == 0, err
+        run = json.loads(out.strip().splitlines()[-1])
+        assert run["epsilons"] == [4.0] and run["delta"] == 1e-5 and run["audit"]["ran"]
+        assert "audit: 3 attacks" in err and "detects a leak of AUC 0.75 with power 0.9" in err
+        code, out, err = cli(["release", "--run", run["run_id"]])
+        if code == 0 or "membership inference" not in err or attempt:
+            break
+    assert code == 0, err
+    (tmp_path / "queries.jsonl").write_text('{"id": "q1", "text": "A warm, funny and moving film."}\n'
+                                            '{"id": "q2", "text": "Dull, overlong and badly acted."}\n')
+    code, _, err = cli(["predict", "--input", str(tmp_path / "queries.jsonl"), "--out", str(tmp_path / "a.jsonl"),
+                        "--dataset-id", "loop-reviews"])
+    assert code == 0, err
+    answers = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert [a["id"] for a in answers] == ["q1", "q2"] and {a["prediction"] for a in answers} <= set(sst2.labels)
+
+
 def test_cli_dp_demos_from_generation_frame_get_an_accounted_epsilon(tiny_model_dir, tmp_path, cli):
     from dpcore.fewshot.generation import Demo, demos_frame
 
