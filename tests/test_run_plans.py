@@ -47,3 +47,24 @@ def test_a_delta_from_the_flag_is_said_as_such():
     plan = build_run_plan(tiny_config(methods=["tang"], dataset_id="plan-delta", delta=1e-6, audit=False,
                                       audit_reference=False))
     assert (plan.delta, plan.delta_source) == (1e-6, "flag")
+
+
+def test_a_run_that_did_not_pay_names_the_trained_prompt_and_what_it_takes():
+    """The own-data path leads to the method that pays on a small local model, with its cost on these records
+    from public sizes; said only when the run's prompts did not pay and it trained none."""
+    import re
+
+    from dpcore.config import RunConfig
+    from dpcore.public_outputs import declared_lines
+    from flows.cli.run import trained_prompt_line
+
+    config = RunConfig(dataset="sst2", epsilons=[1.0, 4.0])
+    within = {"epsilons": [{"epsilon": 1.0, "verdict": "within noise"}, {"epsilon": 4.0, "verdict": "paid"}]}
+    line = trained_prompt_line(config, within)
+    assert "`dpicl run --methods dpsgd --epsilons 1` on these records is about " in line
+    assert re.search(r"is about \d+ minutes? here \(estimated from public sizes\)", line), line
+    # its estimate (from the number of records) is declared for the neighbouring-dataset test
+    assert any(re.search(pattern, line) for pattern in declared_lines())
+    paid = {"epsilons": [{"epsilon": 1.0, "verdict": "paid"}]}
+    assert trained_prompt_line(config, paid) is None
+    assert trained_prompt_line(config.with_updates(methods=["tang", "dpsgd"]), within) is None

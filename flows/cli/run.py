@@ -121,6 +121,8 @@ declare("json:run", Kind.COUNT, "/results/*/noise_multiplier", "/results/*/sampl
 declare("json:run", Kind.VERDICT, "/results/*/audit", "/audit/**", "/method_audits/*/verdict",
         "/method_audits/*/passed")
 declare("json:run", Kind.IDENTITY, "/data_hash", "/method_summaries/*/data_hash")
+# after a run that did not pay: what PromptDPSGD would take on these records (public sizes and counts)
+declare_line(Kind.COUNT, r"^a trained soft prompt is what pays on a small local model: .* is (about .*) here")
 # the plan said before anything runs: what the accountant composes from the public counts
 # (the greedy group takes the estimated minutes too: from public sizes and counts)
 declare_line(Kind.COUNT, r"^plan: epsilon (\S+) at delta \S+, composed over every spend of the run \((.*)\)")
@@ -284,7 +286,31 @@ def _run(args, defaults: dict | None = None) -> int:
         paid = verdict_line(summary.get("private_data_verdict"))
         if paid:  # last: the answer to "was it worth it"
             print(paid)
+            pays = trained_prompt_line(config, summary.get("private_data_verdict"))
+            if pays:
+                print(pays)
     return 0
+
+
+def trained_prompt_line(config: RunConfig, verdict: dict | None) -> str | None:
+    """After a run whose prompts did not clearly pay and that trained none: the method that pays on the
+    embedded model (a PromptDPSGD soft prompt, README), with what it would take on these records at the run's
+    first epsilon (`tasks.run_plans`: the CPU preset's work from public sizes; nothing is charged)."""
+    if "dpsgd" in config.methods or not verdict or all(v["verdict"] == "paid" for v in verdict["epsilons"]):
+        return None
+    from dpcore.lm.runtime import minutes_text
+    from tasks.run_plans import build_run_plan
+
+    epsilon = next((e for e in config.epsilons if 0 < e < float("inf")), None)
+    if epsilon is None:
+        return None
+    try:
+        plan = build_run_plan(config.with_updates(methods=["dpsgd"], epsilons=[epsilon], audit=False))
+    except ConfigError:  # a setting PromptDPSGD does not take on these records: no estimate to give
+        return None
+    return (f"a trained soft prompt is what pays on a small local model: `dpicl run --methods dpsgd --epsilons "
+            f"{fmt_eps(epsilon)}` on these records is {minutes_text(plan.estimated_seconds())} here (estimated from public sizes), its "
+            "prompt released, audited and used by `dpicl predict` like demos (docs/promptdpsgd.md)")
 
 
 def format_next(summary: dict) -> str:
