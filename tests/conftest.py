@@ -333,9 +333,9 @@ def tickets_spec(tmp_path):
 # history of its dataset ids must be what its own commands left (they share the ids `nb-<variant>` in one home).
 SLOWEST_FIRST = (
     "test_neighbours_commands.py", "test_neighbours.py", "test_ledger_pipeline.py", "test_release_methods.py",
-    "test_pipeline.py", "test_prefect_server.py", "test_compare.py", "test_audit.py", "test_cli_experience.py",
-    "test_audit_stop.py", "test_reproduce_tables.py", "test_methods.py", "test_dpsgd.py", "test_dask_runner.py",
-    "test_privacy_boundary.py", "test_release.py", "test_icl.py", "test_generation.py", "test_pate_released_cost.py",
+    "test_pipeline.py", "test_prefect_server.py", "test_icl.py", "test_compare.py", "test_audit.py",
+    "test_cli_experience.py", "test_audit_stop.py", "test_reproduce_tables.py", "test_methods.py", "test_dpsgd.py",
+    "test_dask_runner.py", "test_privacy_boundary.py", "test_release.py", "test_generation.py", "test_pate_released_cost.py",
     "test_adapters.py", "test_benchmarks_dpsgd.py", "test_endpoint.py", "test_composition.py", "test_datasets.py",
 )
 

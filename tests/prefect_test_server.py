@@ -59,17 +59,23 @@ def start() -> Callable[[], None]:
     ready = folder / "ready"
     os.environ[URL], os.environ[READY_FILE] = url, str(ready)
     site_packages = Path(importlib.util.find_spec("prefect").origin).parent.parent  # Prefect's own --app-dir
-    server = subprocess.Popen(
-        [sys.executable, "-m", "flows.sqlite_server", "--busy-timeout-ms", str(BUSY_TIMEOUT_MS),
-         "--app-dir", str(site_packages), "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
-         "--lifespan", "on"],
-        env={**os.environ, "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}",
-             "PREFECT_TESTING_UNIT_TEST_MODE": "1", "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-             "PREFECT__SERVER_FINAL": "1", **RECORDER_BATCHING})
+    # What the server prints (among it the task-run recorder's retried "database is locked", at this busy
+    # timeout under load) goes to a file beside its database, not into the suite's output; a server that
+    # does not start is reported with the file's end.
+    log = folder / "server.log"
+    with open(log, "ab") as output:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "flows.sqlite_server", "--busy-timeout-ms", str(BUSY_TIMEOUT_MS),
+             "--app-dir", str(site_packages), "--factory", "prefect.server.api.server:create_app",
+             "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
+            env={**os.environ, "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}",
+                 "PREFECT_TESTING_UNIT_TEST_MODE": "1", "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                 "PREFECT__SERVER_FINAL": "1", **RECORDER_BATCHING},
+            stdout=output, stderr=subprocess.STDOUT)
 
     def announce() -> None:
         try:
-            _wait_for_health(url, server)
+            _wait_for_health(url, server, log)
             _copy_database(database, folder / MIGRATED_DATABASE)
             outcome = "ok"
         except Exception as exc:  # noqa: BLE001 (written for the workers, which raise it)
@@ -122,7 +128,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _wait_for_health(url: str, server: subprocess.Popen) -> None:
+def _wait_for_health(url: str, server: subprocess.Popen, log: Path) -> None:
     began = time.monotonic()
     while True:
         with contextlib.suppress(OSError):
@@ -130,7 +136,8 @@ def _wait_for_health(url: str, server: subprocess.Popen) -> None:
                 if answer.status == 200:
                     return
         if server.poll() is not None:
-            raise RuntimeError(f"it exited with code {server.returncode}")
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError(f"it exited with code {server.returncode}; its output ends:\n{tail}")
         if time.monotonic() - began > STARTUP_TIMEOUT:
             raise RuntimeError(f"no answer within {STARTUP_TIMEOUT:.0f} s")
         time.sleep(0.2)
