@@ -14,7 +14,8 @@ batch: every planned query) and `dpicl serve --private` (a batch per request):
 
 The lock makes check, charge and answer one step per batch: two requests never both pass the check for the
 same queries; the ledger's own charge is atomic across processes. Everything returned is public: the noisy
-argmax labels and the plan's public parameters.
+argmax labels (for an extraction task, the keywords a noisy majority of the subsets name: `dpcore.dp_icl.keywords`)
+and the plan's public parameters.
 
 In a run (`dpicl run --methods ...,dp-icl`, the method registry's protocol: `tasks.methods`, `flows.dp_icl`), DP-ICL
 answers the run's test items, the items every other method is evaluated on, in the same order
@@ -42,13 +43,14 @@ from dpcore.data.taskspec import load_task_spec
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.dp_icl import presets as dp_icl_presets
 from dpcore.dp_icl.answer import answer_queries
-from dpcore.dp_icl.privacy import METHOD, batch_spend, dp_icl_plan, queries_within
+from dpcore.dp_icl.ensemble import ANSWER_TOKENS
+from dpcore.dp_icl.privacy import METHOD, aggregation_for, batch_spend, dp_icl_plan, queries_within
 from dpcore.dp_icl.subsets import check_count, run_key
 from dpcore.errors import BudgetExceededError, ConfigError, DpiclError
 from dpcore.fewshot.mechanisms import noise_generator
 from dpcore.fewshot.plan import default_delta
 from dpcore.lm import runtime
-from dpcore.lm.icl import CONTENT_FREE_INPUTS, check_test_size, select_test
+from dpcore.lm.icl import CONTENT_FREE_INPUTS, check_test_size, exact_match, select_test
 from dpcore.pate.flock import VOTE_MODES
 from dpcore.privacy.events import NoOpDpEvent
 from dpcore.privacy.plan import PrivacyPlan
@@ -67,8 +69,8 @@ from tasks.common import (
 KEY_FILE = "dp_icl_key.bin"   # the run's secret subset key, in the run's private folder
 PLAN_FILE = "dp_icl_plan.json"  # the plan's public parameters, in the run's public folder
 
-# the answers are DP outputs (noisy argmax labels) and so is accuracy over them; the plan's numbers are
-# functions of public counts (|D|, M, k, Q, B, the budget)
+# the answers are DP outputs (noisy argmax labels, or an extraction task's noisy-majority keywords) and so is
+# accuracy over them; the plan's numbers are functions of public counts (|D|, M, k, Q, B, K, the budget)
 declare("json:dp-icl", Kind.DP, "/answers", "/answers/**", "/accuracy", "/correct")
 declare("json:dp-icl", Kind.COUNT, "/records", "/sampling_rate", "/noise_multiplier", "/noise_std",
         "/queries_affordable", "/draw_noise_multiplier", "/epsilon_composed", "/ledger/**")
@@ -89,6 +91,7 @@ class Settings:
     queries_per_draw: int
     vote_mode: str
     queries: int  # the preset's planned queries (used when the user names none)
+    max_keywords: int  # K of an extraction task's keyword space aggregation
 
 
 def device_type(device: str | None) -> str:
@@ -102,7 +105,7 @@ def device_type(device: str | None) -> str:
 
 def settings(preset: str = "auto", device_type: str = "cpu", *, subsets: int | None = None,
              shots: int | None = None, queries_per_draw: int | None = None,
-             vote_mode: str | None = None) -> Settings:
+             vote_mode: str | None = None, max_keywords: int | None = None) -> Settings:
     """The preset's values (`dpcore.dp_icl.presets`) with the given ones instead; each value checked."""
     if preset not in dp_icl_presets.PRESETS:
         raise ConfigError(f"--preset: {preset!r} is none of {', '.join(dp_icl_presets.PRESETS)}")
@@ -113,7 +116,8 @@ def settings(preset: str = "auto", device_type: str = "cpu", *, subsets: int | N
     return Settings(name, check_count("--subsets", subsets or values["subsets"]),
                     check_count("--shots", shots or values["shots"]),
                     check_count("--queries-per-draw", queries_per_draw or values["queries_per_draw"]),
-                    mode, int(values["queries"]))
+                    mode, int(values["queries"]),
+                    check_count("--max-keywords", max_keywords or values["max_keywords"]))
 
 
 @dataclass(frozen=True)
@@ -132,9 +136,11 @@ class Budget:
     def line(self) -> str:
         """The line said before anything is charged (public: parameters only)."""
         p = self.plan.parameters
+        counted = (f"keyword count, K={p['max_keywords']} keywords per subset"
+                   if p.get("aggregation") == "keywords" else "vote count")
         head = (f"DP-ICL: M={p['subsets']} subsets x k={p['shots']} shots on {p['records']} private records "
                 f"(q={p['sampling_rate']:.4g}), noise multiplier {p['noise_multiplier']:.4g} "
-                f"(std {p['noise_std']:.4g} per vote count)")
+                f"(std {p['noise_std']:.4g} per {counted})")
         if self.epsilon is None:
             return (f"{head}; {self.queries} queries planned cost epsilon {fmt_eps(self.plan.epsilon)} at delta "
                     f"{fmt_delta(self.plan.delta)}")
@@ -144,7 +150,7 @@ class Budget:
 
 def plan_budget(records: int, delta: float, settings: Settings, *, epsilon: float | None = None,
                 noise_multiplier: float | None = None, queries: int | None = None,
-                limit: int | None = None) -> Budget:
+                limit: int | None = None, aggregation: str = "rnm") -> Budget:
     """The run's plan from public counts only.
 
     - epsilon and queries: sigma calibrated so that the queries compose within epsilon;
@@ -152,7 +158,8 @@ def plan_budget(records: int, delta: float, settings: Settings, *, epsilon: floa
       `queries` when given (asking for more than it affords is refused, nothing charged);
     - noise multiplier and queries: the plan's epsilon is their composition.
     Queries not given: the preset's (or, with epsilon and noise multiplier, all the budget affords), at most
-    `limit` (the queries there are to answer).
+    `limit` (the queries there are to answer). `aggregation` ("rnm", or "keywords" for an extraction task at the
+    settings' K) sets the noise std per count, never the accounting.
     A budget that affords no query is refused (`BudgetExceededError`, exit 3)."""
     if epsilon is not None:
         epsilon = float(epsilon)
@@ -166,14 +173,15 @@ def plan_budget(records: int, delta: float, settings: Settings, *, epsilon: floa
     if epsilon is None and noise_multiplier is None:
         raise ConfigError("give --epsilon or --noise-multiplier (or both)")
     shape = dict(subsets=settings.subsets, shots=settings.shots, queries_per_draw=settings.queries_per_draw)
+    release = dict(aggregation=aggregation, max_keywords=settings.max_keywords)
     if noise_multiplier is None:
         q = queries or min(settings.queries, cap)
-        plan = dp_icl_plan(epsilon, delta, q, records, **shape)
+        plan = dp_icl_plan(epsilon, delta, q, records, **shape, **release)
         sigma = float(plan.parameters["noise_multiplier"])
         return Budget(plan, queries_within(epsilon, delta, sigma, records, **shape), epsilon)
     if epsilon is None:
         q = queries or min(settings.queries, cap)
-        plan = dp_icl_plan(None, delta, q, records, noise_multiplier=noise_multiplier, **shape)
+        plan = dp_icl_plan(None, delta, q, records, noise_multiplier=noise_multiplier, **shape, **release)
         return Budget(plan, q, None)
     affordable = queries_within(epsilon, delta, noise_multiplier, records, **shape)
     if affordable == 0:
@@ -183,7 +191,7 @@ def plan_budget(records: int, delta: float, settings: Settings, *, epsilon: floa
         raise BudgetExceededError(f"--queries {queries}: epsilon {fmt_eps(epsilon)} at delta {fmt_delta(delta)} "
                                   f"affords {affordable} queries at noise multiplier {noise_multiplier:g}")
     plan = dp_icl_plan(None, delta, queries or min(affordable, cap), records, noise_multiplier=noise_multiplier,
-                       **shape)
+                       **shape, **release)
     return Budget(plan, affordable, epsilon)
 
 
@@ -271,7 +279,15 @@ class PrivateAnswerer:
 
 
 PUBLIC_PARAMETERS = ("subsets", "shots", "records", "sampling_rate", "queries", "queries_per_draw", "draws",
-                     "noise_multiplier", "draw_noise_multiplier", "noise_std")
+                     "noise_multiplier", "draw_noise_multiplier", "noise_std", "aggregation", "max_keywords")
+
+
+def is_correct(answer: str | None, gold: str, aggregation: str) -> bool:
+    """A released answer scored against its gold label: an extraction answer by exact match after normalisation
+    (`dpcore.lm.icl.exact_match`, the extraction evaluation's metric), a label by equality."""
+    if aggregation == "keywords":
+        return answer is not None and exact_match(answer, gold)
+    return answer == gold
 
 
 def open_run(config, budget_settings: Settings, data: LoadedDataset, *, epsilon: float | None,
@@ -283,7 +299,8 @@ def open_run(config, budget_settings: Settings, data: LoadedDataset, *, epsilon:
     Nothing is charged here."""
     delta = run_delta(config, len(data.train))
     budget = plan_budget(len(data.train), delta, budget_settings, epsilon=epsilon,
-                         noise_multiplier=noise_multiplier, queries=queries, limit=limit)
+                         noise_multiplier=noise_multiplier, queries=queries, limit=limit,
+                         aggregation=aggregation_for(data.spec.kind))
     if announce is not None:
         announce(budget)
     # the ledger's dataset budget checked before anything is written or loaded (refused: exit 3)
@@ -306,8 +323,8 @@ RESULTS_FILE = "dp_icl_results.parquet"         # its rows of the comparison, in
 ANSWERS_FILE = "dp_icl_answers_eps{}.json"      # the answers at one epsilon, in the public run folder
 RUN_KEY_FILE = "dp_icl_key_eps{}.bin"           # the subset key of one epsilon's answers, in the private folder
 
-# In a run: the answers (noisy argmax labels of the test items) and their accuracy are DP outputs; the plan's
-# parameters and delta are functions of public counts (|D|, M, k, Q, B, the epsilon).
+# In a run: the answers (noisy argmax labels of the test items, or their noisy-majority keywords) and their accuracy
+# are DP outputs; the plan's parameters and delta are functions of public counts (|D|, M, k, Q, B, K, the epsilon).
 declare(f"file:*{ANSWERS_FILE.format('*')}", Kind.DP, "/answers", "/answers/**", "/accuracy", "/correct")
 declare(f"file:*{ANSWERS_FILE.format('*')}", Kind.COUNT, "/delta", "/parameters/**")
 declare(f"file:*{RESULTS_FILE}", Kind.DP, "/*/accuracy*", "/*/calibrated_accuracy*")
@@ -321,7 +338,8 @@ def run_settings(config) -> Settings:
     """The ensemble of a run's DP-ICL: the paper's (both presets hold it; their queries are unused, a run answers
     its test items), with each `dp_icl_*` field that is set."""
     return settings("cpu", "cpu", subsets=config.dp_icl.subsets, shots=config.dp_icl.shots,
-                    queries_per_draw=config.dp_icl.queries_per_draw, vote_mode=config.dp_icl.vote_mode)
+                    queries_per_draw=config.dp_icl.queries_per_draw, vote_mode=config.dp_icl.vote_mode,
+                    max_keywords=config.dp_icl.max_keywords)
 
 
 def run_queries(config, num_test: int) -> int:
@@ -336,18 +354,16 @@ def run_queries(config, num_test: int) -> int:
 def plans(config, data: LoadedDataset, delta: float) -> tuple[PrivacyPlan, ...]:
     """DP-ICL's plans on the run's data (`tasks.methods` protocol): one per finite epsilon > 0 of the run (at epsilon
     inf its answers would be no DP output, yet written to the public run folder: no row; epsilon 0 reads no
-    record), each sized to answer the run's Q test items within that epsilon (`dp_icl_plan`: sigma calibrated).
-    Refused before any charge (one line naming the flag to change) for a task that is not classification, M k
-    above the private records, or an epsilon that cannot answer Q items."""
-    if data.spec.kind != "classification":
-        raise ConfigError(f"methods: DP-ICL answers classification queries; task {data.spec.name!r} is "
-                          f"{data.spec.kind}")
+    record), each sized to answer the run's Q test items within that epsilon (`dp_icl_plan`: sigma calibrated;
+    an extraction task's by keyword space aggregation at --dp-icl-max-keywords). Refused before any charge (one
+    line naming the flag to change) for M k above the private records, or an epsilon that cannot answer Q items."""
     chosen = run_settings(config)
     records, queries = len(data.train), run_queries(config, len(data.test))
     if chosen.subsets * chosen.shots > records:
         raise ConfigError(f"dp-icl: --dp-icl-subsets x --dp-icl-shots = {chosen.subsets} x {chosen.shots} exceeds the "
                           f"{records} private records (q = M k / |D| > 1): lower them")
-    shape = dict(subsets=chosen.subsets, shots=chosen.shots, queries_per_draw=chosen.queries_per_draw)
+    shape = dict(subsets=chosen.subsets, shots=chosen.shots, queries_per_draw=chosen.queries_per_draw,
+                 aggregation=aggregation_for(data.spec.kind), max_keywords=chosen.max_keywords)
     found = []
     for eps in sorted({float(e) for e in config.epsilons}):
         if not 0 < eps < math.inf:
@@ -399,7 +415,8 @@ def answer(*, records_path: str, task_spec: str, epsilon: float, delta: float, p
     what = f"dp-icl eps={_eps_text(epsilon)}: test items"  # the bar; a stop request ends it at the next draw
     answers = answer_queries(language_model(model, device, dtype), load_task_spec(task_spec), records, texts, plan,
                              key, rng, mode=vote_mode, progress=lambda done, total: report_progress(what, done, total))
-    correct = sum(a == g for a, g in zip(answers.labels, gold, strict=True))
+    aggregation = str(parameters.get("aggregation", "rnm"))
+    correct = sum(is_correct(a, g, aggregation) for a, g in zip(answers.labels, gold, strict=True))
     accuracy = correct / len(texts)
     path = write_json_atomic(Path(public_dir) / ANSWERS_FILE.format(_eps_text(epsilon)), {
         "method": METHOD, "epsilon": float(epsilon), "delta": float(delta), "vote_mode": vote_mode,
@@ -423,13 +440,15 @@ def answer_call(config, ingested: Ingested, plan: PrivacyPlan, charged: bool) ->
 
 def result_rows(plans, answered: list[dict], vote_mode: str) -> list[dict]:
     """One results row per plan (the comparison's shape, `tasks.evaluate.plan_rows`): the accuracy of the answers
-    over the Q items in the column of how the subsets voted (calibrated, or raw for black-box votes; the other
-    column empty), one set of answers (std 0), the plan's epsilon, delta, sigma and q. Public rows."""
+    over the Q items in the column of how the subsets voted (calibrated, or raw for black-box votes and for an
+    extraction task's greedy answers; the other column empty), one set of answers (std 0), the plan's epsilon,
+    delta, sigma and q. Public rows."""
     by_eps = {float(a["epsilon"]): a for a in answered}
-    column = "calibrated_accuracy" if vote_mode == "calibrated" else "accuracy"
     rows = []
     for plan in plans:
         found = by_eps[float(plan.epsilon)]
+        calibrated = vote_mode == "calibrated" and plan.parameters.get("aggregation") != "keywords"
+        column = "calibrated_accuracy" if calibrated else "accuracy"
         accuracies = dict.fromkeys(("accuracy_mean", "accuracy_std", "calibrated_accuracy_mean",
                                     "calibrated_accuracy_std"))
         accuracies.update({f"{column}_mean": float(found["accuracy"]), f"{column}_std": 0.0})
@@ -448,16 +467,21 @@ def write_results(rows: list[dict], public_dir: str) -> Path:
 def work(config, plan: PrivacyPlan, *, labels: int, record_tokens: int) -> runtime.Work:
     """One of DP-ICL's plans' model work in a run, from public sizes (`dpcore.lm.runtime`; the run's time
     estimate): ceil(Q / B) draws, each M prompts of k records whose prefix runs once, scoring the draw's B items
-    (and, with calibrated votes, the content-free inputs) with their labels' tokens."""
+    (and, with calibrated votes, the content-free inputs) with their labels' tokens; for an extraction task each
+    prompt answers the draw's B items greedily (`ANSWER_TOKENS` new tokens at most)."""
     p = plan.parameters
+    prefix = int(p["shots"]) * (record_tokens + runtime.LINE_TOKENS)
+    if p.get("aggregation") == "keywords":
+        per_answer = record_tokens + runtime.LINE_TOKENS + ANSWER_TOKENS
+        per_draw = int(p["subsets"]) * (prefix + int(p["queries_per_draw"]) * per_answer)
+        return runtime.Work(evaluation=float(int(p["draws"]) * per_draw))
     per_item = record_tokens + runtime.LINE_TOKENS + 2 * labels
     extra = len(CONTENT_FREE_INPUTS) if run_settings(config).vote_mode == "calibrated" else 0
-    prefix = int(p["shots"]) * (record_tokens + runtime.LINE_TOKENS)
     per_draw = int(p["subsets"]) * (prefix + (int(p["queries_per_draw"]) + extra) * per_item)
     return runtime.Work(evaluation=float(int(p["draws"]) * per_draw))
 
 
 __all__ = ["ANSWERS_FILE", "Budget", "BudgetSpentError", "PUBLIC_PARAMETERS", "PrivateAnswerer", "RESULTS_FILE",
-           "RUN_KEY_FILE", "Settings", "answer", "answer_call", "device_type", "open_run", "plan_budget", "plan_line",
+           "RUN_KEY_FILE", "Settings", "answer", "answer_call", "device_type", "is_correct", "open_run", "plan_budget", "plan_line",
            "plans", "result_rows", "run_delta", "run_queries", "run_settings", "settings", "work", "write_key",
            "write_results"]

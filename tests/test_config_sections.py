@@ -118,6 +118,7 @@ RUN_FLAGS: list[tuple[str, str, list[str], object]] = [
     ("--dp-icl-shots", "dp_icl_shots", ["2"], 2),
     ("--dp-icl-queries-per-draw", "dp_icl_queries_per_draw", ["5"], 5),
     ("--dp-icl-vote-mode", "dp_icl_vote_mode", ["black-box"], "black-box"),
+    ("--dp-icl-max-keywords", "dp_icl_max_keywords", ["3"], 3),
     ("--task-runner", "task_runner", ["threads:2"], "threads:2"),
 ]
 # The other spelling of a switch (`--rvp` is kept, hidden, for the default).
@@ -145,7 +146,8 @@ OLD_STORED = json.loads("""{"adadpsyn_coverage": 0.7, "adadpsyn_shrink": 0.25, "
 "audit_methods": true, "audit_mode": null, "audit_power": 0.95, "audit_reference": false,
 "audit_reference_prompts": 0, "audit_test": "detect", "audit_trials": 20, "baselines": ["zero-shot"],
 "calibrate": true, "data_path": null, "dataset": "agnews", "dataset_id": null, "delta": null, "device": "auto",
-"dp_icl_queries_per_draw": null, "dp_icl_shots": null, "dp_icl_subsets": 6, "dp_icl_vote_mode": null,
+"dp_icl_max_keywords": null, "dp_icl_queries_per_draw": null, "dp_icl_shots": null, "dp_icl_subsets": 6,
+"dp_icl_vote_mode": null,
 "dp_opt_candidates": null, "dp_opt_max_tokens": null, "dp_opt_preset": "auto", "dp_opt_shots": null,
 "dp_opt_subsets": null, "dp_opt_temperature": null, "dpsgd_batch_size": null, "dpsgd_clip": null,
 "dpsgd_epochs": null, "dpsgd_init": null, "dpsgd_kind": "soft-prompt", "dpsgd_length": null, "dpsgd_lr": null,

@@ -27,7 +27,8 @@ MARK = "zqxsecret"  # in every private record's text: must never leave the priva
 SMALL = ["--epsilon", "1", "--noise-multiplier", "0.8", "--subsets", "4", "--shots", "2"]
 JSON_KEYS = {"method", "run_id", "dataset", "dataset_id", "data_hash", "epsilon", "delta", "subsets", "shots",
              "noise_multiplier", "noise_std", "sampling_rate", "queries", "queries_per_draw", "queries_affordable",
-             "records", "vote_mode", "answers", "accuracy", "labelled", "correct", "ledger", "seeded_noise", "run_dir"}
+             "records", "vote_mode", "aggregation", "max_keywords", "answers", "accuracy", "labelled", "correct",
+             "ledger", "seeded_noise", "run_dir"}
 
 
 def write_dataset(folder) -> list[str]:
@@ -107,6 +108,7 @@ def test_the_json_contract_and_answers_are_the_noisy_argmax_labels_of_a_fixed_se
         ("dp-icl", 2.0, 3, 4, 2)
     assert first["delta"] == pytest.approx(1 / len(loaded.train)) and first["seeded_noise"] is True
     assert first["noise_std"] == pytest.approx(first["noise_multiplier"] * 2 ** 0.5)
+    assert (first["aggregation"], first["max_keywords"]) == ("rnm", None)
     assert [a["test_item"] for a in first["answers"]] == [0, 1, 2]
     labels = [a["label"] for a in first["answers"]]
     assert set(labels) <= {"negative", "positive"}

@@ -1,7 +1,7 @@
 """DP-ICL's section of a run's configuration (`RunConfig.dp_icl`; Wu et al. 2024).
 
 What a run sets of DP-ICL's ensemble: M disjoint exemplar subsets of at most k records, B test items per draw,
-and how a subset votes. An unset one is the paper's ensemble (`dpcore.dp_icl.presets`). In a run DP-ICL answers
+how a subset votes, and for extraction tasks the keywords K one subset's answer may vote for. An unset one is the paper's ensemble (`dpcore.dp_icl.presets`). In a run DP-ICL answers
 the run's test items (Q = --test-size) at each finite epsilon > 0, its noise calibrated to answer all Q within
 that epsilon (`tasks.dp_icl.plans`). Outside Python each field keeps its flat name `dp_icl_<field>`
 (`--dp-icl-subsets`).
@@ -30,6 +30,8 @@ class DpIclSection(Section):
     vote_mode: Literal["calibrated", "black-box"] | None = Field(
         None, description="DP-ICL: each subset's vote, its calibrated label probabilities or its greedy token "
         "(default: calibrated, the paper's)")
+    max_keywords: int | None = Field(None, ge=1, description="DP-ICL on extraction tasks: K, most of the query's "
+                                     "words one subset's answer votes for (noise std sigma*sqrt(2K); default 4)")
 
 
 __all__ = ["DpIclSection"]

@@ -5,7 +5,9 @@ The model work is PromptPATE's flock engine (`dpcore.pate.flock.flock_scores` an
 score the draw's queries in batched forwards, each prompt's prefix run once. With one query per draw (the paper)
 a draw is M prompts x 1 query; `queries_per_draw` = B lets B queries share a draw's prompts (the accounting of
 `dpcore.dp_icl.privacy`). Votes are "calibrated" (contextual calibration, as the authors' code scores every
-prompt with its calibration inputs) or "black-box" (the greedy token; "other" is class L).
+prompt with its calibration inputs) or "black-box" (the greedy token; "other" is class L). For extraction each
+subset's prompt answers greedily instead (`ensemble_answers`, `dpcore.lm.icl.extract_answers`): its answer is the
+raw material of keyword space aggregation (`dpcore.dp_icl.keywords`).
 
 Query i of a run (counted from the run's first answered query, across batches) belongs to draw i // B, so a
 server answering in batches continues the same sequence of subsamples under the same key.
@@ -22,8 +24,10 @@ import numpy as np
 from dpcore.data.taskspec import TaskSpec
 from dpcore.dp_icl.subsets import Subsets, check_count, draw_subsets
 from dpcore.errors import ConfigError, DataValidationError
-from dpcore.lm.icl import DemoItem
+from dpcore.lm.icl import DemoItem, extract_answers
 from dpcore.pate import flock
+
+ANSWER_TOKENS = 12  # a subset's greedy answer: the extraction evaluation's length
 
 
 def records_by_id(records: Sequence) -> dict[str, DemoItem]:
@@ -78,4 +82,30 @@ def ensemble_votes(lm, spec: TaskSpec, records: Sequence, queries: Sequence[str]
     return out
 
 
-__all__ = ["draw_of", "ensemble_subsets", "ensemble_votes", "records_by_id"]
+def ensemble_answers(lm, spec: TaskSpec, records: Sequence, queries: Sequence[str], key: bytes, *, subsets: int,
+                     shots: int, rate: float, first_query: int = 0, queries_per_draw: int = 1,
+                     max_new_tokens: int = ANSWER_TOKENS,
+                     progress: Callable[[int, int], None] | None = None) -> list[list[str]]:
+    """[M][Q] the greedy answer of each subset of each query's draw (PRIVATE): one prompt of the subset's records
+    and the query, stopped at a newline or after `max_new_tokens` tokens. Arguments as `ensemble_votes`'."""
+    by_id = records_by_id(records)
+    queries = list(queries)
+    m = check_count("subsets (M)", subsets)
+    out = [[""] * len(queries) for _ in range(m)]
+    draws = ensemble_subsets(list(by_id), key, first_query, len(queries), subsets=m, shots=shots, rate=rate,
+                             queries_per_draw=queries_per_draw)
+    done = 0
+    for d, drawn in draws.items():
+        columns = [j for j in range(len(queries)) if draw_of(first_query + j, queries_per_draw) == d]
+        for subset, demos in enumerate(drawn.demos):
+            answers = extract_answers(lm, spec, [by_id[rid] for rid in demos], [queries[j] for j in columns],
+                                      max_new_tokens=max_new_tokens)
+            for j, text in zip(columns, answers, strict=True):
+                out[subset][j] = text
+        done += len(columns)
+        if progress is not None:
+            progress(done, len(queries))
+    return out
+
+
+__all__ = ["ANSWER_TOKENS", "draw_of", "ensemble_answers", "ensemble_subsets", "ensemble_votes", "records_by_id"]

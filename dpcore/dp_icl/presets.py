@@ -4,7 +4,8 @@ machine, never from the private data.
 Both presets use the paper's ensemble for classification (Wu et al. 2024, the classification experiments; the authors' configs:
 `ensemble: 10`, `shots: 4`): M = 10 disjoint subsets of k = 4 exemplars per query (so q = 40 / |D|), votes by
 contextually calibrated label probabilities (the authors' code scores every prompt with its calibration inputs),
-one query per draw (the paper's fresh subsample per query). They differ in the queries planned for:
+one query per draw (the paper's fresh subsample per query), and for extraction tasks at most K = 4 of the query's
+words voted per subset (`dpcore.dp_icl.keywords`). They differ in the queries planned for:
 
 - GPU_PRESET: Q = 10,000 queries, the scale the paper accounts its classification budget for;
 - CPU_PRESET: Q = 50 queries: each query is M = 10 prompt prefixes and 40 scorings (the query and the three
@@ -19,12 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpcore.dp_icl.keywords import DEFAULT_MAX_KEYWORDS
+
 PRESETS = ("auto", "cpu", "gpu")
 
 GPU_PRESET: dict[str, Any] = {"subsets": 10, "shots": 4, "queries": 10_000, "queries_per_draw": 1,
-                              "vote_mode": "calibrated"}
+                              "vote_mode": "calibrated", "max_keywords": DEFAULT_MAX_KEYWORDS}
 CPU_PRESET: dict[str, Any] = {"subsets": 10, "shots": 4, "queries": 50, "queries_per_draw": 1,
-                              "vote_mode": "calibrated"}
+                              "vote_mode": "calibrated", "max_keywords": DEFAULT_MAX_KEYWORDS}
 
 
 def preset(name: str, device_type: str = "cpu") -> tuple[str, dict[str, Any]]:

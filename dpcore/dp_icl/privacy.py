@@ -7,6 +7,12 @@ subsample of rate q = M k / |D| (`dpcore.dp_icl.subsets`), and the histogram, as
 moves by at most sqrt(2) when one record joins it: one query is `PoissonSampledDpEvent(q, GaussianDpEvent(sigma))`
 and Q queries compose adaptively, `SelfComposedDpEvent(..., Q)`: `Spend.sampled_steps("gaussian", sigma, q, Q)`.
 
+Extraction (`dpcore.dp_icl.keywords`, aggregation "keywords"): the histogram over the query's public keyword space
+moves by at most sqrt(2K) in L2 norm when one record joins (one subset's vote of at most K keywords changes), and
+its noise std is s = sigma sqrt(2K): the same Gaussian mechanism of multiplier sigma, so the same event, the same
+accounting and the same spends; only the std per count (`noise_std` in the plan's parameters) follows the
+aggregation's sensitivity (`query_sensitivity`).
+
 Draws shared by B queries (`queries_per_draw`, an option beyond the paper, default 1 = the paper): B queries
 answered from one subsample are, on that subsample, B Gaussian mechanisms of multiplier sigma, i.e. one Gaussian
 mechanism on the B stacked histograms with L2 sensitivity sqrt(2 B): multiplier sigma / sqrt(B) (exactly: the
@@ -24,7 +30,8 @@ from __future__ import annotations
 
 import math
 
-from dpcore.dp_icl.aggregation import VOTE_SENSITIVITY, noise_std
+from dpcore.dp_icl.aggregation import VOTE_SENSITIVITY
+from dpcore.dp_icl.keywords import DEFAULT_MAX_KEYWORDS, keyword_sensitivity
 from dpcore.dp_icl.subsets import check_count, sampling_rate
 from dpcore.errors import ConfigError, check_positive
 from dpcore.privacy import composition
@@ -36,6 +43,21 @@ METHOD = "dp-icl"      # the plan's name (`dpcore.names.PREDICTION_METHODS`)
 PURPOSE = "dp-icl"     # the ledger purpose of its spends
 MAX_QUERIES = 10**8    # `queries_within` searches no further
 WHAT = "DP-ICL answers: RNM-Gaussian on the vote histogram of M subsets of a Poisson subsample"
+AGGREGATIONS = ("rnm", "keywords")  # classification: report-noisy-max; extraction: keyword space aggregation
+
+
+def aggregation_for(kind: str) -> str:
+    """The aggregation of a task kind: "keywords" for extraction, "rnm" for classification."""
+    return "keywords" if kind == "extraction" else "rnm"
+
+
+def query_sensitivity(aggregation: str = "rnm", max_keywords: int | None = None) -> float:
+    """One query's histogram L2 sensitivity: sqrt(2) for RNM's votes, sqrt(2K) for K keywords per vote."""
+    if aggregation not in AGGREGATIONS:
+        raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+    if aggregation == "rnm":
+        return VOTE_SENSITIVITY
+    return keyword_sensitivity(DEFAULT_MAX_KEYWORDS if max_keywords is None else max_keywords)
 
 
 def draws(queries: int, queries_per_draw: int = 1) -> int:
@@ -96,16 +118,24 @@ def dp_icl_spend(noise_multiplier: float, rate: float, queries: int, queries_per
 
 
 def dp_icl_plan(epsilon: float | None, delta: float, queries: int, records: int, *, subsets: int, shots: int,
-                queries_per_draw: int = 1, noise_multiplier: float | None = None) -> PrivacyPlan:
+                queries_per_draw: int = 1, noise_multiplier: float | None = None, aggregation: str = "rnm",
+                max_keywords: int | None = None) -> PrivacyPlan:
     """DP-ICL's plan (method "dp-icl") for answering Q queries from |D| = `records` private records.
 
     `epsilon` finite > 0: the query noise multiplier sigma calibrated so that the Q queries compose within it
     (`noise_multiplier` must then be None). `epsilon` None: the plan at the given `noise_multiplier`, its epsilon
     the composition. `epsilon` inf: no noise (sigma = 0), an infinite spend. One spend: the Q queries. The
-    `parameters`: subsets, shots, records, sampling_rate, queries, queries_per_draw, draws, noise_multiplier
-    (sigma, per query), draw_noise_multiplier, noise_std (per class and query), vote_sensitivity,
-    epsilon_composed (the accountant's upper bound at sigma)."""
+    `aggregation`: "rnm" (classification) or "keywords" (extraction, at most `max_keywords` K per vote, default
+    `DEFAULT_MAX_KEYWORDS`): the same events, the noise std per count sigma x its sensitivity. The `parameters`:
+    subsets, shots, records, sampling_rate, queries, queries_per_draw, draws, noise_multiplier (sigma, per
+    query), draw_noise_multiplier, noise_std (per count and query), vote_sensitivity, aggregation, max_keywords
+    (None for "rnm"), epsilon_composed (the accountant's upper bound at sigma)."""
     m, k, n = check_count("subsets (M)", subsets), check_count("shots (k)", shots), check_count("records", records)
+    if aggregation == "keywords":
+        max_keywords = check_count("max_keywords", DEFAULT_MAX_KEYWORDS if max_keywords is None else max_keywords)
+    else:
+        max_keywords = None
+    sensitivity = query_sensitivity(aggregation, max_keywords)
     q_count, b = check_count("queries", queries), check_count("queries_per_draw", queries_per_draw)
     rate = sampling_rate(m, k, n)
     if epsilon is None:
@@ -126,8 +156,9 @@ def dp_icl_plan(epsilon: float | None, delta: float, queries: int, records: int,
     composed = math.inf if sigma == 0 else composition.compose([spend.event], delta).epsilon
     parameters = {"subsets": m, "shots": k, "records": n, "sampling_rate": rate, "queries": q_count,
                   "queries_per_draw": b, "draws": draws(q_count, b), "noise_multiplier": sigma,
-                  "draw_noise_multiplier": draw_noise_multiplier(sigma, b), "noise_std": noise_std(sigma),
-                  "vote_sensitivity": VOTE_SENSITIVITY, "epsilon_composed": composed}
+                  "draw_noise_multiplier": draw_noise_multiplier(sigma, b), "noise_std": sigma * sensitivity,
+                  "vote_sensitivity": sensitivity, "aggregation": aggregation, "max_keywords": max_keywords,
+                  "epsilon_composed": composed}
     return PrivacyPlan(method=METHOD, epsilon=composed if epsilon is None else float(epsilon), delta=delta,
                        spends=(spend,), parameters=parameters)
 
@@ -150,6 +181,6 @@ def batch_spend(plan: PrivacyPlan, first_query: int, count: int) -> Spend:
 
 
 __all__ = [
-    "MAX_QUERIES", "METHOD", "PURPOSE", "batch_spend", "calibrate_noise", "draw_noise_multiplier", "draws",
-    "dp_icl_epsilon", "dp_icl_event", "dp_icl_plan", "dp_icl_spend", "queries_within",
+    "AGGREGATIONS", "MAX_QUERIES", "METHOD", "PURPOSE", "aggregation_for", "batch_spend", "calibrate_noise", "draw_noise_multiplier", "draws",
+    "dp_icl_epsilon", "dp_icl_event", "dp_icl_plan", "dp_icl_spend", "queries_within", "query_sensitivity",
 ]

@@ -2,13 +2,14 @@
 
     dpicl dp-icl --dataset sst2 (--epsilon E | --noise-multiplier S | both) [--queries Q]
                  [--queries-file FILE.jsonl] [--subsets 10 --shots 4 --queries-per-draw 1 --vote-mode calibrated]
-                 [--model smollm2-135m] [--seed N] [--json]
+                 [--max-keywords 4] [--model smollm2-135m] [--seed N] [--json]
 
 Before anything is charged it says how many queries the budget affords (`queries_within` at the plan's noise);
 then the whole plan is charged to the ledger (`tasks.charge`, refused over the dataset's budget: exit 3), and
 only then are the queries (the dataset's test items, or the `text` of each line of --queries-file) answered.
-Labelled queries (a test item, or a line with a `label`) are scored. Only the noisy-argmax labels and public
-parameters are printed or written (`<run folder>/dp_icl.json`); the run's secret subset key stays in its private
+Labelled queries (a test item, or a line with a `label`) are scored (an extraction task's answers, the keywords
+of the query a noisy majority of subsets name, by exact match). Only the released answers and public parameters
+are printed or written (`<run folder>/dp_icl.json`); the run's secret subset key stays in its private
 folder. `--json` prints one object: its keys are in docs/methods/dp-icl.md.
 """
 
@@ -30,8 +31,8 @@ from flows.cli import common as cli
 FIELDS = [*cli.DATA_FLAGS, "delta", "seed"]
 JSON_KEYS = ("method", "run_id", "dataset", "dataset_id", "data_hash", "epsilon", "delta", "subsets", "shots",
              "noise_multiplier", "noise_std", "sampling_rate", "queries", "queries_per_draw", "queries_affordable",
-             "records", "vote_mode", "answers", "accuracy", "labelled", "correct", "ledger", "seeded_noise",
-             "run_dir")
+             "records", "vote_mode", "aggregation", "max_keywords", "answers", "accuracy", "labelled", "correct",
+             "ledger", "seeded_noise", "run_dir")
 
 
 def positive_epsilon(text: str) -> float:
@@ -72,6 +73,9 @@ def add_private_flags(parser: argparse.ArgumentParser, *, config_fields: list[st
                        help="B queries sharing one subsample (default 1, the paper)")
     group.add_argument("--vote-mode", choices=("calibrated", "black-box"), default=None,
                        help="subset votes: calibrated label probabilities (default) or the greedy token")
+    group.add_argument("--max-keywords", type=positive_int, default=None, metavar="K",
+                       help="extraction tasks: most of the query's words one subset's answer votes for (default 4; "
+                            "noise std sigma*sqrt(2K))")
     group.add_argument("--preset", choices=("auto", "cpu", "gpu"), default="auto",
                        help="the preset filling unset ensemble flags (default auto: gpu on a CUDA device)")
     cli.add_config_flags(parser, config_fields)
@@ -91,17 +95,14 @@ def prepare(args, *, queries: int | None = None):
     if args.epsilon is None and args.noise_multiplier is None:
         raise ConfigError("give --epsilon or --noise-multiplier (or both)")
     chosen = settings(args.preset, device_type(config.device), subsets=args.subsets, shots=args.shots,
-                      queries_per_draw=args.queries_per_draw, vote_mode=args.vote_mode)
-    data = load_data(config)
-    if data.spec.kind != "classification":
-        raise ConfigError(f"dp-icl: answers classification queries; task {data.spec.name!r} is "
-                              f"{data.spec.kind}")
-    return config, chosen, data
+                      queries_per_draw=args.queries_per_draw, vote_mode=args.vote_mode,
+                      max_keywords=args.max_keywords)
+    return config, chosen, load_data(config)
 
 
-def _read_queries(path: str, labels: list[str]) -> tuple[list[str], list[str | None], list[dict]]:
+def _read_queries(path: str, labels: list[str] | None) -> tuple[list[str], list[str | None], list[dict]]:
     """(texts, labels or None, the other fields) of a JSONL file: a non-empty `text` per line, an optional
-    `label` among the task's labels."""
+    `label` among the task's labels (`labels` None: any answer, an extraction task's)."""
     file = Path(path)
     if not file.is_file():
         raise DataValidationError(f"--queries-file {path}: file not found")
@@ -112,7 +113,7 @@ def _read_queries(path: str, labels: list[str]) -> tuple[list[str], list[str | N
         if not isinstance(text, str) or not text.strip():
             raise DataValidationError(f"{path}: line {line}: column 'text': expected a non-empty string")
         label = row.pop("label", None)
-        if label is not None and str(label) not in labels:
+        if label is not None and labels is not None and str(label) not in labels:
             raise DataValidationError(f"{path}: line {line}: label {label!r} is none of {', '.join(labels)}")
         texts.append(text)
         gold.append(None if label is None else str(label))
@@ -123,11 +124,13 @@ def _read_queries(path: str, labels: list[str]) -> tuple[list[str], list[str | N
 
 
 def _dp_icl(args) -> int:
-    from tasks.dp_icl import open_run, test_queries
+    from tasks.dp_icl import is_correct, open_run, test_queries
 
     config, chosen, data = prepare(args)
     if args.queries_file is not None:
-        texts, gold, extra = _read_queries(args.queries_file, data.labels)
+        # an extraction task's "labels" are its records' answers: private, never listed in a message
+        texts, gold, extra = _read_queries(args.queries_file,
+                                           data.labels if data.spec.kind == "classification" else None)
         from_file = True
     else:  # the dataset's test items: private rows, so only their position and answer are printed
         texts, gold = test_queries(data)
@@ -144,14 +147,14 @@ def _dp_icl(args) -> int:
     texts, gold, extra = texts[:wanted], gold[:wanted], extra[:wanted]
     result = answerer.answer(texts)  # charged first, then answered
     answers = result["answers"]
-    scored = [(a, g) for a, g in zip(answers, gold, strict=True) if g is not None]
-    correct = sum(a == g for a, g in scored)
     p = budget.plan.parameters
+    scored = [(a, g) for a, g in zip(answers, gold, strict=True) if g is not None]
+    correct = sum(is_correct(a, g, p["aggregation"]) for a, g in scored)
     summary = {
         "method": "dp-icl", "run_id": run_id, "dataset": data.spec.name, "dataset_id": config.ledger_id,
         "data_hash": data.content_hash, "epsilon": budget.plan.epsilon, "delta": budget.plan.delta,
         **{k: p[k] for k in ("subsets", "shots", "noise_multiplier", "noise_std", "sampling_rate", "queries",
-                             "queries_per_draw", "records")},
+                             "queries_per_draw", "records", "aggregation", "max_keywords")},
         "queries_affordable": budget.affordable, "vote_mode": chosen.vote_mode,
         "answers": [{**({"line": i + 1} if from_file else {"test_item": i}), **extra[i], "label": answers[i]}
                     for i in range(len(answers))],
@@ -164,7 +167,8 @@ def _dp_icl(args) -> int:
         return 0
     for row in summary["answers"]:
         where = f"line {row['line']}" if from_file else f"test item {row['test_item']}"
-        print(f"{where}: {row['label'] if row['label'] is not None else '(other)'}")
+        shown = "(other)" if row["label"] is None else row["label"] or "(no keyword)"
+        print(f"{where}: {shown}")
     accuracy = "-" if summary["accuracy"] is None else f"{summary['accuracy']:.3f}"
     print(f"DP-ICL answered {len(answers)} queries at epsilon {fmt_eps(budget.plan.epsilon)}, delta "
           f"{fmt_delta(budget.plan.delta)} (charged before answering); accuracy {accuracy} on {len(scored)} "
@@ -179,8 +183,9 @@ def register(subparsers) -> None:
         subparsers, "dp-icl", _dp_icl, help="DP-ICL: answer queries by a noisy vote of private exemplar subsets "
                                             "(Wu et al.)",
         description="DP-ICL (Wu et al. 2024): each query is answered by report-noisy-max over the votes of M "
-                    "prompts built from disjoint Poisson-subsampled private records. Says how many queries the "
-                    "budget affords, charges the ledger, then answers.")
+                    "prompts built from disjoint Poisson-subsampled private records (an extraction task: by the "
+                    "query's words a noisy majority of the prompts answer). Says how many queries the budget "
+                    "affords, charges the ledger, then answers.")
     add_private_flags(parser)
     parser.add_argument("--queries-file", default=None, metavar="FILE",
                         help="JSONL queries (a `text` per line, an optional `label`; other fields are kept); "
