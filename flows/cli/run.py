@@ -16,6 +16,7 @@ from dpcore.audit.config import AuditConfig
 from dpcore.config import RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
+from dpcore.lm.runtime import minutes_text
 from dpcore.names import PREDICTION_METHODS
 from dpcore.public_outputs import Kind, declare, declare_line
 from dpcore.report.summary import verdict_line
@@ -248,8 +249,6 @@ def format_cost(cost: dict, seconds: float | None = None) -> str:
     """`plan: epsilon E at delta D, composed over every spend of the run (tang 1.2, audit 3.4); about 7 minutes
     (estimated from public sizes); charged to the ledger, all at once, before anything runs`. A run that reads
     no private record: `plan: nothing charged ...`."""
-    from dpcore.lm.runtime import minutes_text
-
     took = f"; {minutes_text(seconds)} (estimated from public sizes)" if seconds is not None else ""
     if cost["delta"] is None:
         return f"plan: nothing charged (no private record read){took}"
@@ -298,8 +297,7 @@ def trained_prompt_line(config: RunConfig, verdict: dict | None) -> str | None:
     first epsilon (`tasks.run_plans`: the CPU preset's work from public sizes; nothing is charged)."""
     if "dpsgd" in config.methods or not verdict or all(v["verdict"] == "paid" for v in verdict["epsilons"]):
         return None
-    from dpcore.lm.runtime import minutes_text
-    from tasks.run_plans import build_run_plan
+    from tasks.run_plans import build_run_plan  # dp-accounting: only after a run that did not pay
 
     epsilon = next((e for e in config.epsilons if 0 < e < float("inf")), None)
     if epsilon is None:
@@ -308,9 +306,10 @@ def trained_prompt_line(config: RunConfig, verdict: dict | None) -> str | None:
         plan = build_run_plan(config.with_updates(methods=["dpsgd"], epsilons=[epsilon], audit=False))
     except ConfigError:  # a setting PromptDPSGD does not take on these records: no estimate to give
         return None
+    took = minutes_text(plan.estimated_seconds())
     return (f"a trained soft prompt is what pays on a small local model: `dpicl run --methods dpsgd --epsilons "
-            f"{fmt_eps(epsilon)}` on these records is {minutes_text(plan.estimated_seconds())} here (estimated from public sizes), its "
-            "prompt released, audited and used by `dpicl predict` like demos (docs/promptdpsgd.md)")
+            f"{fmt_eps(epsilon)}` on these records is {took} here (estimated from public sizes), its prompt released, "
+            "audited and used by `dpicl predict` like demos (docs/promptdpsgd.md)")
 
 
 def format_next(summary: dict) -> str:
