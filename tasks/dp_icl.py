@@ -394,7 +394,8 @@ def answer(*, records_path: str, task_spec: str, epsilon: float, delta: float, p
     """DP-ICL's answers to the run's test items (the first `test_size` of `select_test`'s order, as every
     method's evaluation) under one plan (`parameters`: its public parameters), charged by this attempt of the
     run: a subset key and noise of its own (the key in the private folder), the answers and their accuracy
-    written to the public run folder (`ANSWERS_FILE`). Returns {epsilon, path, accuracy, n, seeded_noise}."""
+    written to the public run folder (`ANSWERS_FILE`; an extraction task's answers to the private one,
+    `answers_public`). Returns {epsilon, path, accuracy, n, seeded_noise}."""
     from tasks.ingest import private_split  # Prefect: loaded by the stage, not by the run's planning
 
     if not noise_charged:  # seeded or not: the charge covers one set of answers
@@ -418,14 +419,26 @@ def answer(*, records_path: str, task_spec: str, epsilon: float, delta: float, p
     aggregation = str(parameters.get("aggregation", "rnm"))
     correct = sum(is_correct(a, g, aggregation) for a, g in zip(answers.labels, gold, strict=True))
     accuracy = correct / len(texts)
-    path = write_json_atomic(Path(public_dir) / ANSWERS_FILE.format(_eps_text(epsilon)), {
+    rows = [{"test_item": i, "label": label} for i, label in enumerate(answers.labels)]
+    name = ANSWERS_FILE.format(_eps_text(epsilon))
+    if not answers_public(aggregation):
+        write_json_atomic(Path(private_dir) / name, {"answers": rows})
+    path = write_json_atomic(Path(public_dir) / name, {
         "method": METHOD, "epsilon": float(epsilon), "delta": float(delta), "vote_mode": vote_mode,
         "parameters": {k: parameters[k] for k in PUBLIC_PARAMETERS},
-        "answers": [{"test_item": i, "label": label} for i, label in enumerate(answers.labels)],
+        "answers": rows if answers_public(aggregation) else [],
         "accuracy": accuracy, "correct": correct, "n": len(texts), "seeded_noise": bool(seeded)})
     stage_logger().info(ANSWERED_LOG, len(texts), _eps_text(epsilon), accuracy)
     return {"epsilon": float(epsilon), "path": str(path), "accuracy": accuracy, "n": len(texts),
             "seeded_noise": bool(seeded)}
+
+
+def answers_public(aggregation: str) -> bool:
+    """Whether answers to the dataset's own test items may be public: a label, yes (a DP vote of the exemplars);
+    an extraction task's released keywords, no: they are words of the test item, a private record's text (its
+    file's row), so they stay in the private folder and only their exact-match count is public. Answers to a
+    caller's own queries (`--queries-file`, the endpoint) are the caller's."""
+    return aggregation != "keywords"
 
 
 def answer_call(config, ingested: Ingested, plan: PrivacyPlan, charged: bool) -> dict:
@@ -481,7 +494,7 @@ def work(config, plan: PrivacyPlan, *, labels: int, record_tokens: int) -> runti
     return runtime.Work(evaluation=float(int(p["draws"]) * per_draw))
 
 
-__all__ = ["ANSWERS_FILE", "Budget", "BudgetSpentError", "PUBLIC_PARAMETERS", "PrivateAnswerer", "RESULTS_FILE",
+__all__ = ["ANSWERS_FILE", "answers_public", "Budget", "BudgetSpentError", "PUBLIC_PARAMETERS", "PrivateAnswerer", "RESULTS_FILE",
            "RUN_KEY_FILE", "Settings", "answer", "answer_call", "device_type", "is_correct", "open_run", "plan_budget", "plan_line",
            "plans", "result_rows", "run_delta", "run_queries", "run_settings", "settings", "work", "write_key",
            "write_results"]

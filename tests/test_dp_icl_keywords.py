@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,12 +201,16 @@ def test_dpicl_dp_icl_on_an_extraction_task_charges_once_before_answering(cli, m
     assert summary["epsilon"] > 0 and summary["delta"] > 0
     assert summary["noise_std"] == pytest.approx(math.sqrt(6))
     assert "per keyword count, K=3 keywords per subset" in err
-    assert [a["test_item"] for a in summary["answers"]] == [0, 1]
+    # the released words are words of private test items: only their count is public, the answers private
+    assert summary["answers"] == []
+    assert json.loads((Path(summary["run_dir"]) / "dp_icl.json").read_text())["answers"] == []
+    private = json.loads(Path(summary["private_answers"]).read_text())["answers"]
+    assert "/private/" in summary["private_answers"] and [a["test_item"] for a in private] == [0, 1]
     from dpcore.data.datasets import load_dataset
     from dpcore.data.taskspec import load_task_spec
 
     texts, gold = dp_icl.test_queries(load_dataset(load_task_spec("movies-sample-director")))
-    released = [a["label"] for a in summary["answers"]]
+    released = [a["label"] for a in private]
     assert all(set(r.split()) <= set(keywords.keyword_space(t)) for r, t in zip(released, texts, strict=False))
     assert summary["labelled"] == 2
     assert summary["correct"] == sum(normalise_answer(r) == normalise_answer(g) for r, g in zip(released, gold[:2],

@@ -124,7 +124,7 @@ def _read_queries(path: str, labels: list[str] | None) -> tuple[list[str], list[
 
 
 def _dp_icl(args) -> int:
-    from tasks.dp_icl import is_correct, open_run, test_queries
+    from tasks.dp_icl import answers_public, is_correct, open_run, test_queries
 
     config, chosen, data = prepare(args)
     if args.queries_file is not None:
@@ -161,10 +161,15 @@ def _dp_icl(args) -> int:
         "accuracy": correct / len(scored) if scored else None, "labelled": len(scored), "correct": correct,
         "ledger": result["ledger"], "seeded_noise": config.seed is not None, "run_dir": str(paths.public),
     }
+    if not (from_file or answers_public(p["aggregation"])):  # words of private test items: the private folder
+        private = write_json_atomic(paths.private / "dp_icl_answers.json", {"answers": summary["answers"]})
+        summary.update(answers=[], private_answers=str(private))
     write_json_atomic(paths.public / "dp_icl.json", {k: v for k, v in summary.items() if k != "run_dir"})
     if args.json:
         cli.print_json(summary)
         return 0
+    if summary.get("private_answers"):
+        print(f"answers (words of the private test items): {summary['private_answers']}")
     for row in summary["answers"]:
         where = f"line {row['line']}" if from_file else f"test item {row['test_item']}"
         shown = "(other)" if row["label"] is None else row["label"] or "(no keyword)"
