@@ -16,6 +16,7 @@ from dpcore.config import RunConfig
 from flows.methods import MethodFlow, artifacts_evaluated
 from flows.runner import cancelled_on_stop
 from tasks import adadpsyn as adadpsyn_stage
+from tasks.charge import noise_charged
 from tasks.common import Ingested
 from tasks.run_plans import RunPlan
 
@@ -34,8 +35,9 @@ def adadpsyn_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  #
     (`flows.methods.artifacts_evaluated`)."""
 
     def make(run_plan, data: Ingested, p, charged: bool) -> dict:
-        return adadpsyn_stage.generate(**adadpsyn_stage.generate_call(run_plan.config, data, p, len(run_plan.labels),
-                                                                      charged))
+        call = adadpsyn_stage.generate_call(run_plan.config, data, p, len(run_plan.labels), charged)
+        adadpsyn_stage.keep_charged(call)  # alone, its charge came just before
+        return adadpsyn_stage.generate(**call)
 
     return artifacts_evaluated(METHOD, make, config=config, run_id=run_id, ingested=ingested, charge=charge,
                                plan=plan)
@@ -47,4 +49,12 @@ def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: Ingested, char
     return adadpsyn_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)
 
 
-ADADPSYN = MethodFlow(run=_run_in_pipeline)
+def _mark_in_pipeline(config: RunConfig, run_id: str, ingested: Ingested, plan: RunPlan, charge: dict) -> None:
+    """Right after the run's charge (`flows.methods.MethodFlow.mark_charged`): each generation it charged is marked,
+    so a run stopped before AdaDPSyn began draws it once when resumed under its id."""
+    for p in plan.method_plan(METHOD) or ():
+        adadpsyn_stage.keep_charged(adadpsyn_stage.generate_call(config, ingested, p, len(plan.labels),
+                                                                 noise_charged(charge, METHOD, p.epsilon)))
+
+
+ADADPSYN = MethodFlow(run=_run_in_pipeline, mark_charged=_mark_in_pipeline)

@@ -8,12 +8,17 @@ calibrated. The generation (`generate`): Algorithm 1's engine (`dpcore.fewshot.g
 PFIRR as its token step (`dpcore.adadpsyn.step.token_chooser`), every label at once, its demos named
 `adadpsyn` and carrying sigma_eff; they are DP outputs and go to the public run folder.
 
-A generation draws noise only under a charge this attempt of the run made (`noise_charged`); AdaDPSyn keeps no
-per-step state, so a generation an earlier attempt charged is refused, never drawn again (start a new run).
+A generation draws noise only under a charge this attempt of the run made (`noise_charged`), or continues what an
+earlier attempt of the same run charged: as tang's (`tasks.generate`), it keeps its state after every token step in
+the run's private folder (`adadpsyn/eps<E>-<digest>.json`: the finished steps' tokens, a DP output, and the noise
+streams' states), so a stopped run resumed under its id continues after its last finished step and draws no step
+twice; a generation charged but not begun is marked (`.pending`, `keep_charged`, right after the charge) and drawn
+once. Anything else an earlier attempt charged is refused, never drawn again (start a new run).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -21,18 +26,19 @@ from dpcore.adadpsyn.params import PfirrParams
 from dpcore.adadpsyn.plan import METHOD, adadpsyn_plan
 from dpcore.adadpsyn.release import RELEASE
 from dpcore.config import RunConfig
-from dpcore.data.artifacts import file_sha256, write_table
+from dpcore.data.artifacts import file_sha256, write_table, write_text_atomic
 from dpcore.data.datasets import LoadedDataset
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
 from dpcore.fewshot.accounting import total_steps
 from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.plan import run_sampling_rate
+from dpcore.home import is_private_path
 from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.calibrate import generation_config
-from tasks.common import Ingested, derive_seed, language_model, stage_logger, uncached_task
+from tasks.common import Ingested, derive_seed, digest, language_model, stage_logger, uncached_task
 from tasks.generate import check_generation, report_steps
 
 # AdaDPSyn's public outputs: its demonstrations (DP outputs, with the plan's sigma_eff, a function of public
@@ -95,29 +101,73 @@ def _eps_text(epsilon: float) -> str:
     return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
 
 
+def _kept_path(private_run_dir: str, epsilon: float, suffix: str) -> Path:
+    """`adadpsyn/eps<E>-<digest>.<suffix>` in the run's private folder."""
+    path = Path(private_run_dir) / METHOD / f"eps{_eps_text(epsilon)}-{digest([METHOD, epsilon])[:8]}.{suffix}"
+    if not is_private_path(path):
+        raise PermissionError(f"{path.name}: a generation's kept state belongs in the private store")
+    return path
+
+
+def _fields(call: dict) -> str:
+    """What a kept state or mark is for: the generation's public inputs, not its code."""
+    return digest({name: call.get(name) for name in ("epsilon", "parameters", "generation", "model", "seed")})
+
+
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def keep_charged(call: dict) -> None:
+    """Mark the generation of `call` (`generate_call`) when this attempt charged it and it has not begun: an
+    attempt stopped before it began may still draw it once. Called right after the charge."""
+    if call.get("noise_charged") and call.get("private_run_dir"):
+        path = _kept_path(call["private_run_dir"], call["epsilon"], "pending")
+        if not _kept_path(call["private_run_dir"], call["epsilon"], "json").exists():
+            write_text_atomic(path, json.dumps({"fields": _fields(call)}) + "\n")
+
+
 @uncached_task("adadpsyn-generate", tags=["gpu"], task_run_name="adadpsyn-generate-eps{epsilon:g}")
 def generate(*, records_path: str, task_spec: str, epsilon: float, parameters: dict, generation: GenerationConfig,
              model: str, device: str = "auto", dtype: str = "auto", seed: int | None = None,
-             noise_charged: bool = False, public_dir: str) -> dict:
+             noise_charged: bool = False, public_dir: str, private_run_dir: str | None = None) -> dict:
     """AdaDPSyn's demonstrations for every label at one epsilon (`parameters`: its plan's); written to the
-    public run folder. Returns {epsilon, path, key (the file's sha256), seeded_noise, demos} (public)."""
+    public run folder. Returns {epsilon, path, key (the file's sha256), seeded_noise, demos} (public).
+    `private_run_dir`: where it keeps its state; a generation an earlier attempt of the run charged continues
+    from it (module docstring)."""
     from dpcore.adadpsyn.accounting import effective_noise_multiplier
     from dpcore.adadpsyn.step import token_chooser
-    from dpcore.fewshot.generation import demos_frame, generate_demos
+    from dpcore.fewshot.generation import GenerationState, demos_frame, generate_demos
     from tasks.ingest import records_by_label
 
-    if not noise_charged:  # seeded or not: the charge covers one draw
+    fields = _fields(locals())
+    kept_path = _kept_path(private_run_dir, epsilon, "json") if private_run_dir else None
+    pending_path = _kept_path(private_run_dir, epsilon, "pending") if private_run_dir else None
+    kept = _read(kept_path) if kept_path else None
+    pending = _read(pending_path) if pending_path else None
+    resume = GenerationState.from_dict(kept["state"]) if kept is not None and kept.get("fields") == fields else None
+    if resume is None and not noise_charged and not (pending is not None and pending.get("fields") == fields):
+        # seeded or not: the charge covers one draw
         raise DpiclError(f"adadpsyn at epsilon {_eps_text(epsilon)}: this attempt did not charge the spend (an "
-                         "earlier attempt of the run did); drawing fresh noise would spend privacy the ledger "
-                         "charged once. Start a new run (a new --run-id).")
+                         "earlier attempt of the run did) and no kept step of it is there; drawing fresh noise "
+                         "would spend privacy the ledger charged once. Start a new run (a new --run-id).")
+
+    def checkpoint(state) -> None:  # private store only: the finished steps and the noise streams' states
+        write_text_atomic(kept_path, json.dumps({"fields": fields, "state": state.to_dict()}) + "\n")
+        pending_path.unlink(missing_ok=True)  # it has begun: what it drew is kept from now on
+
     params = pfirr_of(parameters)
     sigma_eff = effective_noise_multiplier(params)
     spec, lm = load_task_spec(task_spec), language_model(model, device, dtype)
     records = records_by_label(records_path)
     what = f"generate adadpsyn eps={_eps_text(epsilon)}"  # its steps on the bar; a stop request ends it at the next
+    if resume is not None:
+        stage_logger().info("%s: continuing this run's generation after step %d of %d", what, resume.step,
+                            generation.max_tokens)
     result = generate_demos(lm, spec, records, generation, sigma_eff, seed=seed,
                             chooser=token_chooser(generation, params), method=METHOD,
-                            progress=lambda info: report_steps(what, info))
+                            progress=lambda info: report_steps(what, info),
+                            checkpoint=checkpoint if kept_path else None, resume=resume)
     frame = demos_frame(result.demos)
     frame["method"] = METHOD
     frame["epsilon"] = float(epsilon)
@@ -133,4 +183,5 @@ def generate_call(config: RunConfig, ingested: Ingested, plan: PrivacyPlan, num_
     return dict(records_path=ingested.records_path, task_spec=ingested.task_spec, epsilon=plan.epsilon,
                 parameters={k: plan.parameters[k] for k in ("sigma_avg", *PFIRR_FIELDS)}, generation=generation(config, num_labels), model=config.model,
                 device=config.device, dtype=config.dtype, seed=derive_seed(config.seed, METHOD, plan.epsilon),
-                noise_charged=charged, public_dir=str(ingested.paths.public))
+                noise_charged=charged, public_dir=str(ingested.paths.public),
+                private_run_dir=str(ingested.paths.private))

@@ -83,3 +83,62 @@ def test_end_to_end_generation_with_pfirr_in_the_engine(tiny_lm, agnews_spec, ma
     # without a chooser the engine is Algorithm 1's (tang), with its own name
     plain = generation.generate_demos(tiny_lm, agnews_spec, records, config, 1.0, seed=5)
     assert {d.method for d in plain.demos} == {"tang"}
+
+
+def test_a_stopped_generation_resumes_after_its_last_step_and_is_never_drawn_twice(tiny_lm, made_up_records,
+                                                                                  monkeypatch, tmp_path):
+    """A run's AdaDPSyn generation keeps its state after every token step in the private folder: stopped at
+    step 2 and retried under the same run (its spend charged by the first attempt), it continues after step 2 and
+    ends with the demos of an unstopped generation of the same seed; a charge marked but not begun is drawn once;
+    without either, a retry is refused, never drawn again."""
+    import pandas as pd
+    from pipeline_support import share_tiny_model
+
+    from dpcore.data.artifacts import write_table
+    from dpcore.errors import DpiclError
+    from dpcore.home import private_dir
+    from tasks import adadpsyn as stage
+
+    share_tiny_model(tiny_lm)
+    folder = private_dir() / "test-adadpsyn-resume" / tmp_path.name
+    rows = [(f"{y}-{i}", t, y) for y in ("World", "Sports") for i, t in enumerate(made_up_records[y])]
+    records = write_table(pd.DataFrame(rows, columns=["id", "text", "label"]).assign(split="train"),
+                          folder / "records.parquet")
+    config = GenerationConfig(num_subsets=2, subset_size=1, top_k=20, max_tokens=5, demos_per_label=1)
+    parameters = {"sigma_avg": 1.0, **{name: getattr(PAPER, name) for name in stage.PFIRR_FIELDS}}
+
+    def call(run: str, charged: bool) -> dict:
+        (folder / run / "public").mkdir(parents=True, exist_ok=True)
+        return dict(records_path=str(records), task_spec="agnews", epsilon=4.0, parameters=parameters,
+                    generation=config, model="tiny-random", seed=11, noise_charged=charged,
+                    public_dir=str(folder / run / "public"), private_run_dir=str(folder / run))
+
+    def demos(result: dict) -> list[str]:
+        return pd.read_parquet(result["path"]).sort_values("label")["text"].tolist()
+
+    whole = demos(stage.generate.fn(**call("whole", True)))
+
+    class Stopped(Exception):
+        pass
+
+    def stop_after_two(what, info):
+        if info["step"] >= 2:
+            raise Stopped
+
+    monkeypatch.setattr(stage, "report_steps", stop_after_two)
+    with pytest.raises(Stopped):
+        stage.generate.fn(**call("stopped", True))
+    monkeypatch.undo()
+    kept = list((folder / "stopped" / "adadpsyn").glob("*.json"))
+    assert len(kept) == 1
+    steps = []
+    monkeypatch.setattr(stage, "report_steps", lambda what, info: steps.append(info["step"]))
+    assert demos(stage.generate.fn(**call("stopped", False))) == whole  # the retry: charged by the first attempt
+    assert steps and min(steps) == 3  # it continued after step 2, drawing no step again
+    # marked right after the charge, never begun: drawn once, the mark gone once it began
+    stage.keep_charged(call("marked", True))
+    assert [p.suffix for p in (folder / "marked" / "adadpsyn").iterdir()] == [".pending"]
+    stage.generate.fn(**call("marked", False))
+    assert [p.suffix for p in (folder / "marked" / "adadpsyn").iterdir()] == [".json"]
+    with pytest.raises(DpiclError, match="did not charge the spend"):
+        stage.generate.fn(**call("never-charged", False))
