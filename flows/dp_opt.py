@@ -17,6 +17,7 @@ from dpcore.config import RunConfig
 from flows.methods import MethodFlow, artifacts_evaluated
 from flows.runner import cancelled_on_stop
 from tasks import dp_opt as dp_opt_stage
+from tasks.charge import noise_charged
 from tasks.common import Ingested
 from tasks.run_plans import RunPlan
 
@@ -34,7 +35,9 @@ def dp_opt_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # n
     alone, it plans, ingests and charges here (`flows.methods.artifacts_evaluated`)."""
 
     def make(run_plan, data: Ingested, p, charged: bool) -> dict:
-        return dp_opt_stage.write(**dp_opt_stage.write_call(run_plan.config, data, p, charged))
+        call = dp_opt_stage.write_call(run_plan.config, data, p, charged)
+        dp_opt_stage.keep_charged(call)  # alone, its charge came just before
+        return dp_opt_stage.write(**call)
 
     return artifacts_evaluated(METHOD, make, config=config, run_id=run_id, ingested=ingested, charge=charge,
                                plan=plan)
@@ -46,4 +49,12 @@ def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: Ingested, char
     return dp_opt_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)
 
 
-DP_OPT = MethodFlow(run=_run_in_pipeline)
+def _mark_in_pipeline(config: RunConfig, run_id: str, ingested: Ingested, plan: RunPlan, charge: dict) -> None:
+    """Right after the run's charge (`flows.methods.MethodFlow.mark_charged`): each instruction it charged is
+    marked, so a run stopped before DP-OPT began writes it once when resumed under its id."""
+    for p in plan.method_plan(METHOD) or ():
+        dp_opt_stage.keep_charged(dp_opt_stage.write_call(config, ingested, p, noise_charged(charge, METHOD,
+                                                                                               p.epsilon)))
+
+
+DP_OPT = MethodFlow(run=_run_in_pipeline, mark_charged=_mark_in_pipeline)

@@ -10,12 +10,17 @@ tang). The instruction (`write`): `dpcore.dp_opt.instruction.write_instruction` 
 public parameters) to the public run folder as `dp_opt_instruction_eps<E>.json`; the evaluation puts it in
 front of a zero-shot prompt (`tasks.evaluate`, method `dp-opt`).
 
-An instruction draws noise only under a charge this attempt of the run made; an earlier attempt's charge is
-never drawn again (start a new run).
+An instruction draws noise only under a charge this attempt of the run made, or continues what an earlier attempt
+of the same run charged: it keeps its state after every token step in the run's private folder
+(`dp-opt/eps<E>-<digest>.json`: the finished candidates and the current one's tokens, DP outputs, and the noise
+generator's state), so a stopped run resumed under its id continues after its last finished step and draws no step
+twice; an instruction charged but not begun is marked (`.pending`, `keep_charged`, right after the charge) and
+written once. Anything else an earlier attempt charged is refused, never drawn again (start a new run).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcore.config import RunConfig
-from dpcore.data.artifacts import file_sha256, write_json_atomic
+from dpcore.data.artifacts import file_sha256, write_json_atomic, write_text_atomic
 from dpcore.data.datasets import LoadedDataset
 from dpcore.data.taskspec import load_task_spec
 from dpcore.dp_opt.instruction import generation_record_count, write_instruction
@@ -31,12 +36,14 @@ from dpcore.dp_opt.presets import PAPER, SMOKE, DpOptParams
 from dpcore.dp_opt.privacy import METHOD, dp_opt_plan
 from dpcore.dp_opt.release import RELEASE
 from dpcore.errors import ConfigError, DpiclError
+from dpcore.home import is_private_path
 from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.common import (
     Ingested,
     derive_seed,
+    digest,
     language_model,
     report_progress,
     stage_logger,
@@ -104,17 +111,59 @@ def _eps_text(epsilon: float) -> str:
     return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
 
 
+def _kept_path(private_run_dir: str, epsilon: float, suffix: str) -> Path:
+    """`dp-opt/eps<E>-<digest>.<suffix>` in the run's private folder."""
+    path = Path(private_run_dir) / METHOD / f"eps{_eps_text(epsilon)}-{digest([METHOD, epsilon])[:8]}.{suffix}"
+    if not is_private_path(path):
+        raise PermissionError(f"{path.name}: an instruction's kept state belongs in the private store")
+    return path
+
+
+def _fields(call: dict) -> str:
+    """What a kept state or mark is for: the instruction's public inputs, not its code."""
+    config = call.get("config")
+    return digest({"epsilon": call.get("epsilon"), "parameters": call.get("parameters"), "seed": call.get("seed"),
+                   "model": config.model if config else None, "dp_opt": config.dp_opt if config else None})
+
+
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def keep_charged(call: dict) -> None:
+    """Mark the instruction of `call` (`write_call`) when this attempt charged it and it has not begun: an
+    attempt stopped before it began may still write it once. Called right after the charge."""
+    if call.get("noise_charged") and call.get("private_run_dir"):
+        if not _kept_path(call["private_run_dir"], call["epsilon"], "json").exists():
+            write_text_atomic(_kept_path(call["private_run_dir"], call["epsilon"], "pending"),
+                              json.dumps({"fields": _fields(call)}) + "\n")
+
+
 @uncached_task("dp-opt-write", tags=["gpu"], task_run_name="dp-opt-write-eps{epsilon:g}")
 def write(*, records_path: str, task_spec: str, epsilon: float, delta: float, parameters: dict, config: RunConfig,
-          seed: int | None = None, noise_charged: bool = False, public_dir: str) -> dict:
+          seed: int | None = None, noise_charged: bool = False, public_dir: str,
+          private_run_dir: str | None = None) -> dict:
     """DP-OPT's instruction at one epsilon (`parameters`: its plan's noise multipliers and sizes, `PLANNED`),
-    written to the public run folder. Returns {epsilon, path, key (the file's sha256), seeded_noise, tokens}."""
+    written to the public run folder. Returns {epsilon, path, key (the file's sha256), seeded_noise, tokens}.
+    `private_run_dir`: where it keeps its state; an instruction an earlier attempt of the run charged continues
+    from it (module docstring)."""
     from tasks.ingest import private_split
 
-    if not noise_charged:
+    fields = _fields(locals())
+    kept_path = _kept_path(private_run_dir, epsilon, "json") if private_run_dir else None
+    pending_path = _kept_path(private_run_dir, epsilon, "pending") if private_run_dir else None
+    kept = _read(kept_path) if kept_path else None
+    pending = _read(pending_path) if pending_path else None
+    resume = kept["state"] if kept is not None and kept.get("fields") == fields else None
+    if resume is None and not noise_charged and not (pending is not None and pending.get("fields") == fields):
         raise DpiclError(f"dp-opt at epsilon {_eps_text(epsilon)}: this attempt did not charge the spend (an "
-                         "earlier attempt of the run did); drawing fresh noise would spend privacy the ledger "
-                         "charged once. Start a new run (a new --run-id).")
+                         "earlier attempt of the run did) and no kept step of it is there; drawing fresh noise "
+                         "would spend privacy the ledger charged once. Start a new run (a new --run-id).")
+
+    def checkpoint(state: dict) -> None:  # private store only: the finished steps and the generator's state
+        write_text_atomic(kept_path, json.dumps({"fields": fields, "state": state}) + "\n")
+        pending_path.unlink(missing_ok=True)  # it has begun: what it drew is kept from now on
+
     p = params(config)
     for name in ("max_tokens", "candidates", "subsets", "shots"):
         if parameters[name] != getattr(p, name):
@@ -125,9 +174,12 @@ def write(*, records_path: str, task_spec: str, epsilon: float, delta: float, pa
     seeded = seed is not None
     rng = np.random.default_rng(seed)  # None: fresh OS entropy
     what = f"dp-opt eps={_eps_text(epsilon)}"  # the bar of its token steps; a stop request ends it at the next step
+    if resume is not None:
+        stage_logger().info("%s: continuing this run's instruction after its last kept token step", what)
     instruction, stats = write_instruction(lm, spec, records_by_label(private_split(records_path, "train")),
                                            run_params, rng, progress=lambda done, total: report_progress(what, done, total),
-                                           should_stop=stop_requested)
+                                           should_stop=stop_requested, checkpoint=checkpoint if kept_path else None,
+                                           resume=resume)
     path = write_json_atomic(Path(public_dir) / INSTRUCTION_FILE.format(_eps_text(epsilon)),
                              {"method": METHOD, "epsilon": _jsonable(epsilon), "delta": float(delta),
                               "instruction": instruction, "stats": stats})
@@ -145,8 +197,9 @@ def write_call(config: RunConfig, ingested: Ingested, plan: PrivacyPlan, charged
     """`write`'s arguments for one of DP-OPT's plans in a run (its seed derived from the run's and the epsilon)."""
     return dict(records_path=ingested.records_path, task_spec=ingested.task_spec, epsilon=plan.epsilon,
                 delta=plan.delta, parameters={k: plan.parameters[k] for k in PLANNED}, config=config, seed=derive_seed(config.seed, METHOD, plan.epsilon),
-                noise_charged=charged, public_dir=str(ingested.paths.public))
+                noise_charged=charged, public_dir=str(ingested.paths.public),
+                private_run_dir=str(ingested.paths.private))
 
 
-__all__ = ["INSTRUCTION_FILE", "METHOD", "params", "plans", "records_by_label", "work", "write",
+__all__ = ["INSTRUCTION_FILE", "METHOD", "keep_charged", "params", "plans", "records_by_label", "work", "write",
            "write_call"]

@@ -4,6 +4,8 @@ zero-shot prompt prefix."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -111,3 +113,96 @@ def test_progress_counts_every_token_step_and_a_stop_request_ends_the_writing(ti
         return len(asked) > total
     with pytest.raises(RunStopped, match="scoring the candidates"):
         write_instruction(tiny_lm, spec, records, params, np.random.default_rng(3), should_stop=stop_when_scoring)
+
+
+@pytest.mark.parametrize("stop_at", [3, 6, 8, 12])
+def test_a_stopped_writing_resumes_after_its_last_kept_step_and_writes_the_same_instruction(tiny_lm, spec,
+                                                                                           one_thread, stop_at,
+                                                                                           monkeypatch):
+    """The state kept after every token step (the finished candidates, the current one's tokens, the generator's
+    state) lets a stopped writing continue after its last step, in the first candidate, at a candidate's end, in
+    the second or after the last (before the private choice): the instruction and stats are those of the
+    unstopped call, and no step before the stop is drawn again."""
+    import json
+
+    from dpcore.errors import RunStopped
+
+    records = _records()
+    n = generation_record_count(records, SMOKE)
+    plan = dp_opt_plan(4.0, 1e-5, SMOKE.max_tokens, SMOKE.subsets, shots=SMOKE.shots, records=n,
+                       candidates=SMOKE.candidates)
+    params = planned_params(plan, SMOKE)
+    from dpcore.dp_opt import instruction
+
+    drawn = []
+    real = instruction.private_token
+    monkeypatch.setattr(instruction, "private_token", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    whole = write_instruction(tiny_lm, spec, records, params, np.random.default_rng(3))
+    every = len(drawn)
+    states = []
+    asked = []
+
+    def stop() -> bool:  # asked once per token step (then per scoring batch): stop after step `stop_at`
+        asked.append(1)
+        return len(asked) >= stop_at
+
+    with pytest.raises(RunStopped):
+        write_instruction(tiny_lm, spec, records, params, np.random.default_rng(3), should_stop=stop,
+                          checkpoint=states.append)
+    kept = json.loads(json.dumps(states[-1]))  # as the private store keeps it
+    drawn.clear()
+    resumed = write_instruction(tiny_lm, spec, records, params, np.random.default_rng(99), resume=kept)
+    assert resumed == whole
+    assert len(drawn) == every - len(states)  # only the steps after the last kept one are drawn
+
+
+def test_a_runs_stopped_instruction_resumes_from_the_private_folder_and_is_never_drawn_twice(tiny_lm, monkeypatch,
+                                                                                           tmp_path, one_thread):
+    """`tasks.dp_opt.write` in a run: stopped after its third token step and retried under the same run (the first
+    attempt charged it), it continues from the state it kept in the private folder and writes the unstopped
+    instruction; a charge marked but not begun is written once; without either a retry is refused."""
+    import json
+
+    import pandas as pd
+    from pipeline_support import share_tiny_model
+
+    from dpcore.config import RunConfig
+    from dpcore.data.artifacts import write_table
+    from dpcore.errors import DpiclError, RunStopped
+    from dpcore.home import private_dir
+    from tasks import dp_opt as stage
+
+    share_tiny_model(tiny_lm)
+    folder = private_dir() / "test-dp-opt-resume" / tmp_path.name
+    rows = [(rid, text, label) for label, items in _records().items() for rid, text in items]
+    records = write_table(pd.DataFrame(rows, columns=["id", "text", "label"]).assign(split="train"),
+                          folder / "records.parquet")
+    config = RunConfig(dataset="sst2", model="tiny-random", dp_opt_preset="cpu")
+    p = stage.params(config)
+    parameters = {"noise_multiplier": 1.0, "selection_noise_multiplier": 1.0, "max_tokens": p.max_tokens,
+                  "candidates": p.candidates, "subsets": p.subsets, "shots": p.shots}
+
+    def call(run: str, charged: bool) -> dict:
+        (folder / run / "public").mkdir(parents=True, exist_ok=True)
+        return dict(records_path=str(records), task_spec="sst2", epsilon=4.0, delta=1e-5, parameters=parameters,
+                    config=config, seed=7, noise_charged=charged, public_dir=str(folder / run / "public"),
+                    private_run_dir=str(folder / run))
+
+    def instruction(result: dict) -> dict:
+        return json.loads(Path(result["path"]).read_text())
+
+    whole = instruction(stage.write.fn(**call("whole", True)))
+    asked = []
+    monkeypatch.setattr(stage, "stop_requested", lambda: asked.append(1) or len(asked) >= 3)
+    with pytest.raises(RunStopped):
+        stage.write.fn(**call("stopped", True))
+    monkeypatch.undo()
+    assert [f.suffix for f in (folder / "stopped" / "dp-opt").iterdir()] == [".json"]
+    resumed = instruction(stage.write.fn(**call("stopped", False)))
+    assert (resumed["instruction"], resumed["stats"]) == (whole["instruction"], whole["stats"])
+    stage.keep_charged(call("marked", True))
+    assert [f.suffix for f in (folder / "marked" / "dp-opt").iterdir()] == [".pending"]
+    stage.write.fn(**call("marked", False))
+    assert [f.suffix for f in (folder / "marked" / "dp-opt").iterdir()] == [".json"]
+    with pytest.raises(DpiclError, match="did not charge the spend"):
+        stage.write.fn(**call("never-charged", False))

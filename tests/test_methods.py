@@ -119,10 +119,13 @@ def test_adadpsyn_and_dp_opt_artifacts_go_through_the_release_gate(tiny_lm, caps
             break
     assert {row["method"] for row in summary["results"]} == {"adadpsyn", "dp-opt"}
     audit = AuditConfig(**TINY_AUDIT_FIELDS)
-    # the run's one charge covered one draw of each: another attempt under the run id draws no fresh noise
+    # the run's one charge covered one draw of each: another attempt under the run id continues from the steps
+    # each kept (all of them), so it draws no fresh noise and writes the same artifacts, charging nothing
     entries = len(Ledger().entries("methods-release"))
-    with pytest.raises(Exception, match="Start a new run"):
-        run_pipeline(tiny_config(dataset_id="methods-release", **fields), run_id=run_id)
+    demos = pd.read_parquet(Path(summary["run_dir"]) / "adadpsyn_demos_eps4.parquet")["text"].tolist()
+    again = run_pipeline(tiny_config(dataset_id="methods-release", **fields), run_id=run_id)
+    assert json.loads((Path(again["run_dir"]) / "dp_opt_instruction_eps4.json").read_text())["instruction"] == written
+    assert pd.read_parquet(Path(again["run_dir"]) / "adadpsyn_demos_eps4.parquet")["text"].tolist() == demos
     assert len(Ledger().entries("methods-release")) == entries
 
     released = release(run_id=run_id, method="dp-opt", audit_config=audit, seed=11)

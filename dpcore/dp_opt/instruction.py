@@ -90,33 +90,51 @@ def classify(lm, spec: TaskSpec, instruction: str, queries: Sequence[str], batch
 
 
 def _candidate(lm, spec: TaskSpec, generation: list[tuple[str, str, str]], params: DpOptParams, rate: float,
-               rng: np.random.Generator, step_done: Callable[[int], None]) -> tuple[str, int, str]:
-    """One candidate instruction: (text, tokens released, why it stopped); `step_done(step)` after each token."""
+               rng: np.random.Generator, step_done: Callable[[int], None],
+               kept: Callable[[list[int], int, bool], None] | None = None,
+               released: Sequence[int] = (), start: int = 0) -> tuple[str, int, str]:
+    """One candidate instruction: (text, tokens released, why it stopped); `step_done(step)` after each token.
+    `kept(released, step, stopped)` gets the released tokens after each finished step, before it is reported;
+    `released` and `start` continue a candidate after its step `start`."""
     by_id = {rid: (text, label) for rid, text, label in generation}
     ids = list(by_id)
-    released: list[int] = []
-    for step in range(params.max_tokens):
+    released = [int(t) for t in released]
+    for step in range(start, params.max_tokens):
         subsets = step_subsets(ids, params.subsets, params.shots, rate, rng)
         votes = subset_votes(lm, spec, [[by_id[r] for r in s] for s in subsets], released, params.temperature, rng,
                              ban_end=step < params.min_tokens)
         token = private_token(votes, int(lm.vocab_size), params.noise_multiplier, rng, params.noise)
+        stopped = stops(token, lm.decode([token]), lm.eos_token_ids)
+        if not stopped:
+            released.append(token)
+        if kept is not None:
+            kept(released, step + 1, stopped)
         step_done(step + 1)
-        if stops(token, lm.decode([token]), lm.eos_token_ids):
+        if stopped:
             return lm.decode(released).strip(), len(released), "stop-token"
-        released.append(token)
     return lm.decode(released).strip(), len(released), "max-tokens"
 
 
 def write_instruction(lm, spec: TaskSpec, records_by_label: Mapping[str, Sequence], params: DpOptParams,
                       rng: np.random.Generator, progress: Callable[[int, int], None] | None = None,
-                      should_stop: Callable[[], bool] | None = None) -> tuple[str, dict]:
+                      should_stop: Callable[[], bool] | None = None,
+                      checkpoint: Callable[[dict], None] | None = None,
+                      resume: dict | None = None) -> tuple[str, dict]:
     """The private instruction and its public stats (every entry a DP output or a public parameter).
 
     `params` carries the plan's noise multipliers (`dpcore.dp_opt.privacy.planned_params`); sigma = 0 runs the
     same code without noise (the non-private reference). All randomness comes from `rng`. `progress(done,
     total)` after each token step, over every candidate's T steps (public counts; a candidate that stops early
-    completes its steps); `should_stop` is asked after every token and every scoring batch."""
+    completes its steps); `should_stop` is asked after every token and every scoring batch.
+
+    Stopping and resuming: `checkpoint(state)` gets, after every finished token step and before it is reported
+    (so before a stop request ends the call), the finished candidates, the current one's released tokens and
+    step (DP outputs: every step draws a fresh Poisson sample and fresh noise) and `rng`'s state (PRIVATE: it
+    predicts every later draw). `resume=state` continues after that step with `rng` set to the kept state: no
+    step is drawn twice, and the instruction is the one an unstopped call would have written."""
     total = params.candidates * params.max_tokens
+    if resume is not None:
+        rng.bit_generator.state = resume["rng"]
 
     def token_done(candidate: int, step: int) -> None:
         stop_if_requested(should_stop, "dp-opt: writing the instruction")
@@ -130,9 +148,23 @@ def write_instruction(lm, spec: TaskSpec, records_by_label: Mapping[str, Sequenc
     rate = sampling_rate(params.subsets, params.shots, len(generation))
     if params.candidates > 1 and params.selection_noise_multiplier == 0 and params.noise_multiplier > 0:
         raise ConfigError("dp-opt: several candidates need the plan's selection_noise_multiplier")
-    candidates = []
-    for j in range(params.candidates):
-        candidates.append(_candidate(lm, spec, generation, params, rate, rng, lambda step, j=j: token_done(j, step)))
+    candidates = [tuple(c) for c in (resume or {}).get("candidates", [])]
+    current = (resume or {}).get("current") or {"released": [], "step": 0}
+
+    def kept(released: list[int], step: int, stopped: bool) -> None:
+        if checkpoint is None:
+            return
+        ended = stopped or step == params.max_tokens
+        finished = [list(c) for c in candidates]
+        if ended:  # the candidate as `_candidate` returns it
+            finished.append([lm.decode(released).strip(), len(released), "stop-token" if stopped else "max-tokens"])
+        checkpoint({"candidates": finished, "current": None if ended else {"released": list(released), "step": step},
+                    "rng": rng.bit_generator.state})
+
+    for j in range(len(candidates), params.candidates):
+        start = current if j == len((resume or {}).get("candidates", [])) else {"released": [], "step": 0}
+        candidates.append(_candidate(lm, spec, generation, params, rate, rng, lambda step, j=j: token_done(j, step),
+                                     kept, start["released"], int(start["step"])))
         if progress is not None:
             progress((j + 1) * params.max_tokens, total)
     chosen = 0
