@@ -257,6 +257,7 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
     from tasks.audit import (
         audit_members,
         audit_plan,
+        design_line,
         dp_audit_at,
         reference_audit,
         reference_design,
@@ -290,10 +291,11 @@ def audit(config: RunConfig, audit_config: AuditConfig, epsilon: float | None, r
                    "sampling_rate": calibration.sampling_rate, "steps": calibration.steps, "delta": delta,
                    "crosscheck_agreed": calibration.crosscheck_agreed, "warnings": list(calibration.warnings)}
         _charge(config, data, run_id, plans, dry_run=True)  # all demo sets at once: the refusal before the model
-    reference_config = audit_config
+    reference_config, line = audit_config, None
     if (epsilon is None or reference) and reference_sized:
-        reference_config = reference_design(audit_config, len(train))[0]
-    say(_audit_line(reference_config if epsilon is None else audit_config, train, data.labels, epsilon))
+        reference_config, chosen = reference_design(audit_config, len(train))
+        line = design_line(reference_config, chosen) if epsilon is None else None
+    say(line or _audit_line(audit_config, train, data.labels, epsilon))
     real = []
     if epsilon is None or reference:
         real = _real_records(config, data, run_id, AUDIT_REFERENCE, say,
