@@ -18,7 +18,6 @@ once. Anything else an earlier attempt charged is refused, never drawn again (st
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -26,20 +25,20 @@ from dpcore.adadpsyn.params import PfirrParams
 from dpcore.adadpsyn.plan import METHOD, adadpsyn_plan
 from dpcore.adadpsyn.release import RELEASE
 from dpcore.config import RunConfig
-from dpcore.data.artifacts import file_sha256, write_table, write_text_atomic
+from dpcore.data.artifacts import file_sha256, write_table
 from dpcore.data.datasets import LoadedDataset
 from dpcore.data.taskspec import load_task_spec
 from dpcore.errors import ConfigError, DpiclError
 from dpcore.fewshot.accounting import total_steps
 from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.plan import run_sampling_rate
-from dpcore.home import is_private_path
 from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.calibrate import generation_config
 from tasks.common import Ingested, derive_seed, digest, language_model, stage_logger, uncached_task
 from tasks.generate import check_generation, report_steps
+from tasks.kept import KeptStage
 
 # AdaDPSyn's public outputs: its demonstrations (DP outputs, with the plan's sigma_eff, a function of public
 # counts), its rows in the results (accuracies of DP prompts: DP; sigma_eff and q: public counts).
@@ -101,30 +100,22 @@ def _eps_text(epsilon: float) -> str:
     return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
 
 
-def _kept_path(private_run_dir: str, epsilon: float, suffix: str) -> Path:
-    """`adadpsyn/eps<E>-<digest>.<suffix>` in the run's private folder."""
-    path = Path(private_run_dir) / METHOD / f"eps{_eps_text(epsilon)}-{digest([METHOD, epsilon])[:8]}.{suffix}"
-    if not is_private_path(path):
-        raise PermissionError(f"{path.name}: a generation's kept state belongs in the private store")
-    return path
-
-
-def _fields(call: dict) -> str:
-    """What a kept state or mark is for: the generation's public inputs, not its code."""
-    return digest({name: call.get(name) for name in ("epsilon", "parameters", "generation", "model", "seed")})
-
-
-def _read(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+def kept_stage(call: dict) -> KeptStage | None:
+    """The generation's kept state and mark (`tasks.kept`: `adadpsyn/eps<E>-<digest>` in the run's private
+    folder), for its public inputs; None without a private folder."""
+    if not call.get("private_run_dir"):
+        return None
+    fields = digest({name: call.get(name) for name in ("epsilon", "parameters", "generation", "model", "seed")})
+    name = f"eps{_eps_text(call['epsilon'])}-{digest([METHOD, call['epsilon']])[:8]}"
+    return KeptStage(Path(call["private_run_dir"]) / METHOD, name, fields)
 
 
 def keep_charged(call: dict) -> None:
-    """Mark the generation of `call` (`generate_call`) when this attempt charged it and it has not begun: an
-    attempt stopped before it began may still draw it once. Called right after the charge."""
-    if call.get("noise_charged") and call.get("private_run_dir"):
-        path = _kept_path(call["private_run_dir"], call["epsilon"], "pending")
-        if not _kept_path(call["private_run_dir"], call["epsilon"], "json").exists():
-            write_text_atomic(path, json.dumps({"fields": _fields(call)}) + "\n")
+    """Mark the generation of `call` (`generate_call`) when this attempt charged it: an attempt stopped before it
+    began may still draw it once. Called right after the charge."""
+    kept = kept_stage(call)
+    if call.get("noise_charged") and kept is not None:
+        kept.mark()
 
 
 @uncached_task("adadpsyn-generate", tags=["gpu"], task_run_name="adadpsyn-generate-eps{epsilon:g}")
@@ -140,21 +131,17 @@ def generate(*, records_path: str, task_spec: str, epsilon: float, parameters: d
     from dpcore.fewshot.generation import GenerationState, demos_frame, generate_demos
     from tasks.ingest import records_by_label
 
-    fields = _fields(locals())
-    kept_path = _kept_path(private_run_dir, epsilon, "json") if private_run_dir else None
-    pending_path = _kept_path(private_run_dir, epsilon, "pending") if private_run_dir else None
-    kept = _read(kept_path) if kept_path else None
-    pending = _read(pending_path) if pending_path else None
-    resume = GenerationState.from_dict(kept["state"]) if kept is not None and kept.get("fields") == fields else None
-    if resume is None and not noise_charged and not (pending is not None and pending.get("fields") == fields):
+    kept = kept_stage(locals())
+    kept_state = kept.state() if kept is not None else None
+    resume = GenerationState.from_dict(kept_state) if kept_state is not None else None
+    if resume is None and not noise_charged and not (kept is not None and kept.marked()):
         # seeded or not: the charge covers one draw
         raise DpiclError(f"adadpsyn at epsilon {_eps_text(epsilon)}: this attempt did not charge the spend (an "
                          "earlier attempt of the run did) and no kept step of it is there; drawing fresh noise "
                          "would spend privacy the ledger charged once. Start a new run (a new --run-id).")
 
     def checkpoint(state) -> None:  # private store only: the finished steps and the noise streams' states
-        write_text_atomic(kept_path, json.dumps({"fields": fields, "state": state.to_dict()}) + "\n")
-        pending_path.unlink(missing_ok=True)  # it has begun: what it drew is kept from now on
+        kept.keep(state.to_dict())
 
     params = pfirr_of(parameters)
     sigma_eff = effective_noise_multiplier(params)
@@ -167,7 +154,7 @@ def generate(*, records_path: str, task_spec: str, epsilon: float, parameters: d
     result = generate_demos(lm, spec, records, generation, sigma_eff, seed=seed,
                             chooser=token_chooser(generation, params), method=METHOD,
                             progress=lambda info: report_steps(what, info),
-                            checkpoint=checkpoint if kept_path else None, resume=resume)
+                            checkpoint=checkpoint if kept is not None else None, resume=resume)
     frame = demos_frame(result.demos)
     frame["method"] = METHOD
     frame["epsilon"] = float(epsilon)

@@ -20,7 +20,6 @@ written once. Anything else an earlier attempt charged is refused, never drawn a
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcore.config import RunConfig
-from dpcore.data.artifacts import file_sha256, write_json_atomic, write_text_atomic
+from dpcore.data.artifacts import file_sha256, write_json_atomic
 from dpcore.data.datasets import LoadedDataset
 from dpcore.data.taskspec import load_task_spec
 from dpcore.dp_opt.instruction import generation_record_count, write_instruction
@@ -36,7 +35,6 @@ from dpcore.dp_opt.presets import PAPER, SMOKE, DpOptParams
 from dpcore.dp_opt.privacy import METHOD, dp_opt_plan
 from dpcore.dp_opt.release import RELEASE
 from dpcore.errors import ConfigError, DpiclError
-from dpcore.home import is_private_path
 from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
@@ -50,6 +48,7 @@ from tasks.common import (
     stop_requested,
     uncached_task,
 )
+from tasks.kept import KeptStage
 
 # DP-OPT's public output: the instruction, every candidate's text, length and stop reason and the index kept
 # are DP outputs; sigma, sigma_sel, q and the steps planned are public counts (`write_instruction`'s stats).
@@ -111,32 +110,24 @@ def _eps_text(epsilon: float) -> str:
     return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
 
 
-def _kept_path(private_run_dir: str, epsilon: float, suffix: str) -> Path:
-    """`dp-opt/eps<E>-<digest>.<suffix>` in the run's private folder."""
-    path = Path(private_run_dir) / METHOD / f"eps{_eps_text(epsilon)}-{digest([METHOD, epsilon])[:8]}.{suffix}"
-    if not is_private_path(path):
-        raise PermissionError(f"{path.name}: an instruction's kept state belongs in the private store")
-    return path
-
-
-def _fields(call: dict) -> str:
-    """What a kept state or mark is for: the instruction's public inputs, not its code."""
-    config = call.get("config")
-    return digest({"epsilon": call.get("epsilon"), "parameters": call.get("parameters"), "seed": call.get("seed"),
-                   "model": config.model if config else None, "dp_opt": config.dp_opt if config else None})
-
-
-def _read(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+def kept_stage(call: dict) -> KeptStage | None:
+    """The instruction's kept state and mark (`tasks.kept`: `dp-opt/eps<E>-<digest>` in the run's private
+    folder), for its public inputs; None without a private folder."""
+    if not call.get("private_run_dir"):
+        return None
+    config = call["config"]
+    fields = digest({"epsilon": call["epsilon"], "parameters": call["parameters"], "seed": call.get("seed"),
+                     "model": config.model, "dp_opt": config.dp_opt})
+    name = f"eps{_eps_text(call['epsilon'])}-{digest([METHOD, call['epsilon']])[:8]}"
+    return KeptStage(Path(call["private_run_dir"]) / METHOD, name, fields)
 
 
 def keep_charged(call: dict) -> None:
-    """Mark the instruction of `call` (`write_call`) when this attempt charged it and it has not begun: an
-    attempt stopped before it began may still write it once. Called right after the charge."""
-    if call.get("noise_charged") and call.get("private_run_dir"):
-        if not _kept_path(call["private_run_dir"], call["epsilon"], "json").exists():
-            write_text_atomic(_kept_path(call["private_run_dir"], call["epsilon"], "pending"),
-                              json.dumps({"fields": _fields(call)}) + "\n")
+    """Mark the instruction of `call` (`write_call`) when this attempt charged it: an attempt stopped before it
+    began may still write it once. Called right after the charge."""
+    kept = kept_stage(call)
+    if call.get("noise_charged") and kept is not None:
+        kept.mark()
 
 
 @uncached_task("dp-opt-write", tags=["gpu"], task_run_name="dp-opt-write-eps{epsilon:g}")
@@ -149,20 +140,12 @@ def write(*, records_path: str, task_spec: str, epsilon: float, delta: float, pa
     from it (module docstring)."""
     from tasks.ingest import private_split
 
-    fields = _fields(locals())
-    kept_path = _kept_path(private_run_dir, epsilon, "json") if private_run_dir else None
-    pending_path = _kept_path(private_run_dir, epsilon, "pending") if private_run_dir else None
-    kept = _read(kept_path) if kept_path else None
-    pending = _read(pending_path) if pending_path else None
-    resume = kept["state"] if kept is not None and kept.get("fields") == fields else None
-    if resume is None and not noise_charged and not (pending is not None and pending.get("fields") == fields):
+    kept = kept_stage(locals())
+    resume = kept.state() if kept is not None else None
+    if resume is None and not noise_charged and not (kept is not None and kept.marked()):
         raise DpiclError(f"dp-opt at epsilon {_eps_text(epsilon)}: this attempt did not charge the spend (an "
                          "earlier attempt of the run did) and no kept step of it is there; drawing fresh noise "
                          "would spend privacy the ledger charged once. Start a new run (a new --run-id).")
-
-    def checkpoint(state: dict) -> None:  # private store only: the finished steps and the generator's state
-        write_text_atomic(kept_path, json.dumps({"fields": fields, "state": state}) + "\n")
-        pending_path.unlink(missing_ok=True)  # it has begun: what it drew is kept from now on
 
     p = params(config)
     for name in ("max_tokens", "candidates", "subsets", "shots"):
@@ -178,8 +161,8 @@ def write(*, records_path: str, task_spec: str, epsilon: float, delta: float, pa
         stage_logger().info("%s: continuing this run's instruction after its last kept token step", what)
     instruction, stats = write_instruction(lm, spec, records_by_label(private_split(records_path, "train")),
                                            run_params, rng, progress=lambda done, total: report_progress(what, done, total),
-                                           should_stop=stop_requested, checkpoint=checkpoint if kept_path else None,
-                                           resume=resume)
+                                           should_stop=stop_requested,
+                                           checkpoint=kept.keep if kept is not None else None, resume=resume)
     path = write_json_atomic(Path(public_dir) / INSTRUCTION_FILE.format(_eps_text(epsilon)),
                              {"method": METHOD, "epsilon": _jsonable(epsilon), "delta": float(delta),
                               "instruction": instruction, "stats": stats})
