@@ -37,9 +37,11 @@ def dp_icl_flow(config: RunConfig = RunConfig(), run_id: str | None = None,  # n
     run_id, plan, ingested, plans, charge = planned_and_charged(METHOD, config=config, run_id=run_id,
                                                                 ingested=ingested, charge=charge, plan=plan,
                                                                 before_charge=_say_plans)
-    answered = [dp_icl_stage.answer(**dp_icl_stage.answer_call(plan.config, ingested, p,
-                                                               noise_charged(charge, METHOD, p.epsilon)))
-                for p in plans]
+    calls = [dp_icl_stage.answer_call(plan.config, ingested, p, noise_charged(charge, METHOD, p.epsilon))
+             for p in plans]
+    for call in calls:  # alone, its charge came just before (in a run, `_mark_in_pipeline` marked them)
+        dp_icl_stage.keep_charged(call)
+    answered = [dp_icl_stage.answer(**call) for call in calls]
     rows = dp_icl_stage.result_rows(plans, answered, dp_icl_stage.run_settings(plan.config).vote_mode)
     dp_icl_stage.write_results(rows, str(ingested.paths.public))
     return {"method": METHOD, "results": rows, "seeded_noise": any(a["seeded_noise"] for a in answered),
@@ -63,4 +65,12 @@ def _run_in_pipeline(*, config: RunConfig, run_id: str, ingested: Ingested, char
     return dp_icl_flow(config=config, run_id=run_id, ingested=ingested, charge=charge, plan=plan)
 
 
-DP_ICL = MethodFlow(run=_run_in_pipeline, prepare=_prepare)
+def _mark_in_pipeline(config: RunConfig, run_id: str, ingested: Ingested, plan: RunPlan, charge: dict) -> None:
+    """Right after the run's charge (`flows.methods.MethodFlow.mark_charged`): each plan's answers it charged are
+    marked, so a run stopped before DP-ICL answered answers them once when resumed under its id."""
+    for p in plan.method_plans.get(METHOD, ()):
+        dp_icl_stage.keep_charged(dp_icl_stage.answer_call(config, ingested, p, noise_charged(charge, METHOD,
+                                                                                              p.epsilon)))
+
+
+DP_ICL = MethodFlow(run=_run_in_pipeline, prepare=_prepare, mark_charged=_mark_in_pipeline)

@@ -59,12 +59,14 @@ from tasks.charge import charge_spends, plan_spends
 from tasks.common import (
     Ingested,
     derive_seed,
+    digest,
     language_model,
     report_progress,
     run_paths,
     stage_logger,
     uncached_task,
 )
+from tasks.kept import KeptStage
 
 KEY_FILE = "dp_icl_key.bin"   # the run's secret subset key, in the run's private folder
 PLAN_FILE = "dp_icl_plan.json"  # the plan's public parameters, in the run's public folder
@@ -398,10 +400,15 @@ def answer(*, records_path: str, task_spec: str, epsilon: float, delta: float, p
     `answers_public`). Returns {epsilon, path, accuracy, n, seeded_noise}."""
     from tasks.ingest import private_split  # Prefect: loaded by the stage, not by the run's planning
 
-    if not noise_charged:  # seeded or not: the charge covers one set of answers
+    name = ANSWERS_FILE.format(_eps_text(epsilon))
+    kept = kept_stage(locals())
+    answered = kept.state() if kept is not None else None
+    if answered is not None:  # an earlier attempt of the run answered: the same files again, nothing drawn
+        return _write_answers(answered, Path(public_dir), Path(private_dir), name)
+    if not noise_charged and not (kept is not None and kept.marked()):  # seeded or not: one set of answers
         raise DpiclError(f"dp-icl at epsilon {_eps_text(epsilon)}: this attempt did not charge the spend (an "
-                         "earlier attempt of the run did); answering again would spend privacy the ledger "
-                         "charged once. Start a new run (a new --run-id).")
+                         "earlier attempt of the run did) and it has no answers kept; answering again would spend "
+                         "privacy the ledger charged once. Start a new run (a new --run-id).")
     plan = PrivacyPlan(METHOD, float(epsilon), float(delta), (), parameters)
     items = select_test(private_split(records_path, "test"), test_size)
     texts, gold = items["text"].astype(str).tolist(), items["label"].astype(str).tolist()
@@ -420,17 +427,43 @@ def answer(*, records_path: str, task_spec: str, epsilon: float, delta: float, p
     correct = sum(is_correct(a, g, aggregation) for a, g in zip(answers.labels, gold, strict=True))
     accuracy = correct / len(texts)
     rows = [{"test_item": i, "label": label} for i, label in enumerate(answers.labels)]
-    name = ANSWERS_FILE.format(_eps_text(epsilon))
-    if not answers_public(aggregation):
-        write_json_atomic(Path(private_dir) / name, {"answers": rows})
-    path = write_json_atomic(Path(public_dir) / name, {
-        "method": METHOD, "epsilon": float(epsilon), "delta": float(delta), "vote_mode": vote_mode,
-        "parameters": {k: parameters[k] for k in PUBLIC_PARAMETERS},
-        "answers": rows if answers_public(aggregation) else [],
-        "accuracy": accuracy, "correct": correct, "n": len(texts), "seeded_noise": bool(seeded)})
+    public = {"method": METHOD, "epsilon": float(epsilon), "delta": float(delta), "vote_mode": vote_mode,
+              "parameters": {k: parameters[k] for k in PUBLIC_PARAMETERS},
+              "answers": rows if answers_public(aggregation) else [],
+              "accuracy": accuracy, "correct": correct, "n": len(texts), "seeded_noise": bool(seeded)}
+    answered = {"public": public, "private": None if answers_public(aggregation) else {"answers": rows}}
+    if kept is not None:  # kept before anything is written: a retry writes these, never answers again
+        kept.keep(answered)
+    result = _write_answers(answered, Path(public_dir), Path(private_dir), name)
     stage_logger().info(ANSWERED_LOG, len(texts), _eps_text(epsilon), accuracy)
-    return {"epsilon": float(epsilon), "path": str(path), "accuracy": accuracy, "n": len(texts),
-            "seeded_noise": bool(seeded)}
+    return result
+
+
+def _write_answers(answered: dict, public_dir: Path, private_dir: Path, name: str) -> dict:
+    """The answers file (public; an extraction task's answers beside it in the private folder); `answer`'s result."""
+    if answered["private"] is not None:
+        write_json_atomic(private_dir / name, answered["private"])
+    public = answered["public"]
+    path = write_json_atomic(public_dir / name, public)
+    return {"epsilon": float(public["epsilon"]), "path": str(path), "accuracy": public["accuracy"],
+            "n": public["n"], "seeded_noise": public["seeded_noise"]}
+
+
+def kept_stage(call: dict) -> KeptStage:
+    """The answers' kept record and charge mark (`tasks.kept`: `dp-icl/eps<E>-<digest>` in the run's private
+    folder), for the stage's public inputs: a stopped run resumed under its id answers a charged, unanswered
+    plan once (nothing was released before its answers were kept) and rewrites a kept one, never answering it
+    again."""
+    fields = digest({name: call.get(name) for name in ("epsilon", "parameters", "vote_mode", "test_size", "model",
+                                                       "seed")})
+    name = f"eps{_eps_text(call['epsilon'])}-{digest([METHOD, call['epsilon']])[:8]}"
+    return KeptStage(Path(call["private_dir"]) / METHOD, name, fields)
+
+
+def keep_charged(call: dict) -> None:
+    """Mark the answers of `call` (`answer_call`) when this attempt charged them. Called right after the charge."""
+    if call.get("noise_charged"):
+        kept_stage(call).mark()
 
 
 def answers_public(aggregation: str) -> bool:
@@ -494,7 +527,7 @@ def work(config, plan: PrivacyPlan, *, labels: int, record_tokens: int) -> runti
     return runtime.Work(evaluation=float(int(p["draws"]) * per_draw))
 
 
-__all__ = ["ANSWERS_FILE", "answers_public", "Budget", "BudgetSpentError", "PUBLIC_PARAMETERS", "PrivateAnswerer", "RESULTS_FILE",
+__all__ = ["ANSWERS_FILE", "answers_public", "keep_charged", "Budget", "BudgetSpentError", "PUBLIC_PARAMETERS", "PrivateAnswerer", "RESULTS_FILE",
            "RUN_KEY_FILE", "Settings", "answer", "answer_call", "device_type", "is_correct", "open_run", "plan_budget", "plan_line",
            "plans", "result_rows", "run_delta", "run_queries", "run_settings", "settings", "work", "write_key",
            "write_results"]

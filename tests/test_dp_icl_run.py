@@ -137,3 +137,44 @@ def test_run_help_and_methods_validation_name_dp_icl(capsys):
     assert "dp-icl" in capsys.readouterr().out
     code, _, err = _main(_argv("dp-icl-bad", ["dp-icl", "nonesuch"], "4"))
     assert code == 2 and "dp-icl" in err
+
+
+def test_a_stopped_runs_answers_are_given_once_and_kept(tiny_lm, tmp_path, monkeypatch):
+    """`tasks.dp_icl.answer` in a run: stopped before its answers were kept (nothing released), a retry under the
+    run answers once under the charge an earlier attempt made and marked; a retry after that rewrites the kept
+    answers and draws nothing; without a mark or kept answers a retry is refused."""
+    from dpcore.data.artifacts import write_table
+    from dpcore.dp_icl.privacy import dp_icl_plan
+    from dpcore.errors import DpiclError, RunStopped
+    from dpcore.home import private_dir
+    from tasks import dp_icl as stage
+
+    share_tiny_model(tiny_lm)
+    folder = private_dir() / "test-dp-icl-resume" / tmp_path.name
+    rows = [(f"{y}-{i}", f"a {y.lower()} story number {i}", y, "test" if i < 3 else "train")
+            for y in ("World", "Sports") for i in range(12)]
+    records = write_table(pd.DataFrame(rows, columns=["id", "text", "label", "split"]), folder / "records.parquet")
+    plan = dp_icl_plan(4.0, 1e-5, records=18, subsets=2, shots=2, queries=6)
+
+    def call(run: str, charged: bool) -> dict:
+        (folder / run / "public").mkdir(parents=True, exist_ok=True)
+        return dict(records_path=str(records), task_spec="agnews", epsilon=4.0, delta=1e-5,
+                    parameters={k: plan.parameters[k] for k in stage.PUBLIC_PARAMETERS}, vote_mode="calibrated",
+                    test_size=6, model="tiny-random", seed=5, noise_charged=charged,
+                    public_dir=str(folder / run / "public"), private_dir=str(folder / run))
+
+    real = stage.answer_queries
+    monkeypatch.setattr(stage, "answer_queries", lambda *a, **k: (_ for _ in ()).throw(RunStopped("stopped")))
+    stage.keep_charged(call("run", True))
+    with pytest.raises(RunStopped):
+        stage.answer.fn(**call("run", True))
+    assert not list((folder / "run" / "public").iterdir())  # nothing released
+    monkeypatch.setattr(stage, "answer_queries", real)
+    first = stage.answer.fn(**call("run", False))  # the earlier attempt's charge, marked: answered once
+    written = json.loads(Path(first["path"]).read_text())
+    assert [a["test_item"] for a in written["answers"]] == list(range(6))
+    monkeypatch.setattr(stage, "answer_queries", lambda *a, **k: pytest.fail("answered twice"))
+    again = stage.answer.fn(**call("run", False))
+    assert again == first and json.loads(Path(again["path"]).read_text()) == written
+    with pytest.raises(DpiclError, match="did not charge the spend"):
+        stage.answer.fn(**call("never-charged", False))
