@@ -36,9 +36,9 @@ from dpcore.lm import runtime
 from dpcore.privacy.plan import PrivacyPlan
 from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.calibrate import generation_config
-from tasks.common import Ingested, derive_seed, digest, language_model, stage_logger, uncached_task
+from tasks.common import Ingested, derive_seed, language_model, stage_logger, uncached_task
 from tasks.generate import check_generation, report_steps
-from tasks.kept import KeptStage
+from tasks.kept import KeptStage, mark_if_charged
 
 # AdaDPSyn's public outputs: its demonstrations (DP outputs, with the plan's sigma_eff, a function of public
 # counts), its rows in the results (accuracies of DP prompts: DP; sigma_eff and q: public counts).
@@ -101,21 +101,17 @@ def _eps_text(epsilon: float) -> str:
 
 
 def kept_stage(call: dict) -> KeptStage | None:
-    """The generation's kept state and mark (`tasks.kept`: `adadpsyn/eps<E>-<digest>` in the run's private
-    folder), for its public inputs; None without a private folder."""
+    """The generation's kept state and mark (`tasks.kept`), for its public inputs; None without a private folder."""
     if not call.get("private_run_dir"):
         return None
-    fields = digest({name: call.get(name) for name in ("epsilon", "parameters", "generation", "model", "seed")})
-    name = f"eps{_eps_text(call['epsilon'])}-{digest([METHOD, call['epsilon']])[:8]}"
-    return KeptStage(Path(call["private_run_dir"]) / METHOD, name, fields)
+    inputs = {name: call.get(name) for name in ("epsilon", "parameters", "generation", "model", "seed")}
+    return KeptStage.at_epsilon(call["private_run_dir"], METHOD, call["epsilon"], inputs)
 
 
 def keep_charged(call: dict) -> None:
     """Mark the generation of `call` (`generate_call`) when this attempt charged it: an attempt stopped before it
     began may still draw it once. Called right after the charge."""
-    kept = kept_stage(call)
-    if call.get("noise_charged") and kept is not None:
-        kept.mark()
+    mark_if_charged(call, kept_stage(call))
 
 
 @uncached_task("adadpsyn-generate", tags=["gpu"], task_run_name="adadpsyn-generate-eps{epsilon:g}")

@@ -59,14 +59,13 @@ from tasks.charge import charge_spends, plan_spends
 from tasks.common import (
     Ingested,
     derive_seed,
-    digest,
     language_model,
     report_progress,
     run_paths,
     stage_logger,
     uncached_task,
 )
-from tasks.kept import KeptStage
+from tasks.kept import KeptStage, mark_if_charged
 
 KEY_FILE = "dp_icl_key.bin"   # the run's secret subset key, in the run's private folder
 PLAN_FILE = "dp_icl_plan.json"  # the plan's public parameters, in the run's public folder
@@ -454,16 +453,13 @@ def kept_stage(call: dict) -> KeptStage:
     folder), for the stage's public inputs: a stopped run resumed under its id answers a charged, unanswered
     plan once (nothing was released before its answers were kept) and rewrites a kept one, never answering it
     again."""
-    fields = digest({name: call.get(name) for name in ("epsilon", "parameters", "vote_mode", "test_size", "model",
-                                                       "seed")})
-    name = f"eps{_eps_text(call['epsilon'])}-{digest([METHOD, call['epsilon']])[:8]}"
-    return KeptStage(Path(call["private_dir"]) / METHOD, name, fields)
+    inputs = {name: call.get(name) for name in ("epsilon", "parameters", "vote_mode", "test_size", "model", "seed")}
+    return KeptStage.at_epsilon(call["private_dir"], METHOD, call["epsilon"], inputs)
 
 
 def keep_charged(call: dict) -> None:
     """Mark the answers of `call` (`answer_call`) when this attempt charged them. Called right after the charge."""
-    if call.get("noise_charged"):
-        kept_stage(call).mark()
+    mark_if_charged(call, kept_stage(call))
 
 
 def answers_public(aggregation: str) -> bool:

@@ -41,14 +41,13 @@ from dpcore.public_outputs import Kind, declare, declare_log
 from tasks.common import (
     Ingested,
     derive_seed,
-    digest,
     language_model,
     report_progress,
     stage_logger,
     stop_requested,
     uncached_task,
 )
-from tasks.kept import KeptStage
+from tasks.kept import KeptStage, mark_if_charged
 
 # DP-OPT's public output: the instruction, every candidate's text, length and stop reason and the index kept
 # are DP outputs; sigma, sigma_sel, q and the steps planned are public counts (`write_instruction`'s stats).
@@ -111,23 +110,20 @@ def _eps_text(epsilon: float) -> str:
 
 
 def kept_stage(call: dict) -> KeptStage | None:
-    """The instruction's kept state and mark (`tasks.kept`: `dp-opt/eps<E>-<digest>` in the run's private
-    folder), for its public inputs; None without a private folder."""
+    """The instruction's kept state and mark (`tasks.kept`), for its public inputs; None without a private
+    folder."""
     if not call.get("private_run_dir"):
         return None
     config = call["config"]
-    fields = digest({"epsilon": call["epsilon"], "parameters": call["parameters"], "seed": call.get("seed"),
-                     "model": config.model, "dp_opt": config.dp_opt})
-    name = f"eps{_eps_text(call['epsilon'])}-{digest([METHOD, call['epsilon']])[:8]}"
-    return KeptStage(Path(call["private_run_dir"]) / METHOD, name, fields)
+    inputs = {"epsilon": call["epsilon"], "parameters": call["parameters"], "seed": call.get("seed"),
+              "model": config.model, "dp_opt": config.dp_opt}
+    return KeptStage.at_epsilon(call["private_run_dir"], METHOD, call["epsilon"], inputs)
 
 
 def keep_charged(call: dict) -> None:
     """Mark the instruction of `call` (`write_call`) when this attempt charged it: an attempt stopped before it
     began may still write it once. Called right after the charge."""
-    kept = kept_stage(call)
-    if call.get("noise_charged") and kept is not None:
-        kept.mark()
+    mark_if_charged(call, kept_stage(call))
 
 
 @uncached_task("dp-opt-write", tags=["gpu"], task_run_name="dp-opt-write-eps{epsilon:g}")

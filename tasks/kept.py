@@ -12,11 +12,13 @@ once, and refuses anything else the run charged before.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from dpcore.data.artifacts import write_text_atomic
 from dpcore.home import is_private_path
+from tasks.common import digest
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,13 @@ class KeptStage:
     folder: Path
     name: str
     fields: str
+
+    @classmethod
+    def at_epsilon(cls, private_run_dir: str, method: str, epsilon: float, inputs: dict) -> KeptStage:
+        """A method's stage at one epsilon: `<method>/eps<E>-<digest>` in the run's private folder, its fingerprint
+        the digest of `inputs` (the stage's public inputs)."""
+        text = "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+        return cls(Path(private_run_dir) / method, f"eps{text}-{digest([method, epsilon])[:8]}", digest(inputs))
 
     def __post_init__(self) -> None:
         if not is_private_path(self.folder / self.name):
@@ -61,8 +70,14 @@ class KeptStage:
             write_text_atomic(self.mark_path, json.dumps({"fields": self.fields}) + "\n")
 
 
+def mark_if_charged(call: dict, kept: KeptStage | None) -> None:
+    """Right after the charge: mark the stage of `call` when this attempt charged it (`noise_charged`)."""
+    if call.get("noise_charged") and kept is not None:
+        kept.mark()
+
+
 def _read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-__all__ = ["KeptStage"]
+__all__ = ["KeptStage", "mark_if_charged"]

@@ -34,6 +34,14 @@ def _records(n: int = 16) -> dict[str, list[tuple[str, str]]]:
             "Positive": [(f"p{i}", f"a great moving film, number {i}") for i in range(n)]}
 
 
+def _smoke_params(records) -> object:
+    """SMOKE's parameters with the noise of a plan at epsilon 4 on `records`' generation records."""
+    n = generation_record_count(records, SMOKE)
+    plan = dp_opt_plan(4.0, 1e-5, SMOKE.max_tokens, SMOKE.subsets, shots=SMOKE.shots, records=n,
+                       candidates=SMOKE.candidates)
+    return planned_params(plan, SMOKE)
+
+
 def test_ensemble_votes_move_by_one_when_a_record_is_removed(tiny_lm, spec, one_thread):
     records = flatten_records(_records(8))
     by_id = {rid: (text, label) for rid, text, label in records}
@@ -95,10 +103,7 @@ def test_progress_counts_every_token_step_and_a_stop_request_ends_the_writing(ti
     from dpcore.errors import RunStopped
 
     records = _records()
-    n = generation_record_count(records, SMOKE)
-    plan = dp_opt_plan(4.0, 1e-5, SMOKE.max_tokens, SMOKE.subsets, shots=SMOKE.shots, records=n,
-                       candidates=SMOKE.candidates)
-    params = planned_params(plan, SMOKE)
+    params = _smoke_params(records)
     seen = []
     write_instruction(tiny_lm, spec, records, params, np.random.default_rng(3), progress=lambda d, t: seen.append((d, t)))
     total = SMOKE.candidates * SMOKE.max_tokens
@@ -128,10 +133,7 @@ def test_a_stopped_writing_resumes_after_its_last_kept_step_and_writes_the_same_
     from dpcore.errors import RunStopped
 
     records = _records()
-    n = generation_record_count(records, SMOKE)
-    plan = dp_opt_plan(4.0, 1e-5, SMOKE.max_tokens, SMOKE.subsets, shots=SMOKE.shots, records=n,
-                       candidates=SMOKE.candidates)
-    params = planned_params(plan, SMOKE)
+    params = _smoke_params(records)
     from dpcore.dp_opt import instruction
 
     drawn = []
