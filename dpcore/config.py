@@ -258,13 +258,19 @@ class RunConfig(_Frozen):
 
     @property
     def resolved_audit_mode(self) -> AuditMode:
-        """--audit-mode as set; unset, run-demos (the run's own demos against held-out rows: no extra charge),
-        except with --test-path: rows from another file need not share the private records' distribution, and
-        the audit's false-alarm rate holds only for non-members drawn like the members (regenerate: half the
-        private split)."""
-        if self.audit.mode is not None:
-            return self.audit.mode
-        return "regenerate" if self.test_path is not None else "run-demos"
+        """--audit-mode as set; unset, run-demos: the run's own demos against held-out rows of the private file,
+        no extra charge (`audit_holdout_fraction` says which rows with --test-path)."""
+        return self.audit.mode if self.audit.mode is not None else "run-demos"
+
+    @property
+    def audit_holdout_fraction(self) -> float | None:
+        """The fraction of the private file held out as the audit's non-members, or None: with --test-path and
+        a run-demos audit only. A test file's rows need not be drawn like the private records, and the audit's
+        false-alarm rate holds only for non-members that are; without --test-path the test split is held out
+        of the private file already."""
+        if self.test_path is None or not self.audit.enabled or self.resolved_audit_mode != "run-demos":
+            return None
+        return self.audit.holdout
 
     def flat(self) -> dict[str, str]:
         """Strings for MLflow params and manifests (public configuration only), by flat name; `RunConfig(**flat)`

@@ -4,13 +4,14 @@ Every audit runs every attack of `dpcore.audit.attacks` (Duan et al.'s score, di
 calibrated label and text scores, offline LiRA) and gates on the strongest. Two designs
 (`AuditConfig.mode`):
 
-run-demos: the run's own DP demonstrations were generated from the whole private split, so
-every private record is a member; the held-out (test) records are the non-members. Each
+run-demos (default): the run's own DP demonstrations were generated from the whole private split, so
+every private record is a member; the held-out records are the non-members (the test split, or with a
+separate test file the rows of the private file held out for the audit, `RunConfig.audit_holdout_fraction`). Each
 demo's 1-shot prompt is attacked with members vs non-members of its label
 (`dpcore.audit.procedures.demos_audit`): nothing is generated, nothing is charged, and every epsilon
 is audited on the same candidate records (their reference scores computed once).
 
-regenerate (default): for each DP epsilon of the run: the private records are split into members and
+regenerate: for each DP epsilon of the run: the private records are split into members and
 non-members (`split_members`), sigma is calibrated for the members' label counts (the
 audit generates from half the data, so its q is larger), and `dp_audit` generates DP
 demo sets from the members only and scores members against non-members. A non-private
@@ -84,7 +85,7 @@ AUDIT_VERDICT_LOG = declare_log("audit at epsilon %g: %s", verdict=(1,))  # `Aud
 declare_line(Kind.COUNT, r"^audit: label\(s\) (.*) lack the members/non-members to query")
 
 
-def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size: int
+def run_audit_design(config: RunConfig, label_counts: dict[str, int], held_out: int
                      ) -> tuple[AuditConfig | None, AuditDesign, str | None]:
     """The run's audit, planned from public counts before it runs (`dpcore.audit.design`): (the audit
     configuration to run, or None to skip it; its design; one line to say, or None). Sizes the user did not
@@ -99,10 +100,11 @@ def run_audit_design(config: RunConfig, label_counts: dict[str, int], test_size:
     sizes = audit_design.settings(audit_config, len(attacks_run(audit_config.reference_prompts)))
     if audit_config.mode == "run-demos":
         # each of the run's demos (ceil(shots / labels) per label, generated once: the seeds choose among them)
-        # against its label's records (every private record a member) and its label's share of the test split
-        # (taken as even: the split is public only as a total)
+        # against its label's records (every private record a member) and its label's share of the `held_out`
+        # rows (the test split, or the private file's rows held out for the audit; taken as even: the split is
+        # public only as a total)
         member_pools = list(label_counts.values())
-        non_member_pools = [max(0, test_size // len(label_counts) - reserve)] * len(label_counts)
+        non_member_pools = [max(0, held_out // len(label_counts) - reserve)] * len(label_counts)
         demo_sets = len(label_counts) * max(1, math.ceil(config.shots / len(label_counts)))
     else:  # Tang et al. App. F: half of each label's records are members (`dpcore.audit.procedures.split_members`)
         member_pools = [int(round(0.5 * n)) for n in label_counts.values()]
@@ -382,14 +384,15 @@ def _charged_with_the_run(plan: PrivacyPlan):
 def _audit_run_demos(lm, spec, records_path: str, train: pd.DataFrame, demos: pd.DataFrame | None,
                      targets: list[Calibration], audit_config: AuditConfig, *, delta: float, thresholds,
                      cache: dict, trial_seed: int) -> list:
-    """run-demos: each epsilon's own DP demos against the held-out (test) records (nothing generated)."""
+    """run-demos: each epsilon's own DP demos against the held-out records (`tasks.ingest.audit_non_members`;
+    nothing generated)."""
     from dpcore.audit import procedures as mia
-    from tasks.ingest import private_split
+    from tasks.ingest import audit_non_members
 
     logger = stage_logger()
-    held_out = private_split(records_path, "test")
+    held_out = audit_non_members(records_path)
     if held_out.empty:
-        raise ConfigError("audit: the run-demos audit needs held-out (test) records as non-members")
+        raise ConfigError("audit: the run-demos audit needs held-out records as non-members")
     results = []
     for target in targets:
         eps = float(target.epsilon)

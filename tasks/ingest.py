@@ -1,7 +1,8 @@
 """Stages 1-2: ingest (load and validate the dataset) and partition it by label.
 
 Ingest writes the private `records` table (train = D_priv and the test split: a separate
-`test_path` file, or rows held out of the data file) into the run's private folder and returns only paths, the content hash and counts.
+`test_path` file, or rows held out of the data file; with a test file, the audit's held-out rows of the data
+file) into the run's private folder and returns only paths, the content hash and counts.
 Beside it, in the public run folder, `run_inputs.json` (`dpcore.data.artifacts.RUN_INPUTS_FILE`): the task
 spec's content and resolved path, the run's delta and its source, what a release of the run reads.
 Partition writes the private `partitions` table (which record ids form D_y, in the
@@ -34,7 +35,7 @@ def load_data(config) -> LoadedDataset:
     """The run's dataset (`RunConfig`: a shipped task or a user's file with its task YAML), validated (the
     checks and dry runs before a run or a command). The one write: `remember_records`."""
     return remember_records(load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path,
-                                         config.test_path))
+                                         config.test_path, config.audit_holdout_fraction))
 
 
 def remember_records(data: LoadedDataset) -> LoadedDataset:
@@ -67,7 +68,8 @@ def ingest(dataset: str, run_id: str, data_path: str | None = None, task_spec: s
     # `public`: a shipped source's public split (public rows, kept beside the others for PromptDPSGD's
     # public loss curve); never present for a user's file
     records = pd.concat(
-        [data.train.assign(split="train"), data.test.assign(split="test"), data.public.assign(split="public")],
+        [data.train.assign(split="train"), data.test.assign(split="test"), data.public.assign(split="public"),
+         data.audit.assign(split="audit")],
         ignore_index=True,
     )[["split", "id", "text", "label"]]
     records["id"] = records["id"].astype(str)
@@ -124,10 +126,18 @@ def partition(ingested: Ingested) -> dict:
 
 
 def private_split(records_path: str, split: str = "train") -> pd.DataFrame:
-    """One split (id, text, label) of the private `records` table: "train" (D_priv) or "test" (read inside a
-    task or a command's process, never returned from a task)."""
+    """One split (id, text, label) of the private `records` table: "train" (D_priv), "test" or "audit" (rows of
+    the private file held out as the audit's non-members; read inside a task or a command's process, never
+    returned from a task)."""
     records = read_table(Path(records_path))
     return records[records["split"] == split][["id", "text", "label"]].reset_index(drop=True)
+
+
+def audit_non_members(records_path: str) -> pd.DataFrame:
+    """The rows a run-demos audit scores as non-members: the private file's rows held out for it (with a
+    separate test file), else the test split held out of the same file (read inside a task)."""
+    held_out = private_split(records_path, "audit")
+    return held_out if len(held_out) else private_split(records_path, "test")
 
 
 def records_by_label(records_path: str, labels: list[str] | None = None) -> dict[str, list[str]]:

@@ -185,10 +185,14 @@ def test_a_runs_default_audit_is_run_demos_and_detects_with_a_few_records_per_de
     assert design.conclusive and design.scored_records <= 200
     alarms = _gate_failures(design, 600, leak=0.5, seed=3)
     assert alarms <= (1 - CONFIDENCE) + 3 * _sd(1 - CONFIDENCE, 600)
-    # a separate test file need not share the private records' distribution: the member half's other half
+    # a separate test file need not share the private records' distribution: a tenth of the private file is held
+    # out as the non-members instead, and nothing more is charged
     with_test_file = RunConfig(dataset="sst2", test_path="test.csv")
-    assert with_test_file.audit_config().mode == "regenerate"
-    assert RunConfig(dataset="sst2", test_path="test.csv", audit_mode="run-demos").audit_config().mode == "run-demos"
+    assert with_test_file.audit_config().mode == "run-demos" and with_test_file.audit_holdout_fraction == 0.1
+    assert RunConfig(dataset="sst2", test_path="test.csv", audit_holdout=0.25).audit_holdout_fraction == 0.25
+    assert RunConfig(dataset="sst2").audit_holdout_fraction is None  # the test split is held out already
+    for unread in ({"audit": False}, {"audit_mode": "regenerate"}):  # no run-demos audit: every record is read
+        assert RunConfig(dataset="sst2", test_path="test.csv", **unread).audit_holdout_fraction is None
 
 
 def test_a_detect_design_that_cannot_reach_the_power_names_what_would():

@@ -47,6 +47,26 @@ def test_a_separate_test_file_is_the_test_split_and_every_data_row_is_private(ti
     assert loaded.summary()["train_size"] == 6 and loaded.summary()["test_size"] == 3
 
 
+def test_the_audits_holdout_is_a_keyed_split_of_the_private_file_that_one_record_more_does_not_move(
+        tickets_spec, files, tmp_path):
+    data, test = files
+    rows = [{"ticket_id": f"r{i}", "body": f"ticket number {i}", "topic": ("billing", "outage")[i % 2]}
+            for i in range(400)]
+    pd.DataFrame(rows).to_csv(data, index=False)
+    loaded = load_dataset(tickets_spec, data, test, audit_holdout=0.1)
+    held, read = set(loaded.audit["id"]), set(loaded.train["id"])
+    assert not held & read and len(held | read) == 400 and 20 <= len(held) <= 60  # about a tenth, by hash
+    assert list(loaded.audit.columns) == ["id", "text", "label"] and loaded.summary()["audit_holdout"] == len(held)
+    assert loaded.content_hash == content_hash(loaded.train)  # the records the methods read
+    assert list(loaded.test["id"]) == ["q1", "q2", "q3"]  # the test file only evaluates
+    more = tmp_path / "more.csv"
+    pd.DataFrame([*rows, {"ticket_id": "new", "body": "one ticket more", "topic": "billing"}]).to_csv(more, index=False)
+    neighbour = load_dataset(tickets_spec, more, test, audit_holdout=0.1)
+    assert set(neighbour.audit["id"]) - {"new"} == held and set(neighbour.train["id"]) - {"new"} == read
+    assert load_dataset(tickets_spec, data, test).audit.empty  # no holdout asked: every row is read
+    assert load_dataset(tickets_spec, data).audit.empty  # no test file: the test split is held out already
+
+
 @pytest.mark.parametrize("rows, match", [
     ([{"ticket_id": "q1", "body": "printer on fire", "subject": "billing"}], "missing column 'topic'"),
     ([{"ticket_id": "q1", "body": "printer on fire", "topic": "hardware"}], "line 1: column 'topic': not a label of the task"),
@@ -106,3 +126,43 @@ def test_pipeline_ingest_takes_the_test_split_from_the_test_file(tickets_spec, f
     assert sorted(records.loc[records["split"] == "train", "id"]) == ["t1", "t2", "t3", "t4", "t5", "t6"]
     assert list(records.loc[records["split"] == "test", "id"]) == ["q1", "q2", "q3"]
     assert ingested.num_private_records == 6 and ingested.num_test == 3
+    assert not (records["split"] == "audit").any()
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_with_a_test_file_the_audit_reads_held_out_rows_of_the_private_file_and_charges_nothing(tmp_path, files):
+    """The run's plan with --test-path and its audit on: only the method's spend (no regenerated demo sets), the
+    audit's non-member pool the rows held out of the private file, and those rows in the private records table
+    as the audit's split, never the methods' (`tasks.ingest.audit_non_members`)."""
+    from prefect import flow
+    from tickets import SPEC_YAML
+
+    from dpcore.config import RunConfig
+    from dpcore.data.artifacts import read_table
+    from tasks.ingest import audit_non_members, ingested_for
+    from tasks.run_plans import build_run_plan
+
+    data, test = files
+    rows = [{"ticket_id": f"r{i}", "body": f"ticket number {i} about the bill" if i % 2 else f"outage {i} again",
+             "topic": ("billing", "outage")[i % 2 == 0]} for i in range(600)]
+    pd.DataFrame(rows).to_csv(data, index=False)
+    spec = tmp_path / "tickets.yaml"
+    spec.write_text(SPEC_YAML)
+    common = dict(dataset="tickets", task_spec=str(spec), data_path=str(data), test_path=str(test),
+                  model="tiny-random", methods=["tang"], epsilons=[4.0], delta=1e-5, max_tokens=5)
+    plan = build_run_plan(RunConfig(**common))
+    assert plan.audit is not None and plan.audit.config.mode == "run-demos" and plan.audit.plans == ()
+    assert [p.method for p in plan.privacy_plans()] == ["tang"]
+    held = len(plan.data.audit)
+    assert 30 <= held <= 90 and plan.num_private_records == 600 - held
+    regenerated = build_run_plan(RunConfig(**common, audit_mode="regenerate"))  # what the test file used to cost
+    assert regenerated.num_private_records == 600 and [p.method for p in regenerated.privacy_plans()] == ["tang", "audit"]
+
+    @flow(name="ingest-with-audit-holdout")
+    def ingest_it():
+        return ingested_for(plan, "holdout-run", None, "tang")
+
+    ingested = ingest_it()
+    records = read_table(ingested.records_path)
+    assert (records["split"] == "audit").sum() == held and ingested.num_private_records == 600 - held
+    assert set(audit_non_members(ingested.records_path)["id"]) == set(plan.data.audit["id"])

@@ -3,7 +3,8 @@
 Whether the run audits (`enabled`, the flag `--audit`/`--no-audit`), the audit's sizes (trials, members, demo sets),
 its mode and its gate (the test, the leak it is sized to detect, the tolerance, the verbatim overlap), and the
 extra audits a run may add (the non-private reference, the release audit of the other methods). Outside Python
-each field keeps its flat name, `audit_<field>`, but for the switch (`audit`) and the gate's three (`leak_auc`,
+each field keeps its flat name, `audit_<field>` (`audit_holdout`: a split of the private file the audit reads,
+not a setting of its procedures, so `AuditConfig` lacks it), but for the switch (`audit`) and the gate's three (`leak_auc`,
 `auc_tolerance`, `overlap_threshold`), which were named before the section was.
 
 `AuditConfig` is what the audit's procedures, design and gate take: the section resolved (`AuditSection.resolved`,
@@ -61,10 +62,13 @@ class AuditSection(Section):
     demo_sets: int = Field(1, ge=1, description="DP demo sets a regenerate-mode audit generates from its "
                            "members, each charged")
     members: int = Field(50, ge=1, description="member (and as many non-member) records per audit trial")
-    mode: AuditMode | None = Field(None, description="run-demos: the run's own demos, training vs held-out "
-                                   "test rows, nothing charged; regenerate: DP demos from a member half, scored "
-                                   "against the other half, charged (default: run-demos; regenerate with "
-                                   "--test-path, whose rows need not share the private file's distribution)")
+    mode: AuditMode | None = Field(None, description="run-demos (the default): the run's own demos, training "
+                                   "vs held-out rows of the private file, nothing charged; regenerate: DP demos "
+                                   "from a member half, scored against the other half, charged")
+    holdout: float = Field(0.1, gt=0, lt=1, description="with --test-path: the fraction of the private file held "
+                           "out (each record by a keyed hash of its id) as the run-demos audit's non-members, "
+                           "read by no method (the test file's rows need not share the private file's "
+                           "distribution)")
     test: AuditTest = Field("detect", description="detect: the audit gate fails when an attack distinguishes "
                             "members from non-members, sized by --leak-auc and --audit-power; equivalence: it "
                             "passes only when every AUC interval lies inside 0.5 +/- --auc-tolerance (about "

@@ -125,6 +125,9 @@ class LoadedDataset:
     public: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COLUMNS))
     # the records are a shipped spec's own public source (not a user's file): only then is there a public split
     shipped: bool = False
+    # rows of the private file held out as the audit's non-members (`load_dataset`'s `audit_holdout`): private,
+    # read by no method
+    audit: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COLUMNS))
 
     @property
     def labels(self) -> list[str]:
@@ -162,6 +165,7 @@ class LoadedDataset:
             "source": self.source,
             "train_size": len(self.train),
             "test_size": len(self.test),
+            "audit_holdout": len(self.audit),
             "labels": len(self.labels),
             "content_hash": self.content_hash,
         }
@@ -520,16 +524,18 @@ def load_test_file(spec: TaskSpec, test_path: str | Path) -> pd.DataFrame:
 
 
 def load_dataset(spec: TaskSpec, data_path: str | Path | None = None,
-                 test_path: str | Path | None = None) -> LoadedDataset:
+                 test_path: str | Path | None = None, audit_holdout: float | None = None) -> LoadedDataset:
     """Load, validate and split a task's records. `data_path` overrides the spec's source.
 
     `test_path`: a separate test file; every record of the source is then private (train) and no
-    test rows are held out of it. Without it, the spec's seeded split holds test rows out.
-    A shipped StaICC source is loaded once per process (`_shipped_dataset`); a user's file every time.
+    test rows are held out of it, but for `audit_holdout`, a fraction of them held out (`audit`) as the
+    membership audit's non-members, drawn like the records the methods read. Without it, the spec's seeded
+    split holds test rows out. A shipped StaICC source is loaded once per process (`_shipped_dataset`); a
+    user's file every time.
     """
     if data_path is None and test_path is None and spec.source.type == "staicc":
         return _shipped_dataset(spec)
-    return _load_dataset(spec, data_path, test_path)
+    return _load_dataset(spec, data_path, test_path, audit_holdout)
 
 
 def _shipped_dataset(spec: TaskSpec) -> LoadedDataset:
@@ -547,7 +553,8 @@ def _loaded_shipped(spec_json: str, path: str, size: int, mtime_ns: int, key: by
     return _load_dataset(TaskSpec.model_validate_json(spec_json), None, None)
 
 
-def _load_dataset(spec: TaskSpec, data_path: str | Path | None, test_path: str | Path | None) -> LoadedDataset:
+def _load_dataset(spec: TaskSpec, data_path: str | Path | None, test_path: str | Path | None,
+                  audit_holdout: float | None = None) -> LoadedDataset:
     if data_path is not None:
         frame, where = _load_file(spec, Path(data_path).resolve())
     elif spec.source.type == "staicc":
@@ -567,9 +574,12 @@ def _load_dataset(spec: TaskSpec, data_path: str | Path | None, test_path: str |
     # public split may be carved out of it. A user's file is private through and through.
     shipped = data_path is None and is_shipped_spec(spec)
     shipped_rows = len(frame) if shipped else None
+    audit = pd.DataFrame(columns=COLUMNS)
     if test_path is not None:
         test = load_test_file(spec, test_path)
         train = frame.sort_values("id", kind="stable").reset_index(drop=True)
+        if audit_holdout is not None:
+            train, audit = record_split(train, audit_holdout, spec.split.seed, "audit", "--audit-holdout")
     else:
         fraction = split_fraction(spec.split.test_size, shipped_rows, "split.test_size",
                                   default=DEFAULT_TEST_FRACTION if is_shipped_spec(spec) else None)
@@ -583,4 +593,4 @@ def _load_dataset(spec: TaskSpec, data_path: str | Path | None, test_path: str |
         public = public[[normalise_text(t) not in elsewhere for t in public["text"].tolist()]].reset_index(drop=True)
     _check_labels_present(train, spec, where)
     return LoadedDataset(spec=spec, train=train, test=test, source=where, content_hash=content_hash(train),
-                         public=public, shipped=shipped)
+                         public=public, shipped=shipped, audit=audit)

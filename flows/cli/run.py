@@ -16,6 +16,7 @@ from dpcore.audit.config import AuditConfig
 from dpcore.config import RunConfig
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.errors import ConfigError
+from dpcore.flags import flag
 from dpcore.lm.runtime import minutes_text
 from dpcore.names import PREDICTION_METHODS
 from dpcore.public_outputs import Kind, declare, declare_line
@@ -237,6 +238,11 @@ def _before_run(config: RunConfig, run_id: str | None, defaults: dict | None, co
                   flush=True)
         if plan.audit.note:
             print(plan.audit.note, file=sys.stderr, flush=True)
+        holdout = plan.config.audit_holdout_fraction
+        if holdout is not None:  # where its non-members come from, with a test file that need not be like them
+            print(f"audit: its non-members are {holdout:.0%} of the private file held out by a keyed hash of each "
+                  f"record's id ({flag('audit_holdout', holdout)}), read by no method; the test file only "
+                  "evaluates", file=sys.stderr, flush=True)
     if plan.method_plan("pate") is not None:
         print(format_pate_plan(plan), file=sys.stderr, flush=True)
     plan.dry_run(run_id)  # over budget: BudgetExceededError; records another dataset id spends on: SameRecordsError

@@ -197,7 +197,10 @@ def _audit_pools(artifact: Artifact):
         read_ids = _sampled_ids(private, artifact)
     members = gate.audit_members(artifact, train, read_ids)
     unread = train[~train["id"].astype(str).isin(set(members["id"].astype(str)))]
-    held_out = pd.concat([records[records["split"] == "test"][["id", "text", "label"]], unread], ignore_index=True)
+    # never-read rows drawn like the members: the private file's rows held out for the audit (a run with a
+    # separate test file), else the test split held out of it
+    split = "audit" if (records["split"] == "audit").any() else "test"
+    held_out = pd.concat([records[records["split"] == split][["id", "text", "label"]], unread], ignore_index=True)
     return train, members, held_out, assignment
 
 
