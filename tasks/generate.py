@@ -30,7 +30,6 @@ charged by an earlier attempt is never drawn again: the stage is refused.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -41,11 +40,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from dpcore.data.artifacts import write_json_atomic, write_table, write_text_atomic
+from dpcore.data.artifacts import write_json_atomic, write_table
 from dpcore.errors import DpiclError
 from dpcore.fewshot.config import GenerationConfig
 from dpcore.fewshot.plan import INSTRUCTION_ONLY, SIGMA_ZERO, TANG, FewShotPlan
-from dpcore.home import is_private_path
 from dpcore.public_outputs import Kind, declare, declare_line, declare_log
 from tasks.common import (
     Ingested,
@@ -58,6 +56,7 @@ from tasks.common import (
     stage_dir,
     stage_logger,
 )
+from tasks.kept import KeptStage, mark_if_charged
 
 __all__ = ["TANG", "INSTRUCTION_ONLY", "SIGMA_ZERO", "GenerationItem", "Shard", "check_generation", "empty_demos_note",
            "generate", "generate_call", "generate_for", "generation_plan", "keep_charged", "step_line"]
@@ -139,18 +138,16 @@ def generate_call(item: GenerationItem, ingested: Ingested, generation: Generati
                 private_run_dir=str(ingested.paths.private))
 
 
-def _kept_path(private_run_dir: str, method: str, label: str, epsilon: float, suffix: str) -> Path:
-    """`generation/<method>-<label>-eps<E>-<digest>.<suffix>` in the run's private folder."""
+def _kept_stage(private_run_dir: str | None, call: dict) -> KeptStage | None:
+    """`generation/<method>-<label>-eps<E>-<digest>` in the run's private folder (`tasks.kept`), fingerprinted by
+    the stage's public inputs (`GENERATE_KEY_FIELDS`), not its code; None for a stage that keeps nothing (no
+    run folder, or the instruction-only prompt, which reads no record)."""
+    if not private_run_dir or call["method"] == INSTRUCTION_ONLY:
+        return None
+    method, label, epsilon = call["method"], call["label"], call["epsilon"]
     name = f"{safe_name(method)}-{safe_name(label)}-eps{_eps_text(epsilon)}-{digest([method, label, epsilon])[:8]}"
-    path = Path(private_run_dir) / "generation" / f"{name}.{suffix}"
-    if not is_private_path(path):
-        raise PermissionError(f"{path.name}: a generation's kept state belongs in the private store")
-    return path
-
-
-def _fields(call: dict) -> str:
-    """What a kept state or mark is for: the stage's public inputs (`GENERATE_KEY_FIELDS`), not its code."""
-    return digest({name: call.get(name) for name in GENERATE_KEY_FIELDS})
+    return KeptStage(Path(private_run_dir) / "generation", name,
+                     digest({field: call.get(field) for field in GENERATE_KEY_FIELDS}))
 
 
 def keep_charged(calls: list[dict]) -> None:
@@ -158,14 +155,7 @@ def keep_charged(calls: list[dict]) -> None:
     drawn yet (`generation/<stage>.pending`): an attempt stopped before the stage began may still draw it once.
     Called right after the charge, before any generation starts."""
     for call in calls:
-        if call["method"] == INSTRUCTION_ONLY or not call.get("noise_charged") or not call.get("private_run_dir"):
-            continue
-        where = (call["private_run_dir"], call["method"], call["label"], call["epsilon"])
-        write_text_atomic(_kept_path(*where, "pending"), json.dumps({"fields": _fields(call)}) + "\n")
-
-
-def _read_kept(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+        mark_if_charged(call, _kept_stage(call.get("private_run_dir"), call))
 
 
 def check_generation(generation: GenerationConfig, *, label_counts: dict[str, int] | None = None,
@@ -248,18 +238,11 @@ def generate(
     from dpcore.fewshot.generation import GenerationState, demos_frame
     from tasks.ingest import records_by_label
 
-    kept_path = pending_path = None
-    resume = None
-    if method != INSTRUCTION_ONLY:
-        fields = _fields(locals())
-        if private_run_dir:
-            kept_path = _kept_path(private_run_dir, method, label, epsilon, "json")
-            pending_path = _kept_path(private_run_dir, method, label, epsilon, "pending")
-        kept = _read_kept(kept_path) if kept_path else None
-        pending = _read_kept(pending_path) if pending_path else None
-        if kept is not None and kept.get("fields") == fields:
-            resume = GenerationState.from_dict(kept["state"])
-        elif not noise_charged and not (pending is not None and pending.get("fields") == fields):
+    kept = _kept_stage(private_run_dir, locals())
+    state = kept.state() if kept is not None else None
+    resume = GenerationState.from_dict(state) if state is not None else None
+    if method != INSTRUCTION_ONLY and resume is None:
+        if not noise_charged and not (kept is not None and kept.marked()):
             # seeded or not: the charge covers one draw
             raise DpiclError(
                 f"stage generate-{method}-{label}-eps{_eps_text(epsilon)} ({noise_scope}): the cached noise draw of "
@@ -277,17 +260,15 @@ def generate(
         report_steps(what, info)
         logger.info(step_line(what, info))
 
-    def checkpoint(state) -> None:  # private store only: the finished steps and the generators' states
-        write_text_atomic(kept_path, json.dumps({"fields": fields, "state": state.to_dict()}) + "\n")
-        if pending_path is not None:
-            pending_path.unlink(missing_ok=True)  # it has begun: what it drew is kept from now on
+    def checkpoint(state) -> None:  # private store only: the finished steps and the generators' states (it has
+        kept.keep(state.to_dict())  # begun: its mark goes, what it drew is kept from now on)
 
     if resume is not None:
         logger.info("%s: continuing this run's generation after step %d of %d", what, resume.step,
                     generation.max_tokens)
     records = None if method == INSTRUCTION_ONLY else records_by_label(records_path, [label])
     result = generate_for(lm, spec, method, [label], generation, noise_multiplier, records_by_label=records,
-                          seed=seed, progress=progress, checkpoint=checkpoint if kept_path else None, resume=resume)
+                          seed=seed, progress=progress, checkpoint=checkpoint if kept is not None else None, resume=resume)
     seconds = time.perf_counter() - began
     frame = demos_frame(result.demos)
     note = empty_demos_note(frame, f"{method} {label} eps={_eps_text(epsilon)}")

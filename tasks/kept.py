@@ -1,6 +1,5 @@
 """A noisy stage's kept state and charge mark in a run's private folder: what lets a stopped run resume under its
-id without drawing any step twice (AdaDPSyn's generation, DP-OPT's instruction, DP-ICL's answers; tang's
-generation keeps its own in `tasks.generate`).
+id without drawing any step twice (tang's and AdaDPSyn's generations, DP-OPT's instruction, DP-ICL's answers).
 
 `<folder>/<name>.json` holds the stage's state after its last finished step (its DP outputs so far and its noise
 generators' states: private, they predict every later draw) under the fingerprint of the stage's public inputs;
