@@ -253,8 +253,10 @@ class RunConfig(_Frozen):
 
     def audit_config(self) -> AuditConfig:
         """The audit's parameters: the audit section's fields of `AuditConfig`'s names, the mode resolved
-        (`resolved_audit_mode`), as many non-members as members."""
-        return self.audit.resolved(self.resolved_audit_mode)
+        (`resolved_audit_mode`), the rows of its non-members (`audit_holdout_fraction`), as many non-members as
+        members."""
+        held_out = "holdout" if self.audit_holdout_fraction is not None else "test"
+        return self.audit.resolved(self.resolved_audit_mode, held_out)
 
     @property
     def resolved_audit_mode(self) -> AuditMode:

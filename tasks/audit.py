@@ -384,13 +384,13 @@ def _charged_with_the_run(plan: PrivacyPlan):
 def _audit_run_demos(lm, spec, records_path: str, train: pd.DataFrame, demos: pd.DataFrame | None,
                      targets: list[Calibration], audit_config: AuditConfig, *, delta: float, thresholds,
                      cache: dict, trial_seed: int) -> list:
-    """run-demos: each epsilon's own DP demos against the held-out records (`tasks.ingest.audit_non_members`;
-    nothing generated)."""
+    """run-demos: each epsilon's own DP demos against the held-out records (`AuditConfig.held_out`: the test
+    split, or the private file's rows held out for the audit; nothing generated)."""
     from dpcore.audit import procedures as mia
-    from tasks.ingest import audit_non_members
+    from tasks.ingest import private_split
 
     logger = stage_logger()
-    held_out = audit_non_members(records_path)
+    held_out = private_split(records_path, "audit" if audit_config.held_out == "holdout" else "test")
     if held_out.empty:
         raise ConfigError("audit: the run-demos audit needs held-out records as non-members")
     results = []

@@ -133,13 +133,6 @@ def private_split(records_path: str, split: str = "train") -> pd.DataFrame:
     return records[records["split"] == split][["id", "text", "label"]].reset_index(drop=True)
 
 
-def audit_non_members(records_path: str) -> pd.DataFrame:
-    """The rows a run-demos audit scores as non-members: the private file's rows held out for it (with a
-    separate test file), else the test split held out of the same file (read inside a task)."""
-    held_out = private_split(records_path, "audit")
-    return held_out if len(held_out) else private_split(records_path, "test")
-
-
 def records_by_label(records_path: str, labels: list[str] | None = None) -> dict[str, list[str]]:
     """D_y for each label from the private `records` table (read inside a task, never returned from one)."""
     train = private_split(records_path, "train")

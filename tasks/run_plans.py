@@ -218,7 +218,7 @@ def _audit_plan(config: RunConfig, data: LoadedDataset, delta: float, audited: T
     if audited is None or not config.audit.enabled:
         return None
     counts = data.label_counts()
-    held_out = len(data.audit) if len(data.audit) else len(data.test)  # the run-demos audit's non-members
+    held_out = len(data.audit) if config.audit_holdout_fraction is not None else len(data.test)  # its non-members
     audit_config, design, note = run_audit_design(config, counts, held_out)
     plans = audit_generation_plans(audited.generation, counts, audited.fewshot, delta, audit_config)
     return AuditPlan(audit_config, design, note, tuple(plans), epsilons=len(audited.fewshot.tang()))

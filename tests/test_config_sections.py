@@ -271,7 +271,7 @@ def test_audit_config_is_the_sections_view():
     config = RunConfig(audit_trials=5, audit_members=30, leak_auc=0.8, audit_max_record_tokens=12, test_path="t.csv")
     audit = config.audit_config()
     assert audit == AuditConfig(enabled=True, trials=5, demo_sets=1, members=30, non_members=30, leak_auc=0.8,
-                                max_record_tokens=12, mode="run-demos")
+                                max_record_tokens=12, mode="run-demos", held_out="holdout")
     assert RunConfig(audit_mode="regenerate", test_path="t.csv").audit_config().mode == "regenerate"
 
 

@@ -409,9 +409,11 @@ def test_the_own_data_loop_closes_on_the_embedded_model(embedded_lm, tmp_path, c
 
     with common._MODELS_LOCK:  # the run's model cache reuses this worker's load
         common._MODELS[("smollm2-135m", "auto", "auto")] = embedded_lm
-    # a user's file: SST-2 records dpicl's other tests leave alone (the split's last), under a user's columns
+    # a user's file of the size the defaults are for (2,000 records): SST-2 records dpicl's other tests leave
+    # alone (the split's last), under a user's columns. On a few hundred the sampling rate is high enough that
+    # the DP demos' own leak, within epsilon 4, trips the audit's label-calibrated attack now and then
     sst2 = load_dataset(load_task_spec("sst2"))
-    frame = pd.concat([sst2.train[sst2.train["label"] == y].tail(150) for y in sst2.labels])
+    frame = pd.concat([sst2.train[sst2.train["label"] == y].tail(1000) for y in sst2.labels])
     frame = frame.rename(columns={"id": "review_id", "text": "review", "label": "sentiment"})
     frame[["review_id", "review", "sentiment"]].to_csv(tmp_path / "reviews.csv", index=False)
     spec = {"name": "loop-reviews", "kind": "classification",

@@ -64,6 +64,11 @@ def test_the_audits_holdout_is_a_keyed_split_of_the_private_file_that_one_record
     neighbour = load_dataset(tickets_spec, more, test, audit_holdout=0.1)
     assert set(neighbour.audit["id"]) - {"new"} == held and set(neighbour.train["id"]) - {"new"} == read
     assert load_dataset(tickets_spec, data, test).audit.empty  # no holdout asked: every row is read
+    pd.DataFrame(ROWS).to_csv(data, index=False)  # six rows: a holdout that may be empty is no error
+    small = load_dataset(tickets_spec, data, test, audit_holdout=0.1)
+    assert len(small.train) + len(small.audit) == 6 and len(small.train) >= 5
+    with pytest.raises(DataValidationError, match="--audit-holdout 0.99 holds out every row"):
+        load_dataset(tickets_spec, data, test, audit_holdout=0.99)
     assert load_dataset(tickets_spec, data).audit.empty  # no test file: the test split is held out already
 
 
@@ -133,13 +138,14 @@ def test_pipeline_ingest_takes_the_test_split_from_the_test_file(tickets_spec, f
 def test_with_a_test_file_the_audit_reads_held_out_rows_of_the_private_file_and_charges_nothing(tmp_path, files):
     """The run's plan with --test-path and its audit on: only the method's spend (no regenerated demo sets), the
     audit's non-member pool the rows held out of the private file, and those rows in the private records table
-    as the audit's split, never the methods' (`tasks.ingest.audit_non_members`)."""
+    as the audit's split, never the methods' (`AuditConfig.held_out`); a file too small to hold rows out plans
+    its audit skipped, said before the run, instead of failing."""
     from prefect import flow
     from tickets import SPEC_YAML
 
     from dpcore.config import RunConfig
     from dpcore.data.artifacts import read_table
-    from tasks.ingest import audit_non_members, ingested_for
+    from tasks.ingest import ingested_for, private_split
     from tasks.run_plans import build_run_plan
 
     data, test = files
@@ -151,7 +157,8 @@ def test_with_a_test_file_the_audit_reads_held_out_rows_of_the_private_file_and_
     common = dict(dataset="tickets", task_spec=str(spec), data_path=str(data), test_path=str(test),
                   model="tiny-random", methods=["tang"], epsilons=[4.0], delta=1e-5, max_tokens=5)
     plan = build_run_plan(RunConfig(**common))
-    assert plan.audit is not None and plan.audit.config.mode == "run-demos" and plan.audit.plans == ()
+    assert plan.audit is not None and plan.audit.plans == ()
+    assert plan.audit.config.mode == "run-demos" and plan.audit.config.held_out == "holdout"
     assert [p.method for p in plan.privacy_plans()] == ["tang"]
     held = len(plan.data.audit)
     assert 30 <= held <= 90 and plan.num_private_records == 600 - held
@@ -165,4 +172,9 @@ def test_with_a_test_file_the_audit_reads_held_out_rows_of_the_private_file_and_
     ingested = ingest_it()
     records = read_table(ingested.records_path)
     assert (records["split"] == "audit").sum() == held and ingested.num_private_records == 600 - held
-    assert set(audit_non_members(ingested.records_path)["id"]) == set(plan.data.audit["id"])
+    assert set(private_split(ingested.records_path, "audit")["id"]) == set(plan.data.audit["id"])
+
+    pd.DataFrame(rows[:20]).to_csv(data, index=False)  # twenty rows: a few held out at most
+    small = build_run_plan(RunConfig(**common))
+    assert small.audit.config is None and small.audit.note.startswith("audit skipped: ")
+    assert [p.method for p in small.privacy_plans()] == ["tang"]

@@ -14,6 +14,8 @@ mode decided, as many non-members as members. A setting has one name in both.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpcore.names import AuditMode, AuditTest
@@ -47,6 +49,9 @@ class AuditConfig(BaseModel):
     mode: AuditMode = Field("run-demos", description="run-demos: the run's own demos vs held-out records (nothing "
                             "charged); regenerate: DP demos generated from half the private records (Tang et al. "
                             "App. F, charged)")
+    held_out: Literal["test", "holdout"] = Field("test", description="run-demos: its non-members are the test split "
+                                                 "(held out of the private file), or the private file's rows held "
+                                                 "out for the audit (a run with a separate test file)")
 
 
 class AuditSection(Section):
@@ -92,11 +97,12 @@ class AuditSection(Section):
                                  "must stay within this")
     overlap_threshold: int = Field(8, ge=1, description="audit gate: verbatim token overlap that counts as a leak")
 
-    def resolved(self, mode: AuditMode) -> AuditConfig:
-        """The `AuditConfig` of these settings with the audit's `mode` decided (the run decides it:
-        `RunConfig.resolved_audit_mode`): every field of a name both have, as many non-members as members."""
+    def resolved(self, mode: AuditMode, held_out: Literal["test", "holdout"] = "test") -> AuditConfig:
+        """The `AuditConfig` of these settings with the audit's `mode` and the rows of its non-members decided (the
+        run decides them: `RunConfig.audit_config`): every field of a name both have, as many non-members as
+        members."""
         shared = {name: getattr(self, name) for name in AuditConfig.model_fields if name in type(self).model_fields}
-        return AuditConfig(**{**shared, "non_members": self.members, "mode": mode})
+        return AuditConfig(**{**shared, "non_members": self.members, "mode": mode, "held_out": held_out})
 
     def __bool__(self) -> bool:
         # `config.audit` was the run's audit switch before it was a section: a reader still testing it would read

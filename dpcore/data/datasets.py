@@ -203,6 +203,19 @@ def record_split(frame: pd.DataFrame, fraction: float, seed: int, purpose: str,
     return rest, part
 
 
+def audit_split(frame: pd.DataFrame, fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(read, held out): the rows the audit holds out of the private file as its non-members, each by a keyed
+    hash of its id (`record_split`'s). A small file may hold none out (its audit then cannot conclude and is
+    skipped, said before the run), never all of them."""
+    ordered = frame.sort_values("id", kind="stable").reset_index(drop=True)
+    mask = hash_split(ordered["id"].astype(str).tolist(), fraction, split_key(seed, "audit"), "--audit-holdout")
+    read, held = ordered[~mask].reset_index(drop=True), ordered[mask].reset_index(drop=True)
+    if read.empty:
+        raise DataValidationError(f"--audit-holdout {fraction:g} holds out every row of the private file: pass a "
+                                  "smaller --audit-holdout, or --no-audit")
+    return read, held
+
+
 def split_fraction(size: int | float, shipped_rows: int | None, name: str, default: float | None = None) -> float:
     """The fraction a task YAML's split size stands for.
 
@@ -579,7 +592,7 @@ def _load_dataset(spec: TaskSpec, data_path: str | Path | None, test_path: str |
         test = load_test_file(spec, test_path)
         train = frame.sort_values("id", kind="stable").reset_index(drop=True)
         if audit_holdout is not None:
-            train, audit = record_split(train, audit_holdout, spec.split.seed, "audit", "--audit-holdout")
+            train, audit = audit_split(train, audit_holdout, spec.split.seed)
     else:
         fraction = split_fraction(spec.split.test_size, shipped_rows, "split.test_size",
                                   default=DEFAULT_TEST_FRACTION if is_shipped_spec(spec) else None)
