@@ -400,8 +400,9 @@ def test_real_model_agnews_20_items(embedded_lm, agnews):
 
 @pytest.mark.slow
 def test_the_own_data_loop_closes_on_the_embedded_model(embedded_lm, tmp_path, cli):
-    """README's own-data loop on the real model, at `dpicl run`'s defaults but shorter demos and fewer test
-    items: set-budget -> run (fresh noise, the audit of its own demos) -> release (its gate) -> predict."""
+    """README's own-data loop on the real model, with a separate test file, at `dpicl run`'s defaults but
+    shorter demos and fewer test items: set-budget -> run (fresh noise, the audit of its own demos against rows
+    of the private file held out for it, nothing more charged) -> release (its gate) -> predict."""
     import yaml
 
     from dpcore.data.datasets import load_dataset
@@ -416,6 +417,8 @@ def test_the_own_data_loop_closes_on_the_embedded_model(embedded_lm, tmp_path, c
     frame = pd.concat([sst2.train[sst2.train["label"] == y].tail(1000) for y in sst2.labels])
     frame = frame.rename(columns={"id": "review_id", "text": "review", "label": "sentiment"})
     frame[["review_id", "review", "sentiment"]].to_csv(tmp_path / "reviews.csv", index=False)
+    test = sst2.test.head(20).rename(columns={"id": "review_id", "text": "review", "label": "sentiment"})
+    test[["review_id", "review", "sentiment"]].to_csv(tmp_path / "reviews_test.csv", index=False)
     spec = {"name": "loop-reviews", "kind": "classification",
             "source": {"type": "file", "path": "reviews.csv", "text_column": "review", "label_column": "sentiment",
                        "id_column": "review_id"},
@@ -424,7 +427,8 @@ def test_the_own_data_loop_closes_on_the_embedded_model(embedded_lm, tmp_path, c
                            "label_prefix": "Sentiment: ", "text_prefix": "Review:", "stop": "\n"},
             "icl": {"input_prefix": "Review:", "output_prefix": "Sentiment:"}}
     (tmp_path / "reviews.yaml").write_text(yaml.safe_dump(spec))
-    data = ["--task-spec", str(tmp_path / "reviews.yaml"), "--data-path", str(tmp_path / "reviews.csv")]
+    data = ["--task-spec", str(tmp_path / "reviews.yaml"), "--data-path", str(tmp_path / "reviews.csv"),
+            "--test-path", str(tmp_path / "reviews_test.csv")]
     assert cli(["ledger", "set-budget", "--dataset", "loop-reviews", "--epsilon", "8", "--delta", "1e-5"])[0] == 0
     # A sound release passes the gate with probability >= 0.95 (the audit's false-alarm bound): a second run
     # (charged too, within the budget) keeps this test's false failures under 0.25%.
@@ -435,6 +439,8 @@ def test_the_own_data_loop_closes_on_the_embedded_model(embedded_lm, tmp_path, c
         run = json.loads(out.strip().splitlines()[-1])
         assert run["epsilons"] == [4.0] and run["delta"] == 1e-5 and run["audit"]["ran"]
         assert "audit: 3 attacks" in err and "detects a leak of AUC 0.75 with power 0.9" in err
+        assert "audit: its non-members are 10% of the private file held out" in err
+        assert run["planned_cost"]["epsilon"] == pytest.approx(3.998, abs=1e-3)  # the audit charged nothing
         code, out, err = cli(["release", "--run", run["run_id"]])
         if code == 0 or "membership inference" not in err or attempt:
             break
