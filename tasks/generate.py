@@ -260,8 +260,9 @@ def generate(
         report_steps(what, info)
         logger.info(step_line(what, info))
 
-    def checkpoint(state) -> None:  # private store only: the finished steps and the generators' states (it has
-        kept.keep(state.to_dict())  # begun: its mark goes, what it drew is kept from now on)
+    def checkpoint(state) -> None:
+        # private store only: the finished steps and the generators' states; it has begun, so its mark goes
+        kept.keep(state.to_dict())
 
     if resume is not None:
         logger.info("%s: continuing this run's generation after step %d of %d", what, resume.step,

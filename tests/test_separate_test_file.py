@@ -67,7 +67,7 @@ def test_the_audits_holdout_is_a_keyed_split_of_the_private_file_that_one_record
     pd.DataFrame(ROWS).to_csv(data, index=False)  # six rows: a holdout that may be empty is no error
     small = load_dataset(tickets_spec, data, test, audit_holdout=0.1)
     assert len(small.train) + len(small.audit) == 6 and len(small.train) >= 5
-    with pytest.raises(DataValidationError, match="--audit-holdout 0.99 holds out every row"):
+    with pytest.raises(DataValidationError, match="--audit-holdout=0.99 leaves no rows on one side"):
         load_dataset(tickets_spec, data, test, audit_holdout=0.99)
     assert load_dataset(tickets_spec, data).audit.empty  # no test file: the test split is held out already
 

@@ -3,8 +3,8 @@
 Whether the run audits (`enabled`, the flag `--audit`/`--no-audit`), the audit's sizes (trials, members, demo sets),
 its mode and its gate (the test, the leak it is sized to detect, the tolerance, the verbatim overlap), and the
 extra audits a run may add (the non-private reference, the release audit of the other methods). Outside Python
-each field keeps its flat name, `audit_<field>` (`audit_holdout`: a split of the private file the audit reads,
-not a setting of its procedures, so `AuditConfig` lacks it), but for the switch (`audit`) and the gate's three (`leak_auc`,
+each field keeps its flat name, `audit_<field>` (`audit_holdout`: a split of the private file, made when the data
+is loaded; `AuditConfig.held_out` says only whether the audit reads it), but for the switch (`audit`) and the gate's three (`leak_auc`,
 `auc_tolerance`, `overlap_threshold`), which were named before the section was.
 
 `AuditConfig` is what the audit's procedures, design and gate take: the section resolved (`AuditSection.resolved`,

@@ -192,28 +192,17 @@ def content_hash(frame: pd.DataFrame) -> str:
 
 
 def record_split(frame: pd.DataFrame, fraction: float, seed: int, purpose: str,
-                 name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 name: str, empty_part_ok: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(rest, part): each record goes to `part` by a keyed hash of its id alone (`dpcore.data.splits`), so one
-    record more or less moves no other record. Both frames in id order."""
+    record more or less moves no other record. Both frames in id order; `rest` never empty, `part` only when
+    `empty_part_ok` (the audit's holdout of a small file: its audit cannot conclude and is skipped, said before
+    the run)."""
     ordered = frame.sort_values("id", kind="stable").reset_index(drop=True)
     mask = hash_split(ordered["id"].astype(str).tolist(), fraction, split_key(seed, purpose), name)
     rest, part = ordered[~mask].reset_index(drop=True), ordered[mask].reset_index(drop=True)
-    if part.empty or rest.empty:
+    if rest.empty or (part.empty and not empty_part_ok):
         raise DataValidationError(f"{name}={fraction:g} leaves no rows on one side of the split")
     return rest, part
-
-
-def audit_split(frame: pd.DataFrame, fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(read, held out): the rows the audit holds out of the private file as its non-members, each by a keyed
-    hash of its id (`record_split`'s). A small file may hold none out (its audit then cannot conclude and is
-    skipped, said before the run), never all of them."""
-    ordered = frame.sort_values("id", kind="stable").reset_index(drop=True)
-    mask = hash_split(ordered["id"].astype(str).tolist(), fraction, split_key(seed, "audit"), "--audit-holdout")
-    read, held = ordered[~mask].reset_index(drop=True), ordered[mask].reset_index(drop=True)
-    if read.empty:
-        raise DataValidationError(f"--audit-holdout {fraction:g} holds out every row of the private file: pass a "
-                                  "smaller --audit-holdout, or --no-audit")
-    return read, held
 
 
 def split_fraction(size: int | float, shipped_rows: int | None, name: str, default: float | None = None) -> float:
@@ -592,7 +581,8 @@ def _load_dataset(spec: TaskSpec, data_path: str | Path | None, test_path: str |
         test = load_test_file(spec, test_path)
         train = frame.sort_values("id", kind="stable").reset_index(drop=True)
         if audit_holdout is not None:
-            train, audit = audit_split(train, audit_holdout, spec.split.seed)
+            train, audit = record_split(train, audit_holdout, spec.split.seed, "audit", "--audit-holdout",
+                                        empty_part_ok=True)
     else:
         fraction = split_fraction(spec.split.test_size, shipped_rows, "split.test_size",
                                   default=DEFAULT_TEST_FRACTION if is_shipped_spec(spec) else None)
