@@ -20,7 +20,7 @@ from tasks.ingest import load_data
 @stoppable_task(name="fingerprint-source", retries=2, retry_delay_seconds=5)
 def fingerprint(config: RunConfig) -> dict:
     """The content hash of the private records the pipeline would read (public: a hash)."""
-    data = load_data(config)
+    data = load_data(config, config.audit_holdout_fraction)  # the records the pipeline's plan reads
     decision = refresh.decide(config.ledger_id, data.content_hash)
     return {"content_hash": decision.content_hash, "last_hash": decision.last_hash,
             "last_run_id": decision.last_run_id, "changed": decision.changed}

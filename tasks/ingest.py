@@ -31,11 +31,13 @@ INGESTED_LOG = declare_log("ingested %s: %d private records, %d test items, %d l
 PARTITIONED_LOG = declare_log("partitioned by label: %s", count=(0,))  # |D_y|: they set q
 
 
-def load_data(config) -> LoadedDataset:
-    """The run's dataset (`RunConfig`: a shipped task or a user's file with its task YAML), validated (the
-    checks and dry runs before a run or a command). The one write: `remember_records`."""
+def load_data(config, audit_holdout: float | None = None) -> LoadedDataset:
+    """The dataset of a command (`RunConfig`: a shipped task or a user's file with its task YAML), validated (the
+    checks and dry runs before a run or a command). `audit_holdout`: a run's (`RunConfig.audit_holdout_fraction`,
+    which its plan passes), the rows of the private file its audits hold out; a command that audits nothing
+    holds none out. The one write: `remember_records`."""
     return remember_records(load_dataset(load_task_spec(config.task_spec or config.dataset), config.data_path,
-                                         config.test_path, config.audit_holdout_fraction))
+                                         config.test_path, audit_holdout))
 
 
 def remember_records(data: LoadedDataset) -> LoadedDataset:

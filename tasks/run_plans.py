@@ -200,7 +200,7 @@ def build_run_plan(config: RunConfig, methods: Iterable[str] | None = None) -> R
     an unset `test_size` resolved on the test split (`RunConfig.for_test_split`): the flow runs that one."""
     methods = tuple(methods if methods is not None else config.methods)
     preflight(config)  # the task runner spec and the model's context, before the data is read
-    data = load_data(config)
+    data = load_data(config, config.audit_holdout_fraction)
     config = config.for_test_split(len(data.test))  # an unset --test-size: DEFAULT_TEST_ITEMS, or the split
     delta, source = delta_of(config, len(data.train))
     method_plans = registered_plans(config, data, float(delta), methods)  # each after its own checks

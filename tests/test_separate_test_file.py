@@ -145,7 +145,7 @@ def test_with_a_test_file_the_audit_reads_held_out_rows_of_the_private_file_and_
 
     from dpcore.config import RunConfig
     from dpcore.data.artifacts import read_table
-    from tasks.ingest import ingested_for, private_split
+    from tasks.ingest import ingested_for, load_data, private_split
     from tasks.run_plans import build_run_plan
 
     data, test = files
@@ -162,6 +162,7 @@ def test_with_a_test_file_the_audit_reads_held_out_rows_of_the_private_file_and_
     assert [p.method for p in plan.privacy_plans()] == ["tang"]
     held = len(plan.data.audit)
     assert 30 <= held <= 90 and plan.num_private_records == 600 - held
+    assert load_data(RunConfig(**common)).audit.empty  # a command that audits nothing (generate) holds none out
     regenerated = build_run_plan(RunConfig(**common, audit_mode="regenerate"))  # what the test file used to cost
     assert regenerated.num_private_records == 600 and [p.method for p in regenerated.privacy_plans()] == ["tang", "audit"]
 
