@@ -19,11 +19,8 @@ $DPICL_HOME/benchmarks/bench_adadpsyn.json).
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,10 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchlib import report  # noqa: E402
+from benchlib import dpicl_json, report  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-DPICL = [sys.executable, "-m", "flows.cli"]
 METHODS = ("tang", "adadpsyn")
 MEASURES = (("accuracy", "accuracy_mean"), ("calibrated", "calibrated_accuracy_mean"))
 
@@ -45,12 +40,7 @@ def run_seed(args, seed: int) -> tuple[dict, float]:
             "--new-budget-for-same-records", "--model", args.model, "--methods", ",".join(METHODS),
             "--epsilons", args.epsilons, "--seed", str(seed), "--test-size", str(args.test_size),
             "--seeds", str(args.seeds), "--baselines", "zero-shot", "--no-audit", *args.run_flags.split()]
-    began = time.monotonic()
-    done = subprocess.run(DPICL + argv, cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True)
-    seconds = time.monotonic() - began
-    if done.returncode != 0:
-        raise SystemExit(f"dpicl {' '.join(argv)}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary, seconds = dpicl_json(argv)
     found = {}
     for row in summary["results"]:
         method = "zero-shot" if row["method"] == "zero-shot" else row["method"]

@@ -15,10 +15,7 @@ minutes each command took), writes the JSON result, and with --json prints it as
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,21 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchlib import report  # noqa: E402
+from benchlib import dpicl_json, report  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-DPICL = [sys.executable, "-m", "flows.cli"]
 RUN_METHODS = "tang,adadpsyn,dp-opt"
-
-
-def _dpicl(argv: list[str]) -> tuple[dict, float]:
-    """One `dpicl` command with --json: (its JSON, its wall seconds); a failure stops the benchmark naming it."""
-    began = time.monotonic()
-    done = subprocess.run(DPICL + argv, cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True)
-    seconds = time.monotonic() - began
-    if done.returncode != 0:
-        raise SystemExit(f"dpicl {' '.join(argv)}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1]), seconds
 
 
 def _row(dataset: str, method: str, epsilon, raw: list[float] | float, calibrated: list[float] | float | None,
@@ -59,7 +44,7 @@ def run_dataset(dataset: str, args) -> list[dict]:
     common = ["--dataset", dataset, "--dataset-id", ledger_id, "--model", args.model, "--new-budget-for-same-records"]
     if args.seed is not None:
         common += ["--seed", str(args.seed)]
-    summary, seconds = _dpicl(["run", "--json", "--yes", *common, "--methods", args.methods,
+    summary, seconds = dpicl_json(["run", "--json", "--yes", *common, "--methods", args.methods,
                                "--epsilons", args.epsilons, "--test-size", str(args.test_size),
                                "--seeds", str(args.seeds), "--baselines", "zero-shot", "--no-audit",
                                *args.run_flags.split()])
@@ -72,7 +57,7 @@ def run_dataset(dataset: str, args) -> list[dict]:
                      "accuracy_std": r.get("accuracy_std") or 0.0,
                      "calibrated_std": r.get("calibrated_accuracy_std") or 0.0})
     for epsilon in args.epsilons.split(","):
-        answered, seconds = _dpicl(["dp-icl", "--json", *common, "--epsilon", epsilon,
+        answered, seconds = dpicl_json(["dp-icl", "--json", *common, "--epsilon", epsilon,
                                     "--queries", str(args.test_size)])
         rows.append(_row(dataset, "dp-icl", float(epsilon), answered["accuracy"], None, answered["labelled"],
                          seconds))

@@ -5,8 +5,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DPICL = [sys.executable, "-m", "flows.cli"]
+
+
+def dpicl_json(argv: list[str]) -> tuple[dict, float]:
+    """One `dpicl` command with --json, run from the repository root: (its JSON, its wall seconds); a failure
+    stops the benchmark naming the command and the end of what it printed."""
+    began = time.monotonic()
+    done = subprocess.run(DPICL + argv, cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True)
+    seconds = time.monotonic() - began
+    if done.returncode != 0:
+        raise SystemExit(f"dpicl {' '.join(argv)}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1]), seconds
 
 
 def model_parser(description: str, dataset: str) -> argparse.ArgumentParser:
