@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from kept_stages import assert_a_marked_stage_draws_once
 
 from dpcore.adadpsyn.params import PAPER, PfirrParams
 from dpcore.adadpsyn.pfirr import pad_groups
@@ -95,7 +96,6 @@ def test_a_stopped_generation_resumes_after_its_last_step_and_is_never_drawn_twi
     from pipeline_support import share_tiny_model
 
     from dpcore.data.artifacts import write_table
-    from dpcore.errors import DpiclError
     from dpcore.home import private_dir
     from tasks import adadpsyn as stage
 
@@ -136,9 +136,4 @@ def test_a_stopped_generation_resumes_after_its_last_step_and_is_never_drawn_twi
     assert demos(stage.generate.fn(**call("stopped", False))) == whole  # the retry: charged by the first attempt
     assert steps and min(steps) == 3  # it continued after step 2, drawing no step again
     # marked right after the charge, never begun: drawn once, the mark gone once it began
-    stage.keep_charged(call("marked", True))
-    assert [p.suffix for p in (folder / "marked" / "adadpsyn").iterdir()] == [".pending"]
-    stage.generate.fn(**call("marked", False))
-    assert [p.suffix for p in (folder / "marked" / "adadpsyn").iterdir()] == [".json"]
-    with pytest.raises(DpiclError, match="did not charge the spend"):
-        stage.generate.fn(**call("never-charged", False))
+    assert_a_marked_stage_draws_once(stage.keep_charged, stage.generate.fn, call, folder / "marked" / "adadpsyn")

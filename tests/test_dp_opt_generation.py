@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kept_stages import assert_a_marked_stage_draws_once
 
 from dpcore.data.taskspec import load_task_spec
 from dpcore.dp_opt import ensemble, sampling, selection
@@ -170,7 +171,7 @@ def test_a_runs_stopped_instruction_resumes_from_the_private_folder_and_is_never
 
     from dpcore.config import RunConfig
     from dpcore.data.artifacts import write_table
-    from dpcore.errors import DpiclError, RunStopped
+    from dpcore.errors import RunStopped
     from dpcore.home import private_dir
     from tasks import dp_opt as stage
 
@@ -202,9 +203,4 @@ def test_a_runs_stopped_instruction_resumes_from_the_private_folder_and_is_never
     assert [f.suffix for f in (folder / "stopped" / "dp-opt").iterdir()] == [".json"]
     resumed = instruction(stage.write.fn(**call("stopped", False)))
     assert (resumed["instruction"], resumed["stats"]) == (whole["instruction"], whole["stats"])
-    stage.keep_charged(call("marked", True))
-    assert [f.suffix for f in (folder / "marked" / "dp-opt").iterdir()] == [".pending"]
-    stage.write.fn(**call("marked", False))
-    assert [f.suffix for f in (folder / "marked" / "dp-opt").iterdir()] == [".json"]
-    with pytest.raises(DpiclError, match="did not charge the spend"):
-        stage.write.fn(**call("never-charged", False))
+    assert_a_marked_stage_draws_once(stage.keep_charged, stage.write.fn, call, folder / "marked" / "dp-opt")
