@@ -51,12 +51,15 @@ def ensure_harness() -> bool:
         if "cm" in _HARNESS:
             return False
         from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-        from prefect.testing.utilities import prefect_test_harness
 
         stack = contextlib.ExitStack()
         if os.environ.get(prefect_test_server.URL):  # under xdist: the controller's server (conftest)
             stack.enter_context(temporary_settings(updates={PREFECT_API_URL: prefect_test_server.wait_until_ready()}))
         else:
+            # imported only here: it imports Prefect's whole server (about 4 s of CPU), which an xdist worker,
+            # using the controller's server, never needs
+            from prefect.testing.utilities import prefect_test_harness
+
             stack.enter_context(prefect_test_harness(server_startup_timeout=120))
         stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         _HARNESS["cm"] = stack
