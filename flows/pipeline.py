@@ -9,7 +9,7 @@ test split and ledger, each through the method protocol (`tasks.methods.REGISTRY
       -> ONE ledger charge for every method's spends (all or nothing) -> each method's `mark_charged` (its
          charged stages marked: a run stopped before they began runs them once when resumed)
       -> each method's `run`, in the registry's order: its Prefect subflow on the run's charge (`flows.tang`:
-         generate, evaluate, audit; `flows.pate`, `flows.tune`, `flows.adadpsyn`, `flows.dp_opt`, `flows.dp_icl`)
+         generate, evaluate, audit; the others: the `subflow` their registry entries name, `flows.pate`, ...)
       -> record (MLflow, Prefect artifacts, manifests) -> the comparison table (a row per method and epsilon)
 
 The flow composes `tasks/` (thin wrappers over `dpcore`) and holds no algorithm logic.

@@ -1,4 +1,6 @@
-"""The `dpicl` command line. Each subcommand lives in its own module with `register(subparsers)`."""
+"""The `dpicl` command line. Each subcommand lives in its own module with `register(subparsers)`; a module may also
+fill a hook point of another command when it is imported (`flows.cli.private_prediction`: `serve --private`,
+`predict --private`), so every module is imported before any registers its parser."""
 
 from __future__ import annotations
 
@@ -33,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"flows.cli.{name}").register(subparsers)
+    modules = [importlib.import_module(f"flows.cli.{name}") for name in COMMAND_MODULES]  # hook points filled
+    for module in modules:
+        module.register(subparsers)
     return parser
 
 

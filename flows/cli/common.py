@@ -20,12 +20,13 @@ from pydantic import ValidationError
 
 from dpcore.config import FLAT_FIELDS, SECTIONS, RunConfig
 from dpcore.data.artifacts import check_writable_place, jsonable
+from dpcore.data.datasets import read_jsonl
 from dpcore.data.taskspec import load_task_spec
-from dpcore.errors import ConfigError, DpiclError
+from dpcore.errors import ConfigError, DataValidationError, DpiclError
 from dpcore.flags import FLAG_SPELLINGS, flag
 
 __all__ = ["add_config_flags", "add_output_flags", "check_out_file", "checked_config", "command", "config_from_args",
-           "fmt_value", "parse_epsilon", "print_json", "say"]
+           "fmt_value", "parse_epsilon", "print_json", "read_queries", "say"]
 
 # CLI spellings that differ from the RunConfig field name (documented in docs/).
 FLAG_ALIASES = FLAG_SPELLINGS
@@ -171,6 +172,20 @@ def check_out_file(flag: str, value: str | None) -> Path | None:
         raise ConfigError(f"{flag} {value}: is a folder; name the file to write")
     check_writable_place(path.parent, flag, value)
     return path
+
+
+def read_queries(value: str) -> list[dict]:
+    """`predict --input FILE`: a row per JSONL line, its `line` number and its fields, a non-empty `text` in each."""
+    path = Path(value)
+    if not path.exists():
+        raise DataValidationError(f"{path}: file not found")
+    rows = []
+    for obj in read_jsonl(path):
+        line_no = obj.pop("__line__")
+        if not isinstance(obj.get("text"), str) or not obj["text"].strip():
+            raise DataValidationError(f"{path}: line {line_no}: column 'text': expected a non-empty string")
+        rows.append({"line": line_no, **obj})
+    return rows
 
 
 def say(line: str) -> None:

@@ -11,24 +11,42 @@ Labelled queries (a test item, or a line with a `label`) are scored (an extracti
 of the query a noisy majority of subsets name, by exact match). Only the released answers and public parameters
 are printed or written (`<run folder>/dp_icl.json`); the run's secret subset key stays in its private
 folder. `--json` prints one object: its keys are in docs/methods/dp-icl.md.
+
+DP-ICL as an endpoint also fills the hook point of `dpicl serve` and `dpicl predict` (`flows.cli.private_prediction`):
+
+    dpicl serve --private --dataset sst2 (--epsilon E | --noise-multiplier S | both) [--queries Q] [...]
+    dpicl predict --private --endpoint http://127.0.0.1:8000/v1 --input QUERIES.jsonl [--batch-size B] [--out FILE]
+
+`serve --private` serves DP-ICL private prediction (`dpcore.dp_icl.server`): each request's batch of queries is
+charged to the ledger before it is answered by the noisy vote of private exemplar subsets; the queries the budget
+affords are said when it starts, and a batch beyond them is refused (HTTP 429), nothing charged. `predict
+--private` sends a file's queries to such a server, batch by batch, and writes the labels it answers as JSONL.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dpcore.data.artifacts import write_json_atomic
+from dpcore.data.artifacts import write_json_atomic, write_text_atomic
 from dpcore.data.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps
+from dpcore.dp_icl.server import MAX_BATCH, create_private_app, request_answers
 from dpcore.errors import ConfigError, DataValidationError
 from flows.cli import common as cli
+from flows.cli import private_prediction
 
 # RunConfig fields the private commands take: where the records are, whose budget they spend, the model, the seed
 FIELDS = [*cli.DATA_FLAGS, "delta", "seed"]
+SERVE_FIELDS = [f for f in FIELDS if f not in ("model", "device")]  # serve has its own --model, --device
+# serve's flags that apply to --private only (named when given without it)
+SERVE_ONLY = ("epsilon", "noise_multiplier", "queries", "subsets", "shots", "queries_per_draw", "vote_mode",
+              *SERVE_FIELDS)
 JSON_KEYS = ("method", "run_id", "dataset", "dataset_id", "data_hash", "epsilon", "delta", "subsets", "shots",
              "noise_multiplier", "noise_std", "sampling_rate", "queries", "queries_per_draw", "queries_affordable",
              "records", "vote_mode", "aggregation", "max_keywords", "answers", "accuracy", "labelled", "correct",
@@ -196,3 +214,70 @@ def register(subparsers) -> None:
                         help="JSONL queries (a `text` per line, an optional `label`; other fields are kept); "
                              "default: the dataset's test items")
     cli.add_output_flags(parser, run_id=True, json_help="print one JSON object (keys: docs/methods/dp-icl.md)")
+
+
+def _serve_private(args, listener: private_prediction.Listener) -> int:
+    """`dpicl serve --private`: DP-ICL on the private records: the budget said, then every request charged before
+    it is answered."""
+    from tasks.dp_icl import open_run
+
+    config, chosen, data = prepare(args)
+    run_id = new_run_id()
+    budget, answerer, paths = open_run(config, chosen, data, epsilon=args.epsilon,
+                                       noise_multiplier=args.noise_multiplier, queries=args.queries, run_id=run_id,
+                                       announce=lambda b: print(b.line(), file=sys.stderr, flush=True))
+    code = listener.serve(
+        create_private_app(answerer),
+        f"serving DP-ICL private prediction on {data.spec.name} (ledger id {config.ledger_id}, run {run_id}) at "
+        f"{listener.url}/v1/dp-icl: {budget.queries} queries can be answered, each batch charged before it is "
+        "answered; Ctrl-C stops it")
+    print(f"answered {answerer.answered} of {budget.queries} queries", file=sys.stderr)
+    return code
+
+
+def _predict_private(args) -> int:
+    """`dpicl predict --private --endpoint URL`: the queries sent to a DP-ICL server (`dpicl serve --private`),
+    which charges each batch before answering it; the noisy-argmax labels written as JSONL."""
+    if args.endpoint is None:
+        raise ConfigError("--private: name the DP-ICL server with --endpoint (e.g. http://127.0.0.1:8000/v1)")
+    others = [f for f, v in (("--release", args.release != "production"), ("--dataset-id", args.dataset_id),
+                             ("--model", args.model), ("--scoring", args.scoring), ("--retries", args.retries),
+                             ("--max-new-tokens", args.max_new_tokens), ("--calibration", args.calibration is not None))
+              if v]
+    if others:
+        raise ConfigError(f"{', '.join(others)}: do not apply to --private (the server decides)")
+    batch = args.batch_size or MAX_BATCH
+    if not 1 <= batch <= MAX_BATCH:
+        raise ConfigError(f"--batch-size: must be 1 to {MAX_BATCH} with --private, got {batch}")
+    out = cli.check_out_file("--out", args.out)
+    queries = cli.read_queries(args.input)
+    lines, first, remaining = [], None, None
+    for start in range(0, len(queries), batch):  # each batch charged by the server before it is answered
+        part = queries[start:start + batch]
+        reply = request_answers(args.endpoint, [q["text"] for q in part], timeout=args.timeout or 600.0)
+        first = reply["first_query"] if first is None else first
+        remaining = reply.get("queries_remaining")
+        for query, label in zip(part, reply["answers"], strict=True):
+            row = {k: v for k, v in query.items() if k not in ("text", "line")}
+            row["label"] = label
+            lines.append(json.dumps(row) + "\n")
+        if out is None:
+            sys.stdout.writelines(lines[-len(part):])
+            sys.stdout.flush()
+    if out is not None:
+        write_text_atomic(out, "".join(lines))
+    print(f"answered {len(queries)} queries by DP-ICL (each batch charged to the ledger before it was answered); "
+          f"{remaining} queries left on the server", file=sys.stderr)
+    return 0
+
+
+# `dpicl serve --private` and `dpicl predict --private` (filled when `flows.cli` imports this module)
+private_prediction.register(private_prediction.PrivatePrediction(
+    name="dp-icl",
+    serve_help="serve DP-ICL private prediction on private records instead: each request's queries charged to the "
+               "ledger before they are answered (docs/methods/dp-icl.md)",
+    predict_help="ask a DP-ICL server (`dpicl serve --private`, at --endpoint) instead of a release: each batch of "
+                 "queries is charged to its ledger before it is answered",
+    serve=_serve_private, predict=_predict_private,
+    add_serve_flags=lambda parser: add_private_flags(parser, config_fields=list(SERVE_FIELDS)),
+    serve_only=SERVE_ONLY))

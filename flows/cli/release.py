@@ -9,13 +9,12 @@ from pathlib import Path
 
 from dpcore.audit.config import AuditConfig
 from dpcore.data.artifacts import jsonable, write_bytes_atomic, write_json_atomic, write_text_atomic
-from dpcore.data.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps
-from dpcore.dp_icl.server import MAX_BATCH, request_answers
-from dpcore.errors import ConfigError, DataValidationError
+from dpcore.errors import ConfigError
 from dpcore.home import dpicl_home, find_run_dir
 from dpcore.names import METHODS, PREDICTION_METHODS, method_name
-from flows.cli.common import check_out_file, command, print_json
+from flows.cli import private_prediction
+from flows.cli.common import check_out_file, command, print_json, read_queries
 from flows.cli.endpoint import add_endpoint_flags, endpoint_config
 
 
@@ -65,67 +64,16 @@ def _release(args) -> int:
     return 0
 
 
-def _read_queries(path: Path) -> list[dict]:
-    rows = []
-    for obj in read_jsonl(path):
-        line_no = obj.pop("__line__")
-        if not isinstance(obj.get("text"), str) or not obj["text"].strip():
-            raise DataValidationError(f"{path}: line {line_no}: column 'text': expected a non-empty string")
-        rows.append({"line": line_no, **obj})
-    return rows
-
-
-def _predict_private(args) -> int:
-    """`dpicl predict --private --endpoint URL`: the queries sent to a DP-ICL server (`dpicl serve --private`),
-    which charges each batch before answering it; the noisy-argmax labels written as JSONL."""
-    if args.endpoint is None:
-        raise ConfigError("--private: name the DP-ICL server with --endpoint (e.g. http://127.0.0.1:8000/v1)")
-    others = [f for f, v in (("--release", args.release != "production"), ("--dataset-id", args.dataset_id),
-                             ("--model", args.model), ("--scoring", args.scoring), ("--retries", args.retries),
-                             ("--max-new-tokens", args.max_new_tokens), ("--calibration", args.calibration is not None))
-              if v]
-    if others:
-        raise ConfigError(f"{', '.join(others)}: do not apply to --private (the server decides)")
-    batch = args.batch_size or MAX_BATCH
-    if not 1 <= batch <= MAX_BATCH:
-        raise ConfigError(f"--batch-size: must be 1 to {MAX_BATCH} with --private, got {batch}")
-    out = check_out_file("--out", args.out)
-    path = Path(args.input)
-    if not path.exists():
-        raise DataValidationError(f"{path}: file not found")
-    queries = _read_queries(path)
-    lines, first, remaining = [], None, None
-    for start in range(0, len(queries), batch):  # each batch charged by the server before it is answered
-        part = queries[start:start + batch]
-        reply = request_answers(args.endpoint, [q["text"] for q in part], timeout=args.timeout or 600.0)
-        first = reply["first_query"] if first is None else first
-        remaining = reply.get("queries_remaining")
-        for query, label in zip(part, reply["answers"], strict=True):
-            row = {k: v for k, v in query.items() if k not in ("text", "line")}
-            row["label"] = label
-            lines.append(json.dumps(row) + "\n")
-        if out is None:
-            sys.stdout.writelines(lines[-len(part):])
-            sys.stdout.flush()
-    if out is not None:
-        write_text_atomic(out, "".join(lines))
-    print(f"answered {len(queries)} queries by DP-ICL (each batch charged to the ledger before it was answered); "
-          f"{remaining} queries left on the server", file=sys.stderr)
-    return 0
-
-
 def _predict(args) -> int:
-    if args.private:
-        return _predict_private(args)
+    private = private_prediction.registered()
+    if private is not None and args.private:
+        return private.predict(args)
     # torch, Prefect load here, not for `dpicl --help`
     from tasks.release import answer_queries
 
     endpoint = endpoint_config(args, args.model)
     out = check_out_file("--out", args.out)  # before any work
-    path = Path(args.input)
-    if not path.exists():
-        raise DataValidationError(f"{path}: file not found")
-    queries = _read_queries(path)
+    queries = read_queries(args.input)
     manifest, model_name, answers = answer_queries(args.release, args.dataset_id, [q["text"] for q in queries],
                                                    model=args.model, device=args.device,
                                                    calibrate=args.calibration, endpoint=endpoint)
@@ -186,7 +134,7 @@ def register(subparsers) -> None:
 
     release = command(subparsers, "release", _release, help="gate a finished run and release its DP demos as production")
     release.add_argument("--run", required=True, help="the run id printed by `dpicl run`")
-    # a prediction method (DP-ICL) releases no prompt: its answers are served (`dpicl serve --private`)
+    # a prediction method (PREDICTION_METHODS) releases no prompt: its answers are served (`dpicl serve --private`)
     release.add_argument("--method", type=method_name, choices=[m for m in METHODS if m not in PREDICTION_METHODS],
                          default="tang",
                          help="what to release: tang (DP few-shot demos, default), pate (the PromptPATE student "
@@ -245,9 +193,10 @@ def register(subparsers) -> None:
                          help="contextually calibrated predictions (default: calibrated for demonstrations, raw for "
                               "a PromptDPSGD prompt, the scoring each method's accuracy is reported with)")
     predict.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
-    predict.add_argument("--private", action="store_true",
-                         help="ask a DP-ICL server (`dpicl serve --private`, at --endpoint) instead of a release: "
-                              "each batch of queries is charged to its ledger before it is answered")
+    private = private_prediction.registered()
+    if private is not None:
+        predict.add_argument("--private", action="store_true", help=private.predict_help)
+        private.add_predict_flags(predict)
     add_endpoint_flags(predict)
 
     export = command(

@@ -2,11 +2,10 @@
 
     dpicl serve [--model smollm2-135m] [--port 8000] [--name NAME] [--device auto]
                 [--no-logprobs] [--no-echo] [--max-logprobs 20]
-    dpicl serve --private --dataset sst2 (--epsilon E | --noise-multiplier S | both) [--queries Q] [...]
+    dpicl serve --private [the method's flags]
 
-With `--private` it serves DP-ICL private prediction instead (`dpcore.dp_icl.server`): each request's batch of
-queries is charged to the ledger before it is answered by the noisy vote of private exemplar subsets; the queries
-the budget affords are said when it starts, and a batch beyond them is refused (HTTP 429), nothing charged.
+With `--private` it serves a private-prediction method instead, the one registered at
+`flows.cli.private_prediction` (its own CLI module says what it serves and what each request is charged).
 
 Any OpenAI client (and `dpicl predict --endpoint http://127.0.0.1:PORT/v1`) can then prompt the model with an
 exported release. The server binds the loopback interface only; prompts and completions are never logged.
@@ -18,26 +17,22 @@ from __future__ import annotations
 import signal
 import sys
 
-from dpcore.dp_icl.server import create_private_app
 from dpcore.errors import ConfigError
+from flows.cli import private_prediction
 from flows.cli.common import command
-from flows.cli.dp_icl import FIELDS, add_private_flags, new_run_id, prepare
 from flows.cli.ui import port_in_use
 from tasks.serve import completion_app
 
 HOST = "127.0.0.1"
-PRIVATE_FIELDS = tuple(f for f in FIELDS if f not in ("model", "device"))  # serve has its own --model, --device
-
-
-PRIVATE_ONLY = ("epsilon", "noise_multiplier", "queries", "subsets", "shots", "queries_per_draw", "vote_mode",
-                *PRIVATE_FIELDS)
 
 
 def _serve(args) -> int:
     import uvicorn
 
-    given = [f"--{name.replace('_', '-')}" for name in PRIVATE_ONLY if getattr(args, name, None) is not None]
-    if not args.private and given:
+    private = private_prediction.registered()  # None: no --private, nor its flags
+    given = [f"--{name.replace('_', '-')}" for name in (private.serve_only if private is not None else ())
+             if getattr(args, name, None) is not None]
+    if given and not args.private:
         raise ConfigError(f"{', '.join(given)}: apply to --private only")
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port}: not a TCP port (1-65535)")
@@ -45,49 +40,29 @@ def _serve(args) -> int:
         raise ConfigError(f"--max-logprobs: must be >= 0, got {args.max_logprobs}")
     if port_in_use(HOST, args.port):
         raise ConfigError(f"--port {args.port}: {HOST}:{args.port} is already in use; pick a free port with --port")
-    if args.private:
-        return _serve_private(args, uvicorn)
+
+    def serve_app(app, start_line: str) -> int:
+        server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=args.port, log_config=None, access_log=False,
+                                               lifespan="off"))
+
+        def on_term(signum, frame):  # SIGTERM stops like Ctrl-C does
+            server.should_exit = True
+
+        previous = signal.signal(signal.SIGTERM, on_term)
+        print(start_line, file=sys.stderr, flush=True)
+        return _run(server, args.port, previous)
+
+    if private is not None and args.private:
+        if args.name is not None or args.no_logprobs or args.no_echo:
+            raise ConfigError("--name, --no-logprobs, --no-echo: apply to the completions server, not to --private")
+        return private.serve(args, private_prediction.Listener(url=f"http://{HOST}:{args.port}", serve=serve_app))
     name = args.name or args.model
     app, loaded = completion_app(args.model, name=name, device=args.device, logprobs=not args.no_logprobs,
                                  echo=not args.no_echo, max_logprobs=args.max_logprobs)
-    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=args.port, log_config=None, access_log=False,
-                                           lifespan="off"))
-
-    def on_term(signum, frame):  # SIGTERM stops like Ctrl-C does
-        server.should_exit = True
-
-    previous = signal.signal(signal.SIGTERM, on_term)
     offers = ("no log-probabilities" if args.no_logprobs
               else f"log-probabilities (top {args.max_logprobs}{', no echo' if args.no_echo else ', echo'})")
-    print(f"serving model {loaded} as {name!r} at http://{HOST}:{args.port}/v1 (OpenAI completions API, {offers}); "
-          "Ctrl-C stops it", file=sys.stderr, flush=True)
-    return _run(server, args.port, previous)
-
-
-def _serve_private(args, uvicorn) -> int:
-    """DP-ICL on the private records: the budget said, then every request charged before it is answered."""
-    from tasks.dp_icl import open_run
-
-    if args.name is not None or args.no_logprobs or args.no_echo:
-        raise ConfigError("--name, --no-logprobs, --no-echo: apply to the completions server, not to --private")
-    config, chosen, data = prepare(args)
-    run_id = new_run_id()
-    budget, answerer, paths = open_run(config, chosen, data, epsilon=args.epsilon,
-                                       noise_multiplier=args.noise_multiplier, queries=args.queries, run_id=run_id,
-                                       announce=lambda b: print(b.line(), file=sys.stderr, flush=True))
-    server = uvicorn.Server(uvicorn.Config(create_private_app(answerer), host=HOST, port=args.port, log_config=None,
-                                           access_log=False, lifespan="off"))
-
-    def on_term(signum, frame):
-        server.should_exit = True
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    print(f"serving DP-ICL private prediction on {data.spec.name} (ledger id {config.ledger_id}, run {run_id}) at "
-          f"http://{HOST}:{args.port}/v1/dp-icl: {budget.queries} queries can be answered, each batch charged "
-          "before it is answered; Ctrl-C stops it", file=sys.stderr, flush=True)
-    code = _run(server, args.port, previous)
-    print(f"answered {answerer.answered} of {budget.queries} queries", file=sys.stderr)
-    return code
+    return serve_app(app, f"serving model {loaded} as {name!r} at http://{HOST}:{args.port}/v1 (OpenAI completions "
+                          f"API, {offers}); Ctrl-C stops it")
 
 
 def _run(server, port: int, previous) -> int:
@@ -121,7 +96,7 @@ def register(subparsers) -> None:
                             "log-probabilities")
     serve.add_argument("--no-echo", action="store_true", help="refuse echo (400), like hosted APIs that dropped it")
     serve.add_argument("--max-logprobs", type=int, default=20, help="the largest logprobs k accepted (default 20)")
-    serve.add_argument("--private", action="store_true",
-                       help="serve DP-ICL private prediction on private records instead: each request's queries "
-                            "charged to the ledger before they are answered (docs/methods/dp-icl.md)")
-    add_private_flags(serve, config_fields=list(PRIVATE_FIELDS))
+    private = private_prediction.registered()
+    if private is not None:
+        serve.add_argument("--private", action="store_true", help=private.serve_help)
+        private.add_serve_flags(serve)
