@@ -7,7 +7,6 @@ The embedded model's conversion and the accountants' answers are kept once per e
 
 from __future__ import annotations
 
-import gc
 import os
 import tempfile
 
@@ -359,15 +358,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_finish(session):
-    """A worker waits for the shared server after collecting, before its first test.
-
-    What the imports and the collection made (torch, transformers, Prefect, the test modules: millions of objects
-    that live as long as the process) is moved out of the collector's reach (`gc.freeze`), and the youngest
-    generation is collected less often: the collector's own CPU in a worker went from 6.8 s of 81 s to 3.7 s
-    (test_pipeline.py and test_release_methods.py in one worker, `gc.callbacks` timing)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 50, 100)
+    """A worker waits for the shared server after collecting, before its first test."""
     if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(prefect_test_server.URL):
         prefect_test_server.wait_until_ready()
 
