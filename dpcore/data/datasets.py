@@ -549,8 +549,9 @@ def _shipped_dataset(spec: TaskSpec) -> LoadedDataset:
 
 # A shipped source's split, public-split de-duplication and keyed hashes cost about a second for AG News's
 # 127k rows, and a process running several flows (a Prefect worker, `dpicl serve`, a benchmark) repeats them.
-# Kept by (spec, the file's size and time, the home's content key); each caller gets frames of its own.
-@functools.lru_cache(maxsize=2)
+# Kept by (spec, the file's size and time, the home's content key); each caller gets frames of its own. Four, so
+# a process alternating between the shipped datasets (AG News, SST-2, TREC) reads each once.
+@functools.lru_cache(maxsize=4)
 def _loaded_shipped(spec_json: str, path: str, size: int, mtime_ns: int, key: bytes) -> LoadedDataset:
     return _load_dataset(TaskSpec.model_validate_json(spec_json), None, None)
 
