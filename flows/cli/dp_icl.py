@@ -34,7 +34,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dpcore.data.artifacts import write_json_atomic, write_text_atomic
-from dpcore.data.datasets import read_jsonl
 from dpcore.display import fmt_delta, fmt_eps
 from dpcore.dp_icl.server import MAX_BATCH, create_private_app, request_answers
 from dpcore.errors import ConfigError, DataValidationError
@@ -125,11 +124,8 @@ def _read_queries(path: str, labels: list[str] | None) -> tuple[list[str], list[
     if not file.is_file():
         raise DataValidationError(f"--queries-file {path}: file not found")
     texts, gold, extra = [], [], []
-    for row in read_jsonl(file):
-        line = row.pop("__line__")
-        text = row.pop("text", None)
-        if not isinstance(text, str) or not text.strip():
-            raise DataValidationError(f"{path}: line {line}: column 'text': expected a non-empty string")
+    for row in cli.read_queries(path):  # a non-empty `text` on every line
+        line, text = row.pop("line"), row.pop("text")
         label = row.pop("label", None)
         if label is not None and labels is not None and str(label) not in labels:
             raise DataValidationError(f"{path}: line {line}: label {label!r} is none of {', '.join(labels)}")
@@ -251,11 +247,10 @@ def _predict_private(args) -> int:
         raise ConfigError(f"--batch-size: must be 1 to {MAX_BATCH} with --private, got {batch}")
     out = cli.check_out_file("--out", args.out)
     queries = cli.read_queries(args.input)
-    lines, first, remaining = [], None, None
+    lines, remaining = [], None
     for start in range(0, len(queries), batch):  # each batch charged by the server before it is answered
         part = queries[start:start + batch]
         reply = request_answers(args.endpoint, [q["text"] for q in part], timeout=args.timeout or 600.0)
-        first = reply["first_query"] if first is None else first
         remaining = reply.get("queries_remaining")
         for query, label in zip(part, reply["answers"], strict=True):
             row = {k: v for k, v in query.items() if k not in ("text", "line")}
