@@ -182,6 +182,17 @@ def budgets_end_with_their_test():
         conn.executemany("DELETE FROM budgets WHERE dataset_id = ?", [(d,) for d in added])
 
 
+@pytest.fixture(autouse=True)
+def stop_requests_end_with_their_test():
+    """A test that asks for a stop (`tasks.common.STOP_REQUESTED`) or adds a progress sink and fails before it
+    undoes them would stop every later run in its worker: both end with the test that made them."""
+    yield
+    common = sys.modules.get("tasks.common")  # a test that never loaded the stages changed neither
+    if common is not None:
+        common.STOP_REQUESTED.clear()
+        common._PROGRESS_SINKS.clear()
+
+
 @pytest.fixture(scope="session")
 def embedded_lm():
     """The real embedded SmolLM2-135M-Instruct (converted once per session)."""

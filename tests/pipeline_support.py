@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow_store
@@ -108,9 +109,10 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
     return env
 
 
-def ended_task_runs(flow_run_id, timeout: float = 30.0) -> list:
-    """The flow run's task runs once there are some and each has ended (their states reach the server as events,
-    after the flow returns: none may be recorded yet), or as they are at `timeout`."""
+def ended_task_runs(flow_run_id, until: Callable[[list], bool] | None = None, timeout: float = 30.0) -> list:
+    """The flow run's task runs once there are some, each has ended and `until` holds of them, or as they are at
+    `timeout`. Their states reach the server as events after the flow returns, one by one: some may be recorded
+    and ended while others are not recorded yet, so a test that looks for a particular task run names it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -119,7 +121,7 @@ def ended_task_runs(flow_run_id, timeout: float = 30.0) -> list:
         while True:
             task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
             ended = task_runs and all(t.state is not None and t.state.is_final() for t in task_runs)
-            if ended or time.monotonic() > deadline:
+            if (ended and (until is None or until(task_runs))) or time.monotonic() > deadline:
                 return task_runs
             time.sleep(0.2)
 

@@ -147,7 +147,8 @@ def test_a_stopped_run_resumes_under_its_id_from_its_last_finished_step():
                       if r.parameters.get("run_id") == "item2-stop")  # the server's latest of this run
     assert latest.state.is_cancelled() and "stopped on request" in latest.state.message, latest.state
     # and so are the task runs the stop ended: none Failed or Crashed (what the UI shows in red)
-    task_runs = ended_task_runs(latest.id)
+    task_runs = ended_task_runs(latest.id, until=lambda runs: any(
+        t.name.startswith("generate-tang") and t.state.is_cancelled() for t in runs))
     assert not [t for t in task_runs if t.state.is_failed() or t.state.is_crashed()], task_runs
     cancelled = [t for t in task_runs if t.state.is_cancelled()]
     assert any(t.name.startswith("generate-tang") for t in cancelled), task_runs

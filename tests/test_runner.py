@@ -95,7 +95,8 @@ def test_a_stop_ends_the_mapped_stages_cancelled_and_the_caller_gets_it():
     assert _stopped(state), state
     with pytest.raises(RunStopped, match="stopped on request"):  # the CLI's exit 130
         state.result()
-    task_runs = ended_task_runs(state.state_details.flow_run_id)
+    task_runs = ended_task_runs(state.state_details.flow_run_id,
+                                until=lambda runs: any(t.name == "stage-steps-1" for t in runs))
     assert not [t for t in task_runs if not (t.state.is_completed() or _stopped(t.state))], task_runs
     # the stage that asked, at its step; the others at their next step, or before they began
     assert [t.state.message for t in task_runs if t.name == "stage-steps-1"] == [
