@@ -109,17 +109,18 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
     return env
 
 
-def ended_task_runs(flow_run_id, until: Callable[[list], bool] | None = None, timeout: float = 30.0) -> list:
-    """The flow run's task runs once there are some, each has ended and `until` holds of them, or as they are at
-    `timeout`. Their states reach the server as events after the flow returns, one by one: some may be recorded
+def ended_task_runs(flow_run_ids, until: Callable[[list], bool] | None = None, timeout: float = 30.0) -> list:
+    """The task runs of a flow run (or of a list of them) once there are some, each has ended and `until` holds of
+    them, or as they are at `timeout`. Their states reach the server as events after the flow returns, one by one: some may be recorded
     and ended while others are not recorded yet, so a test that looks for a particular task run names it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    ids = list(flow_run_ids) if isinstance(flow_run_ids, list | tuple) else [flow_run_ids]
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while True:
-            task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
             ended = task_runs and all(t.state is not None and t.state.is_final() for t in task_runs)
             if (ended and (until is None or until(task_runs))) or time.monotonic() > deadline:
                 return task_runs

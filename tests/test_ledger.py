@@ -82,7 +82,7 @@ def test_composition_of_heterogeneous_entries_matches_direct_prv(ledger):
                                              value_discretization_interval=1e-3).self_compose(20))
     ).get_epsilon_for_delta(DELTA)
     assert spend.epsilon_pld == pytest.approx(direct_pld, rel=1e-9)
-    assert spend.epsilon == max(direct_upper, direct_pld)
+    assert spend.epsilon == pytest.approx(max(direct_upper, direct_pld), rel=1e-9)  # (FFTs differ by machine)
     assert spend.crosscheck_agreed and abs(spend.epsilon_prv - spend.epsilon_pld) < 0.05
 
     # Composition, not addition: far below the sum of the entries' own epsilons.

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from pipeline_support import (
+    ended_task_runs,
     prefect_harness,  # noqa: F401  (the shared harness fixture)
     share_tiny_model,
     standard_run,
@@ -278,7 +279,7 @@ def test_retry_of_a_run_reuses_its_noise_and_a_new_run_draws_fresh_noise(run, ge
 
 def test_a_transient_failure_is_retried(run, monkeypatch):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
     from dpcore.fewshot import generation
     from flows.pipeline import run_pipeline
@@ -298,8 +299,8 @@ def test_a_transient_failure_is_retried(run, monkeypatch):
     with get_client(sync_client=True) as client:  # the generation stages: task runs of tang's subflow
         subflows = client.read_flow_runs(flow_run_filter=FlowRunFilter(
             parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[result["flow_run_id"]])))
-        task_runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in subflows])))
+    task_runs = ended_task_runs([r.id for r in subflows], until=lambda runs: sum(
+        t.name.startswith("generate-tang") for t in runs) == 4)
     generations = [t for t in task_runs if t.name.startswith("generate-tang")]
     assert len(generations) == 4 and all(t.state.is_completed() for t in generations)
     assert sorted(t.run_count for t in generations) == [1, 1, 1, 2]
