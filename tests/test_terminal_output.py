@@ -23,7 +23,8 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
     book = Ledger(home / "ledger.db")
     book.charge([Spend.sampled_steps("gaussian", 1.0, 0.01, 10, "generate", dataset_id="pipe",
                                      content_hash="c" * 64, run_id=f"run-{i}", delta=1e-5)
-                 for i in range(300)], replay_recorded=False)  # more lines than a pipe buffer holds
+                 for i in range(800)], replay_recorded=False)  # ~100 KB: more than a pipe buffer (64 KB) holds,
+    # so the command is still writing when the reader goes away, however fast it writes
     proc = subprocess.Popen(DPICL + ["ledger", "show", "--dataset", "pipe"], cwd=tmp_path, env=_env(home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.readline()  # `head -1`: one line read, then the pipe is closed
