@@ -111,8 +111,9 @@ def subprocess_env(home: Path, *, temporary_prefect_server: bool = False,
 
 def ended_task_runs(flow_run_ids, until: Callable[[list], bool] | None = None, timeout: float = 30.0) -> list:
     """The task runs of a flow run (or of a list of them) once there are some, each has ended and `until` holds of
-    them, or as they are at `timeout`. Their states reach the server as events after the flow returns, one by one: some may be recorded
-    and ended while others are not recorded yet, so a test that looks for a particular task run names it."""
+    them, or as they are at `timeout`. Their states reach the server as events after the flow returns, one by one:
+    some may be recorded and ended while others are not recorded yet, so a test that looks for a particular task
+    run names it in `until`."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 

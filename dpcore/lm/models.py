@@ -88,6 +88,9 @@ def quiet_loading() -> Iterator[None]:
                 hf_logging.enable_progress_bar()
 
 
+_CONVERTING = threading.Lock()  # one conversion at a time in a process: `_quiet_gguf_tensors` swaps a global
+
+
 def convert_gguf(gguf_path: Path, target: Path) -> Path:
     """Dequantise a GGUF to a safetensors folder, atomically (temp folder, then rename)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -107,9 +110,6 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
         if not (target / "config.json").exists():
             log.info("converting the embedded model %s for this home (once)", target.name)
         return _make_folder(target, "config.json", fill)
-
-
-_CONVERTING = threading.Lock()  # one conversion at a time in a process: `_quiet_gguf_tensors` swaps a global
 
 
 @contextmanager
