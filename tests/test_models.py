@@ -49,11 +49,11 @@ def test_a_folder_is_made_once_and_a_second_process_waits_for_it(tmp_path):
 
 
 def test_the_gguf_conversion_prints_no_bar_of_its_own(capfd):
-    """transformers' bar over a GGUF's tensors ignores its bar setting: the conversion turns it off itself, and
-    puts it back after."""
+    """transformers' bar over a GGUF's tensors ignores its bar setting: the conversion's `quiet_loading` turns it
+    off itself, and puts it back after."""
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
-    from dpcore.lm.models import _quiet_gguf_tensors
+    from dpcore.lm.models import quiet_loading
 
     def converted() -> str:
         for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
@@ -61,7 +61,7 @@ def test_the_gguf_conversion_prints_no_bar_of_its_own(capfd):
         return capfd.readouterr().err
 
     bar = gguf_utils.tqdm
-    with _quiet_gguf_tensors():
+    with quiet_loading():
         assert converted() == ""
     assert gguf_utils.tqdm is bar and "Converting and de-quantizing" in converted()
 

@@ -63,6 +63,7 @@ def embedded_gguf(name: str) -> Path:
 _QUIET = threading.Lock()
 _quiet_depth = 0
 _bars_were_on = False
+_gguf_bar = None  # transformers' GGUF tensor bar while `quiet_loading` has it off
 
 
 @contextmanager
@@ -70,25 +71,28 @@ def quiet_loading() -> Iterator[None]:
     """transformers' own tqdm bars ("Loading weights", "Writing model shards", the GGUF's tensors) off while the
     block loads or saves a model: they would print into the command's progress display or the logs. Errors and
     warnings are untouched (logging, not bars); a hub download happens before, in `resolve_model`, with its bars.
+    The GGUF's bar is a plain tqdm that ignores transformers' bar setting: it is swapped for a disabled one.
     Nested and concurrent blocks (a flow's tasks load in threads) turn the bars back on once, after the last."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
-    global _quiet_depth, _bars_were_on
+    global _quiet_depth, _bars_were_on, _gguf_bar
     with _QUIET:
         if _quiet_depth == 0:
             _bars_were_on = hf_logging.is_progress_bar_enabled()
             hf_logging.disable_progress_bar()
+            _gguf_bar = gguf_utils.tqdm
+            gguf_utils.tqdm = functools.partial(_gguf_bar, disable=True)
         _quiet_depth += 1
     try:
         yield
     finally:
         with _QUIET:
             _quiet_depth -= 1
-            if _quiet_depth == 0 and _bars_were_on:
-                hf_logging.enable_progress_bar()
-
-
-_CONVERTING = threading.Lock()  # one conversion at a time in a process: `_quiet_gguf_tensors` swaps a global
+            if _quiet_depth == 0:
+                gguf_utils.tqdm = _gguf_bar
+                if _bars_were_on:
+                    hf_logging.enable_progress_bar()
 
 
 def convert_gguf(gguf_path: Path, target: Path) -> Path:
@@ -106,24 +110,10 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
         model.save_pretrained(work, safe_serialization=True)
         tokenizer.save_pretrained(work)
 
-    with _CONVERTING, quiet_loading(), _quiet_gguf_tensors():
+    with quiet_loading():
         if not (target / "config.json").exists():
             log.info("converting the embedded model %s for this home (once)", target.name)
         return _make_folder(target, "config.json", fill)
-
-
-@contextmanager
-def _quiet_gguf_tensors() -> Iterator[None]:
-    """transformers' bar over the GGUF's tensors is a plain tqdm that ignores its own bar setting (`quiet_loading`):
-    off while the block converts."""
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
-    bar = gguf_utils.tqdm
-    gguf_utils.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = bar
 
 
 def _make_folder(target: Path, marker: str, fill: Callable[[Path], None]) -> Path:
